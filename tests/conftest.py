@@ -1,0 +1,36 @@
+"""Shared fixtures: where the real models and calibration sets live.
+
+The real assets sit in `../shared/assets` beside the checkout (CI copies them there); set
+QUANTSCAN_ASSETS to point elsewhere. Tests that need them are skipped when they are absent, so a
+user's clone still runs the tiny-model tests.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _assets_dir() -> Path:
+    env = os.environ.get("QUANTSCAN_ASSETS")
+    return Path(env) if env else REPO.parent / "shared" / "assets"
+
+
+@pytest.fixture(scope="session")
+def assets() -> Path:
+    path = _assets_dir()
+    if not (path / "models").is_dir():
+        pytest.skip(f"real assets not found at {path}")
+    return path
+
+
+def asset_model(assets: Path, name: str) -> Path:
+    return assets / "models" / f"{name}.onnx"
+
+
+def asset_calib(assets: Path, name: str) -> Path:
+    return assets / "calib" / name
