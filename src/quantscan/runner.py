@@ -1,0 +1,119 @@
+"""The only module that talks to onnxruntime: sessions, optimisation levels, threads, batching.
+
+Why one owner: the optimisation level decides what a QDQ graph *means* (at ORT_ENABLE_ALL the
+QuantizeLinear/DequantizeLinear pairs are fused into integer kernels, which rounds differently), so
+every session quantscan builds goes through here with the level chosen on purpose. The runner also
+counts the sessions it builds and the runs it makes: the analyses promise a constant number of
+passes, and tests hold them to it through these counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from quantscan.errors import SessionError
+
+_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+ORT_LEVEL_NAMES = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+
+
+@dataclass
+class RunnerStats:
+    """What the runner did: sessions built, run() calls, samples pushed through."""
+
+    sessions_created: int = 0
+    runs: int = 0
+    samples: int = 0
+
+
+class Session:
+    """One onnxruntime InferenceSession with the names quantscan needs and run counting."""
+
+    def __init__(self, inner: ort.InferenceSession, stats: RunnerStats) -> None:
+        self._inner = inner
+        self._stats = stats
+        self.input_names = [i.name for i in inner.get_inputs()]
+        self.output_names = [o.name for o in inner.get_outputs()]
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run once; returns {output name: array}. Feeds not used by the model are dropped."""
+        names = list(outputs) if outputs is not None else self.output_names
+        used = {k: v for k, v in feeds.items() if k in self.input_names}
+        self._stats.runs += 1
+        first = next(iter(used.values()), None)
+        self._stats.samples += int(first.shape[0]) if first is not None and first.ndim else 1
+        try:
+            values = self._inner.run(names, used)
+        except Exception as exc:  # onnxruntime raises its own untyped exceptions
+            raise SessionError(f"onnxruntime could not run the model: {_first_line(exc)}") from exc
+        return dict(zip(names, values, strict=True))
+
+
+class Runner:
+    """Builds sessions with one policy (threads, optimisation level, CPU provider)."""
+
+    def __init__(self, *, threads: int | None = None, opt_level: str = "basic") -> None:
+        if opt_level not in _LEVELS:
+            raise ValueError(f"opt_level must be one of {sorted(_LEVELS)}, not {opt_level!r}")
+        self.threads = threads
+        self.opt_level = opt_level
+        self.stats = RunnerStats()
+
+    @property
+    def level_name(self) -> str:
+        return ORT_LEVEL_NAMES[self.opt_level]
+
+    def session(self, model: onnx.ModelProto | bytes | str | Path, *, opt_level: str | None = None) -> Session:
+        """Build a session; `opt_level` overrides the runner's level for this one session."""
+        options = ort.SessionOptions()
+        options.graph_optimization_level = _LEVELS[opt_level or self.opt_level]
+        options.log_severity_level = 3
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+            options.inter_op_num_threads = 1
+        source = _session_source(model)
+        try:
+            inner = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise SessionError(f"onnxruntime could not load the model: {_first_line(exc)}") from exc
+        self.stats.sessions_created += 1
+        return Session(inner, self.stats)
+
+    def run_all(
+        self, session: Session, batches: Iterable[Mapping[str, np.ndarray]], outputs: Sequence[str] | None = None
+    ) -> Iterable[dict[str, np.ndarray]]:
+        """Lazily run a session over batches (the caller streams; nothing is kept)."""
+        for feeds in batches:
+            yield session.run(feeds, outputs)
+
+
+def _session_source(model: onnx.ModelProto | bytes | str | Path) -> bytes | str:
+    if isinstance(model, onnx.ModelProto):
+        return model.SerializeToString()
+    if isinstance(model, Path):
+        return str(model)
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
