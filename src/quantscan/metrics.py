@@ -1,0 +1,341 @@
+"""Streaming comparison of an FP32 reference tensor with its quantized counterpart.
+
+Pure numpy. Every accumulator keeps float64 running sums only, so memory does not grow with the
+number of samples, and feeding batches one at a time gives the same pooled numbers as feeding their
+concatenation (up to float64 summation order).
+
+Definitions (x = FP32 reference, y = quantized/test, d = x - y; "pooled" sums run over every element
+of every sample):
+
+=======================  ===========================================  ==================================
+metric                   definition                                   better
+=======================  ===========================================  ==================================
+``cosine``               Σxy / √(Σx²·Σy²); 1 when both are all zero,  higher (1 = same direction)
+                         0 when exactly one is
+``sqnr_db``              10·log10(Σx² / Σd²); ``inf`` when x == y,    higher
+                         ``-inf`` when x is all zero but y is not
+``mse``                  Σd² / n                                      lower
+``max_abs``              max |d|                                      lower
+``rel_l2``               ‖d‖ / ‖x‖ (0 when equal, ``inf`` when x is   lower
+                         all zero but y is not)
+``worst_sample_cosine``  min over samples of the per-sample cosine    higher
+``mean_sample_cosine``   mean over samples of the per-sample cosine   higher
+``worst_sample_sqnr_db`` min over samples of the per-sample SQNR      higher
+=======================  ===========================================  ==================================
+
+Axis 0 of every tensor is the sample (batch) axis; a rank-0 tensor is one sample.
+
+Peers differ in spelling, not always in value: onnxruntime's ``compute_signal_to_quantization_noice_ratio``
+is 20·log10(‖x‖/‖x−y‖), the same number as ours; Polygraphy divides means (also the same ratio, but
+per output and not pooled across batches); PPQ's "snr" is the *linear* ratio Σd²/Σx² where lower is
+better (ours = -10·log10 of it).
+
+Non-finite values: an element where either side is NaN or ±Inf is counted (``nonfinite_ref`` /
+``nonfinite_test``) and left out of every sum, so one overflowing element does not turn a whole
+layer's metric into NaN while the count still reports it. A sample with no finite element is left out
+of the per-sample statistics. An accumulator that has seen no finite element reports NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
+
+def channel_axis(rank: int, conv_like: bool) -> int:
+    """The channel axis of a tensor, as CONTRACT.md fixes it.
+
+    Axis 1 for rank >= 3 tensors produced by Conv-like ops (NCHW), the last axis otherwise
+    ([B, T, C] sequences, [B, C] Gemm outputs).
+    """
+    if rank < 1:
+        raise ValueError(f"a rank-{rank} tensor has no channel axis")
+    if conv_like and rank >= 3:
+        return 1
+    return rank - 1
+
+
+def cosine_from_sums(sxy: F64 | float, sxx: F64 | float, syy: F64 | float) -> F64:
+    """Cosine from the three sums, with the contract's zero rules (vectorised over arrays of sums)."""
+    sxy_a, sxx_a, syy_a = (np.asarray(v, dtype=np.float64) for v in (sxy, sxx, syy))
+    with np.errstate(over="ignore", under="ignore"):
+        prod = sxx_a * syy_a
+    # √(Σx²·Σy²) is exact for identical inputs (cosine exactly 1); split the root only when the
+    # product overflows or underflows float64.
+    denom = np.where(np.isfinite(prod) & (prod > 0), np.sqrt(prod), np.sqrt(sxx_a) * np.sqrt(syy_a))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.where(denom > 0, sxy_a / np.where(denom > 0, denom, 1.0), 0.0)
+    both_zero = (sxx_a == 0) & (syy_a == 0)
+    # Rounding can push |Σxy| a hair above √(Σx²Σy²); a cosine is never outside [-1, 1].
+    return np.asarray(np.clip(np.where(both_zero, 1.0, cos), -1.0, 1.0), dtype=np.float64)
+
+
+def sqnr_db_from_sums(sxx: F64 | float, sdd: F64 | float) -> F64:
+    """SQNR in dB from Σx² and Σ(x−y)²: inf when the error is zero, -inf when only the signal is."""
+    sxx_a = np.asarray(sxx, dtype=np.float64)
+    sdd_a = np.asarray(sdd, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(sdd_a > 0, sxx_a / np.where(sdd_a > 0, sdd_a, 1.0), np.inf)
+        return np.asarray(10.0 * np.log10(ratio), dtype=np.float64)
+
+
+def _as_float64(a: np.ndarray) -> F64:
+    """Integer and half tensors are compared in float64 (int64 token ids do not fit float32)."""
+    return np.asarray(a, dtype=np.float64)
+
+
+def _per_sample(a: np.ndarray) -> np.ndarray:
+    """View with samples on axis 0 and every other element flattened on axis 1."""
+    n = a.shape[0] if a.ndim >= 1 else 1
+    return a.reshape(n, -1)
+
+
+def _finite_pair(ref: F64, test: F64) -> tuple[F64, F64, int, int, NDArray[np.bool_] | None]:
+    """Zero out elements where either side is non-finite; return the mask only when one exists."""
+    ref_ok = np.isfinite(ref)
+    test_ok = np.isfinite(test)
+    bad_ref = int(ref.size - np.count_nonzero(ref_ok))
+    bad_test = int(test.size - np.count_nonzero(test_ok))
+    if bad_ref == 0 and bad_test == 0:
+        return ref, test, 0, 0, None
+    ok = ref_ok & test_ok
+    return np.where(ok, ref, 0.0), np.where(ok, test, 0.0), bad_ref, bad_test, ok
+
+
+class ErrorAccumulator:
+    """Pooled and per-sample error statistics for one (reference, test) tensor pair, fed in batches."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.nonfinite_ref = 0
+        self.nonfinite_test = 0
+        self.samples = 0
+        self._sxy = 0.0
+        self._sxx = 0.0
+        self._syy = 0.0
+        self._sdd = 0.0
+        self._max_abs = 0.0
+        self._worst_cos = math.inf
+        self._sum_cos = 0.0
+        self._worst_sqnr = math.inf
+
+    def update(self, ref: np.ndarray, test: np.ndarray) -> None:
+        """Add one batch; axis 0 is the sample axis. Shapes must match exactly."""
+        if np.shape(ref) != np.shape(test):
+            raise ValueError(f"reference shape {np.shape(ref)} != test shape {np.shape(test)}")
+        x, y, bad_ref, bad_test, ok = _finite_pair(_as_float64(ref), _as_float64(test))
+        self.nonfinite_ref += bad_ref
+        self.nonfinite_test += bad_test
+        xs, ys = _per_sample(x), _per_sample(y)
+        if xs.size == 0:
+            return
+        d = xs - ys
+        sxy = np.einsum("ij,ij->i", xs, ys)
+        sxx = np.einsum("ij,ij->i", xs, xs)
+        syy = np.einsum("ij,ij->i", ys, ys)
+        sdd = np.einsum("ij,ij->i", d, d)
+        counts = (
+            np.full(xs.shape[0], xs.shape[1], dtype=np.int64)
+            if ok is None
+            else np.count_nonzero(_per_sample(ok), axis=1)
+        )
+        self.count += int(counts.sum())
+        self._sxy += float(sxy.sum())
+        self._sxx += float(sxx.sum())
+        self._syy += float(syy.sum())
+        self._sdd += float(sdd.sum())
+        self._max_abs = max(self._max_abs, float(np.abs(d).max()))
+        self._update_samples(sxy, sxx, syy, sdd, counts > 0)
+
+    def _update_samples(self, sxy: F64, sxx: F64, syy: F64, sdd: F64, seen: NDArray[np.bool_]) -> None:
+        """Per-sample cosine / SQNR; samples without a finite element do not count."""
+        if not seen.any():
+            return
+        cos = cosine_from_sums(sxy[seen], sxx[seen], syy[seen])
+        sqnr = sqnr_db_from_sums(sxx[seen], sdd[seen])
+        self.samples += int(cos.size)
+        self._sum_cos += float(cos.sum())
+        self._worst_cos = min(self._worst_cos, float(cos.min()))
+        self._worst_sqnr = min(self._worst_sqnr, float(sqnr.min()))
+
+    def _or_nan(self, value: float) -> float:
+        return value if self.count > 0 else math.nan
+
+    @property
+    def cosine(self) -> float:
+        return self._or_nan(float(cosine_from_sums(self._sxy, self._sxx, self._syy)))
+
+    @property
+    def sqnr_db(self) -> float:
+        return self._or_nan(float(sqnr_db_from_sums(self._sxx, self._sdd)))
+
+    @property
+    def mse(self) -> float:
+        return self._sdd / self.count if self.count else math.nan
+
+    @property
+    def max_abs(self) -> float:
+        return self._or_nan(self._max_abs)
+
+    @property
+    def rel_l2(self) -> float:
+        if self._sdd == 0:
+            return self._or_nan(0.0)
+        if self._sxx == 0:
+            return math.inf
+        return math.sqrt(self._sdd) / math.sqrt(self._sxx)
+
+    @property
+    def worst_sample_cosine(self) -> float:
+        return self._worst_cos if self.samples else math.nan
+
+    @property
+    def mean_sample_cosine(self) -> float:
+        return self._sum_cos / self.samples if self.samples else math.nan
+
+    @property
+    def worst_sample_sqnr_db(self) -> float:
+        return self._worst_sqnr if self.samples else math.nan
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        """Every metric under its CSV column name (``prefix`` + name, e.g. ``cumulative_cosine``)."""
+        values = {
+            "cosine": self.cosine,
+            "sqnr_db": self.sqnr_db,
+            "mse": self.mse,
+            "max_abs": self.max_abs,
+            "rel_l2": self.rel_l2,
+            "worst_sample_cosine": self.worst_sample_cosine,
+            "mean_sample_cosine": self.mean_sample_cosine,
+            "worst_sample_sqnr_db": self.worst_sample_sqnr_db,
+            "count": float(self.count),
+            "nonfinite_ref": float(self.nonfinite_ref),
+            "nonfinite_test": float(self.nonfinite_test),
+        }
+        return {prefix + k: v for k, v in values.items()}
+
+
+def _normalize_axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"channel axis {axis} out of range for a rank-{ndim} tensor")
+    return axis % ndim
+
+
+class ChannelErrorAccumulator:
+    """Per-channel Σx² and Σ(x−y)², giving a per-channel SQNR (the worst channel hides in a pooled one)."""
+
+    def __init__(self, axis: int) -> None:
+        self.axis = axis
+        self._sxx: F64 | None = None
+        self._sdd: F64 | None = None
+
+    @property
+    def channels(self) -> int:
+        return 0 if self._sxx is None else int(self._sxx.size)
+
+    def update(self, ref: np.ndarray, test: np.ndarray) -> None:
+        """Add one batch; non-finite pairs are skipped as in :class:`ErrorAccumulator`."""
+        if np.shape(ref) != np.shape(test):
+            raise ValueError(f"reference shape {np.shape(ref)} != test shape {np.shape(test)}")
+        x, y, _, _, _ = _finite_pair(_as_float64(ref), _as_float64(test))
+        axis = _normalize_axis(self.axis, x.ndim)
+        others = tuple(i for i in range(x.ndim) if i != axis)
+        d = x - y
+        sxx = np.sum(x * x, axis=others)
+        sdd = np.sum(d * d, axis=others)
+        if self._sxx is None or self._sdd is None:
+            self._sxx, self._sdd = sxx, sdd
+            return
+        if sxx.shape != self._sxx.shape:
+            raise ValueError(f"channel count changed from {self._sxx.size} to {sxx.size}")
+        self._sxx += sxx
+        self._sdd += sdd
+
+    def per_channel_sqnr_db(self) -> F64:
+        """SQNR per channel (inf for error-free channels, -inf for all-zero reference with error)."""
+        if self._sxx is None or self._sdd is None:
+            return np.zeros(0, dtype=np.float64)
+        return sqnr_db_from_sums(self._sxx, self._sdd)
+
+    @property
+    def worst_channel_sqnr_db(self) -> float:
+        """Minimum SQNR over channels that carry signal (Σx² > 0); NaN when none does."""
+        if self._sxx is None:
+            return math.nan
+        live = self._sxx > 0
+        if not live.any():
+            return math.nan
+        return float(self.per_channel_sqnr_db()[live].min())
+
+
+def _class_scores(a: np.ndarray) -> np.ndarray:
+    """[N, classes] or [N, classes, 1, 1] -> [N, classes]; a rank-1 tensor is one sample."""
+    arr = np.asarray(a)
+    if arr.ndim == 1:
+        return arr.reshape(1, -1)
+    if arr.ndim >= 2 and all(s == 1 for s in arr.shape[2:]):
+        return arr.reshape(arr.shape[0], arr.shape[1])
+    raise ValueError(f"expected classifier scores [N, classes] or [N, classes, 1, 1], got {arr.shape}")
+
+
+def looks_like_classifier(shape: Sequence[int | str | None]) -> bool:
+    """True for [N, C] or [N, C, 1, 1] with C > 1 fixed: the shapes top-1 agreement applies to."""
+    if len(shape) < 2 or not all(s == 1 for s in shape[2:]):
+        return False
+    classes = shape[1]
+    return isinstance(classes, int) and classes > 1
+
+
+class Top1Accumulator:
+    """Argmax agreement between reference and test scores, and accuracy against labels when known."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self._agree = 0
+        self.labelled = 0
+        self._correct = 0
+        self._ref_correct = 0
+
+    def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None = None) -> None:
+        """Add one batch; ``labels`` (one per sample, None = unknown) feed the accuracy figures."""
+        if np.shape(ref) != np.shape(test):
+            raise ValueError(f"reference shape {np.shape(ref)} != test shape {np.shape(test)}")
+        ref_top = np.argmax(_class_scores(ref), axis=1)
+        test_top = np.argmax(_class_scores(test), axis=1)
+        self.samples += int(ref_top.size)
+        self._agree += int(np.count_nonzero(ref_top == test_top))
+        if labels is None:
+            return
+        if len(labels) != ref_top.size:
+            raise ValueError(f"{len(labels)} labels for {ref_top.size} samples")
+        known = np.array([lab is not None for lab in labels], dtype=bool)
+        truth = np.array([-1 if lab is None else int(lab) for lab in labels], dtype=np.int64)
+        self.labelled += int(known.sum())
+        self._correct += int(np.count_nonzero(known & (test_top == truth)))
+        self._ref_correct += int(np.count_nonzero(known & (ref_top == truth)))
+
+    @property
+    def agreement(self) -> float:
+        return self._agree / self.samples if self.samples else math.nan
+
+    @property
+    def accuracy(self) -> float | None:
+        """Top-1 accuracy of the test (quantized) model over labelled samples; None without labels."""
+        return self._correct / self.labelled if self.labelled else None
+
+    @property
+    def ref_accuracy(self) -> float | None:
+        """Top-1 accuracy of the FP32 reference over the same labelled samples."""
+        return self._ref_correct / self.labelled if self.labelled else None
+
+
+def summarize(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+    """One-shot metrics for a single batch (same keys as :meth:`ErrorAccumulator.as_dict`)."""
+    acc = ErrorAccumulator()
+    acc.update(ref, test)
+    return acc.as_dict()
