@@ -201,3 +201,82 @@ def set_attr(node: onnx.NodeProto, name: str, value: object) -> None:
     del node.attribute[:]
     node.attribute.extend(kept)
     node.attribute.append(onnx.helper.make_attribute(name, value))
+
+
+def add_initializer(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
+    """Append an initializer (also declared as a graph input before IR 4, where that was required)."""
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name=name))
+    if model.ir_version < 4:
+        model.graph.input.append(
+            onnx.helper.make_tensor_value_info(
+                name, onnx.helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), list(np.shape(value))
+            )
+        )
+
+
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor shape inference can type (inputs, outputs, initializers, values)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - a model inference cannot type still gets the declared types
+        inferred = model
+    g = inferred.graph
+    types = {t.name: t.data_type for t in g.initializer}
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for n in g.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    types[n.output[0]] = a.t.data_type
+    return types
+
+
+def np_dtype(elem_type: int | None) -> np.dtype:
+    """numpy dtype for an ONNX element type (float32 when unknown)."""
+    if not elem_type:
+        return np.dtype(np.float32)
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def splice(graph: onnx.GraphProto, remove: set[int], insert_before: dict[int, list[onnx.NodeProto]]) -> None:
+    """Rebuild the node list: drop nodes at `remove` positions, insert new nodes before given positions.
+
+    Passes compute positions on the original list and edit once at the end, so a topological order
+    stays topological as long as each replacement goes where the last node it replaces was.
+    """
+    nodes: list[onnx.NodeProto] = []
+    for k, n in enumerate(graph.node):
+        nodes.extend(insert_before.get(k, []))
+        if k not in remove:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def clip_nodes(
+    model: onnx.ModelProto,
+    x: str,
+    y: str,
+    lo: float,
+    hi: float,
+    dtype: np.dtype,
+    name: str,
+    taken: set[str],
+) -> list[onnx.NodeProto]:
+    """Clip(x, lo, hi) -> y in the form the model's opset takes (attributes before 11, inputs since)."""
+    if opset_version(model) < 11:
+        return [onnx.helper.make_node("Clip", [x], [y], name=name, min=float(lo), max=float(hi))]
+    lo_name = unique_name(f"{name}_min", taken)
+    hi_name = unique_name(f"{name}_max", taken)
+    add_initializer(model, lo_name, np.array(lo, dtype=dtype))
+    add_initializer(model, hi_name, np.array(hi, dtype=dtype))
+    return [onnx.helper.make_node("Clip", [x, lo_name, hi_name], [y], name=name)]
+
+
+def scalar_input(model: onnx.ModelProto, base: str, value: float, dtype: np.dtype, taken: set[str]) -> str:
+    """A new scalar initializer; returns its name."""
+    name = unique_name(base, taken)
+    add_initializer(model, name, np.array(value, dtype=dtype))
+    return name

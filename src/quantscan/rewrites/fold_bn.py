@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from quantscan.rewrites._graph import (
     GraphIndex,
+    add_initializer,
     copy_model,
     drop_value_info,
     get_attr,
@@ -31,6 +31,7 @@ from quantscan.rewrites._graph import (
     node_label,
     prune_unused,
     set_attr,
+    splice,
     unique_name,
 )
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
@@ -78,13 +79,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> RewriteResult:
         )
 
     if remove or insert_before:
-        nodes: list[onnx.NodeProto] = []
-        for k, n in enumerate(graph.node):
-            nodes.extend(insert_before.get(k, []))
-            if k not in remove:
-                nodes.append(n)
-        del graph.node[:]
-        graph.node.extend(nodes)
+        splice(graph, remove, insert_before)
         drop_value_info(graph, stale_names)
         prune_unused(graph, orphan_candidates)
     return result
@@ -220,13 +215,7 @@ def _apply(
             const = make_constant_node(name, value, unique_name(f"{name}_const", taken))
             consts.append(const)
         else:
-            model.graph.initializer.append(numpy_helper.from_array(value, name=name))
-            if model.ir_version < 4:  # before IR 4 every initializer must also be a graph input
-                model.graph.input.append(
-                    onnx.helper.make_tensor_value_info(
-                        name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)
-                    )
-                )
+            add_initializer(model, name, value)
     inputs = list(producer.input)
     inputs[1] = w_name
     if len(inputs) > 2:
