@@ -280,3 +280,19 @@ def scalar_input(model: onnx.ModelProto, base: str, value: float, dtype: np.dtyp
     name = unique_name(base, taken)
     add_initializer(model, name, np.array(value, dtype=dtype))
     return name
+
+
+def attr_int(node: onnx.NodeProto, name: str, default: int) -> int:
+    """An INT attribute, or `default`."""
+    for attr in node.attribute:
+        if attr.name == name:
+            return int(attr.i)
+    return default
+
+
+def attr_float(node: onnx.NodeProto, name: str, default: float) -> float:
+    """A FLOAT attribute, or `default`."""
+    for attr in node.attribute:
+        if attr.name == name:
+            return float(attr.f)
+    return default

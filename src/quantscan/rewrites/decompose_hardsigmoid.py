@@ -12,10 +12,10 @@ import onnx
 
 from quantscan.rewrites._graph import (
     GraphIndex,
+    attr_float,
     clip_nodes,
     copy_model,
     elem_types,
-    get_attr,
     node_label,
     np_dtype,
     scalar_input,
@@ -46,8 +46,8 @@ def decompose_hardsigmoid(model: onnx.ModelProto) -> RewriteResult:
         if etype is not None and etype not in _FLOAT_TYPES:
             result.refusals.append(Refusal(REWRITE_ID, label, f"input is not float (type {etype})"))
             continue
-        alpha = float(get_attr(node, "alpha", 0.2))  # type: ignore[arg-type]
-        beta = float(get_attr(node, "beta", 0.5))  # type: ignore[arg-type]
+        alpha = attr_float(node, "alpha", 0.2)
+        beta = attr_float(node, "beta", 0.5)
         dtype = np_dtype(etype)
         base = node.name or f"hardsigmoid_{pos}"
         t_mul, t_add = (unique_name(f"{base}/{s}", taken) for s in ("mul", "add"))

@@ -24,6 +24,8 @@ import onnx
 from quantscan.rewrites._graph import (
     GraphIndex,
     add_initializer,
+    attr_float,
+    attr_int,
     copy_model,
     drop_value_info,
     get_attr,
@@ -114,7 +116,7 @@ def _plan(
         missing = [n for n, p in zip(bn.input[1:5], params, strict=True) if p is None]
         return f"BN parameters are not constant: {', '.join(missing)}"
     gamma, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params)  # type: ignore[arg-type]
-    eps = float(get_attr(bn, "epsilon", 1e-5))  # type: ignore[arg-type]
+    eps = attr_float(bn, "epsilon", 1e-5)
     channels = gamma.size
     if not all(p.size == channels for p in (beta, mean, var)):
         return "BN parameters have different lengths"
@@ -153,7 +155,7 @@ def _plan(
         bias = b.astype(np.float64).reshape(-1) if b is not None else np.zeros(channels)
         new_b = (bias - mean) * factor + beta
     elif producer.op_type == "ConvTranspose":
-        group = int(get_attr(producer, "group", 1))  # type: ignore[arg-type]
+        group = attr_int(producer, "group", 1)
         if w.ndim < 2 or w.shape[0] % group:
             return "ConvTranspose weight shape does not match its group count"
         c_out = group * w.shape[1]
@@ -168,12 +170,12 @@ def _plan(
     else:  # Gemm: Y = alpha·A'·B' + beta·C, output channel = column of Y
         if w.ndim != 2:
             return "Gemm weight is not 2-D"
-        trans_b = int(get_attr(producer, "transB", 0))  # type: ignore[arg-type]
+        trans_b = attr_int(producer, "transB", 0)
         axis = 0 if trans_b else 1
         if w.shape[axis] != channels:
             return f"Gemm has {w.shape[axis]} output columns, BN has {channels}"
         new_w = w64 * (factor.reshape(-1, 1) if trans_b else factor.reshape(1, -1))
-        gemm_beta = float(get_attr(producer, "beta", 1.0))  # type: ignore[arg-type]
+        gemm_beta = attr_float(producer, "beta", 1.0)
         bias64 = gemm_beta * b.astype(np.float64) if b is not None else np.zeros(channels)
         new_b = (bias64 - mean) * factor + beta
         if new_b.ndim == 0:

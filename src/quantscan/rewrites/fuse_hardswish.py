@@ -18,6 +18,7 @@ import onnx
 
 from quantscan.rewrites._graph import (
     GraphIndex,
+    attr_float,
     copy_model,
     get_attr,
     node_label,
@@ -102,7 +103,7 @@ def _const_operand(node: onnx.NodeProto, index: GraphIndex, target: float) -> st
 
 def _clip_bounds(clip: onnx.NodeProto, index: GraphIndex) -> tuple[float, float] | None:
     if get_attr(clip, "min") is not None or get_attr(clip, "max") is not None:
-        return float(get_attr(clip, "min", -np.inf)), float(get_attr(clip, "max", np.inf))  # type: ignore[arg-type]
+        return attr_float(clip, "min", -np.inf), attr_float(clip, "max", np.inf)
     if len(clip.input) < 3 or not clip.input[1] or not clip.input[2]:
         return None
     lo, hi = index.constant(clip.input[1]), index.constant(clip.input[2])
@@ -122,8 +123,8 @@ def _is(node: onnx.NodeProto | None, op: str) -> bool:
 def _match(anchor: onnx.NodeProto, index: GraphIndex) -> tuple[str, list[onnx.NodeProto]] | None:
     """(x, pattern nodes in order) when `anchor` is the Clip or HardSigmoid of a HardSwish pattern."""
     if _is(anchor, "HardSigmoid"):
-        alpha = float(get_attr(anchor, "alpha", 0.2))  # type: ignore[arg-type]
-        beta = float(get_attr(anchor, "beta", 0.5))  # type: ignore[arg-type]
+        alpha = attr_float(anchor, "alpha", 0.2)
+        beta = attr_float(anchor, "beta", 0.5)
         if not (np.isclose(alpha, 1 / 6, rtol=1e-5) and np.isclose(beta, 0.5, rtol=1e-5)):
             return None
         x = anchor.input[0]
