@@ -1,0 +1,330 @@
+"""ONNX graph surgery: expose tensors, insert QuantizeLinear/DequantizeLinear, build isolated twins.
+
+No onnxruntime here: this module only writes graphs. The fake-quant model it builds is standard
+ONNX (QDQ), so the user can open it in Netron or run it in any runtime; tensor and output names are
+those of the original model (the producer of a quantized tensor writes `<name>__f32`, the
+DequantizeLinear writes `<name>`), so every consumer, and every graph output, reads the quantized
+value under its original name.
+
+The *analysis model* is one graph holding three things at once, so a single onnxruntime run per
+batch yields every figure (instead of one network run per layer, which is what peers do):
+  1. the FP32 prepared graph, names unchanged;
+  2. the cumulative QDQ copy, every produced tensor suffixed `@q`;
+  3. one *isolated twin* per site: the site's nodes again, fed QDQ(FP32 inputs) and the same fake
+     quantized weights, output suffixed `@iso<k>`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from quantscan.quant import QParams
+from quantscan.sites import Site
+
+CUMULATIVE_SUFFIX = "@q"
+F32_SUFFIX = "__f32"
+
+
+def iso_name(tensor: str, k: int) -> str:
+    return f"{tensor}@iso{k}"
+
+
+@dataclass
+class WeightQuant:
+    """A weight initializer and its per-channel int8 (or int16) parameters."""
+
+    name: str
+    qparams: QParams
+    values: np.ndarray  # the quantized integers, same shape as the weight
+
+
+@dataclass
+class BiasQuant:
+    """A bias as int32 at scale s_in·s_w (per output channel)."""
+
+    name: str
+    values: np.ndarray  # int32
+    scale: np.ndarray  # float32 per channel
+
+
+@dataclass
+class QuantPlan:
+    """Everything needed to fake-quantize a prepared model.
+
+    `activations` maps each quantized tensor to its parameters; `weights` and `biases` are keyed by
+    the initializer name. Sites absent from `float_sites` are quantized; those in it keep float.
+    """
+
+    activations: dict[str, QParams] = field(default_factory=dict)
+    weights: dict[str, WeightQuant] = field(default_factory=dict)
+    biases: dict[str, BiasQuant] = field(default_factory=dict)
+
+
+def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _qdq_nodes(src: str, dst: str, qp: QParams, tag: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """QuantizeLinear(src) -> DequantizeLinear -> dst, with per-tensor or per-channel parameters."""
+    scale_name, zp_name = f"{tag}__scale", f"{tag}__zp"
+    inits = [_const(scale_name, qp.scale.astype(np.float32)), _const(zp_name, qp.zero_point)]
+    kwargs = {"axis": qp.axis} if qp.axis is not None else {}
+    q = helper.make_node("QuantizeLinear", [src, scale_name, zp_name], [f"{tag}__q"], name=f"{tag}__Q", **kwargs)
+    dq = helper.make_node(
+        "DequantizeLinear", [f"{tag}__q", scale_name, zp_name], [dst], name=f"{tag}__DQ", **kwargs
+    )
+    return [q, dq], inits
+
+
+def _dq_const_nodes(
+    name: str, values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None
+) -> tuple[onnx.NodeProto, list[onnx.TensorProto], str]:
+    """A stored integer initializer and its DequantizeLinear: how QDQ models hold weights."""
+    qname, sname, zname, out = f"{name}__quantized", f"{name}__scale", f"{name}__zp", f"{name}__dq"
+    inits = [_const(qname, values), _const(sname, scale.astype(np.float32)), _const(zname, zero_point)]
+    kwargs = {"axis": axis} if axis is not None and np.asarray(scale).ndim == 1 else {}
+    node = helper.make_node("DequantizeLinear", [qname, sname, zname], [out], name=f"{name}__DQ", **kwargs)
+    return node, inits, out
+
+
+def weight_dq(plan: QuantPlan, weight: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto], str]:
+    w = plan.weights[weight]
+    return _dq_const_nodes(weight, w.values, w.qparams.scale, w.qparams.zero_point, w.qparams.axis)
+
+
+def bias_dq(plan: QuantPlan, bias: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto], str]:
+    b = plan.biases[bias]
+    return _dq_const_nodes(bias, b.values, b.scale, np.zeros(b.scale.shape, np.int32), 0)
+
+
+def build_qdq_model(model: onnx.ModelProto, sites: Sequence[Site], plan: QuantPlan) -> onnx.ModelProto:
+    """The fake-quant model as the chip would compute it: same inputs, same output names."""
+    out = copy.deepcopy(model)
+    graph = out.graph
+    graph_inputs = {i.name for i in graph.input}
+    new_nodes: list[onnx.NodeProto] = []
+    new_inits: list[onnx.TensorProto] = []
+    weight_out: dict[str, str] = {}
+    for site in sites:
+        for name in [site.weight, site.bias, *(w for w, _ in site.extra_weights)]:
+            if not name or name in weight_out:
+                continue
+            if name in plan.weights:
+                node, inits, dq = weight_dq(plan, name)
+            elif name in plan.biases:
+                node, inits, dq = bias_dq(plan, name)
+            else:
+                continue
+            new_nodes.append(node)
+            new_inits.extend(inits)
+            weight_out[name] = dq
+    site_nodes = {n for s in sites for n in s.nodes}
+    # Rewire the sites' weight inputs to their DequantizeLinear outputs.
+    for node in graph.node:
+        if node.name not in site_nodes:
+            continue
+        for pos, name in enumerate(node.input):
+            if name in weight_out:
+                node.input[pos] = weight_out[name]
+    # Activations: rename the producer's output, the DequantizeLinear takes the original name.
+    input_alias: dict[str, str] = {}
+    producers = {o: n for n in graph.node for o in n.output}
+    for tensor, qp in plan.activations.items():
+        tag = f"{tensor}__act"
+        if tensor in graph_inputs:
+            alias = f"{tensor}__qdq"
+            nodes, inits = _qdq_nodes(tensor, alias, qp, tag)
+            input_alias[tensor] = alias
+        else:
+            producer = producers.get(tensor)
+            if producer is None:
+                continue
+            producer.output[list(producer.output).index(tensor)] = tensor + F32_SUFFIX
+            nodes, inits = _qdq_nodes(tensor + F32_SUFFIX, tensor, qp, tag)
+        new_nodes.extend(nodes)
+        new_inits.extend(inits)
+    if input_alias:
+        for node in graph.node:
+            for pos, name in enumerate(node.input):
+                if name in input_alias:
+                    node.input[pos] = input_alias[name]
+    graph.node.extend(new_nodes)
+    graph.initializer.extend(new_inits)
+    _prune_initializers(graph)
+    return topological_sort(out)
+
+
+def _prune_initializers(graph: onnx.GraphProto) -> None:
+    used = {i for n in graph.node for i in n.input}
+    used |= {o.name for o in graph.output}
+    keep = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+
+
+def topological_sort(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Order nodes so each comes after its producers (inserted Q/DQ nodes were appended)."""
+    graph = model.graph
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered: list[onnx.NodeProto] = []
+    produced_by = {o: i for i, n in enumerate(pending) for o in n.output}
+    visited: set[int] = set()
+
+    def visit(i: int) -> None:
+        stack = [(i, False)]
+        while stack:
+            idx, done = stack.pop()
+            if done:
+                ordered.append(pending[idx])
+                continue
+            if idx in visited:
+                continue
+            visited.add(idx)
+            stack.append((idx, True))
+            for name in reversed(pending[idx].input):
+                j = produced_by.get(name)
+                if name not in available and j is not None and j not in visited:
+                    stack.append((j, False))
+
+    for i in range(len(pending)):
+        visit(i)
+    del graph.node[:]
+    graph.node.extend(ordered)
+    return model
+
+
+def expose(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
+    """Mark tensors as graph outputs (types left to the runtime); returns a new model."""
+    out = copy.deepcopy(model)
+    existing = {o.name for o in out.graph.output}
+    for name in tensors:
+        if name not in existing:
+            out.graph.output.append(onnx.ValueInfoProto(name=name))
+            existing.add(name)
+    return out
+
+
+def _suffix_copy(model: onnx.ModelProto, suffix: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Every node of `model` with produced tensors and node names suffixed; inputs/initializers kept."""
+    produced = {o for n in model.graph.node for o in n.output if o}
+    nodes = []
+    for node in model.graph.node:
+        new = copy.deepcopy(node)
+        new.name = node.name + suffix
+        for pos, name in enumerate(new.input):
+            if name in produced:
+                new.input[pos] = name + suffix
+        for pos, name in enumerate(new.output):
+            if name:
+                new.output[pos] = name + suffix
+        nodes.append(new)
+    return nodes, list(model.graph.initializer)
+
+
+def build_analysis_model(
+    fp32: onnx.ModelProto,
+    qdq: onnx.ModelProto,
+    sites: Sequence[Site],
+    plan: QuantPlan,
+    *,
+    compare: Iterable[str],
+    isolated: Iterable[int],
+) -> onnx.ModelProto:
+    """FP32 graph + cumulative QDQ copy + isolated twins in one model; see the module docstring.
+
+    Outputs: for every tensor in `compare`, `t` and `t@q`; for every site index k in `isolated`,
+    `site.output@iso<k>`.
+    """
+    model = copy.deepcopy(fp32)
+    graph = model.graph
+    existing_inits = {t.name for t in graph.initializer}
+    q_nodes, q_inits = _suffix_copy(qdq, CUMULATIVE_SUFFIX)
+    graph.node.extend(q_nodes)
+    for t in q_inits:
+        if t.name not in existing_inits:
+            graph.initializer.append(t)
+            existing_inits.add(t.name)
+    fp32_nodes = {n.name: n for n in fp32.graph.node}
+    weight_dq_names = _weight_dq_outputs(qdq)
+    outputs: list[str] = []
+    for name in compare:
+        outputs.extend([name, name + CUMULATIVE_SUFFIX])
+    for k in isolated:
+        site = sites[k]
+        nodes, inits = isolated_twin(site, k, fp32_nodes, plan, weight_dq_names)
+        graph.node.extend(nodes)
+        for t in inits:
+            if t.name not in existing_inits:
+                graph.initializer.append(t)
+                existing_inits.add(t.name)
+        outputs.append(iso_name(site.output, k))
+    del graph.output[:]
+    graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs))
+    return model
+
+
+def _weight_dq_outputs(qdq: onnx.ModelProto) -> dict[str, str]:
+    """Original weight name -> the suffixed DequantizeLinear output carrying its fake-quant value."""
+    found = {}
+    for node in qdq.graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0].endswith("__quantized"):
+            original = node.input[0][: -len("__quantized")]
+            found[original] = node.output[0] + CUMULATIVE_SUFFIX
+    return found
+
+
+def isolated_twin(
+    site: Site,
+    k: int,
+    fp32_nodes: Mapping[str, onnx.NodeProto],
+    plan: QuantPlan,
+    weight_dq_names: Mapping[str, str],
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The site's nodes again, reading QDQ(FP32 inputs) and fake-quant weights; output QDQ'd."""
+    suffix = f"@iso{k}"
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    rename: dict[str, str] = {}
+    for name in site.inputs:
+        qp = plan.activations.get(name)
+        if qp is None:
+            continue
+        qdq_nodes, qdq_inits = _qdq_nodes(name, name + suffix, qp, f"{name}{suffix}__in")
+        nodes.extend(qdq_nodes)
+        inits.extend(qdq_inits)
+        rename[name] = name + suffix
+    for wname in [site.weight, site.bias, *(w for w, _ in site.extra_weights)]:
+        if wname and wname in weight_dq_names:
+            rename[wname] = weight_dq_names[wname]
+    inner = {o for n in site.nodes for o in fp32_nodes[n].output if o}
+    out_qp = plan.activations.get(site.output)
+    for node_name in site.nodes:
+        node = copy.deepcopy(fp32_nodes[node_name])
+        node.name = node.name + suffix
+        for pos, name in enumerate(node.input):
+            if name in rename:
+                node.input[pos] = rename[name]
+            elif name in inner:
+                node.input[pos] = name + suffix
+        for pos, name in enumerate(node.output):
+            if not name:
+                continue
+            if name == site.output and out_qp is not None:
+                node.output[pos] = name + suffix + F32_SUFFIX
+            else:
+                node.output[pos] = name + suffix
+        nodes.append(node)
+    if out_qp is not None:
+        qdq_nodes, qdq_inits = _qdq_nodes(
+            site.output + suffix + F32_SUFFIX, iso_name(site.output, k), out_qp, f"{site.output}{suffix}__out"
+        )
+        nodes.extend(qdq_nodes)
+        inits.extend(qdq_inits)
+    return nodes, inits

@@ -1,0 +1,345 @@
+"""Load and validate ONNX models; prepare the analysis copy the chip would actually run.
+
+Loading turns every way a model file can be wrong (missing, truncated, not ONNX, external data
+missing, already quantized) into one `ModelError` line. Preparation works on a copy, never on the
+user's model: weights held in `Constant` nodes become initializers (Paddle exports), constant
+subgraphs are folded, BatchNormalization is folded into its Conv/Gemm (the same pass `rewrite
+--fold-bn` uses), the opset is raised to what per-channel QDQ needs, and declared output shapes are
+dropped because at least one real exporter writes wrong ones; the runtime is trusted instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper, version_converter
+
+from quantscan.errors import ModelError
+from quantscan.specs import Dim, InputSpec
+
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QLinearConcat",
+        "QLinearGlobalAveragePool",
+        "QLinearAveragePool",
+        "QLinearSoftmax",
+        "ConvInteger",
+        "MatMulInteger",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul",
+        "QGemm",
+        "QAttention",
+    }
+)
+MIN_ANALYSIS_OPSET = 13
+"""Per-channel QuantizeLinear/DequantizeLinear (the `axis` attribute) exists from opset 13."""
+
+# Ops whose result depends on more than their inputs, or that are too costly to pre-evaluate.
+_NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                           "Multinomial", "Bernoulli", "If", "Loop", "Scan"})
+_MAX_FOLD_ELEMENTS = 1 << 24
+
+
+@dataclass
+class LoadedModel:
+    """A validated model as the user gave it. `proto` is never modified by quantscan."""
+
+    path: Path
+    proto: onnx.ModelProto
+    sha256: str
+    opset: int
+    inputs: list[InputSpec]
+    outputs: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def stem(self) -> str:
+        return self.path.stem
+
+
+@dataclass
+class PreparedModel:
+    """The analysis copy: folded, upgraded, with fixed input shapes, plus what was done to it."""
+
+    proto: onnx.ModelProto
+    opset_from: int
+    opset_to: int
+    changes: list[str]
+    bn_folded_into: set[str]
+    """Names of the Conv/ConvTranspose/Gemm nodes that absorbed a BatchNormalization."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_model(path: str | Path) -> LoadedModel:
+    """Read, check and describe a model; every failure is one `ModelError` line."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"expected an ONNX model file, found nothing at {p}")
+    if p.is_dir():
+        raise ModelError(f"expected an ONNX model file, found a directory: {p}")
+    if p.stat().st_size == 0:
+        raise ModelError(f"expected an ONNX model, found an empty file: {p}")
+    proto = _parse(p)
+    if not proto.graph.node:
+        raise ModelError(f"expected an ONNX model with a graph, found no nodes in {p} (is it an ONNX file?)")
+    _load_external(proto, p)
+    _check(proto, p)
+    name_unnamed_nodes(proto)
+    inputs = graph_inputs(proto)
+    outputs = [o.name for o in proto.graph.output]
+    return LoadedModel(p, proto, file_sha256(p), onnx_opset(proto), inputs, outputs)
+
+
+def _parse(path: Path) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        size = path.stat().st_size
+        raise ModelError(
+            f"expected an ONNX protobuf in {path}, found {size} bytes that do not parse "
+            f"(truncated or not ONNX: {type(exc).__name__})"
+        ) from exc
+
+
+def _load_external(proto: onnx.ModelProto, path: Path) -> None:
+    external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if not external:
+        return
+    for tensor in external:
+        location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+        if location is None or not (path.parent / location).is_file():
+            raise ModelError(
+                f"expected external data file {location!r} beside {path} for tensor {tensor.name!r}, found none"
+            )
+    try:
+        onnx.load_external_data_for_model(proto, str(path.parent))
+    except Exception as exc:
+        raise ModelError(f"could not read external data of {path}: {exc}") from exc
+
+
+def _check(proto: onnx.ModelProto, path: Path) -> None:
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid graph"
+        raise ModelError(f"expected a valid ONNX model in {path}, onnx.checker found: {first}") from exc
+    except ValueError:
+        # Models over 2 GB cannot be checked in memory; checking by path would need the file layout.
+        pass
+
+
+def onnx_opset(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 1
+
+
+def graph_inputs(proto: onnx.ModelProto) -> list[InputSpec]:
+    """Inputs the caller must feed (inputs that are also initializers have defaults)."""
+    inits = {t.name for t in proto.graph.initializer}
+    specs = []
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32)
+        dims: list[Dim] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param:
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        specs.append(InputSpec(vi.name, np.dtype(dtype), tuple(dims)))
+    return specs
+
+
+def ensure_float_model(model: LoadedModel) -> None:
+    """Scan and bisect measure int8 against FP32: a model that is already quantized has no FP32 reference."""
+    found = sorted({n.op_type for n in model.proto.graph.node if n.op_type in QUANTIZED_OPS})
+    if found:
+        raise ModelError(
+            f"expected a float model, found an already-quantized one ({', '.join(found)} in {model.path.name}); "
+            "give quantscan the FP32 model it came from"
+        )
+
+
+# --- preparation -------------------------------------------------------------------------------------
+
+
+def constants_to_initializers(proto: onnx.ModelProto) -> int:
+    """Move tensor-valued `Constant` nodes into initializers, so weights look the same in every export."""
+    graph = proto.graph
+    keep, moved = [], 0
+    for node in graph.node:
+        value = _constant_value(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
+        if value is None:
+            keep.append(node)
+            continue
+        graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+        moved += 1
+    del graph.node[:]
+    graph.node.extend(keep)
+    return moved
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None
+
+
+def fold_constants(proto: onnx.ModelProto) -> int:
+    """Evaluate nodes whose inputs are all initializers (e.g. Reshape of a bias) with onnx.reference.
+
+    A chip compiler does this before anything else; leaving them would create fake "sites".
+    """
+    from onnx.reference import ReferenceEvaluator
+
+    graph = proto.graph
+    values = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    keep, folded = [], 0
+    for node in graph.node:
+        foldable = (
+            node.domain in ("", "ai.onnx")
+            and node.op_type not in _NOT_FOLDABLE
+            and all(i == "" or i in values for i in node.input)
+            and not any(o in outputs for o in node.output)
+            and not any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)
+        )
+        result = _evaluate_node(node, values, proto, ReferenceEvaluator) if foldable else None
+        if result is None:
+            keep.append(node)
+            continue
+        for name, arr in zip(node.output, result, strict=False):
+            tensor = numpy_helper.from_array(np.asarray(arr), name)
+            graph.initializer.append(tensor)
+            values[name] = tensor
+        folded += 1
+    del graph.node[:]
+    graph.node.extend(keep)
+    return folded
+
+
+def _evaluate_node(node, values, proto, evaluator_cls):  # type: ignore[no-untyped-def]
+    feeds = {i: numpy_helper.to_array(values[i]) for i in node.input if i}
+    if sum(int(np.prod(v.shape)) for v in feeds.values()) > _MAX_FOLD_ELEMENTS:
+        return None
+    inputs = [onnx.helper.make_tensor_value_info(i, values[i].data_type, None) for i in node.input if i]
+    outs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    graph = onnx.helper.make_graph([node], "fold", inputs, outs)
+    single = onnx.helper.make_model(graph, opset_imports=list(proto.opset_import))
+    try:
+        return evaluator_cls(single).run(None, feeds)
+    except Exception:
+        return None
+
+
+def upgrade_opset(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
+    """Raise the default-domain opset to `target` (never lowers it)."""
+    current = onnx_opset(proto)
+    if current >= target:
+        return proto
+    try:
+        upgraded = version_converter.convert_version(proto, target)
+    except Exception as exc:
+        raise ModelError(
+            f"expected a model onnx.version_converter can raise from opset {current} to {target}, "
+            f"found: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
+    return upgraded
+
+
+def set_input_dims(proto: onnx.ModelProto, shapes: dict[str, tuple[Dim, ...]]) -> None:
+    """Write concrete (or symbolic) dims on graph inputs; other inputs are left as they are."""
+    for vi in proto.graph.input:
+        if vi.name not in shapes:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        new = shapes[vi.name]
+        del dims[:]
+        for d in new:
+            dim = onnx.TensorShapeProto.Dimension()
+            if isinstance(d, int):
+                dim.dim_value = d
+            elif isinstance(d, str):
+                dim.dim_param = d
+            dims.append(dim)
+
+
+def forget_declared_shapes(proto: onnx.ModelProto) -> None:
+    """Declared output shapes and value_info can be wrong (a YOLOX export declares one): drop them."""
+    del proto.graph.value_info[:]
+    for out in proto.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+
+
+def prepare_for_analysis(
+    model: LoadedModel, input_dims: dict[str, tuple[Dim, ...]], *, min_opset: int = MIN_ANALYSIS_OPSET
+) -> PreparedModel:
+    """The copy quantscan measures: what the chip's compiler would run, in float."""
+    from quantscan.rewrites.fold_bn import fold_batchnorm
+
+    proto = copy.deepcopy(model.proto)
+    changes: list[str] = []
+    moved = constants_to_initializers(proto)
+    if moved:
+        changes.append(f"{moved} Constant nodes turned into initializers")
+    folded_consts = fold_constants(proto)
+    if folded_consts:
+        changes.append(f"{folded_consts} constant subgraph nodes folded")
+    result = fold_batchnorm(proto)
+    proto = result.model
+    if result.changes:
+        changes.append(f"{len(result.changes)} BatchNormalization folded into their producers")
+    opset_from = onnx_opset(proto)
+    proto = upgrade_opset(proto, min_opset)
+    opset_to = onnx_opset(proto)
+    if opset_to != opset_from:
+        changes.append(f"opset raised from {opset_from} to {opset_to} with onnx.version_converter")
+    forget_declared_shapes(proto)
+    set_input_dims(proto, input_dims)
+    return PreparedModel(proto, opset_from, opset_to, changes, {c.node for c in result.changes})
+
+
+def name_unnamed_nodes(proto: onnx.ModelProto) -> None:
+    """Reports name nodes; exporters sometimes leave names empty. `<op_type>_<index>` is stable."""
+    seen: set[str] = set()
+    for index, node in enumerate(proto.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{index}"
+        seen.add(node.name)

@@ -1,0 +1,216 @@
+"""Write a scan's tables and summaries under the run folder: formatting only, every file atomic.
+
+Atomic means temp file + os.replace in the same folder: an interrupted run never leaves half a CSV,
+and an existing report is replaced only by a complete one.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from quantscan.errors import UsageError
+
+if TYPE_CHECKING:
+    from quantscan.analyze import ScanResult
+
+METRIC_DOC = """\
+Metrics compare the FP32 model (x) with the quantized one (y) on the same inputs, pooled over every
+element of every sample: cosine = Σxy/√(Σx²·Σy²) (higher is better, 1 = identical direction);
+SQNR_dB = 10·log10(Σx²/Σ(x−y)²) (higher is better; the same number as onnxruntime's
+20·log10(‖x‖/‖x−y‖), unlike PPQ's linear noise/signal ratio where lower is better); MSE = mean (x−y)²
+and max_abs = max|x−y| (lower is better). `worst_sample_` columns are the minimum over samples.
+"""
+
+
+def ensure_out_dir(out: Path) -> Path:
+    """Create the run folder; a path that exists as a file is bad input, never overwritten."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_csv(path: Path, frame: pd.DataFrame) -> None:
+    atomic_write_text(path, frame.to_csv(index=False))
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON has no inf/NaN: write them as strings ("inf", "-inf", "nan") rather than invalid JSON."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        return f if math.isfinite(f) else str(f)
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def save_model(model: onnx.ModelProto, path: Path, *, protect: Iterable[Path] = ()) -> None:
+    """Write a model atomically; refuse to write over a protected file (the user's input model)."""
+    for p in protect:
+        if path.exists() and p.exists() and path.resolve() == p.resolve():
+            raise UsageError(f"expected an output path other than the input model, found {path}")
+    if path.exists() and path.is_dir():
+        raise UsageError(f"expected a file path for the model, found a folder at {path}")
+    atomic_write_bytes(path, model.SerializeToString())
+
+
+def write_scan(result: ScanResult, out: Path) -> None:
+    """layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, report.html."""
+    ensure_out_dir(out)
+    write_csv(out / "layers.csv", result.layers)
+    write_csv(out / "tensors.csv", result.tensors)
+    write_csv(out / "ops.csv", result.ops)
+    write_csv(out / "channels.csv", result.channels)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **result.hist)
+    atomic_write_bytes(out / "hist.npz", buf.getvalue())
+    atomic_write_text(out / "summary.md", summary_markdown(result))
+    atomic_write_text(out / "report.html", report_html(result))
+
+
+def write_run_json(result: ScanResult, out: Path) -> None:
+    info = dict(result.run_info)
+    info["warnings"] = result.warnings
+    write_json(out / "run.json", info)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        if math.isnan(f):
+            return "–"
+        if math.isinf(f):
+            return "inf" if f > 0 else "-inf"
+        return f"{f:.{digits}g}"
+    return str(value)
+
+
+def summary_markdown(result: ScanResult) -> str:
+    from quantscan.analyze import RANK_DOC
+
+    info = result.run_info
+    head = result.headline
+    lines = [
+        f"# quantscan: {result.model.path.name}",
+        "",
+        f"- model sha256 `{info['model']['sha256']}`, opset {info['opset_original']} (analysed at "
+        f"{info['opset_used']}), {info['sites']} quantization sites, {info['qdq_pairs']} QDQ pairs",
+        f"- calibration: {info['calibration']['samples']} samples from `{info['calibration']['path']}`, "
+        f"method {info['options']['calib_method']}; activations {info['options']['activations']} per tensor, "
+        "weights int8 per output channel (symmetric), bias int32",
+        "- evaluation set: " + ("the calibration set (no `--eval` given)" if info["evaluation"]["same_as_calibration"]
+                                else f"`{info['evaluation']['path']}` ({info['evaluation']['samples']} samples)"),
+        f"- analysis sessions: onnxruntime {info['ort_level']} (QDQ kept as float fake-quant)",
+        "",
+        "## Model output (all sites int8)",
+        "",
+        "| output | cosine | SQNR dB | worst-sample cosine | top-1 agreement | deployed cosine (ORT_ENABLE_ALL) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in result.output_metrics.items():
+        dep = info.get("deployed_metrics", {}).get(name, {})
+        lines.append(
+            f"| `{name}` | {_fmt(m['cosine'], 5)} | {_fmt(m['sqnr_db'])} | {_fmt(m['worst_sample_cosine'], 5)} | "
+            f"{_fmt(m.get('top1_agreement', math.nan))} | {_fmt(dep.get('cosine', math.nan), 5)} |"
+        )
+    lines += [
+        "",
+        f"Headline: `{head['output']}` (worst output) cosine {_fmt(head['cosine'], 5)}, SQNR {_fmt(head['sqnr_db'])} dB. "
+        "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
+        "the fake-quant figure, never mixed into it.",
+        "",
+        "## Top sites",
+        "",
+        "| rank | node | kernel | isolated SQNR dB | cumulative SQNR dB | worst channel dB | cause | why |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.layers.head(10).to_dict("records"):
+        lines.append(
+            f"| {r['rank']} | `{r['node']}` | {r['kernel']} | {_fmt(r['isolated_sqnr_db'])} | "
+            f"{_fmt(r['cumulative_sqnr_db'])} | {_fmt(r['act_worst_channel_sqnr_db'])} | {r['cause']} | {r['reason']} |"
+        )
+    intrinsic = result.layers[result.layers["cause"] == "intrinsic"]
+    inherited = result.layers[result.layers["cause"] == "inherited"]
+    lines += ["", "## Cause or symptom", ""]
+    lines.append(
+        f"- **Intrinsic** ({len(intrinsic)} sites): the site's own quantization loses precision (low isolated "
+        "SQNR, or a per-tensor scale that starves some channels). Fix these: keep them in float/int16, "
+        "rescale channels, or change the calibration method."
+    )
+    for r in intrinsic.head(15).to_dict("records"):
+        lines.append(f"  - `{r['node']}` ({r['kernel']}): {r['reason']}")
+    lines.append(
+        f"- **Inherited** ({len(inherited)} sites): low cumulative SQNR but a fine isolated figure: the error "
+        "comes from upstream. Fixing these sites would not help."
+    )
+    for r in inherited.head(15).to_dict("records"):
+        lines.append(f"  - `{r['node']}` ({r['kernel']}): {r['reason']}")
+    lines += ["", "## How `rank` is computed", "", RANK_DOC, "", "## Metrics", "", METRIC_DOC]
+    if result.warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def report_html(result: ScanResult) -> str:
+    """A self-contained page (no network): headline and the ranked table. Plots come with the report issue."""
+    csp = "default-src 'none'; style-src 'unsafe-inline'"
+    table = result.layers.drop(columns=["inputs"], errors="ignore").to_html(
+        index=False, float_format=lambda v: f"{v:.4g}", classes="layers", border=0
+    )
+    rows = "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{_fmt(v.get('cosine', math.nan), 5)}</td>"
+        f"<td>{_fmt(v.get('sqnr_db', math.nan))}</td></tr>"
+        for k, v in result.output_metrics.items()
+    )
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{csp}\">"
+        f"<title>quantscan: {html.escape(result.model.path.name)}</title>"
+        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
+        "td,th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}</style></head><body>"
+        f"<h1>quantscan: {html.escape(result.model.path.name)}</h1>"
+        f"<p>sha256 {result.model.sha256}</p><h2>Model output</h2>"
+        f"<table><tr><th>output</th><th>cosine</th><th>SQNR dB</th></tr>{rows}</table>"
+        f"<h2>Sites, ranked</h2>{table}</body></html>"
+    )
