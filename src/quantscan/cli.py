@@ -1,0 +1,269 @@
+"""The command line: the only module that parses arguments, prints, or exits.
+
+Every command builds API objects and renders what they return. Exit codes (CONTRACT.md): 0 done,
+1 a user threshold failed, 2 bad input or usage (one line on stderr, no traceback unless --debug),
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from quantscan.errors import QuantscanError, UsageError
+
+COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles")
+EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on usage errors already; make its message the contract's one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+# --- flag parsing --------------------------------------------------------------------------------------
+
+
+def parse_input_shape(values: Sequence[str]) -> dict[str, list[int]]:
+    """`NAME:1,3,224,224` (repeatable)."""
+    shapes: dict[str, list[int]] = {}
+    for raw in values:
+        name, sep, dims = raw.rpartition(":")
+        try:
+            parsed = [int(d) for d in dims.split(",")]
+        except ValueError:
+            parsed = []
+        if not sep or not name or not parsed or any(d <= 0 for d in parsed):
+            raise UsageError(f"--input-shape: expected NAME:D0,D1,... with positive integers, found {raw!r}")
+        shapes[name] = parsed
+    return shapes
+
+
+def parse_const(values: Sequence[str]) -> dict[str, float]:
+    """`NAME=VALUE` (repeatable): an input the data does not cover, filled with VALUE."""
+    consts: dict[str, float] = {}
+    for raw in values:
+        name, sep, value = raw.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not name or math.isnan(number):
+            raise UsageError(f"--const: expected NAME=NUMBER, found {raw!r}")
+        consts[name] = number
+    return consts
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="run folder (default reports/<model stem>/)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _data_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calib", required=True, help="calibration folder (images + preprocess.json, or .npy/.npz)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--limit", type=int, default=None, help="use the first N samples")
+    p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
+    p.add_argument("--calib-method", default="minmax")
+    p.add_argument("--activations", default="uint8")
+    p.add_argument("--output", action="append", default=[], help="graph output for the headline metric")
+    p.add_argument("--save-qdq", default=None, help="write the fake-quant model here")
+    p.add_argument("--profile", action="append", default=[], help="chip profile name or TOML path")
+    p.add_argument("--fail-below-cosine", type=float, default=None)
+    p.add_argument("--batch-size", type=int, default=8, help="samples per run when the batch dim is free")
+    p.add_argument("--preprocess", default=None, help="preprocess.json for an image folder")
+    p.add_argument("--layout", default=None)
+    p.add_argument("--channel-order", default=None)
+    p.add_argument("--scale", type=float, default=None)
+    p.add_argument("--mean", default=None, help="comma-separated per-channel mean")
+    p.add_argument("--std", default=None, help="comma-separated per-channel std")
+    p.add_argument("--resize", default=None)
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="quantscan", description="int8 sensitivity and NPU compatibility for ONNX models")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    scan = sub.add_parser("scan", help="per-layer int8 sensitivity (the default command)")
+    scan.add_argument("model")
+    _data_options(scan)
+    _common(scan)
+    check = sub.add_parser("check", help="structural compatibility with chip profiles")
+    check.add_argument("model")
+    check.add_argument("--profile", action="append", default=[])
+    check.add_argument("--fail-on", choices=["error", "warn"], default=None)
+    check.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    _common(check)
+    sub.add_parser("profiles", help="list shipped chip profiles")
+    return parser
+
+
+def _floats(raw: str | None, flag: str) -> list[float] | None:
+    if raw is None:
+        return None
+    try:
+        return [float(v) for v in raw.split(",")]
+    except ValueError:
+        raise UsageError(f"{flag}: expected comma-separated numbers, found {raw!r}") from None
+
+
+def _progress_factory(quiet: bool) -> Any:
+    from quantscan.analyze import no_progress
+
+    if quiet or not sys.stderr.isatty():
+        return no_progress
+    from tqdm import tqdm
+
+    def factory(desc: str, total: int | None) -> Any:
+        return tqdm(total=total, desc=desc, unit="batch", leave=False, file=sys.stderr)
+
+    return factory
+
+
+def default_out(model: str) -> Path:
+    return Path("reports") / Path(model).stem
+
+
+# --- commands ------------------------------------------------------------------------------------------
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from quantscan.analyze import scan
+
+    out = Path(args.out) if args.out else default_out(args.model)
+    overrides = {
+        "layout": args.layout,
+        "channel_order": args.channel_order,
+        "scale": args.scale,
+        "mean": _floats(args.mean, "--mean"),
+        "std": _floats(args.std, "--std"),
+        "resize": args.resize,
+    }
+    options: dict[str, Any] = {
+        "calib_method": args.calib_method,
+        "activations": args.activations,
+        "input_shape": parse_input_shape(args.input_shape),
+        "const": parse_const(args.const),
+        "limit": args.limit,
+        "eval": args.eval,
+        "output": args.output,
+        "preprocess": args.preprocess,
+        "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
+        "threads": args.threads,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "save_qdq": args.save_qdq,
+    }
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    result = scan(args.model, args.calib, out=out, progress=_progress_factory(args.quiet), **options)
+    for warning in result.warnings:
+        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    head = result.headline
+    top = result.layers.head(5)
+    print(f"{result.model.path.name}: {len(result.sites)} sites, output '{head['output']}' "
+          f"cosine {head['cosine']:.5f}, SQNR {head['sqnr_db']:.2f} dB"
+          + (f", top-1 agreement {head['top1_agreement']:.3f}" if "top1_agreement" in head else "")
+          + f" (deployed ORT_ENABLE_ALL cosine {head['deployed'].get('cosine', math.nan):.5f})")
+    for r in top.to_dict("records"):
+        print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
+              f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}")
+    print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json)")
+    if args.fail_below_cosine is not None and not head["cosine"] >= args.fail_below_cosine:
+        print(f"quantscan: output cosine {head['cosine']:.5f} is below --fail-below-cosine "
+              f"{args.fail_below_cosine}", file=sys.stderr)
+        return EXIT_THRESHOLD
+    return EXIT_OK
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from quantscan.compat.profiles import list_profiles
+
+    for info in list_profiles():
+        fields = [getattr(info, "name", str(info))]
+        for attr in ("vendor", "description"):
+            value = getattr(info, attr, None)
+            if value:
+                fields.append(str(value))
+        print("  ".join(fields))
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from quantscan.compat.check import check
+    from quantscan.model import load_model
+    from quantscan.report import ensure_out_dir, write_csv
+
+    loaded = load_model(args.model)
+    profiles = args.profile or ["generic-npu"]
+    shapes = parse_input_shape(args.input_shape)
+    result = check(loaded.proto, profiles, input_shapes=shapes or None)
+    out = ensure_out_dir(Path(args.out) if args.out else default_out(args.model))
+    write_csv(out / "compat.csv", result.findings)
+    write_csv(out / "partitions.csv", result.partitions)
+    findings = result.findings
+    for profile in profiles:
+        rows = findings[findings["profile"] == _profile_label(profile, findings)] if not findings.empty else findings
+        counts = rows["severity"].value_counts().to_dict() if not rows.empty else {}
+        print(f"{profile}: {counts.get('error', 0)} errors, {counts.get('warn', 0)} warnings, "
+              f"{counts.get('info', 0)} notes")
+    print(f"wrote {out}/compat.csv and partitions.csv")
+    if args.fail_on and result.fails(args.fail_on):
+        return EXIT_THRESHOLD
+    return EXIT_OK
+
+
+def _profile_label(profile: str, findings: Any) -> str:
+    if profile in set(findings["profile"]):
+        return profile
+    return Path(profile).stem
+
+
+HANDLERS = {"scan": cmd_scan, "check": cmd_check, "profiles": cmd_profiles}
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """`quantscan MODEL --calib DIR` means `quantscan scan MODEL --calib DIR`."""
+    args = list(argv)
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first is not None and first not in COMMANDS and args and not args[0].startswith("-") or (
+        args and args[0].startswith("-") and args[0] not in ("-h", "--help") and first not in COMMANDS
+    ):
+        return ["scan", *args]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in raw
+    try:
+        args = build_parser().parse_args(normalize_argv(raw))
+        if args.command is None:
+            build_parser().print_help()
+            return EXIT_BAD_INPUT
+        handler = HANDLERS.get(args.command)
+        if handler is None:
+            raise UsageError(f"'{args.command}' is not available in this version")
+        return handler(args)
+    except KeyboardInterrupt:
+        print("quantscan: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except QuantscanError as exc:
+        if debug:
+            raise
+        print(f"quantscan: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
