@@ -1,0 +1,169 @@
+"""`check()`: structural NPU compatibility of one model against one or more chip profiles.
+
+No data, no onnxruntime: the model is loaded, shapes inferred (twice if input dims are symbolic),
+then every rule runs per profile, nodes are coloured NPU/CPU and the islands measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import onnx
+import pandas as pd
+
+from quantscan.compat.analysis import ModelAnalysis, analyse
+from quantscan.compat.context import RuleContext
+from quantscan.compat.findings import COLUMNS, DETAIL_COLUMNS, Finding, severity_rank
+from quantscan.compat.partitions import Partitioning, colour, partition
+from quantscan.compat.profiles import DEFAULT_PROFILE, Profile, load_profile
+from quantscan.compat.result import PARTITION_COLUMNS, CheckResult
+from quantscan.compat.rules import RULES
+
+
+def check(
+    model: onnx.ModelProto | str | Path,
+    profiles: Sequence[str | Path] = (),
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> CheckResult:
+    """Check `model` against `profiles` (names or TOML paths; default generic-npu).
+
+    Profiles are validated before the model is read, so a typo fails fast. Raises ProfileError,
+    ModelError or UsageError (bad input_shapes) for bad input; never for odd graphs.
+    """
+    loaded = _profiles(profiles)
+    analysis = analyse(model, input_shapes)
+    findings: list[dict[str, object]] = []
+    details: list[dict[str, object]] = []
+    parts: list[dict[str, object]] = []
+    placement: dict[str, dict[str, str]] = {}
+    for profile in loaded:
+        found = run_rules(analysis, profile)
+        part = partition(analysis, colour(analysis, found))
+        rows = _finding_rows(analysis, profile, found, part)
+        findings.extend(r[0] for r in rows)
+        details.extend(r[1] for r in rows)
+        parts.extend(_partition_rows(analysis, profile, part))
+        placement[profile.name] = _placement(analysis, part)
+    return CheckResult(
+        findings=pd.DataFrame(findings, columns=list(COLUMNS)),
+        details=pd.DataFrame(details, columns=list(DETAIL_COLUMNS)),
+        partitions=pd.DataFrame(parts, columns=list(PARTITION_COLUMNS)),
+        node_placement=placement,
+        profiles=[p.name for p in loaded],
+        notes=_notes(analysis),
+    )
+
+
+def _profiles(specs: Sequence[str | Path]) -> list[Profile]:
+    out: list[Profile] = []
+    for spec in list(specs) or [DEFAULT_PROFILE]:
+        p = load_profile(spec)
+        if p.name not in {q.name for q in out}:
+            out.append(p)
+    return out
+
+
+def run_rules(analysis: ModelAnalysis, profile: Profile) -> list[Finding]:
+    """Every rule's findings for one profile, unverified ones capped at warn.
+
+    A rule that fails on an odd graph yields an info row saying so instead of aborting the check.
+    """
+    ctx = RuleContext(analysis, profile)
+    out: list[Finding] = []
+    for rule_id, run in RULES:
+        try:
+            out.extend(f.capped() for f in run(ctx))
+        except Exception as exc:  # robustness promise: odd graphs are reported, not fatal
+            out.append(
+                Finding("", "", rule_id, "info", f"rule skipped on this model ({type(exc).__name__}: {exc})")
+            )
+    return out
+
+
+def _order(analysis: ModelAnalysis) -> dict[str, int]:
+    view = analysis.view
+    order = {name: i for i, name in enumerate(view.names)}
+    order.update({name: -1 for name in view.inputs})
+    return order
+
+
+def _finding_rows(
+    analysis: ModelAnalysis, profile: Profile, found: list[Finding], part: Partitioning
+) -> list[tuple[dict[str, object], dict[str, object]]]:
+    order = _order(analysis)
+    index = {n: i for i, n in enumerate(analysis.view.names)}
+    found = sorted(found, key=lambda f: (-severity_rank(f.severity), order.get(f.node, -2)))
+    rows = []
+    for f in found:
+        placement, island = _where(analysis, part, index, f.node)
+        row: dict[str, object] = {
+            "node": f.node,
+            "op_type": f.op_type,
+            "rule": f.rule,
+            "attribute": f.attribute,
+            "value": f.value,
+            "limit": f.limit,
+            "severity": f.severity,
+            "placement": placement,
+            "partition": island,
+            "fix": f.fix,
+            "profile": profile.name,
+        }
+        detail: dict[str, object] = {
+            "reason": f.reason,
+            "source": f.source,
+            "unverified": f.unverified,
+            "forces_cpu": f.forces_cpu,
+        }
+        rows.append((row, detail))
+    return rows
+
+
+def _where(
+    analysis: ModelAnalysis, part: Partitioning, index: Mapping[str, int], node: str
+) -> tuple[str, object]:
+    """(placement, partition id) of a finding's node; graph inputs use their first consumer."""
+    view = analysis.view
+    i = index.get(node)
+    if i is None and node in view.inputs:
+        consumers = [c for c in view.consumers.get(node, []) if c in part.colour]
+        i = consumers[0] if consumers else None
+    if i is None:
+        return "", ""
+    if i not in part.colour:
+        return "npu", ""
+    return part.colour[i], part.island_of[i]
+
+
+def _partition_rows(analysis: ModelAnalysis, profile: Profile, part: Partitioning) -> list[dict[str, object]]:
+    names = analysis.view.names
+    return [
+        {
+            "profile": profile.name,
+            "partition": isl.id,
+            "placement": isl.placement,
+            "n_nodes": len(isl.nodes),
+            "first_node": names[isl.nodes[0]],
+            "nodes": ";".join(names[i] for i in isl.nodes),
+            "bytes_in": isl.bytes_in,
+            "bytes_out": isl.bytes_out,
+            "bytes_unknown": isl.unknown_in,
+            "from_partitions": ";".join(str(s) for s in isl.sources),
+            "bytes_estimated": analysis.loaded.estimated,
+        }
+        for isl in part.islands
+    ]
+
+
+def _placement(analysis: ModelAnalysis, part: Partitioning) -> dict[str, str]:
+    return {name: part.colour.get(i, "npu") for i, name in enumerate(analysis.view.names)}
+
+
+def _notes(analysis: ModelAnalysis) -> list[str]:
+    notes = []
+    for f in analysis.loaded.fills:
+        if not f.from_user:
+            notes.append(f"input '{f.input}' axis {f.axis} ({f.symbol}) checked as {f.value} (not given)")
+    return notes

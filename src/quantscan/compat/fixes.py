@@ -1,0 +1,84 @@
+"""Suggested fixes: rewrite ids (implemented by `quantscan rewrite`) where one exists, else words.
+
+Rewrite ids: fold-bn, decompose-hardswish, fuse-hardswish, decompose-hardsigmoid, fix-dim,
+decompose-layernorm, fuse-layernorm, gelu-tanh.
+"""
+
+from __future__ import annotations
+
+from quantscan.compat.profiles import Profile
+
+_OP_FIXES: dict[str, str] = {
+    "LSTM": "keep on CPU (fallback precision), or replace the recurrence with Conv1d/GRU the chip supports",
+    "GRU": "keep on CPU (fallback precision), or replace with ops the chip supports",
+    "RNN": "keep on CPU (fallback precision), or replace with ops the chip supports",
+    "Einsum": "rewrite the Einsum as Transpose/Reshape/MatMul in the exporter",
+    "NonZero": "move data-dependent indexing (NonZero) to post-processing outside the model",
+    "NonMaxSuppression": "run NMS in post-processing outside the model",
+    "GridSample": "replace GridSample with Resize/gather-free warping or run it on CPU",
+    "ScatterND": "replace ScatterND with Concat/Slice of static regions, or run it on CPU",
+    "Erf": "gelu-tanh",
+    "Gelu": "gelu-tanh",
+    "DFT": "compute the spectrum as a Conv1d with a fixed DFT basis, or pre-process outside the model",
+    "STFT": "compute the STFT as a strided Conv1d with a fixed basis, or pre-process outside the model",
+    "If": "export with the branch condition constant so the If folds away, or split the model",
+    "Loop": "unroll the Loop at export time (fixed trip count) or run the loop outside the model",
+    "Scan": "unroll the Scan at export time or run it outside the model",
+    "GroupNormalization": "decompose GroupNormalization into Reshape/InstanceNormalization/Mul/Add",
+    "Col2Im": "run Col2Im outside the model",
+    "DeformConv": "replace DeformConv with a plain Conv or run it on CPU",
+    "RoiAlign": "run RoiAlign on CPU or in post-processing",
+}
+
+
+def unsupported_op_fix(op: str, profile: Profile) -> str:
+    """What to do about an op type the profile does not run on the NPU."""
+    npu = profile.npu_ops
+    if op == "HardSwish" and ("HardSigmoid" in npu or "Clip" in npu) and "Mul" in npu:
+        return "decompose-hardswish"
+    if op == "HardSigmoid" and "Clip" in npu and "Mul" in npu:
+        return "decompose-hardsigmoid"
+    if op == "LayerNormalization" and "ReduceMean" in npu:
+        return "decompose-layernorm"
+    if op in ("Gelu", "Erf") and "Tanh" in npu:
+        return "gelu-tanh"
+    if op == "BatchNormalization":
+        return "fold-bn"
+    if op == "Gelu":
+        return (
+            "replace Gelu with an activation the chip runs (e.g. HardSwish/Relu) and re-train, or keep on CPU"
+        )
+    return _OP_FIXES.get(
+        op, f"no rewrite: replace {op} with ops the profile supports, or accept CPU fallback"
+    )
+
+
+_LIMIT_FIXES: dict[str, str] = {
+    "kernel": "split the kernel (e.g. stacked smaller kernels) or keep this layer on CPU",
+    "stride": "use a supported stride and subsample after (Slice/MaxPool), or reshape frames into channels",
+    "stride_symmetric": "use equal strides (stride 1 + a strided pool/Slice on one axis)",
+    "dilation": "use dilation 1 (larger kernel) or a dilation the chip accepts",
+    "pads": "move the padding into an explicit Pad before the layer",
+    "channels_per_group": "split the layer along channels (Split + Concat)",
+    "out_channels": "split the layer along output channels (Split + Concat)",
+    "channels": "split the tensor along channels (Split + Concat)",
+    "kernel_elements": "split along input channels and Add the partial results",
+    "kernel_stride": "use a kernel/stride pair the chip lists, or keep this layer on CPU",
+    "batch": "fix-dim batch=1",
+    "resize_scale": "use an integer (power-of-two) scale factor",
+    "resize_mode": "use nearest or linear resize",
+    "axis": "Transpose so the reduced/softmax axis is the one the chip supports",
+    "axis_is_last": "Transpose so the axis is the last one",
+    "ceil_mode": "set ceil_mode=0 and pad explicitly",
+    "rank": "Reshape to the rank the chip supports",
+}
+
+
+def limit_fix(attribute: str, op: str, value: object) -> str:
+    if op in ("Conv", "ConvTranspose") and attribute in ("stride", "kernel") and _is_1d_long(value):
+        return "reshape the signal into frames and use a stride-1 Conv (or a MatMul on frames)"
+    return _LIMIT_FIXES.get(attribute, "change the parameter to a supported value, or keep the layer on CPU")
+
+
+def _is_1d_long(value: object) -> bool:
+    return isinstance(value, list) and len(value) == 1 and value[0] > 16

@@ -1,0 +1,131 @@
+"""Load a model for the structural check and infer shapes, twice when input dims are symbolic.
+
+The check needs two pictures of the graph: the model as shipped (which dims are symbolic) and the
+model once its input dims are fixed, as a converter sees it after `--input-shape`/`fix-dim`. Shape
+chains that are still dynamic in the second picture survive constant folding; the others don't.
+Symbolic dims the caller did not fix are filled with DEFAULT_BATCH on axis 0 and DEFAULT_DIM
+elsewhere, so byte counts and limits have numbers; those numbers are flagged as estimated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from quantscan.compat.graph import GraphView
+from quantscan.errors import ModelError, UsageError
+
+DEFAULT_BATCH = 1
+DEFAULT_DIM = 224
+
+
+@dataclass(frozen=True)
+class DimFill:
+    """One symbolic input dim and the value the fixed view gave it."""
+
+    input: str
+    axis: int
+    symbol: str
+    value: int
+    from_user: bool
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    original: GraphView
+    fixed: GraphView
+    fills: tuple[DimFill, ...]
+
+    @property
+    def estimated(self) -> bool:
+        """True when some symbolic dim was filled with a default rather than a given value."""
+        return any(not f.from_user for f in self.fills)
+
+
+def read_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
+    """The ModelProto for a path or a proto; a missing or corrupt file is bad input."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    path = Path(model)
+    if not path.is_file():
+        raise ModelError(f"expected an ONNX model file, found no file at {path}")
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:  # onnx raises several unrelated types for a corrupt file
+        raise ModelError(f"expected an ONNX model at {path}, found unreadable data ({exc})") from exc
+
+
+def infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shapes inferred leniently: a node shape inference cannot handle stays unknown."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # e.g. a declared output shape that contradicts inference
+        return model
+
+
+def load(
+    model: onnx.ModelProto | str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> LoadedModel:
+    proto = read_model(model)
+    original = GraphView(infer(proto))
+    _check_input_shapes(original, input_shapes or {})
+    fills = _fills(proto, input_shapes or {})
+    if not fills and not input_shapes:
+        return LoadedModel(original, original, ())
+    fixed_proto = onnx.ModelProto()
+    fixed_proto.CopyFrom(proto)
+    _apply(fixed_proto, fills, input_shapes or {})
+    return LoadedModel(original, GraphView(infer(fixed_proto)), tuple(fills))
+
+
+def _check_input_shapes(view: GraphView, shapes: Mapping[str, Sequence[int]]) -> None:
+    for name, dims in shapes.items():
+        if name not in view.inputs:
+            raise UsageError(f"expected an input shape for one of {view.inputs}, found input '{name}'")
+        rank = view.info(name).shape
+        if rank is not None and len(rank) != len(dims):
+            raise UsageError(
+                f"expected {len(rank)} dims for input '{name}', found {len(dims)} ({list(dims)})"
+            )
+
+
+def _graph_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {t.name for t in proto.graph.initializer}
+    return [i for i in proto.graph.input if i.name not in inits]
+
+
+def _fills(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> list[DimFill]:
+    fills: list[DimFill] = []
+    for vi in _graph_inputs(proto):
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            symbol = d.dim_param or "?"
+            if vi.name in shapes:
+                fills.append(DimFill(vi.name, axis, symbol, int(shapes[vi.name][axis]), True))
+            else:
+                value = DEFAULT_BATCH if axis == 0 else DEFAULT_DIM
+                fills.append(DimFill(vi.name, axis, symbol, value, False))
+    return fills
+
+
+def _apply(proto: onnx.ModelProto, fills: list[DimFill], shapes: Mapping[str, Sequence[int]]) -> None:
+    by_input = {vi.name: vi for vi in _graph_inputs(proto)}
+    for name, dims in shapes.items():
+        shape = by_input[name].type.tensor_type.shape
+        for axis, value in enumerate(dims):
+            shape.dim[axis].Clear()
+            shape.dim[axis].dim_value = int(value)
+    for f in fills:
+        dim = by_input[f.input].type.tensor_type.shape.dim[f.axis]
+        dim.Clear()
+        dim.dim_value = f.value
+    del proto.graph.value_info[:]
+    for out in proto.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")

@@ -1,0 +1,119 @@
+"""The shape of a chip-profile TOML file: every key, its type and, for enumerations, its values.
+
+Kept as data so the validator can name the exact key and the expected type in one line, and so the
+README/`quantscan profiles` can show what a profile may contain.
+"""
+
+from __future__ import annotations
+
+ATTRIBUTES: dict[str, str] = {
+    "kernel": "each spatial kernel dim (Conv, ConvTranspose, pools; Global pools: the input H, W)",
+    "stride": "each stride",
+    "dilation": "each dilation",
+    "pads": "each pad value",
+    "group": "the group count",
+    "channels_per_group": "input channels / group (Conv, ConvTranspose)",
+    "out_channels": "output channels (Conv, ConvTranspose)",
+    "kernel_elements": "kernel H x W x input channels per group",
+    "dilated_kernel_height": "(kernel_h - 1) * dilation_h + 1",
+    "dilated_kernel_area": "product of dilated kernel dims",
+    "kernel_stride": "'3x3s2' (square stride) or '3x3s2x1'; Conv1d: '256s128'",
+    "stride_symmetric": "true when every stride is equal",
+    "spatial_rank": "number of spatial dims (2 for a 2-D Conv)",
+    "ceil_mode": "pooling ceil_mode",
+    "count_include_pad": "AveragePool count_include_pad",
+    "resize_mode": "Resize/Upsample mode",
+    "resize_scale": "each spatial scale factor of Resize/Upsample",
+    "axis": "Softmax/LogSoftmax/Concat/Reduce axes, as non-negative indices",
+    "axis_is_last": "true when the (single) axis is the last one",
+    "pad_mode": "Pad mode",
+    "batch": "dim 0 of the first input",
+    "channels": "dim 1 of the first input (rank >= 3)",
+    "height": "dim -2 of the first input (rank 4)",
+    "width": "dim -1 of the first input (rank 4)",
+    "plane": "H x W of the first input (rank 4)",
+    "rank": "rank of the first input",
+}
+"""Parameters a `[[limit]]` may constrain, as computed by `quantscan.compat.params`."""
+
+WHEN = ("any", "depthwise", "not_depthwise", "grouped", "plain")
+"""Which Conv-like nodes a limit applies to (plain = group 1, dilation 1)."""
+
+STR, INT, BOOL, NUM, STR_LIST, ANY_LIST, OP_LIST = (
+    "string",
+    "integer",
+    "boolean",
+    "number",
+    "list of strings",
+    "list of numbers, strings or booleans",
+    "list of ONNX op types",
+)
+
+SOURCED = {"source": STR, "unverified": BOOL, "note": STR}
+
+SECTIONS: dict[str, dict[str, str]] = {
+    "meta": {"name": STR, "vendor": STR, "description": STR, "documents": STR_LIST, "note": STR},
+    "quantization": {
+        "activations": STR,
+        "weights": STR,
+        "per_channel_weights": BOOL,
+        "power_of_two_scales": BOOL,
+        "fallback_precision": STR,
+        **SOURCED,
+    },
+    "opset": {"min": INT, "max": INT, **SOURCED},
+    "ops": {
+        "npu": OP_LIST,
+        "cpu": OP_LIST,
+        "folded": OP_LIST,
+        "unsupported": STR,
+        "on_violation": STR,
+        **SOURCED,
+    },
+    "fusion": {"activations": OP_LIST, "patterns": STR_LIST, **SOURCED},
+    "dtypes": {"npu": STR_LIST, **SOURCED},
+    "tensor": {
+        "max_rank": INT,
+        "max_dim": INT,
+        "max_batch": INT,
+        "max_elements": INT,
+        "static_shapes": BOOL,
+        **SOURCED,
+    },
+}
+
+LIMIT_KEYS: dict[str, str] = {
+    "op": OP_LIST,
+    "attribute": STR,
+    "min": NUM,
+    "max": NUM,
+    "allowed": ANY_LIST,
+    "when": STR,
+    "on_violation": STR,
+    **SOURCED,
+}
+
+ENUMS: dict[str, tuple[str, ...]] = {
+    "quantization.activations": ("int8", "uint8", "int16"),
+    "quantization.weights": ("int8", "uint8", "int4"),
+    "quantization.fallback_precision": ("int16", "fp16", "float"),
+    "ops.unsupported": ("reject", "cpu"),
+    "ops.on_violation": ("reject", "cpu"),
+    "limit.on_violation": ("reject", "cpu"),
+    "limit.when": WHEN,
+    "limit.attribute": tuple(ATTRIBUTES),
+}
+
+DTYPES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "int64",
+    "bool",
+)

@@ -1,0 +1,42 @@
+"""The compatibility rules, one per module, each `run(ctx) -> list[Finding]`.
+
+Order matters only for the row order of the findings table (model-level first, then by kind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from quantscan.compat.context import RuleContext
+from quantscan.compat.findings import Finding
+from quantscan.compat.rules import (
+    control_flow,
+    dtype,
+    dynamic_inputs,
+    fusion,
+    opset,
+    param_limits,
+    precision,
+    rank_size,
+    shape_chains,
+    unsupported_op,
+)
+
+Rule = Callable[[RuleContext], list[Finding]]
+
+RULES: tuple[tuple[str, Rule], ...] = tuple(
+    (m.RULE_ID, m.run)
+    for m in (
+        opset,
+        dynamic_inputs,
+        shape_chains,
+        control_flow,
+        unsupported_op,
+        param_limits,
+        dtype,
+        rank_size,
+        fusion,
+        precision,
+    )
+)
+"""(rule id, run) for every rule, in report order."""

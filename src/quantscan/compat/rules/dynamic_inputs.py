@@ -1,0 +1,53 @@
+"""Rule `dynamic-input`: graph inputs with symbolic dims.
+
+NPU converters compile for one static shape. A symbolic dim the caller fixed (input_shapes) is an
+info note; one left open is an error on profiles with `tensor.static_shapes` (warn otherwise), with
+the exact `fix-dim` spelling that fixes it. The row names the graph input (op_type `graph-input`).
+"""
+
+from __future__ import annotations
+
+from quantscan.compat.context import RuleContext
+from quantscan.compat.findings import Finding
+from quantscan.compat.loader import DimFill
+
+RULE_ID = "dynamic-input"
+
+
+def run(ctx: RuleContext) -> list[Finding]:
+    by_input: dict[str, list[DimFill]] = {}
+    for fill in ctx.analysis.loaded.fills:
+        by_input.setdefault(fill.input, []).append(fill)
+    return [_finding(ctx, name, fills) for name, fills in by_input.items()]
+
+
+def _fix_dim(fill: DimFill) -> str:
+    if fill.axis == 0:
+        return f"batch={fill.value}"
+    return f"{fill.input}:{fill.axis}={fill.value}"
+
+
+def _finding(ctx: RuleContext, name: str, fills: list[DimFill]) -> Finding:
+    p = ctx.profile
+    shape = ctx.analysis.original.info(name).shape or ()
+    shown = "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+    dims = ", ".join(f"axis {f.axis} ({f.symbol})" for f in fills)
+    user = all(f.from_user for f in fills)
+    if user:
+        severity, verb = "info", "fixed by the given input shape"
+    else:
+        severity = ctx.severity("reject" if p.static_shapes else "cpu", p.tensor)
+        verb = f"not fixed; checked as {[f.value for f in fills]} (estimated)"
+    return Finding(
+        node=name,
+        op_type="graph-input",
+        rule=RULE_ID,
+        severity=severity,
+        reason=f"input '{name}' has symbolic {dims}: {verb}; {p.name} compiles static shapes",
+        attribute="shape",
+        value=shown,
+        limit="static dims",
+        fix="fix-dim " + " ".join(_fix_dim(f) for f in fills),
+        source=p.tensor.source,
+        unverified=p.tensor.unverified,
+    )

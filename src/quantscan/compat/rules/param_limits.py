@@ -1,0 +1,95 @@
+"""Rule `param-limit`: a node parameter (kernel, stride, channels, axis, ...) past a profile limit.
+
+Each `[[limit]]` names op types, one parameter (see profile_schema.ATTRIBUTES), a range or an allowed
+list, and which Conv nodes it covers (`when`). List parameters (kernel, stride, pads) fail when any
+element fails; the finding shows the whole list so `2x1` strides read as such.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantscan.compat.context import RuleContext
+from quantscan.compat.findings import Finding
+from quantscan.compat.fixes import limit_fix
+from quantscan.compat.params import Params
+from quantscan.compat.profiles import Limit
+
+RULE_ID = "param-limit"
+
+
+def run(ctx: RuleContext) -> list[Finding]:
+    out: list[Finding] = []
+    for i in ctx.analysis.live():
+        op = ctx.op(i)
+        if op not in ctx.profile.npu_ops:
+            continue
+        params = ctx.analysis.params[i]
+        for limit in ctx.profile.limits:
+            if (op in limit.ops or "*" in limit.ops) and _applies(limit.when, params):
+                finding = _check(ctx, i, limit, params)
+                if finding is not None:
+                    out.append(finding)
+    return out
+
+
+def _applies(when: str, p: Params) -> bool:
+    depthwise = bool(p.get("depthwise", False))
+    if when == "depthwise":
+        return depthwise
+    if when == "not_depthwise":
+        return not depthwise
+    if when == "grouped":
+        return int(p.get("group", 1)) > 1 and not depthwise
+    if when == "plain":
+        return int(p.get("group", 1)) == 1 and all(d == 1 for d in p.get("dilation", [1]))
+    return True
+
+
+def violates(limit: Limit, value: Any) -> bool:
+    """True when the parameter value (scalar or list) falls outside the limit."""
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if limit.allowed is not None:
+            if v not in limit.allowed:
+                return True
+            continue
+        if isinstance(v, bool | str):
+            continue
+        if (limit.min is not None and v < limit.min) or (limit.max is not None and v > limit.max):
+            return True
+    return False
+
+
+def _check(ctx: RuleContext, i: int, limit: Limit, params: Params) -> Finding | None:
+    if limit.attribute not in params:
+        return None
+    value = params[limit.attribute]
+    if not violates(limit, value):
+        return None
+    op = ctx.op(i)
+    where = "" if limit.when == "any" else f" ({limit.when.replace('_', '-')})"
+    fallback = "rejected by the converter" if limit.on_violation == "reject" else "falls back to the CPU"
+    note = f"; {limit.note}" if limit.note else ""
+    return Finding(
+        node=ctx.name(i),
+        op_type=op,
+        rule=RULE_ID,
+        severity=ctx.severity(limit.on_violation, limit.origin),
+        reason=f"{op}{where} {limit.attribute}={_show(value)} outside {limit.describe()}: {fallback}{note}",
+        attribute=limit.attribute,
+        value=_show(value),
+        limit=limit.describe(),
+        fix=limit_fix(limit.attribute, op, value),
+        source=limit.origin.source,
+        unverified=limit.origin.unverified,
+        forces_cpu=True,
+    )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
