@@ -1,0 +1,245 @@
+"""`fix-dim`: set symbolic input dimensions, then fold the shape subgraphs that become static.
+
+Why: NPU compilers want static shapes. Fixing the batch (or H/W) is only half the job: exporters compute
+shapes at run time (Shape -> Gather/Slice -> Concat -> Reshape), and a converter that meets a Shape op
+either rejects it or runs it on the CPU. Once every dim feeding such a chain is known, the chain is a
+constant: this pass replaces Shape/Size of statically shaped tensors with their values (from onnx shape
+inference) and constant-folds what follows, repeating until nothing changes.
+
+Dimension syntax (the contract's, shared with `--input-shape`):
+    INPUT:AXIS=V   axis AXIS of input INPUT (negative axes count from the end)
+    DIMPARAM=V     every input dim whose symbolic name is DIMPARAM
+    batch=V        axis 0 of every input whose axis 0 is symbolic
+A symbolic name fixed on an input is substituted in the declared output and value_info shapes too.
+Refused: unknown input/axis/name (with close names), a dim already fixed to another value. Shape ops that
+still read a dynamic tensor afterwards are listed as refusals with the dims that keep them dynamic.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from quantscan.errors import UsageError
+from quantscan.rewrites._constfold import fold_constants
+from quantscan.rewrites._graph import (
+    GraphIndex,
+    add_initializer,
+    attr_int,
+    copy_model,
+    drop_value_info,
+    make_constant_node,
+    node_label,
+    opset_version,
+    splice,
+)
+from quantscan.rewrites.base import Change, Refusal, RewriteResult
+
+REWRITE_ID = "fix-dim"
+MAX_ROUNDS = 32
+
+
+@dataclass(frozen=True)
+class DimSetting:
+    """One parsed `--fix-dim` / `--input-shape` dimension assignment."""
+
+    text: str
+    value: int
+    input: str | None = None
+    axis: int | None = None
+    param: str | None = None
+    batch: bool = False
+
+
+def parse_dim_spec(text: str) -> DimSetting:
+    """Parse `INPUT:AXIS=V`, `DIMPARAM=V` or `batch=V`; raise UsageError saying what was expected."""
+    left, sep, right = text.strip().rpartition("=")
+    expected = "expected INPUT:AXIS=V, DIMPARAM=V or batch=V with V a positive integer"
+    if not sep or not left:
+        raise UsageError(f"bad dimension {text!r}: {expected}")
+    try:
+        value = int(right)
+    except ValueError:
+        raise UsageError(f"bad dimension {text!r}: {expected}, found value {right!r}") from None
+    if value <= 0:
+        raise UsageError(f"bad dimension {text!r}: {expected}, found {value}")
+    if left == "batch":
+        return DimSetting(text, value, batch=True)
+    name, colon, axis = left.rpartition(":")
+    if colon and name:
+        try:
+            return DimSetting(text, value, input=name, axis=int(axis))
+        except ValueError:
+            pass  # not an axis: the whole left side is a symbolic name that contains ':'
+    return DimSetting(text, value, param=left)
+
+
+def _is_static(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    return dim.HasField("dim_value") and dim.dim_value > 0
+
+
+def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
+    if dim.HasField("dim_param") and dim.dim_param:
+        return repr(dim.dim_param)
+    return "?" if not dim.HasField("dim_value") else str(dim.dim_value)
+
+
+def fix_dim(model: onnx.ModelProto, dims: Sequence[str | DimSetting]) -> RewriteResult:
+    """Fix the requested dims and fold the shape chains they make static; new model + record."""
+    settings = [d if isinstance(d, DimSetting) else parse_dim_spec(d) for d in dims]
+    out = copy_model(model)
+    result = RewriteResult(model=out)
+    graph = out.graph
+    init_names = {t.name for t in graph.initializer}
+    inputs = [vi for vi in graph.input if vi.name not in init_names]
+    fixed_params: dict[str, int] = {}
+    for s in settings:
+        for vi, axis in _targets(s, inputs, result):
+            shape_dims = vi.type.tensor_type.shape.dim
+            dim = shape_dims[axis]
+            where = f"{vi.name} axis {axis}"
+            if _is_static(dim):
+                if dim.dim_value != s.value:
+                    result.refusals.append(
+                        Refusal(REWRITE_ID, vi.name, f"{where} is fixed at {dim.dim_value}, asked {s.value}")
+                    )
+                continue
+            before = _dim_text(dim)
+            if dim.HasField("dim_param") and dim.dim_param:
+                fixed_params[dim.dim_param] = s.value
+            dim.dim_value = s.value
+            result.changes.append(Change(REWRITE_ID, vi.name, f"{where}: {before} -> {s.value} ({s.text})"))
+    if not result.changes:
+        return result
+    unknowns: list[str] = []
+    for vi in list(graph.output) + list(graph.value_info) + inputs:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in fixed_params:
+                dim.dim_value = fixed_params[dim.dim_param]
+            elif dim.HasField("dim_value") and dim.dim_value < 0:
+                # Paddle writes -1 for "dynamic": not a valid ONNX dim, and once an input dim is fixed it
+                # contradicts shape inference. Unknown is what it meant.
+                dim.Clear()
+                unknowns.append(vi.name)
+    if unknowns:
+        names = ", ".join(sorted(set(unknowns)))
+        result.changes.append(Change(REWRITE_ID, names, "declared -1 dims made unknown (invalid in ONNX)"))
+    _fold_static_shapes(out, result)
+    return result
+
+
+def _targets(
+    s: DimSetting, inputs: list[onnx.ValueInfoProto], result: RewriteResult
+) -> list[tuple[onnx.ValueInfoProto, int]]:
+    """The (input, axis) pairs a setting addresses; records a refusal when it addresses none."""
+    names = [vi.name for vi in inputs]
+    if s.input is not None and s.axis is not None:
+        match = [vi for vi in inputs if vi.name == s.input]
+        if not match:
+            close = difflib.get_close_matches(s.input, names, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; inputs: {', '.join(names)}"
+            result.refusals.append(Refusal(REWRITE_ID, s.input, f"no input named {s.input!r}{hint}"))
+            return []
+        rank = len(match[0].type.tensor_type.shape.dim)
+        axis = s.axis + rank if s.axis < 0 else s.axis
+        if not 0 <= axis < rank:
+            result.refusals.append(
+                Refusal(REWRITE_ID, s.input, f"{s.input} has rank {rank}, no axis {s.axis}")
+            )
+            return []
+        return [(match[0], axis)]
+    found: list[tuple[onnx.ValueInfoProto, int]] = []
+    for vi in inputs:
+        shape_dims = vi.type.tensor_type.shape.dim
+        for axis, dim in enumerate(shape_dims):
+            if s.batch and axis == 0 and not _is_static(dim):
+                found.append((vi, 0))
+            elif not s.batch and dim.HasField("dim_param") and dim.dim_param == s.param:
+                found.append((vi, axis))
+    if not found:
+        if s.batch:
+            reason = "no input has a symbolic axis 0"
+        else:
+            params = sorted(
+                {d.dim_param for vi in inputs for d in vi.type.tensor_type.shape.dim if d.dim_param}
+            )
+            close = difflib.get_close_matches(s.param or "", params, n=3)
+            listing = ", ".join(close or params) or "none"
+            reason = f"no input dim is named {s.param!r} (symbolic dims: {listing})"
+        result.refusals.append(Refusal(REWRITE_ID, s.text, reason))
+    return found
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Fully static shapes shape inference can prove (with data propagation through shape chains)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - no inference means nothing provably static
+        return {}
+    g = inferred.graph
+    shapes: dict[str, list[int]] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if (
+            vi.type.HasField("tensor_type")
+            and tt.HasField("shape")
+            and all(_is_static(d) for d in tt.shape.dim)
+        ):
+            shapes[vi.name] = [int(d.dim_value) for d in tt.shape.dim]
+    for t in g.initializer:
+        shapes[t.name] = list(t.dims)
+    return shapes
+
+
+def _fold_static_shapes(model: onnx.ModelProto, result: RewriteResult) -> None:
+    """Replace Shape/Size of static tensors by constants and fold what follows, until a fixpoint."""
+    opset = opset_version(model)
+    for _ in range(MAX_ROUNDS):
+        graph = model.graph
+        index = GraphIndex(graph, model.ir_version)
+        shapes = _static_shapes(model)
+        remove: set[int] = set()
+        insert: dict[int, list[onnx.NodeProto]] = {}
+        replaced: list[str] = []
+        for pos, node in enumerate(graph.node):
+            if node.op_type not in ("Shape", "Size") or node.domain not in ("", "ai.onnx"):
+                continue
+            shape = shapes.get(node.input[0])
+            if shape is None:
+                continue
+            if node.op_type == "Size":
+                value = np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
+            else:
+                start, end = 0, len(shape)
+                if opset >= 15:
+                    start = attr_int(node, "start", 0)
+                    end = attr_int(node, "end", len(shape))
+                value = np.array(shape[slice(start, end)], dtype=np.int64)
+            name = node.output[0]
+            if name in index.graph_outputs:
+                insert[pos] = [make_constant_node(name, value, f"{name}_static")]
+            else:
+                add_initializer(model, name, value)
+            remove.add(pos)
+            replaced.append(name)
+            result.changes.append(
+                Change(REWRITE_ID, node_label(node), f"{node.op_type} of static tensor -> {value.tolist()}")
+            )
+        if remove:
+            splice(graph, remove, insert)
+            drop_value_info(graph, replaced)
+        folded = fold_constants(model)
+        for label in folded:
+            result.changes.append(Change(REWRITE_ID, label, "shape computation folded to a constant"))
+        if not remove and not folded:
+            break
+    index = GraphIndex(model.graph, model.ir_version)
+    for node in model.graph.node:
+        if node.op_type in ("Shape", "Size") and index.use_count(node.output[0]):
+            result.refusals.append(
+                Refusal(REWRITE_ID, node_label(node), f"{node.input[0]!r} still has a dynamic shape")
+            )
