@@ -1,0 +1,587 @@
+"""Quantization arithmetic and calibration observers, in plain numpy.
+
+This is the reference the fake-quant graph must agree with:
+
+* :func:`quantize` / :func:`dequantize` follow ONNX QuantizeLinear / DequantizeLinear exactly
+  (float32 division by the scale, round half to even, add the zero point, saturate to the type).
+* :func:`activation_qparams` reproduces onnxruntime's ``quant_utils.compute_scale_zp`` (range widened
+  to include 0, scale computed in float64 then stored as float32, a scale below float32 ``tiny`` falls
+  back to 1), so a range gives the same scale/zero point here as in an ORT-quantized model.
+* Weights are symmetric per output channel; biases int32 at ``s_in * s_w[c]`` (CONTRACT.md,
+  "Quantization sites").
+
+Observers see a tensor batch by batch and keep a bounded state (running extrema or a histogram), so
+calibration is one streaming pass whatever the number of samples. NaN/Inf values are left out of every
+statistic and counted in ``nonfinite``; the caller turns a non-zero count into a warning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+F32 = NDArray[np.float32]
+F64 = NDArray[np.float64]
+
+# scheme -> (storage dtype, qmin, qmax used to derive the scale, symmetric). Symmetric schemes use the
+# restricted range [-127, 127] / [-32767, 32767] for the scale, as onnxruntime does, while
+# QuantizeLinear still saturates to the full type range.
+_SCHEMES: dict[str, tuple[type[np.integer], int, int, bool]] = {
+    "uint8": (np.uint8, 0, 255, False),
+    "int8": (np.int8, -127, 127, True),
+    "int16": (np.int16, -32767, 32767, True),
+}
+_WEIGHT_SCHEMES = {8: "int8", 16: "int16"}
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+_INT32 = np.iinfo(np.int32)
+
+
+@dataclass(frozen=True, eq=False)
+class QParams:
+    """Scale and zero point of one quantized tensor (per tensor when ``axis`` is None)."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int | None = None
+
+    @property
+    def qmin(self) -> int:
+        """Lowest stored value: QuantizeLinear saturates to the full range of the zero point's type."""
+        return int(np.iinfo(self.zero_point.dtype).min)
+
+    @property
+    def qmax(self) -> int:
+        return int(np.iinfo(self.zero_point.dtype).max)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.zero_point.dtype
+
+    @property
+    def per_channel(self) -> bool:
+        return self.axis is not None
+
+
+def _scheme(scheme: str) -> tuple[type[np.integer], int, int, bool]:
+    try:
+        return _SCHEMES[scheme]
+    except KeyError:
+        raise ValueError(
+            f"unknown quantization scheme {scheme!r}; expected one of {sorted(_SCHEMES)}"
+        ) from None
+
+
+def activation_qparams(rmin: float, rmax: float, scheme: str = "uint8") -> QParams:
+    """Per-tensor activation parameters for a calibrated range, exactly as onnxruntime computes them.
+
+    "uint8": asymmetric, range widened to include 0, scale = (rmax - rmin) / 255,
+    zero point = round(-rmin / scale). "int8" / "int16": symmetric, scale = absmax / 127 (/ 32767),
+    zero point 0. A zero range (rmin == rmax == 0) gets scale 1 and zero point 0: every value
+    quantizes to 0, which is exact for a tensor that is always zero; the caller warns about it.
+    """
+    dtype, qmin, qmax, symmetric = _scheme(scheme)
+    if not (math.isfinite(rmin) and math.isfinite(rmax)):
+        raise ValueError(f"calibrated range must be finite, got [{rmin}, {rmax}]")
+    if rmin > rmax:
+        raise ValueError(f"calibrated range is inverted: rmin {rmin} > rmax {rmax}")
+    # Ranges are stored as float32 (they come from float32 tensors); widen to include 0 so that zero
+    # (padding, ReLU output) is exactly representable.
+    lo = min(np.float32(rmin), np.float32(0.0))
+    hi = max(np.float32(rmax), np.float32(0.0))
+    if symmetric:
+        absmax = max(abs(lo), abs(hi))
+        lo, hi = -absmax, absmax
+    scale = (float(hi) - float(lo)) / float(qmax - qmin)
+    if scale < _FLOAT32_TINY:
+        return QParams(np.array(1.0, dtype=np.float32), np.array(0, dtype=dtype))
+    zero_point = 0 if symmetric else int(np.clip(np.round(qmin - float(lo) / scale), qmin, qmax))
+    return QParams(np.array(scale, dtype=np.float32), np.array(zero_point, dtype=dtype))
+
+
+def weight_qparams(w: np.ndarray, axis: int, bits: int = 8) -> QParams:
+    """Symmetric per-output-channel parameters: scale_c = absmax_c / 127 (int8) or / 32767 (int16).
+
+    An all-zero channel gets scale 1 (CONTRACT.md): any positive scale represents it exactly, and 1
+    keeps the bias scale s_in * s_w finite.
+    """
+    if bits not in _WEIGHT_SCHEMES:
+        raise ValueError(f"weight bits must be 8 or 16, got {bits}")
+    dtype, _, qmax, _ = _scheme(_WEIGHT_SCHEMES[bits])
+    arr = np.asarray(w)
+    if arr.ndim == 0:
+        raise ValueError("a per-channel weight needs at least one axis")
+    if not np.isfinite(arr).all():
+        raise ValueError("weight contains NaN or Inf")
+    ax = _normalize_axis(axis, arr.ndim)
+    others = tuple(i for i in range(arr.ndim) if i != ax)
+    absmax = np.abs(arr.astype(np.float32)).max(axis=others, initial=0.0).astype(np.float64)
+    scale = absmax / qmax
+    scale = np.where(scale < _FLOAT32_TINY, 1.0, scale)
+    return QParams(scale.astype(np.float32), np.zeros(scale.shape, dtype=dtype), ax)
+
+
+def _normalize_axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} out of range for a rank-{ndim} tensor")
+    return axis % ndim
+
+
+def _broadcast(param: np.ndarray, qp: QParams, ndim: int) -> np.ndarray:
+    """Shape a per-channel parameter so it broadcasts along ``qp.axis`` (ONNX ``axis`` semantics)."""
+    if qp.axis is None or param.ndim == 0:
+        return param
+    shape = [1] * ndim
+    shape[_normalize_axis(qp.axis, ndim)] = param.size
+    return param.reshape(shape)
+
+
+def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
+    """QuantizeLinear: saturate(round_half_to_even(x / scale) + zero_point), in the zero point's dtype.
+
+    The division is float32 like the ONNX reference and onnxruntime's kernel, so results match bit
+    for bit. NaN (undefined in ONNX) maps to the zero point, i.e. dequantizes to 0.
+    """
+    x32 = np.asarray(x, dtype=np.float32)
+    scale = _broadcast(np.asarray(qp.scale, dtype=np.float32), qp, x32.ndim)
+    zp = _broadcast(np.asarray(qp.zero_point), qp, x32.ndim).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.rint(x32 / scale).astype(np.float64) + zp
+    q = np.where(np.isnan(q), zp, q)
+    return np.clip(q, qp.qmin, qp.qmax).astype(qp.dtype)
+
+
+def dequantize(q: np.ndarray, qp: QParams) -> F32:
+    """DequantizeLinear: (q - zero_point) * scale, computed in float32 as the ONNX reference does."""
+    q32 = np.asarray(q).astype(np.float32)
+    scale = _broadcast(np.asarray(qp.scale, dtype=np.float32), qp, q32.ndim)
+    zp = _broadcast(np.asarray(qp.zero_point), qp, q32.ndim).astype(np.float32)
+    return np.asarray((q32 - zp) * scale, dtype=np.float32)
+
+
+def fake_quant(x: np.ndarray, qp: QParams) -> F32:
+    """QuantizeLinear followed by DequantizeLinear: what a QDQ pair does to a float tensor."""
+    return dequantize(quantize(x, qp), qp)
+
+
+def quantize_bias(
+    b: np.ndarray, input_scale: float, weight_scale: np.ndarray
+) -> tuple[NDArray[np.int32], F32, bool]:
+    """Bias as int32 at scale s_in * s_w[c], the scale an integer accumulator works at.
+
+    Returns (int32 values, float32 scale per element of ``b``, overflowed). Values beyond int32 are
+    clamped and ``overflowed`` is True: the caller warns, since the chip saturates the same way. The
+    division is float64 so that the overflow test itself is exact.
+    """
+    bias = np.asarray(b, dtype=np.float64)
+    bias_scale = np.broadcast_to(
+        (np.float32(input_scale) * np.asarray(weight_scale, dtype=np.float32)).astype(np.float32), bias.shape
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.rint(bias / bias_scale.astype(np.float64))
+    q = np.where(np.isnan(q), 0.0, q)  # 0 / 0: zero bias with a zero scale
+    overflowed = bool(((q < _INT32.min) | (q > _INT32.max)).any())
+    clamped = np.clip(q, _INT32.min, _INT32.max).astype(np.int32)
+    return clamped, np.array(bias_scale, dtype=np.float32), overflowed
+
+
+# --------------------------------------------------------------------------------------------------
+# Observers
+
+
+class Observer(Protocol):
+    """Streams batches of one tensor and proposes its calibrated range."""
+
+    nonfinite: int
+
+    def update(self, x: np.ndarray) -> None: ...
+
+    def range(self) -> tuple[float, float]: ...
+
+
+def _finite_flat(x: np.ndarray) -> tuple[F32, int]:
+    """Flattened float32 values without NaN/Inf, and how many were dropped.
+
+    float32 is what the histograms are built in, as in onnxruntime, so equal inputs give equal bins.
+    """
+    flat = np.asarray(x, dtype=np.float32).ravel()
+    ok = np.isfinite(flat)
+    if ok.all():
+        return flat, 0
+    return flat[ok], int(flat.size - np.count_nonzero(ok))
+
+
+class MinMaxObserver:
+    """Running min/max (float64); with ``symmetric`` the range is ±absmax, like ORT's MinMaxCalibrater."""
+
+    def __init__(self, symmetric: bool = False) -> None:
+        self.symmetric = symmetric
+        self.nonfinite = 0
+        self.seen = 0
+        self._min = math.inf
+        self._max = -math.inf
+
+    def update(self, x: np.ndarray) -> None:
+        arr = np.asarray(x, dtype=np.float64).ravel()
+        ok = np.isfinite(arr)
+        finite = arr if ok.all() else arr[ok]
+        self.nonfinite += int(arr.size - finite.size)
+        if finite.size == 0:
+            return
+        self.seen += int(finite.size)
+        self._min = min(self._min, float(finite.min()))
+        self._max = max(self._max, float(finite.max()))
+
+    def range(self) -> tuple[float, float]:
+        """(min, max) seen; (0, 0) before any finite value."""
+        if not self.seen:
+            return 0.0, 0.0
+        if self.symmetric:
+            absmax = max(abs(self._min), abs(self._max))
+            return -absmax, absmax
+        return self._min, self._max
+
+
+def _symmetric_histogram(data: F32, bins: int, threshold: np.ndarray) -> tuple[NDArray[np.int64], np.ndarray]:
+    """``np.histogram`` over [-threshold, threshold] with the bounds kept as float32 arrays.
+
+    Python-float bounds would make numpy bin in float64 and move a few values across bin edges
+    relative to onnxruntime, which passes float32 bounds.
+    """
+    bounds: Any = (-threshold, threshold)
+    return np.histogram(data, bins, range=bounds)
+
+
+class _SignedHistogram:
+    """onnxruntime's ``HistogramCollector.collect_value``/``merge_histogram``, for one tensor.
+
+    Bins cover [-T, T] with T the largest |value| seen. When a batch exceeds T the histogram grows by
+    whole old-width bins on both sides, so earlier counts are kept exactly and the pass stays streaming.
+    """
+
+    def __init__(self, num_bins: int) -> None:
+        self.num_bins = num_bins
+        self.hist: NDArray[np.int64] | None = None
+        self.edges: np.ndarray = np.zeros(0, dtype=np.float32)
+        self.min = np.float32(0.0)
+        self.max = np.float32(0.0)
+        self.threshold: np.ndarray = np.array(0.0, dtype=np.float32)
+
+    def update(self, data: F32) -> None:
+        min_value, max_value = data.min(), data.max()
+        threshold: np.ndarray = np.array(max(abs(min_value), abs(max_value)), dtype=data.dtype)
+        if self.hist is None:
+            self.hist, self.edges = _symmetric_histogram(data, self.num_bins, threshold)
+            self.min, self.max, self.threshold = min_value, max_value, threshold
+            return
+        self.min, self.max = min(self.min, min_value), max(self.max, max_value)
+        old_hist, old_threshold = self.hist, self.threshold
+        if threshold <= old_threshold:
+            new_hist, _ = _symmetric_histogram(data, len(old_hist), old_threshold)
+            self.hist = new_hist + old_hist
+            return
+        if old_threshold == 0:
+            hist, self.edges = _symmetric_histogram(data, len(old_hist), threshold)
+            hist += old_hist
+        else:
+            old_num_bins = len(old_hist)
+            old_stride: np.ndarray = 2 * old_threshold / old_num_bins  # float32 arithmetic, as in ORT
+            half_increased_bins = int((threshold - old_threshold) // old_stride + 1)
+            new_num_bins = old_num_bins + 2 * half_increased_bins
+            threshold = half_increased_bins * old_stride + old_threshold
+            hist, self.edges = _symmetric_histogram(data, new_num_bins, threshold)
+            hist[half_increased_bins : new_num_bins - half_increased_bins] += old_hist
+        self.hist, self.threshold = hist, threshold
+
+
+class _AbsHistogram:
+    """onnxruntime's ``HistogramCollector.collect_absolute_value``, for one tensor.
+
+    Histogram of |x|. The first batch fixes the bin width over [min|x|, max|x|]; later batches append
+    bins of that width when they exceed the last edge. Faithful to ORT including its quirk that values
+    below the first batch's smallest |x| are not binned (negligible for real activations, where that
+    minimum is ~0).
+    """
+
+    def __init__(self, num_bins: int) -> None:
+        self.num_bins = num_bins
+        self.hist: NDArray[np.int64] | None = None
+        self.edges: np.ndarray = np.zeros(0, dtype=np.float32)
+        self.min = np.float32(0.0)
+        self.max = np.float32(0.0)
+
+    def update(self, data: F32) -> None:
+        min_value, max_value = data.min(), data.max()
+        absolute = np.absolute(data)
+        if self.hist is None:
+            self.hist, edges = np.histogram(absolute, bins=self.num_bins)
+            self.edges = edges.astype(absolute.dtype)
+            self.min, self.max = min_value, max_value
+            return
+        edges = self.edges
+        amax = absolute.max()
+        if amax > edges[-1]:
+            width = edges[1] - edges[0]
+            edges = np.hstack((edges, np.arange(edges[-1] + width, amax + width, width)))
+        hist, new_edges = np.histogram(absolute, bins=edges)
+        hist[: len(self.hist)] += self.hist
+        self.hist, self.edges = hist, new_edges.astype(absolute.dtype)
+        self.min, self.max = min(self.min, min_value), max(self.max, max_value)
+
+
+class _HistogramObserver:
+    """Shared streaming front end: drop non-finite values, feed the histogram."""
+
+    def __init__(self, histogram: _SignedHistogram | _AbsHistogram) -> None:
+        self._histogram = histogram
+        self.nonfinite = 0
+
+    def update(self, x: np.ndarray) -> None:
+        data, dropped = _finite_flat(x)
+        self.nonfinite += dropped
+        if data.size:
+            self._histogram.update(data)
+
+    @property
+    def seen(self) -> bool:
+        return self._histogram.hist is not None
+
+
+class PercentileObserver(_HistogramObserver):
+    """Percentile range as onnxruntime's HistogramCollector computes it.
+
+    Histogram: of |x| when ``symmetric`` (range (-t, t) with t the ``percentile`` of |x|), of signed x
+    otherwise (cutting (100 - percentile)/2 % from each tail). Either bound is then clamped to the
+    observed min/max, so a symmetric range over a ReLU output comes back as (0, t), as in ORT.
+    """
+
+    def __init__(self, percentile: float = 99.999, symmetric: bool = False, num_bins: int = 2048) -> None:
+        if not 0 <= percentile <= 100:
+            raise ValueError(f"percentile must be in [0, 100], got {percentile}")
+        self.percentile = percentile
+        self.symmetric = symmetric
+        super().__init__(_AbsHistogram(num_bins) if symmetric else _SignedHistogram(num_bins))
+
+    def range(self) -> tuple[float, float]:
+        h = self._histogram
+        if h.hist is None:
+            return 0.0, 0.0
+        cdf = np.cumsum(h.hist / h.hist.sum())
+        if self.symmetric:
+            right = h.edges[np.searchsorted(cdf, self.percentile / 100.0)]
+            lo, hi = -right, right
+        else:
+            cut = (100.0 - self.percentile) / 200.0
+            lo = h.edges[np.searchsorted(cdf, cut)]
+            hi = h.edges[np.searchsorted(cdf, 1.0 - cut)]
+        return float(max(lo, h.min)), float(min(hi, h.max))
+
+
+def _smooth(p: np.ndarray, eps: float = 0.0001) -> F32 | None:
+    """onnxruntime's ``smooth_distribution`` (float32): move eps mass onto the empty bins."""
+    is_zeros = (p == 0).astype(np.float32)
+    is_nonzeros = (p != 0).astype(np.float32)
+    n_zeros = is_zeros.sum()
+    n_nonzeros = p.size - n_zeros
+    if not n_nonzeros:
+        return None
+    eps1 = eps * float(n_zeros) / float(n_nonzeros)
+    hist = p.astype(np.float32)
+    hist += eps * is_zeros + (-eps1) * is_nonzeros
+    return hist
+
+
+def _kl_divergence(p: F32, q: F32) -> float:
+    """onnxruntime's float32 ``entropy(p, q)``; kept in float32 so the argmin picks ORT's threshold."""
+    pk = p / np.sum(p, axis=0, keepdims=True)
+    qk = q / np.sum(q, axis=0, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vec = pk * np.log(pk / qk)
+    vec[(pk == 0) & (qk >= 0)] = 0
+    vec[~((pk > 0) & (qk > 0))] = np.inf
+    return float(np.sum(vec, axis=0))
+
+
+def _entropy_candidate(
+    hist: NDArray[np.int64], cum: NDArray[np.int64], start: int, end: int, nq: int
+) -> float:
+    """KL(p || q) for one candidate window [start, end) of the histogram (ORT's loop body, vectorised)."""
+    sliced = hist[start:end]
+    p = sliced.copy()
+    p[0] += cum[start]
+    p[-1] += cum[-1] - cum[end]
+    merged = sliced.size // nq
+    body = nq * merged
+    quantized = sliced[:body].reshape(nq, merged).sum(axis=1)
+    quantized[-1] += sliced[body:].sum()
+    norm = (p[:body] != 0).reshape(nq, merged).sum(axis=1)
+    expanded = np.where(norm != 0, quantized // np.maximum(norm, 1), 0)  # ORT truncates into int64
+    q = np.zeros(p.size, dtype=np.int64)
+    q[:body] = np.repeat(expanded, merged)
+    ps, qs = _smooth(p), _smooth(q)
+    if ps is None or qs is None:
+        return math.inf
+    return _kl_divergence(ps, qs)
+
+
+class EntropyObserver(_HistogramObserver):
+    """KL-divergence (TensorRT-style entropy) range, as onnxruntime's HistogramCollector computes it.
+
+    Histogram of signed values over [-T, T] whatever ``symmetric`` says (ORT's entropy method always
+    uses ``collect_value``). Candidate windows are centred on the zero bin and grow one bin per side;
+    the window whose ``num_quantized_bins``-level requantization has the smallest KL divergence from the
+    clipped distribution wins, clamped to the observed min/max. ORT's own default is 128 bins, where
+    the search has a single candidate; we default to 2048 so the search means something.
+    """
+
+    def __init__(self, num_bins: int = 2048, num_quantized_bins: int = 128) -> None:
+        self.num_quantized_bins = num_quantized_bins
+        super().__init__(_SignedHistogram(num_bins))
+
+    def range(self) -> tuple[float, float]:
+        h = self._histogram
+        if h.hist is None:
+            return 0.0, 0.0
+        hist, edges, nq = h.hist, h.edges, self.num_quantized_bins
+        num_bins = hist.size
+        zero_bin, half_q = num_bins // 2, nq // 2
+        if zero_bin < half_q:
+            return float(h.min), float(h.max)
+        cum = np.concatenate(([0], np.cumsum(hist)))
+        windows = [(zero_bin - i, min(zero_bin + i + 1, num_bins)) for i in range(half_q, zero_bin + 1)]
+        divergences = [_entropy_candidate(hist, cum, start, end, nq) for start, end in windows]
+        start, end = windows[int(np.argmin(divergences))]  # first minimum, as ORT's np.argmin
+        lo, hi = edges[start], edges[end]
+        return float(max(lo, h.min)), float(min(hi, h.max))
+
+
+class MseObserver(_HistogramObserver):
+    """Range minimising the expected fake-quant MSE of the histogram (no ORT equivalent).
+
+    Candidates shrink the observed range (widened to include 0) by α = k/K, k = 1..K, on both ends:
+    (α·min, α·max) for the asymmetric uint8 scheme, ±α·absmax for the symmetric int8 one. Each is
+    scored by fake-quantizing the bin centres with :func:`activation_qparams`' parameters, weighted by
+    the bin counts; the smallest error wins (ties go to the wider range, so clean data is not clipped).
+    """
+
+    def __init__(self, symmetric: bool = False, num_bins: int = 2048, num_candidates: int = 256) -> None:
+        self.symmetric = symmetric
+        self.scheme = "int8" if symmetric else "uint8"
+        self.num_candidates = num_candidates
+        super().__init__(_SignedHistogram(num_bins))
+
+    def candidate_ranges(self) -> list[tuple[float, float]]:
+        """The ranges :meth:`range` chooses from, narrowest first."""
+        h = self._histogram
+        lo, hi = min(float(h.min), 0.0), max(float(h.max), 0.0)
+        if self.symmetric:
+            hi = max(-lo, hi)
+            lo = -hi
+        alphas = np.arange(1, self.num_candidates + 1, dtype=np.float64) / self.num_candidates
+        return [(float(a * lo), float(a * hi)) for a in alphas]
+
+    def expected_mse(self, candidates: list[tuple[float, float]]) -> F64:
+        """Histogram-weighted fake-quant MSE of each candidate range."""
+        h = self._histogram
+        if h.hist is None:
+            return np.zeros(len(candidates))
+        edges = h.edges.astype(np.float64)
+        centres = (edges[:-1] + edges[1:]) / 2
+        counts = h.hist.astype(np.float64)
+        used = counts > 0
+        centres, counts = centres[used], counts[used]
+        params = [activation_qparams(lo, hi, self.scheme) for lo, hi in candidates]
+        scale = np.array([float(p.scale) for p in params])[:, None]
+        zp = np.array([float(p.zero_point) for p in params])[:, None]
+        qmin, qmax = params[0].qmin, params[0].qmax
+        fq = (np.clip(np.rint(centres / scale) + zp, qmin, qmax) - zp) * scale
+        return np.asarray(((fq - centres) ** 2 * counts).sum(axis=1) / counts.sum(), dtype=np.float64)
+
+    def range(self) -> tuple[float, float]:
+        if not self.seen:
+            return 0.0, 0.0
+        candidates = self.candidate_ranges()
+        if candidates[-1] == (0.0, 0.0):
+            return 0.0, 0.0
+        mse = self.expected_mse(candidates)
+        best = int(len(mse) - 1 - np.argmin(mse[::-1]))  # last minimum = widest range
+        return candidates[best]
+
+
+class ChannelRangeObserver:
+    """Running per-channel min/max of an activation: spread and dead channels for the report.
+
+    A per-tensor scale serves every channel, so a channel whose range is 100x smaller than the widest
+    one is quantized with ~7 bits fewer; ``spread`` measures that. The channel axis comes from the
+    caller (see ``metrics.channel_axis``).
+    """
+
+    def __init__(self, axis: int) -> None:
+        self.axis = axis
+        self.nonfinite = 0
+        self._min: F64 | None = None
+        self._max: F64 | None = None
+
+    def update(self, x: np.ndarray) -> None:
+        arr = np.asarray(x, dtype=np.float64)
+        axis = _normalize_axis(self.axis, arr.ndim)
+        others = tuple(i for i in range(arr.ndim) if i != axis)
+        ok = np.isfinite(arr)
+        self.nonfinite += int(arr.size - np.count_nonzero(ok))
+        mins = np.where(ok, arr, np.inf).min(axis=others, initial=np.inf)
+        maxs = np.where(ok, arr, -np.inf).max(axis=others, initial=-np.inf)
+        if self._min is None or self._max is None:
+            self._min, self._max = mins, maxs
+            return
+        if mins.shape != self._min.shape:
+            raise ValueError(f"channel count changed from {self._min.size} to {mins.size}")
+        self._min = np.minimum(self._min, mins)
+        self._max = np.maximum(self._max, maxs)
+
+    def ranges(self) -> tuple[F64, F64]:
+        """Per-channel (min, max); NaN for a channel that never had a finite value."""
+        if self._min is None or self._max is None:
+            empty = np.zeros(0, dtype=np.float64)
+            return empty, empty
+        seen = self._min <= self._max
+        return np.where(seen, self._min, np.nan), np.where(seen, self._max, np.nan)
+
+    def widths(self) -> F64:
+        """max - min per channel (0 for constant or never-seen channels)."""
+        lo, hi = self.ranges()
+        return np.nan_to_num(hi - lo, nan=0.0)
+
+    def spread(self) -> float:
+        """max/min over the non-zero channel widths; 1.0 when fewer than two channels are non-zero."""
+        live = self.widths()
+        live = live[live > 0]
+        if live.size < 2:
+            return 1.0
+        return float(live.max() / live.min())
+
+    def dead(self) -> int:
+        """Channels whose range is zero (always the same value, typically a ReLU that never fires)."""
+        return int(np.count_nonzero(self.widths() == 0))
+
+
+def make_observer(
+    method: str,
+    *,
+    symmetric: bool = False,
+    percentile: float = 99.999,
+    num_bins: int = 2048,
+    num_quantized_bins: int = 128,
+) -> Observer:
+    """The observer for a ``--calib-method`` value: minmax, percentile, entropy or mse."""
+    if method == "minmax":
+        return MinMaxObserver(symmetric=symmetric)
+    if method == "percentile":
+        return PercentileObserver(percentile=percentile, symmetric=symmetric, num_bins=num_bins)
+    if method == "entropy":
+        return EntropyObserver(num_bins=num_bins, num_quantized_bins=num_quantized_bins)
+    if method == "mse":
+        return MseObserver(symmetric=symmetric, num_bins=num_bins)
+    raise ValueError(f"unknown calibration method {method!r}; expected minmax, percentile, entropy or mse")
