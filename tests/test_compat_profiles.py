@@ -45,16 +45,22 @@ def write(tmp_path: Path, body: str) -> Path:
     ("body", "key", "expected"),
     [
         ("[ops]\nnpux = []\n", "ops.npux", "unknown key"),
-        ("[tensor]\nmax_rank = \"4\"\n", "tensor.max_rank", "expects an integer"),
-        ("[ops]\nnpu = [\"Conv2D\"]\n", "ops.npu", "ONNX op types"),
-        ("[[limit]]\nop = \"Conv\"\nattribute = \"kernel\"\nmax = \"7\"\nsource = \"x\"\n", "limit[0].max", "number"),
-        ("[[limit]]\nop = \"Conv\"\nattribute = \"kernal\"\nmax = 7\nsource = \"x\"\n", "limit[0].attribute", "one of"),
-        ("[[limit]]\nop = \"Conv\"\nattribute = \"kernel\"\nmax = 7\n", "limit[0].source", "string"),
-        ("[quantization]\nfallback_precision = \"int4\"\n", "quantization.fallback_precision", "one of"),
+        ('[tensor]\nmax_rank = "4"\n', "tensor.max_rank", "expects an integer"),
+        ('[ops]\nnpu = ["Conv2D"]\n', "ops.npu", "ONNX op types"),
+        ('[[limit]]\nop = "Conv"\nattribute = "kernel"\nmax = "7"\nsource = "x"\n', "limit[0].max", "number"),
+        (
+            '[[limit]]\nop = "Conv"\nattribute = "kernal"\nmax = 7\nsource = "x"\n',
+            "limit[0].attribute",
+            "one of",
+        ),
+        ('[[limit]]\nop = "Conv"\nattribute = "kernel"\nmax = 7\n', "limit[0].source", "string"),
+        ('[quantization]\nfallback_precision = "int4"\n', "quantization.fallback_precision", "one of"),
         ("[bogus]\n", "bogus", "unknown key"),
     ],
 )
-def test_malformed_profile_names_file_key_and_type(tmp_path: Path, body: str, key: str, expected: str) -> None:
+def test_malformed_profile_names_file_key_and_type(
+    tmp_path: Path, body: str, key: str, expected: str
+) -> None:
     path = write(tmp_path, body)
     with pytest.raises(ProfileError) as err:
         load_profile(path)

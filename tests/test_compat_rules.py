@@ -82,7 +82,7 @@ def test_unsupported_op_fires_for_unknown_cpu_and_custom_ops(profile: Path) -> N
     found = rows(m, profile, "unsupported-op")
     assert dict(zip(found["op_type"], found["severity"], strict=True)) == {"Neg": "error", "Erf": "warn"}
     assert set(found["placement"]) == {"cpu"}
-    custom = build('g (float[1,3] x) => (float[1,3] y) { y = foo.Bar(x) }')
+    custom = build("g (float[1,3] x) => (float[1,3] y) { y = foo.Bar(x) }")
     custom.opset_import.append(helper.make_opsetid("foo", 1))
     found = rows(custom, profile, "unsupported-op")
     assert found["attribute"].tolist() == ["domain"] and found["value"].tolist() == ["foo"]
@@ -118,15 +118,21 @@ def test_dtype_int64_on_npu_path(profile: Path) -> None:
     m = build("g (int64[1,3] a, int64[1,3] b) => (int64[1,3] y) { y = Add(a, b) }")
     found = rows(m, profile, "dtype")
     assert found["value"].tolist() == ["int64"]
-    assert rows(build("g (float[1,3] a, float[1,3] b) => (float[1,3] y) { y = Add(a, b) }"), profile, "dtype").empty
+    assert rows(
+        build("g (float[1,3] a, float[1,3] b) => (float[1,3] y) { y = Add(a, b) }"), profile, "dtype"
+    ).empty
 
 
 def test_rank_and_batch_limits(profile: Path) -> None:
-    found = rows(build("g (float[1,2,3,4,5] x) => (float[1,2,3,4,5] y) { y = Relu(x) }"), profile, "rank-size")
+    found = rows(
+        build("g (float[1,2,3,4,5] x) => (float[1,2,3,4,5] y) { y = Relu(x) }"), profile, "rank-size"
+    )
     assert found[["attribute", "value"]].values.tolist() == [["rank", "5"]]
     found = rows(build("g (float[2,3,4,5] x) => (float[2,3,4,5] y) { y = Relu(x) }"), profile, "rank-size")
     assert found[["attribute", "value"]].values.tolist() == [["batch", "2"]]
-    assert rows(build("g (float[1,3,4,5] x) => (float[1,3,4,5] y) { y = Relu(x) }"), profile, "rank-size").empty
+    assert rows(
+        build("g (float[1,3,4,5] x) => (float[1,3,4,5] y) { y = Relu(x) }"), profile, "rank-size"
+    ).empty
 
 
 def test_dynamic_input_dims(profile: Path) -> None:
@@ -151,10 +157,15 @@ SHAPE_CHAIN = """g (float[N,3,4] x) => (float[N,12] y) {
 def test_shape_chain_that_folds_once_dims_are_fixed(profile: Path) -> None:
     m = build(SHAPE_CHAIN)
     m.graph.initializer.extend(
-        [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in {"st": [0], "en": [1], "rest": [12]}.items()]
+        [
+            numpy_helper.from_array(np.array(v, np.int64), k)
+            for k, v in {"st": [0], "en": [1], "rest": [12]}.items()
+        ]
     )
     found = rows(m, profile, "shape-chain")
-    assert found[["node", "value", "severity"]].values.tolist() == [["Shape_0", "Shape→Slice→Concat→Reshape", "info"]]
+    assert found[["node", "value", "severity"]].values.tolist() == [
+        ["Shape_0", "Shape→Slice→Concat→Reshape", "info"]
+    ]
     assert "fix-dim" in found["fix"].iloc[0]
 
 
@@ -170,9 +181,13 @@ def test_shape_chain_that_survives_folding(profile: Path) -> None:
 def test_fusion_breakers(profile: Path) -> None:
     conv = "g (float[1,3,8,8] x) => (float[1,4,8,8] z) {{ y = Conv<pads=[1,1,1,1]>(x, w)\n {body} }}"
     unfused = rows(build(conv.format(body="z = LeakyRelu(y)"), w=W3), profile, "fusion")
-    assert unfused[["attribute", "value", "severity"]].values.tolist() == [["fused_activation", "LeakyRelu", "warn"]]
+    assert unfused[["attribute", "value", "severity"]].values.tolist() == [
+        ["fused_activation", "LeakyRelu", "warn"]
+    ]
     blocked = rows(build(conv.format(body="r = Relu(y)\n z = Add(r, y)"), w=W3), profile, "fusion")
-    assert blocked[["node", "attribute", "value"]].values.tolist() == [["Relu_1", "fusion_blocked_by", "Add_2"]]
+    assert blocked[["node", "attribute", "value"]].values.tolist() == [
+        ["Relu_1", "fusion_blocked_by", "Add_2"]
+    ]
     bn = conv.format(body="b = BatchNormalization(y, s, o, m, v)\n z = Add(b, y)")
     ones = np.ones(4)
     found = rows(build(bn, w=W3, s=ones, o=ones, m=ones, v=ones), profile, "fusion")
@@ -184,10 +199,14 @@ def test_control_flow(profile: Path) -> None:
     out = helper.make_tensor_value_info("o", onnx.TensorProto.FLOAT, [1])
     branch = helper.make_graph([helper.make_node("Constant", [], ["o"], value_floats=[1.0])], "b", [], [out])
     node = helper.make_node("If", ["c"], ["o"], then_branch=branch, else_branch=branch)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])], [out])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])], [out]
+    )
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     found = rows(m, profile, "control-flow")
-    assert found[["node", "value", "severity", "placement"]].values.tolist() == [["If_0", "2", "error", "cpu"]]
+    assert found[["node", "value", "severity", "placement"]].values.tolist() == [
+        ["If_0", "2", "error", "cpu"]
+    ]
     assert rows(build("g (float[1,3] x) => (float[1,3] y) { y = Relu(x) }"), profile, "control-flow").empty
 
 
