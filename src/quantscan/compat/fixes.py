@@ -9,6 +9,7 @@ from __future__ import annotations
 from quantscan.compat.profiles import Profile
 
 _OP_FIXES: dict[str, str] = {
+    "Softmax": "keep it on CPU (cheap at the output) or apply softmax in post-processing",
     "LSTM": "keep on CPU (fallback precision), or replace the recurrence with Conv1d/GRU the chip supports",
     "GRU": "keep on CPU (fallback precision), or replace with ops the chip supports",
     "RNN": "keep on CPU (fallback precision), or replace with ops the chip supports",
