@@ -1,0 +1,479 @@
+"""`quantscan rewrite`: apply equivalence rewrites in order, then prove the result numerically.
+
+Why a proof and not trust: an algebraic identity says nothing about the exporter's quirks (a BN whose
+statistics are not what the name suggests, an opset whose Clip reads attributes, a -1 dim). Every run
+executes the original and the rewritten model on the same inputs (the calibration set, else seeded random
+data, said in the report) and compares every graph output *by name*:
+
+- cosine (as in the contract), max_abs = max|x−y|, max_rel = max_abs / range(x) where range(x) is the
+  reference output's max − min over all samples (a per-element relative error blows up at zeros);
+- exact rewrites pass when max_abs ≤ tolerance × range(x) (default 1e-4: float32 rounding through a
+  network), approximate ones (`gelu-tanh`) when cosine ≥ approx_min_cosine, and are labelled so.
+
+The output model and `OUT.rewrite.json` are written atomically only when the proof passes (or `force`);
+the input model is never overwritten. Sessions come from `quantscan.runner` (the only onnxruntime user).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from quantscan.calib import CalibSet
+from quantscan.errors import UsageError
+from quantscan.metrics import ErrorAccumulator
+from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
+from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.cleanup import cleanup
+from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
+from quantscan.rewrites.decompose_hardswish import decompose_hardswish
+from quantscan.rewrites.fix_dim import fix_dim as fix_dims
+from quantscan.rewrites.fix_dim import parse_dim_spec
+from quantscan.rewrites.fold_bn import fold_batchnorm
+from quantscan.rewrites.fuse_hardswish import fuse_hardswish
+from quantscan.runner import Runner
+from quantscan.specs import InputSpec
+
+RewriteFn = Callable[[onnx.ModelProto], RewriteResult]
+
+REWRITES: dict[str, RewriteFn] = {
+    "fold-bn": fold_batchnorm,
+    "decompose-hardswish": decompose_hardswish,
+    "decompose-hardsigmoid": decompose_hardsigmoid,
+    "fuse-hardswish": fuse_hardswish,
+    "cleanup": cleanup,
+}
+"""Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
+
+PARAMETRIZED = ("fix-dim",)
+DEFAULT_TOLERANCE = 1e-4
+DEFAULT_APPROX_MIN_COSINE = 0.999
+RANDOM_SAMPLES = 8
+
+
+def _register_optional() -> None:
+    """Passes that live in their own modules and may be added later without touching this table."""
+    try:
+        from quantscan.rewrites.layernorm import decompose_layernorm, fuse_layernorm
+
+        REWRITES["decompose-layernorm"] = decompose_layernorm
+        REWRITES["fuse-layernorm"] = fuse_layernorm
+    except ImportError:
+        pass
+    try:
+        from quantscan.rewrites.gelu_tanh import gelu_tanh
+
+        REWRITES["gelu-tanh"] = gelu_tanh
+    except ImportError:
+        pass
+
+
+_register_optional()
+
+
+def rewrite_ids() -> list[str]:
+    """Every id `rewrite` accepts, in a stable order."""
+    return [*REWRITES, *PARAMETRIZED]
+
+
+# --- report records ---------------------------------------------------------------------------------
+
+
+@dataclass
+class StepReport:
+    """One applied rewrite: what it changed and what it refused."""
+
+    rewrite: str
+    exact: bool
+    changes: list[Change]
+    refusals: list[Refusal]
+
+
+@dataclass
+class OutputProof:
+    """The comparison of one graph output, original vs rewritten, with the threshold it was held to."""
+
+    output: str
+    cosine: float
+    max_abs: float
+    max_rel: float
+    ref_range: float
+    threshold: str
+    passed: bool
+    nonfinite_ref: int = 0
+    nonfinite_test: int = 0
+    note: str = ""
+
+
+@dataclass
+class Proof:
+    """The numeric proof: which data, how many samples, which criterion, per-output results."""
+
+    data: str
+    samples: int
+    exact: bool
+    tolerance: float
+    approx_min_cosine: float
+    outputs: list[OutputProof]
+    approximate_rewrites: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.outputs) and all(o.passed for o in self.outputs)
+
+
+@dataclass
+class RewriteReport:
+    """Everything `quantscan rewrite` reports: steps, op counts, opsets, the proof, where it wrote."""
+
+    source: str
+    model: onnx.ModelProto
+    steps: list[StepReport]
+    op_counts_before: dict[str, int]
+    op_counts_after: dict[str, int]
+    opset_before: int
+    opset_after: int
+    proof: Proof
+    out: Path | None = None
+    written: bool = False
+    forced: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.proof.passed
+
+    @property
+    def changes(self) -> list[Change]:
+        return [c for s in self.steps for c in s.changes]
+
+    @property
+    def refusals(self) -> list[Refusal]:
+        return [r for s in self.steps for r in s.refusals]
+
+    def to_json(self) -> dict[str, Any]:
+        """The content of OUT.rewrite.json (non-finite floats become strings: strict JSON)."""
+        data: dict[str, Any] = {
+            "source": self.source,
+            "out": str(self.out) if self.out else None,
+            "written": self.written,
+            "forced": self.forced,
+            "passed": self.passed,
+            "opset_before": self.opset_before,
+            "opset_after": self.opset_after,
+            "op_counts_before": self.op_counts_before,
+            "op_counts_after": self.op_counts_after,
+            "steps": [asdict(s) for s in self.steps],
+            "proof": {**asdict(self.proof), "passed": self.proof.passed},
+        }
+        return _json_safe(data)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+# --- entry point ------------------------------------------------------------------------------------
+
+
+def rewrite(
+    model: str | Path | onnx.ModelProto,
+    rewrites: Sequence[str],
+    *,
+    fix_dim: Sequence[str] = (),
+    opset: int | None = None,
+    out: str | Path | None = None,
+    calib: CalibSet | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    approx_min_cosine: float = DEFAULT_APPROX_MIN_COSINE,
+    force: bool = False,
+    write: bool = True,
+    runner: Runner | None = None,
+) -> RewriteReport:
+    """Apply `rewrites` (ids from `rewrite_ids()`) in order, prove the result, write it when it passes.
+
+    `fix_dim` holds the dimension settings of `fix-dim` (contract syntax); giving them without listing
+    `fix-dim` applies it first. `opset` converts the model first (the only way a rewrite changes the
+    opset). Without `out`, a model given by path is written beside itself as `<stem>.rewritten.onnx`
+    (then `.rewritten.1.onnx`, ...); `write=False` only proves. Raises UsageError for unknown ids, bad
+    dimension syntax, `out` equal to the input, and a requested rewrite that applied nowhere (the error
+    lists why, from the refusals).
+    """
+    steps_wanted = _steps(rewrites, fix_dim)
+    source, original = _load(model)
+    out_path = _out_path(model, out) if write else None
+
+    current = original
+    steps: list[StepReport] = []
+    opset_before = onnx_opset(original)
+    if opset is not None and opset != opset_before:
+        if opset < opset_before:
+            raise UsageError(f"--opset: expected a target >= the model's opset {opset_before}, found {opset}")
+        current = upgrade_opset(current, opset)
+        change = Change("opset", "", f"opset {opset_before} -> {opset} (onnx.version_converter)")
+        steps.append(StepReport("opset", True, [change], []))
+    for rid, args in steps_wanted:
+        result = fix_dims(current, args) if rid == "fix-dim" else REWRITES[rid](current)
+        steps.append(StepReport(rid, result.exact, result.changes, result.refusals))
+        if not result.changes:
+            raise UsageError(_applied_nowhere(rid, result))
+        current = result.model
+    onnx.checker.check_model(current)
+
+    proof = prove(
+        original,
+        current,
+        calib=calib,
+        seed=seed,
+        limit=limit,
+        tolerance=tolerance,
+        approx_min_cosine=approx_min_cosine,
+        approximate=[s.rewrite for s in steps if not s.exact],
+        runner=runner,
+    )
+    report = RewriteReport(
+        source=source,
+        model=current,
+        steps=steps,
+        op_counts_before=_op_counts(original),
+        op_counts_after=_op_counts(current),
+        opset_before=opset_before,
+        opset_after=onnx_opset(current),
+        proof=proof,
+        out=out_path,
+        forced=force and not proof.passed,
+    )
+    if out_path is not None and (proof.passed or force):
+        report.written = True
+        _write_atomic(out_path, current.SerializeToString())
+        _write_atomic(
+            out_path.with_name(out_path.name + ".rewrite.json"),
+            (json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n").encode(),
+        )
+    return report
+
+
+def _steps(rewrites: Sequence[str], dims: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    known = rewrite_ids()
+    steps: list[tuple[str, tuple[str, ...]]] = []
+    for rid in rewrites:
+        if rid not in known:
+            raise UsageError(f"unknown rewrite {rid!r}: expected one of {', '.join(known)}")
+        steps.append((rid, tuple(dims) if rid == "fix-dim" else ()))
+    for d in dims:
+        parse_dim_spec(d)  # syntax errors before any work
+    if dims and "fix-dim" not in rewrites:
+        steps.insert(0, ("fix-dim", tuple(dims)))
+    if any(rid == "fix-dim" for rid, _ in steps) and not dims:
+        raise UsageError("fix-dim: expected at least one dimension (INPUT:AXIS=V, DIMPARAM=V or batch=V)")
+    if not steps:
+        raise UsageError(f"no rewrite requested: expected one or more of {', '.join(known)}")
+    return steps
+
+
+def _applied_nowhere(rid: str, result: RewriteResult) -> str:
+    if not result.refusals:
+        return f"rewrite {rid} applied nowhere: the model has nothing it rewrites"
+    reasons = "; ".join(f"{r.node}: {r.reason}" for r in result.refusals[:5])
+    more = f" (and {len(result.refusals) - 5} more)" if len(result.refusals) > 5 else ""
+    return f"rewrite {rid} applied nowhere: {reasons}{more}"
+
+
+def _load(model: str | Path | onnx.ModelProto) -> tuple[str, onnx.ModelProto]:
+    if isinstance(model, onnx.ModelProto):
+        return "<in-memory model>", model
+    loaded = load_model(model)
+    return str(loaded.path), loaded.proto
+
+
+def _out_path(model: str | Path | onnx.ModelProto, out: str | Path | None) -> Path | None:
+    """Where to write: `out`, refused when it is the input; else a fresh versioned name beside the input."""
+    src = None if isinstance(model, onnx.ModelProto) else Path(model)
+    if out is not None:
+        target = Path(out)
+        if src is not None and (
+            target.resolve() == src.resolve() or (target.exists() and os.path.samefile(target, src))
+        ):
+            raise UsageError(
+                f"-o: expected a path other than the input model, found the input itself ({src})"
+            )
+        return target
+    if src is None:
+        return None
+    base = src.with_name(f"{src.stem}.rewritten.onnx")
+    k = 0
+    candidate = base
+    while candidate.exists():
+        k += 1
+        candidate = src.with_name(f"{src.stem}.rewritten.{k}.onnx")
+    return candidate
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the target folder + os.replace: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
+
+
+# --- the proof --------------------------------------------------------------------------------------
+
+
+def prove(
+    original: onnx.ModelProto,
+    rewritten: onnx.ModelProto,
+    *,
+    calib: CalibSet | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    approx_min_cosine: float = DEFAULT_APPROX_MIN_COSINE,
+    approximate: Sequence[str] = (),
+    runner: Runner | None = None,
+) -> Proof:
+    """Run both models on the same samples and hold every output to the exact or approximate criterion."""
+    runner = runner or Runner()
+    a = runner.session(original)
+    b = runner.session(rewritten)
+    names = list(a.output_names)
+    b_names = set(b.output_names)
+    common = [n for n in names if n in b_names]
+    accs = {n: ErrorAccumulator() for n in common}
+    lo = {n: math.inf for n in common}
+    hi = {n: -math.inf for n in common}
+    if calib is not None:
+        data = f"calibration set {calib.source}"
+        samples: Iterable[dict[str, np.ndarray]] = calib.samples()
+    else:
+        data = f"seeded random data (seed {seed}): no calibration set given"
+        samples = random_samples(
+            graph_inputs(original), graph_inputs(rewritten), seed, limit or RANDOM_SAMPLES
+        )
+    count = 0
+    for sample in samples:
+        if limit is not None and count >= limit:
+            break
+        ra = a.run(sample, common)
+        rb = b.run(sample, common)
+        for n in common:
+            x = np.asarray(ra[n])
+            accs[n].update(x[None] if x.ndim == 0 else x, np.asarray(rb[n])[None] if x.ndim == 0 else rb[n])
+            if np.issubdtype(x.dtype, np.number) and x.size:
+                finite = x[np.isfinite(x)] if np.issubdtype(x.dtype, np.floating) else x
+                if finite.size:
+                    lo[n] = min(lo[n], float(finite.min()))
+                    hi[n] = max(hi[n], float(finite.max()))
+        count += 1
+    exact = not approximate
+    results: list[OutputProof] = []
+    for n in names:
+        if n not in b_names:
+            results.append(
+                OutputProof(
+                    n,
+                    math.nan,
+                    math.nan,
+                    math.nan,
+                    math.nan,
+                    "output present",
+                    False,
+                    note="the rewritten model has no output of this name",
+                )
+            )
+            continue
+        acc = accs[n]
+        rng = hi[n] - lo[n] if hi[n] >= lo[n] else 0.0
+        scale = rng if rng > 0 else max(abs(lo[n]), abs(hi[n]), 0.0) if math.isfinite(lo[n]) else 0.0
+        max_abs = acc.max_abs if acc.count else 0.0
+        max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+        new_nonfinite = acc.nonfinite_test > acc.nonfinite_ref
+        if exact:
+            limit_abs = tolerance * scale
+            passed = max_abs <= limit_abs and not new_nonfinite
+            threshold = f"exact: max_abs <= {tolerance:g} x output range = {limit_abs:.3g}"
+        else:
+            passed = acc.cosine >= approx_min_cosine and not new_nonfinite
+            threshold = f"approximate ({', '.join(approximate)}): cosine >= {approx_min_cosine:g}"
+        results.append(
+            OutputProof(
+                n,
+                acc.cosine,
+                max_abs,
+                max_rel,
+                rng,
+                threshold,
+                passed,
+                acc.nonfinite_ref,
+                acc.nonfinite_test,
+                "non-finite values appeared" if new_nonfinite else "",
+            )
+        )
+    return Proof(
+        f"{data}, {count} samples", count, exact, tolerance, approx_min_cosine, results, list(approximate)
+    )
+
+
+def random_samples(
+    original: Sequence[InputSpec], rewritten: Sequence[InputSpec], seed: int, n: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """`n` seeded samples fitting both models: a symbolic dim takes the rewritten model's fixed value,
+    axis 0 defaults to 1, any other symbolic dim needs calibration data or fix-dim (UsageError)."""
+    fixed = {s.name: s.shape for s in rewritten}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in original:
+        dims: list[int] = []
+        for axis, d in enumerate(spec.shape):
+            other = fixed.get(spec.name, ())
+            alt = other[axis] if axis < len(other) else None
+            if isinstance(d, int) and d > 0:
+                dims.append(d)
+            elif isinstance(alt, int) and alt > 0:
+                dims.append(alt)
+            elif axis == 0:
+                dims.append(1)
+            else:
+                raise UsageError(
+                    f"cannot make random data for input {spec.name!r}: axis {axis} is symbolic ({d!r}); "
+                    "expected a calibration set or a fix-dim for it"
+                )
+        shapes[spec.name] = tuple(dims)
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        sample: dict[str, np.ndarray] = {}
+        for spec in original:
+            shape = shapes[spec.name]
+            if np.issubdtype(spec.dtype, np.floating):
+                sample[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+            elif spec.dtype == np.bool_:
+                sample[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
+            else:
+                sample[spec.name] = rng.integers(0, 10, shape).astype(spec.dtype)
+        yield sample
