@@ -329,3 +329,20 @@ def test_against_reference_evaluator_qdq_conv() -> None:
         ch.channels == 3
         and ch.worst_channel_sqnr_db <= float(summarize(results["conv"], results["qconv"])["sqnr_db"]) + 1e-9
     )
+
+
+def test_large_batch_walked_in_blocks_matches_numpy() -> None:
+    """A batch bigger than one internal block (with NaNs in later blocks) gives the plain formulas."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(3, 300_001)).astype(np.float32)
+    y = (x + rng.normal(scale=0.01, size=x.shape)).astype(np.float32)
+    y[2, 250_000] = np.nan
+    x[1, 299_999] = np.inf
+    acc = ErrorAccumulator()
+    acc.update(x, y)
+    keep = np.isfinite(x) & np.isfinite(y)
+    for name, value in numpy_metrics(x[keep], y[keep]).items():
+        assert getattr(acc, name) == pytest.approx(value, rel=1e-9), name
+    assert acc.count == x.size - 2 and acc.nonfinite_ref == 1 and acc.nonfinite_test == 1
+    per_sample = [numpy_metrics(x[i][keep[i]], y[i][keep[i]])["cosine"] for i in range(3)]
+    assert acc.worst_sample_cosine == pytest.approx(min(per_sample), rel=1e-9)

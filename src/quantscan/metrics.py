@@ -46,6 +46,9 @@ from numpy.typing import NDArray
 
 F64 = NDArray[np.float64]
 
+_BLOCK = 1 << 18
+"""Elements per block when walking a batch: float64 temporaries of 2 MiB stay in cache."""
+
 
 def channel_axis(rank: int, conv_like: bool) -> int:
     """The channel axis of a tensor, as CONTRACT.md fixes it.
@@ -125,32 +128,42 @@ class ErrorAccumulator:
         self._worst_sqnr = math.inf
 
     def update(self, ref: np.ndarray, test: np.ndarray) -> None:
-        """Add one batch; axis 0 is the sample axis. Shapes must match exactly."""
+        """Add one batch; axis 0 is the sample axis. Shapes must match exactly.
+
+        The batch is walked in column blocks of about ``_BLOCK`` elements so the float64 temporaries
+        stay cache-sized whatever the tensor size (allocating them whole costs more than the math).
+        """
         if np.shape(ref) != np.shape(test):
             raise ValueError(f"reference shape {np.shape(ref)} != test shape {np.shape(test)}")
+        xs, ys = _per_sample(np.asarray(ref)), _per_sample(np.asarray(test))
+        if xs.size == 0:
+            return
+        n, m = xs.shape
+        sums = np.zeros((4, n), dtype=np.float64)  # Σxy, Σx², Σy², Σd² per sample
+        counts = np.zeros(n, dtype=np.int64)
+        step = max(1, _BLOCK // n)
+        for start in range(0, m, step):
+            self._add_block(xs[:, start : start + step], ys[:, start : start + step], sums, counts)
+        self.count += int(counts.sum())
+        self._sxy += float(sums[0].sum())
+        self._sxx += float(sums[1].sum())
+        self._syy += float(sums[2].sum())
+        self._sdd += float(sums[3].sum())
+        self._update_samples(sums[0], sums[1], sums[2], sums[3], counts > 0)
+
+    def _add_block(self, ref: np.ndarray, test: np.ndarray, sums: F64, counts: NDArray[np.int64]) -> None:
+        """Accumulate one [n, k] column block into the per-sample sums (in place)."""
         x, y, bad_ref, bad_test, ok = _finite_pair(_as_float64(ref), _as_float64(test))
         self.nonfinite_ref += bad_ref
         self.nonfinite_test += bad_test
-        xs, ys = _per_sample(x), _per_sample(y)
-        if xs.size == 0:
-            return
-        d = xs - ys
-        sxy = np.einsum("ij,ij->i", xs, ys)
-        sxx = np.einsum("ij,ij->i", xs, xs)
-        syy = np.einsum("ij,ij->i", ys, ys)
-        sdd = np.einsum("ij,ij->i", d, d)
-        counts = (
-            np.full(xs.shape[0], xs.shape[1], dtype=np.int64)
-            if ok is None
-            else np.count_nonzero(_per_sample(ok), axis=1)
-        )
-        self.count += int(counts.sum())
-        self._sxy += float(sxy.sum())
-        self._sxx += float(sxx.sum())
-        self._syy += float(syy.sum())
-        self._sdd += float(sdd.sum())
-        self._max_abs = max(self._max_abs, float(np.abs(d).max()))
-        self._update_samples(sxy, sxx, syy, sdd, counts > 0)
+        d = x - y
+        sums[0] += np.einsum("ij,ij->i", x, y)
+        sums[1] += np.einsum("ij,ij->i", x, x)
+        sums[2] += np.einsum("ij,ij->i", y, y)
+        sums[3] += np.einsum("ij,ij->i", d, d)
+        counts += x.shape[1] if ok is None else np.count_nonzero(ok, axis=1)
+        if d.size:
+            self._max_abs = max(self._max_abs, float(np.abs(d).max()))
 
     def _update_samples(self, sxy: F64, sxx: F64, syy: F64, sdd: F64, seen: NDArray[np.bool_]) -> None:
         """Per-sample cosine / SQNR; samples without a finite element do not count."""
