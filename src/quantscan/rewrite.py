@@ -37,10 +37,13 @@ from quantscan.rewrites.base import Change, Refusal, RewriteResult
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
+from quantscan.rewrites.decompose_layernorm import decompose_layernorm
 from quantscan.rewrites.fix_dim import fix_dim as fix_dims
 from quantscan.rewrites.fix_dim import parse_dim_spec
 from quantscan.rewrites.fold_bn import fold_batchnorm
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
+from quantscan.rewrites.fuse_layernorm import fuse_layernorm
+from quantscan.rewrites.gelu_tanh import gelu_tanh
 from quantscan.runner import Runner
 from quantscan.specs import InputSpec
 
@@ -52,6 +55,9 @@ REWRITES: dict[str, RewriteFn] = {
     "decompose-hardsigmoid": decompose_hardsigmoid,
     "fuse-hardswish": fuse_hardswish,
     "cleanup": cleanup,
+    "decompose-layernorm": decompose_layernorm,
+    "fuse-layernorm": fuse_layernorm,
+    "gelu-tanh": gelu_tanh,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
@@ -59,26 +65,6 @@ PARAMETRIZED = ("fix-dim",)
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_APPROX_MIN_COSINE = 0.999
 RANDOM_SAMPLES = 8
-
-
-def _register_optional() -> None:
-    """Passes that live in their own modules and may be added later without touching this table."""
-    try:
-        from quantscan.rewrites.layernorm import decompose_layernorm, fuse_layernorm
-
-        REWRITES["decompose-layernorm"] = decompose_layernorm
-        REWRITES["fuse-layernorm"] = fuse_layernorm
-    except ImportError:
-        pass
-    try:
-        from quantscan.rewrites.gelu_tanh import gelu_tanh
-
-        REWRITES["gelu-tanh"] = gelu_tanh
-    except ImportError:
-        pass
-
-
-_register_optional()
 
 
 def rewrite_ids() -> list[str]:
