@@ -6,6 +6,29 @@ numerically; `quantscan.graph` reuses `fold_batchnorm` to prepare scan graphs.
 """
 
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.cleanup import cleanup
+from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
+from quantscan.rewrites.decompose_hardswish import decompose_hardswish
+from quantscan.rewrites.decompose_layernorm import decompose_layernorm
+from quantscan.rewrites.fix_dim import DimSetting, fix_dim, parse_dim_spec
 from quantscan.rewrites.fold_bn import fold_batchnorm
+from quantscan.rewrites.fuse_hardswish import fuse_hardswish
+from quantscan.rewrites.fuse_layernorm import fuse_layernorm
+from quantscan.rewrites.gelu_tanh import gelu_tanh
 
-__all__ = ["Change", "Refusal", "RewriteResult", "fold_batchnorm"]
+__all__ = [
+    "Change",
+    "DimSetting",
+    "Refusal",
+    "RewriteResult",
+    "cleanup",
+    "decompose_hardsigmoid",
+    "decompose_hardswish",
+    "decompose_layernorm",
+    "fix_dim",
+    "fold_batchnorm",
+    "fuse_hardswish",
+    "fuse_layernorm",
+    "gelu_tanh",
+    "parse_dim_spec",
+]
