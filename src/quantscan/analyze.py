@@ -40,7 +40,11 @@ INTRINSIC_SQNR_DB = 25.0
 """Below this isolated SQNR (≈ 4 effective bits lost from int8's ~48 dB) a site's error is its own."""
 WORST_CHANNEL_SQNR_DB = 12.0
 """Below this per-channel SQNR some channel keeps fewer than ~2 useful bits under a per-tensor scale."""
+WEIGHT_WORST_CHANNEL_SQNR_DB = 20.0
+"""Below this a weight channel holds outliers that a symmetric per-channel int8 scale cannot serve."""
 HIST_BINS = 64
+HIST_TOP = 10
+"""Sites (by rank) whose value histograms go into hist.npz for the report."""
 
 
 class ProgressBar(Protocol):
@@ -114,7 +118,7 @@ class ScanResult:
 
 
 def _input_dims(
-    model: LoadedModel, calib: CalibSet, overrides: Mapping[str, Sequence[int]]
+    model: LoadedModel, calib: CalibSet, overrides: Mapping[str, Sequence[int]], consts: Mapping[str, float]
 ) -> tuple[dict[str, tuple[Dim, ...]], int | None]:
     """Concrete input dims from the data (or --input-shape); a free batch dim stays symbolic.
 
@@ -126,7 +130,8 @@ def _input_dims(
     for spec in model.inputs:
         if spec.name in overrides:
             dims[spec.name] = tuple(int(v) for v in overrides[spec.name])
-            fixed_batch = dims[spec.name][0] if dims[spec.name] else fixed_batch  # type: ignore[assignment]
+            if spec.name not in consts and fixed_batch is None and dims[spec.name]:
+                fixed_batch = int(dims[spec.name][0])  # type: ignore[arg-type]
             continue
         data = shapes.get(spec.name)
         if data is None:
@@ -145,8 +150,8 @@ def _input_dims(
                     f"input '{spec.name}': expected dim {axis} = {declared}, found {found} in the calibration data"
                 )
             new.append(int(found) if not (axis == 0 and isinstance(declared, int)) else declared)
-        if isinstance(spec.shape[0], int) if spec.shape else False:
-            fixed_batch = int(spec.shape[0])  # type: ignore[arg-type]
+        if spec.shape and isinstance(spec.shape[0], int) and spec.name not in consts and fixed_batch is None:
+            fixed_batch = int(spec.shape[0])
         dims[spec.name] = tuple(new)
     return dims, fixed_batch
 
@@ -207,7 +212,7 @@ def scan(
             consts=opts.const, limit=opts.limit,
         )
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
-    dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape)
+    dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, opts.const)
     batch_size = fixed_batch if fixed_batch else opts.batch_size
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
@@ -252,8 +257,13 @@ def scan(
     warnings.extend(evaluation.warnings)
 
     t0 = time.perf_counter()
+    site_by_node = {s.node: s for s in sites}
     tables = _tables(loaded, prepared, sites, plan, calib_stats, evaluation, order, probe)
     times["tables"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    top = [sites.index(site_by_node[n]) for n in tables["layers"]["node"].head(HIST_TOP)]
+    evaluation.hist = histograms(prepared, qdq, sites, plan, top, eval_set, batch_size, runner)
+    times["histograms"] = time.perf_counter() - t0
     headline = _headline(evaluation, opts)
     run_info = _run_info(loaded, prepared, cset, eval_set, opts, runner, batch_size, sites, qdq, headline, probe)
     run_info["times_s"] = {k: round(v, 4) for k, v in times.items()}
@@ -366,34 +376,50 @@ def _calibrate(
     progress: ProgressFactory,
     probe: Probe,
 ) -> CalibStats:
-    wanted = sorted(set(origins.values()) | {s.output for s in sites})
-    model = qgraph.expose(prepared.proto, [w for w in wanted if w not in probe.input_shapes])
-    session = runner.session(model)
+    """Stream the calibration set once; ranges come from reductions inside the graph for minmax.
+
+    Histogram methods (percentile, entropy, mse) need the values themselves, so those tensors are
+    exposed whole; per-channel min/max of every site output is always reduced in the graph.
+    """
     symmetric = opts.activations == "int8"
-    observers = {t: quant.make_observer(opts.calib_method, symmetric=symmetric) for t in set(origins.values())}
+    targets = sorted(set(origins.values()))
+    observers = {t: quant.make_observer(opts.calib_method, symmetric=symmetric) for t in targets}
+    reducer = qgraph.Reducer(prepared.opset_to)
+    reads: dict[str, tuple[str, ...]] = {}
+    for t in targets:
+        if opts.calib_method == "minmax":
+            reads[t] = reducer.min_max(t)
+        elif t not in probe.input_shapes:
+            reads[t] = (t,)
     channel_ranges: dict[str, quant.ChannelRangeObserver] = {}
+    channel_reads: dict[str, tuple[str, str]] = {}
     for site in sites:
-        axis = _channel_axis(site, probe.shapes.get(site.output, ()))
-        if axis is not None:
-            channel_ranges[site.output] = quant.ChannelRangeObserver(axis)
+        shape = probe.shapes.get(site.output, ())
+        axis = _channel_axis(site, shape)
+        if axis is not None and site.output not in channel_reads:
+            channel_reads[site.output] = reducer.channel_min_max(site.output, len(shape), axis)
+            channel_ranges[site.output] = quant.ChannelRangeObserver(1)  # fed [min; max] rows
+    outputs = [o for names in reads.values() for o in names] + [o for pair in channel_reads.values() for o in pair]
+    session = runner.session(reducer.attach(prepared.proto, outputs))
     bar = progress("calibrating", _n_batches(cset.n_samples, batch_size))
     try:
         for feeds in cset.batches(batch_size):
-            values = session.run(feeds, [w for w in wanted if w not in feeds])
-            values.update({k: v for k, v in feeds.items() if k in wanted})
-            for name, obs in observers.items():
-                if name in values:
-                    obs.update(values[name])
-            for name, ch in channel_ranges.items():
-                if name in values:
-                    ch.update(values[name])
+            values = session.run(feeds)
+            for t, obs in observers.items():
+                if t in reads:
+                    obs.update(np.stack([np.asarray(values[n]).reshape(-1) for n in reads[t]]).reshape(-1)
+                               if len(reads[t]) == 2 else values[reads[t][0]])
+                elif t in feeds:
+                    obs.update(feeds[t])
+            for t, (lo, hi) in channel_reads.items():
+                channel_ranges[t].update(np.stack([values[lo], values[hi]]))
             bar.update(1)
     finally:
         bar.close()
     warnings = []
     for name, obs in observers.items():
         if obs.nonfinite:
-            warnings.append(f"tensor '{name}': {obs.nonfinite} NaN/Inf values seen during calibration (left out)")
+            warnings.append(f"tensor '{name}': NaN/Inf seen in activations during calibration (left out of its range)")
     return CalibStats(observers, channel_ranges, warnings)
 
 
@@ -497,33 +523,41 @@ def _evaluate(
     probe: Probe,
     opts: ScanOptions,
 ) -> Evaluation:
+    """One pass: cumulative and isolated sums and per-channel sums come out of one session per batch."""
     isolated_ids = [k for k, s in enumerate(sites) if s.output in plan.activations]
-    analysis = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, compare=compare, isolated=isolated_ids)
-    session = runner.session(analysis)
-    deployed = runner.session(qdq, opt_level="all")
-    headline = _headline_outputs(probe, opts.output)
-    classifiers = _classifier_outputs(prepared, headline, probe)
-    cumulative = {t: qm.ErrorAccumulator() for t in compare}
-    isolated = {k: qm.ErrorAccumulator() for k in isolated_ids}
-    act_channel: dict[int, qm.ChannelErrorAccumulator] = {}
-    hist_edges: dict[int, np.ndarray] = {}
-    hist_counts: dict[int, list[np.ndarray]] = {}
+    combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
+    reducer = qgraph.Reducer(prepared.opset_to)
+    rank = {t: len(probe.shapes.get(t, ())) for t in compare}
+    measurable = [t for t in compare if all(d > 0 for d in probe.shapes.get(t, (1,)))]
+    pairs = {t: reducer.pair(t, t + qgraph.CUMULATIVE_SUFFIX, rank[t]) for t in measurable}
+    iso_pairs = {
+        k: reducer.pair(sites[k].output, qgraph.iso_name(sites[k].output, k), rank.get(sites[k].output, 0))
+        for k in isolated_ids
+        if sites[k].output in pairs
+    }
+    channel_pairs: dict[int, tuple[str, str]] = {}
     for k, site in enumerate(sites):
         qp = plan.activations.get(site.output)
-        axis = _channel_axis(site, probe.shapes.get(site.output, ()))
-        if qp is not None and axis is not None:
-            act_channel[k] = qm.ChannelErrorAccumulator(axis)
-        if qp is not None:
-            lo = float((qp.qmin - float(qp.zero_point)) * float(qp.scale))
-            hi = float((qp.qmax - float(qp.zero_point)) * float(qp.scale))
-            hist_edges[k] = np.linspace(lo, hi, HIST_BINS + 1)
-            hist_counts[k] = [np.zeros(HIST_BINS, np.int64), np.zeros(HIST_BINS, np.int64)]
+        shape = probe.shapes.get(site.output, ())
+        axis = _channel_axis(site, shape)
+        if qp is not None and axis is not None and site.output in pairs:
+            fq = reducer.fake_quant(site.output, qp, f"{site.output}@chq")
+            channel_pairs[k] = reducer.channel_sums(site.output, fq, len(shape), axis)
+    headline = _headline_outputs(probe, opts.output)
+    classifiers = _classifier_outputs(prepared, headline, probe)
+    outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in _pair_names(p)]
+    outputs += [n for pair in channel_pairs.values() for n in pair]
+    outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
+    session = runner.session(reducer.attach(combined, outputs))
+    deployed = runner.session(qdq, opt_level="all")
+    cumulative = {t: qm.ErrorAccumulator() for t in pairs}
+    isolated = {k: qm.ErrorAccumulator() for k in iso_pairs}
+    act_channel = {k: qm.ChannelErrorAccumulator(1) for k in channel_pairs}
     top1 = {o: qm.Top1Accumulator() for o in classifiers}
     deployed_acc = {o: qm.ErrorAccumulator() for o in headline}
     deployed_top1 = {o: qm.Top1Accumulator() for o in classifiers}
     labels = eval_set.labels
     seen = 0
-    warnings: list[str] = []
     bar = progress("measuring", _n_batches(eval_set.n_samples, batch_size))
     try:
         for feeds in eval_set.batches(batch_size):
@@ -531,47 +565,97 @@ def _evaluate(
             n = next(iter(feeds.values())).shape[0] if feeds else 1
             batch_labels = labels[seen: seen + n] if labels else None
             seen += n
-            for name, acc in cumulative.items():
-                acc.update(values[name], values[name + qgraph.CUMULATIVE_SUFFIX])
+            for t, acc in cumulative.items():
+                _add_pair(acc, pairs[t], values)
             for k, acc in isolated.items():
-                out = sites[k].output
-                acc.update(values[out], values[qgraph.iso_name(out, k)])
+                _add_pair(acc, iso_pairs[k], values)
             for k, ch in act_channel.items():
-                x = values[sites[k].output]
-                ch.update(x, quant.fake_quant(x, plan.activations[sites[k].output]))
-            for k, edges in hist_edges.items():
-                out = sites[k].output
-                hist_counts[k][0] += np.histogram(_finite(values[out]), edges)[0]
-                hist_counts[k][1] += np.histogram(_finite(values[out + qgraph.CUMULATIVE_SUFFIX]), edges)[0]
-            for o, t in top1.items():
-                t.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
+                ch.update_sums(values[channel_pairs[k][0]], values[channel_pairs[k][1]])
+            for o, t1 in top1.items():
+                t1.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
             dep = deployed.run(feeds, headline)
             for o, acc in deployed_acc.items():
                 acc.update(values[o], dep[o])
-            for o, t in deployed_top1.items():
-                t.update(values[o], dep[o], batch_labels)
+            for o, t1 in deployed_top1.items():
+                t1.update(values[o], dep[o], batch_labels)
             bar.update(1)
     finally:
         bar.close()
-    for name, acc in cumulative.items():
-        if acc.nonfinite_ref or acc.nonfinite_test:
-            warnings.append(
-                f"tensor '{name}': NaN/Inf in activations (FP32 {acc.nonfinite_ref}, int8 {acc.nonfinite_test} elements)"
-            )
+    warnings = [
+        f"tensor '{name}': NaN/Inf in activations (samples left out: FP32 side {acc.nonfinite_ref}, "
+        f"int8 side {acc.nonfinite_test} elements)"
+        for name, acc in cumulative.items()
+        if acc.nonfinite_ref or acc.nonfinite_test
+    ]
     output_metrics: dict[str, dict[str, float]] = {}
     deployed_metrics: dict[str, dict[str, float]] = {}
     for o in headline:
-        output_metrics[o] = _output_row(cumulative[o], top1.get(o))
+        if o in cumulative:
+            output_metrics[o] = _output_row(cumulative[o], top1.get(o))
         deployed_metrics[o] = _output_row(deployed_acc[o], deployed_top1.get(o))
-    hist: dict[str, np.ndarray] = {}
-    for k, edges in hist_edges.items():
-        hist[f"{k}/edges"] = edges
-        hist[f"{k}/fp32"] = hist_counts[k][0]
-        hist[f"{k}/int8"] = hist_counts[k][1]
-    hist["site_nodes"] = np.array([s.node for s in sites])
     return Evaluation(
-        cumulative, isolated, act_channel, {}, hist, output_metrics, deployed_metrics, headline, warnings, seen
+        cumulative, isolated, act_channel, {}, {}, output_metrics, deployed_metrics, headline, warnings, seen
     )
+
+
+def _pair_names(p: qgraph.PairSums) -> tuple[str, ...]:
+    return (p.sxx, p.syy, p.sdd, p.max_abs, p.min_d, p.shape)
+
+
+def _add_pair(acc: qm.ErrorAccumulator, p: qgraph.PairSums, values: Mapping[str, np.ndarray]) -> None:
+    """Feed the accumulator from the graph's reductions (float64 from here on)."""
+    sxx = np.square(values[p.sxx].astype(np.float64))
+    syy = np.square(values[p.syy].astype(np.float64))
+    sdd = np.square(values[p.sdd].astype(np.float64))
+    sxy = (sxx + syy - sdd) / 2.0
+    max_abs = np.maximum(np.abs(values[p.max_abs]), np.abs(values[p.min_d])).astype(np.float64)
+    acc.update_sums(sxy, sxx, syy, sdd, max_abs, int(values[p.shape][1]))
+
+
+HIST_SAMPLES = 16
+"""Histograms (for the report's top layers) come from the first samples only: shapes, not sums."""
+
+
+def histograms(
+    prepared: PreparedModel,
+    qdq: onnx.ModelProto,
+    sites: Sequence[Site],
+    plan: qgraph.QuantPlan,
+    chosen: Sequence[int],
+    eval_set: CalibSet,
+    batch_size: int,
+    runner: Runner,
+) -> dict[str, np.ndarray]:
+    """FP32 vs cumulative-int8 value histograms of the chosen sites' outputs, on the first samples."""
+    hist: dict[str, np.ndarray] = {"site_nodes": np.array([s.node for s in sites])}
+    edges: dict[int, np.ndarray] = {}
+    for k in chosen:
+        qp = plan.activations.get(sites[k].output)
+        if qp is None:
+            continue
+        lo = (qp.qmin - float(qp.zero_point)) * float(qp.scale)
+        hi = (qp.qmax - float(qp.zero_point)) * float(qp.scale)
+        edges[k] = np.linspace(lo, hi, HIST_BINS + 1)
+    if not edges:
+        return hist
+    combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=[])
+    outputs = [n for k in edges for n in (sites[k].output, sites[k].output + qgraph.CUMULATIVE_SUFFIX)]
+    session = runner.session(qgraph.Reducer(prepared.opset_to).attach(combined, outputs))
+    counts = {k: [np.zeros(HIST_BINS, np.int64), np.zeros(HIST_BINS, np.int64)] for k in edges}
+    taken = 0
+    for feeds in eval_set.batches(batch_size):
+        values = session.run(feeds)
+        for k, e in edges.items():
+            counts[k][0] += np.histogram(_finite(values[sites[k].output]), e)[0]
+            counts[k][1] += np.histogram(_finite(values[sites[k].output + qgraph.CUMULATIVE_SUFFIX]), e)[0]
+        taken += next(iter(feeds.values())).shape[0] if feeds else 1
+        if taken >= HIST_SAMPLES:
+            break
+    for k, e in edges.items():
+        hist[f"{k}/edges"] = e
+        hist[f"{k}/fp32"] = counts[k][0]
+        hist[f"{k}/int8"] = counts[k][1]
+    return hist
 
 
 def _finite(x: np.ndarray) -> np.ndarray:
@@ -723,7 +807,7 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
         reasons.append(
             f"activation channel ranges span {spread:.0f}x: per-tensor int8 leaves {worst_ch:.1f} dB on the worst channel"
         )
-    if _lt(wworst, 30.0):
+    if _lt(wworst, WEIGHT_WORST_CHANNEL_SQNR_DB):
         reasons.append(f"weight worst channel {wworst:.1f} dB (outlier weights within a channel)")
     if _lt(iso, INTRINSIC_SQNR_DB):
         reasons.insert(0, f"isolated SQNR {iso:.1f} dB: this kernel alone loses precision")

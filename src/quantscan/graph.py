@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -234,40 +235,63 @@ def build_analysis_model(
     sites: Sequence[Site],
     plan: QuantPlan,
     *,
-    compare: Iterable[str],
     isolated: Iterable[int],
 ) -> onnx.ModelProto:
     """FP32 graph + cumulative QDQ copy + isolated twins in one model; see the module docstring.
 
-    Outputs: for every tensor in `compare`, `t` and `t@q`; for every site index k in `isolated`,
+    The graph outputs are left as the FP32 model's: callers choose what to read (usually through a
+    `Reducer`). Tensor `t` of the cumulative copy is `t@q`; site k's isolated output is
     `site.output@iso<k>`.
     """
     model = copy.deepcopy(fp32)
     graph = model.graph
     existing_inits = {t.name for t in graph.initializer}
     q_nodes, q_inits = _suffix_copy(qdq, CUMULATIVE_SUFFIX)
+    q_nodes, folded = _fold_constant_dequantize(q_nodes, q_inits)
     graph.node.extend(q_nodes)
-    for t in q_inits:
+    for t in [*q_inits, *folded]:
         if t.name not in existing_inits:
             graph.initializer.append(t)
             existing_inits.add(t.name)
     fp32_nodes = {n.name: n for n in fp32.graph.node}
     weight_dq_names = _weight_dq_outputs(qdq)
-    outputs: list[str] = []
-    for name in compare:
-        outputs.extend([name, name + CUMULATIVE_SUFFIX])
     for k in isolated:
-        site = sites[k]
-        nodes, inits = isolated_twin(site, k, fp32_nodes, plan, weight_dq_names)
+        nodes, inits = isolated_twin(sites[k], k, fp32_nodes, plan, weight_dq_names)
         graph.node.extend(nodes)
         for t in inits:
             if t.name not in existing_inits:
                 graph.initializer.append(t)
                 existing_inits.add(t.name)
-        outputs.append(iso_name(site.output, k))
-    del graph.output[:]
-    graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs))
     return model
+
+
+def _fold_constant_dequantize(
+    nodes: list[onnx.NodeProto], inits: Sequence[onnx.TensorProto]
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Replace DequantizeLinear of stored weights/biases by their float values.
+
+    onnxruntime never constant-folds DequantizeLinear (it keeps it for QDQ fusion), so the analysis
+    session would dequantize every weight on every run. The values are identical: (q − zp)·s in
+    float32, the same arithmetic DequantizeLinear does. The saved QDQ model keeps the int8 + DQ form.
+    """
+    values = {t.name: t for t in inits}
+    kept: list[onnx.NodeProto] = []
+    folded: list[onnx.TensorProto] = []
+    for node in nodes:
+        if node.op_type != "DequantizeLinear" or not all(i in values for i in node.input if i):
+            kept.append(node)
+            continue
+        q = numpy_helper.to_array(values[node.input[0]]).astype(np.float32)
+        scale = numpy_helper.to_array(values[node.input[1]]).astype(np.float32)
+        zp = numpy_helper.to_array(values[node.input[2]]).astype(np.float32) if len(node.input) > 2 else 0.0
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        if np.ndim(scale) == 1 and q.ndim > 0:
+            shape = [1] * q.ndim
+            shape[axis % q.ndim] = -1
+            scale = scale.reshape(shape)
+            zp = np.reshape(zp, shape) if np.ndim(zp) == 1 else zp
+        folded.append(numpy_helper.from_array(((q - zp) * scale).astype(np.float32), node.output[0]))
+    return kept, folded
 
 
 def _weight_dq_outputs(qdq: onnx.ModelProto) -> dict[str, str]:
@@ -328,3 +352,124 @@ def isolated_twin(
         nodes.extend(qdq_nodes)
         inits.extend(qdq_inits)
     return nodes, inits
+
+
+# --- reductions inside the graph -------------------------------------------------------------------
+
+
+@dataclass
+class PairSums:
+    """Output names of the per-sample sums comparing x (reference) with y."""
+
+    sxy: str  # empty: derived from the other sums
+    sxx: str  # these three are L2 norms (ReduceL2 is ~2x faster than ReduceSumSquare in ORT): square them
+    syy: str
+    sdd: str
+    max_abs: str  # max of d; with min_d gives max|d|
+    min_d: str
+    shape: str  # [samples, elements per sample] of the flattened view
+
+
+class Reducer:
+    """Appends reduction nodes to a graph so onnxruntime returns sums instead of whole tensors.
+
+    Why: exposing every activation (FP32, cumulative and isolated) copies gigabytes out of the
+    runtime per batch and then spends single-threaded numpy time on them. Summing inside the graph
+    runs multi-threaded next to the producers and returns a few floats per sample; float64
+    accumulation across batches happens outside (metrics.py). Sums are float32 within one sample.
+    """
+
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._flat: dict[str, str] = {}
+        self._sq: dict[str, str] = {}
+        self._n = 0
+
+    def _name(self, base: str) -> str:
+        self._n += 1
+        return f"{base}@red{self._n}"
+
+    def _const(self, base: str, value: np.ndarray) -> str:
+        name = self._name(base)
+        self.inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def _node(self, op: str, inputs: list[str], base: str, **attrs: Any) -> str:
+        out = self._name(base)
+        self.nodes.append(helper.make_node(op, inputs, [out], name=out + "_node", **attrs))
+        return out
+
+    def reduce(self, op: str, x: str, axes: Sequence[int] | None, base: str) -> str:
+        """ReduceX with keepdims=0 over `axes` (all axes when None), spelled for the opset."""
+        if axes is None:
+            return self._node(op, [x], base, keepdims=0)
+        axes_as_input = self.opset >= 18 or (op == "ReduceSum" and self.opset >= 13)
+        if axes_as_input:
+            return self._node(op, [x, self._const(base + "_axes", np.array(list(axes), np.int64))], base, keepdims=0)
+        return self._node(op, [x], base, keepdims=0, axes=list(axes))
+
+    def flat(self, x: str, rank: int) -> str:
+        """[samples, elements] view: axis 0 kept for rank ≥ 2, one sample otherwise."""
+        if x not in self._flat:
+            shape = np.array([0, -1] if rank >= 2 else [1, -1], np.int64)
+            self._flat[x] = self._node("Reshape", [x, self._const(x + "_flatshape", shape)], x + "_flat")
+        return self._flat[x]
+
+    def sum_sq(self, x: str, rank: int) -> str:
+        if x not in self._sq:
+            self._sq[x] = self.reduce("ReduceL2", self.flat(x, rank), [1], x + "_l2")
+        return self._sq[x]
+
+    def pair(self, x: str, y: str, rank: int) -> PairSums:
+        """Per-sample ‖x‖, ‖y‖, ‖d‖, max d and min d (d = x − y), each a read-only reduction.
+
+        Σxy is not reduced: it follows from (Σx² + Σy² − Σd²)/2 with an absolute error of the same
+        order as a float32 sum of the products, which is all the cosine needs. Σd² itself is summed
+        directly, so the SQNR keeps its precision when the error is tiny.
+        """
+        fx, fy = self.flat(x, rank), self.flat(y, rank)
+        d = self._node("Sub", [fx, fy], y + "_diff")
+        return PairSums(
+            sxy="",
+            sxx=self.sum_sq(x, rank),
+            syy=self.sum_sq(y, rank),
+            sdd=self.reduce("ReduceL2", d, [1], y + "_dl2"),
+            max_abs=self.reduce("ReduceMax", d, [1], y + "_dmax"),
+            min_d=self.reduce("ReduceMin", d, [1], y + "_dmin"),
+            shape=self._node("Shape", [fx], y + "_flatdims"),
+        )
+
+    def channel_sums(self, x: str, y: str, rank: int, axis: int) -> tuple[str, str]:
+        """Per-channel Σx² and Σ(x−y)² pooled over every other axis (samples included)."""
+        others = [a for a in range(rank) if a != axis]
+        d = self._node("Sub", [x, y], y + "_cdiff")
+        return (
+            self.reduce("ReduceSumSquare", x, others, x + "_csxx"),
+            self.reduce("ReduceSumSquare", d, others, y + "_csdd"),
+        )
+
+    def channel_min_max(self, x: str, rank: int, axis: int) -> tuple[str, str]:
+        others = [a for a in range(rank) if a != axis]
+        return self.reduce("ReduceMin", x, others, x + "_cmin"), self.reduce("ReduceMax", x, others, x + "_cmax")
+
+    def min_max(self, x: str) -> tuple[str, str]:
+        return self.reduce("ReduceMin", x, None, x + "_min"), self.reduce("ReduceMax", x, None, x + "_max")
+
+    def fake_quant(self, x: str, qp: QParams, tag: str) -> str:
+        """QDQ(x) with the given parameters, for per-channel error of a site's output scale."""
+        out = self._name(tag)
+        nodes, inits = _qdq_nodes(x, out, qp, out)
+        self.nodes.extend(nodes)
+        self.inits.extend(inits)
+        return out
+
+    def attach(self, model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.ModelProto:
+        """Add the reduction nodes and make `outputs` the model's only outputs (new model)."""
+        out = copy.deepcopy(model)
+        out.graph.node.extend(self.nodes)
+        out.graph.initializer.extend(self.inits)
+        del out.graph.output[:]
+        out.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs))
+        return out

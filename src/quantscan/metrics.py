@@ -165,6 +165,39 @@ class ErrorAccumulator:
         if d.size:
             self._max_abs = max(self._max_abs, float(np.abs(d).max()))
 
+    def update_sums(
+        self,
+        sxy: np.ndarray,
+        sxx: np.ndarray,
+        syy: np.ndarray,
+        sdd: np.ndarray,
+        max_abs: np.ndarray,
+        elements_per_sample: int,
+    ) -> None:
+        """Add per-sample sums computed elsewhere (e.g. reductions inside the onnxruntime graph).
+
+        Each argument holds one value per sample. The element-wise NaN exclusion of `update` is not
+        possible from sums: a sample whose sums are not all finite is left out whole and its elements
+        are counted as non-finite (on the reference side when Σx² is non-finite, else the test side).
+        """
+        arrays = [np.asarray(a, dtype=np.float64).reshape(-1) for a in (sxy, sxx, syy, sdd, max_abs)]
+        a_xy, a_xx, a_yy, a_dd, a_max = arrays
+        ok = np.isfinite(a_xy) & np.isfinite(a_xx) & np.isfinite(a_yy) & np.isfinite(a_dd) & np.isfinite(a_max)
+        bad = ~ok
+        if bad.any():
+            ref_bad = bad & ~np.isfinite(a_xx)
+            self.nonfinite_ref += int(ref_bad.sum()) * elements_per_sample
+            self.nonfinite_test += int((bad & ~ref_bad).sum()) * elements_per_sample
+        if not ok.any():
+            return
+        self.count += int(ok.sum()) * elements_per_sample
+        self._sxy += float(a_xy[ok].sum())
+        self._sxx += float(a_xx[ok].sum())
+        self._syy += float(a_yy[ok].sum())
+        self._sdd += float(a_dd[ok].sum())
+        self._max_abs = max(self._max_abs, float(a_max[ok].max()))
+        self._update_samples(a_xy, a_xx, a_yy, a_dd, ok)
+
     def _update_samples(self, sxy: F64, sxx: F64, syy: F64, sdd: F64, seen: NDArray[np.bool_]) -> None:
         """Per-sample cosine / SQNR; samples without a finite element do not count."""
         if not seen.any():
@@ -268,6 +301,20 @@ class ChannelErrorAccumulator:
             raise ValueError(f"channel count changed from {self._sxx.size} to {sxx.size}")
         self._sxx += sxx
         self._sdd += sdd
+
+    def update_sums(self, sxx: np.ndarray, sdd: np.ndarray) -> None:
+        """Add per-channel Σx² and Σ(x−y)² computed elsewhere (reductions inside the graph)."""
+        a_xx = np.asarray(sxx, dtype=np.float64).reshape(-1)
+        a_dd = np.asarray(sdd, dtype=np.float64).reshape(-1)
+        ok = np.isfinite(a_xx) & np.isfinite(a_dd)
+        a_xx, a_dd = np.where(ok, a_xx, 0.0), np.where(ok, a_dd, 0.0)
+        if self._sxx is None or self._sdd is None:
+            self._sxx, self._sdd = a_xx.copy(), a_dd.copy()
+            return
+        if a_xx.shape != self._sxx.shape:
+            raise ValueError(f"channel count changed from {self._sxx.size} to {a_xx.size}")
+        self._sxx += a_xx
+        self._sdd += a_dd
 
     def per_channel_sqnr_db(self) -> F64:
         """SQNR per channel (inf for error-free channels, -inf for all-zero reference with error)."""

@@ -333,6 +333,7 @@ def prepare_for_analysis(
         changes.append(f"opset raised from {opset_from} to {opset_to} with onnx.version_converter")
     forget_declared_shapes(proto)
     set_input_dims(proto, input_dims)
+    name_unnamed_nodes(proto)  # the opset converter and the folds may add unnamed nodes
     return PreparedModel(proto, opset_from, opset_to, changes, {c.node for c in result.changes})
 
 
