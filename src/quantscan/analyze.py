@@ -171,7 +171,7 @@ def _origin(tensor: str, producers: Mapping[str, onnx.NodeProto], site_outputs: 
     while current not in site_outputs and current not in seen:
         seen.add(current)
         node = producers.get(current)
-        if node is None or node.op_type not in PASS_THROUGH_OPS or node.op_type in ("Concat", "Split"):
+        if node is None or node.op_type not in (*PASS_THROUGH_OPS, "Cast") or node.op_type in ("Concat", "Split"):
             break
         current = node.input[0]
     return current
@@ -185,16 +185,45 @@ def _is_state_output(name: str, shape: tuple[int, ...], inputs: Mapping[str, tup
 # --- the scan ------------------------------------------------------------------------------------------
 
 
-def scan(
+@dataclass
+class ScanContext:
+    """Everything up to the quantization plan: what bisection and output-gain analyses build on.
+
+    `sites`, `plan` and `qdq` describe the all-int8 model; `prepared` is the FP32 analysis copy
+    (same tensor names as the user's model), `probe` the true dtypes/shapes of every tensor.
+    """
+
+    loaded: LoadedModel
+    prepared: PreparedModel
+    cset: CalibSet
+    eval_set: CalibSet
+    opts: ScanOptions
+    runner: Runner
+    batch_size: int
+    probe: Probe
+    sites: list[Site]
+    origins: dict[str, str]
+    calib_stats: CalibStats
+    plan: qgraph.QuantPlan
+    qdq: onnx.ModelProto
+    order: dict[str, int]
+    warnings: list[str]
+    times: dict[str, float]
+
+    def headline_outputs(self) -> list[str]:
+        """The graph outputs the headline metric uses (contract: `--output`, else non-state float outputs)."""
+        return _headline_outputs(self.probe, self.opts.output)
+
+
+def prepare_scan(
     model: str | Path | LoadedModel,
     calib: str | Path | CalibSet,
     *,
-    out: str | Path | None = None,
     progress: ProgressFactory = no_progress,
     runner: Runner | None = None,
     **options: Any,
-) -> ScanResult:
-    """Measure every quantization site of `model` on `calib`; write the contract's files if `out`."""
+) -> ScanContext:
+    """Load, validate, prepare, find sites and calibrate: the common front half of scan and bisect."""
     opts = ScanOptions(**options)
     opts.validate()
     started = time.perf_counter()
@@ -247,6 +276,31 @@ def scan(
     warnings.extend(plan_warnings)
     warnings.extend(calib_stats.warnings)
     qdq = qgraph.build_qdq_model(prepared.proto, sites, plan)
+    return ScanContext(
+        loaded, prepared, cset, eval_set, opts, runner, batch_size, probe, sites, origins, calib_stats,
+        plan, qdq, order, warnings, times,
+    )
+
+
+def scan(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    *,
+    out: str | Path | None = None,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+    **options: Any,
+) -> ScanResult:
+    """Measure every quantization site of `model` on `calib`; write the contract's files if `out`."""
+    started = time.perf_counter()
+    if out is not None:
+        from quantscan.report import ensure_out_dir
+
+        ensure_out_dir(Path(out))
+    ctx = prepare_scan(model, calib, progress=progress, runner=runner, **options)
+    loaded, prepared, cset, eval_set, opts = ctx.loaded, ctx.prepared, ctx.cset, ctx.eval_set, ctx.opts
+    runner, batch_size, probe, sites, plan, qdq = ctx.runner, ctx.batch_size, ctx.probe, ctx.sites, ctx.plan, ctx.qdq
+    calib_stats, order, warnings, times = ctx.calib_stats, ctx.order, ctx.warnings, ctx.times
 
     t0 = time.perf_counter()
     compare = [t for t in probe.tensor_order if t in probe.float_tensors]
@@ -322,7 +376,7 @@ def _probe(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, batch_s
     session = runner.session(exposed)
     feeds = next(iter(cset.batches(batch_size)))
     values = session.run(feeds)
-    floats = {k for k, v in values.items() if np.issubdtype(v.dtype, np.floating)}
+    floats = {k for k, v in {**feeds, **values}.items() if np.issubdtype(v.dtype, np.floating)}
     original = runner.session(loaded.proto).run(feeds)
     check: dict[str, float] = {}
     warnings: list[str] = []

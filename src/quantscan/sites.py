@@ -337,6 +337,8 @@ def find_sites(
 def _is_compute(index: GraphIndex, node: onnx.NodeProto) -> bool:
     if node.op_type in PASS_THROUGH_OPS or node.domain not in ("", "ai.onnx"):
         return False
+    if node.op_type == "Cast" and node.input and index.is_float(node.input[0]):
+        return False  # float-to-float cast: a no-op on the chip, same scale in and out
     out = node.output[0] if node.output else ""
     return bool(out) and index.is_float(out)
 

@@ -1,0 +1,1130 @@
+"""report.html: one self-contained page built from a run folder's files only.
+
+Why from the files and not from the in-memory result: `quantscan report RUN_DIR` must rebuild the
+page long after the scan (and after `check`/`bisect` added compat.csv, partitions.csv, plan.json to the
+same folder), so the page can only show what the folder holds. This module formats; it never runs a
+model, never prints, and leaves out a section (with a line saying how to get it) when its file is
+absent.
+
+Plots use matplotlib, the maintained plotting library, rendered to inline SVG: no JavaScript, no
+fonts or scripts fetched from anywhere, text stays text. Figures are `Figure` objects drawn on the Agg/SVG
+canvases directly, never pyplot, so rendering a report neither needs a display nor switches the
+backend of a process that imported quantscan (a notebook keeps its own). Dense artists (hundreds of
+channels or sites) are rasterized inside the SVG to keep the page small. The page carries a
+Content-Security-Policy of `default-src 'none'` with inline style/script and data: images allowed,
+so any network request would be blocked and show up as a console error.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import os
+import re
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from quantscan.errors import QuantscanError
+
+SUPPORTED_FORMAT = 1
+"""Highest run.json "format" this renderer understands; a newer folder is refused, not misread."""
+
+TOP_LAYERS = 8
+CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
+DENSE_POINTS = 300
+"""Above this many points an artist is rasterized (PNG inside the SVG): a 1,500-site model stays < 2 MB."""
+
+COLORS = {"cum": "#1f6fb4", "iso": "#e07b22", "sens": "#c62828", "cpu": "#6d6d6d", "grid": "#7b1fa2",
+          "fp32": "#1f6fb4", "int8": "#e07b22", "w": "#2e7d32", "ok": "#2e7d32"}
+
+
+class ReportError(QuantscanError):
+    """The folder is not a quantscan run, or was written by a newer quantscan (CLI: one line, exit 2)."""
+
+
+@dataclass
+class RunFiles:
+    """What a run folder holds; optional parts are None when their file is absent or unreadable."""
+
+    path: Path
+    run: dict[str, Any]
+    layers: pd.DataFrame
+    tensors: pd.DataFrame | None
+    ops: pd.DataFrame | None
+    channels: pd.DataFrame | None
+    hist: dict[str, np.ndarray] | None
+    summary: str | None
+    compat: pd.DataFrame | None
+    partitions: pd.DataFrame | None
+    plan: dict[str, Any] | None
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+def load_run(run_dir: Path) -> RunFiles:
+    """Read a run folder; raise ReportError when it is not a run or is from a newer format."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"expected a quantscan run folder (with run.json and layers.csv), found no folder at {run_dir}")
+    missing = [n for n in ("run.json", "layers.csv") if not (run_dir / n).is_file()]
+    if missing:
+        raise ReportError(
+            f"expected a quantscan run folder (with run.json and layers.csv), found no {' or '.join(missing)} "
+            f"in {run_dir}"
+        )
+    run = _read_run_json(run_dir / "run.json")
+    return RunFiles(
+        path=run_dir,
+        run=run,
+        layers=_read_csv(run_dir / "layers.csv", required=True),  # type: ignore[arg-type]
+        tensors=_read_csv(run_dir / "tensors.csv"),
+        ops=_read_csv(run_dir / "ops.csv"),
+        channels=_read_csv(run_dir / "channels.csv"),
+        hist=_read_hist(run_dir / "hist.npz"),
+        summary=_read_text(run_dir / "summary.md"),
+        compat=_read_csv(run_dir / "compat.csv"),
+        partitions=_read_csv(run_dir / "partitions.csv"),
+        plan=_read_plan(run_dir / "plan.json"),
+    )
+
+
+def _read_run_json(path: Path) -> dict[str, Any]:
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"expected run.json to be JSON written by quantscan, found unreadable {path} ({exc})") from None
+    if not isinstance(run, dict) or run.get("tool", "quantscan") != "quantscan":
+        raise ReportError(f"expected run.json written by quantscan, found another kind of JSON in {path}")
+    fmt = run.get("format", 1)
+    if not isinstance(fmt, int) or isinstance(fmt, bool):
+        raise ReportError(f"expected run.json \"format\" to be an integer, found {fmt!r} in {path}")
+    if fmt > SUPPORTED_FORMAT:
+        raise ReportError(
+            f"expected a run folder of format <= {SUPPORTED_FORMAT}, found format {fmt} in {path}: "
+            "it was written by a newer quantscan; upgrade quantscan to rebuild its report"
+        )
+    return run
+
+
+def _read_csv(path: Path, required: bool = False) -> pd.DataFrame | None:
+    """Strings stay strings (a node called "NA" is not missing); only empty cells are NaN."""
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, ValueError) as exc:
+        if required:
+            raise ReportError(f"expected {path.name} to be a CSV table, found unreadable {path} ({exc})") from None
+        return None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _read_hist(path: Path) -> dict[str, np.ndarray] | None:
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def _read_plan(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
+# ------------------------------------------------------------------------------------------ public
+
+def render_report(run_dir: Path) -> str:
+    """The whole page as one HTML string, from the files in `run_dir` only."""
+    files = load_run(Path(run_dir))
+    plots = _PlotCounter()
+    layers = _ranked(files.layers)
+    body = [
+        _header(files),
+        _headline(files),
+        _depth_section(files, layers, plots),
+        _layer_table_section(layers),
+        _top_layers_section(files, layers, plots),
+        _ops_section(files),
+        _compat_section(files),
+        _bisect_section(files, plots),
+        _about_section(files),
+    ]
+    return _page(_model_name(files), "\n".join(body))
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write run_dir/report.html atomically (temp file + os.replace): an old report is only ever
+    replaced by a complete one."""
+    run_dir = Path(run_dir)
+    text = render_report(run_dir)
+    path = run_dir / "report.html"
+    fd, tmp = tempfile.mkstemp(prefix=".report.html.", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text.encode("utf-8"))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+# ----------------------------------------------------------------------------------- small helpers
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Any) -> float:
+    """A cell as float; NaN for anything that is not a number (empty, text)."""
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _fmt(value: Any, spec: str = ".4g") -> str:
+    """Numbers for people: NaN/empty as an en dash, infinities as inf, else `spec`."""
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        return value
+    f = _num(value)
+    if math.isnan(f):
+        return "–"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    return format(f, spec)
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def _col(frame: pd.DataFrame, name: str) -> np.ndarray:
+    """A numeric column as float64 (NaN where missing or not numeric); all-NaN when absent."""
+    if name not in frame:
+        return np.full(len(frame), np.nan)
+    return pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
+
+
+def _ranked(layers: pd.DataFrame) -> pd.DataFrame:
+    if "rank" in layers:
+        order = pd.to_numeric(layers["rank"], errors="coerce")
+        return layers.assign(_r=order).sort_values("_r", kind="stable").drop(columns="_r").reset_index(drop=True)
+    return layers.reset_index(drop=True)
+
+
+def _model_name(files: RunFiles) -> str:
+    path = files.run.get("model", {}).get("path") if isinstance(files.run.get("model"), dict) else None
+    return Path(str(path)).name if path else files.path.name
+
+
+def _hint(text: str) -> str:
+    return f'<p class="hint">{text}</p>'
+
+
+def _section(anchor: str, title: str, content: str) -> str:
+    return f'<section id="{anchor}"><h2>{_esc(title)}</h2>\n{content}\n</section>'
+
+
+def _kv_table(rows: Iterable[tuple[str, str]]) -> str:
+    """Label/value pairs; values are already HTML."""
+    cells = "".join(f"<tr><th>{_esc(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="kv">{cells}</table>'
+
+
+# --------------------------------------------------------------------------------------- plotting
+
+class _PlotCounter:
+    """Gives every figure its own SVG id salt, so ids of several inline SVGs never collide, and the
+    same folder renders to the same bytes."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def salt(self) -> str:
+        self.n += 1
+        return f"qs{self.n}"
+
+
+def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list[Any]]:
+    """Fixed margins instead of a layout engine: constrained layout draws every figure twice and
+    doubled the report's build time for no visible gain on these simple panels."""
+    fig = Figure(figsize=(width, height), dpi=100)
+    fig.subplots_adjust(left=0.6 / width, right=1 - 0.5 / width, bottom=0.5 / height, top=1 - 0.3 / height,
+                        wspace=0.4)
+    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    for ax in axes:
+        ax.grid(True, color="#e4e4e4", linewidth=0.6)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        ax.tick_params(labelsize=8)
+    return fig, axes
+
+
+_SVG_DROP = re.compile(r"<style type=\"text/css\">.*?</style>|<metadata>.*?</metadata>|<defs>\s*</defs>", re.S)
+_SVG_FONT = re.compile(r"font-family: [^;\"]*;? ?")
+_SVG_ID = re.compile(r' id="([^"]+)"')
+_SVG_NUM = re.compile(r"(\d+\.\d)\d+")
+_SVG_NOROT = re.compile(r' transform="rotate\(-?0 [^"]*\)"')
+_SVG_G = re.compile(r"<g>|<g\s[^>]*>|</g>")
+_SVG_GEOM = re.compile(r' (d|x|y|width|height)="([^"]*)"')
+
+
+def _svg(fig: Figure, plots: _PlotCounter, label: str) -> str:
+    """Inline SVG markup of `fig`, made lean for inlining: no XML prolog, metadata or per-figure
+    stylesheet, fonts left to the page's CSS, coordinates at 0.1 px, and only the ids something
+    refers to (clip paths, markers): matplotlib's group ids would repeat in every figure of the page."""
+    buf = io.StringIO()
+    rc: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": plots.salt(), "font.size": 8}
+    with matplotlib.rc_context(rc):  # type: ignore[arg-type]
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, dpi=110)
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]
+    text = _SVG_FONT.sub("", _SVG_DROP.sub("", text))
+    text = _SVG_GEOM.sub(_round_geometry, text)
+    used = set(re.findall(r"#([^\")\s]+)", text))
+    text = _SVG_ID.sub(lambda m: m[0] if m[1] in used else "", text)
+    text = _SVG_NOROT.sub("", re.sub(r">\s+<", "><", text))
+    text = _unwrap_plain_groups(text)
+    text = re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r"<svg\1", text, count=1)
+    text = text.replace("<svg", f'<svg role="img" aria-label="{_esc(label)}"', 1)
+    return f'<figure class="plot">{text}</figure>'
+
+
+def _unwrap_plain_groups(svg: str) -> str:
+    """Drop attribute-less <g> wrappers (and their matching </g>): a third of matplotlib's markup."""
+    out: list[str] = []
+    stack: list[bool] = []
+    pos = 0
+    for m in _SVG_G.finditer(svg):
+        out.append(svg[pos:m.start()])
+        pos = m.end()
+        tag = m[0]
+        if tag == "</g>":
+            if not stack.pop():
+                out.append(tag)
+        else:
+            plain = tag == "<g>"
+            stack.append(plain)
+            if not plain:
+                out.append(tag)
+    out.append(svg[pos:])
+    return "".join(out)
+
+
+def _round_geometry(match: re.Match[str]) -> str:
+    value = _SVG_NUM.sub(r"\1", " ".join(match[2].split()))
+    return f' {match[1]}="{value}"'
+
+
+def _dense(n: int) -> bool:
+    return n > DENSE_POINTS
+
+
+def _finite_cap(values: np.ndarray) -> tuple[np.ndarray, float | None]:
+    """+inf (exact match) plotted at a cap just above the finite maximum; returns values and the cap."""
+    finite = values[np.isfinite(values)]
+    if not np.isposinf(values).any():
+        return values, None
+    cap = float(finite.max()) + 6.0 if finite.size else 60.0
+    return np.where(np.isposinf(values), cap, values), cap
+
+
+# ---------------------------------------------------------------------------------------- header
+
+def _header(files: RunFiles) -> str:
+    run = files.run
+    model = run.get("model", {}) if isinstance(run.get("model"), dict) else {}
+    rows: list[tuple[str, str]] = [
+        ("model", f"<code>{_esc(model.get('path', '–'))}</code>"),
+        ("sha256", f"<code>{_esc(model.get('sha256', '–'))}</code>"),
+        ("graph", _esc(_graph_line(run, model))),
+        ("input contract", _input_contract(run)),
+        ("quantization", _esc(_quant_line(run))),
+        ("calibration", _esc(_calib_line(run))),
+        ("evaluation", _esc(_eval_line(run))),
+        ("profiles", _esc(", ".join(_profiles(files)) or "none (no --profile given)")),
+        ("versions", _esc(", ".join(f"{k} {v}" for k, v in (run.get("versions") or {}).items()))),
+        ("time taken", _esc(_times_line(run))),
+        ("run folder", f"<code>{_esc(files.path)}</code>"),
+    ]
+    prep = run.get("preparation")
+    if isinstance(prep, list) and prep:
+        rows.insert(3, ("preparation", _esc("; ".join(map(str, prep)))))
+    warnings = run.get("warnings") or []
+    warn_html = ""
+    if warnings:
+        items = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
+        warn_html = f'<div class="warn"><b>{len(warnings)} warning(s)</b><ul>{items}</ul></div>'
+    nav = "".join(
+        f'<a href="#{a}">{t}</a>'
+        for a, t in (("headline", "Headline"), ("depth", "Error along depth"), ("layers", "Layers"),
+                     ("top", "Top layers"), ("ops", "Op types"), ("compat", "Chip compatibility"),
+                     ("bisect", "Bisection"), ("about", "About"))
+    )
+    return (
+        f'<header><h1>quantscan <span class="model">{_esc(_model_name(files))}</span></h1>'
+        f'<nav>{nav}</nav>{_kv_table(rows)}{warn_html}</header>'
+    )
+
+
+def _graph_line(run: Mapping[str, Any], model: Mapping[str, Any]) -> str:
+    parts = []
+    if "nodes" in model:
+        parts.append(f"{model['nodes']} nodes")
+    if "opset_original" in run or "opset_used" in run:
+        parts.append(f"opset {run.get('opset_original', '?')} (analysed at {run.get('opset_used', '?')})")
+    if "sites" in run:
+        parts.append(f"{run['sites']} quantization sites")
+    if "qdq_pairs" in run:
+        parts.append(f"{run['qdq_pairs']} QDQ pairs")
+    if "ort_level" in run:
+        parts.append(f"analysis onnxruntime {run['ort_level']}")
+    return ", ".join(parts) or "–"
+
+
+def _input_contract(run: Mapping[str, Any]) -> str:
+    contract = run.get("input_contract") or {}
+    dtypes = {i.get("name"): i.get("dtype") for i in run.get("inputs") or [] if isinstance(i, dict)}
+    if not isinstance(contract, dict) or not contract:
+        return "–"
+    items = []
+    for name, shape in contract.items():
+        dims = "×".join(str(d) for d in shape) if isinstance(shape, list) else str(shape)
+        dtype = f" {dtypes[name]}" if dtypes.get(name) else ""
+        items.append(f"<code>{_esc(name)}</code> {_esc(dims)}{_esc(dtype)}")
+    return "; ".join(items)
+
+
+def _quant_line(run: Mapping[str, Any]) -> str:
+    opts = run.get("options") or {}
+    parts = [f"activations {opts.get('activations', '?')} per tensor ({opts.get('calib_method', '?')} calibration)"]
+    for key in ("weights", "bias"):
+        if opts.get(key):
+            parts.append(f"{key} {opts[key]}")
+    for key in ("limit", "output", "const", "input_shape"):
+        if opts.get(key):
+            parts.append(f"{key} {opts[key]}")
+    return "; ".join(parts)
+
+
+def _calib_line(run: Mapping[str, Any]) -> str:
+    cal = run.get("calibration") or {}
+    return f"{cal.get('samples', '?')} samples ({cal.get('kind', '?')}) from {cal.get('path', '?')}"
+
+
+def _eval_line(run: Mapping[str, Any]) -> str:
+    ev = run.get("evaluation") or {}
+    if ev.get("same_as_calibration"):
+        return "the calibration set (no --eval given)"
+    return f"{ev.get('samples', '?')} samples from {ev.get('path', '?')}" if ev else "–"
+
+
+def _times_line(run: Mapping[str, Any]) -> str:
+    times = run.get("times_s") or {}
+    if not isinstance(times, dict) or not times:
+        return "–"
+    total = times.get("total")
+    steps = ", ".join(f"{k} {_fmt(v, '.3g')} s" for k, v in times.items() if k != "total")
+    return f"{_fmt(total, '.3g')} s ({steps})" if total is not None else steps
+
+
+def _profiles(files: RunFiles) -> list[str]:
+    found: list[str] = []
+    for key in ("profile", "profiles"):
+        value = files.run.get(key) or (files.run.get("options") or {}).get(key)
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, list):
+            found.extend(str(v) for v in value)
+    for frame in (files.compat, files.partitions):
+        if frame is not None and "profile" in frame:
+            found.extend(str(p) for p in frame["profile"].dropna().unique())
+    return list(dict.fromkeys(found))
+
+
+# -------------------------------------------------------------------------------------- headline
+
+def _headline(files: RunFiles) -> str:
+    run = files.run
+    outputs: dict[str, Any] = run.get("output_metrics") or {}
+    deployed: dict[str, Any] = run.get("deployed_metrics") or {}
+    head = run.get("headline") or {}
+    parts = []
+    if head:
+        parts.append(_headline_cards(head, deployed.get(head.get("output"), head.get("deployed") or {})))
+    if outputs:
+        parts.append(_outputs_table(outputs, deployed))
+    if files.plan:
+        parts.append(_plan_cards(files.plan))
+    if not parts:
+        parts.append(_hint("run.json holds no output metrics: re-run the scan to get them."))
+    note = ("Fake-quant figures run the QDQ model with onnxruntime's basic optimisations (float arithmetic on "
+            "quantized values); the deployed figure runs the same model with ORT_ENABLE_ALL integer kernels and "
+            "is reported beside it, never mixed into it.")
+    return _section("headline", "Model output", "\n".join(parts) + f'<p class="note">{note}</p>')
+
+
+def _card(label: str, value: str, sub: str = "", cls: str = "") -> str:
+    return f'<div class="card {cls}"><div class="v">{value}</div><div class="l">{_esc(label)}</div>' \
+           f'<div class="s">{sub}</div></div>'
+
+
+def _quality(cos: float) -> str:
+    if math.isnan(cos):
+        return ""
+    return "good" if cos >= 0.999 else "fair" if cos >= 0.99 else "bad"
+
+
+def _headline_cards(head: Mapping[str, Any], deployed: Mapping[str, Any]) -> str:
+    cos = _num(head.get("cosine"))
+    cards = [
+        _card("cosine, all int8", _fmt(cos, ".5f"), f"output <code>{_esc(head.get('output', '?'))}</code>",
+              _quality(cos)),
+        _card("SQNR dB, all int8", _fmt(head.get("sqnr_db"), ".2f"), "higher is better"),
+        _card("worst-sample cosine", _fmt(head.get("worst_sample_cosine"), ".5f"), "minimum over samples"),
+    ]
+    if "top1_agreement" in head:
+        cards.append(_card("top-1 agreement", _fmt(head.get("top1_agreement"), ".3f"),
+                           _accuracy_line(head)))
+    if deployed:
+        cards.append(_card("deployed cosine", _fmt(deployed.get("cosine"), ".5f"),
+                           f"ORT_ENABLE_ALL integer kernels, SQNR {_fmt(deployed.get('sqnr_db'), '.2f')} dB"))
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _accuracy_line(metrics: Mapping[str, Any]) -> str:
+    if "accuracy" in metrics:
+        return f"accuracy int8 {_fmt(metrics['accuracy'], '.3f')} vs FP32 {_fmt(metrics.get('fp32_accuracy'), '.3f')}"
+    return "argmax equal to FP32"
+
+
+def _outputs_table(outputs: Mapping[str, Any], deployed: Mapping[str, Any]) -> str:
+    head = ("output", "cosine", "SQNR dB", "worst-sample cosine", "max abs", "top-1 agreement",
+            "deployed cosine", "deployed SQNR dB")
+    rows = []
+    for name, m in outputs.items():
+        d = deployed.get(name) or {}
+        rows.append([f"<code>{_esc(name)}</code>", _fmt(m.get("cosine"), ".5f"), _fmt(m.get("sqnr_db"), ".2f"),
+                     _fmt(m.get("worst_sample_cosine"), ".5f"), _fmt(m.get("max_abs"), ".3g"),
+                     _fmt(m.get("top1_agreement"), ".3f"), _fmt(d.get("cosine"), ".5f"),
+                     _fmt(d.get("sqnr_db"), ".2f")])
+    return _html_table(head, rows, cls="num")
+
+
+def _metric_value(value: Any, metric: str) -> float:
+    """plan.json metric values may be a number or a {metric: value} mapping."""
+    if isinstance(value, Mapping):
+        return _num(value.get(metric, value.get("value")))
+    return _num(value)
+
+
+def _plan_cards(plan: Mapping[str, Any]) -> str:
+    target = plan.get("target") or {}
+    metric = str(target.get("metric", "cosine"))
+    sites = plan.get("sites") or []
+    spec = ".5f" if "cos" in metric else ".3g"
+    achieved = _metric_value(plan.get("achieved"), metric)
+    ok = not math.isnan(achieved) and achieved >= _num(target.get("value"))
+    cards = [
+        _card(f"{metric}, bisection plan", _fmt(achieved, spec),
+              f"target ≥ {_fmt(target.get('value'), spec)}" + (f" on <code>{_esc(target['output'])}</code>"
+                                                              if target.get("output") else ""),
+              "good" if ok else "bad"),
+        _card("sites kept in higher precision", str(len(sites)), _esc(_precision_counts(sites))),
+        _card(f"{metric}, all int8", _fmt(_metric_value(plan.get("all_int8"), metric), spec), "before the plan"),
+        _card(f"{metric}, all float", _fmt(_metric_value(plan.get("all_float"), metric), spec),
+              "quantization switched off"),
+    ]
+    return f'<h3>Bisection plan</h3><div class="cards">{"".join(cards)}</div>'
+
+
+def _precision_counts(sites: Sequence[Any]) -> str:
+    counts: dict[str, int] = {}
+    for s in sites:
+        p = str(s.get("precision", "float")) if isinstance(s, Mapping) else "float"
+        counts[p] = counts.get(p, 0) + 1
+    return ", ".join(f"{n} {p}" for p, n in counts.items()) or "none needed"
+
+
+# ---------------------------------------------------------------------------- error along depth
+
+def _depth_section(files: RunFiles, layers: pd.DataFrame, plots: _PlotCounter) -> str:
+    if "order" not in layers or not len(layers):
+        return _section("depth", "Error along depth", _hint("layers.csv has no `order` column or no rows: "
+                                                              "re-run the scan with this quantscan version."))
+    fig = _depth_figure(layers)
+    notes = ["Cumulative: every site quantized, measured at this site's output. Isolated: only this site "
+             "quantized, fed FP32 inputs. A cumulative drop without an isolated one is inherited from upstream."]
+    if "placement" not in layers:
+        notes.append("CPU-fallback nodes are marked when the scan ran with <code>--profile NAME</code>.")
+    text = " ".join(notes)
+    return _section("depth", "Error along depth", _svg(fig, plots, "SQNR along topological order") +
+                    f'<p class="note">{text}</p>')
+
+
+def _depth_figure(layers: pd.DataFrame) -> Figure:
+    data = layers.assign(_o=_col(layers, "order")).sort_values("_o", kind="stable")
+    x = data["_o"].to_numpy()
+    cum, cap_c = _finite_cap(_col(data, "cumulative_sqnr_db"))
+    iso, cap_i = _finite_cap(_col(data, "isolated_sqnr_db"))
+    fig, (ax,) = _figure(11, 3.8)
+    dense = _dense(len(x))
+    ax.plot(x, cum, color=COLORS["cum"], lw=1.4, marker="o" if not dense else None, ms=3,
+            label="cumulative SQNR (all sites int8)", rasterized=dense)
+    ax.scatter(x, iso, s=10, color=COLORS["iso"], label="isolated SQNR (this site alone)", zorder=3,
+               rasterized=dense)
+    _mark_sensitive(ax, data, x)
+    _mark_cpu(ax, data, x)
+    _label_top(ax, data, x, cum)
+    cap = max(c for c in (cap_c, cap_i, None) if c is not None) if (cap_c or cap_i) else None
+    if cap is not None:
+        ax.axhline(cap, color="#999", lw=0.6, ls=":")
+        ax.text(x.min(), cap, " inf (exact) plotted here", fontsize=7, va="bottom", color="#666")
+    ax.set_xlabel("topological order (node index in the original graph)", fontsize=8)
+    ax.set_ylabel("SQNR dB (higher is better)", fontsize=8)
+    ax.legend(fontsize=7, loc="upper right", ncols=2, frameon=False)
+    return fig
+
+
+def _mark_sensitive(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
+    if "sensitive_op" not in data:
+        return
+    mask = np.array([_truthy(v) for v in data["sensitive_op"]])
+    if mask.any():
+        ax.vlines(x[mask], 0, 1, transform=ax.get_xaxis_transform(), color=COLORS["sens"], alpha=0.35, lw=1.2,
+                  label="sensitive op (Softmax, LayerNorm, ...)", rasterized=_dense(int(mask.sum())))
+
+
+def _mark_cpu(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
+    if "placement" not in data:
+        return
+    mask = (data["placement"].astype(str).str.lower() == "cpu").to_numpy()
+    if mask.any():
+        ax.vlines(x[mask], 0, 0.06, transform=ax.get_xaxis_transform(), color=COLORS["cpu"], lw=3,
+                  label="CPU fallback (profile)")
+
+
+def _label_top(ax: Any, data: pd.DataFrame, x: np.ndarray, cum: np.ndarray) -> None:
+    """Name the five worst-ranked sites on the plot: the first places to look."""
+    if "rank" not in data:
+        return
+    rank = _col(data, "rank")
+    iso = _col(data, "isolated_sqnr_db")
+    for i in np.argsort(rank, kind="stable")[:5]:
+        if math.isnan(rank[i]):
+            continue
+        y = iso[i] if np.isfinite(iso[i]) else cum[i]
+        ax.annotate(f"#{int(rank[i])} {data['node'].iloc[i]}", (x[i], y), xytext=(4, -10),
+                    textcoords="offset points", fontsize=7, color="#333")
+
+
+# -------------------------------------------------------------------------------------- the table
+
+_LAYER_COLUMNS: list[tuple[str, str, str, str]] = [
+    # column, header, format, tooltip
+    ("rank", "rank", "d", "1 = most harmful; how it is computed is written in summary.md"),
+    ("node", "node", "s", "first node of the kernel in the original graph"),
+    ("op_type", "op", "s", "op type of that node"),
+    ("kernel", "kernel", "s", "the fused pattern quantized as one site"),
+    ("order", "order", "d", "topological index in the original graph"),
+    ("isolated_sqnr_db", "iso SQNR dB", ".1f", "this site alone quantized, fed FP32 inputs"),
+    ("cumulative_sqnr_db", "cum SQNR dB", ".1f", "every site quantized"),
+    ("cumulative_cosine", "cum cosine", ".5f", "every site quantized"),
+    ("cumulative_worst_sample_cosine", "worst-sample cos", ".4f", "minimum over samples, every site quantized"),
+    ("act_worst_channel_sqnr_db", "act worst ch dB", ".1f", "output activation: worst channel SQNR"),
+    ("act_channel_range_spread", "act spread", ".3g", "max/min of the non-zero per-channel ranges"),
+    ("act_dead_channels", "dead ch", "d", "output channels that are always zero"),
+    ("weight_worst_channel_sqnr_db", "w worst ch dB", ".1f", "weight: worst output channel SQNR"),
+    ("weight_channel_range_spread", "w spread", ".3g", "max/min of the weight per-channel ranges"),
+    ("sensitive_op", "sensitive", "b", "op type known to be fragile in int8"),
+    ("placement", "placement", "s", "npu/cpu for the profile given"),
+    ("compat_rule", "compat", "s", "compatibility rule that fired"),
+    ("gain_if_float", "gain if float", ".4g", "output metric with this site float, minus all-int8"),
+    ("loss_if_only", "loss if only", ".4g", "output metric with only this site int8, minus all-float"),
+    ("cause", "cause", "s", "intrinsic: the site's own quantization; inherited: error from upstream"),
+    ("reason", "reason", "s", "why this rank"),
+]
+
+
+def _layer_table_section(layers: pd.DataFrame) -> str:
+    cols = [c for c in _LAYER_COLUMNS if c[0] in layers]
+    heads = "".join(f'<th title="{_esc(tip)}">{_esc(h)}</th>' for _, h, _, tip in cols)
+    top = set(layers["node"].astype(str).head(TOP_LAYERS)) if "node" in layers else set()
+    body = "\n".join(_layer_row(rec, cols, top) for rec in layers.to_dict("records"))
+    ops = sorted(layers["op_type"].astype(str).unique()) if "op_type" in layers else []
+    options = "".join(f'<option value="{_esc(o)}">{_esc(o)}</option>' for o in ops)
+    controls = (
+        f'<div class="controls"><label>op type <select id="opfilter"><option value="">all</option>{options}'
+        '</select></label> <label>search <input id="textfilter" type="search" placeholder="node, kernel, reason">'
+        f'</label> <span id="rowcount">{len(layers)} of {len(layers)} sites</span>'
+        ' <span class="note">click a column header to sort</span></div>'
+    )
+    op_index = [c[0] for c in cols].index("op_type") if "op_type" in layers else -1
+    table = (f'<div class="scroll"><table id="layertable" class="sortable data" data-opcol="{op_index}">'
+             f"<thead><tr>{heads}</tr></thead><tbody>\n{body}\n</tbody></table></div>")
+    return _section("layers", f"Layers, ranked ({len(layers)} sites)", controls + table)
+
+
+def _layer_row(rec: Mapping[str, Any], cols: Sequence[tuple[str, str, str, str]], top: set[str]) -> str:
+    """One <tr>; closing </td> tags are omitted (valid HTML) to keep a 1,500-row table small."""
+    cells = []
+    for name, _, spec, _ in cols:
+        value = rec.get(name)
+        cls = _cell_class(name, value)
+        attr = f' class="{cls}"' if cls else ""
+        if name == "node" and str(value) in top:
+            text = f'<a href="#L-{_anchor(str(value))}">{_esc(value)}</a>'
+        elif spec == "s":
+            text = "" if _is_missing(value) else _esc(value)
+        elif spec == "b":
+            text = "yes" if _truthy(value) else ""
+        elif spec == "d":
+            text = _fmt(value, ".0f")
+        else:
+            text = _fmt(value, spec)
+        cells.append(f"<td{attr}>{text}")
+    return "<tr>" + "".join(cells)
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _cell_class(name: str, value: Any) -> str:
+    """Colour the cells an engineer scans for: low dB values, fragile ops, CPU placement."""
+    if name.endswith("_sqnr_db"):
+        v = _num(value)
+        return "bad" if v < 20 else "fair" if v < 30 else ""
+    if name == "sensitive_op" and _truthy(value):
+        return "bad"
+    if name == "placement" and str(value).lower() == "cpu":
+        return "fair"
+    if name == "cause" and str(value) == "intrinsic":
+        return "strong"
+    return ""
+
+
+def _anchor(node: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", node)
+
+
+# ------------------------------------------------------------------------------------- top layers
+
+def _top_layers_section(files: RunFiles, layers: pd.DataFrame, plots: _PlotCounter) -> str:
+    hints = []
+    if files.channels is None or "node" not in (files.channels if files.channels is not None else {}):
+        hints.append("channels.csv is missing: re-run the scan to get the per-channel range plots.")
+    if not files.hist or "site_nodes" not in files.hist:
+        hints.append("hist.npz is missing: re-run the scan to get the FP32 vs int8 histograms.")
+    channels = _channels_by_node(files.channels)
+    hist_index = _hist_index(files.hist)
+    if not channels and not hist_index:
+        return _section("top", "Top layers", "".join(_hint(h) for h in hints))
+    qrange = _act_qrange(files.run)
+    cards = [_layer_card(rec, channels.get(str(rec.get("node"))), _hist_for(files.hist, hist_index, rec), qrange,
+                         plots) for rec in layers.head(TOP_LAYERS).to_dict("records")]
+    intro = ('<p class="note">The worst-ranked sites. Left: each output channel\'s activation range (band) '
+             "against the one per-tensor int8 grid (dashed): channels that use a sliver of the grid get few "
+             "levels, which is what a low worst-channel SQNR means. Middle: the weight's per-output-channel "
+             "|max| (each channel has its own scale; a large spread is harmless there). Right: FP32 vs "
+             "dequantized int8 values of the output (log counts).</p>")
+    return _section("top", f"Top {len(cards)} layers", intro + "".join(_hint(h) for h in hints) + "".join(cards))
+
+
+def _channels_by_node(channels: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
+    if channels is None or "node" not in channels or not len(channels):
+        return {}
+    return {str(k): g for k, g in channels.groupby(channels["node"].astype(str), sort=False)}
+
+
+def _hist_index(hist: Mapping[str, np.ndarray] | None) -> dict[str, int]:
+    if not hist or "site_nodes" not in hist:
+        return {}
+    return {str(n): i for i, n in enumerate(hist["site_nodes"].tolist())}
+
+
+def _hist_for(hist: Mapping[str, np.ndarray] | None, index: Mapping[str, int],
+              rec: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    k = index.get(str(rec.get("node")))
+    if hist is None or k is None:
+        return None
+    keys = (f"{k}/edges", f"{k}/fp32", f"{k}/int8")
+    if not all(key in hist for key in keys):
+        return None
+    edges, fp32, int8 = (np.asarray(hist[key], dtype=np.float64) for key in keys)
+    if edges.ndim != 1 or len(edges) != len(fp32) + 1 or fp32.shape != int8.shape:
+        return None
+    return edges, fp32, int8
+
+
+def _act_qrange(run: Mapping[str, Any]) -> tuple[int, int]:
+    acts = str((run.get("options") or {}).get("activations", "uint8"))
+    return (-128, 127) if acts == "int8" else (0, 255)
+
+
+def _layer_card(rec: Mapping[str, Any], channels: pd.DataFrame | None,
+                hist: tuple[np.ndarray, np.ndarray, np.ndarray] | None, qrange: tuple[int, int],
+                plots: _PlotCounter) -> str:
+    node = str(rec.get("node"))
+    facts = [
+        ("isolated", f"{_fmt(rec.get('isolated_sqnr_db'), '.1f')} dB"),
+        ("cumulative", f"{_fmt(rec.get('cumulative_sqnr_db'), '.1f')} dB"),
+        ("worst act channel", f"{_fmt(rec.get('act_worst_channel_sqnr_db'), '.1f')} dB"),
+        ("act spread", f"×{_fmt(rec.get('act_channel_range_spread'), '.3g')}"),
+        ("dead channels", _fmt(rec.get("act_dead_channels"), ".0f")),
+        ("worst weight channel", f"{_fmt(rec.get('weight_worst_channel_sqnr_db'), '.1f')} dB"),
+        ("scale / zero point", f"{_fmt(rec.get('act_scale'), '.4g')} / {_fmt(rec.get('act_zero_point'), '.0f')}"),
+    ]
+    fact_html = " · ".join(f"{_esc(k)} <b>{_esc(v)}</b>" for k, v in facts if "–" not in v)
+    fig = _layer_figure(rec, channels, hist, qrange)
+    plot = _svg(fig, plots, f"channels and histogram of {node}") if fig is not None else \
+        _hint("No per-channel or histogram data for this site in channels.csv / hist.npz.")
+    cause = _esc(rec.get("cause", "")) if not _is_missing(rec.get("cause")) else ""
+    reason = _esc(rec.get("reason", "")) if not _is_missing(rec.get("reason")) else ""
+    return (
+        f'<div class="layer" id="L-{_anchor(node)}"><h3>#{_fmt(rec.get("rank"), ".0f")} <code>{_esc(node)}</code> '
+        f'<span class="kernel">{_esc(rec.get("kernel", rec.get("op_type", "")))}</span> '
+        f'<span class="tag {cause}">{cause}</span></h3><p>{reason}</p><p class="facts">{fact_html}</p>{plot}</div>'
+    )
+
+
+def _layer_figure(rec: Mapping[str, Any], channels: pd.DataFrame | None,
+                  hist: tuple[np.ndarray, np.ndarray, np.ndarray] | None, qrange: tuple[int, int]) -> Figure | None:
+    has_act = channels is not None and {"act_min", "act_max"} <= set(channels.columns)
+    has_w = channels is not None and "weight_absmax" in channels and bool(np.isfinite(_col(channels, "weight_absmax")).any())
+    panels: list[Callable[[Any], None]] = []
+    if has_act and channels is not None:
+        panels.append(lambda ax: _act_panel(ax, channels, rec, qrange))
+    if has_w and channels is not None:
+        panels.append(lambda ax: _weight_panel(ax, channels))
+    if hist is not None:
+        panels.append(lambda ax: _hist_panel(ax, *hist))
+    if not panels:
+        return None
+    fig, axes = _figure(3.9 * len(panels), 2.7, ncols=len(panels))
+    for draw, ax in zip(panels, axes, strict=True):
+        draw(ax)
+    return fig
+
+
+def _act_panel(ax: Any, channels: pd.DataFrame, rec: Mapping[str, Any], qrange: tuple[int, int]) -> None:
+    ch = _channel_axis(channels)
+    lo, hi = _col(channels, "act_min"), _col(channels, "act_max")
+    dense = _dense(len(ch))
+    ax.stairs(hi, _edges(ch), baseline=lo, fill=True, color=COLORS["cum"], alpha=0.45, lw=0,
+              label="channel min..max", rasterized=dense)
+    scale, zp = _num(rec.get("act_scale")), _num(rec.get("act_zero_point"))
+    if np.isfinite(scale) and np.isfinite(zp):
+        for q in qrange:
+            ax.axhline((q - zp) * scale, color=COLORS["grid"], ls="--", lw=0.9)
+        ax.plot([], [], color=COLORS["grid"], ls="--", lw=0.9, label=f"per-tensor grid, step {scale:.3g}")
+    if "act_sqnr_db" in channels:
+        twin = ax.twinx()
+        twin.plot(ch, _col(channels, "act_sqnr_db"), color=COLORS["iso"], lw=0.7, rasterized=dense)
+        twin.set_ylabel("channel SQNR dB", fontsize=7, color=COLORS["iso"])
+        twin.tick_params(labelsize=7, colors=COLORS["iso"])
+        twin.spines["top"].set_visible(False)
+    ax.set_title("activation per output channel", fontsize=8)
+    ax.set_xlabel("channel", fontsize=7)
+    ax.legend(fontsize=6, loc="upper left", frameon=False)
+
+
+def _weight_panel(ax: Any, channels: pd.DataFrame) -> None:
+    ch = _channel_axis(channels)
+    w = _col(channels, "weight_absmax")
+    positive = w[np.isfinite(w) & (w > 0)]
+    spread = positive.max() / positive.min() if positive.size else math.nan
+    log = bool(spread > 30)
+    baseline = positive.min() / 2 if log else 0.0
+    ax.stairs(np.where(np.isfinite(w), np.maximum(w, baseline), baseline), _edges(ch), baseline=baseline,
+              fill=True, color=COLORS["w"], alpha=0.6, lw=0, rasterized=_dense(len(ch)))
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(f"weight |max| per output channel (spread ×{_fmt(spread, '.3g')})", fontsize=8)
+    ax.set_xlabel("output channel", fontsize=7)
+
+
+def _hist_panel(ax: Any, edges: np.ndarray, fp32: np.ndarray, int8: np.ndarray) -> None:
+    ax.stairs(fp32, edges, color=COLORS["fp32"], lw=1.2, label="FP32")
+    ax.stairs(int8, edges, color=COLORS["int8"], lw=1.0, label="int8 (dequantized)")
+    if (fp32 > 0).any() or (int8 > 0).any():
+        ax.set_yscale("log")
+    ax.set_title("output values", fontsize=8)
+    ax.set_xlabel("value", fontsize=7)
+    ax.legend(fontsize=6, frameon=False)
+
+
+def _edges(ch: np.ndarray) -> np.ndarray:
+    """Bin edges centred on the channel indices, for stairs()."""
+    return np.concatenate([ch - 0.5, ch[-1:] + 0.5]) if len(ch) else np.array([0.0])
+
+
+def _channel_axis(channels: pd.DataFrame) -> np.ndarray:
+    ch = _col(channels, "channel")
+    return ch if np.isfinite(ch).all() else np.arange(len(channels), dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------- op types
+
+def _ops_section(files: RunFiles) -> str:
+    if files.ops is None or not len(files.ops):
+        return _section("ops", "Per op type", _hint("ops.csv is missing: re-run the scan to get it."))
+    return _section("ops", "Per op type", _frame_table(files.ops, sortable=True))
+
+
+def _frame_table(frame: pd.DataFrame, *, sortable: bool = False, limit: int | None = None,
+                 drop: Iterable[str] = ()) -> str:
+    """Any table from the folder, as is: numbers formatted, text escaped."""
+    frame = frame.drop(columns=[c for c in drop if c in frame])
+    shown = frame if limit is None else frame.head(limit)
+    rows = [[_cell_value(c, v) for c, v in zip(frame.columns, r, strict=True)]
+            for r in shown.itertuples(index=False, name=None)]
+    extra = "" if limit is None or len(frame) <= limit else \
+        f'<p class="note">First {limit} of {len(frame)} rows; the CSV has all of them.</p>'
+    return _html_table([str(c) for c in frame.columns], rows, cls="data" + (" sortable" if sortable else "")) + extra
+
+
+def _cell_value(column: str, value: Any) -> str:
+    if _is_missing(value):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else ""
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return _fmt(value, ".5f" if "cosine" in column else ".4g")
+    return _esc(value)
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
+    """Rows are HTML already; headers are escaped here."""
+    ths = "".join(f"<th>{_esc(h)}</th>" for h in head)
+    body = "\n".join("<tr>" + "".join(f"<td>{c}" for c in r) for r in rows)
+    return f'<div class="scroll short"><table class="{cls}"><thead><tr>{ths}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+# ----------------------------------------------------------------------------------------- compat
+
+def _compat_section(files: RunFiles) -> str:
+    if files.compat is None and files.partitions is None:
+        return _section("compat", "Chip compatibility", _hint(
+            "No chip profile in this run: <code>quantscan check MODEL --profile NAME --out RUN_DIR</code> writes "
+            "compat.csv and partitions.csv here (<code>quantscan profiles</code> lists the names), then "
+            "<code>quantscan report RUN_DIR</code> adds this section."))
+    parts = []
+    if files.partitions is not None:
+        parts.append(_partition_summary(files.partitions))
+        parts.append("<h3>Partitions</h3>" + _frame_table(files.partitions, drop=("nodes",)))
+    if files.compat is not None:
+        parts.append(f"<h3>Findings ({len(files.compat)})</h3>" + _severity_line(files.compat) +
+                     _frame_table(files.compat, sortable=True, limit=500))
+    return _section("compat", "Chip compatibility", "\n".join(parts))
+
+
+def _partition_summary(parts: pd.DataFrame) -> str:
+    """Per profile: islands, NPU/CPU split, bytes crossing between islands (the cost of fallback)."""
+    if "profile" not in parts:
+        parts = parts.assign(profile="?")
+    rows = []
+    for profile, g in parts.groupby(parts["profile"].astype(str), sort=False):
+        place = g["placement"].astype(str).str.lower() if "placement" in g else pd.Series([""] * len(g))
+        n_nodes = _col(g, "n_nodes")
+        crossing = np.nansum(_col(g, "bytes_in"))
+        rows.append([_esc(profile), str(len(g)), str(int((place == "npu").sum())), str(int((place == "cpu").sum())),
+                     _fmt(np.nansum(n_nodes[(place == "npu").to_numpy()]), ".0f"),
+                     _fmt(np.nansum(n_nodes[(place == "cpu").to_numpy()]), ".0f"), _bytes(crossing),
+                     _fmt(np.nansum(_col(g, "bytes_unknown")), ".0f")])
+    head = ("profile", "islands", "NPU islands", "CPU islands", "NPU nodes", "CPU nodes", "bytes crossing",
+            "tensors of unknown size")
+    return _html_table(head, rows, cls="num")
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _severity_line(compat: pd.DataFrame) -> str:
+    if "severity" not in compat:
+        return ""
+    counts = compat["severity"].astype(str).value_counts()
+    text = ", ".join(f'<span class="sev-{_esc(k)}">{v} {_esc(k)}</span>' for k, v in counts.items())
+    return f"<p>{text}</p>"
+
+
+# ----------------------------------------------------------------------------------------- bisect
+
+def _bisect_section(files: RunFiles, plots: _PlotCounter) -> str:
+    plan = files.plan
+    if not plan:
+        return _section("bisect", "Bisection", _hint(
+            "No bisection in this run: <code>quantscan bisect MODEL --calib DIR --target-cosine X --out RUN_DIR</code> "
+            "finds the fewest sites to keep in float and writes plan.json here."))
+    parts = []
+    points = _pareto_points(plan.get("pareto"))
+    if points:
+        parts.append(_svg(_pareto_figure(plan, points), plots, "bisection Pareto curve"))
+    else:
+        parts.append(_hint("plan.json has no Pareto points."))
+    sites = [s for s in plan.get("sites") or [] if isinstance(s, Mapping)]
+    if sites:
+        parts.append("<h3>Sites kept out of int8</h3>" + _frame_table(pd.DataFrame(sites)))
+    facts = [("target", _esc(json.dumps(plan.get("target")))), ("evaluations", _esc(plan.get("evaluations", "–"))),
+             ("model sha256", f"<code>{_esc(plan.get('model_sha256', '–'))}</code>")]
+    sha = (files.run.get("model") or {}).get("sha256")
+    if sha and plan.get("model_sha256") and sha != plan.get("model_sha256"):
+        facts.append(("warning", '<span class="bad">plan.json was made for a different model than run.json</span>'))
+    parts.append(_kv_table(facts))
+    return _section("bisect", "Bisection", "\n".join(parts))
+
+
+def _pareto_points(pareto: Any) -> list[tuple[float, float]]:
+    """[(float site count, metric)], whether float_sites is a count or a list of site names."""
+    points = []
+    for p in pareto or []:
+        if not isinstance(p, Mapping):
+            continue
+        fs = p.get("float_sites")
+        n = float(len(fs)) if isinstance(fs, list) else _num(fs)
+        v = _num(p.get("value"))
+        if np.isfinite(n) and np.isfinite(v):
+            points.append((n, v))
+    return sorted(points)
+
+
+def _pareto_figure(plan: Mapping[str, Any], points: Sequence[tuple[float, float]]) -> Figure:
+    target = plan.get("target") or {}
+    metric = str(target.get("metric", "cosine"))
+    xs, ys = zip(*points, strict=True)
+    fig, (ax,) = _figure(8, 3.2)
+    ax.step(xs, ys, where="post", color=COLORS["cum"], lw=1.4)
+    ax.plot(xs, ys, "o", color=COLORS["cum"], ms=4, label="Pareto front")
+    refs = ((target.get("value"), "target", COLORS["sens"], "--"),
+            (_metric_value(plan.get("all_int8"), metric), "all int8", COLORS["iso"], ":"),
+            (_metric_value(plan.get("all_float"), metric), "all float", COLORS["ok"], ":"))
+    for value, label, color, style in refs:
+        if np.isfinite(_num(value)):
+            ax.axhline(_num(value), color=color, ls=style, lw=1, label=f"{label} {_num(value):.5g}")
+    achieved = _metric_value(plan.get("achieved"), metric)
+    if np.isfinite(achieved):
+        ax.plot([len(plan.get("sites") or [])], [achieved], "*", ms=12, color=COLORS["sens"], label="chosen plan")
+    ax.set_xlabel("sites kept in float", fontsize=8)
+    ax.set_ylabel(f"output {metric}", fontsize=8)
+    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ about
+
+def _about_section(files: RunFiles) -> str:
+    parts = ['<p>Every number here comes from the CSV/JSON files in the run folder; '
+             "<code>quantscan report RUN_DIR</code> rebuilds this page from them. Plots: matplotlib, inline SVG.</p>"]
+    if files.tensors is not None:
+        parts.append(f"<p>tensors.csv: {len(files.tensors)} float tensors measured (not shown here).</p>")
+    if files.summary:
+        parts.append(f"<details><summary>summary.md</summary><pre>{_esc(files.summary)}</pre></details>")
+    return _section("about", "About this report", "\n".join(parts))
+
+
+# ------------------------------------------------------------------------------------------- page
+
+_CSS = """
+:root{--fg:#1d2330;--mut:#5b6475;--line:#e3e6ec;--bg:#f6f7f9;--bad:#fde2e1;--fair:#fff3d6;--good:#e3f4e6}
+*{box-sizing:border-box}body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;
+color:var(--fg);background:var(--bg)}
+header,section{max-width:1280px;margin:0 auto;padding:12px 24px}section{background:#fff;margin:14px auto;
+border:1px solid var(--line);border-radius:8px}h1{font-size:22px;margin:8px 0}h1 .model{color:#1f6fb4}
+h2{font-size:17px;margin:4px 0 10px}h3{font-size:15px;margin:14px 0 6px}
+nav{display:flex;flex-wrap:wrap;gap:4px 14px;margin:0 0 8px}nav a{color:#1f6fb4;text-decoration:none}
+code{font:12px/1.3 ui-monospace,SFMono-Regular,Menlo,monospace;background:#eef0f4;padding:0 3px;border-radius:3px}
+table{border-collapse:collapse;font-size:12px}th,td{padding:3px 7px;border-bottom:1px solid var(--line);
+text-align:left;vertical-align:top}table.kv th{color:var(--mut);font-weight:500;white-space:nowrap}
+table.kv td{word-break:break-all}
+table.data td,table.num td{white-space:nowrap}table.data td:last-child{white-space:normal;min-width:260px}
+thead th{position:sticky;top:0;background:#f0f2f6;z-index:1;cursor:default}
+table.sortable thead th{cursor:pointer}table.sortable th[data-dir=asc]::after{content:" ▲"}
+table.sortable th[data-dir=desc]::after{content:" ▼"}
+.scroll{max-height:70vh;overflow:auto;border:1px solid var(--line);border-radius:6px}.scroll.short{max-height:50vh}
+tr:hover td{background:#f3f7fd}td.bad{background:var(--bad)}td.fair{background:var(--fair)}td.strong{font-weight:600}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0 12px}.card{border:1px solid var(--line);border-radius:8px;
+padding:8px 14px;min-width:170px;background:#fff}.card .v{font-size:24px;font-weight:600}
+.card .l{color:var(--mut);font-size:12px}.card .s{color:var(--mut);font-size:11px}
+.card.good{background:var(--good)}.card.fair{background:var(--fair)}.card.bad{background:var(--bad)}
+.hint{color:var(--mut);font-style:italic;border-left:3px solid #c7ccd6;padding-left:8px}
+.note{color:var(--mut);font-size:12px}.warn{background:var(--fair);border-radius:6px;padding:6px 12px}
+.controls{margin:0 0 8px;display:flex;gap:14px;align-items:center;flex-wrap:wrap}
+figure.plot{margin:6px 0}figure.plot svg{width:100%;height:auto;max-width:1240px}
+.layer{border-top:1px solid var(--line);padding:6px 0}.layer h3 .kernel{color:var(--mut);font-weight:400}
+.tag{font-size:11px;border-radius:10px;padding:1px 8px;background:#eef0f4}.tag.intrinsic{background:var(--bad)}
+.facts{font-size:12px;color:var(--mut)}.facts b{color:var(--fg)}.bad{color:#b71c1c}
+.sev-error{color:#b71c1c;font-weight:600}.sev-warn{color:#a06000;font-weight:600}
+pre{white-space:pre-wrap;font-size:12px}
+"""
+
+_JS = """
+(function(){
+function key(s){s=s.trim();if(s==="")return null;if(s==="inf")return Infinity;if(s==="-inf")return -Infinity;
+var n=Number(s);return isNaN(n)?s.toLowerCase():n;}
+function cmp(a,b){if(a===b)return 0;if(a===null)return 1;if(b===null)return -1;
+if(typeof a!==typeof b)return typeof a==="number"?-1:1;return a<b?-1:1;}
+document.querySelectorAll("table.sortable").forEach(function(t){
+t.tHead.addEventListener("click",function(e){var th=e.target.closest("th");if(!th)return;
+var i=th.cellIndex,asc=th.dataset.dir!=="asc";t.tHead.querySelectorAll("th").forEach(function(h){delete h.dataset.dir;});
+th.dataset.dir=asc?"asc":"desc";var body=t.tBodies[0];var rows=Array.prototype.slice.call(body.rows);
+var keyed=rows.map(function(r,j){return [key(r.cells[i]?r.cells[i].textContent:""),j,r];});
+keyed.sort(function(a,b){var c=cmp(a[0],b[0]);if(a[0]!==null&&b[0]!==null&&!asc)c=-c;return c||a[1]-b[1];});
+var f=document.createDocumentFragment();keyed.forEach(function(k){f.appendChild(k[2]);});body.appendChild(f);});});
+var t=document.getElementById("layertable");if(!t)return;
+var op=document.getElementById("opfilter"),tx=document.getElementById("textfilter"),cnt=document.getElementById("rowcount");
+var oc=parseInt(t.dataset.opcol,10);
+function apply(){var want=op.value,q=tx.value.trim().toLowerCase(),n=0,rows=t.tBodies[0].rows;
+for(var j=0;j<rows.length;j++){var r=rows[j];var ok=(!want||(oc>=0&&r.cells[oc].textContent===want))&&
+(!q||r.textContent.toLowerCase().indexOf(q)>=0);r.hidden=!ok;if(ok)n++;}
+cnt.textContent=n+" of "+rows.length+" sites";}
+op.addEventListener("change",apply);tx.addEventListener("input",apply);
+})();
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>quantscan: {_esc(title)}</title>\n<style>{_CSS}</style></head>\n<body>\n{body}\n"
+        f"<script>{_JS}</script>\n</body></html>\n"
+    )
