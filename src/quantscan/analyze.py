@@ -767,7 +767,7 @@ def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -
     ch.update(w, fq)
     others = tuple(i for i in range(w.ndim) if i != axis)
     absmax = np.abs(w).max(axis=others)
-    nonzero = absmax[absmax > 0]
+    nonzero = absmax[absmax > 0].astype(np.float64)
     spread = float(nonzero.max() / nonzero.min()) if nonzero.size >= 2 else 1.0
     return {"weight_sqnr_db": acc.sqnr_db, "weight_worst_channel_sqnr_db": ch.worst_channel_sqnr_db,
             "weight_channel_range_spread": spread}

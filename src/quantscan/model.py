@@ -2,8 +2,8 @@
 
 Loading turns every way a model file can be wrong (missing, truncated, not ONNX, external data
 missing, already quantized) into one `ModelError` line. Preparation works on a copy, never on the
-user's model: weights held in `Constant` nodes become initializers (Paddle exports), constant
-subgraphs are folded, BatchNormalization is folded into its Conv/Gemm (the same pass `rewrite
+user's model: weights held in `Constant` nodes become initializers (Paddle exports), Identity and
+Dropout go and constant subgraphs are folded (the `cleanup` rewrite), BatchNormalization is folded into its Conv/Gemm (the same pass `rewrite
 --fold-bn` uses), the opset is raised to what per-channel QDQ needs, and declared output shapes are
 dropped because at least one real exporter writes wrong ones; the runtime is trusted instead.
 """
@@ -48,10 +48,6 @@ QUANTIZED_OPS = frozenset(
 MIN_ANALYSIS_OPSET = 13
 """Per-channel QuantizeLinear/DequantizeLinear (the `axis` attribute) exists from opset 13."""
 
-# Ops whose result depends on more than their inputs, or that are too costly to pre-evaluate.
-_NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                           "Multinomial", "Bernoulli", "If", "Loop", "Scan"})
-_MAX_FOLD_ELEMENTS = 1 << 24
 
 
 @dataclass
@@ -221,53 +217,6 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def fold_constants(proto: onnx.ModelProto) -> int:
-    """Evaluate nodes whose inputs are all initializers (e.g. Reshape of a bias) with onnx.reference.
-
-    A chip compiler does this before anything else; leaving them would create fake "sites".
-    """
-    from onnx.reference import ReferenceEvaluator
-
-    graph = proto.graph
-    values = {t.name: t for t in graph.initializer}
-    outputs = {o.name for o in graph.output}
-    keep, folded = [], 0
-    for node in graph.node:
-        foldable = (
-            node.domain in ("", "ai.onnx")
-            and node.op_type not in _NOT_FOLDABLE
-            and all(i == "" or i in values for i in node.input)
-            and not any(o in outputs for o in node.output)
-            and not any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)
-        )
-        result = _evaluate_node(node, values, proto, ReferenceEvaluator) if foldable else None
-        if result is None:
-            keep.append(node)
-            continue
-        for name, arr in zip(node.output, result, strict=False):
-            tensor = numpy_helper.from_array(np.asarray(arr), name)
-            graph.initializer.append(tensor)
-            values[name] = tensor
-        folded += 1
-    del graph.node[:]
-    graph.node.extend(keep)
-    return folded
-
-
-def _evaluate_node(node, values, proto, evaluator_cls):  # type: ignore[no-untyped-def]
-    feeds = {i: numpy_helper.to_array(values[i]) for i in node.input if i}
-    if sum(int(np.prod(v.shape)) for v in feeds.values()) > _MAX_FOLD_ELEMENTS:
-        return None
-    inputs = [onnx.helper.make_tensor_value_info(i, values[i].data_type, None) for i in node.input if i]
-    outs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    graph = onnx.helper.make_graph([node], "fold", inputs, outs)
-    single = onnx.helper.make_model(graph, opset_imports=list(proto.opset_import))
-    try:
-        return evaluator_cls(single).run(None, feeds)
-    except Exception:
-        return None
-
-
 def upgrade_opset(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
     """Raise the default-domain opset to `target` (never lowers it)."""
     current = onnx_opset(proto)
@@ -312,6 +261,7 @@ def prepare_for_analysis(
     model: LoadedModel, input_dims: dict[str, tuple[Dim, ...]], *, min_opset: int = MIN_ANALYSIS_OPSET
 ) -> PreparedModel:
     """The copy quantscan measures: what the chip's compiler would run, in float."""
+    from quantscan.rewrites.cleanup import cleanup
     from quantscan.rewrites.fold_bn import fold_batchnorm
 
     proto = copy.deepcopy(model.proto)
@@ -319,9 +269,10 @@ def prepare_for_analysis(
     moved = constants_to_initializers(proto)
     if moved:
         changes.append(f"{moved} Constant nodes turned into initializers")
-    folded_consts = fold_constants(proto)
-    if folded_consts:
-        changes.append(f"{folded_consts} constant subgraph nodes folded")
+    tidy = cleanup(proto)
+    proto = tidy.model
+    if tidy.changes:
+        changes.append(f"{len(tidy.changes)} Identity/Dropout removals, constant folds and dead-node drops (cleanup)")
     result = fold_batchnorm(proto)
     proto = result.model
     if result.changes:

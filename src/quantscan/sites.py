@@ -32,7 +32,7 @@ DEFAULT_FUSED_ACTIVATIONS = frozenset(
 PASS_THROUGH_OPS = frozenset(
     {
         "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "MaxPool",
-        "Identity", "Concat", "Split", "Dropout", "DepthToSpace", "SpaceToDepth", "Expand", "Tile",
+        "Identity", "Concat", "Split", "Dropout", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Pad",
     }
 )
 """Ops that move or select values without computing new ones: same scale in and out."""
