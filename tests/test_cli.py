@@ -1,0 +1,220 @@
+"""The command line as a user meets it: exit codes, one-line errors, nothing of theirs overwritten."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from PIL import Image
+
+from .conftest import asset_calib, asset_model
+
+TINY = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[N, 3, 4, 4] x) => (float[N, 2, 4, 4] y) {
+  c = Conv (x, w)
+  y = Relu (c)
+}
+"""
+
+
+def run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "quantscan", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
+        timeout=600,
+    )
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_bad_input(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit 2, one line on stderr starting with the contract's prefix, no traceback."""
+    assert proc.returncode == 2, proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("quantscan: warning:")]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("quantscan: error: "), lines[0]
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle.lower() in lines[0].lower(), (needle, lines[0])
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path) -> tuple[Path, Path]:
+    model = onnx.parser.parse_model(TINY)
+    w = np.random.default_rng(0).normal(size=(2, 3, 1, 1)).astype(np.float32)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, path)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(3):
+        np.savez(calib / f"{i}.npz", x=np.random.default_rng(i).normal(size=(1, 3, 4, 4)).astype(np.float32))
+    return path, calib
+
+
+def test_scan_runs_and_writes_the_contract_files(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = tiny
+    before = digest(model)
+    out = tmp_path / "run"
+    proc = run(model, "--calib", calib, "--out", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("layers.csv", "tensors.csv", "ops.csv", "channels.csv", "hist.npz", "summary.md", "run.json"):
+        assert (out / name).is_file()
+    assert digest(model) == before  # the input model is never modified
+    same = run("scan", model, "--calib", calib, "--out", tmp_path / "run2", "--quiet")
+    assert same.returncode == 0
+
+
+def test_fail_below_cosine_exits_1(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = tiny
+    proc = run(model, "--calib", calib, "--out", tmp_path / "r", "--fail-below-cosine", "1.5")
+    assert proc.returncode == 1
+    assert "below --fail-below-cosine" in proc.stderr
+
+
+def test_missing_model(tmp_path: Path) -> None:
+    assert_bad_input(run(tmp_path / "nope.onnx", "--calib", tmp_path), "nope.onnx")
+
+
+def test_truncated_model(assets: Path, tmp_path: Path) -> None:
+    data = asset_model(assets, "mtcnn_rnet").read_bytes()
+    broken = tmp_path / "cut.onnx"
+    broken.write_bytes(data[: len(data) // 2])
+    assert_bad_input(run(broken, "--calib", asset_calib(assets, "mtcnn_rnet")), "cut.onnx", "truncated")
+
+
+def test_not_onnx(tmp_path: Path) -> None:
+    fake = tmp_path / "notes.onnx"
+    fake.write_text("this is not a model\n" * 10)
+    assert_bad_input(run(fake, "--calib", tmp_path), "notes.onnx")
+
+
+def test_missing_external_data(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model_path, calib = tiny
+    model = onnx.load(model_path)
+    ext = tmp_path / "ext" / "model.onnx"
+    ext.parent.mkdir()
+    onnx.save(model, ext, save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin",
+              size_threshold=0)
+    (ext.parent / "weights.bin").unlink()
+    assert_bad_input(run(ext, "--calib", calib), "weights.bin")
+
+
+def test_empty_calibration_folder(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, _ = tiny
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_bad_input(run(model, "--calib", empty), "empty")
+
+
+def test_calibration_folder_matching_nothing(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, _ = tiny
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.zeros((1, 3, 4, 4), np.float32))
+    np.save(folder / "b.npy", np.zeros((1, 3, 4, 4), np.float32))
+    (folder / "c.npz").write_bytes(b"")
+    proc = run(model, "--calib", folder)
+    assert proc.returncode == 2
+
+
+def test_nan_in_calibration_data_names_the_file(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, _ = tiny
+    folder = tmp_path / "nan"
+    folder.mkdir()
+    bad = np.zeros((1, 3, 4, 4), np.float32)
+    bad[0, 1, 2, 3] = np.nan
+    np.savez(folder / "000.npz", x=np.ones((1, 3, 4, 4), np.float32))
+    np.savez(folder / "001.npz", x=bad)
+    assert_bad_input(run(model, "--calib", folder), "001.npz")
+
+
+def test_wrong_array_shape(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, _ = tiny
+    folder = tmp_path / "shape"
+    folder.mkdir()
+    np.savez(folder / "000.npz", x=np.ones((1, 5, 4, 4), np.float32))
+    assert_bad_input(run(model, "--calib", folder), "000.npz")
+
+
+def test_corrupt_image(assets: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "img"
+    folder.mkdir()
+    src = asset_calib(assets, "mtcnn_rnet")
+    (folder / "preprocess.json").write_text(
+        '{"input": "input", "shape": [1, 3, 24, 24], "layout": "NCHW", "channel_order": "RGB", '
+        '"scale": 1.0, "mean": [127.5, 127.5, 127.5], "std": [128, 128, 128]}'
+    )
+    Image.open(src / "000_lfw00.png").save(folder / "000.png")
+    (folder / "001.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    assert_bad_input(run(asset_model(assets, "mtcnn_rnet"), "--calib", folder), "001.png")
+
+
+def test_input_not_covered_suggests_const(assets: Path) -> None:
+    name = "silero_vad_openvino_16k"
+    assert_bad_input(run(asset_model(assets, name), "--calib", asset_calib(assets, name)), "state", "--const")
+
+
+def test_already_quantized_model(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = tiny
+    qdq = tmp_path / "tiny.qdq.onnx"
+    assert run(model, "--calib", calib, "--out", tmp_path / "r", "--save-qdq", qdq).returncode == 0
+    assert_bad_input(run(qdq, "--calib", calib), "already-quantized")
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--calib-method", "magic"], "--calib-method"),
+        (["--activations", "int4"], "--activations"),
+        (["--input-shape", "x:1,3,a"], "--input-shape"),
+        (["--const", "x"], "--const"),
+        (["--limit", "0"], "--limit"),
+    ],
+)
+def test_bad_option_values(tiny: tuple[Path, Path], flags: list[str], needle: str) -> None:
+    model, calib = tiny
+    assert_bad_input(run(model, "--calib", calib, *flags), needle)
+
+
+def test_out_that_is_a_file_is_not_overwritten(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = tiny
+    target = tmp_path / "important.txt"
+    target.write_text("keep me")
+    assert_bad_input(run(model, "--calib", calib, "--out", target), "important.txt")
+    assert target.read_text() == "keep me"
+
+
+def test_save_qdq_refuses_the_input_model(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = tiny
+    before = digest(model)
+    assert_bad_input(run(model, "--calib", calib, "--out", tmp_path / "r", "--save-qdq", model))
+    assert digest(model) == before
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    proc = run(tmp_path / "nope.onnx", "--calib", tmp_path, "--debug")
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr
+
+
+def test_profiles_lists_names_first() -> None:
+    proc = run("profiles")
+    assert proc.returncode == 0
+    names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+    assert "generic-npu" in names and "rk3568" in names
+
+
+def test_unknown_profile(tiny: tuple[Path, Path]) -> None:
+    model, _ = tiny
+    assert_bad_input(run("check", model, "--profile", "no-such-chip"), "no-such-chip")
