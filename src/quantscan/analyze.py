@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -72,7 +72,9 @@ class ScanOptions:
     """The scan's knobs, named as the CLI flags."""
 
     calib_method: str = "minmax"
-    activations: str = "uint8"
+    activations: str | None = None
+    """uint8 (asymmetric) or int8 (symmetric); None: the profile's scheme, else uint8."""
+    profile: str | Path | None = None
     input_shape: Mapping[str, Sequence[int]] = field(default_factory=dict)
     const: Mapping[str, float] = field(default_factory=dict)
     limit: int | None = None
@@ -90,7 +92,7 @@ class ScanOptions:
     def validate(self) -> None:
         if self.calib_method not in CALIB_METHODS:
             raise UsageError(f"--calib-method: expected one of {', '.join(CALIB_METHODS)}, found {self.calib_method!r}")
-        if self.activations not in ACTIVATION_SCHEMES:
+        if self.activations is not None and self.activations not in ACTIVATION_SCHEMES:
             raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
         if self.batch_size <= 0:
             raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size}")
@@ -112,6 +114,8 @@ class ScanResult:
     sites: list[Site]
     qdq_model: onnx.ModelProto
     model: LoadedModel
+    compat: Any = None
+    profile: str | None = None
 
 
 # --- helpers -------------------------------------------------------------------------------------------
@@ -209,6 +213,9 @@ class ScanContext:
     order: dict[str, int]
     warnings: list[str]
     times: dict[str, float]
+    compat: Any = None
+    """compat.CheckResult when a profile was given."""
+    profile: str | None = None
 
     def headline_outputs(self) -> list[str]:
         """The graph outputs the headline metric uses (contract: `--output`, else non-state float outputs)."""
@@ -245,6 +252,10 @@ def prepare_scan(
     batch_size = fixed_batch if fixed_batch else opts.batch_size
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
+    compat, profile_name = None, None
+    if opts.profile is not None:
+        compat, profile_name, opts = _apply_profile(loaded, opts, dims)
+    opts = replace(opts, activations=opts.activations or "uint8")
     prepared = prepare_for_analysis(loaded, dims)
     runner = runner or Runner(threads=opts.threads, opt_level="basic")
     times["load"] = time.perf_counter() - started
@@ -272,14 +283,31 @@ def prepare_scan(
     t0 = time.perf_counter()
     calib_stats = _calibrate(prepared, sites, origins, cset, batch_size, runner, opts, progress, probe)
     times["calibration"] = time.perf_counter() - t0
-    plan, plan_warnings = _make_plan(prepared.proto, sites, origins, calib_stats.observers, opts.activations)
+    plan, plan_warnings = _make_plan(prepared.proto, sites, origins, calib_stats.observers, opts.activations or "uint8")
     warnings.extend(plan_warnings)
     warnings.extend(calib_stats.warnings)
     qdq = qgraph.build_qdq_model(prepared.proto, sites, plan)
     return ScanContext(
         loaded, prepared, cset, eval_set, opts, runner, batch_size, probe, sites, origins, calib_stats,
-        plan, qdq, order, warnings, times,
+        plan, qdq, order, warnings, times, compat, profile_name,
     )
+
+
+def _apply_profile(
+    loaded: LoadedModel, opts: ScanOptions, dims: Mapping[str, tuple[Dim, ...]]
+) -> tuple[Any, str, ScanOptions]:
+    """Let a chip profile decide the scheme, the fusions and which nodes stay float (CPU fallback)."""
+    from quantscan.compat import check, load_profile
+
+    assert opts.profile is not None
+    profile = load_profile(opts.profile)
+    shapes = {k: [d if isinstance(d, int) else 1 for d in v] for k, v in dims.items()}
+    compat = check(loaded.proto, [opts.profile], input_shapes=shapes)
+    placement = compat.node_placement.get(profile.name, {})
+    cpu = frozenset(n for n, where in placement.items() if where == "cpu")
+    scheme = opts.activations or ("int8" if profile.activations == "int8" else "uint8")
+    fused = frozenset(profile.fused_activations)
+    return compat, profile.name, replace(opts, activations=scheme, fused_activations=fused, cpu_nodes=cpu)
 
 
 def scan(
@@ -313,9 +341,12 @@ def scan(
     t0 = time.perf_counter()
     site_by_node = {s.node: s for s in sites}
     tables = _tables(loaded, prepared, sites, plan, calib_stats, evaluation, order, probe)
+    if ctx.compat is not None and ctx.profile is not None:
+        tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    top = [sites.index(site_by_node[n]) for n in tables["layers"]["node"].head(HIST_TOP)]
+    ranked_sites = [n for n in tables["layers"]["node"] if n in site_by_node]
+    top = [sites.index(site_by_node[n]) for n in ranked_sites[:HIST_TOP]]
     evaluation.hist = histograms(prepared, qdq, sites, plan, top, eval_set, batch_size, runner)
     times["histograms"] = time.perf_counter() - t0
     headline = _headline(evaluation, opts)
@@ -336,6 +367,8 @@ def scan(
         sites=sites,
         qdq_model=qdq,
         model=loaded,
+        compat=ctx.compat,
+        profile=ctx.profile,
     )
     if opts.save_qdq:
         from quantscan.report import save_model
@@ -858,6 +891,98 @@ def _tables(
     if not channels.empty:
         channels = channels.groupby(["node", "output", "channel"], as_index=False, sort=False).first()
     return {"layers": layers, "tensors": tensors, "ops": ops, "channels": channels}
+
+
+SEVERITY_ORDER = {"error": 0, "warn": 1, "info": 2}
+
+RANK_DOC_PROFILE = (
+    "With a chip profile, `rank` weighs conversion, fallback cost and precision together, in tiers: "
+    "(1) kernels with an `error` finding (the converter rejects them: nothing else matters until they are "
+    "fixed); (2) sites whose error is intrinsic, and CPU-placed nodes in an island of at most two nodes "
+    "(each such island costs two NPU/CPU crossings per inference); (3) everything else. Within a tier, "
+    "ascending `isolated_sqnr_db`, then ascending `cumulative_sqnr_db`. CPU-placed nodes stay float in the "
+    "simulation, quantized only at the island boundaries, and have no isolated figure."
+)
+
+
+def _worst_findings(ctx: ScanContext) -> dict[str, dict[str, Any]]:
+    """node -> its most severe finding for the scan's profile."""
+    findings = ctx.compat.findings
+    rows = findings[findings["profile"] == ctx.profile] if not findings.empty else findings
+    worst: dict[str, dict[str, Any]] = {}
+    for r in rows.to_dict("records"):
+        node = r.get("node") or ""
+        if not node:
+            continue
+        if node not in worst or SEVERITY_ORDER.get(r["severity"], 3) < SEVERITY_ORDER.get(worst[node]["severity"], 3):
+            worst[node] = r
+    return worst
+
+
+def _island_sizes(ctx: ScanContext) -> dict[str, int]:
+    parts = ctx.compat.partitions
+    sizes: dict[str, int] = {}
+    if parts.empty:
+        return sizes
+    for r in parts[parts["profile"] == ctx.profile].to_dict("records"):
+        for node in str(r.get("nodes") or "").split(";"):
+            if node:
+                sizes[node] = int(r["n_nodes"])
+    return sizes
+
+
+def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.DataFrame:
+    """Add placement/compat_rule/compat_fix, rows for CPU-placed nodes, and the tiered rank."""
+    worst = _worst_findings(ctx)
+    site_nodes = {s.node: s.nodes for s in ctx.sites}
+    rules, fixes, severities = [], [], []
+    for node in layers["node"]:
+        found = [worst[n] for n in site_nodes.get(node, [node]) if n in worst]
+        found.sort(key=lambda r: SEVERITY_ORDER.get(r["severity"], 3))
+        rules.append(found[0]["rule"] if found else "")
+        fixes.append(found[0]["fix"] if found else "")
+        severities.append(found[0]["severity"] if found else "")
+    layers = layers.assign(placement="npu", compat_rule=rules, compat_fix=fixes, compat_severity=severities)
+    prepared_nodes = {n.name: n for n in ctx.prepared.proto.graph.node}
+    sizes = _island_sizes(ctx)
+    cpu_rows = []
+    for name in sorted(ctx.opts.cpu_nodes, key=lambda n: ctx.order.get(n, -1)):
+        node = prepared_nodes.get(name)
+        if node is None or not node.output or node.output[0] not in ctx.probe.float_tensors:
+            continue
+        finding = worst.get(name, {})
+        cum = ev.cumulative.get(node.output[0])
+        cpu_rows.append({
+            "node": name, "op_type": node.op_type, "kernel": node.op_type, "order": ctx.order.get(name, -1),
+            "output": node.output[0], "placement": "cpu",
+            "cumulative_cosine": cum.cosine if cum else math.nan,
+            "cumulative_sqnr_db": cum.sqnr_db if cum else math.nan,
+            "cumulative_mse": cum.mse if cum else math.nan,
+            "cumulative_max_abs": cum.max_abs if cum else math.nan,
+            "cumulative_worst_sample_cosine": cum.worst_sample_cosine if cum else math.nan,
+            "sensitive_op": False, "cause": "cpu-fallback",
+            "reason": f"runs on the CPU in float ({finding.get('rule', 'profile')}); "
+                      f"island of {sizes.get(name, 1)} node(s)",
+            "compat_rule": finding.get("rule", ""), "compat_fix": finding.get("fix", ""),
+            "compat_severity": finding.get("severity", ""),
+        })
+    if cpu_rows:
+        layers = pd.concat([layers, pd.DataFrame(cpu_rows)], ignore_index=True)
+    tier = []
+    for r in layers.to_dict("records"):
+        if r.get("compat_severity") == "error":
+            tier.append(0)
+        elif r["cause"] == "intrinsic" or (r["placement"] == "cpu" and sizes.get(r["node"], 1) <= 2):
+            tier.append(1)
+        else:
+            tier.append(2)
+    key = layers.assign(_tier=tier)[["_tier", "isolated_sqnr_db", "cumulative_sqnr_db"]]
+    key = key.replace([np.inf], 1e9).fillna(1e12)
+    ordered = key.sort_values(["_tier", "isolated_sqnr_db", "cumulative_sqnr_db"], kind="mergesort").index
+    layers = layers.copy()
+    layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
+    layers["rank"] = layers["rank"].astype(int)
+    return layers.sort_values("rank").reset_index(drop=True)
 
 
 def _input_sqnr(site: Site, ev: Evaluation, producers: Mapping[str, onnx.NodeProto]) -> float:

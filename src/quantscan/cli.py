@@ -106,7 +106,42 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     _common(check)
     sub.add_parser("profiles", help="list shipped chip profiles")
+    _rewrite_parser(sub)
     return parser
+
+
+class _StepAction(argparse.Action):
+    """Collect rewrite flags in command-line order: rewrites apply in the order the user wrote them."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        steps = list(getattr(namespace, "steps", None) or [])
+        if self.const is not None:
+            steps.append(self.const)
+        else:
+            steps.append(f"{self.dest}-{values}")
+        namespace.steps = steps
+
+
+def _rewrite_parser(sub: Any) -> None:
+    p = sub.add_parser("rewrite", help="equivalence rewrites with a numeric proof")
+    p.add_argument("model")
+    p.add_argument("--fold-bn", nargs=0, action=_StepAction, const="fold-bn", dest="fold_bn")
+    p.add_argument("--decompose", action=_StepAction, choices=["hardswish", "hardsigmoid", "layernorm"])
+    p.add_argument("--fuse", action=_StepAction, choices=["hardswish", "layernorm"])
+    p.add_argument("--cleanup", nargs=0, action=_StepAction, const="cleanup", dest="cleanup")
+    p.add_argument("--gelu-tanh", nargs=0, action=_StepAction, const="gelu-tanh", dest="gelu_tanh")
+    p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
+                   help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
+    p.add_argument("--opset", type=int, default=None, help="convert to this opset first")
+    p.add_argument("-o", "--output-model", dest="output_model", default=None)
+    p.add_argument("--calib", default=None, help="data for the numeric proof (default: seeded random)")
+    p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max_abs / output range for exact rewrites")
+    p.add_argument("--force", action="store_true", help="write even when the proof fails")
+    p.set_defaults(steps=[])
+    _common(p)
 
 
 def _floats(raw: str | None, flag: str) -> list[float] | None:
@@ -164,7 +199,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "batch_size": args.batch_size,
         "save_qdq": args.save_qdq,
+        "profile": args.profile[0] if args.profile else None,
     }
+    if len(args.profile) > 1:
+        raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
+                         "compare several with `quantscan check MODEL --profile A --profile B`")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     result = scan(args.model, args.calib, out=out, progress=_progress_factory(args.quiet), **options)
@@ -179,7 +218,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     for r in top.to_dict("records"):
         print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
               f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}")
-    print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json)")
+    extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
+    print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
     if args.fail_below_cosine is not None and not head["cosine"] >= args.fail_below_cosine:
         print(f"quantscan: output cosine {head['cosine']:.5f} is below --fail-below-cosine "
               f"{args.fail_below_cosine}", file=sys.stderr)
@@ -230,7 +270,44 @@ def _profile_label(profile: str, findings: Any) -> str:
     return Path(profile).stem
 
 
-HANDLERS = {"scan": cmd_scan, "check": cmd_check, "profiles": cmd_profiles}
+def cmd_rewrite(args: argparse.Namespace) -> int:
+    from quantscan.calib import load_calibration
+    from quantscan.model import load_model
+    from quantscan.rewrite import rewrite
+
+    steps = [s.replace("decompose-", "decompose-").replace("fuse-", "fuse-") for s in args.steps]
+    if args.fix_dim and "fix-dim" not in steps:
+        steps.insert(0, "fix-dim")
+    if not steps:
+        raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
+                         "--gelu-tanh; found none")
+    calib = None
+    if args.calib:
+        loaded = load_model(args.model)
+        calib = load_calibration(args.calib, loaded.inputs, consts=parse_const(args.const), limit=args.limit)
+    report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
+                     calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
+                     runner=None)
+    for step in report.steps:
+        print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
+              + ("" if step.exact else " (approximate)"))
+        for refusal in step.refusals[:5]:
+            print(f"  - {refusal.node}: {refusal.reason}")
+    for o in report.proof.outputs:
+        print(f"proof '{o.output}': cosine {o.cosine:.8f}, max_abs {o.max_abs:.3g}, max_rel {o.max_rel:.3g} "
+              f"({o.threshold}) {'ok' if o.passed else 'FAILED'}")
+    print(f"proof data: {report.proof.data}")
+    if report.written:
+        print(f"wrote {report.out} and {report.out}.rewrite.json" if report.out else "wrote the model")
+    if not report.passed:
+        print("quantscan: the numeric proof failed its threshold"
+              + ("; written anyway (--force)" if report.written else "; nothing written (use --force)"),
+              file=sys.stderr)
+        return EXIT_THRESHOLD
+    return EXIT_OK
+
+
+HANDLERS = {"scan": cmd_scan, "check": cmd_check, "profiles": cmd_profiles, "rewrite": cmd_rewrite}
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:

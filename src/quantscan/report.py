@@ -105,6 +105,9 @@ def write_scan(result: ScanResult, out: Path) -> None:
     buf = io.BytesIO()
     np.savez_compressed(buf, **result.hist)
     atomic_write_bytes(out / "hist.npz", buf.getvalue())
+    if result.compat is not None:
+        write_csv(out / "compat.csv", result.compat.findings)
+        write_csv(out / "partitions.csv", result.compat.partitions)
     atomic_write_text(out / "summary.md", summary_markdown(result))
     atomic_write_text(out / "report.html", report_html(result))
 
@@ -127,7 +130,7 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 def summary_markdown(result: ScanResult) -> str:
-    from quantscan.analyze import RANK_DOC
+    from quantscan.analyze import RANK_DOC, RANK_DOC_PROFILE
 
     info = result.run_info
     head = result.headline
@@ -186,10 +189,38 @@ def summary_markdown(result: ScanResult) -> str:
     )
     for r in inherited.head(15).to_dict("records"):
         lines.append(f"  - `{r['node']}` ({r['kernel']}): {r['reason']}")
-    lines += ["", "## How `rank` is computed", "", RANK_DOC, "", "## Metrics", "", METRIC_DOC]
+    lines += _profile_section(result)
+    rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
+    lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
+
+
+def _profile_section(result: ScanResult) -> list[str]:
+    if result.compat is None:
+        return ["", "_No chip profile given: run with `--profile NAME` (see `quantscan profiles`) to rank "
+                "conversion problems and CPU fallback together with precision._"]
+    summary = result.compat.summary()
+    lines = ["", f"## Chip profile `{result.profile}`", ""]
+    if not summary.empty and result.profile in summary.columns:
+        col = summary[result.profile]
+        lines.append(
+            f"Worst finding: **{col.get('worst')}**; {col.get('errors')} errors, {col.get('warnings')} warnings; "
+            f"{col.get('npu_nodes')} NPU / {col.get('cpu_nodes')} CPU nodes in {col.get('islands')} islands, "
+            f"{col.get('bytes_crossing')} bytes crossing NPU/CPU per inference."
+        )
+    lines += ["", "| node | op | rule | value | limit | severity | placement | fix |", "|---|---|---|---|---|---|---|---|"]
+    findings = result.compat.findings
+    findings = findings[findings["profile"] == result.profile]
+    order = {"error": 0, "warn": 1, "info": 2}
+    findings = findings.assign(_o=findings["severity"].map(order)).sort_values("_o", kind="mergesort")
+    for r in findings.head(20).to_dict("records"):
+        lines.append(f"| `{r['node']}` | {r['op_type']} | {r['rule']} | {r['value']} | {r['limit']} | "
+                     f"{r['severity']} | {r['placement']} | {r['fix']} |")
+    if len(findings) > 20:
+        lines.append(f"| … {len(findings) - 20} more in compat.csv | | | | | | | |")
+    return lines
 
 
 def report_html(result: ScanResult) -> str:

@@ -27,8 +27,10 @@ from onnx import numpy_helper
 
 ANCHOR_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 DEFAULT_FUSED_ACTIVATIONS = frozenset(
-    {"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish", "HardSigmoid", "Sigmoid"}
+    {"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish", "HardSigmoid", "Sigmoid", "SiLU"}
 )
+"""Activations joined to their producer when no chip profile says otherwise (CONTRACT.md's list).
+`SiLU` and `HardSwish` also name the decomposed patterns x·sigmoid(x) and x·Clip(x+3,0,6)/6."""
 PASS_THROUGH_OPS = frozenset(
     {
         "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "MaxPool",
@@ -287,7 +289,7 @@ def match_fused_activation(index: GraphIndex, x: str, fused: frozenset[str]) -> 
         return None
     for matcher in (match_silu, match_hardswish):
         label = "SiLU" if matcher is match_silu else "HardSwish"
-        if label not in fused and not (label == "SiLU" and "Sigmoid" in fused):
+        if label not in fused and not (label == "SiLU" and "Swish" in fused):
             continue
         found = matcher(index, x)
         if found is not None and {id(n) for n in users} <= {id(n) for n in found[0]}:
