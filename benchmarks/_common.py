@@ -1,0 +1,215 @@
+"""Helpers shared by the benchmark scripts: child processes with a memory cap, peak RSS, tables.
+
+Why children: peak memory is only meaningful per fresh process, and a peer that runs out of memory
+must not take the benchmark down with it. Why VmHWM and not `ru_maxrss`: on Linux the rusage maximum
+of an exec'd child also counts the parent's address space at fork/exec time (the kernel folds the old
+mm's high-water mark into the process's `maxrss`), so a large benchmark parent would inflate every
+child's figure; /proc/self/status VmHWM belongs to the new address space only.
+
+This module imports only the standard library at module level: children import it first and their
+peak must not include anything the benchmark parent needs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MARKER = "@@bench "
+"""Prefix of the one stdout line a child uses to report back (other output is ignored)."""
+
+OOM_SIGNS = ("MemoryError", "bad_alloc", "Failed to allocate", "Cannot allocate memory", "std::length_error")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), in MB; ru_maxrss only where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --- parent side ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ChildOutcome:
+    """What one child reported: its payload when it finished, else why it did not."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def peak_mb(self) -> float | None:
+        value = self.data.get("peak_mb")
+        return float(value) if value is not None else None
+
+
+def _cap_memory(cap_bytes: int | None) -> Any:
+    """A preexec_fn setting RLIMIT_AS, so the child's allocations fail instead of the machine's."""
+    if not cap_bytes:
+        return None
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
+
+    return apply
+
+
+def run_child(
+    spec: dict[str, Any], *, cap_bytes: int | None = None, timeout_s: float = 3600.0
+) -> ChildOutcome:
+    """Run `child_main(spec)` in a fresh interpreter; never raises for the child's own failures."""
+    boot = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); " \
+           "import _common; _common.child_main()"
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", boot, json.dumps(spec)], stdout=subprocess.PIPE, stderr=err,
+                text=True, timeout=timeout_s, preexec_fn=_cap_memory(cap_bytes), check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return ChildOutcome(error=f"timed out after {timeout_s:.0f} s", wall_s=timeout_s)
+        err.seek(0)
+        stderr = err.read()
+    wall = time.perf_counter() - started
+    data = _reported(proc.stdout)
+    error = data.pop("error", None) if data else None
+    if data is None:
+        error = _why_failed(proc.returncode, stderr)
+        data = {}
+    elif error and any(s in error for s in OOM_SIGNS):
+        error = f"out of memory ({error})"
+    return ChildOutcome(data=data, error=error, wall_s=wall)
+
+
+def _reported(stdout: str) -> dict[str, Any] | None:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(MARKER)]
+    return json.loads(lines[-1][len(MARKER):]) if lines else None
+
+
+def _why_failed(returncode: int, stderr: str) -> str:
+    """One line: out-of-memory when the child says so or was killed, else its last stderr line."""
+    tail = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    last = tail[-1].strip() if tail else ""
+    if any(s in stderr for s in OOM_SIGNS):
+        return f"out of memory ({last[:160]})"
+    if returncode < 0:
+        return f"killed by signal {-returncode} (likely out of memory)"
+    return f"exit {returncode}: {last[:200] or 'no message'}"
+
+
+# --- child side -----------------------------------------------------------------------------------
+
+
+def child_main() -> None:
+    """Entry point of a child: run the spec's job, print one MARKER line with its result and peak."""
+    spec = json.loads(sys.argv[1])
+    jobs = {"scan": _scan_job, "peer": _peer_job}
+    result: dict[str, Any] = {}
+    try:
+        result = jobs[spec["kind"]](spec)
+    except BaseException as exc:  # report everything, MemoryError included; the parent decides
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        result["error"] = f"{type(exc).__name__}: {_first_line(exc)}"
+    result["peak_mb"] = round(peak_rss_mb(), 1)
+    print(MARKER + json.dumps(result), flush=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else ""
+
+
+def _scan_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """quantscan's Python API, quiet, writing its files to spec['out'] (the writing phase counts)."""
+    import quantscan
+
+    options = {k: spec[k] for k in ("threads", "batch_size") if spec.get(k)}
+    result = quantscan.scan(spec["model"], spec["calib"], out=spec["out"], **options)
+    info = result.run_info
+    return {"times_s": info["times_s"], "sites": len(result.sites), "warnings": len(result.warnings)}
+
+
+def _peer_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """The peer script as `__main__`, its stdout captured: it prints one JSON line of its own."""
+    import runpy
+
+    sys.argv = [spec["script"], spec["model"], spec["calib"]]
+    captured = io.StringIO()
+    try:
+        with redirect_stdout(captured):
+            runpy.run_path(spec["script"], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code:
+            raise
+    lines = [ln for ln in captured.getvalue().splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError("peer printed no JSON line")
+    return {"peer": json.loads(lines[-1])}
+
+
+# --- formatting -----------------------------------------------------------------------------------
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub markdown table with columns padded to their widest cell (readable as plain text too)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt_s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f}"
+
+
+def fmt_ratio(value: float | None, floor: float | None) -> str:
+    if value is None or not floor:
+        return "-"
+    return f"{value / floor:.1f}x"
+
+
+def fmt_mb(mb: float | None) -> str:
+    return "-" if mb is None else f"{mb:.0f}"
+
+
+def code_state(repo: Path) -> str:
+    """HEAD and whether src/ has uncommitted edits: the scan is measured as on disk, not as committed."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown commit"
+    dirty = git("status", "--porcelain", "--", "src")
+    return f"quantscan at {head}" + (" + uncommitted edits in src/" if dirty else "")
+
+
+def cpu_note() -> str:
+    """The machine in one phrase, so a table read later says what it was measured on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cores} usable cores, load avg {os.getloadavg()[0]:.1f}"
