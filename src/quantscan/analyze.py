@@ -142,7 +142,8 @@ def _input_dims(
             continue
         if len(data) != len(spec.shape):
             raise CalibrationError(
-                f"input '{spec.name}': expected rank {len(spec.shape)} {list(spec.shape)}, found data of shape {list(data)}"
+                f"input '{spec.name}': expected rank {len(spec.shape)} {list(spec.shape)}, "
+                f"found data of shape {list(data)}"
             )
         new: list[Dim] = []
         for axis, (declared, found) in enumerate(zip(spec.shape, data, strict=True)):
@@ -1002,7 +1003,8 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
     reasons = []
     if _lt(worst_ch, WORST_CHANNEL_SQNR_DB) and _gt(spread, 10):
         reasons.append(
-            f"activation channel ranges span {spread:.0f}x: per-tensor int8 leaves {worst_ch:.1f} dB on the worst channel"
+            f"activation channel ranges span {spread:.0f}x: "
+            f"per-tensor int8 leaves {worst_ch:.1f} dB on the worst channel"
         )
     if _lt(wworst, WEIGHT_WORST_CHANNEL_SQNR_DB):
         reasons.append(f"weight worst channel {wworst:.1f} dB (outlier weights within a channel)")
@@ -1124,7 +1126,8 @@ def _run_info(
         "calibration": {"path": str(cset.source), "kind": cset.kind, "samples": cset.n_samples},
         "evaluation": {"path": str(eval_set.source), "samples": eval_set.n_samples,
                        "same_as_calibration": eval_set is cset},
-        "options": {"calib_method": opts.calib_method, "activations": opts.activations, "weights": "int8 per-channel symmetric",
+        "options": {"calib_method": opts.calib_method, "activations": opts.activations,
+                    "weights": "int8 per-channel symmetric", "profile": str(opts.profile) if opts.profile else None,
                     "bias": "int32 at s_in*s_w", "batch_size": batch_size, "limit": opts.limit,
                     "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
                     "output": list(opts.output)},

@@ -75,7 +75,7 @@ def _qdq_nodes(src: str, dst: str, qp: QParams, tag: str) -> tuple[list[onnx.Nod
     """QuantizeLinear(src) -> DequantizeLinear -> dst, with per-tensor or per-channel parameters."""
     scale_name, zp_name = f"{tag}__scale", f"{tag}__zp"
     inits = [_const(scale_name, qp.scale.astype(np.float32)), _const(zp_name, qp.zero_point)]
-    kwargs = {"axis": qp.axis} if qp.axis is not None else {}
+    kwargs: dict[str, Any] = {"axis": qp.axis} if qp.axis is not None else {}
     q = helper.make_node("QuantizeLinear", [src, scale_name, zp_name], [f"{tag}__q"], name=f"{tag}__Q", **kwargs)
     dq = helper.make_node(
         "DequantizeLinear", [f"{tag}__q", scale_name, zp_name], [dst], name=f"{tag}__DQ", **kwargs
@@ -89,7 +89,7 @@ def _dq_const_nodes(
     """A stored integer initializer and its DequantizeLinear: how QDQ models hold weights."""
     qname, sname, zname, out = f"{name}__quantized", f"{name}__scale", f"{name}__zp", f"{name}__dq"
     inits = [_const(qname, values), _const(sname, scale.astype(np.float32)), _const(zname, zero_point)]
-    kwargs = {"axis": axis} if axis is not None and np.asarray(scale).ndim == 1 else {}
+    kwargs: dict[str, Any] = {"axis": axis} if axis is not None and np.asarray(scale).ndim == 1 else {}
     node = helper.make_node("DequantizeLinear", [qname, sname, zname], [out], name=f"{name}__DQ", **kwargs)
     return node, inits, out
 

@@ -3,7 +3,8 @@
 Loading turns every way a model file can be wrong (missing, truncated, not ONNX, external data
 missing, already quantized) into one `ModelError` line. Preparation works on a copy, never on the
 user's model: weights held in `Constant` nodes become initializers (Paddle exports), Identity and
-Dropout go and constant subgraphs are folded (the `cleanup` rewrite), BatchNormalization is folded into its Conv/Gemm (the same pass `rewrite
+Dropout go and constant subgraphs are folded (the `cleanup` rewrite), BatchNormalization is folded
+into its Conv/Gemm (the same pass `rewrite
 --fold-bn` uses), the opset is raised to what per-channel QDQ needs, and declared output shapes are
 dropped because at least one real exporter writes wrong ones; the runtime is trusted instead.
 """

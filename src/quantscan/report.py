@@ -103,7 +103,8 @@ def write_scan(result: ScanResult, out: Path) -> None:
     write_csv(out / "ops.csv", result.ops)
     write_csv(out / "channels.csv", result.channels)
     buf = io.BytesIO()
-    np.savez_compressed(buf, **result.hist)
+    arrays: dict[str, Any] = dict(result.hist)
+    np.savez_compressed(buf, **arrays)
     atomic_write_bytes(out / "hist.npz", buf.getvalue())
     if result.compat is not None:
         write_csv(out / "compat.csv", result.compat.findings)
@@ -159,7 +160,8 @@ def summary_markdown(result: ScanResult) -> str:
         )
     lines += [
         "",
-        f"Headline: `{head['output']}` (worst output) cosine {_fmt(head['cosine'], 5)}, SQNR {_fmt(head['sqnr_db'])} dB. "
+        f"Headline: `{head['output']}` (worst output) cosine {_fmt(head['cosine'], 5)}, "
+        f"SQNR {_fmt(head['sqnr_db'])} dB. "
         "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
         "",
@@ -210,7 +212,8 @@ def _profile_section(result: ScanResult) -> list[str]:
             f"{col.get('npu_nodes')} NPU / {col.get('cpu_nodes')} CPU nodes in {col.get('islands')} islands, "
             f"{col.get('bytes_crossing')} bytes crossing NPU/CPU per inference."
         )
-    lines += ["", "| node | op | rule | value | limit | severity | placement | fix |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| node | op | rule | value | limit | severity | placement | fix |",
+              "|---|---|---|---|---|---|---|---|"]
     findings = result.compat.findings
     findings = findings[findings["profile"] == result.profile]
     order = {"error": 0, "warn": 1, "info": 2}
