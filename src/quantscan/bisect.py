@@ -1,0 +1,585 @@
+"""Bisection sessions: a tiny pure state machine and its resumable JSON session file.
+
+No onnxruntime and no argparse here (gain.py runs the models, cli.py parses flags). The machine is
+Polygraphy-`debug reduce`-like: :meth:`Bisector.next` proposes a candidate (the set of sites kept in
+high precision), the caller runs it and hands back the measured value with :meth:`Bisector.record`.
+
+Why event sourcing: the session file stores the *events* (every finished evaluation and every manual
+mark), not the machine's internals. Resuming rebuilds the machine and replays the events through it;
+the machine proposes the same candidates in the same order, so nothing finished is run again, and a
+file whose events do not follow the search (edited, or other options) is refused instead of silently
+producing another plan. A set already measured is never run twice: the machine looks it up.
+
+The search (mode "search"):
+  1. ``all_float``: every site kept high precision except ``force_quant``: the best any plan can do.
+     If it misses the target the target is unreachable, said after one evaluation.
+  2. ``all_int8``: nothing kept. If it meets the target the plan is empty (plus ``keep_float``).
+  3. ``search``: binary search over the prefix length of the sensitivity ordering (most helpful site
+     first) for the shortest prefix that meets the target: lo always fails, hi always passes, and both
+     were *measured* (no monotonicity is assumed: the result is a measured pass next to a measured
+     fail). ⌈log2(n)⌉ evaluations.
+  4. ``prune``: drop members one at a time, least helpful first; a drop is kept when the smaller set
+     still meets the target. Repeated until every member has been tried against the final set, so no
+     single site can be dropped from the plan.
+Mode "first_bad" quantizes a growing prefix of the topological order and binary-searches for a
+measured boundary: prefix p−1 meets the target, prefix p does not; site p−1 is "the first bad layer".
+With non-monotone behaviour it is *a* boundary, not necessarily the earliest one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantscan.errors import UsageError
+
+FORMAT = 1
+"""Session file format version; a newer one is refused, never guessed at."""
+TOOL = "quantscan-bisect"
+METRICS = {"cosine": "cosine", "sqnr": "sqnr_db", "top1": "top1_agreement"}
+"""Target metric name -> key in an output-metrics row (analyze._output_row spelling)."""
+FALLBACKS = ("float", "int16")
+MODES = ("search", "first_bad")
+PHASES = ("all_float", "all_int8", "search", "prune", "first_bad")
+
+
+class SessionFileError(UsageError):
+    """A session file cannot be used: corrupt, truncated, newer, or from another model/data set.
+
+    A `UsageError` (exit 2, one line): the user gave a file that does not fit.
+    """
+
+
+# --- target --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the headline output must reach: `metric` ≥ `value` (cosine, SQNR dB, top-1 agreement)."""
+
+    metric: str
+    value: float
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise UsageError(f"target metric: expected one of {', '.join(METRICS)}, found {self.metric!r}")
+        if not math.isfinite(self.value):
+            raise UsageError(f"target value: expected a finite number, found {self.value}")
+
+    @property
+    def key(self) -> str:
+        return METRICS[self.metric]
+
+    def met(self, value: float) -> bool:
+        """NaN never meets a target (a broken model is not 'good enough')."""
+        return not math.isnan(value) and value >= self.value
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": self.value, "output": self.output}
+
+
+# --- events --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One set to measure: the sites kept at the fallback precision (sorted), and why it is tried."""
+
+    sites: tuple[str, ...]
+    phase: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """A finished evaluation, as logged and stored: set tried, metric, verdict, time."""
+
+    sites: tuple[str, ...]
+    phase: str
+    value: float
+    passed: bool
+    seconds: float
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "eval",
+            "sites": list(self.sites),
+            "phase": self.phase,
+            "value": _json_float(self.value),
+            "passed": self.passed,
+            "seconds": round(self.seconds, 4),
+            "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A manual step: sites the user pins to high precision or to int8; the search restarts around them."""
+
+    keep_float: tuple[str, ...] = ()
+    force_quant: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": "mark", "keep_float": list(self.keep_float), "force_quant": list(self.force_quant)}
+
+
+Event = Step | Mark
+
+
+def event_from_dict(raw: Mapping[str, Any]) -> Event:
+    kind = raw.get("kind")
+    if kind == "mark":
+        return Mark(tuple(raw.get("keep_float", ())), tuple(raw.get("force_quant", ())))
+    if kind == "eval":
+        return Step(
+            sites=tuple(raw["sites"]),
+            phase=str(raw["phase"]),
+            value=_float(raw["value"]),
+            passed=bool(raw["passed"]),
+            seconds=float(raw.get("seconds", 0.0)),
+            metrics={k: _float(v) for k, v in dict(raw.get("metrics", {})).items()},
+        )
+    raise ValueError(f"unknown event kind {kind!r}")
+
+
+def _json_float(value: float) -> float | str:
+    """JSON has no NaN/inf: store them as strings so the file stays standard JSON."""
+    return value if math.isfinite(value) else str(value)
+
+
+def _float(value: Any) -> float:
+    return float(value)
+
+
+# --- the machine ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """Where the search ended. `status`: reached | unreachable | already_met | no_bad_layer | found."""
+
+    status: str
+    sites: tuple[str, ...]
+    value: float
+    first_bad: str | None = None
+
+
+_Search = Generator[Candidate, float, Outcome]
+
+
+class Bisector:
+    """The search as a replayable state machine; see the module docstring.
+
+    `order` is the sensitivity ordering (most helpful site first), `topo` the topological order of
+    the same sites. Only site names cross this interface.
+    """
+
+    def __init__(
+        self,
+        order: Sequence[str],
+        target: Target,
+        *,
+        topo: Sequence[str] | None = None,
+        mode: str = "search",
+        keep_float: Iterable[str] = (),
+        force_quant: Iterable[str] = (),
+    ) -> None:
+        if mode not in MODES:
+            raise UsageError(f"bisect mode: expected one of {', '.join(MODES)}, found {mode!r}")
+        self.order = list(order)
+        self.topo = list(topo) if topo is not None else list(order)
+        if sorted(self.topo) != sorted(self.order) or len(set(self.order)) != len(self.order):
+            raise ValueError("order and topo must hold the same distinct site names")
+        self.target = target
+        self.mode = mode
+        self.keep_float: set[str] = set()
+        self.force_quant: set[str] = set()
+        self.known: dict[tuple[str, ...], Step] = {}
+        self.steps: list[Step] = []
+        self.events: list[Event] = []
+        self.outcome: Outcome | None = None
+        self._pending: Candidate | None = None
+        self._gen: _Search = self._run()
+        self._apply_mark(Mark(tuple(keep_float), tuple(force_quant)), log=False)
+
+    # --- public interface -----------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def next(self) -> Candidate | None:
+        """The candidate to measure now (the same one until `record` is called), None when done."""
+        return self._pending
+
+    def record(
+        self, value: float, *, seconds: float = 0.0, metrics: Mapping[str, float] | None = None
+    ) -> Step:
+        """Judge the pending candidate with its measured `value`; returns the logged step."""
+        if self._pending is None:
+            raise RuntimeError("record() with no pending candidate")
+        cand = self._pending
+        step = Step(
+            cand.sites, cand.phase, float(value), self.target.met(value), seconds, dict(metrics or {})
+        )
+        self.known[cand.sites] = step
+        self.steps.append(step)
+        self.events.append(step)
+        self._advance(value)
+        return step
+
+    def mark(self, keep_float: Iterable[str] = (), force_quant: Iterable[str] = ()) -> Mark:
+        """A manual step: pin sites, then restart the search around them (measured sets are reused)."""
+        m = Mark(tuple(keep_float), tuple(force_quant))
+        self._apply_mark(m, log=True)
+        return m
+
+    def replay(self, events: Iterable[Event]) -> None:
+        """Feed stored events back; refuses events that do not follow this machine's search."""
+        for event in events:
+            if isinstance(event, Mark):
+                self.mark(event.keep_float, event.force_quant)
+                continue
+            pending = self._pending
+            if pending is None or pending.sites != event.sites or pending.phase != event.phase:
+                expected = (
+                    "nothing (the search had ended)"
+                    if pending is None
+                    else f"{pending.phase} {list(pending.sites)}"
+                )
+                raise SessionFileError(
+                    f"session events do not follow the search: expected {expected}, found {event.phase} "
+                    f"{list(event.sites)} (was the file edited, or the ordering changed?)"
+                )
+            self.record(event.value, seconds=event.seconds, metrics=event.metrics)
+
+    def pareto(self) -> list[dict[str, Any]]:
+        """'number of high-precision sites -> output metric' over the measured sets, Pareto-optimal only."""
+        best: dict[int, Step] = {}
+        for step in self.known.values():
+            if math.isnan(step.value):
+                continue
+            n = len(step.sites)
+            if n not in best or step.value > best[n].value:
+                best[n] = step
+        rows: list[dict[str, Any]] = []
+        top = -math.inf
+        for n in sorted(best):
+            if best[n].value > top:
+                top = best[n].value
+                rows.append({"float_sites": n, "value": best[n].value, "sites": list(best[n].sites)})
+        return rows
+
+    def value_of(self, sites: Iterable[str]) -> float | None:
+        step = self.known.get(self._key(sites))
+        return step.value if step is not None else None
+
+    # --- internals -------------------------------------------------------------------------------------
+
+    def _apply_mark(self, m: Mark, *, log: bool) -> None:
+        unknown = sorted(set(m.keep_float) | set(m.force_quant) - set(self.order))
+        unknown = [n for n in unknown if n not in self.order]
+        if unknown:
+            raise UsageError(
+                f"--keep-float/--force-quant: expected site node names, found {', '.join(unknown)}"
+            )
+        both = set(m.keep_float) & set(m.force_quant)
+        if both:
+            raise UsageError(f"--keep-float and --force-quant both name {', '.join(sorted(both))}")
+        self.keep_float = (self.keep_float - set(m.force_quant)) | set(m.keep_float)
+        self.force_quant = (self.force_quant - set(m.keep_float)) | set(m.force_quant)
+        if log:
+            self.events.append(m)
+        if log or m.keep_float or m.force_quant or self._pending is None:
+            self.outcome = None
+            self._gen = self._run()
+            self._advance(None)
+
+    def _advance(self, value: float | None) -> None:
+        try:
+            self._pending = self._gen.send(value) if value is not None else next(self._gen)
+        except StopIteration as stop:
+            self._pending = None
+            self.outcome = stop.value
+
+    def _key(self, sites: Iterable[str]) -> tuple[str, ...]:
+        rank = {n: i for i, n in enumerate(self.topo)}
+        return tuple(sorted(set(sites), key=rank.__getitem__))
+
+    def _measure(self, sites: Iterable[str], phase: str) -> Generator[Candidate, float, float]:
+        """Yield the candidate unless it was measured before; returns its value either way."""
+        key = self._key(sites)
+        known = self.known.get(key)
+        if known is not None:
+            return known.value
+        value = yield Candidate(key, phase)
+        return value
+
+    def _free(self) -> list[str]:
+        return [n for n in self.order if n not in self.keep_float and n not in self.force_quant]
+
+    def _run(self) -> _Search:
+        ceiling = [n for n in self.order if n not in self.force_quant]
+        top = yield from self._measure(ceiling, "all_float")
+        if not self.target.met(top):
+            return Outcome("unreachable", (), top)
+        if self.mode == "first_bad":
+            return (yield from self._first_bad(ceiling, top))
+        base = yield from self._measure([], "all_int8")
+        if not self.keep_float and self.target.met(base):
+            return Outcome("already_met", (), base)
+        free = self._free()
+        best = yield from self._prefix_search(free)
+        best = yield from self._prune(best, free)
+        return Outcome("reached", self._key(best), self.known[self._key(best)].value)
+
+    def _prefix_search(self, free: list[str]) -> Generator[Candidate, float, list[str]]:
+        def prefix(p: int) -> list[str]:
+            return [*self.keep_float, *free[:p]]
+
+        lo, hi = 0, len(free)
+        low = yield from self._measure(prefix(0), "search")
+        if self.target.met(low):
+            return prefix(0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            value = yield from self._measure(prefix(mid), "search")
+            if self.target.met(value):
+                hi = mid
+            else:
+                lo = mid
+        return prefix(hi)
+
+    def _prune(self, best: list[str], free: list[str]) -> Generator[Candidate, float, list[str]]:
+        current = set(best)
+        tried: set[str] = set()
+        while True:
+            members = [n for n in reversed(free) if n in current and n not in tried]
+            if not members:
+                return list(current)
+            m = members[0]
+            value = yield from self._measure(current - {m}, "prune")
+            if self.target.met(value):
+                current.discard(m)
+                tried = set()  # the set changed: every remaining member is tried again against it
+            else:
+                tried.add(m)
+
+    def _first_bad(self, ceiling: list[str], top: float) -> Generator[Candidate, float, Outcome]:
+        def config(p: int) -> list[str]:
+            """Sites topo[:p] quantized (force_quant always), the rest kept high precision."""
+            return [n for n in self.topo[p:] if n not in self.force_quant] + [
+                n for n in self.keep_float if n in self.topo[:p]
+            ]
+
+        n = len(self.topo)
+        bottom = yield from self._measure(config(n), "first_bad")
+        if self.target.met(bottom):
+            return Outcome("no_bad_layer", self._key(config(n)), bottom)
+        lo, hi = 0, n  # config(lo) passes (measured as the ceiling), config(hi) fails
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            value = yield from self._measure(config(mid), "first_bad")
+            if self.target.met(value):
+                lo = mid
+            else:
+                hi = mid
+        return Outcome(
+            "found", self._key(config(hi)), self.known[self._key(config(hi))].value, self.topo[hi - 1]
+        )
+
+
+# --- session file --------------------------------------------------------------------------------------
+
+
+def calibration_identity(folder: str | Path, files: Sequence[str | Path], samples: int) -> dict[str, Any]:
+    """The calibration set's identity: folder, and a hash of the file names and sizes in order.
+
+    Names and sizes, not contents: hashing every image on each resume would cost as much as reading
+    the set; a renamed, added, removed or rewritten-with-another-size file still changes the hash.
+    """
+    digest = hashlib.sha256()
+    for f in files:
+        p = Path(f)
+        size = p.stat().st_size if p.exists() else -1
+        digest.update(f"{p.name}\0{size}\n".encode())
+    return {"path": str(Path(folder).resolve()), "files_sha256": digest.hexdigest(), "samples": int(samples)}
+
+
+@dataclass
+class Session:
+    """Everything a resume needs: identities, options, the site ordering, the output gains, the events."""
+
+    model_path: str
+    model_sha256: str
+    calibration: dict[str, Any]
+    options: dict[str, Any]
+    sites: list[dict[str, Any]]
+    order: list[str]
+    gain: list[dict[str, Any]]
+    events: list[Event] = field(default_factory=list)
+    status: str = "running"
+    format: int = FORMAT
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "tool": TOOL,
+            "status": self.status,
+            "created": self.created,
+            "updated": time.time(),
+            "model": {"path": self.model_path, "sha256": self.model_sha256},
+            "calibration": self.calibration,
+            "options": self.options,
+            "sites": self.sites,
+            "order": self.order,
+            "gain": [_clean_row(r) for r in self.gain],
+            "events": [e.as_dict() for e in self.events],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], path: Path) -> Session:
+        fmt = raw.get("format")
+        if raw.get("tool") != TOOL or not isinstance(fmt, int):
+            raise SessionFileError(f"expected a quantscan bisect session in {path}, found another JSON file")
+        if fmt > FORMAT:
+            raise SessionFileError(
+                f"session {path} has format {fmt}, this quantscan reads format {FORMAT} and older: upgrade quantscan"
+            )
+        try:
+            return cls(
+                model_path=str(raw["model"]["path"]),
+                model_sha256=str(raw["model"]["sha256"]),
+                calibration=dict(raw["calibration"]),
+                options=dict(raw["options"]),
+                sites=list(raw["sites"]),
+                order=list(raw["order"]),
+                gain=list(raw.get("gain", [])),
+                events=[event_from_dict(e) for e in raw.get("events", [])],
+                status=str(raw.get("status", "running")),
+                format=fmt,
+                created=float(raw.get("created", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SessionFileError(f"session {path} is incomplete or damaged (bad field: {exc})") from None
+
+    def save(self, path: str | Path) -> None:
+        """Atomic: a temp file in the same folder, fsync'd, then os.replace (a kill leaves old or new)."""
+        write_atomic(Path(path), json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Session:
+        """Read and validate; a corrupt or truncated file is refused and left as it is."""
+        p = Path(path)
+        if not p.is_file():
+            raise SessionFileError(f"expected a bisect session file, found nothing at {p}")
+        text = p.read_text(encoding="utf-8", errors="replace")
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SessionFileError(
+                f"session {p} is corrupt or truncated (invalid JSON at byte {exc.pos} of {len(text)}); "
+                "it was left untouched"
+            ) from None
+        if not isinstance(raw, dict):
+            raise SessionFileError(f"expected a bisect session object in {p}, found {type(raw).__name__}")
+        return cls.from_json(raw, p)
+
+    def check_model(self, sha256: str, path: str | Path) -> None:
+        if sha256 != self.model_sha256:
+            raise SessionFileError(
+                f"session belongs to a model with sha256 {self.model_sha256[:12]}…, found {sha256[:12]}… in {path}"
+            )
+
+    def check_calibration(self, identity: Mapping[str, Any]) -> None:
+        ours = (self.calibration.get("files_sha256"), self.calibration.get("samples"))
+        theirs = (identity.get("files_sha256"), identity.get("samples"))
+        if ours != theirs:
+            raise SessionFileError(
+                f"session was measured on calibration set {self.calibration.get('path')} "
+                f"({self.calibration.get('samples')} samples), found another set at {identity.get('path')} "
+                f"({identity.get('samples')} samples, different files)"
+            )
+
+    def steps(self) -> list[Step]:
+        return [e for e in self.events if isinstance(e, Step)]
+
+
+def _clean_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _json_float(v) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temp file + os.replace, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def machine_for(session: Session) -> Bisector:
+    """Rebuild the machine a session describes and replay its events (no evaluation is repeated)."""
+    opts = session.options
+    target = Target(str(opts["target_metric"]), float(opts["target_value"]), opts.get("output"))
+    topo = [s["node"] for s in sorted(session.sites, key=lambda s: int(s["order"]))]
+    machine = Bisector(
+        session.order,
+        target,
+        topo=topo,
+        mode=str(opts.get("mode", "search")),
+        keep_float=opts.get("keep_float", ()),
+        force_quant=opts.get("force_quant", ()),
+    )
+    machine.replay(session.events)
+    return machine
+
+
+def describe(session: Session, machine: Bisector | None = None) -> dict[str, Any]:
+    """Where a session stands, as data for `bisect --show` (the CLI formats it)."""
+    machine = machine or machine_for(session)
+    pending = machine.next()
+    steps = session.steps()
+    return {
+        "model": session.model_path,
+        "status": session.status,
+        "target": machine.target.as_dict(),
+        "mode": machine.mode,
+        "sites": len(session.order),
+        "evaluations": len(steps),
+        "seconds": round(sum(s.seconds for s in steps), 3),
+        "outcome": None
+        if machine.outcome is None
+        else {
+            "status": machine.outcome.status,
+            "sites": list(machine.outcome.sites),
+            "value": machine.outcome.value,
+            "first_bad": machine.outcome.first_bad,
+        },
+        "next": None if pending is None else {"phase": pending.phase, "sites": list(pending.sites)},
+        "keep_float": sorted(machine.keep_float),
+        "force_quant": sorted(machine.force_quant),
+        "steps": [s.as_dict() for s in steps],
+    }
+
+
+StepCallback = Callable[[Step, Bisector], None]
+"""Observer the driver calls after each finished step (the CLI renders progress from it)."""

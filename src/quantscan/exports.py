@@ -1,0 +1,206 @@
+"""Mixed-precision plans in the formats vendor toolchains read: one small writer per format.
+
+Each writer takes the plan (plan.json as built by gain.build_plan: `sites` with `node`, `nodes`
+(the kernel's ONNX node names in the user's model), `output` (the tensor the kernel writes, named as
+in the user's model), `precision` float|int16, `weights`, `int16_tensors`) and returns text or a dict.
+Keys follow what each tool matches on: ONNX node names (onnxruntime, Horizon) or output tensor names
+(RKNN, TPU-MLIR, TIDL rename or merge layers, so they address a layer by the tensor it produces).
+A vendor SDK has the last word on what it accepts; the tests check each file against the format as
+the document cited in the writer's docstring describes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from quantscan.bisect import write_atomic
+
+Plan = Mapping[str, Any]
+
+
+def _sites(plan: Plan, precision: str | None = None) -> list[Mapping[str, Any]]:
+    return [s for s in plan.get("sites", []) if precision is None or s.get("precision") == precision]
+
+
+def _unique(items: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(i for i in items if i))
+
+
+# --- onnxruntime ---------------------------------------------------------------------------------------
+
+
+def onnxruntime_config(plan: Plan) -> dict[str, Any]:
+    """Arguments for `onnxruntime.quantization.quantize_static`.
+
+    Format: onnxruntime `quantize_static` docstring (onnxruntime/python/tools/quantization/quantize.py,
+    onnxruntime 1.17+; checked against 1.32): `nodes_to_exclude` is a list of node names left float;
+    `extra_options["TensorQuantOverrides"]` maps a tensor name to a list of dicts with `quant_type`
+    (a QuantType name, e.g. "QInt16") and `symmetric`; a per-channel weight's dict carries `axis`.
+    QuantType values are written by name (JSON has no enums): map them with `QuantType[name]`.
+    Int16 tensors follow quantscan's boundary rule (a tensor an int8 kernel touches stays int8), so no
+    `convert` entries are needed; ORT raises the opset to 21 itself when 16-bit types appear.
+    """
+    overrides: dict[str, list[dict[str, Any]]] = {}
+    for site in _sites(plan, "int16"):
+        for tensor in site.get("int16_tensors", []):
+            overrides[tensor] = [{"quant_type": "QInt16", "symmetric": True}]
+        for weight in site.get("weights", []):
+            overrides[weight] = [
+                {"quant_type": "QInt16", "symmetric": True, "axis": int(site.get("weight_axis", 0))}
+            ]
+    return {
+        "nodes_to_exclude": _unique([n for s in _sites(plan, "float") for n in s.get("nodes", [s["node"]])]),
+        "per_channel": True,
+        "extra_options": {"TensorQuantOverrides": overrides},
+    }
+
+
+# --- RKNN-Toolkit2 -------------------------------------------------------------------------------------
+
+
+def rknn_hybrid_cfg(plan: Plan) -> str:
+    """The `custom_quantize_layers` block of RKNN-Toolkit2's `<model>.quantization.cfg`.
+
+    Format: RKNN-Toolkit2 hybrid quantization (rknn-toolkit2 v1.x/v2.x, examples/functions/hybrid_quant
+    and the RKNN-Toolkit2 User Guide, "hybrid quantization"): `rknn.hybrid_quantization_step1()`
+    writes `<model>.quantization.cfg` (YAML); the user fills `custom_quantize_layers:` with
+    `<layer output name>: <dtype>` lines, dtype one of int8, int16, float16, then runs step 2.
+    RKNN keys layers by output tensor name. Float sites map to float16 (the NPU's float type).
+    """
+    lines = [
+        "# quantscan plan: paste into the custom_quantize_layers section of <model>.quantization.cfg",
+        f"# model sha256 {plan.get('model_sha256', '')}",
+        "custom_quantize_layers:",
+    ]
+    entries = [(s["output"], "int16" if s.get("precision") == "int16" else "float16") for s in _sites(plan)]
+    if not entries:
+        return "\n".join([*lines[:2], "custom_quantize_layers: {}"]) + "\n"
+    lines += [f"    {json.dumps(name)}: {dtype}" for name, dtype in entries]
+    return "\n".join(lines) + "\n"
+
+
+# --- Horizon -------------------------------------------------------------------------------------------
+
+
+def horizon_yaml(plan: Plan) -> str:
+    """`model_parameters` keys for Horizon's `hb_mapper makertbin` YAML (OpenExplorer).
+
+    Format: Horizon OpenExplorer toolchain user guide, "hb_mapper makertbin" configuration file,
+    `model_parameters` (XJ3/J5 OpenExplorer v1.x–v2.x): `run_on_cpu` is a ';'-separated list of ONNX
+    node names forced to the CPU (float); `node_info` maps a node name to `{'ON': 'BPU'|'CPU',
+    'InputType': 'int16', 'OutputType': 'int16'}` (newer releases; int16 on the BPU). Keys are node
+    names of the user's ONNX model. Both are written; keep the one your release documents.
+    """
+    float_nodes = _unique([n for s in _sites(plan, "float") for n in s.get("nodes", [s["node"]])])
+    node_info: dict[str, dict[str, str]] = {n: {"ON": "CPU"} for n in float_nodes}
+    for site in _sites(plan, "int16"):
+        for n in site.get("nodes", [site["node"]]):
+            node_info[n] = {"ON": "BPU", "InputType": "int16", "OutputType": "int16"}
+    lines = [
+        "# quantscan plan: merge into model_parameters of the hb_mapper makertbin YAML",
+        "model_parameters:",
+    ]
+    if float_nodes:
+        lines.append(f"  run_on_cpu: {json.dumps(';'.join(float_nodes))}")
+    lines.append(f"  node_info: {json.dumps(node_info)}")
+    return "\n".join(lines) + "\n"
+
+
+# --- TPU-MLIR ------------------------------------------------------------------------------------------
+
+
+def tpu_mlir_qtable(plan: Plan, float_type: str = "F32") -> str:
+    """A TPU-MLIR quantize table for `model_deploy.py --quantize INT8 --quantize_table FILE`.
+
+    Format: TPU-MLIR developer manual, "Quantization and optimization / Mix Precision" (tpu-mlir
+    docs/quick_start, v1.x): one `op_name quantize_mode` pair per line, `#` starts a comment;
+    modes F32, F16, BF16, INT8 (INT16 is not a TPU mode: int16 sites fall back to F16, said in a
+    comment). TPU-MLIR names an op by its output tensor (the ONNX output name), so those are the keys.
+    """
+    lines = ["# op_name   quantize_mode", f"# quantscan plan for model sha256 {plan.get('model_sha256', '')}"]
+    for site in _sites(plan):
+        if site.get("precision") == "int16":
+            lines.append(f"# {site['node']}: int16 requested; TPU-MLIR has no INT16 mode, F16 used")
+            lines.append(f"{site['output']} F16")
+        else:
+            lines.append(f"{site['output']} {float_type}")
+    return "\n".join(lines) + "\n"
+
+
+# --- TIDL ----------------------------------------------------------------------------------------------
+
+
+def tidl_options(plan: Plan) -> dict[str, str]:
+    """TIDL mixed-precision options (edgeai-tidl-tools OSRT compile options / TIDL-RT import config).
+
+    Format: TI edgeai-tidl-tools docs/custom_model_evaluation + compilation options table
+    ("Quantization Specific Options", SDK 8.x–10.x): `advanced_options:output_feature_16bit_names_list`
+    and `advanced_options:params_16bit_names_list` are comma-separated lists of layer *output* names
+    (as in the original model) whose activations / weights run in 16 bit; the TIDL-RT import tool
+    spells them `outputFeature16bitNamesList` / `params16bitNamesList`. TIDL runs no float layer on
+    the accelerator: 16 bit is its highest precision, so float sites are listed too; to run them on
+    the Arm core instead, `deny_list:layer_name` takes their node names (see :func:`tidl_export`).
+    """
+    outputs = _unique([s["output"] for s in _sites(plan)])
+    weighted = _unique([s["output"] for s in _sites(plan) if s.get("weights")])
+    return {
+        "advanced_options:output_feature_16bit_names_list": ",".join(outputs),
+        "advanced_options:params_16bit_names_list": ",".join(weighted),
+    }
+
+
+def tidl_export(plan: Plan) -> dict[str, dict[str, str]]:
+    """The file: `compile_options` to merge into the OSRT options as they are, and, kept apart
+    because it changes the partitioning, the `deny_list:layer_name` that would run float sites on Arm."""
+    float_nodes = _unique([n for s in _sites(plan, "float") for n in s.get("nodes", [s["node"]])])
+    return {
+        "compile_options": tidl_options(plan),
+        "optional_float_on_arm": {"deny_list:layer_name": ",".join(float_nodes)},
+    }
+
+
+def tidl_import_config(plan: Plan) -> str:
+    """The same lists as TIDL-RT import-config lines (`key = "value"`)."""
+    opts = tidl_options(plan)
+    return (
+        f'outputFeature16bitNamesList = "{opts["advanced_options:output_feature_16bit_names_list"]}"\n'
+        f'params16bitNamesList = "{opts["advanced_options:params_16bit_names_list"]}"\n'
+    )
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=1) + "\n"
+
+
+WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
+    "onnxruntime": ("ort_quant_config.json", lambda p: _json(onnxruntime_config(p))),
+    "rknn": ("rknn_hybrid_quant.cfg", rknn_hybrid_cfg),
+    "horizon": ("horizon_node_config.yaml", horizon_yaml),
+    "tpu-mlir": ("tpu_mlir.qtable", tpu_mlir_qtable),
+    "tidl": ("tidl_16bit_options.json", lambda p: _json(tidl_export(p))),
+    "tidl-rt": ("tidl_import_16bit.txt", tidl_import_config),
+}
+"""Export name -> (file name in the run folder, writer)."""
+
+
+def write_exports(plan: Plan, out: Path, names: Sequence[str] | None = None) -> dict[str, Path]:
+    """Write the chosen exports (default: all) into `out`, each atomically; returns name -> path."""
+    chosen = list(WRITERS) if names is None else list(names)
+    unknown = [n for n in chosen if n not in WRITERS]
+    if unknown:
+        from quantscan.errors import UsageError
+
+        raise UsageError(f"--export: expected one of {', '.join(WRITERS)}, found {', '.join(unknown)}")
+    written = {}
+    for name in chosen:
+        file_name, writer = WRITERS[name]
+        path = out / file_name
+        write_atomic(path, writer(plan))
+        written[name] = path
+    return written

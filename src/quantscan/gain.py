@@ -1,0 +1,1063 @@
+"""Output gain per site and the bisection driver: the onnxruntime side of `quantscan bisect`.
+
+Precision of a configuration. Each site runs int8, int16 or float. A tensor sits between kernels, and
+what a chip does at a boundary decides its value: an int8 producer writes int8 (a float consumer
+reads the dequantized int8 value), an int8 consumer quantizes what it reads (a float producer's
+output is quantized on its way in). So a tensor stays quantized when *any* quantized site reads or
+writes it, at the lowest precision among them (int8 < int16): keeping one site float removes its
+weight quantization and the quantization of the tensors only it touches. Int16 sites use symmetric
+int16 activations (quant.activation_qparams(..., "int16")) and per-channel int16 weights; their
+bias stays float (an int16 x int16 kernel accumulates in 48/64 bits, where the bias grid does not
+matter, and s_in·s_w of two int16 scales would overflow an int32 bias). QuantizeLinear with int16
+needs opset 21: with `fallback="int16"` the prepared copy is raised to opset 21 with
+onnx.version_converter (plan.json says so in `qdq_opset`).
+
+Output gain, without re-running the network per site. `gain_if_float` of site k is the headline
+metric of the model where only k is float, minus the all-int8 metric. The variant model differs from
+the all-int8 model only downstream of k: :func:`diff_branch` compares the two graphs node by node
+(same name, op, attributes, inputs modulo the `__f32` renaming of a tensor that lost or gained its
+QDQ pair, initializer contents) and keeps the *dirty* nodes: those that changed and everything that
+reads what they write. Every dirty branch reads its clean inputs from the all-int8 copy, so all
+branches go into ONE graph next to the FP32 reference and the all-int8 copy (the scan's analysis
+construction): one session, one run per batch, weights stored once (branches share initializers by
+name), per-sample reductions inside the graph. Batches are the outer loop, sites the inner one (all
+branches run in the same onnxruntime call), nothing is kept between batches, so memory is flat in the
+sample count; the work per batch is FP32 + all-int8 + Σ downstream(k), about half of "one full
+network per site" on a chain. `loss_if_only` (only k quantized) is the same construction against the
+FP32 graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from quantscan import graph as qgraph
+from quantscan import metrics as qm
+from quantscan import quant
+from quantscan.analyze import ProgressFactory, ScanContext, no_progress, prepare_scan
+from quantscan.bisect import (
+    FALLBACKS,
+    MODES,
+    Bisector,
+    Outcome,
+    Session,
+    SessionFileError,
+    Step,
+    StepCallback,
+    Target,
+    calibration_identity,
+    machine_for,
+    write_atomic,
+)
+from quantscan.calib import CalibSet, load_calibration
+from quantscan.errors import UsageError
+from quantscan.model import LoadedModel, load_model, onnx_opset, upgrade_opset
+from quantscan.runner import Runner
+from quantscan.sites import Site
+
+INT16_OPSET = 21
+GAIN_TAG = "@g"
+LOSS_TAG = "@l"
+REF_SUFFIX = "@ref"
+
+
+# --- mixed-precision models ----------------------------------------------------------------------------
+
+
+class MixedBuilder:
+    """Builds the QDQ model of any per-site precision assignment (see the module docstring)."""
+
+    def __init__(self, ctx: ScanContext, fallback: str = "float") -> None:
+        if fallback not in FALLBACKS:
+            raise UsageError(f"--fallback: expected float or int16, found {fallback!r}")
+        self.ctx = ctx
+        self.fallback = fallback
+        proto = ctx.prepared.proto
+        if fallback == "int16" and onnx_opset(proto) < INT16_OPSET:
+            proto = upgrade_opset(proto, INT16_OPSET)
+        self.proto = proto
+        self.opset = onnx_opset(proto)
+        self.sites = ctx.sites
+        self.index = {s.node: k for k, s in enumerate(self.sites)}
+        self.touch: dict[str, list[int]] = {}
+        for k, s in enumerate(self.sites):
+            for t in dict.fromkeys([*s.inputs, s.output]):
+                if t in ctx.plan.activations:
+                    self.touch.setdefault(t, []).append(k)
+        self._inits = {t.name: t for t in proto.graph.initializer}
+        self._act16: dict[str, quant.QParams] = {}
+        self._w16: dict[str, qgraph.WeightQuant] = {}
+
+    def precisions(self, high: Iterable[str] = (), precision: str | None = None) -> list[str]:
+        """int8 everywhere except the named sites, which get `precision` (default: the fallback)."""
+        chosen = set(high)
+        unknown = chosen - set(self.index)
+        if unknown:
+            raise UsageError(f"expected site node names, found {', '.join(sorted(unknown))}")
+        fill = precision or self.fallback
+        return [fill if s.node in chosen else "int8" for s in self.sites]
+
+    def tensor_precision(self, prec: Sequence[str]) -> dict[str, str]:
+        """Each quantized tensor's precision: the lowest among the quantized sites touching it."""
+        out: dict[str, str] = {}
+        for t, ks in self.touch.items():
+            used = {prec[k] for k in ks} - {"float"}
+            if used:
+                out[t] = "int8" if "int8" in used else "int16"
+        return out
+
+    def plan(self, prec: Sequence[str]) -> tuple[list[Site], qgraph.QuantPlan]:
+        base = self.ctx.plan
+        plan = qgraph.QuantPlan()
+        for t, p in self.tensor_precision(prec).items():
+            plan.activations[t] = base.activations[t] if p == "int8" else self._act_int16(t)
+        quantized = [s for s, p in zip(self.sites, prec, strict=True) if p != "float"]
+        for s, p in zip(self.sites, prec, strict=True):
+            if p == "int8":
+                for w in [s.weight, *(name for name, _ in s.extra_weights)]:
+                    if w and w in base.weights:
+                        plan.weights[w] = base.weights[w]
+                if s.bias and s.bias in base.biases:
+                    plan.biases[s.bias] = base.biases[s.bias]
+            elif p == "int16":
+                for w, axis in [(s.weight, s.weight_axis), *s.extra_weights]:
+                    if w and axis is not None and w in base.weights:
+                        plan.weights[w] = self._weight_int16(w, axis)
+        return quantized, plan
+
+    def model(self, prec: Sequence[str]) -> onnx.ModelProto:
+        sites, plan = self.plan(prec)
+        return qgraph.build_qdq_model(self.proto, sites, plan)
+
+    def _act_int16(self, tensor: str) -> quant.QParams:
+        if tensor not in self._act16:
+            origin = self.ctx.origins.get(tensor, tensor)
+            rmin, rmax = self.ctx.calib_stats.observers[origin].range()
+            if not (math.isfinite(rmin) and math.isfinite(rmax)):
+                rmin, rmax = 0.0, 0.0
+            self._act16[tensor] = quant.activation_qparams(rmin, rmax, "int16")
+        return self._act16[tensor]
+
+    def _weight_int16(self, name: str, axis: int) -> qgraph.WeightQuant:
+        if name not in self._w16:
+            w = onnx.numpy_helper.to_array(self._inits[name]).astype(np.float32)
+            qp = quant.weight_qparams(w, axis, bits=16)
+            self._w16[name] = qgraph.WeightQuant(name, qp, quant.quantize(w, qp))
+        return self._w16[name]
+
+
+# --- headline metrics ----------------------------------------------------------------------------------
+
+
+def classifier_outputs(ctx: ScanContext, outputs: Sequence[str]) -> set[str]:
+    """Outputs a Softmax/LogSoftmax produces (through reshapes) with a class axis: top-1 applies."""
+    producers = {o: n for n in ctx.prepared.proto.graph.node for o in n.output}
+    found = set()
+    for name in outputs:
+        node = producers.get(name)
+        while node is not None and node.op_type in ("Identity", "Reshape", "Flatten", "Squeeze"):
+            node = producers.get(node.input[0])
+        if (
+            node is not None
+            and node.op_type in ("Softmax", "LogSoftmax")
+            and qm.looks_like_classifier(ctx.probe.shapes.get(name, ()))
+        ):
+            found.add(name)
+    return found
+
+
+def output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dict[str, float]:
+    row = {
+        "cosine": acc.cosine,
+        "sqnr_db": acc.sqnr_db,
+        "mse": acc.mse,
+        "max_abs": acc.max_abs,
+        "worst_sample_cosine": acc.worst_sample_cosine,
+    }
+    if top1 is not None:
+        row["top1_agreement"] = top1.agreement
+    return row
+
+
+def headline(rows: Mapping[str, Mapping[str, float]], key: str) -> tuple[str, dict[str, float]]:
+    """The worst output counts (contract): (output name, its row) by `key`; NaN is worst."""
+    usable = {o: r for o, r in rows.items() if key in r}
+    if not usable:
+        raise UsageError(
+            f"target metric {key}: no headline output provides it (top-1 needs a classifier output)"
+        )
+    worst = min(usable, key=lambda o: -math.inf if math.isnan(usable[o][key]) else usable[o][key])
+    return worst, dict(usable[worst])
+
+
+class _Pairs:
+    """Accumulators for (reference, test) output pairs reduced inside the graph."""
+
+    def __init__(self, reducer: qgraph.Reducer, rank: Mapping[str, int]) -> None:
+        self.reducer = reducer
+        self.rank = rank
+        self.sums: dict[tuple[str, str], qgraph.PairSums] = {}
+        self.acc: dict[tuple[str, str], qm.ErrorAccumulator] = {}
+        self.top1: dict[tuple[str, str], qm.Top1Accumulator] = {}
+        self.raw: list[str] = []
+
+    def add(self, key: tuple[str, str], ref: str, test: str, output: str, classifier: bool) -> None:
+        self.sums[key] = self.reducer.pair(ref, test, self.rank.get(output, 2))
+        self.acc[key] = qm.ErrorAccumulator()
+        if classifier:
+            self.top1[key] = qm.Top1Accumulator()
+            self.raw.extend([ref, test])
+
+    def outputs(self) -> list[str]:
+        names = [n for p in self.sums.values() for n in (p.sxx, p.syy, p.sdd, p.max_abs, p.min_d, p.shape)]
+        return list(dict.fromkeys([*names, *self.raw]))
+
+    def update(
+        self, values: Mapping[str, np.ndarray], refs: Mapping[tuple[str, str], tuple[str, str]]
+    ) -> None:
+        for key, p in self.sums.items():
+            sxx = np.square(values[p.sxx].astype(np.float64))
+            syy = np.square(values[p.syy].astype(np.float64))
+            sdd = np.square(values[p.sdd].astype(np.float64))
+            max_abs = np.maximum(np.abs(values[p.max_abs]), np.abs(values[p.min_d])).astype(np.float64)
+            self.acc[key].update_sums(
+                (sxx + syy - sdd) / 2.0, sxx, syy, sdd, max_abs, int(values[p.shape][1])
+            )
+        for key, t1 in self.top1.items():
+            ref, test = refs[key]
+            t1.update(values[ref], values[test])
+
+    def row(self, key: tuple[str, str]) -> dict[str, float]:
+        return output_row(self.acc[key], self.top1.get(key))
+
+
+# --- evaluation of one configuration -------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    """Headline metrics of one configuration: per output, and the worst output by the target key."""
+
+    rows: dict[str, dict[str, float]]
+    output: str
+    worst: dict[str, float]
+
+
+class Evaluator:
+    """Runs one precision assignment on the evaluation set: FP32 and the mixed copy in one session."""
+
+    def __init__(
+        self, ctx: ScanContext, builder: MixedBuilder, key: str, runner: Runner | None = None
+    ) -> None:
+        self.ctx = ctx
+        self.builder = builder
+        self.key = key
+        self.runner = runner or ctx.runner
+        self.outputs = ctx.headline_outputs()
+        self.classifiers = classifier_outputs(ctx, self.outputs)
+        self.rank = {o: len(ctx.probe.shapes.get(o, ())) for o in self.outputs}
+
+    def evaluate(self, prec: Sequence[str]) -> Measured:
+        sites, plan = self.builder.plan(prec)
+        mixed = qgraph.build_qdq_model(self.builder.proto, sites, plan)
+        combined = qgraph.build_analysis_model(self.builder.proto, mixed, sites, plan, isolated=[])
+        pairs = _Pairs(qgraph.Reducer(self.builder.opset), self.rank)
+        refs: dict[tuple[str, str], tuple[str, str]] = {}
+        for o in self.outputs:
+            test = o + qgraph.CUMULATIVE_SUFFIX
+            pairs.add((o, "q"), o, test, o, o in self.classifiers)
+            refs[(o, "q")] = (o, test)
+        session = self.runner.session(pairs.reducer.attach(combined, pairs.outputs()))
+        for feeds in self.ctx.eval_set.batches(self.ctx.batch_size):
+            pairs.update(session.run(feeds), refs)
+        rows = {o: pairs.row((o, "q")) for o in self.outputs}
+        output, worst = headline(rows, self.key)
+        return Measured(rows, output, worst)
+
+
+# --- downstream branches -------------------------------------------------------------------------------
+
+
+@dataclass
+class Branch:
+    """The dirty part of a variant model: its nodes, and where its clean inputs come from."""
+
+    nodes: list[onnx.NodeProto]
+    produced: set[str]
+    alias: dict[str, str]
+    initializers: dict[str, onnx.TensorProto]
+
+
+def _same_attrs(a: onnx.NodeProto, b: onnx.NodeProto) -> bool:
+    return (a.op_type, a.domain) == (b.op_type, b.domain) and [
+        x.SerializeToString() for x in a.attribute
+    ] == [x.SerializeToString() for x in b.attribute]
+
+
+def _renamed(variant: str, base: str) -> bool:
+    """The same value under the QDQ renaming: `t` <-> `t__f32` (a tensor that lost or gained its QDQ)."""
+    return variant == base or variant + qgraph.F32_SUFFIX == base or base + qgraph.F32_SUFFIX == variant
+
+
+def diff_branch(base: onnx.ModelProto, variant: onnx.ModelProto) -> Branch:
+    """Nodes of `variant` that compute something `base` does not, and all their consumers.
+
+    A variant node is clean when `base` has a node of the same name, op and attributes whose inputs
+    match (through the renaming aliases found so far), whose initializer inputs hold the same values,
+    and none of whose inputs is dirty; its outputs then equal the base's (an output renamed by the QDQ
+    convention becomes an alias). By induction every clean tensor has the base's value.
+    """
+    base_nodes = {n.name: n for n in base.graph.node}
+    base_inits = {t.name: t for t in base.graph.initializer}
+    var_inits = {t.name: t for t in variant.graph.initializer}
+    produced: set[str] = set()
+    alias: dict[str, str] = {}
+    nodes: list[onnx.NodeProto] = []
+    for node in variant.graph.node:
+        twin = base_nodes.get(node.name)
+        if twin is not None and _clean(node, twin, produced, alias, var_inits, base_inits):
+            for ov, ob in zip(node.output, twin.output, strict=True):
+                if ov != ob:
+                    alias[ov] = ob
+            continue
+        nodes.append(node)
+        produced.update(o for o in node.output if o)
+    used = {i for n in nodes for i in n.input if i in var_inits}
+    return Branch(nodes, produced, alias, {name: var_inits[name] for name in used})
+
+
+def _clean(
+    node: onnx.NodeProto,
+    twin: onnx.NodeProto,
+    produced: set[str],
+    alias: Mapping[str, str],
+    var_inits: Mapping[str, onnx.TensorProto],
+    base_inits: Mapping[str, onnx.TensorProto],
+) -> bool:
+    if (
+        not _same_attrs(node, twin)
+        or len(node.input) != len(twin.input)
+        or len(node.output) != len(twin.output)
+    ):
+        return False
+    for iv, ib in zip(node.input, twin.input, strict=True):
+        if iv in produced or alias.get(iv, iv) != ib:
+            return False
+        if iv in var_inits and (ib not in base_inits or not _same_tensor(var_inits[iv], base_inits[ib])):
+            return False
+    return all(_renamed(ov, ob) for ov, ob in zip(node.output, twin.output, strict=True))
+
+
+def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
+    return a is b or a.SerializeToString() == b.SerializeToString()
+
+
+class GainGraph:
+    """FP32 + all-int8 copy + one branch per site variant, assembled into one model; see module docstring."""
+
+    def __init__(self, builder: MixedBuilder, base_prec: Sequence[str]) -> None:
+        self.builder = builder
+        sites, plan = builder.plan(base_prec)
+        self.base = qgraph.build_qdq_model(builder.proto, sites, plan)
+        self.model = qgraph.build_analysis_model(builder.proto, self.base, sites, plan, isolated=[])
+        self.graph_inputs = {i.name for i in builder.proto.graph.input}
+        self._inits = {t.name: t for t in self.model.graph.initializer}
+        self._base_inits = {t.name for t in self.base.graph.initializer}
+
+    def in_int8(self, name: str) -> str:
+        """Where tensor `name` of the all-int8 model lives in the combined graph."""
+        if name in self.graph_inputs or name in self._base_inits:
+            return name
+        return name + qgraph.CUMULATIVE_SUFFIX
+
+    @staticmethod
+    def in_fp32(name: str) -> str:
+        return name
+
+    def add(self, branch: Branch, tag: str, locate: Callable[[str], str]) -> dict[str, str]:
+        """Append a branch with names suffixed `tag`; returns {variant tensor: name in the combined graph}."""
+        names: dict[str, str] = {}
+        for name, tensor in branch.initializers.items():
+            names[name] = self._share_init(name, tensor, tag)
+        for node in branch.nodes:
+            new = copy.deepcopy(node)
+            new.name = node.name + tag
+            for pos, i in enumerate(node.input):
+                if not i:
+                    continue
+                if i in branch.produced:
+                    new.input[pos] = i + tag
+                elif i in names:
+                    new.input[pos] = names[i]
+                else:
+                    new.input[pos] = locate(branch.alias.get(i, i))
+            for pos, o in enumerate(node.output):
+                if o:
+                    new.output[pos] = o + tag
+                    names[o] = o + tag
+            self.model.graph.node.append(new)
+        return names
+
+    def _share_init(self, name: str, tensor: onnx.TensorProto, tag: str) -> str:
+        """Branches share initializers by name when the values agree; a differing one is renamed."""
+        existing = self._inits.get(name)
+        if existing is not None and _same_tensor(existing, tensor):
+            return name
+        renamed = name + tag
+        if renamed not in self._inits:
+            copy_ = onnx.TensorProto()
+            copy_.CopyFrom(tensor)
+            copy_.name = renamed
+            self.model.graph.initializer.append(copy_)
+            self._inits[renamed] = copy_
+        return renamed
+
+
+# --- output gain ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class GainResult:
+    """Per-site output gains (DataFrame in topological order), the base metrics, and the work done."""
+
+    table: pd.DataFrame
+    all_int8: dict[str, dict[str, float]]
+    node_executions: int
+    full_pass_nodes: int
+    fp32_nodes: int
+    batches: int
+    seconds: float
+    branch_nodes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def work_ratio(self) -> float:
+        """Node executions / (sites x one all-int8 pass of the naive way, which also needs FP32)."""
+        naive = max(1, len(self.table)) * self.full_pass_nodes * self.batches
+        return self.node_executions / naive
+
+
+def compute_gain(
+    ctx: ScanContext,
+    builder: MixedBuilder,
+    *,
+    key: str = "cosine",
+    loss_if_only: bool = False,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+) -> GainResult:
+    """gain_if_float (and loss_if_only) of every site in one pass over the evaluation set."""
+    started = time.perf_counter()
+    runner = runner or ctx.runner
+    n = len(builder.sites)
+    base_prec = ["int8"] * n
+    gg = GainGraph(builder, base_prec)
+    outputs = ctx.headline_outputs()
+    classifiers = classifier_outputs(ctx, outputs)
+    rank = {o: len(ctx.probe.shapes.get(o, ())) for o in outputs}
+    pairs = _Pairs(qgraph.Reducer(builder.opset), rank)
+    refs: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def measure(key_: tuple[str, str], output: str, test: str) -> None:
+        pairs.add(key_, output, test, output, output in classifiers)
+        refs[key_] = (output, test)
+
+    for o in outputs:
+        measure((o, "int8"), o, o + qgraph.CUMULATIVE_SUFFIX)
+    branch_nodes: dict[str, int] = {}
+    changed: dict[tuple[int, str], set[str]] = {}
+    for k, site in enumerate(builder.sites):
+        variants = [(GAIN_TAG, builder.precisions([site.node]), gg.base, gg.in_int8)]
+        if loss_if_only:
+            only = ["float"] * n
+            only[k] = "int8"
+            variants.append((LOSS_TAG, only, builder.proto, gg.in_fp32))
+        for tag, prec, base_model, locate in variants:
+            branch = diff_branch(base_model, builder.model(prec))
+            names = gg.add(branch, f"{tag}{k}", locate)
+            branch_nodes[f"{tag}{k}"] = len(branch.nodes)
+            dirty = {o for o in outputs if o in branch.produced}
+            changed[(k, tag)] = dirty
+            for o in dirty:
+                measure((o, f"{tag}{k}"), o, names[o])
+    session = runner.session(pairs.reducer.attach(gg.model, pairs.outputs()))
+    per_run = len(gg.model.graph.node) + len(pairs.reducer.nodes)
+    executions, batches = 0, 0
+    bar = progress("output gain", None)
+    try:
+        for feeds in ctx.eval_set.batches(ctx.batch_size):
+            pairs.update(session.run(feeds), refs)
+            executions += per_run
+            batches += 1
+            bar.update(1)
+    finally:
+        bar.close()
+    base_rows = {o: pairs.row((o, "int8")) for o in outputs}
+    table = _gain_table(ctx, builder, pairs, changed, base_rows, key, loss_if_only)
+    return GainResult(
+        table,
+        base_rows,
+        executions,
+        len(gg.base.graph.node),
+        len(builder.proto.graph.node),
+        batches,
+        time.perf_counter() - started,
+        branch_nodes,
+    )
+
+
+def _variant_rows(
+    pairs: _Pairs,
+    dirty: set[str],
+    tag: str,
+    base_rows: Mapping[str, dict[str, float]],
+    outputs: Iterable[str],
+) -> dict[str, dict[str, float]]:
+    """Per-output rows of a variant: measured where its branch reaches the output, else the base's."""
+    return {o: pairs.row((o, tag)) if o in dirty else dict(base_rows[o]) for o in outputs}
+
+
+_GAIN_KEYS = (("cosine", "cosine"), ("sqnr_db", "sqnr_db"), ("top1_agreement", "top1"))
+
+
+def _gain_table(
+    ctx: ScanContext,
+    builder: MixedBuilder,
+    pairs: _Pairs,
+    changed: Mapping[tuple[int, str], set[str]],
+    base_rows: Mapping[str, dict[str, float]],
+    key: str,
+    loss_if_only: bool,
+) -> pd.DataFrame:
+    outputs = list(base_rows)
+    fp32_rows = {o: {"cosine": 1.0, "sqnr_db": math.inf, "top1_agreement": 1.0} for o in outputs}
+    base_worst = {m: headline(base_rows, m)[1][m] for m, _ in _GAIN_KEYS if _has(base_rows, m)}
+    rows = []
+    for k, site in enumerate(builder.sites):
+        tag = f"{GAIN_TAG}{k}"
+        variant = _variant_rows(pairs, changed[(k, GAIN_TAG)], tag, base_rows, outputs)
+        row: dict[str, Any] = {
+            "node": site.node,
+            "op_type": site.op_type,
+            "kernel": site.kernel,
+            "order": ctx.order.get(site.node, k),
+            "output": site.output,
+            "reaches_output": bool(changed[(k, GAIN_TAG)]),
+        }
+        for m, short in _GAIN_KEYS:
+            if m not in base_worst:
+                continue
+            value = headline(variant, m)[1][m]
+            row[f"if_float_{short}"] = value
+            row[f"gain_if_float_{short}"] = _minus(value, base_worst[m])
+        row["gain_if_float"] = row.get(f"gain_if_float_{_short(key)}", math.nan)
+        if loss_if_only:
+            only = _variant_rows(pairs, changed[(k, LOSS_TAG)], f"{LOSS_TAG}{k}", fp32_rows, outputs)
+            for m, short in _GAIN_KEYS:
+                if m in base_worst:
+                    row[f"if_only_{short}"] = headline(only, m)[1][m]
+            value = row.get(f"if_only_{_short(key)}", math.nan)
+            row["loss_if_only"] = value if key == "sqnr_db" else 1.0 - value
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _has(rows: Mapping[str, Mapping[str, float]], key: str) -> bool:
+    return any(key in r for r in rows.values())
+
+
+def _short(key: str) -> str:
+    return {"cosine": "cosine", "sqnr_db": "sqnr_db", "top1_agreement": "top1"}[key]
+
+
+def _minus(a: float, b: float) -> float:
+    if math.isinf(a) and math.isinf(b) and a == b:
+        return 0.0
+    return a - b
+
+
+def sensitivity_order(table: pd.DataFrame, key: str) -> list[str]:
+    """Most helpful site first: gain in the target metric, then cosine gain, then graph order."""
+    short = _short(key)
+
+    def score(value: Any) -> float:
+        v = float(value)
+        return -math.inf if math.isnan(v) else v
+
+    ranked = sorted(
+        table.to_dict("records"),
+        key=lambda r: (
+            -score(r.get(f"gain_if_float_{short}", math.nan)),
+            -score(r.get("gain_if_float_cosine", math.nan)),
+            int(r["order"]),
+        ),
+    )
+    return [str(r["node"]) for r in ranked]
+
+
+# --- the bisection driver ------------------------------------------------------------------------------
+
+
+@dataclass
+class BisectResult:
+    """What `run_bisect` found. `reached` False means exit code 1 for the CLI (no plan meets the target)."""
+
+    plan: dict[str, Any]
+    gains: pd.DataFrame
+    steps: list[Step]
+    outcome: Outcome
+    session_path: Path | None
+    qdq_model: onnx.ModelProto | None
+    files: dict[str, Path]
+    warnings: list[str]
+
+    @property
+    def reached(self) -> bool:
+        return self.outcome.status in ("reached", "already_met", "found", "no_bad_layer")
+
+
+SCAN_OPTION_KEYS = (
+    "calib_method",
+    "activations",
+    "input_shape",
+    "const",
+    "limit",
+    "eval",
+    "output",
+    "preprocess",
+    "preprocess_overrides",
+    "threads",
+    "seed",
+    "batch_size",
+)
+"""Scan options a session records: a resume must measure exactly what the first run measured."""
+
+
+def target_from_flags(
+    target_cosine: float | None = None, target_sqnr: float | None = None, target_top1: float | None = None
+) -> Target:
+    given = [
+        (m, v)
+        for m, v in (("cosine", target_cosine), ("sqnr", target_sqnr), ("top1", target_top1))
+        if v is not None
+    ]
+    if len(given) != 1:
+        raise UsageError(
+            "bisect: expected exactly one of --target-cosine, --target-sqnr, --target-top1, "
+            f"found {len(given) or 'none'}"
+        )
+    return Target(given[0][0], float(given[0][1]))
+
+
+def run_bisect(
+    model: str | Path | None = None,
+    calib: str | Path | None = None,
+    *,
+    target_cosine: float | None = None,
+    target_sqnr: float | None = None,
+    target_top1: float | None = None,
+    fallback: str = "float",
+    mode: str = "search",
+    session: str | Path | None = None,
+    resume: str | Path | None = None,
+    keep_float: Sequence[str] = (),
+    force_quant: Sequence[str] = (),
+    loss_if_only: bool = False,
+    out: str | Path | None = None,
+    save_qdq: str | Path | None = None,
+    exports: Sequence[str] | None = None,
+    progress: ProgressFactory = no_progress,
+    on_step: StepCallback | None = None,
+    runner: Runner | None = None,
+    **options: Any,
+) -> BisectResult:
+    """Output gain, then a resumable bisection to the target; writes plan files when `out` is given.
+
+    New run: `model`, `calib`, one `target_*`. Resume: `resume=FILE` (model/calib default to the
+    session's; options come from the session). The session file is rewritten atomically after the
+    gains and after every step, so a kill or Ctrl-C (KeyboardInterrupt propagates) loses at most the
+    step in flight.
+    """
+    started = time.perf_counter()
+    stored, session_path = _open_session(resume, session, out)
+    if stored is not None:
+        model = model or stored.model_path
+        calib = calib or stored.calibration["path"]
+        options = {
+            **stored.options.get("scan", {}),
+            "threads": options.get("threads", stored.options["scan"].get("threads")),
+        }
+        fallback, mode = str(stored.options["fallback"]), str(stored.options.get("mode", "search"))
+        loss_if_only = bool(stored.options.get("loss_if_only", False))
+    if model is None or calib is None:
+        raise UsageError("bisect: expected MODEL and --calib DIR (or --resume FILE)")
+    if fallback not in FALLBACKS or mode not in MODES:
+        raise UsageError(
+            f"bisect: expected --fallback float|int16 and mode search|first_bad, found {fallback}, {mode}"
+        )
+    loaded, cset, identity = _load_inputs(model, calib, options, stored)
+    ctx = prepare_scan(loaded, cset, progress=progress, runner=runner, **options)
+    target = (
+        Target(
+            str(stored.options["target_metric"]),
+            float(stored.options["target_value"]),
+            stored.options.get("output"),
+        )
+        if stored is not None
+        else target_from_flags(target_cosine, target_sqnr, target_top1)
+    )
+    builder = MixedBuilder(ctx, fallback)
+    evaluator = Evaluator(ctx, builder, target.key)
+    if stored is None:
+        gains = (
+            None
+            if mode == "first_bad"
+            else compute_gain(ctx, builder, key=target.key, loss_if_only=loss_if_only, progress=progress)
+        )
+        stored = _new_session(
+            ctx,
+            loaded,
+            identity,
+            target,
+            fallback,
+            mode,
+            loss_if_only,
+            keep_float,
+            force_quant,
+            options,
+            gains,
+        )
+        keep_float, force_quant = (), ()
+    machine = machine_for(stored)
+    if keep_float or force_quant:
+        machine.mark(keep_float, force_quant)
+        stored.events = list(machine.events)
+    _save(stored, session_path, machine)
+    _drive(machine, builder, evaluator, stored, session_path, progress, on_step)
+    return _finish(
+        ctx,
+        builder,
+        machine,
+        stored,
+        session_path,
+        target,
+        out,
+        save_qdq,
+        exports,
+        time.perf_counter() - started,
+    )
+
+
+def _open_session(
+    resume: str | Path | None, session: str | Path | None, out: str | Path | None
+) -> tuple[Session | None, Path | None]:
+    if resume is not None:
+        return Session.load(resume), Path(resume)
+    path = Path(session) if session is not None else (Path(out) / "session.json" if out is not None else None)
+    if session is not None and path is not None and path.exists():
+        raise SessionFileError(f"session file {path} already exists: continue it with --resume {path}")
+    return None, path
+
+
+def _load_inputs(
+    model: str | Path, calib: str | Path, options: Mapping[str, Any], stored: Session | None
+) -> tuple[LoadedModel, CalibSet, dict[str, Any]]:
+    """Load and identify model and data first, so a wrong session is refused before any long work."""
+    loaded = load_model(model)
+    if stored is not None:
+        stored.check_model(loaded.sha256, model)
+    cset = load_calibration(
+        calib,
+        loaded.inputs,
+        preprocess=options.get("preprocess"),
+        overrides=options.get("preprocess_overrides") or {},
+        consts=options.get("const") or {},
+        limit=options.get("limit"),
+    )
+    identity = calibration_identity(cset.source, cset.files, cset.n_samples)
+    if stored is not None:
+        stored.check_calibration(identity)
+    return loaded, cset, identity
+
+
+def _new_session(
+    ctx: ScanContext,
+    loaded: LoadedModel,
+    identity: dict[str, Any],
+    target: Target,
+    fallback: str,
+    mode: str,
+    loss_if_only: bool,
+    keep_float: Sequence[str],
+    force_quant: Sequence[str],
+    options: Mapping[str, Any],
+    gains: GainResult | None,
+) -> Session:
+    outputs = ctx.headline_outputs()
+    scan_opts = {k: _jsonable(v) for k, v in options.items() if k in SCAN_OPTION_KEYS}
+    sites = [
+        {
+            "node": s.node,
+            "output": s.output,
+            "order": ctx.order.get(s.node, k),
+            "op_type": s.op_type,
+            "kernel": s.kernel,
+        }
+        for k, s in enumerate(ctx.sites)
+    ]
+    order = (
+        sensitivity_order(gains.table, target.key)
+        if gains is not None
+        else [str(s["node"]) for s in sorted(sites, key=lambda s: int(str(s["order"])))]
+    )
+    opts = {
+        "target_metric": target.metric,
+        "target_value": target.value,
+        "output": outputs[0] if len(outputs) == 1 else ",".join(outputs),
+        "fallback": fallback,
+        "mode": mode,
+        "loss_if_only": loss_if_only,
+        "keep_float": list(keep_float),
+        "force_quant": list(force_quant),
+        "scan": scan_opts,
+    }
+    gain_rows = gains.table.to_dict("records") if gains is not None else []
+    session = Session(str(loaded.path.resolve()), loaded.sha256, identity, opts, sites, order, gain_rows)
+    if gains is not None:
+        session.options["gain_seconds"] = round(gains.seconds, 4)
+        session.options["gain_work_ratio"] = round(gains.work_ratio, 4)
+    return session
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, frozenset, set)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _save(session: Session, path: Path | None, machine: Bisector) -> None:
+    session.events = list(machine.events)
+    session.status = machine.outcome.status if machine.outcome is not None else "running"
+    if path is not None:
+        session.save(path)
+
+
+def _drive(
+    machine: Bisector,
+    builder: MixedBuilder,
+    evaluator: Evaluator,
+    session: Session,
+    path: Path | None,
+    progress: ProgressFactory,
+    on_step: StepCallback | None,
+) -> None:
+    bar = progress("bisecting", None)
+    try:
+        while (cand := machine.next()) is not None:
+            t0 = time.perf_counter()
+            measured = evaluator.evaluate(builder.precisions(cand.sites))
+            metrics = {k: v for k, v in measured.worst.items() if isinstance(v, float)}
+            step = machine.record(
+                measured.worst[evaluator.key], seconds=time.perf_counter() - t0, metrics=metrics
+            )
+            _save(session, path, machine)
+            bar.update(1)
+            if on_step is not None:
+                on_step(step, machine)
+    finally:
+        bar.close()
+
+
+# --- the plan ------------------------------------------------------------------------------------------
+
+
+def original_nodes(ctx: ScanContext, site: Site) -> list[str]:
+    """The kernel's nodes as named in the user's model: a folded BatchNormalization comes back."""
+    names = list(site.nodes)
+    if site.node in ctx.prepared.bn_folded_into:
+        consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in ctx.loaded.proto.graph.node:
+            for i in n.input:
+                consumers.setdefault(i, []).append(n)
+        first = next((n for n in ctx.loaded.proto.graph.node if n.name == site.node), None)
+        if first is not None:
+            bn = [c for c in consumers.get(first.output[0], []) if c.op_type == "BatchNormalization"]
+            names[1:1] = [b.name for b in bn if b.name not in names]
+    return names
+
+
+def _finish(
+    ctx: ScanContext,
+    builder: MixedBuilder,
+    machine: Bisector,
+    session: Session,
+    path: Path | None,
+    target: Target,
+    out: str | Path | None,
+    save_qdq: str | Path | None,
+    exports: Sequence[str] | None,
+    seconds: float,
+) -> BisectResult:
+    outcome = machine.outcome
+    assert outcome is not None
+    steps = [e for e in machine.events if isinstance(e, Step)]
+    chosen = set(outcome.sites) if outcome.status in ("reached", "already_met") else set()
+    chosen |= machine.keep_float if outcome.status == "already_met" else set()
+    prec = builder.precisions(chosen)
+    plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds)
+    qdq = builder.model(prec)
+    files: dict[str, Path] = {}
+    if save_qdq is not None:
+        files["qdq"] = save_model(qdq, Path(save_qdq))
+    if out is not None:
+        files.update(write_plan(plan, session, Path(out), exports))
+    return BisectResult(
+        plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, list(ctx.warnings)
+    )
+
+
+def build_plan(
+    ctx: ScanContext,
+    builder: MixedBuilder,
+    machine: Bisector,
+    session: Session,
+    target: Target,
+    prec: Sequence[str],
+    steps: Sequence[Step],
+    seconds: float,
+) -> dict[str, Any]:
+    """plan.json as the contract fixes it, plus the step log and what the exports need."""
+    outcome = machine.outcome
+    assert outcome is not None
+    gain = {r["node"]: r for r in session.gain}
+    by_phase = {s.phase: s for s in steps}
+
+    def metrics_of(sites: Iterable[str]) -> dict[str, float] | None:
+        step = machine.known.get(machine._key(sites))
+        return dict(step.metrics) if step is not None else None
+
+    ceiling = [n for n in machine.order if n not in machine.force_quant]
+    tensor_prec = builder.tensor_precision(prec)
+    plan_sites = []
+    for k, s in enumerate(builder.sites):
+        if prec[k] == "int8":
+            continue
+        plan_sites.append(
+            {
+                "node": s.node,
+                "output": s.output,
+                "precision": prec[k],
+                "op_type": s.op_type,
+                "kernel": s.kernel,
+                "order": ctx.order.get(s.node, k),
+                "nodes": original_nodes(ctx, s),
+                "gain_if_float": gain.get(s.node, {}).get("gain_if_float", math.nan),
+                "weights": [w for w in [s.weight, *(n for n, _ in s.extra_weights)] if w],
+                "weight_axis": s.weight_axis if s.weight_axis is not None else 0,
+                "int16_tensors": [
+                    t for t in dict.fromkeys([*s.inputs, s.output]) if tensor_prec.get(t) == "int16"
+                ],
+            }
+        )
+    achieved = metrics_of(outcome.sites) if outcome.status != "unreachable" else None
+    return {
+        "format": 1,
+        "tool": "quantscan",
+        "model": session.model_path,
+        "model_sha256": session.model_sha256,
+        "target": target.as_dict() | {"output": session.options.get("output")},
+        "fallback": builder.fallback,
+        "mode": machine.mode,
+        "status": outcome.status,
+        "reached": outcome.status in ("reached", "already_met", "found", "no_bad_layer"),
+        "all_int8": metrics_of([]),
+        "all_float": metrics_of(ceiling),
+        "achieved": achieved,
+        "sites": plan_sites,
+        "pareto": machine.pareto(),
+        "evaluations": len(steps),
+        "evaluations_before_prune": sum(1 for s in steps if s.phase != "prune"),
+        "site_count": len(builder.sites),
+        "first_bad": outcome.first_bad,
+        "keep_float": sorted(machine.keep_float),
+        "force_quant": sorted(machine.force_quant),
+        "qdq_opset": builder.opset,
+        "qdq_note": (
+            "int16 QuantizeLinear needs opset 21: the prepared copy was raised with onnx.version_converter"
+            if builder.fallback == "int16"
+            else ""
+        ),
+        "calibration": session.calibration,
+        "seconds": round(seconds, 3),
+        "search_seconds": round(sum(s.seconds for s in steps), 3),
+        "last_phase": steps[-1].phase if steps else None,
+        "phases": sorted(by_phase),
+        "steps": [s.as_dict() for s in steps],
+    }
+
+
+PLAN_CSV_COLUMNS = ("node", "output", "precision", "op_type", "kernel", "order", "gain_if_float")
+
+
+def write_plan(
+    plan: Mapping[str, Any], session: Session, out: Path, exports: Sequence[str] | None = None
+) -> dict[str, Path]:
+    """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic."""
+    import json
+
+    from quantscan import exports as qexports
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"plan.json": out / "plan.json", "plan.csv": out / "plan.csv"}
+    write_atomic(files["plan.json"], json.dumps(_json_safe(plan), indent=1, allow_nan=False) + "\n")
+    table = pd.DataFrame(plan["sites"], columns=list(PLAN_CSV_COLUMNS))
+    write_atomic(files["plan.csv"], table.to_csv(index=False))
+    if session.gain:
+        files["gain.csv"] = out / "gain.csv"
+        write_atomic(files["gain.csv"], pd.DataFrame(session.gain).to_csv(index=False))
+    for name, path in qexports.write_exports(plan, out, exports).items():
+        files[name] = path
+    return files
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        return _json_safe(value.item())
+    return value
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> Path:
+    """The mixed-precision QDQ model, written atomically (temp file + rename)."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        onnx.save(model, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
