@@ -14,7 +14,7 @@ import onnx.parser
 import pytest
 from PIL import Image
 
-from .conftest import asset_calib, asset_model
+from conftest import asset_calib, asset_model
 
 TINY = """
 <ir_version: 8, opset_import: ["" : 13]>

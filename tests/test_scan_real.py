@@ -20,12 +20,11 @@ import onnx
 import pytest
 
 import quantscan
+from conftest import asset_calib, asset_model
 from quantscan import metrics as qm
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.runner import Runner
-
-from .conftest import asset_calib, asset_model
 
 LIMIT = 6
 CASES: dict[str, dict[str, Any]] = {
