@@ -34,6 +34,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from quantscan.errors import QuantscanError
 
@@ -45,8 +46,17 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'
 DENSE_POINTS = 300
 """Above this many points an artist is rasterized (PNG inside the SVG): a 1,500-site model stays < 2 MB."""
 
-COLORS = {"cum": "#1f6fb4", "iso": "#e07b22", "sens": "#c62828", "cpu": "#6d6d6d", "grid": "#7b1fa2",
-          "fp32": "#1f6fb4", "int8": "#e07b22", "w": "#2e7d32", "ok": "#2e7d32"}
+COLORS = {
+    "cum": "#1f6fb4",
+    "iso": "#e07b22",
+    "sens": "#c62828",
+    "cpu": "#6d6d6d",
+    "grid": "#7b1fa2",
+    "fp32": "#1f6fb4",
+    "int8": "#e07b22",
+    "w": "#2e7d32",
+    "ok": "#2e7d32",
+}
 
 
 class ReportError(QuantscanError):
@@ -72,15 +82,19 @@ class RunFiles:
 
 # ----------------------------------------------------------------------------------------- loading
 
+
 def load_run(run_dir: Path) -> RunFiles:
     """Read a run folder; raise ReportError when it is not a run or is from a newer format."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ReportError(f"expected a quantscan run folder (with run.json and layers.csv), found no folder at {run_dir}")
+        raise ReportError(
+            f"expected a quantscan run folder (with run.json and layers.csv), found no folder at {run_dir}"
+        )
     missing = [n for n in ("run.json", "layers.csv") if not (run_dir / n).is_file()]
     if missing:
         raise ReportError(
-            f"expected a quantscan run folder (with run.json and layers.csv), found no {' or '.join(missing)} "
+            "expected a quantscan run folder (with run.json and layers.csv), "
+            f"found no {' or '.join(missing)} "
             f"in {run_dir}"
         )
     run = _read_run_json(run_dir / "run.json")
@@ -103,12 +117,14 @@ def _read_run_json(path: Path) -> dict[str, Any]:
     try:
         run = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ReportError(f"expected run.json to be JSON written by quantscan, found unreadable {path} ({exc})") from None
+        raise ReportError(
+            f"expected run.json to be JSON written by quantscan, found unreadable {path} ({exc})"
+        ) from None
     if not isinstance(run, dict) or run.get("tool", "quantscan") != "quantscan":
         raise ReportError(f"expected run.json written by quantscan, found another kind of JSON in {path}")
     fmt = run.get("format", 1)
     if not isinstance(fmt, int) or isinstance(fmt, bool):
-        raise ReportError(f"expected run.json \"format\" to be an integer, found {fmt!r} in {path}")
+        raise ReportError(f'expected run.json "format" to be an integer, found {fmt!r} in {path}')
     if fmt > SUPPORTED_FORMAT:
         raise ReportError(
             f"expected a run folder of format <= {SUPPORTED_FORMAT}, found format {fmt} in {path}: "
@@ -158,6 +174,7 @@ def _read_plan(path: Path) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------------------------------ public
 
+
 def render_report(run_dir: Path) -> str:
     """The whole page as one HTML string, from the files in `run_dir` only."""
     files = load_run(Path(run_dir))
@@ -196,6 +213,7 @@ def write_report(run_dir: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------- small helpers
+
 
 def _esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
@@ -264,6 +282,7 @@ def _kv_table(rows: Iterable[tuple[str, str]]) -> str:
 
 # --------------------------------------------------------------------------------------- plotting
 
+
 class _PlotCounter:
     """Gives every figure its own SVG id salt, so ids of several inline SVGs never collide, and the
     same folder renders to the same bytes."""
@@ -280,8 +299,7 @@ def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list[A
     """Fixed margins instead of a layout engine: constrained layout draws every figure twice and
     doubled the report's build time for no visible gain on these simple panels."""
     fig = Figure(figsize=(width, height), dpi=100)
-    fig.subplots_adjust(left=0.6 / width, right=1 - 0.5 / width, bottom=0.5 / height, top=1 - 0.3 / height,
-                        wspace=0.4)
+    fig.subplots_adjust(left=0.6 / width, right=1 - 0.5 / width, bottom=0.5 / height, top=1 - 0.3 / height, wspace=0.4)
     axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
     for ax in axes:
         ax.grid(True, color="#e4e4e4", linewidth=0.6)
@@ -310,7 +328,7 @@ def _svg(fig: Figure, plots: _PlotCounter, label: str) -> str:
     with matplotlib.rc_context(rc):  # type: ignore[arg-type]
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, dpi=110)
     text = buf.getvalue()
-    text = text[text.index("<svg"):]
+    text = text[text.index("<svg") :]
     text = _SVG_FONT.sub("", _SVG_DROP.sub("", text))
     text = _SVG_GEOM.sub(_round_geometry, text)
     used = set(re.findall(r"#([^\")\s]+)", text))
@@ -318,7 +336,8 @@ def _svg(fig: Figure, plots: _PlotCounter, label: str) -> str:
     text = _SVG_NOROT.sub("", re.sub(r">\s+<", "><", text))
     text = _unwrap_plain_groups(text)
     text = re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r"<svg\1", text, count=1)
-    text = text.replace("<svg", f'<svg role="img" aria-label="{_esc(label)}"', 1)
+    width_px = fig.get_figwidth() * 100
+    text = text.replace("<svg", f'<svg role="img" aria-label="{_esc(label)}" style="max-width:{width_px:.0f}px"', 1)
     return f'<figure class="plot">{text}</figure>'
 
 
@@ -328,7 +347,7 @@ def _unwrap_plain_groups(svg: str) -> str:
     stack: list[bool] = []
     pos = 0
     for m in _SVG_G.finditer(svg):
-        out.append(svg[pos:m.start()])
+        out.append(svg[pos : m.start()])
         pos = m.end()
         tag = m[0]
         if tag == "</g>":
@@ -348,8 +367,8 @@ def _round_geometry(match: re.Match[str]) -> str:
     return f' {match[1]}="{value}"'
 
 
-def _dense(n: int) -> bool:
-    return n > DENSE_POINTS
+def _dense(n: int, limit: int = DENSE_POINTS) -> bool:
+    return n > limit
 
 
 def _finite_cap(values: np.ndarray) -> tuple[np.ndarray, float | None]:
@@ -362,6 +381,7 @@ def _finite_cap(values: np.ndarray) -> tuple[np.ndarray, float | None]:
 
 
 # ---------------------------------------------------------------------------------------- header
+
 
 def _header(files: RunFiles) -> str:
     run = files.run
@@ -389,13 +409,20 @@ def _header(files: RunFiles) -> str:
         warn_html = f'<div class="warn"><b>{len(warnings)} warning(s)</b><ul>{items}</ul></div>'
     nav = "".join(
         f'<a href="#{a}">{t}</a>'
-        for a, t in (("headline", "Headline"), ("depth", "Error along depth"), ("layers", "Layers"),
-                     ("top", "Top layers"), ("ops", "Op types"), ("compat", "Chip compatibility"),
-                     ("bisect", "Bisection"), ("about", "About"))
+        for a, t in (
+            ("headline", "Headline"),
+            ("depth", "Error along depth"),
+            ("layers", "Layers"),
+            ("top", "Top layers"),
+            ("ops", "Op types"),
+            ("compat", "Chip compatibility"),
+            ("bisect", "Bisection"),
+            ("about", "About"),
+        )
     )
     return (
         f'<header><h1>quantscan <span class="model">{_esc(_model_name(files))}</span></h1>'
-        f'<nav>{nav}</nav>{_kv_table(rows)}{warn_html}</header>'
+        f"<nav>{nav}</nav>{_kv_table(rows)}{warn_html}</header>"
     )
 
 
@@ -476,29 +503,35 @@ def _profiles(files: RunFiles) -> list[str]:
 
 # -------------------------------------------------------------------------------------- headline
 
+
 def _headline(files: RunFiles) -> str:
     run = files.run
     outputs: dict[str, Any] = run.get("output_metrics") or {}
     deployed: dict[str, Any] = run.get("deployed_metrics") or {}
-    head = run.get("headline") or {}
+    head: dict[str, Any] = run.get("headline") or {}
     parts = []
     if head:
-        parts.append(_headline_cards(head, deployed.get(head.get("output"), head.get("deployed") or {})))
+        dep: Mapping[str, Any] = deployed.get(str(head.get("output"))) or head.get("deployed") or {}
+        parts.append(_headline_cards(head, dep))
     if outputs:
         parts.append(_outputs_table(outputs, deployed))
     if files.plan:
         parts.append(_plan_cards(files.plan))
     if not parts:
         parts.append(_hint("run.json holds no output metrics: re-run the scan to get them."))
-    note = ("Fake-quant figures run the QDQ model with onnxruntime's basic optimisations (float arithmetic on "
-            "quantized values); the deployed figure runs the same model with ORT_ENABLE_ALL integer kernels and "
-            "is reported beside it, never mixed into it.")
+    note = (
+        "Fake-quant figures run the QDQ model with onnxruntime's basic optimisations (float arithmetic on "
+        "quantized values); the deployed figure runs the same model with ORT_ENABLE_ALL integer kernels and "
+        "is reported beside it, never mixed into it."
+    )
     return _section("headline", "Model output", "\n".join(parts) + f'<p class="note">{note}</p>')
 
 
 def _card(label: str, value: str, sub: str = "", cls: str = "") -> str:
-    return f'<div class="card {cls}"><div class="v">{value}</div><div class="l">{_esc(label)}</div>' \
-           f'<div class="s">{sub}</div></div>'
+    return (
+        f'<div class="card {cls}"><div class="v">{value}</div><div class="l">{_esc(label)}</div>'
+        f'<div class="s">{sub}</div></div>'
+    )
 
 
 def _quality(cos: float) -> str:
@@ -510,36 +543,61 @@ def _quality(cos: float) -> str:
 def _headline_cards(head: Mapping[str, Any], deployed: Mapping[str, Any]) -> str:
     cos = _num(head.get("cosine"))
     cards = [
-        _card("cosine, all int8", _fmt(cos, ".5f"), f"output <code>{_esc(head.get('output', '?'))}</code>",
-              _quality(cos)),
+        _card(
+            "cosine, all int8",
+            _fmt(cos, ".5f"),
+            f"output <code>{_esc(head.get('output', '?'))}</code>",
+            _quality(cos),
+        ),
         _card("SQNR dB, all int8", _fmt(head.get("sqnr_db"), ".2f"), "higher is better"),
         _card("worst-sample cosine", _fmt(head.get("worst_sample_cosine"), ".5f"), "minimum over samples"),
     ]
     if "top1_agreement" in head:
-        cards.append(_card("top-1 agreement", _fmt(head.get("top1_agreement"), ".3f"),
-                           _accuracy_line(head)))
+        cards.append(_card("top-1 agreement", _fmt(head.get("top1_agreement"), ".3f"), _accuracy_line(head)))
     if deployed:
-        cards.append(_card("deployed cosine", _fmt(deployed.get("cosine"), ".5f"),
-                           f"ORT_ENABLE_ALL integer kernels, SQNR {_fmt(deployed.get('sqnr_db'), '.2f')} dB"))
+        cards.append(
+            _card(
+                "deployed cosine",
+                _fmt(deployed.get("cosine"), ".5f"),
+                f"ORT_ENABLE_ALL integer kernels, SQNR {_fmt(deployed.get('sqnr_db'), '.2f')} dB",
+            )
+        )
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
 def _accuracy_line(metrics: Mapping[str, Any]) -> str:
     if "accuracy" in metrics:
-        return f"accuracy int8 {_fmt(metrics['accuracy'], '.3f')} vs FP32 {_fmt(metrics.get('fp32_accuracy'), '.3f')}"
+        fp32 = _fmt(metrics.get("fp32_accuracy"), ".3f")
+        return f"accuracy int8 {_fmt(metrics['accuracy'], '.3f')} vs FP32 {fp32}"
     return "argmax equal to FP32"
 
 
 def _outputs_table(outputs: Mapping[str, Any], deployed: Mapping[str, Any]) -> str:
-    head = ("output", "cosine", "SQNR dB", "worst-sample cosine", "max abs", "top-1 agreement",
-            "deployed cosine", "deployed SQNR dB")
+    head = (
+        "output",
+        "cosine",
+        "SQNR dB",
+        "worst-sample cosine",
+        "max abs",
+        "top-1 agreement",
+        "deployed cosine",
+        "deployed SQNR dB",
+    )
     rows = []
     for name, m in outputs.items():
         d = deployed.get(name) or {}
-        rows.append([f"<code>{_esc(name)}</code>", _fmt(m.get("cosine"), ".5f"), _fmt(m.get("sqnr_db"), ".2f"),
-                     _fmt(m.get("worst_sample_cosine"), ".5f"), _fmt(m.get("max_abs"), ".3g"),
-                     _fmt(m.get("top1_agreement"), ".3f"), _fmt(d.get("cosine"), ".5f"),
-                     _fmt(d.get("sqnr_db"), ".2f")])
+        rows.append(
+            [
+                f"<code>{_esc(name)}</code>",
+                _fmt(m.get("cosine"), ".5f"),
+                _fmt(m.get("sqnr_db"), ".2f"),
+                _fmt(m.get("worst_sample_cosine"), ".5f"),
+                _fmt(m.get("max_abs"), ".3g"),
+                _fmt(m.get("top1_agreement"), ".3f"),
+                _fmt(d.get("cosine"), ".5f"),
+                _fmt(d.get("sqnr_db"), ".2f"),
+            ]
+        )
     return _html_table(head, rows, cls="num")
 
 
@@ -558,14 +616,20 @@ def _plan_cards(plan: Mapping[str, Any]) -> str:
     achieved = _metric_value(plan.get("achieved"), metric)
     ok = not math.isnan(achieved) and achieved >= _num(target.get("value"))
     cards = [
-        _card(f"{metric}, bisection plan", _fmt(achieved, spec),
-              f"target ≥ {_fmt(target.get('value'), spec)}" + (f" on <code>{_esc(target['output'])}</code>"
-                                                              if target.get("output") else ""),
-              "good" if ok else "bad"),
+        _card(
+            f"{metric}, bisection plan",
+            _fmt(achieved, spec),
+            f"target ≥ {_fmt(target.get('value'), spec)}"
+            + (f" on <code>{_esc(target['output'])}</code>" if target.get("output") else ""),
+            "good" if ok else "bad",
+        ),
         _card("sites kept in higher precision", str(len(sites)), _esc(_precision_counts(sites))),
         _card(f"{metric}, all int8", _fmt(_metric_value(plan.get("all_int8"), metric), spec), "before the plan"),
-        _card(f"{metric}, all float", _fmt(_metric_value(plan.get("all_float"), metric), spec),
-              "quantization switched off"),
+        _card(
+            f"{metric}, all float",
+            _fmt(_metric_value(plan.get("all_float"), metric), spec),
+            "quantization switched off",
+        ),
     ]
     return f'<h3>Bisection plan</h3><div class="cards">{"".join(cards)}</div>'
 
@@ -580,18 +644,27 @@ def _precision_counts(sites: Sequence[Any]) -> str:
 
 # ---------------------------------------------------------------------------- error along depth
 
+
 def _depth_section(files: RunFiles, layers: pd.DataFrame, plots: _PlotCounter) -> str:
     if "order" not in layers or not len(layers):
-        return _section("depth", "Error along depth", _hint("layers.csv has no `order` column or no rows: "
-                                                              "re-run the scan with this quantscan version."))
+        return _section(
+            "depth",
+            "Error along depth",
+            _hint("layers.csv has no `order` column or no rows: re-run the scan with this quantscan version."),
+        )
     fig = _depth_figure(layers)
-    notes = ["Cumulative: every site quantized, measured at this site's output. Isolated: only this site "
-             "quantized, fed FP32 inputs. A cumulative drop without an isolated one is inherited from upstream."]
+    notes = [
+        "Cumulative: every site quantized, measured at this site's output. Isolated: only this site "
+        "quantized, fed FP32 inputs. A cumulative drop without an isolated one is inherited from upstream."
+    ]
     if "placement" not in layers:
         notes.append("CPU-fallback nodes are marked when the scan ran with <code>--profile NAME</code>.")
     text = " ".join(notes)
-    return _section("depth", "Error along depth", _svg(fig, plots, "SQNR along topological order") +
-                    f'<p class="note">{text}</p>')
+    return _section(
+        "depth",
+        "Error along depth",
+        _svg(fig, plots, "SQNR along topological order") + f'<p class="note">{text}</p>',
+    )
 
 
 def _depth_figure(layers: pd.DataFrame) -> Figure:
@@ -601,10 +674,17 @@ def _depth_figure(layers: pd.DataFrame) -> Figure:
     iso, cap_i = _finite_cap(_col(data, "isolated_sqnr_db"))
     fig, (ax,) = _figure(11, 3.8)
     dense = _dense(len(x))
-    ax.plot(x, cum, color=COLORS["cum"], lw=1.4, marker="o" if not dense else None, ms=3,
-            label="cumulative SQNR (all sites int8)", rasterized=dense)
-    ax.scatter(x, iso, s=10, color=COLORS["iso"], label="isolated SQNR (this site alone)", zorder=3,
-               rasterized=dense)
+    ax.plot(
+        x,
+        cum,
+        color=COLORS["cum"],
+        lw=1.4,
+        marker="o" if not dense else None,
+        ms=3,
+        label="cumulative SQNR (all sites int8)",
+        rasterized=dense,
+    )
+    ax.scatter(x, iso, s=10, color=COLORS["iso"], label="isolated SQNR (this site alone)", zorder=3, rasterized=dense)
     _mark_sensitive(ax, data, x)
     _mark_cpu(ax, data, x)
     _label_top(ax, data, x, cum)
@@ -623,8 +703,17 @@ def _mark_sensitive(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
         return
     mask = np.array([_truthy(v) for v in data["sensitive_op"]])
     if mask.any():
-        ax.vlines(x[mask], 0, 1, transform=ax.get_xaxis_transform(), color=COLORS["sens"], alpha=0.35, lw=1.2,
-                  label="sensitive op (Softmax, LayerNorm, ...)", rasterized=_dense(int(mask.sum())))
+        ax.vlines(
+            x[mask],
+            0,
+            1,
+            transform=ax.get_xaxis_transform(),
+            color=COLORS["sens"],
+            alpha=0.35,
+            lw=1.2,
+            label="sensitive op (Softmax, LayerNorm, ...)",
+            rasterized=_dense(int(mask.sum())),
+        )
 
 
 def _mark_cpu(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
@@ -632,8 +721,15 @@ def _mark_cpu(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
         return
     mask = (data["placement"].astype(str).str.lower() == "cpu").to_numpy()
     if mask.any():
-        ax.vlines(x[mask], 0, 0.06, transform=ax.get_xaxis_transform(), color=COLORS["cpu"], lw=3,
-                  label="CPU fallback (profile)")
+        ax.vlines(
+            x[mask],
+            0,
+            0.06,
+            transform=ax.get_xaxis_transform(),
+            color=COLORS["cpu"],
+            lw=3,
+            label="CPU fallback (profile)",
+        )
 
 
 def _label_top(ax: Any, data: pd.DataFrame, x: np.ndarray, cum: np.ndarray) -> None:
@@ -642,27 +738,43 @@ def _label_top(ax: Any, data: pd.DataFrame, x: np.ndarray, cum: np.ndarray) -> N
         return
     rank = _col(data, "rank")
     iso = _col(data, "isolated_sqnr_db")
-    for i in np.argsort(rank, kind="stable")[:5]:
+    for j, i in enumerate(np.argsort(rank, kind="stable")[:5]):
         if math.isnan(rank[i]):
             continue
         y = iso[i] if np.isfinite(iso[i]) else cum[i]
-        ax.annotate(f"#{int(rank[i])} {data['node'].iloc[i]}", (x[i], y), xytext=(4, -10),
-                    textcoords="offset points", fontsize=7, color="#333")
+        ax.annotate(
+            f"#{int(rank[i])} {_short(str(data['node'].iloc[i]))}",
+            (x[i], y),
+            xytext=(4, -10 + 18 * (j % 2)),
+            textcoords="offset points",
+            fontsize=7,
+            color="#333",
+        )
+
+
+def _short(name: str, limit: int = 24) -> str:
+    """Long exported names (`F0::If_0_then_branch__Inline_0__/stft/Conv`) keep their informative tail."""
+    return name if len(name) <= limit else "…" + name[-(limit - 1) :]
 
 
 # -------------------------------------------------------------------------------------- the table
 
 _LAYER_COLUMNS: list[tuple[str, str, str, str]] = [
-    # column, header, format, tooltip
+    # column, header, format, tooltip; cause and reason early so they show without scrolling sideways
     ("rank", "rank", "d", "1 = most harmful; how it is computed is written in summary.md"),
     ("node", "node", "s", "first node of the kernel in the original graph"),
     ("op_type", "op", "s", "op type of that node"),
-    ("kernel", "kernel", "s", "the fused pattern quantized as one site"),
-    ("order", "order", "d", "topological index in the original graph"),
     ("isolated_sqnr_db", "iso SQNR dB", ".1f", "this site alone quantized, fed FP32 inputs"),
     ("cumulative_sqnr_db", "cum SQNR dB", ".1f", "every site quantized"),
+    ("cause", "cause", "s", "intrinsic: the site's own quantization; inherited: error from upstream"),
+    ("reason", "reason", "s", "why this rank"),
     ("cumulative_cosine", "cum cosine", ".5f", "every site quantized"),
-    ("cumulative_worst_sample_cosine", "worst-sample cos", ".4f", "minimum over samples, every site quantized"),
+    (
+        "cumulative_worst_sample_cosine",
+        "worst-sample cos",
+        ".4f",
+        "minimum over samples, all sites quantized",
+    ),
     ("act_worst_channel_sqnr_db", "act worst ch dB", ".1f", "output activation: worst channel SQNR"),
     ("act_channel_range_spread", "act spread", ".3g", "max/min of the non-zero per-channel ranges"),
     ("act_dead_channels", "dead ch", "d", "output channels that are always zero"),
@@ -673,8 +785,8 @@ _LAYER_COLUMNS: list[tuple[str, str, str, str]] = [
     ("compat_rule", "compat", "s", "compatibility rule that fired"),
     ("gain_if_float", "gain if float", ".4g", "output metric with this site float, minus all-int8"),
     ("loss_if_only", "loss if only", ".4g", "output metric with only this site int8, minus all-float"),
-    ("cause", "cause", "s", "intrinsic: the site's own quantization; inherited: error from upstream"),
-    ("reason", "reason", "s", "why this rank"),
+    ("order", "order", "d", "topological index in the original graph"),
+    ("kernel", "kernel", "s", "the fused pattern quantized as one site"),
 ]
 
 
@@ -687,13 +799,16 @@ def _layer_table_section(layers: pd.DataFrame) -> str:
     options = "".join(f'<option value="{_esc(o)}">{_esc(o)}</option>' for o in ops)
     controls = (
         f'<div class="controls"><label>op type <select id="opfilter"><option value="">all</option>{options}'
-        '</select></label> <label>search <input id="textfilter" type="search" placeholder="node, kernel, reason">'
+        "</select></label> <label>search "
+        '<input id="textfilter" type="search" placeholder="node, kernel, reason">'
         f'</label> <span id="rowcount">{len(layers)} of {len(layers)} sites</span>'
         ' <span class="note">click a column header to sort</span></div>'
     )
     op_index = [c[0] for c in cols].index("op_type") if "op_type" in layers else -1
-    table = (f'<div class="scroll"><table id="layertable" class="sortable data" data-opcol="{op_index}">'
-             f"<thead><tr>{heads}</tr></thead><tbody>\n{body}\n</tbody></table></div>")
+    table = (
+        f'<div class="scroll"><table id="layertable" class="sortable data" data-opcol="{op_index}">'
+        f"<thead><tr>{heads}</tr></thead><tbody>\n{body}\n</tbody></table></div>"
+    )
     return _section("layers", f"Layers, ranked ({len(layers)} sites)", controls + table)
 
 
@@ -733,6 +848,8 @@ def _cell_class(name: str, value: Any) -> str:
         return "fair"
     if name == "cause" and str(value) == "intrinsic":
         return "strong"
+    if name in ("reason", "kernel"):
+        return "wrap"
     return ""
 
 
@@ -741,6 +858,7 @@ def _anchor(node: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- top layers
+
 
 def _top_layers_section(files: RunFiles, layers: pd.DataFrame, plots: _PlotCounter) -> str:
     hints = []
@@ -753,13 +871,17 @@ def _top_layers_section(files: RunFiles, layers: pd.DataFrame, plots: _PlotCount
     if not channels and not hist_index:
         return _section("top", "Top layers", "".join(_hint(h) for h in hints))
     qrange = _act_qrange(files.run)
-    cards = [_layer_card(rec, channels.get(str(rec.get("node"))), _hist_for(files.hist, hist_index, rec), qrange,
-                         plots) for rec in layers.head(TOP_LAYERS).to_dict("records")]
-    intro = ('<p class="note">The worst-ranked sites. Left: each output channel\'s activation range (band) '
-             "against the one per-tensor int8 grid (dashed): channels that use a sliver of the grid get few "
-             "levels, which is what a low worst-channel SQNR means. Middle: the weight's per-output-channel "
-             "|max| (each channel has its own scale; a large spread is harmless there). Right: FP32 vs "
-             "dequantized int8 values of the output (log counts).</p>")
+    cards = [
+        _layer_card(rec, channels.get(str(rec.get("node"))), _hist_for(files.hist, hist_index, rec), qrange, plots)
+        for rec in layers.head(TOP_LAYERS).to_dict("records")
+    ]
+    intro = (
+        '<p class="note">The worst-ranked sites. Left: each output channel\'s activation range (band) '
+        "against the one per-tensor int8 grid (dashed): channels that use a sliver of the grid get few "
+        "levels, which is what a low worst-channel SQNR means. Middle: the weight's per-output-channel "
+        "|max| (each channel has its own scale; a large spread is harmless there). Right: FP32 vs "
+        "dequantized int8 values of the output (log counts).</p>"
+    )
     return _section("top", f"Top {len(cards)} layers", intro + "".join(_hint(h) for h in hints) + "".join(cards))
 
 
@@ -775,8 +897,9 @@ def _hist_index(hist: Mapping[str, np.ndarray] | None) -> dict[str, int]:
     return {str(n): i for i, n in enumerate(hist["site_nodes"].tolist())}
 
 
-def _hist_for(hist: Mapping[str, np.ndarray] | None, index: Mapping[str, int],
-              rec: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _hist_for(
+    hist: Mapping[str, np.ndarray] | None, index: Mapping[str, int], rec: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     k = index.get(str(rec.get("node")))
     if hist is None or k is None:
         return None
@@ -794,9 +917,13 @@ def _act_qrange(run: Mapping[str, Any]) -> tuple[int, int]:
     return (-128, 127) if acts == "int8" else (0, 255)
 
 
-def _layer_card(rec: Mapping[str, Any], channels: pd.DataFrame | None,
-                hist: tuple[np.ndarray, np.ndarray, np.ndarray] | None, qrange: tuple[int, int],
-                plots: _PlotCounter) -> str:
+def _layer_card(
+    rec: Mapping[str, Any],
+    channels: pd.DataFrame | None,
+    hist: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    qrange: tuple[int, int],
+    plots: _PlotCounter,
+) -> str:
     node = str(rec.get("node"))
     facts = [
         ("isolated", f"{_fmt(rec.get('isolated_sqnr_db'), '.1f')} dB"),
@@ -805,25 +932,41 @@ def _layer_card(rec: Mapping[str, Any], channels: pd.DataFrame | None,
         ("act spread", f"×{_fmt(rec.get('act_channel_range_spread'), '.3g')}"),
         ("dead channels", _fmt(rec.get("act_dead_channels"), ".0f")),
         ("worst weight channel", f"{_fmt(rec.get('weight_worst_channel_sqnr_db'), '.1f')} dB"),
-        ("scale / zero point", f"{_fmt(rec.get('act_scale'), '.4g')} / {_fmt(rec.get('act_zero_point'), '.0f')}"),
+        (
+            "scale / zero point",
+            f"{_fmt(rec.get('act_scale'), '.4g')} / {_fmt(rec.get('act_zero_point'), '.0f')}",
+        ),
     ]
     fact_html = " · ".join(f"{_esc(k)} <b>{_esc(v)}</b>" for k, v in facts if "–" not in v)
     fig = _layer_figure(rec, channels, hist, qrange)
-    plot = _svg(fig, plots, f"channels and histogram of {node}") if fig is not None else \
-        _hint("No per-channel or histogram data for this site in channels.csv / hist.npz.")
+    plot = (
+        _svg(fig, plots, f"channels and histogram of {node}")
+        if fig is not None
+        else _hint("No per-channel or histogram data for this site in channels.csv / hist.npz.")
+    )
     cause = _esc(rec.get("cause", "")) if not _is_missing(rec.get("cause")) else ""
     reason = _esc(rec.get("reason", "")) if not _is_missing(rec.get("reason")) else ""
     return (
-        f'<div class="layer" id="L-{_anchor(node)}"><h3>#{_fmt(rec.get("rank"), ".0f")} <code>{_esc(node)}</code> '
+        f'<div class="layer" id="L-{_anchor(node)}">'
+        f"<h3>#{_fmt(rec.get('rank'), '.0f')} <code>{_esc(node)}</code> "
         f'<span class="kernel">{_esc(rec.get("kernel", rec.get("op_type", "")))}</span> '
-        f'<span class="tag {cause}">{cause}</span></h3><p>{reason}</p><p class="facts">{fact_html}</p>{plot}</div>'
+        f'<span class="tag {cause}">{cause}</span></h3>'
+        f'<p>{reason}</p><p class="facts">{fact_html}</p>{plot}</div>'
     )
 
 
-def _layer_figure(rec: Mapping[str, Any], channels: pd.DataFrame | None,
-                  hist: tuple[np.ndarray, np.ndarray, np.ndarray] | None, qrange: tuple[int, int]) -> Figure | None:
+def _layer_figure(
+    rec: Mapping[str, Any],
+    channels: pd.DataFrame | None,
+    hist: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    qrange: tuple[int, int],
+) -> Figure | None:
     has_act = channels is not None and {"act_min", "act_max"} <= set(channels.columns)
-    has_w = channels is not None and "weight_absmax" in channels and bool(np.isfinite(_col(channels, "weight_absmax")).any())
+    has_w = (
+        channels is not None
+        and "weight_absmax" in channels
+        and bool(np.isfinite(_col(channels, "weight_absmax")).any())
+    )
     panels: list[Callable[[Any], None]] = []
     if has_act and channels is not None:
         panels.append(lambda ax: _act_panel(ax, channels, rec, qrange))
@@ -843,22 +986,29 @@ def _act_panel(ax: Any, channels: pd.DataFrame, rec: Mapping[str, Any], qrange: 
     ch = _channel_axis(channels)
     lo, hi = _col(channels, "act_min"), _col(channels, "act_max")
     dense = _dense(len(ch))
-    ax.stairs(hi, _edges(ch), baseline=lo, fill=True, color=COLORS["cum"], alpha=0.45, lw=0,
-              label="channel min..max", rasterized=dense)
+    ax.stairs(
+        hi,
+        _edges(ch),
+        baseline=lo,
+        fill=True,
+        color=COLORS["cum"],
+        alpha=0.45,
+        lw=0,
+        label="channel min..max",
+        rasterized=dense,
+    )
     scale, zp = _num(rec.get("act_scale")), _num(rec.get("act_zero_point"))
     if np.isfinite(scale) and np.isfinite(zp):
         for q in qrange:
             ax.axhline((q - zp) * scale, color=COLORS["grid"], ls="--", lw=0.9)
-        ax.plot([], [], color=COLORS["grid"], ls="--", lw=0.9, label=f"per-tensor grid, step {scale:.3g}")
     if "act_sqnr_db" in channels:
         twin = ax.twinx()
-        twin.plot(ch, _col(channels, "act_sqnr_db"), color=COLORS["iso"], lw=0.7, rasterized=dense)
-        twin.set_ylabel("channel SQNR dB", fontsize=7, color=COLORS["iso"])
+        twin.plot(ch, _col(channels, "act_sqnr_db"), "o", ms=2, color=COLORS["iso"], rasterized=_dense(len(ch), 64))
+        twin.set_ylabel("channel SQNR dB (dots)", fontsize=7, color=COLORS["iso"])
         twin.tick_params(labelsize=7, colors=COLORS["iso"])
         twin.spines["top"].set_visible(False)
-    ax.set_title("activation per output channel", fontsize=8)
+    ax.set_title("activation range per channel vs per-tensor grid (dashed)", fontsize=8)
     ax.set_xlabel("channel", fontsize=7)
-    ax.legend(fontsize=6, loc="upper left", frameon=False)
 
 
 def _weight_panel(ax: Any, channels: pd.DataFrame) -> None:
@@ -868,10 +1018,18 @@ def _weight_panel(ax: Any, channels: pd.DataFrame) -> None:
     spread = positive.max() / positive.min() if positive.size else math.nan
     log = bool(spread > 30)
     baseline = positive.min() / 2 if log else 0.0
-    ax.stairs(np.where(np.isfinite(w), np.maximum(w, baseline), baseline), _edges(ch), baseline=baseline,
-              fill=True, color=COLORS["w"], alpha=0.6, lw=0, rasterized=_dense(len(ch)))
+    ax.stairs(
+        np.where(np.isfinite(w), np.maximum(w, baseline), baseline),
+        _edges(ch),
+        baseline=baseline,
+        fill=True,
+        color=COLORS["w"],
+        alpha=0.6,
+        lw=0,
+        rasterized=_dense(len(ch)),
+    )
     if log:
-        ax.set_yscale("log")
+        _log_y(ax)
     ax.set_title(f"weight |max| per output channel (spread ×{_fmt(spread, '.3g')})", fontsize=8)
     ax.set_xlabel("output channel", fontsize=7)
 
@@ -880,7 +1038,7 @@ def _hist_panel(ax: Any, edges: np.ndarray, fp32: np.ndarray, int8: np.ndarray) 
     ax.stairs(fp32, edges, color=COLORS["fp32"], lw=1.2, label="FP32")
     ax.stairs(int8, edges, color=COLORS["int8"], lw=1.0, label="int8 (dequantized)")
     if (fp32 > 0).any() or (int8 > 0).any():
-        ax.set_yscale("log")
+        _log_y(ax)
     ax.set_title("output values", fontsize=8)
     ax.set_xlabel("value", fontsize=7)
     ax.legend(fontsize=6, frameon=False)
@@ -891,6 +1049,24 @@ def _edges(ch: np.ndarray) -> np.ndarray:
     return np.concatenate([ch - 0.5, ch[-1:] + 0.5]) if len(ch) else np.array([0.0])
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _log_y(ax: Any) -> None:
+    """Log y axis labelled 10³ in plain text: the default mathtext labels cost a third of the build."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(_pow10))
+
+
+def _pow10(value: float, _pos: int | None = None) -> str:
+    if value <= 0 or not math.isfinite(value):
+        return ""
+    exp = math.log10(value)
+    if abs(exp - round(exp)) < 1e-9:
+        return "10" + str(round(exp)).translate(_SUPERSCRIPT)
+    return f"{value:g}"
+
+
 def _channel_axis(channels: pd.DataFrame) -> np.ndarray:
     ch = _col(channels, "channel")
     return ch if np.isfinite(ch).all() else np.arange(len(channels), dtype=np.float64)
@@ -898,22 +1074,33 @@ def _channel_axis(channels: pd.DataFrame) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------- op types
 
+
 def _ops_section(files: RunFiles) -> str:
     if files.ops is None or not len(files.ops):
         return _section("ops", "Per op type", _hint("ops.csv is missing: re-run the scan to get it."))
     return _section("ops", "Per op type", _frame_table(files.ops, sortable=True))
 
 
-def _frame_table(frame: pd.DataFrame, *, sortable: bool = False, limit: int | None = None,
-                 drop: Iterable[str] = ()) -> str:
+def _frame_table(
+    frame: pd.DataFrame, *, sortable: bool = False, limit: int | None = None, drop: Iterable[str] = ()
+) -> str:
     """Any table from the folder, as is: numbers formatted, text escaped."""
     frame = frame.drop(columns=[c for c in drop if c in frame])
     shown = frame if limit is None else frame.head(limit)
-    rows = [[_cell_value(c, v) for c, v in zip(frame.columns, r, strict=True)]
-            for r in shown.itertuples(index=False, name=None)]
-    extra = "" if limit is None or len(frame) <= limit else \
-        f'<p class="note">First {limit} of {len(frame)} rows; the CSV has all of them.</p>'
-    return _html_table([str(c) for c in frame.columns], rows, cls="data" + (" sortable" if sortable else "")) + extra
+    rows = [
+        [_cell_value(c, v) for c, v in zip(frame.columns, r, strict=True)]
+        for r in shown.itertuples(index=False, name=None)
+    ]
+    extra = (
+        ""
+        if limit is None or len(frame) <= limit
+        else f'<p class="note">First {limit} of {len(frame)} rows; the CSV has all of them.</p>'
+    )
+    wrap = {i for i, c in enumerate(frame.columns) if str(c) in _WRAP_COLUMNS}
+    table = _html_table(
+        [str(c) for c in frame.columns], rows, cls="data" + (" sortable" if sortable else ""), wrap=wrap
+    )
+    return table + extra
 
 
 def _cell_value(column: str, value: Any) -> str:
@@ -928,28 +1115,46 @@ def _cell_value(column: str, value: Any) -> str:
     return _esc(value)
 
 
-def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
-    """Rows are HTML already; headers are escaped here."""
+_WRAP_COLUMNS = frozenset({"fix", "reason", "value", "limit", "nodes"})
+"""Free-text columns that wrap instead of stretching the table off screen."""
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", wrap: Iterable[int] = ()) -> str:
+    """Rows are HTML already; headers are escaped here. Closing </td> tags are left out (valid HTML)."""
     ths = "".join(f"<th>{_esc(h)}</th>" for h in head)
-    body = "\n".join("<tr>" + "".join(f"<td>{c}" for c in r) for r in rows)
-    return f'<div class="scroll short"><table class="{cls}"><thead><tr>{ths}</tr></thead><tbody>{body}</tbody></table></div>'
+    tds = ["<td class=wrap>" if i in set(wrap) else "<td>" for i in range(len(head))]
+    body = "\n".join("<tr>" + "".join(f"{tds[i]}{c}" for i, c in enumerate(r)) for r in rows)
+    return (
+        f'<div class="scroll short"><table class="{cls}"><thead><tr>{ths}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 # ----------------------------------------------------------------------------------------- compat
 
+
 def _compat_section(files: RunFiles) -> str:
     if files.compat is None and files.partitions is None:
-        return _section("compat", "Chip compatibility", _hint(
-            "No chip profile in this run: <code>quantscan check MODEL --profile NAME --out RUN_DIR</code> writes "
-            "compat.csv and partitions.csv here (<code>quantscan profiles</code> lists the names), then "
-            "<code>quantscan report RUN_DIR</code> adds this section."))
+        return _section(
+            "compat",
+            "Chip compatibility",
+            _hint(
+                "No chip profile in this run: "
+                "<code>quantscan check MODEL --profile NAME --out RUN_DIR</code> writes "
+                "compat.csv and partitions.csv here (<code>quantscan profiles</code> lists the names), then "
+                "<code>quantscan report RUN_DIR</code> adds this section."
+            ),
+        )
     parts = []
     if files.partitions is not None:
         parts.append(_partition_summary(files.partitions))
         parts.append("<h3>Partitions</h3>" + _frame_table(files.partitions, drop=("nodes",)))
     if files.compat is not None:
-        parts.append(f"<h3>Findings ({len(files.compat)})</h3>" + _severity_line(files.compat) +
-                     _frame_table(files.compat, sortable=True, limit=500))
+        parts.append(
+            f"<h3>Findings ({len(files.compat)})</h3>"
+            + _severity_line(files.compat)
+            + _frame_table(files.compat, sortable=True, limit=500)
+        )
     return _section("compat", "Chip compatibility", "\n".join(parts))
 
 
@@ -962,12 +1167,28 @@ def _partition_summary(parts: pd.DataFrame) -> str:
         place = g["placement"].astype(str).str.lower() if "placement" in g else pd.Series([""] * len(g))
         n_nodes = _col(g, "n_nodes")
         crossing = np.nansum(_col(g, "bytes_in"))
-        rows.append([_esc(profile), str(len(g)), str(int((place == "npu").sum())), str(int((place == "cpu").sum())),
-                     _fmt(np.nansum(n_nodes[(place == "npu").to_numpy()]), ".0f"),
-                     _fmt(np.nansum(n_nodes[(place == "cpu").to_numpy()]), ".0f"), _bytes(crossing),
-                     _fmt(np.nansum(_col(g, "bytes_unknown")), ".0f")])
-    head = ("profile", "islands", "NPU islands", "CPU islands", "NPU nodes", "CPU nodes", "bytes crossing",
-            "tensors of unknown size")
+        rows.append(
+            [
+                _esc(profile),
+                str(len(g)),
+                str(int((place == "npu").sum())),
+                str(int((place == "cpu").sum())),
+                _fmt(np.nansum(n_nodes[(place == "npu").to_numpy()]), ".0f"),
+                _fmt(np.nansum(n_nodes[(place == "cpu").to_numpy()]), ".0f"),
+                _bytes(crossing),
+                _fmt(np.nansum(_col(g, "bytes_unknown")), ".0f"),
+            ]
+        )
+    head = (
+        "profile",
+        "islands",
+        "NPU islands",
+        "CPU islands",
+        "NPU nodes",
+        "CPU nodes",
+        "bytes crossing",
+        "tensors of unknown size",
+    )
     return _html_table(head, rows, cls="num")
 
 
@@ -988,12 +1209,19 @@ def _severity_line(compat: pd.DataFrame) -> str:
 
 # ----------------------------------------------------------------------------------------- bisect
 
+
 def _bisect_section(files: RunFiles, plots: _PlotCounter) -> str:
     plan = files.plan
     if not plan:
-        return _section("bisect", "Bisection", _hint(
-            "No bisection in this run: <code>quantscan bisect MODEL --calib DIR --target-cosine X --out RUN_DIR</code> "
-            "finds the fewest sites to keep in float and writes plan.json here."))
+        return _section(
+            "bisect",
+            "Bisection",
+            _hint(
+                "No bisection in this run: "
+                "<code>quantscan bisect MODEL --calib DIR --target-cosine X --out RUN_DIR</code> "
+                "finds the fewest sites to keep in float and writes plan.json here."
+            ),
+        )
     parts = []
     points = _pareto_points(plan.get("pareto"))
     if points:
@@ -1003,13 +1231,23 @@ def _bisect_section(files: RunFiles, plots: _PlotCounter) -> str:
     sites = [s for s in plan.get("sites") or [] if isinstance(s, Mapping)]
     if sites:
         parts.append("<h3>Sites kept out of int8</h3>" + _frame_table(pd.DataFrame(sites)))
-    facts = [("target", _esc(json.dumps(plan.get("target")))), ("evaluations", _esc(plan.get("evaluations", "–"))),
-             ("model sha256", f"<code>{_esc(plan.get('model_sha256', '–'))}</code>")]
+    facts = [
+        ("target", _esc(_target_line(plan.get("target")))),
+        ("evaluations", _esc(plan.get("evaluations", "–"))),
+        ("model sha256", f"<code>{_esc(plan.get('model_sha256', '–'))}</code>"),
+    ]
     sha = (files.run.get("model") or {}).get("sha256")
     if sha and plan.get("model_sha256") and sha != plan.get("model_sha256"):
         facts.append(("warning", '<span class="bad">plan.json was made for a different model than run.json</span>'))
     parts.append(_kv_table(facts))
     return _section("bisect", "Bisection", "\n".join(parts))
+
+
+def _target_line(target: Any) -> str:
+    if not isinstance(target, Mapping):
+        return str(target)
+    where = f" on output {target['output']}" if target.get("output") else ""
+    return f"{target.get('metric', '?')} ≥ {target.get('value', '?')}{where}"
 
 
 def _pareto_points(pareto: Any) -> list[tuple[float, float]]:
@@ -1033,9 +1271,11 @@ def _pareto_figure(plan: Mapping[str, Any], points: Sequence[tuple[float, float]
     fig, (ax,) = _figure(8, 3.2)
     ax.step(xs, ys, where="post", color=COLORS["cum"], lw=1.4)
     ax.plot(xs, ys, "o", color=COLORS["cum"], ms=4, label="Pareto front")
-    refs = ((target.get("value"), "target", COLORS["sens"], "--"),
-            (_metric_value(plan.get("all_int8"), metric), "all int8", COLORS["iso"], ":"),
-            (_metric_value(plan.get("all_float"), metric), "all float", COLORS["ok"], ":"))
+    refs = (
+        (target.get("value"), "target", COLORS["sens"], "--"),
+        (_metric_value(plan.get("all_int8"), metric), "all int8", COLORS["iso"], ":"),
+        (_metric_value(plan.get("all_float"), metric), "all float", COLORS["ok"], ":"),
+    )
     for value, label, color, style in refs:
         if np.isfinite(_num(value)):
             ax.axhline(_num(value), color=color, ls=style, lw=1, label=f"{label} {_num(value):.5g}")
@@ -1044,15 +1284,19 @@ def _pareto_figure(plan: Mapping[str, Any], points: Sequence[tuple[float, float]
         ax.plot([len(plan.get("sites") or [])], [achieved], "*", ms=12, color=COLORS["sens"], label="chosen plan")
     ax.set_xlabel("sites kept in float", fontsize=8)
     ax.set_ylabel(f"output {metric}", fontsize=8)
-    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    ax.legend(fontsize=7, frameon=False, loc="best")
     return fig
 
 
 # ------------------------------------------------------------------------------------------ about
 
+
 def _about_section(files: RunFiles) -> str:
-    parts = ['<p>Every number here comes from the CSV/JSON files in the run folder; '
-             "<code>quantscan report RUN_DIR</code> rebuilds this page from them. Plots: matplotlib, inline SVG.</p>"]
+    parts = [
+        "<p>Every number here comes from the CSV/JSON files in the run folder; "
+        "<code>quantscan report RUN_DIR</code> rebuilds this page from them. "
+        "Plots: matplotlib, inline SVG.</p>"
+    ]
     if files.tensors is not None:
         parts.append(f"<p>tensors.csv: {len(files.tensors)} float tensors measured (not shown here).</p>")
     if files.summary:
@@ -1064,65 +1308,112 @@ def _about_section(files: RunFiles) -> str:
 
 _CSS = """
 :root{--fg:#1d2330;--mut:#5b6475;--line:#e3e6ec;--bg:#f6f7f9;--bad:#fde2e1;--fair:#fff3d6;--good:#e3f4e6}
-*{box-sizing:border-box}body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;
-color:var(--fg);background:var(--bg)}
-header,section{max-width:1280px;margin:0 auto;padding:12px 24px}section{background:#fff;margin:14px auto;
-border:1px solid var(--line);border-radius:8px}h1{font-size:22px;margin:8px 0}h1 .model{color:#1f6fb4}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);
+  background:var(--bg)}
+header,section{max-width:1320px;margin:0 auto;padding:12px 24px}
+section{background:#fff;margin:14px auto;width:calc(100% - 24px);border:1px solid var(--line);
+  border-radius:8px}
+h1{font-size:22px;margin:8px 0}h1 .model{color:#1f6fb4}
 h2{font-size:17px;margin:4px 0 10px}h3{font-size:15px;margin:14px 0 6px}
 nav{display:flex;flex-wrap:wrap;gap:4px 14px;margin:0 0 8px}nav a{color:#1f6fb4;text-decoration:none}
-code{font:12px/1.3 ui-monospace,SFMono-Regular,Menlo,monospace;background:#eef0f4;padding:0 3px;border-radius:3px}
-table{border-collapse:collapse;font-size:12px}th,td{padding:3px 7px;border-bottom:1px solid var(--line);
-text-align:left;vertical-align:top}table.kv th{color:var(--mut);font-weight:500;white-space:nowrap}
-table.kv td{word-break:break-all}
-table.data td,table.num td{white-space:nowrap}table.data td:last-child{white-space:normal;min-width:260px}
+code{font:12px/1.3 ui-monospace,SFMono-Regular,Menlo,monospace;background:#eef0f4;padding:0 3px;
+  border-radius:3px}
+table{border-collapse:collapse;font-size:12px}
+th,td{padding:3px 7px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+table.kv th{color:var(--mut);font-weight:500;white-space:nowrap}table.kv td{word-break:break-all}
+table.data td,table.num td{white-space:nowrap}
+td.wrap{white-space:normal!important;min-width:180px}#layertable td.wrap{min-width:320px}
+#layertable th{font-size:11px;font-weight:600;vertical-align:bottom}
 thead th{position:sticky;top:0;background:#f0f2f6;z-index:1;cursor:default}
-table.sortable thead th{cursor:pointer}table.sortable th[data-dir=asc]::after{content:" ▲"}
-table.sortable th[data-dir=desc]::after{content:" ▼"}
-.scroll{max-height:70vh;overflow:auto;border:1px solid var(--line);border-radius:6px}.scroll.short{max-height:50vh}
-tr:hover td{background:#f3f7fd}td.bad{background:var(--bad)}td.fair{background:var(--fair)}td.strong{font-weight:600}
-.cards{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0 12px}.card{border:1px solid var(--line);border-radius:8px;
-padding:8px 14px;min-width:170px;background:#fff}.card .v{font-size:24px;font-weight:600}
-.card .l{color:var(--mut);font-size:12px}.card .s{color:var(--mut);font-size:11px}
+table.sortable thead th{cursor:pointer}
+table.sortable th[data-dir=asc]::after{content:" ▲"}table.sortable th[data-dir=desc]::after{content:" ▼"}
+.scroll{max-height:70vh;overflow:auto;border:1px solid var(--line);border-radius:6px}
+.scroll.short{max-height:50vh}
+tr:hover td{background:#f3f7fd}td.bad{background:var(--bad)}td.fair{background:var(--fair)}
+td.strong{font-weight:600}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0 12px}
+.card{border:1px solid var(--line);border-radius:8px;padding:8px 14px;min-width:170px;background:#fff}
+.card .v{font-size:24px;font-weight:600}.card .l{color:var(--mut);font-size:12px}
+.card .s{color:var(--mut);font-size:11px}
 .card.good{background:var(--good)}.card.fair{background:var(--fair)}.card.bad{background:var(--bad)}
 .hint{color:var(--mut);font-style:italic;border-left:3px solid #c7ccd6;padding-left:8px}
 .note{color:var(--mut);font-size:12px}.warn{background:var(--fair);border-radius:6px;padding:6px 12px}
 .controls{margin:0 0 8px;display:flex;gap:14px;align-items:center;flex-wrap:wrap}
-figure.plot{margin:6px 0}figure.plot svg{width:100%;height:auto;max-width:1240px}
+figure.plot{margin:6px 0}figure.plot svg{width:100%;height:auto}
+figure.plot svg text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif}
 .layer{border-top:1px solid var(--line);padding:6px 0}.layer h3 .kernel{color:var(--mut);font-weight:400}
-.tag{font-size:11px;border-radius:10px;padding:1px 8px;background:#eef0f4}.tag.intrinsic{background:var(--bad)}
+.tag{font-size:11px;border-radius:10px;padding:1px 8px;background:#eef0f4}
+.tag.intrinsic{background:var(--bad)}
 .facts{font-size:12px;color:var(--mut)}.facts b{color:var(--fg)}.bad{color:#b71c1c}
 .sev-error{color:#b71c1c;font-weight:600}.sev-warn{color:#a06000;font-weight:600}
 pre{white-space:pre-wrap;font-size:12px}
 """
 
 _JS = """
-(function(){
-function key(s){s=s.trim();if(s==="")return null;if(s==="inf")return Infinity;if(s==="-inf")return -Infinity;
-var n=Number(s);return isNaN(n)?s.toLowerCase():n;}
-function cmp(a,b){if(a===b)return 0;if(a===null)return 1;if(b===null)return -1;
-if(typeof a!==typeof b)return typeof a==="number"?-1:1;return a<b?-1:1;}
-document.querySelectorAll("table.sortable").forEach(function(t){
-t.tHead.addEventListener("click",function(e){var th=e.target.closest("th");if(!th)return;
-var i=th.cellIndex,asc=th.dataset.dir!=="asc";t.tHead.querySelectorAll("th").forEach(function(h){delete h.dataset.dir;});
-th.dataset.dir=asc?"asc":"desc";var body=t.tBodies[0];var rows=Array.prototype.slice.call(body.rows);
-var keyed=rows.map(function(r,j){return [key(r.cells[i]?r.cells[i].textContent:""),j,r];});
-keyed.sort(function(a,b){var c=cmp(a[0],b[0]);if(a[0]!==null&&b[0]!==null&&!asc)c=-c;return c||a[1]-b[1];});
-var f=document.createDocumentFragment();keyed.forEach(function(k){f.appendChild(k[2]);});body.appendChild(f);});});
-var t=document.getElementById("layertable");if(!t)return;
-var op=document.getElementById("opfilter"),tx=document.getElementById("textfilter"),cnt=document.getElementById("rowcount");
-var oc=parseInt(t.dataset.opcol,10);
-function apply(){var want=op.value,q=tx.value.trim().toLowerCase(),n=0,rows=t.tBodies[0].rows;
-for(var j=0;j<rows.length;j++){var r=rows[j];var ok=(!want||(oc>=0&&r.cells[oc].textContent===want))&&
-(!q||r.textContent.toLowerCase().indexOf(q)>=0);r.hidden=!ok;if(ok)n++;}
-cnt.textContent=n+" of "+rows.length+" sites";}
-op.addEventListener("change",apply);tx.addEventListener("input",apply);
+(function () {
+  // Sort any table.sortable by the clicked column: numbers before text, empty cells last.
+  function key(s) {
+    s = s.trim();
+    if (s === "" || s === "\u2013") return null;
+    if (s === "inf") return Infinity;
+    if (s === "-inf") return -Infinity;
+    var n = Number(s);
+    return isNaN(n) ? s.toLowerCase() : n;
+  }
+  function cmp(a, b) {
+    if (a === b) return 0;
+    if (a === null) return 1;
+    if (b === null) return -1;
+    if (typeof a !== typeof b) return typeof a === "number" ? -1 : 1;
+    return a < b ? -1 : 1;
+  }
+  document.querySelectorAll("table.sortable").forEach(function (t) {
+    t.tHead.addEventListener("click", function (e) {
+      var th = e.target.closest("th");
+      if (!th) return;
+      var i = th.cellIndex, asc = th.dataset.dir !== "asc";
+      t.tHead.querySelectorAll("th").forEach(function (h) { delete h.dataset.dir; });
+      th.dataset.dir = asc ? "asc" : "desc";
+      var body = t.tBodies[0];
+      var keyed = Array.prototype.map.call(body.rows, function (r, j) {
+        return [key(r.cells[i] ? r.cells[i].textContent : ""), j, r];
+      });
+      keyed.sort(function (a, b) {
+        var c = cmp(a[0], b[0]);
+        if (a[0] !== null && b[0] !== null && !asc) c = -c;
+        return c || a[1] - b[1];
+      });
+      var f = document.createDocumentFragment();
+      keyed.forEach(function (k) { f.appendChild(k[2]); });
+      body.appendChild(f);
+    });
+  });
+  // Filter the layer table by op type and free text.
+  var t = document.getElementById("layertable");
+  if (!t) return;
+  var op = document.getElementById("opfilter"), tx = document.getElementById("textfilter");
+  var cnt = document.getElementById("rowcount"), oc = parseInt(t.dataset.opcol, 10);
+  function apply() {
+    var want = op.value, q = tx.value.trim().toLowerCase(), n = 0, rows = t.tBodies[0].rows;
+    for (var j = 0; j < rows.length; j++) {
+      var r = rows[j];
+      var ok = (!want || (oc >= 0 && r.cells[oc].textContent === want)) &&
+               (!q || r.textContent.toLowerCase().indexOf(q) >= 0);
+      r.hidden = !ok;
+      if (ok) n++;
+    }
+    cnt.textContent = n + " of " + rows.length + " sites";
+  }
+  op.addEventListener("change", apply);
+  tx.addEventListener("input", apply);
 })();
 """
 
 
 def _page(title: str, body: str) -> str:
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>quantscan: {_esc(title)}</title>\n<style>{_CSS}</style></head>\n<body>\n{body}\n"
