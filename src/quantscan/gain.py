@@ -485,10 +485,10 @@ def compute_gain(
             branch = diff_branch(base_model, builder.model(prec))
             names = gg.add(branch, f"{tag}{k}", locate)
             branch_nodes[f"{tag}{k}"] = len(branch.nodes)
-            dirty = {o for o in outputs if o in branch.produced}
-            changed[(k, tag)] = dirty
-            for o in dirty:
-                measure((o, f"{tag}{k}"), o, names[o])
+            reached = _reached_outputs(branch, outputs, names, locate)
+            changed[(k, tag)] = set(reached)
+            for o, test in reached.items():
+                measure((o, f"{tag}{k}"), o, test)
     session = runner.session(pairs.reducer.attach(gg.model, pairs.outputs()))
     per_run = len(gg.model.graph.node) + len(pairs.reducer.nodes)
     executions, batches = 0, 0
@@ -513,6 +513,23 @@ def compute_gain(
         time.perf_counter() - started,
         branch_nodes,
     )
+
+
+def _reached_outputs(
+    branch: Branch, outputs: Iterable[str], names: Mapping[str, str], locate: Callable[[str], str]
+) -> dict[str, str]:
+    """Headline outputs a variant changes -> where its value is in the combined graph.
+
+    Either a branch node writes the output, or the output lost/gained its QDQ pair (a float kernel at
+    the graph's end): then it is the base model's raw tensor, reached through the alias.
+    """
+    found = {}
+    for o in outputs:
+        if o in branch.produced:
+            found[o] = names[o]
+        elif branch.alias.get(o, o) != o:
+            found[o] = locate(branch.alias[o])
+    return found
 
 
 def _variant_rows(

