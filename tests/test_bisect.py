@@ -1,0 +1,241 @@
+"""The bisection state machine and its session file: pure, no onnxruntime."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+from quantscan.bisect import (
+    FORMAT,
+    Bisector,
+    Mark,
+    Session,
+    SessionFileError,
+    Step,
+    Target,
+    calibration_identity,
+    describe,
+    machine_for,
+)
+from quantscan.errors import UsageError
+
+SITES = [f"s{i}" for i in range(16)]
+
+
+def run(machine: Bisector, value: Callable[[frozenset[str]], float]) -> list[Step]:
+    """Drive the machine to the end with a synthetic metric of the float set."""
+    steps = []
+    while (cand := machine.next()) is not None:
+        steps.append(machine.record(value(frozenset(cand.sites))))
+    return steps
+
+
+def additive(weights: dict[str, float], base: float = 0.9) -> Callable[[frozenset[str]], float]:
+    return lambda s: base + sum(weights.get(n, 0.0) for n in s)
+
+
+def test_search_uses_log_evaluations_and_prunes_to_a_minimal_set() -> None:
+    weights = {n: 0.001 for n in SITES} | {"s3": 0.05, "s7": 0.04}
+    order = ["s3", "s7", *[n for n in SITES if n not in ("s3", "s7")]]
+    machine = Bisector(order, Target("cosine", 0.985))
+    steps = run(machine, additive(weights))
+    assert machine.outcome is not None and machine.outcome.status == "reached"
+    assert set(machine.outcome.sites) == {"s3", "s7"}
+    before_prune = [s for s in steps if s.phase != "prune"]
+    assert len(before_prune) <= 2 + math.ceil(math.log2(len(SITES)))
+    assert len(before_prune) <= 2 * math.log2(len(SITES)) + 2
+    assert [s.phase for s in steps[:2]] == ["all_float", "all_int8"]
+
+
+def test_prune_drops_members_the_ordering_got_wrong_and_result_is_one_minimal() -> None:
+    """Non-monotone metric: s0 and s1 float together hurt (short of all float), so every prefix that
+    holds both fails, the search ends at the full set, and pruning must find {s5, s9}."""
+
+    def value(s: frozenset[str]) -> float:
+        v = 0.9 + 0.05 * ("s5" in s) + 0.05 * ("s9" in s) + 0.001 * len(s)
+        return v - (0.2 if {"s0", "s1"} <= s and len(s) < len(SITES) else 0.0)
+
+    machine = Bisector(SITES, Target("cosine", 0.99))
+    run(machine, value)
+    assert machine.outcome is not None and machine.outcome.status == "reached"
+    plan = set(machine.outcome.sites)
+    assert plan == {"s5", "s9"}
+    assert value(frozenset(plan)) >= 0.99
+    for m in plan:
+        assert value(frozenset(plan - {m})) < 0.99, f"{m} could be dropped"
+
+
+def test_unreachable_is_said_after_one_evaluation() -> None:
+    machine = Bisector(SITES, Target("cosine", 0.99))
+    steps = run(machine, lambda s: math.nan)  # a broken model: NaN everywhere
+    assert len(steps) == 1 and steps[0].phase == "all_float"
+    assert machine.outcome is not None and machine.outcome.status == "unreachable"
+
+
+def test_all_int8_already_meeting_the_target_gives_an_empty_plan() -> None:
+    machine = Bisector(SITES, Target("sqnr", 20.0))
+    run(machine, lambda s: 30.0)
+    assert machine.outcome is not None and machine.outcome.status == "already_met"
+    assert machine.outcome.sites == ()
+
+
+def test_known_sets_are_never_measured_twice() -> None:
+    asked: list[tuple[str, ...]] = []
+
+    def value(s: frozenset[str]) -> float:
+        return 0.9 + 0.1 * ("s15" in s)
+
+    machine = Bisector(SITES, Target("cosine", 0.95))
+    while (cand := machine.next()) is not None:
+        asked.append(cand.sites)
+        machine.record(value(frozenset(cand.sites)))
+    assert len(asked) == len(set(asked))
+    assert machine.outcome is not None and machine.outcome.sites == ("s15",)
+
+
+def test_replay_resumes_without_asking_again_and_refuses_foreign_events() -> None:
+    value = additive({"s2": 0.05, "s4": 0.05})
+    full = Bisector(SITES, Target("cosine", 0.99))
+    run(full, value)
+    half = full.events[: len(full.events) // 2]
+    resumed = Bisector(SITES, Target("cosine", 0.99))
+    resumed.replay(half)
+    rest = run(resumed, value)
+    assert [s.sites for s in rest] == [s.sites for s in full.steps[len(half) :]]
+    assert resumed.outcome == full.outcome
+    other = Bisector(list(reversed(SITES)), Target("cosine", 0.99))
+    with pytest.raises(SessionFileError, match="do not follow"):
+        other.replay(full.events)
+
+
+def test_marks_pin_sites_and_restart_the_search() -> None:
+    value = additive({"s2": 0.05, "s4": 0.05, "s6": 0.05})
+    machine = Bisector(SITES, Target("cosine", 0.99))
+    run(machine, value)
+    measured = len(machine.steps)
+    machine.mark(keep_float=["s10"], force_quant=["s2"])
+    run(machine, value)
+    assert machine.outcome is not None
+    assert set(machine.outcome.sites) == {"s4", "s6", "s10"}
+    assert isinstance(machine.events[measured], Mark)
+    with pytest.raises(UsageError, match="expected site node names"):
+        machine.mark(keep_float=["nope"])
+    with pytest.raises(UsageError, match="both name"):
+        machine.mark(keep_float=["s1"], force_quant=["s1"])
+
+
+def test_force_quant_can_make_the_target_unreachable() -> None:
+    machine = Bisector(SITES, Target("cosine", 0.99), force_quant=["s4"])
+    run(machine, lambda s: 0.9 + 0.1 * ("s4" in s))
+    assert machine.outcome is not None and machine.outcome.status == "unreachable"
+
+
+def test_first_bad_layer_finds_a_measured_boundary() -> None:
+    """Quantizing s11 (the 12th site in graph order) breaks the output."""
+    machine = Bisector(SITES, Target("cosine", 0.99), mode="first_bad")
+    steps = run(machine, lambda s: 1.0 if "s11" in s else 0.95)
+    assert machine.outcome is not None and machine.outcome.first_bad == "s11"
+    assert len(steps) <= 2 + math.ceil(math.log2(len(SITES)))
+
+
+def test_pareto_keeps_only_improving_points() -> None:
+    machine = Bisector(SITES, Target("cosine", 0.99))
+    run(machine, additive({"s0": 0.05, "s1": 0.05}))
+    rows = machine.pareto()
+    assert [r["float_sites"] for r in rows] == sorted(r["float_sites"] for r in rows)
+    values = [r["value"] for r in rows]
+    assert values == sorted(values) and len(set(values)) == len(values)
+
+
+def test_target_validation() -> None:
+    with pytest.raises(UsageError):
+        Target("psnr", 30.0)
+    with pytest.raises(UsageError):
+        Target("cosine", math.nan)
+    assert not Target("cosine", 0.9).met(math.nan)
+
+
+# --- session file --------------------------------------------------------------------------------------
+
+
+def make_session(events: Iterable[object] = ()) -> Session:
+    return Session(
+        model_path="/m/model.onnx",
+        model_sha256="ab" * 32,
+        calibration={"path": "/data", "files_sha256": "cd" * 32, "samples": 8},
+        options={
+            "target_metric": "cosine",
+            "target_value": 0.99,
+            "fallback": "float",
+            "mode": "search",
+            "scan": {},
+        },
+        sites=[{"node": n, "output": n + "_out", "order": i} for i, n in enumerate(SITES)],
+        order=list(SITES),
+        gain=[{"node": "s0", "gain_if_float": math.inf}],
+        events=list(events),  # type: ignore[arg-type]
+    )
+
+
+def test_session_roundtrip_replays_to_the_same_state(tmp_path: Path) -> None:
+    value = additive({"s2": 0.05, "s4": 0.05})
+    machine = Bisector(SITES, Target("cosine", 0.99))
+    run(machine, value)
+    session = make_session(machine.events)
+    path = tmp_path / "s.json"
+    session.save(path)
+    json.loads(path.read_text())  # standard JSON (inf stored as a string)
+    loaded = Session.load(path)
+    again = machine_for(loaded)
+    assert again.outcome == machine.outcome and again.next() is None
+    shown = describe(loaded, again)
+    assert shown["evaluations"] == len(machine.steps) and shown["outcome"]["status"] == "reached"
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temp file left behind
+
+
+def test_corrupt_or_truncated_session_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    make_session().save(path)
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    before = path.read_bytes()
+    with pytest.raises(SessionFileError, match="corrupt or truncated"):
+        Session.load(path)
+    assert path.read_bytes() == before
+    path.write_text("[1, 2]")
+    with pytest.raises(SessionFileError, match="expected a bisect session"):
+        Session.load(path)
+    with pytest.raises(SessionFileError, match="found nothing"):
+        Session.load(tmp_path / "missing.json")
+
+
+def test_newer_format_and_foreign_identities_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    raw = make_session().to_json()
+    raw["format"] = FORMAT + 1
+    path.write_text(json.dumps(raw))
+    with pytest.raises(SessionFileError, match="upgrade quantscan"):
+        Session.load(path)
+    session = make_session()
+    with pytest.raises(SessionFileError, match="sha256"):
+        session.check_model("ef" * 32, "/other.onnx")
+    with pytest.raises(SessionFileError, match="another set"):
+        session.check_calibration({"path": "/other", "files_sha256": "00" * 32, "samples": 8})
+    session.check_calibration({"path": "/moved", "files_sha256": "cd" * 32, "samples": 8})  # moved: fine
+
+
+def test_calibration_identity_changes_with_the_file_list(tmp_path: Path) -> None:
+    files = []
+    for i in range(3):
+        p = tmp_path / f"{i}.npy"
+        p.write_bytes(b"x" * (i + 1))
+        files.append(p)
+    a = calibration_identity(tmp_path, files, 3)
+    assert a == calibration_identity(tmp_path, files, 3)
+    assert a["files_sha256"] != calibration_identity(tmp_path, files[:2], 2)["files_sha256"]
+    files[0].write_bytes(b"longer")
+    assert a["files_sha256"] != calibration_identity(tmp_path, files, 3)["files_sha256"]
