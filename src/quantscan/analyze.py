@@ -88,6 +88,10 @@ class ScanOptions:
     save_qdq: str | Path | None = None
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     cpu_nodes: frozenset[str] = frozenset()
+    quiet: bool = False
+    """Accepted for symmetry with the CLI; progress is whatever `progress=` renders (nothing by default)."""
+    no_report: bool = False
+    """Skip report.html when writing a run folder."""
 
     def validate(self) -> None:
         if self.calib_method not in CALIB_METHODS:
@@ -386,6 +390,12 @@ def scan(
         from quantscan.report import write_run_json
 
         write_run_json(result, Path(out))
+        if not opts.no_report:
+            from quantscan.report_html import write_report
+
+            t0 = time.perf_counter()
+            write_report(Path(out))
+            run_info["times_s"]["report"] = round(time.perf_counter() - t0, 4)
     return result
 
 

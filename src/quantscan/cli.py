@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     _common(check)
     sub.add_parser("profiles", help="list shipped chip profiles")
+    report = sub.add_parser("report", help="rebuild report.html from a run folder")
+    report.add_argument("run_dir")
+    report.add_argument("--debug", action="store_true")
     _rewrite_parser(sub)
     return parser
 
@@ -200,6 +203,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "save_qdq": args.save_qdq,
         "profile": args.profile[0] if args.profile else None,
+        "no_report": args.no_report,
     }
     if len(args.profile) > 1:
         raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
@@ -219,6 +223,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
               f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}")
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
+    extra += "" if args.no_report else ", report.html"
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
     if args.fail_below_cosine is not None and not head["cosine"] >= args.fail_below_cosine:
         print(f"quantscan: output cosine {head['cosine']:.5f} is below --fail-below-cosine "
@@ -307,7 +312,21 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-HANDLERS = {"scan": cmd_scan, "check": cmd_check, "profiles": cmd_profiles, "rewrite": cmd_rewrite}
+def cmd_report(args: argparse.Namespace) -> int:
+    from quantscan.report_html import write_report
+
+    path = write_report(Path(args.run_dir))
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
+HANDLERS = {
+    "scan": cmd_scan,
+    "check": cmd_check,
+    "profiles": cmd_profiles,
+    "rewrite": cmd_rewrite,
+    "report": cmd_report,
+}
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:

@@ -6,7 +6,6 @@ and an existing report is replaced only by a complete one.
 
 from __future__ import annotations
 
-import html
 import io
 import json
 import math
@@ -96,7 +95,7 @@ def save_model(model: onnx.ModelProto, path: Path, *, protect: Iterable[Path] = 
 
 
 def write_scan(result: ScanResult, out: Path) -> None:
-    """layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, report.html."""
+    """layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md (report.html: report_html.py)."""
     ensure_out_dir(out)
     write_csv(out / "layers.csv", result.layers)
     write_csv(out / "tensors.csv", result.tensors)
@@ -110,7 +109,6 @@ def write_scan(result: ScanResult, out: Path) -> None:
         write_csv(out / "compat.csv", result.compat.findings)
         write_csv(out / "partitions.csv", result.compat.partitions)
     atomic_write_text(out / "summary.md", summary_markdown(result))
-    atomic_write_text(out / "report.html", report_html(result))
 
 
 def write_run_json(result: ScanResult, out: Path) -> None:
@@ -224,27 +222,3 @@ def _profile_section(result: ScanResult) -> list[str]:
     if len(findings) > 20:
         lines.append(f"| … {len(findings) - 20} more in compat.csv | | | | | | | |")
     return lines
-
-
-def report_html(result: ScanResult) -> str:
-    """A self-contained page (no network): headline and the ranked table. Plots come with the report issue."""
-    csp = "default-src 'none'; style-src 'unsafe-inline'"
-    table = result.layers.drop(columns=["inputs"], errors="ignore").to_html(
-        index=False, float_format=lambda v: f"{v:.4g}", classes="layers", border=0
-    )
-    rows = "".join(
-        f"<tr><td>{html.escape(k)}</td><td>{_fmt(v.get('cosine', math.nan), 5)}</td>"
-        f"<td>{_fmt(v.get('sqnr_db', math.nan))}</td></tr>"
-        for k, v in result.output_metrics.items()
-    )
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<meta http-equiv='Content-Security-Policy' content=\"{csp}\">"
-        f"<title>quantscan: {html.escape(result.model.path.name)}</title>"
-        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
-        "td,th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}</style></head><body>"
-        f"<h1>quantscan: {html.escape(result.model.path.name)}</h1>"
-        f"<p>sha256 {result.model.sha256}</p><h2>Model output</h2>"
-        f"<table><tr><th>output</th><th>cosine</th><th>SQNR dB</th></tr>{rows}</table>"
-        f"<h2>Sites, ranked</h2>{table}</body></html>"
-    )

@@ -327,7 +327,8 @@ def find_sites(
         if idx in claimed or node.name in skip or not _is_compute(index, node):
             continue
         kernel_nodes, output, labels = _grow_kernel(index, node, fused_activations)
-        if any(node_pos[id(n)] in claimed for n in kernel_nodes):
+        if any(node_pos[id(n)] in claimed or n.name in skip for n in kernel_nodes[1:]):
+            # a part already taken, or a part the chip runs on the CPU: the node is a kernel alone
             kernel_nodes, output, labels = [node], node.output[0], [node.op_type]
         claimed.update(node_pos[id(n)] for n in kernel_nodes)
         if node.name in folded:
