@@ -1,0 +1,171 @@
+"""run_bisect end to end on the tiny chain model: files, resume, manual marks, refusals, SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from quantscan.bisect import Session, SessionFileError
+from quantscan.gain import run_bisect
+from quantscan.runner import Runner
+from test_gain import chain_model, write_chain
+
+TARGET_SQNR = 44.0
+"""The chain's all-int8 output SQNR is ~39.5 dB: a few sites must stay float to reach 44 dB."""
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_chain(tmp_path_factory.mktemp("chain"))
+
+
+def test_bisect_reaches_target_and_writes_plan(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = chain
+    out = tmp_path / "run"
+    result = run_bisect(
+        model, calib, target_sqnr=TARGET_SQNR, out=out, save_qdq=out / "mixed.onnx", threads=1
+    )
+    plan = result.plan
+    assert result.reached and plan["status"] == "reached"
+    assert plan["all_int8"]["sqnr_db"] < TARGET_SQNR <= plan["achieved"]["sqnr_db"]
+    assert plan["sites"] and all(s["precision"] == "float" for s in plan["sites"])
+    assert (
+        plan["evaluations"]
+        == len(result.steps)
+        == len(json.loads((out / "session.json").read_text())["events"])
+    )
+    assert plan["evaluations_before_prune"] <= 2 * np.log2(plan["site_count"]) + 2
+    on_disk = json.loads((out / "plan.json").read_text())
+    for key in (
+        "model_sha256",
+        "target",
+        "all_int8",
+        "all_float",
+        "achieved",
+        "sites",
+        "pareto",
+        "evaluations",
+    ):
+        assert key in on_disk
+    assert on_disk["target"]["metric"] == "sqnr" and on_disk["target"]["output"] == "y"
+    assert (out / "plan.csv").read_text().splitlines()[0].startswith("node,output,precision")
+    for name in (
+        "ort_quant_config.json",
+        "rknn_hybrid_quant.cfg",
+        "horizon_node_config.yaml",
+        "tpu_mlir.qtable",
+    ):
+        assert (out / name).exists()
+    # The saved mixed model, run in plain onnxruntime, reproduces the reported SQNR.
+    runner = Runner(threads=1)
+    x = np.load(calib / "x.npy")
+    ref = runner.session(onnx.load(model)).run({"x": x})["y"].astype(np.float64)
+    got = runner.session(onnx.load(out / "mixed.onnx")).run({"x": x})["y"].astype(np.float64)
+    sqnr = 10 * np.log10((ref**2).sum() / ((ref - got) ** 2).sum())
+    assert sqnr == pytest.approx(plan["achieved"]["sqnr_db"], abs=0.05)
+
+
+def test_int16_fallback_plan_says_opset_21(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = chain
+    result = run_bisect(model, calib, target_sqnr=TARGET_SQNR, fallback="int16", threads=1, out=tmp_path)
+    assert result.plan["qdq_opset"] == 21 and "opset 21" in result.plan["qdq_note"]
+    assert result.reached and all(s["precision"] == "int16" for s in result.plan["sites"])
+    assert result.qdq_model is not None
+    assert max(o.version for o in result.qdq_model.opset_import if o.domain in ("", "ai.onnx")) == 21
+
+
+def test_unreachable_target_is_reported_at_once(chain: tuple[Path, Path]) -> None:
+    model, calib = chain
+    steps: list[str] = []
+    result = run_bisect(
+        model,
+        calib,
+        target_sqnr=500.0,
+        threads=1,
+        on_step=lambda s, m: steps.append(s.phase),
+        force_quant=["mm0"],
+    )
+    assert not result.reached and result.outcome.status == "unreachable"
+    assert steps == ["all_float"]
+
+
+def test_resume_with_marks_and_refusals(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = chain
+    session = tmp_path / "s.json"
+    first = run_bisect(model, calib, target_sqnr=TARGET_SQNR, session=session, threads=1)
+    with pytest.raises(SessionFileError, match="already exists"):
+        run_bisect(model, calib, target_sqnr=TARGET_SQNR, session=session, threads=1)
+    seen: list[str] = []
+    again = run_bisect(resume=session, threads=1, on_step=lambda s, m: seen.append(s.phase))
+    assert seen == [] and again.plan["sites"] == first.plan["sites"]  # finished: nothing re-run
+    pinned = run_bisect(resume=session, keep_float=["mm9"], threads=1)
+    assert "mm9" in {s["node"] for s in pinned.plan["sites"]}
+    assert any(e.get("kind") == "mark" for e in json.loads(session.read_text())["events"])
+    other_model = tmp_path / "other.onnx"
+    onnx.save(chain_model(seed=5), other_model)
+    with pytest.raises(SessionFileError, match="sha256"):
+        run_bisect(other_model, calib, resume=session, threads=1)
+    other_calib = tmp_path / "calib2"
+    other_calib.mkdir()
+    np.save(other_calib / "x.npy", np.zeros((16, 16), np.float32))
+    with pytest.raises(SessionFileError, match="another set"):
+        run_bisect(model, other_calib, resume=session, threads=1)
+    text = session.read_text()
+    session.write_text(text[:100])
+    with pytest.raises(SessionFileError, match="truncated"):
+        run_bisect(resume=session, threads=1)
+    assert session.read_text() == text[:100]
+
+
+CHILD = """
+import sys, time
+from quantscan.gain import run_bisect
+run_bisect(sys.argv[1], sys.argv[2], target_sqnr=float(sys.argv[4]), session=sys.argv[3], threads=1,
+           on_step=lambda step, machine: time.sleep(0.4))
+"""
+
+
+def test_sigkill_mid_search_then_resume_repeats_nothing(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = chain
+    reference = run_bisect(model, calib, target_sqnr=TARGET_SQNR, threads=1)
+    session = tmp_path / "killed.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(model), str(calib), str(session), str(TARGET_SQNR)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        done: list[dict[str, object]] = []
+        while time.monotonic() < deadline and child.poll() is None:
+            if session.exists():
+                done = [e for e in json.loads(session.read_text())["events"] if e["kind"] == "eval"]
+                if len(done) >= 2:
+                    break
+            time.sleep(0.05)
+        assert child.poll() is None, f"the child ended before it could be killed: {child.stderr.read()!r}"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    killed = Session.load(session)  # the file is whole: written atomically
+    finished = [tuple(s.sites) for s in killed.steps()]
+    assert len(finished) >= 2
+    rerun: list[tuple[str, ...]] = []
+    resumed = run_bisect(resume=session, threads=1, on_step=lambda s, m: rerun.append(tuple(s.sites)))
+    assert not set(rerun) & set(finished)
+    assert resumed.plan["sites"] == reference.plan["sites"]
+    assert resumed.plan["achieved"] == reference.plan["achieved"]
+    assert [s.sites for s in resumed.steps] == [s.sites for s in reference.steps]
