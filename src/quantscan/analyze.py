@@ -76,6 +76,8 @@ class ScanOptions:
     """uint8 (asymmetric) or int8 (symmetric); None: the profile's scheme, else uint8."""
     profile: str | Path | None = None
     input_shape: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    input_dims: Sequence[str] = ()
+    """Dimension settings in the contract's syntax (`INPUT:AXIS=V`, `DIMPARAM=V`, `batch=V`)."""
     const: Mapping[str, float] = field(default_factory=dict)
     limit: int | None = None
     eval: str | Path | None = None
@@ -162,6 +164,42 @@ def _input_dims(
         if spec.shape and isinstance(spec.shape[0], int) and spec.name not in consts and fixed_batch is None:
             fixed_batch = int(spec.shape[0])
         dims[spec.name] = tuple(new)
+    return dims, fixed_batch
+
+
+def _apply_dim_settings(
+    model: LoadedModel, dims: dict[str, tuple[Dim, ...]], fixed_batch: int | None, settings: Sequence[str]
+) -> tuple[dict[str, tuple[Dim, ...]], int | None]:
+    """Apply `--input-shape INPUT:AXIS=V / DIMPARAM=V / batch=V` on top of the dims the data gave.
+
+    Axis 0 settings fix the batch (samples are grouped by V); other axes must agree with the data.
+    """
+    from quantscan.rewrites.fix_dim import parse_dim_spec
+
+    declared = {s.name: s.shape for s in model.inputs}
+    for text in settings:
+        setting = parse_dim_spec(text)
+        hits = []
+        for name, shape in declared.items():
+            for axis, dim in enumerate(shape):
+                if (setting.batch and axis == 0 and not isinstance(dim, int)) or (
+                    setting.input == name and setting.axis == axis) or (setting.param and dim == setting.param):
+                    hits.append((name, axis))
+        if not hits:
+            raise UsageError(
+                f"--input-shape {text}: expected a dim of an input ({', '.join(declared)}) to match, found none"
+            )
+        for name, axis in hits:
+            current = list(dims.get(name, declared[name]))
+            if axis == 0:
+                fixed_batch = setting.value
+            elif isinstance(current[axis], int) and current[axis] != setting.value:
+                raise CalibrationError(
+                    f"--input-shape {text}: expected the data's dim {axis} of '{name}' to be {setting.value}, "
+                    f"found {current[axis]}"
+                )
+            current[axis] = setting.value
+            dims[name] = tuple(current)
     return dims, fixed_batch
 
 
@@ -254,6 +292,7 @@ def prepare_scan(
         )
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
     dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, opts.const)
+    dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
     batch_size = fixed_batch if fixed_batch else opts.batch_size
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")

@@ -31,6 +31,12 @@ class _Parser(argparse.ArgumentParser):
 # --- flag parsing --------------------------------------------------------------------------------------
 
 
+def split_input_shapes(values: Sequence[str]) -> tuple[dict[str, list[int]], list[str]]:
+    """`--input-shape` takes full shapes (`NAME:1,3,224,224`) and dim settings (`x:0=4`, `batch=8`)."""
+    settings = [v for v in values if "=" in v]
+    return parse_input_shape([v for v in values if "=" not in v]), settings
+
+
 def parse_input_shape(values: Sequence[str]) -> dict[str, list[int]]:
     """`NAME:1,3,224,224` (repeatable)."""
     shapes: dict[str, list[int]] = {}
@@ -71,7 +77,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", required=True, help="calibration folder (images + preprocess.json, or .npy/.npz)")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,... | INPUT:AXIS=V | batch=V",
+                   help="full shape, or a dim setting in the contract's syntax (repeatable)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--limit", type=int, default=None, help="use the first N samples")
     p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
@@ -191,7 +198,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "calib_method": args.calib_method,
         "activations": args.activations,
-        "input_shape": parse_input_shape(args.input_shape),
+        "input_shape": split_input_shapes(args.input_shape)[0],
+        "input_dims": split_input_shapes(args.input_shape)[1],
         "const": parse_const(args.const),
         "limit": args.limit,
         "eval": args.eval,
