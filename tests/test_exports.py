@@ -1,0 +1,133 @@
+"""Each export against its format as the vendor documents it (documents cited in exports.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from quantscan import exports
+from quantscan.errors import UsageError
+from test_gain import chain_model
+
+PLAN: dict[str, Any] = {
+    "model_sha256": "ab" * 32,
+    "sites": [
+        {
+            "node": "mm2",
+            "nodes": ["mm2", "add2", "relu2"],
+            "output": "h2",
+            "precision": "float",
+            "weights": ["w2"],
+            "weight_axis": 1,
+            "int16_tensors": [],
+        },
+        {
+            "node": "mm5",
+            "nodes": ["mm5", "add5", "relu5"],
+            "output": "h5",
+            "precision": "int16",
+            "weights": ["w5"],
+            "weight_axis": 1,
+            "int16_tensors": ["h5"],
+        },
+    ],
+}
+
+
+def test_onnxruntime_config_runs_in_quantize_static(tmp_path: Path) -> None:
+    """nodes_to_exclude stays float, TensorQuantOverrides makes h5 and w5 int16 (ORT quantize_static)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    config = json.loads(exports.WRITERS["onnxruntime"][1](PLAN))
+    assert config["nodes_to_exclude"] == ["mm2", "add2", "relu2"]
+    overrides = config["extra_options"]["TensorQuantOverrides"]
+    for entries in overrides.values():
+        for entry in entries:
+            entry["quant_type"] = QuantType[entry["quant_type"]]
+    source = tmp_path / "chain.onnx"
+    onnx.save(chain_model(layers=7), source)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(
+                [{"x": np.random.default_rng(i).normal(size=(4, 16)).astype(np.float32)} for i in range(4)]
+            )
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    out = tmp_path / "q.onnx"
+    quantize_static(
+        str(source),
+        str(out),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_exclude=config["nodes_to_exclude"],
+        per_channel=config["per_channel"],
+        extra_options=config["extra_options"],
+    )
+    model = onnx.load(out)
+    consumers = {i: n for n in model.graph.node for i in n.input}
+    assert consumers["w2"].op_type == "MatMul"  # the excluded node reads its float weight directly
+    inits = {t.name: t for t in model.graph.initializer}
+    int16 = {
+        n.input[0]
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear"
+        and inits.get(n.input[2]) is not None
+        and inits[n.input[2]].data_type == onnx.TensorProto.INT16
+    }
+    assert any(name.startswith("h5") for name in int16)
+    assert any(t.data_type == onnx.TensorProto.INT16 and t.name.startswith("w5") for t in inits.values())
+
+
+def test_rknn_cfg_is_custom_quantize_layers_yaml() -> None:
+    """RKNN-Toolkit2 hybrid quantization: `custom_quantize_layers: {<output name>: float16|int16}`."""
+    yaml = pytest.importorskip("yaml")
+    doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN))
+    assert doc == {"custom_quantize_layers": {"h2": "float16", "h5": "int16"}}
+    empty = yaml.safe_load(exports.rknn_hybrid_cfg({"sites": []}))
+    assert empty == {"custom_quantize_layers": {}}
+
+
+def test_horizon_yaml_has_run_on_cpu_and_node_info() -> None:
+    """hb_mapper makertbin model_parameters: run_on_cpu 'a;b', node_info {node: {ON, InputType, OutputType}}."""
+    yaml = pytest.importorskip("yaml")
+    doc = yaml.safe_load(exports.horizon_yaml(PLAN))["model_parameters"]
+    assert doc["run_on_cpu"].split(";") == ["mm2", "add2", "relu2"]
+    assert doc["node_info"]["mm2"] == {"ON": "CPU"}
+    assert doc["node_info"]["mm5"] == {"ON": "BPU", "InputType": "int16", "OutputType": "int16"}
+
+
+def test_tpu_mlir_qtable_lines() -> None:
+    """TPU-MLIR quantize table: `op_name quantize_mode` lines, '#' comments, modes F32/F16/BF16/INT8."""
+    lines = [ln for ln in exports.tpu_mlir_qtable(PLAN).splitlines() if ln and not ln.startswith("#")]
+    pairs = [ln.split() for ln in lines]
+    assert pairs == [["h2", "F32"], ["h5", "F16"]]
+    assert all(mode in ("F32", "F16", "BF16", "INT8") for _, mode in pairs)
+
+
+def test_tidl_lists_are_comma_separated_output_names() -> None:
+    """edgeai-tidl-tools: advanced_options:{output_feature,params}_16bit_names_list; TIDL-RT import keys."""
+    doc = json.loads(exports.WRITERS["tidl"][1](PLAN))
+    opts = doc["compile_options"]
+    assert opts["advanced_options:output_feature_16bit_names_list"] == "h2,h5"
+    assert opts["advanced_options:params_16bit_names_list"] == "h2,h5"
+    assert doc["optional_float_on_arm"]["deny_list:layer_name"] == "mm2,add2,relu2"
+    text = exports.tidl_import_config(PLAN)
+    assert 'outputFeature16bitNamesList = "h2,h5"' in text and 'params16bitNamesList = "h2,h5"' in text
+
+
+def test_write_exports_is_atomic_and_refuses_unknown_names(tmp_path: Path) -> None:
+    written = exports.write_exports(PLAN, tmp_path)
+    assert set(written) == set(exports.WRITERS)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    with pytest.raises(UsageError, match="--export"):
+        exports.write_exports(PLAN, tmp_path, ["snpe"])
