@@ -94,12 +94,18 @@ class ScanOptions:
     """Accepted for symmetry with the CLI; progress is whatever `progress=` renders (nothing by default)."""
     no_report: bool = False
     """Skip report.html when writing a run folder."""
+    tensors: str = "all"
+    """Which tensors get cumulative figures in tensors.csv: "all" float tensors (the contract), or
+    "sites" (quantization points and graph outputs only: several times less reduction work on
+    models whose kernels hide many internal tensors, e.g. decomposed HardSwish/LayerNorm)."""
 
     def validate(self) -> None:
         if self.calib_method not in CALIB_METHODS:
             raise UsageError(f"--calib-method: expected one of {', '.join(CALIB_METHODS)}, found {self.calib_method!r}")
         if self.activations is not None and self.activations not in ACTIVATION_SCHEMES:
             raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
+        if self.tensors not in ("all", "sites"):
+            raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
         if self.batch_size <= 0:
             raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size}")
 
@@ -376,6 +382,9 @@ def scan(
 
     t0 = time.perf_counter()
     compare = [t for t in probe.tensor_order if t in probe.float_tensors]
+    if opts.tensors == "sites":
+        points = set(plan.activations) | {s.output for s in sites} | set(probe.outputs)
+        compare = [t for t in compare if t in points]
     evaluation = _evaluate(
         prepared, qdq, sites, plan, compare, eval_set, batch_size, runner, progress, probe, opts
     )
@@ -754,17 +763,32 @@ def _evaluate(
 
 
 def _pair_names(p: qgraph.PairSums) -> tuple[str, ...]:
-    return (p.sxx, p.syy, p.sdd, p.max_abs, p.min_d, p.shape)
+    return (p.sxx, p.syy, p.sdd, p.max_d, p.min_d, p.shape)
+
+
+def _per_sample(values: np.ndarray, n: int, how: str = "sum") -> np.ndarray:
+    """Fold the graph's partials ([n, ...]) to one value per sample, in float64."""
+    flat = np.asarray(values, dtype=np.float64).reshape(n, -1)
+    if how == "max":
+        return flat.max(axis=1)
+    if how == "min":
+        return flat.min(axis=1)
+    return flat.sum(axis=1)
 
 
 def _add_pair(acc: qm.ErrorAccumulator, p: qgraph.PairSums, values: Mapping[str, np.ndarray]) -> None:
-    """Feed the accumulator from the graph's reductions (float64 from here on)."""
-    sxx = np.square(values[p.sxx].astype(np.float64))
-    syy = np.square(values[p.syy].astype(np.float64))
-    sdd = np.square(values[p.sdd].astype(np.float64))
+    """Feed the accumulator from the graph's reductions (float64 from here on).
+
+    Σxy = (Σx² + Σy² − Σd²)/2: its error is of the order of a float32 sum of the products, and when
+    y ≈ x the rounding of Σx² and Σy² cancels in the cosine.
+    """
+    dims = np.asarray(values[p.shape])
+    n = int(dims[0]) if dims.size >= 2 else 1
+    per_sample = int(np.prod(dims[1:])) if dims.size >= 2 else int(np.prod(dims))
+    sxx, syy, sdd = (_per_sample(values[k], n) for k in (p.sxx, p.syy, p.sdd))
     sxy = (sxx + syy - sdd) / 2.0
-    max_abs = np.maximum(np.abs(values[p.max_abs]), np.abs(values[p.min_d])).astype(np.float64)
-    acc.update_sums(sxy, sxx, syy, sdd, max_abs, int(values[p.shape][1]))
+    max_abs = np.maximum(np.abs(_per_sample(values[p.max_d], n, "max")), np.abs(_per_sample(values[p.min_d], n, "min")))
+    acc.update_sums(sxy, sxx, syy, sdd, max_abs, per_sample)
 
 
 HIST_SAMPLES = 16

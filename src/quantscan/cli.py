@@ -97,6 +97,8 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--std", default=None, help="comma-separated per-channel std")
     p.add_argument("--resize", default=None)
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument("--tensors", default="all", choices=["all", "sites"],
+                   help="tensors.csv rows: every float tensor (default) or quantization points only (faster)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,6 +214,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "save_qdq": args.save_qdq,
         "profile": args.profile[0] if args.profile else None,
         "no_report": args.no_report,
+        "tensors": args.tensors,
     }
     if len(args.profile) > 1:
         raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
