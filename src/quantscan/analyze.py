@@ -43,8 +43,8 @@ WORST_CHANNEL_SQNR_DB = 12.0
 WEIGHT_WORST_CHANNEL_SQNR_DB = 20.0
 """Below this a weight channel holds outliers that a symmetric per-channel int8 scale cannot serve."""
 HIST_BINS = 64
-HIST_TOP = 10
-"""Sites (by rank) whose value histograms go into hist.npz for the report."""
+HIST_SAMPLES = 16
+"""Value histograms (hist.npz) count the integer codes of the first samples only: a shape, not a sum."""
 
 
 class ProgressBar(Protocol):
@@ -392,16 +392,11 @@ def scan(
     warnings.extend(evaluation.warnings)
 
     t0 = time.perf_counter()
-    site_by_node = {s.node: s for s in sites}
     tables = _tables(loaded, prepared, sites, plan, calib_stats, evaluation, order, probe)
     if ctx.compat is not None and ctx.profile is not None:
         tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ranked_sites = [n for n in tables["layers"]["node"] if n in site_by_node]
-    top = [sites.index(site_by_node[n]) for n in ranked_sites[:HIST_TOP]]
-    evaluation.hist = histograms(prepared, qdq, sites, plan, top, eval_set, batch_size, runner)
-    times["histograms"] = time.perf_counter() - t0
     headline = _headline(evaluation, opts)
     run_info = _run_info(loaded, prepared, cset, eval_set, opts, runner, batch_size, sites, qdq, headline, probe)
     run_info["times_s"] = {k: round(v, 4) for k, v in times.items()}
@@ -529,6 +524,11 @@ def _channel_axis(site: Site, shape: tuple[int, ...]) -> int | None:
     return qm.channel_axis(len(shape), site.conv_like)
 
 
+def _rank_of(probe: Probe, tensor: str) -> int:
+    shape = probe.shapes.get(tensor, probe.input_shapes.get(tensor, ()))
+    return len(shape)
+
+
 def _calibrate(
     prepared: PreparedModel,
     sites: Sequence[Site],
@@ -542,41 +542,51 @@ def _calibrate(
 ) -> CalibStats:
     """Stream the calibration set once; ranges come from reductions inside the graph for minmax.
 
-    Histogram methods (percentile, entropy, mse) need the values themselves, so those tensors are
-    exposed whole; per-channel min/max of every site output is always reduced in the graph.
+    Every tensor that needs a range or per-channel ranges is reduced over its trailing axes
+    (onnxruntime's fast path) to [samples, channels] partial min/max; numpy folds them into the
+    tensor's range and, for channel axis 1, the per-channel ranges. Histogram methods (percentile,
+    entropy, mse) need the values themselves, so those tensors are exposed whole.
     """
     symmetric = opts.activations == "int8"
     targets = sorted(set(origins.values()))
     observers = {t: quant.make_observer(opts.calib_method, symmetric=symmetric) for t in targets}
     reducer = qgraph.Reducer(prepared.opset_to)
-    reads: dict[str, tuple[str, ...]] = {}
-    for t in targets:
-        if opts.calib_method == "minmax":
-            reads[t] = reducer.min_max(t)
-        elif t not in probe.input_shapes:
-            reads[t] = (t,)
-    channel_ranges: dict[str, quant.ChannelRangeObserver] = {}
-    channel_reads: dict[str, tuple[str, str]] = {}
+    partials: dict[str, tuple[str, str]] = {}
+    whole: list[str] = []
+    channel_axis_of: dict[str, int] = {}
+    explicit: dict[str, tuple[str, str]] = {}
     for site in sites:
         shape = probe.shapes.get(site.output, ())
         axis = _channel_axis(site, shape)
-        if axis is not None and site.output not in channel_reads:
-            channel_reads[site.output] = reducer.channel_min_max(site.output, len(shape), axis)
-            channel_ranges[site.output] = quant.ChannelRangeObserver(1)  # fed [min; max] rows
-    outputs = [o for names in reads.values() for o in names] + [o for pair in channel_reads.values() for o in pair]
+        if axis is not None:
+            channel_axis_of[site.output] = axis
+    for t in sorted(set(targets) | set(channel_axis_of)):
+        rank = _rank_of(probe, t)
+        if t in channel_axis_of and not (channel_axis_of[t] == 1 and rank >= 3):
+            explicit[t] = reducer.channel_min_max(t, rank, channel_axis_of[t])
+        if (t in targets and opts.calib_method == "minmax") or (t in channel_axis_of and t not in explicit):
+            partials[t] = reducer.partial_min_max(t, rank)
+        if t in targets and opts.calib_method != "minmax" and t not in probe.input_shapes:
+            whole.append(t)
+    channel_ranges = {t: quant.ChannelRangeObserver(1) for t in channel_axis_of}  # fed [mins; maxs] rows
+    outputs = [*whole, *(n for pair in [*partials.values(), *explicit.values()] for n in pair)]
     session = runner.session(reducer.attach(prepared.proto, outputs))
     bar = progress("calibrating", _n_batches(cset.n_samples, batch_size))
     try:
         for feeds in cset.batches(batch_size):
             values = session.run(feeds)
             for t, obs in observers.items():
-                if t in reads:
-                    obs.update(np.stack([np.asarray(values[n]).reshape(-1) for n in reads[t]]).reshape(-1)
-                               if len(reads[t]) == 2 else values[reads[t][0]])
-                elif t in feeds:
-                    obs.update(feeds[t])
-            for t, (lo, hi) in channel_reads.items():
-                channel_ranges[t].update(np.stack([values[lo], values[hi]]))
+                if opts.calib_method == "minmax":
+                    lo, hi = values[partials[t][0]], values[partials[t][1]]
+                    obs.update(np.array([np.min(lo), np.max(hi)], dtype=np.float32))
+                else:
+                    obs.update(values[t] if t in values else feeds[t])
+            for t, ch in channel_ranges.items():
+                if t in explicit:
+                    lo, hi = values[explicit[t][0]], values[explicit[t][1]]
+                else:  # partials [N, C]: fold the samples away
+                    lo, hi = values[partials[t][0]].min(axis=0), values[partials[t][1]].max(axis=0)
+                ch.update(np.stack([np.ravel(lo), np.ravel(hi)]))
             bar.update(1)
     finally:
         bar.close()
@@ -700,20 +710,24 @@ def _evaluate(
         if sites[k].output in pairs
     }
     channel_pairs: dict[int, tuple[str, str]] = {}
+    hist_codes: dict[int, tuple[str, str]] = {}
     for k, site in enumerate(sites):
         qp = plan.activations.get(site.output)
         shape = probe.shapes.get(site.output, ())
         axis = _channel_axis(site, shape)
         if qp is not None and axis is not None and site.output in pairs:
-            fq = reducer.fake_quant(site.output, qp, f"{site.output}@chq")
+            codes, fq = reducer.quantize(site.output, qp, f"{site.output}@chq")
             channel_pairs[k] = reducer.channel_sums(site.output, fq, len(shape), axis)
+            hist_codes[k] = (codes, f"{site.output}__act__q{qgraph.CUMULATIVE_SUFFIX}")
     headline = _headline_outputs(probe, opts.output)
     classifiers = _classifier_outputs(prepared, headline, probe)
     outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in _pair_names(p)]
     outputs += [n for pair in channel_pairs.values() for n in pair]
     outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
-    session = runner.session(reducer.attach(combined, outputs))
+    hist_outputs = [n for pair in hist_codes.values() for n in pair]
+    session = runner.session(reducer.attach(combined, outputs + hist_outputs))
     deployed = runner.session(qdq, opt_level="all")
+    hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
     cumulative = {t: qm.ErrorAccumulator() for t in pairs}
     isolated = {k: qm.ErrorAccumulator() for k in iso_pairs}
     act_channel = {k: qm.ChannelErrorAccumulator(1) for k in channel_pairs}
@@ -725,10 +739,13 @@ def _evaluate(
     bar = progress("measuring", _n_batches(eval_set.n_samples, batch_size))
     try:
         for feeds in eval_set.batches(batch_size):
-            values = session.run(feeds)
+            want_hist = seen < HIST_SAMPLES
+            values = session.run(feeds, outputs + hist_outputs if want_hist else outputs)
             n = next(iter(feeds.values())).shape[0] if feeds else 1
             batch_labels = labels[seen: seen + n] if labels else None
             seen += n
+            if want_hist:
+                _count_codes(hist_codes, hist_counts, values)
             for t, acc in cumulative.items():
                 _add_pair(acc, pairs[t], values)
             for k, acc in isolated.items():
@@ -757,9 +774,36 @@ def _evaluate(
         if o in cumulative:
             output_metrics[o] = _output_row(cumulative[o], top1.get(o))
         deployed_metrics[o] = _output_row(deployed_acc[o], deployed_top1.get(o))
+    hist = _histograms(sites, plan, hist_counts)
     return Evaluation(
-        cumulative, isolated, act_channel, {}, {}, output_metrics, deployed_metrics, headline, warnings, seen
+        cumulative, isolated, act_channel, {}, hist, output_metrics, deployed_metrics, headline, warnings, seen
     )
+
+
+def _count_codes(
+    names: Mapping[int, tuple[str, str]], counts: Mapping[int, list[np.ndarray]], values: Mapping[str, np.ndarray]
+) -> None:
+    """Histogram of the integer codes: FP32 values under the site's scale vs the cumulative int8 codes."""
+    for k, (fp32_codes, int8_codes) in names.items():
+        for slot, name in enumerate((fp32_codes, int8_codes)):
+            codes = np.asarray(values[name]).reshape(-1)
+            offset = 128 if codes.dtype == np.int8 else 0
+            counts[k][slot] += np.bincount(codes.astype(np.int64) + offset, minlength=256)[:256]
+
+
+def _histograms(
+    sites: Sequence[Site], plan: qgraph.QuantPlan, counts: Mapping[int, list[np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """hist.npz content: per site, 64 bins over the quantized range (4 codes per bin)."""
+    hist: dict[str, np.ndarray] = {"site_nodes": np.array([s.node for s in sites])}
+    for k, (fp32, int8) in counts.items():
+        qp = plan.activations[sites[k].output]
+        lo_code = -128 if qp.zero_point.dtype == np.int8 else 0
+        edges_codes = lo_code + np.arange(0, 257, 4) - 0.5
+        hist[f"{k}/edges"] = ((edges_codes - float(qp.zero_point)) * float(qp.scale)).astype(np.float64)
+        hist[f"{k}/fp32"] = fp32.reshape(64, 4).sum(axis=1)
+        hist[f"{k}/int8"] = int8.reshape(64, 4).sum(axis=1)
+    return hist
 
 
 def _pair_names(p: qgraph.PairSums) -> tuple[str, ...]:
@@ -791,50 +835,7 @@ def _add_pair(acc: qm.ErrorAccumulator, p: qgraph.PairSums, values: Mapping[str,
     acc.update_sums(sxy, sxx, syy, sdd, max_abs, per_sample)
 
 
-HIST_SAMPLES = 16
-"""Histograms (for the report's top layers) come from the first samples only: shapes, not sums."""
 
-
-def histograms(
-    prepared: PreparedModel,
-    qdq: onnx.ModelProto,
-    sites: Sequence[Site],
-    plan: qgraph.QuantPlan,
-    chosen: Sequence[int],
-    eval_set: CalibSet,
-    batch_size: int,
-    runner: Runner,
-) -> dict[str, np.ndarray]:
-    """FP32 vs cumulative-int8 value histograms of the chosen sites' outputs, on the first samples."""
-    hist: dict[str, np.ndarray] = {"site_nodes": np.array([s.node for s in sites])}
-    edges: dict[int, np.ndarray] = {}
-    for k in chosen:
-        qp = plan.activations.get(sites[k].output)
-        if qp is None:
-            continue
-        lo = (qp.qmin - float(qp.zero_point)) * float(qp.scale)
-        hi = (qp.qmax - float(qp.zero_point)) * float(qp.scale)
-        edges[k] = np.linspace(lo, hi, HIST_BINS + 1)
-    if not edges:
-        return hist
-    combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=[])
-    outputs = [n for k in edges for n in (sites[k].output, sites[k].output + qgraph.CUMULATIVE_SUFFIX)]
-    session = runner.session(qgraph.Reducer(prepared.opset_to).attach(combined, outputs))
-    counts = {k: [np.zeros(HIST_BINS, np.int64), np.zeros(HIST_BINS, np.int64)] for k in edges}
-    taken = 0
-    for feeds in eval_set.batches(batch_size):
-        values = session.run(feeds)
-        for k, e in edges.items():
-            counts[k][0] += np.histogram(_finite(values[sites[k].output]), e)[0]
-            counts[k][1] += np.histogram(_finite(values[sites[k].output + qgraph.CUMULATIVE_SUFFIX]), e)[0]
-        taken += next(iter(feeds.values())).shape[0] if feeds else 1
-        if taken >= HIST_SAMPLES:
-            break
-    for k, e in edges.items():
-        hist[f"{k}/edges"] = e
-        hist[f"{k}/fp32"] = counts[k][0]
-        hist[f"{k}/int8"] = counts[k][1]
-    return hist
 
 
 def _finite(x: np.ndarray) -> np.ndarray:

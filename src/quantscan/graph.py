@@ -462,19 +462,26 @@ class Reducer:
         )
 
     def channel_min_max(self, x: str, rank: int, axis: int) -> tuple[str, str]:
+        """Min/max over every axis but `axis` (pooled over samples too)."""
         others = [a for a in range(rank) if a != axis]
         return self.reduce("ReduceMin", x, others, x + "_cmin"), self.reduce("ReduceMax", x, others, x + "_cmax")
 
-    def min_max(self, x: str) -> tuple[str, str]:
-        return self.reduce("ReduceMin", x, None, x + "_min"), self.reduce("ReduceMax", x, None, x + "_max")
+    def partial_min_max(self, x: str, rank: int) -> tuple[str, str]:
+        """Min/max over the trailing axes (the fast path): [N, C] partials for NCHW tensors.
 
-    def fake_quant(self, x: str, qp: QParams, tag: str) -> str:
-        """QDQ(x) with the given parameters, for per-channel error of a site's output scale."""
+        Folding the partials in numpy gives both the tensor's range and, for channel axis 1, the
+        per-channel ranges, from one pair of reductions.
+        """
+        v, axes = self.view(x, rank)
+        return self.reduce("ReduceMin", v, axes, x + "_pmin"), self.reduce("ReduceMax", v, axes, x + "_pmax")
+
+    def quantize(self, x: str, qp: QParams, tag: str) -> tuple[str, str]:
+        """(integer codes, dequantized values) of x under `qp`: QuantizeLinear then DequantizeLinear."""
         out = self._name(tag)
         nodes, inits = _qdq_nodes(x, out, qp, out)
         self.nodes.extend(nodes)
         self.inits.extend(inits)
-        return out
+        return nodes[0].output[0], out
 
     def attach(self, model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.ModelProto:
         """Add the reduction nodes and make `outputs` the model's only outputs (new model)."""
