@@ -721,7 +721,7 @@ def _evaluate(
             hist_codes[k] = (codes, f"{site.output}__act__q{qgraph.CUMULATIVE_SUFFIX}")
     headline = _headline_outputs(probe, opts.output)
     classifiers = _classifier_outputs(prepared, headline, probe)
-    outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in _pair_names(p)]
+    outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in p.names()]
     outputs += [n for pair in channel_pairs.values() for n in pair]
     outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
@@ -747,9 +747,9 @@ def _evaluate(
             if want_hist:
                 _count_codes(hist_codes, hist_counts, values)
             for t, acc in cumulative.items():
-                _add_pair(acc, pairs[t], values)
+                acc.update_sums(*pairs[t].fold(values))
             for k, acc in isolated.items():
-                _add_pair(acc, iso_pairs[k], values)
+                acc.update_sums(*iso_pairs[k].fold(values))
             for k, ch in act_channel.items():
                 ch.update_sums(values[channel_pairs[k][0]], values[channel_pairs[k][1]])
             for o, t1 in top1.items():
@@ -804,38 +804,6 @@ def _histograms(
         hist[f"{k}/fp32"] = fp32.reshape(64, 4).sum(axis=1)
         hist[f"{k}/int8"] = int8.reshape(64, 4).sum(axis=1)
     return hist
-
-
-def _pair_names(p: qgraph.PairSums) -> tuple[str, ...]:
-    return (p.sxx, p.syy, p.sdd, p.max_d, p.min_d, p.shape)
-
-
-def _per_sample(values: np.ndarray, n: int, how: str = "sum") -> np.ndarray:
-    """Fold the graph's partials ([n, ...]) to one value per sample, in float64."""
-    flat = np.asarray(values, dtype=np.float64).reshape(n, -1)
-    if how == "max":
-        return flat.max(axis=1)
-    if how == "min":
-        return flat.min(axis=1)
-    return flat.sum(axis=1)
-
-
-def _add_pair(acc: qm.ErrorAccumulator, p: qgraph.PairSums, values: Mapping[str, np.ndarray]) -> None:
-    """Feed the accumulator from the graph's reductions (float64 from here on).
-
-    Σxy = (Σx² + Σy² − Σd²)/2: its error is of the order of a float32 sum of the products, and when
-    y ≈ x the rounding of Σx² and Σy² cancels in the cosine.
-    """
-    dims = np.asarray(values[p.shape])
-    n = int(dims[0]) if dims.size >= 2 else 1
-    per_sample = int(np.prod(dims[1:])) if dims.size >= 2 else int(np.prod(dims))
-    sxx, syy, sdd = (_per_sample(values[k], n) for k in (p.sxx, p.syy, p.sdd))
-    sxy = (sxx + syy - sdd) / 2.0
-    max_abs = np.maximum(np.abs(_per_sample(values[p.max_d], n, "max")), np.abs(_per_sample(values[p.min_d], n, "min")))
-    acc.update_sums(sxy, sxx, syy, sdd, max_abs, per_sample)
-
-
-
 
 
 def _finite(x: np.ndarray) -> np.ndarray:

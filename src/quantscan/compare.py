@@ -476,7 +476,7 @@ class _Merged(_Evaluator):
         # rank 1: one [1, elements] row per run, i.e. per sample whatever the tensor's own axis 0 means.
         self.pairs = {p.name: reducer.pair(p.name, p.name + B_SUFFIX, 1) for p in tensors if p.reduced}
         fetch = [*self.full, *(n + B_SUFFIX for n in self.full)]
-        fetch += [s for ps in self.pairs.values() for s in _pair_names(ps)]
+        fetch += [s for ps in self.pairs.values() for s in ps.names()]
         self.session: Session = runner.session(reducer.attach(merged, fetch))
         self.fetch = list(dict.fromkeys(fetch))
 
@@ -486,21 +486,7 @@ class _Merged(_Evaluator):
             into = accs.outputs if name in self.output_names else accs.tensors
             _feed_full(accs, name, values[name], values[name + B_SUFFIX], labels, into)
         for name, ps in self.pairs.items():
-            _add_pair(accs.tensors[name], ps, values)
-
-
-def _pair_names(p: qgraph.PairSums) -> tuple[str, ...]:
-    return (p.sxx, p.syy, p.sdd, p.max_abs, p.min_d, p.shape)
-
-
-def _add_pair(acc: qm.ErrorAccumulator, p: qgraph.PairSums, values: Mapping[str, np.ndarray]) -> None:
-    """Per-sample sums from the graph's L2 reductions (float64 from here on; Σxy by polarisation)."""
-    sxx = np.square(values[p.sxx].astype(np.float64))
-    syy = np.square(values[p.syy].astype(np.float64))
-    sdd = np.square(values[p.sdd].astype(np.float64))
-    sxy = (sxx + syy - sdd) / 2.0
-    max_abs = np.maximum(np.abs(values[p.max_abs]), np.abs(values[p.min_d])).astype(np.float64)
-    acc.update_sums(sxy, sxx, syy, sdd, max_abs, int(values[p.shape][1]))
+            accs.tensors[name].update_sums(*ps.fold(values))
 
 
 class _TwoSessions(_Evaluator):

@@ -372,6 +372,36 @@ class PairSums:
     min_d: str
     shape: str  # Shape(x): elements per sample = prod(shape[1:])
 
+    def names(self) -> tuple[str, ...]:
+        """The graph outputs to fetch for this pair."""
+        return (self.sxx, self.syy, self.sdd, self.max_d, self.min_d, self.shape)
+
+    def fold(
+        self, values: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """Per-sample (Σxy, Σx², Σy², Σd², max|d|) in float64 and the elements per sample.
+
+        The arguments of `ErrorAccumulator.update_sums`. Σxy = (Σx² + Σy² − Σd²)/2: its error is of
+        the order of a float32 sum of the products, and when y ≈ x the rounding of Σx² and Σy²
+        cancels in the cosine.
+        """
+        dims = np.asarray(values[self.shape])
+        n = int(dims[0]) if dims.size >= 2 else 1
+        per_sample = int(np.prod(dims[1:])) if dims.size >= 2 else int(np.prod(dims))
+        sxx, syy, sdd = (_fold(values[k], n, "sum") for k in (self.sxx, self.syy, self.sdd))
+        max_abs = np.maximum(np.abs(_fold(values[self.max_d], n, "max")), np.abs(_fold(values[self.min_d], n, "min")))
+        return (sxx + syy - sdd) / 2.0, sxx, syy, sdd, max_abs, per_sample
+
+
+def _fold(values: np.ndarray, n: int, how: str) -> np.ndarray:
+    """Partials [n, ...] from the graph to one float64 value per sample."""
+    flat = np.asarray(values, dtype=np.float64).reshape(n, -1)
+    if how == "max":
+        return flat.max(axis=1)
+    if how == "min":
+        return flat.min(axis=1)
+    return flat.sum(axis=1)
+
 
 class Reducer:
     """Appends reduction nodes to a graph so onnxruntime returns sums instead of whole tensors.
