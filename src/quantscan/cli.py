@@ -119,7 +119,37 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir")
     report.add_argument("--debug", action="store_true")
     _rewrite_parser(sub)
+    _compare_parser(sub)
+    _extract_parser(sub)
     return parser
+
+
+def _compare_parser(sub: Any) -> None:
+    p = sub.add_parser("compare", help="numeric comparison of two models on the same data")
+    p.add_argument("model_a")
+    p.add_argument("model_b")
+    p.add_argument("--calib", default=None, help="data folder (default: 8 seeded random samples)")
+    p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--fail-below-cosine", type=float, default=None)
+    _common(p)
+
+
+def _extract_parser(sub: Any) -> None:
+    p = sub.add_parser("extract", help="minimal subgraph around a node, with its real inputs")
+    p.add_argument("model")
+    p.add_argument("--node", default=None, help="node (or tensor) name; optional with --until-fails")
+    p.add_argument("--context", type=int, default=1, help="producer depth")
+    p.add_argument("--calib", default=None, help="data: saves the subgraph's real inputs beside it")
+    p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    p.add_argument("--until-fails", default=None, metavar="CMD",
+                   help="shrink while CMD (with {model} replaced) keeps failing (exit != 0)")
+    p.add_argument("--fail-regex", default=None, help="with --until-fails: output must also match this")
+    p.add_argument("--timeout", type=float, default=None, help="with --until-fails: seconds per try")
+    p.add_argument("-o", "--output-model", dest="output_model", required=True)
+    _common(p)
 
 
 class _StepAction(argparse.Action):
@@ -323,6 +353,68 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from quantscan.compare import compare
+    from quantscan.runner import Runner
+
+    out = Path(args.out) if args.out else Path("reports") / f"{Path(args.model_a).stem}_vs_{Path(args.model_b).stem}"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    result = compare(args.model_a, args.model_b, args.calib, limit=args.limit, seed=args.seed,
+                     runner=Runner(threads=args.threads), consts=parse_const(args.const),
+                     input_shapes=parse_input_shape(args.input_shape), out=out)
+    for warning in result.warnings:
+        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    print(f"compared on {result.data}")
+    for r in result.outputs.to_dict("records"):
+        print(f"  output '{r['output']}': cosine {r['cosine']:.6f}, SQNR {r['sqnr_db']:.2f} dB, "
+              f"max_abs {r['max_abs']:.3g}")
+    print(f"  {len(result.tensors)} intermediate tensors matched, {len(result.unmatched)} unmatched; wrote {out}/")
+    if args.fail_below_cosine is not None:
+        below = result.outputs_below(args.fail_below_cosine)
+        if below:
+            print(f"quantscan: outputs below --fail-below-cosine {args.fail_below_cosine}: {', '.join(below)}",
+                  file=sys.stderr)
+            return EXIT_THRESHOLD
+    return EXIT_OK
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from quantscan.extract import command_predicate, extract, save_inputs, until_fails
+
+    consts, shapes = parse_const(args.const), parse_input_shape(args.input_shape)
+    out = Path(args.output_model)
+    if args.until_fails is None:
+        if not args.node:
+            raise UsageError("extract: expected --node NAME (or --until-fails CMD), found neither")
+        result = extract(args.model, args.node, context=args.context, calib=args.calib, consts=consts,
+                         input_shapes=shapes, seed=args.seed)
+        result.save(out)
+        print(f"wrote {out} ({len(result.model.graph.node)} nodes)")
+        if args.calib:
+            written = save_inputs(result, args.calib, out, consts=consts)
+            print("wrote " + " and ".join(str(p) for p in written))
+        return EXIT_OK
+    start = extract(args.model, args.node, context=args.context).nodes if args.node else None
+    predicate = command_predicate(args.until_fails, timeout=args.timeout, fail_regex=args.fail_regex)
+
+    def show(record: Any) -> None:
+        if not args.quiet:
+            print(f"  try {record.index}: {record.size} nodes, {record.verdict}", file=sys.stderr)
+
+    shrunk = until_fails(args.model, predicate, nodes=start, progress=show, calib=args.calib, consts=consts,
+                         input_shapes=shapes, seed=args.seed)
+    shrunk.save(out)
+    from quantscan.report import atomic_write_text
+
+    atomic_write_text(Path(str(out) + ".log"), "\n".join(shrunk.log_lines()) + "\n")
+    print(f"wrote {out} ({len(shrunk.nodes)} nodes after {shrunk.n_tries} tries) and {out}.log")
+    if args.calib:
+        written = save_inputs(shrunk, args.calib, out, consts=consts)
+        print("wrote " + " and ".join(str(p) for p in written))
+    return EXIT_OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from quantscan.report_html import write_report
 
@@ -337,6 +429,8 @@ HANDLERS = {
     "profiles": cmd_profiles,
     "rewrite": cmd_rewrite,
     "report": cmd_report,
+    "compare": cmd_compare,
+    "extract": cmd_extract,
 }
 
 
