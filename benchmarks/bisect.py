@@ -73,7 +73,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         while (cand := machine.next()) is not None:
             machine.record(evaluator.evaluate(builder.precisions(cand.sites)).worst["cosine"])
         result["search_s"] = time.perf_counter() - t0
-        result["evals_before_prune"] = sum(1 for s in machine.steps if s.phase != "prune")
+        result["evals_before_prune"] = sum(1 for s in machine.steps if s.phase not in ("reduce", "prune"))
         result["evals"] = len(machine.steps)
         assert machine.outcome is not None
         result["outcome"] = machine.outcome.status

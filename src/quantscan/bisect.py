@@ -18,7 +18,9 @@ The search (mode "search"):
      first) for the shortest prefix that meets the target: lo always fails, hi always passes, and both
      were *measured* (no monotonicity is assumed: the result is a measured pass next to a measured
      fail). ⌈log2(n)⌉ evaluations.
-  4. ``prune``: drop members one at a time, least helpful first; a drop is kept when the smaller set
+  4. ``reduce`` (sets of more than REDUCE_MIN sites): QuickXplain's recursive halving finds a small
+     passing subset in O(k·log(n/k)) runs, k the sites really needed; kept only if it measures a pass.
+  5. ``prune``: drop members one at a time, least helpful first; a drop is kept when the smaller set
      still meets the target. Repeated until every member has been tried against the final set, so no
      single site can be dropped from the plan.
 Mode "first_bad" quantizes a growing prefix of the topological order and binary-searches for a
@@ -49,7 +51,9 @@ METRICS = {"cosine": "cosine", "sqnr": "sqnr_db", "top1": "top1_agreement"}
 """Target metric name -> key in an output-metrics row (analyze._output_row spelling)."""
 FALLBACKS = ("float", "int16")
 MODES = ("search", "first_bad")
-PHASES = ("all_float", "all_int8", "search", "prune", "first_bad")
+PHASES = ("all_float", "all_int8", "search", "reduce", "prune", "first_bad")
+REDUCE_MIN = 6
+"""Search results with more members than this go through QuickXplain before the greedy prune."""
 
 
 class SessionFileError(UsageError):
@@ -340,6 +344,7 @@ class Bisector:
             return Outcome("already_met", (), base)
         free = self._free()
         best = yield from self._prefix_search(free)
+        best = yield from self._reduce(best, free)
         best = yield from self._prune(best, free)
         return Outcome("reached", self._key(best), self.known[self._key(best)].value)
 
@@ -359,6 +364,39 @@ class Bisector:
             else:
                 lo = mid
         return prefix(hi)
+
+    def _reduce(self, best: list[str], free: list[str]) -> Generator[Candidate, float, list[str]]:
+        """QuickXplain over the search's set: a small subset that still passes, in O(k·log(n/k)) runs.
+
+        Why: when the gain ordering puts a needed site late (its gain alone is small, it matters
+        together with a neighbour), the prefix is long and a one-by-one prune would cost one run per
+        member, again after every drop. The recursive halving (Junker, QuickXplain, AAAI 2004) finds the
+        k needed members with about k·log2(n/k) runs. Its result is measured; if it fails (the metric is
+        not monotone) the prefix set is kept, and the greedy prune makes either 1-minimal.
+        """
+        members = [n for n in free if n in set(best)]
+        if len(members) <= REDUCE_MIN:
+            return best
+        found = yield from self._quickxplain(list(self.keep_float), members, False)
+        chosen = [*self.keep_float, *found]
+        value = yield from self._measure(chosen, "reduce")
+        return chosen if self.target.met(value) else best
+
+    def _quickxplain(
+        self, base: list[str], members: list[str], grown: bool
+    ) -> Generator[Candidate, float, list[str]]:
+        """The members (most helpful first) that `base` needs to pass; `grown`: base gained sites."""
+        if grown:
+            value = yield from self._measure(base, "reduce")
+            if self.target.met(value):
+                return []
+        if len(members) == 1:
+            return list(members)
+        half = len(members) // 2
+        helpful, rest = members[:half], members[half:]
+        need_rest = yield from self._quickxplain(base + helpful, rest, True)
+        need_helpful = yield from self._quickxplain(base + need_rest, helpful, bool(need_rest))
+        return need_helpful + need_rest
 
     def _prune(self, best: list[str], free: list[str]) -> Generator[Candidate, float, list[str]]:
         current = set(best)

@@ -219,20 +219,14 @@ class _Pairs:
             self.raw.extend([ref, test])
 
     def outputs(self) -> list[str]:
-        names = [n for p in self.sums.values() for n in (p.sxx, p.syy, p.sdd, p.max_abs, p.min_d, p.shape)]
+        names = [n for p in self.sums.values() for n in p.names()]
         return list(dict.fromkeys([*names, *self.raw]))
 
     def update(
         self, values: Mapping[str, np.ndarray], refs: Mapping[tuple[str, str], tuple[str, str]]
     ) -> None:
         for key, p in self.sums.items():
-            sxx = np.square(values[p.sxx].astype(np.float64))
-            syy = np.square(values[p.syy].astype(np.float64))
-            sdd = np.square(values[p.sdd].astype(np.float64))
-            max_abs = np.maximum(np.abs(values[p.max_abs]), np.abs(values[p.min_d])).astype(np.float64)
-            self.acc[key].update_sums(
-                (sxx + syy - sdd) / 2.0, sxx, syy, sdd, max_abs, int(values[p.shape][1])
-            )
+            self.acc[key].update_sums(*p.fold(values))
         for key, t1 in self.top1.items():
             ref, test = refs[key]
             t1.update(values[ref], values[test])
@@ -1006,7 +1000,8 @@ def build_plan(
         "sites": plan_sites,
         "pareto": machine.pareto(),
         "evaluations": len(steps),
-        "evaluations_before_prune": sum(1 for s in steps if s.phase != "prune"),
+        "evaluations_before_prune": sum(1 for s in steps if s.phase not in ("reduce", "prune")),
+        "evaluations_reduce": sum(1 for s in steps if s.phase == "reduce"),
         "site_count": len(builder.sites),
         "first_bad": outcome.first_bad,
         "keep_float": sorted(machine.keep_float),
