@@ -22,8 +22,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
 from quantscan.model import graph_inputs, load_model, name_unnamed_nodes, onnx_opset
+from quantscan.report import atomic_write_bytes as write_atomic
 from quantscan.rewrite import random_samples
 from quantscan.runner import Runner, Session
 from quantscan.specs import InputSpec
@@ -129,20 +128,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, np.integer):
         return int(value)
     return value
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the target folder + os.replace: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:

@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper, version_converter
 
 from quantscan.errors import ModelError
+from quantscan.rewrites._graph import constant_node_value
 from quantscan.specs import Dim, InputSpec
 
 QUANTIZED_OPS = frozenset(
@@ -192,7 +193,7 @@ def constants_to_initializers(proto: onnx.ModelProto) -> int:
     graph = proto.graph
     keep, moved = [], 0
     for node in graph.node:
-        value = _constant_value(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
+        value = constant_node_value(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
         if value is None:
             keep.append(node)
             continue
@@ -201,21 +202,6 @@ def constants_to_initializers(proto: onnx.ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(keep)
     return moved
-
-
-def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
-    for attr in node.attribute:
-        if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
-        if attr.name == "value_float":
-            return np.array(attr.f, dtype=np.float32)
-        if attr.name == "value_floats":
-            return np.array(list(attr.floats), dtype=np.float32)
-        if attr.name == "value_int":
-            return np.array(attr.i, dtype=np.int64)
-        if attr.name == "value_ints":
-            return np.array(list(attr.ints), dtype=np.int64)
-    return None
 
 
 def upgrade_opset(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
+from quantscan.report import atomic_write_bytes
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
@@ -248,8 +248,8 @@ def rewrite(
     )
     if out_path is not None and (proof.passed or force):
         report.written = True
-        _write_atomic(out_path, current.SerializeToString())
-        _write_atomic(
+        atomic_write_bytes(out_path, current.SerializeToString())
+        atomic_write_bytes(
             out_path.with_name(out_path.name + ".rewrite.json"),
             (json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n").encode(),
         )
@@ -310,20 +310,6 @@ def _out_path(model: str | Path | onnx.ModelProto, out: str | Path | None) -> Pa
         k += 1
         candidate = src.with_name(f"{src.stem}.rewritten.{k}.onnx")
     return candidate
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the target folder + os.replace: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
