@@ -222,9 +222,7 @@ class _Pairs:
         names = [n for p in self.sums.values() for n in p.names()]
         return list(dict.fromkeys([*names, *self.raw]))
 
-    def update(
-        self, values: Mapping[str, np.ndarray], refs: Mapping[tuple[str, str], tuple[str, str]]
-    ) -> None:
+    def update(self, values: Mapping[str, np.ndarray], refs: Mapping[tuple[str, str], tuple[str, str]]) -> None:
         for key, p in self.sums.items():
             self.acc[key].update_sums(*p.fold(values))
         for key, t1 in self.top1.items():
