@@ -272,3 +272,15 @@ def test_scan_with_profile_adds_placement_columns(assets: Path, tmp_path: Path) 
         assert column in layers.columns
     assert set(layers["placement"]) <= {"npu", "cpu"}
     assert (out / "compat.csv").is_file()
+
+
+def test_bisect_command_writes_a_plan_and_show_reads_the_session(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    model, calib = tiny
+    out = tmp_path / "b"
+    proc = run("bisect", model, "--calib", calib, "--target-cosine", "0.5", "--out", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "plan.json").is_file() and (out / "session.json").is_file()
+    shown = run("bisect", "--show", out / "session.json")
+    assert shown.returncode == 0 and "evaluations" in shown.stdout
+    unreachable = run("bisect", model, "--calib", calib, "--target-cosine", "1.5", "--out", tmp_path / "u", "--quiet")
+    assert unreachable.returncode == 1

@@ -121,7 +121,32 @@ def build_parser() -> argparse.ArgumentParser:
     _rewrite_parser(sub)
     _compare_parser(sub)
     _extract_parser(sub)
+    _bisect_parser(sub)
     return parser
+
+
+def _bisect_parser(sub: Any) -> None:
+    p = sub.add_parser("bisect", help="output gain per site + resumable bisection to a target")
+    p.add_argument("model", nargs="?", default=None)
+    _data_options(p)
+    p.set_defaults(calib=None)
+    for action in p._actions:
+        if action.dest == "calib":
+            action.required = False
+    p.add_argument("--target-cosine", type=float, default=None)
+    p.add_argument("--target-sqnr", type=float, default=None)
+    p.add_argument("--target-top1", type=float, default=None)
+    p.add_argument("--fallback", default="float", choices=["float", "int16"])
+    p.add_argument("--first-bad", action="store_true", help="find the first site (in topological order) that breaks it")
+    p.add_argument("--session", default=None, help="session file (default <out>/session.json)")
+    p.add_argument("--resume", default=None, metavar="FILE", help="continue a session without repeating steps")
+    p.add_argument("--show", default=None, metavar="FILE", help="print where a session stands")
+    p.add_argument("--keep-float", nargs="+", default=[], metavar="NAME")
+    p.add_argument("--force-quant", nargs="+", default=[], metavar="NAME")
+    p.add_argument("--loss-if-only", action="store_true")
+    p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
+                   help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
+    _common(p)
 
 
 def _compare_parser(sub: Any) -> None:
@@ -415,6 +440,84 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bisect(args: argparse.Namespace) -> int:
+    if args.show:
+        return _show_session(Path(args.show))
+    from quantscan.gain import run_bisect
+
+    model = args.model
+    if model is None and args.resume is None:
+        raise UsageError("bisect: expected MODEL --calib DIR --target-cosine X, or --resume FILE / --show FILE")
+    out = Path(args.out) if args.out else (default_out(model) if model else Path(args.resume).parent)
+    overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
+                 "mean": _floats(args.mean, "--mean"), "std": _floats(args.std, "--std"), "resize": args.resize}
+    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed}
+    if args.resume is None:
+        shapes, dims = split_input_shapes(args.input_shape)
+        options.update({
+            "calib_method": args.calib_method, "activations": args.activations, "input_shape": shapes,
+            "input_dims": dims, "const": parse_const(args.const), "limit": args.limit, "eval": args.eval,
+            "output": args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
+            "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
+        })
+
+    def on_step(step: Any, machine: Any) -> None:
+        if not args.quiet:
+            verdict = "meets" if step.passed else "misses"
+            print(f"  step {step.phase}: {len(step.sites)} float sites -> {step.value:.5f} ({verdict} target)",
+                  file=sys.stderr)
+
+    try:
+        result = run_bisect(
+            model, args.calib, target_cosine=args.target_cosine, target_sqnr=args.target_sqnr,
+            target_top1=args.target_top1, fallback=args.fallback, mode="first_bad" if args.first_bad else "search",
+            session=args.session, resume=args.resume, keep_float=args.keep_float, force_quant=args.force_quant,
+            loss_if_only=args.loss_if_only, out=out, save_qdq=args.save_qdq, exports=args.export,
+            progress=_progress_factory(args.quiet), on_step=on_step, **options,
+        )
+    except KeyboardInterrupt:
+        where = args.session or args.resume or out / "session.json"
+        print(f"quantscan: interrupted; resume with: quantscan bisect --resume {where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    for warning in result.warnings:
+        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    plan = result.plan
+    sites = plan.get("sites", [])
+    metric = str((plan.get("target") or {}).get("metric", "cosine"))
+
+    def value(key: str) -> str:
+        got = (plan.get(key) or {}).get(metric)
+        return f"{got:.5f}" if isinstance(got, float) else str(got)
+
+    print(f"{plan.get('status')}: {len(sites)} site(s) kept {args.fallback}; {metric} {value('achieved')} "
+          f"(all-int8 {value('all_int8')}, all-float {value('all_float')}); "
+          f"{plan.get('evaluations')} evaluations in {plan.get('seconds')} s")
+    for site in sites:
+        print(f"  {site['node']} -> {site['precision']}")
+    print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
+    return EXIT_OK if result.reached else EXIT_THRESHOLD
+
+
+def _show_session(path: Path) -> int:
+    from quantscan.bisect import Session, describe
+
+    info = describe(Session.load(path))
+    print(f"session {path}: {info['status']}, model {info['model']}, target {info['target']}")
+    print(f"  {info['evaluations']} evaluations, {info['seconds']} s, {info['sites']} sites")
+    if info["outcome"]:
+        print(f"  outcome: {info['outcome']['status']}, float sites {info['outcome']['sites']}, "
+              f"value {info['outcome']['value']}")
+    if info["next"]:
+        print(f"  next: {info['next']['phase']} with {len(info['next']['sites'])} float sites")
+    for step in info["steps"][-10:]:
+        if step.get("kind") == "eval":
+            print(f"  - {step['phase']}: {len(step['sites'])} float sites -> {step['value']:.5f} "
+                  f"({'meets' if step['passed'] else 'misses'})")
+        else:
+            print(f"  - {step.get('kind')}: {step}")
+    return EXIT_OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from quantscan.report_html import write_report
 
@@ -431,6 +534,7 @@ HANDLERS = {
     "report": cmd_report,
     "compare": cmd_compare,
     "extract": cmd_extract,
+    "bisect": cmd_bisect,
 }
 
 
