@@ -1037,10 +1037,32 @@ def write_plan(
     write_atomic(files["plan.csv"], table.to_csv(index=False))
     if session.gain:
         files["gain.csv"] = out / "gain.csv"
-        write_atomic(files["gain.csv"], pd.DataFrame(session.gain).to_csv(index=False))
+        gains = pd.DataFrame(session.gain)
+        write_atomic(files["gain.csv"], gains.to_csv(index=False))
+        files["layers.csv"] = out / "layers.csv"
+        write_atomic(files["layers.csv"], _layers_with_gain(out / "layers.csv", gains).to_csv(index=False))
     for name, path in qexports.write_exports(plan, out, exports).items():
         files[name] = path
     return files
+
+
+def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
+    """layers.csv gains `gain_if_float` (and `loss_if_only` when computed), as the contract says.
+
+    A scan's layers.csv in the same run folder keeps every column and rank; only the gain columns
+    are (re)placed, joined on `node`. Without a scan, the gain table itself becomes layers.csv.
+    """
+    gain_columns = [c for c in gains.columns if c.startswith(("gain_if_float", "loss_if_only", "if_float", "if_only"))]
+    if not path.is_file():
+        return gains
+    try:
+        layers = pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError):
+        return gains
+    if "node" not in layers.columns:
+        return gains
+    layers = layers.drop(columns=[c for c in gain_columns if c in layers.columns])
+    return layers.merge(gains[["node", *gain_columns]], on="node", how="left")
 
 
 def _json_safe(value: Any) -> Any:
