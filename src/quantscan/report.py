@@ -221,4 +221,44 @@ def _profile_section(result: ScanResult) -> list[str]:
                      f"{r['severity']} | {r['placement']} | {r['fix']} |")
     if len(findings) > 20:
         lines.append(f"| … {len(findings) - 20} more in compat.csv | | | | | | | |")
-    return lines
+    return lines + _handoff_table(result, findings)
+
+
+def _handoff_table(result: ScanResult, findings: pd.DataFrame) -> list[str]:
+    """The table engineers hand to their team: node, limit, strategy, numeric check, latency note.
+
+    Rows: every error/warn finding on a node, plus the five worst intrinsic sites. The numeric check
+    is the scan's own figure for that node; latency is left for the user to fill from the board.
+    """
+    layers = result.layers.set_index("node") if "node" in result.layers.columns else result.layers
+    rows: list[str] = []
+    seen: set[str] = set()
+    for r in findings[findings["severity"].isin(["error", "warn"])].to_dict("records"):
+        node = str(r["node"])
+        if not node or node in seen:
+            continue
+        seen.add(node)
+        limit = f"{r['rule']}: {r['value']} vs {r['limit']}"
+        rows.append(f"| `{node}` | {limit} | {r['fix']} | {_check_text(layers, node)} | |")
+    intrinsic = result.layers[result.layers["cause"] == "intrinsic"].head(5)
+    for r in intrinsic.to_dict("records"):
+        if r["node"] in seen:
+            continue
+        rows.append(f"| `{r['node']}` | precision: {r['reason']} | keep float/int16 (`quantscan bisect`) or "
+                    f"rescale channels | {_check_text(layers, r['node'])} | |")
+    if not rows:
+        return []
+    head = ["", "### Hand-off: node — limit — strategy — numeric check — latency", "",
+            "| node | limit | strategy | numeric check | latency note |", "|---|---|---|---|---|"]
+    return head + rows
+
+
+def _check_text(layers: pd.DataFrame, node: str) -> str:
+    if node not in layers.index:
+        return "not a quantization site"
+    row = layers.loc[node]
+    if isinstance(row, pd.DataFrame):
+        row = row.iloc[0]
+    if str(row.get("placement", "npu")) == "cpu":
+        return f"float on CPU; cumulative SQNR {_fmt(row.get('cumulative_sqnr_db'))} dB"
+    return f"isolated {_fmt(row.get('isolated_sqnr_db'))} dB, cumulative {_fmt(row.get('cumulative_sqnr_db'))} dB"
