@@ -207,6 +207,8 @@ def _rewrite_parser(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--tolerance", type=float, default=1e-4, help="max_abs / output range for exact rewrites")
     p.add_argument("--force", action="store_true", help="write even when the proof fails")
+    p.add_argument("--all-for-profile", default=None, metavar="PROFILE",
+                   help="apply every rewrite the compat findings for PROFILE suggest")
     p.set_defaults(steps=[])
     _common(p)
 
@@ -346,12 +348,21 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     from quantscan.model import load_model
     from quantscan.rewrite import rewrite
 
-    steps = [s.replace("decompose-", "decompose-").replace("fuse-", "fuse-") for s in args.steps]
+    steps = list(args.steps)
+    fix_dims = list(args.fix_dim)
+    if args.all_for_profile:
+        suggested, suggested_dims = suggested_rewrites(args.model, args.all_for_profile)
+        steps += [s for s in suggested if s not in steps]
+        fix_dims += [d for d in suggested_dims if d not in fix_dims]
+        named = suggested + [f"fix-dim {d}" for d in suggested_dims]
+        print(f"{args.all_for_profile} suggests: {', '.join(named) or 'nothing'}")
+        steps = _drop_inapplicable(args.model, steps)
+    args.fix_dim = fix_dims
     if args.fix_dim and "fix-dim" not in steps:
         steps.insert(0, "fix-dim")
     if not steps:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
-                         "--gelu-tanh; found none")
+                         "--gelu-tanh, --all-for-profile; found none that applies")
     calib = None
     if args.calib:
         loaded = load_model(args.model)
@@ -376,6 +387,45 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_THRESHOLD
     return EXIT_OK
+
+
+REWRITE_ORDER = ("fix-dim", "fold-bn", "decompose-hardswish", "decompose-hardsigmoid", "fuse-hardswish",
+                 "decompose-layernorm", "fuse-layernorm", "gelu-tanh", "cleanup")
+
+
+def suggested_rewrites(model: str, profile: str) -> tuple[list[str], list[str]]:
+    """Rewrite ids (and fix-dim settings) named in the `fix` column of the profile's findings."""
+    from quantscan.compat import check
+    from quantscan.rewrite import rewrite_ids
+
+    result = check(model, [profile])
+    known = set(rewrite_ids())
+    ids: set[str] = set()
+    dims: list[str] = []
+    for fix in result.findings["fix"].astype(str):
+        words = fix.split()
+        if not words or words[0] not in known:
+            continue
+        if words[0] == "fix-dim":
+            dims += [w.rstrip(";,") for w in words[1:] if "=" in w and w.rstrip(";,") not in dims]
+        else:
+            ids.add(words[0])
+    return [r for r in REWRITE_ORDER if r in ids and r != "fix-dim"], dims
+
+
+def _drop_inapplicable(model: str, steps: Sequence[str]) -> list[str]:
+    """Suggestions that apply nowhere (e.g. a fuse below its opset) are skipped, not errors."""
+    from quantscan.model import load_model
+    from quantscan.rewrite import REWRITES
+
+    proto = load_model(model).proto
+    kept = []
+    for step in steps:
+        if step in REWRITES and not REWRITES[step](proto).changes:
+            print(f"  {step}: applies nowhere in this model, skipped")
+            continue
+        kept.append(step)
+    return kept
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
