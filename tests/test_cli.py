@@ -284,3 +284,21 @@ def test_bisect_command_writes_a_plan_and_show_reads_the_session(tiny: tuple[Pat
     assert shown.returncode == 0 and "evaluations" in shown.stdout
     unreachable = run("bisect", model, "--calib", calib, "--target-cosine", "1.5", "--out", tmp_path / "u", "--quiet")
     assert unreachable.returncode == 1
+
+
+def test_bundle_zips_the_run_and_added_models_with_a_manifest(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    import json
+    import zipfile
+
+    model, calib = tiny
+    out = tmp_path / "run"
+    assert run(model, "--calib", calib, "--out", out, "--quiet", "--no-report").returncode == 0
+    extra = tmp_path / "cut.onnx"
+    assert run("extract", model, "--node", "Conv_0", "--calib", calib, "-o", extra).returncode == 0
+    proc = run("bundle", out, "--include", extra, "-o", tmp_path / "b.zip")
+    assert proc.returncode == 0, proc.stderr
+    names = zipfile.ZipFile(tmp_path / "b.zip").namelist()
+    assert {"run/run.json", "run/layers.csv", "models/cut.onnx", "models/cut.inputs.npz", "MANIFEST.json"} <= set(names)
+    manifest = json.loads(zipfile.ZipFile(tmp_path / "b.zip").read("MANIFEST.json"))
+    assert manifest["model"]["sha256"] == digest(model)
+    assert_bad_input(run("bundle", tmp_path, "-o", tmp_path / "c.zip"), "run folder")

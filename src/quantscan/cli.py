@@ -17,7 +17,7 @@ from typing import Any
 
 from quantscan.errors import QuantscanError, UsageError
 
-COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles")
+COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle")
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     _compare_parser(sub)
     _extract_parser(sub)
     _bisect_parser(sub)
+    bundle = sub.add_parser("bundle", help="zip a run folder with rewritten/extracted models for a vendor")
+    bundle.add_argument("run_dir")
+    bundle.add_argument("--include", nargs="+", default=[], metavar="FILE",
+                        help="models to add (their .rewrite.json / .inputs.npz / .expected.npz come along)")
+    bundle.add_argument("-o", "--output", dest="bundle_out", required=True)
+    bundle.add_argument("--debug", action="store_true")
     return parser
 
 
@@ -568,6 +574,14 @@ def _show_session(path: Path) -> int:
     return EXIT_OK
 
 
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from quantscan.bundle import make_bundle
+
+    bundle = make_bundle(args.run_dir, args.bundle_out, include=args.include)
+    print(f"wrote {bundle.path} ({len(bundle.members)} files)")
+    return EXIT_OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from quantscan.report_html import write_report
 
@@ -585,6 +599,7 @@ HANDLERS = {
     "compare": cmd_compare,
     "extract": cmd_extract,
     "bisect": cmd_bisect,
+    "bundle": cmd_bundle,
 }
 
 

@@ -1,0 +1,68 @@
+"""Deliverables bundle: one zip with every conversion-relevant fact about a model, for a vendor or a team.
+
+What goes in: the run folder's files (run.json with versions, model sha256 and the input contract;
+layers/tensors/ops tables; compat.csv and partitions.csv when a profile was checked; plan files when a
+bisection ran; summary.md and report.html), plus whatever the user adds: rewritten models with their
+`.rewrite.json` proofs, extracted minimal models with their `.inputs.npz`/`.expected.npz`. A
+`MANIFEST.json` lists every member with its sha256 and says what each kind of file is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantscan.errors import UsageError
+from quantscan.report import atomic_write_bytes
+
+APPENDED_SIDECARS = (".rewrite.json", ".log")
+"""`OUT.onnx.rewrite.json` (a rewrite's proof), `OUT.onnx.log` (an --until-fails search log)."""
+REPLACED_SIDECARS = (".inputs.npz", ".expected.npz")
+"""`OUT.inputs.npz` / `OUT.expected.npz`: an extracted model's real inputs and expected outputs."""
+
+
+@dataclass
+class Bundle:
+    path: Path
+    members: list[str]
+
+
+def _members(run_dir: Path, extras: Sequence[Path]) -> list[tuple[str, Path]]:
+    if not (run_dir / "run.json").is_file():
+        raise UsageError(f"bundle: expected a quantscan run folder (with run.json), found none in {run_dir}")
+    items = [(f"run/{p.name}", p) for p in sorted(run_dir.iterdir()) if p.is_file() and not p.name.startswith(".")]
+    for extra in extras:
+        if not extra.is_file():
+            raise UsageError(f"bundle: expected a file to include, found nothing at {extra}")
+        items.append((f"models/{extra.name}", extra))
+        sides = [extra.with_name(extra.name + s) for s in APPENDED_SIDECARS]
+        sides += [extra.with_suffix(s) for s in REPLACED_SIDECARS]
+        items += [(f"models/{side.name}", side) for side in sides if side.is_file()]
+    return items
+
+
+def make_bundle(run_dir: str | Path, out: str | Path, *, include: Sequence[str | Path] = ()) -> Bundle:
+    """Write `out` (a .zip) atomically; refuses to write over a file that is part of the bundle."""
+    run, target = Path(run_dir), Path(out)
+    items = _members(run, [Path(p) for p in include])
+    if any(target.exists() and src.resolve() == target.resolve() for _, src in items):
+        raise UsageError(f"bundle: expected an output path outside the bundled files, found {target}")
+    manifest = {"format": 1, "tool": "quantscan", "members": {}}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, src in items:
+            data = src.read_bytes()
+            manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}  # type: ignore[index]
+            zf.writestr(name, data)
+        run_json = json.loads((run / "run.json").read_text())
+        manifest["model"] = run_json.get("model")
+        manifest["versions"] = run_json.get("versions")
+        manifest["input_contract"] = run_json.get("input_contract")
+        zf.writestr("MANIFEST.json", json.dumps(manifest, indent=1) + "\n")
+    atomic_write_bytes(target, buf.getvalue())
+    return Bundle(target, [n for n, _ in items] + ["MANIFEST.json"])
