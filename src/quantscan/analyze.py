@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -207,10 +207,6 @@ def _apply_dim_settings(
             current[axis] = setting.value
             dims[name] = tuple(current)
     return dims, fixed_batch
-
-
-def _batches(calib: CalibSet, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-    yield from calib.batches(batch_size)
 
 
 def _n_batches(n_samples: int, batch_size: int) -> int:
@@ -647,7 +643,6 @@ class Evaluation:
     cumulative: dict[str, qm.ErrorAccumulator]
     isolated: dict[int, qm.ErrorAccumulator]
     act_channel: dict[int, qm.ChannelErrorAccumulator]
-    act_channel_sq: dict[int, np.ndarray]
     hist: dict[str, np.ndarray]
     output_metrics: dict[str, dict[str, float]]
     deployed_metrics: dict[str, dict[str, float]]
@@ -776,7 +771,7 @@ def _evaluate(
         deployed_metrics[o] = _output_row(deployed_acc[o], deployed_top1.get(o))
     hist = _histograms(sites, plan, hist_counts)
     return Evaluation(
-        cumulative, isolated, act_channel, {}, hist, output_metrics, deployed_metrics, headline, warnings, seen
+        cumulative, isolated, act_channel, hist, output_metrics, deployed_metrics, headline, warnings, seen
     )
 
 
@@ -804,11 +799,6 @@ def _histograms(
         hist[f"{k}/fp32"] = fp32.reshape(64, 4).sum(axis=1)
         hist[f"{k}/int8"] = int8.reshape(64, 4).sum(axis=1)
     return hist
-
-
-def _finite(x: np.ndarray) -> np.ndarray:
-    flat = x.reshape(-1)
-    return flat[np.isfinite(flat)] if not np.isfinite(flat).all() else flat
 
 
 def _output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dict[str, float]:
@@ -1186,7 +1176,3 @@ def _run_info(
         "runner": {"sessions": runner.stats.sessions_created, "runs": runner.stats.runs},
         "headline": dict(headline),
     }
-
-
-def iter_progress(items: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - convenience for notebooks
-    yield from items
