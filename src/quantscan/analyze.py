@@ -262,6 +262,10 @@ class ScanContext:
     """compat.CheckResult when a profile was given."""
     profile: str | None = None
 
+    def classifier_outputs(self, outputs: Sequence[str]) -> set[str]:
+        """Which of `outputs` are classifier outputs (top-1 agreement applies)."""
+        return classifier_outputs(self.prepared, outputs, self.probe)
+
     def headline_outputs(self) -> list[str]:
         """The graph outputs the headline metric uses (contract: `--output`, else non-state float outputs)."""
         return _headline_outputs(self.probe, self.opts.output)
@@ -664,7 +668,7 @@ def _headline_outputs(probe: Probe, requested: Sequence[str]) -> list[str]:
     return chosen or [o for o in probe.outputs if o in probe.float_tensors]
 
 
-def _classifier_outputs(prepared: PreparedModel, outputs: Sequence[str], probe: Probe) -> set[str]:
+def classifier_outputs(prepared: PreparedModel, outputs: Sequence[str], probe: Probe) -> set[str]:
     """Outputs a Softmax (possibly through Identity/Reshape) produces, with a class axis of ≥ 2."""
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     found = set()
@@ -715,7 +719,7 @@ def _evaluate(
             channel_pairs[k] = reducer.channel_sums(site.output, fq, len(shape), axis)
             hist_codes[k] = (codes, f"{site.output}__act__q{qgraph.CUMULATIVE_SUFFIX}")
     headline = _headline_outputs(probe, opts.output)
-    classifiers = _classifier_outputs(prepared, headline, probe)
+    classifiers = classifier_outputs(prepared, headline, probe)
     outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in p.names()]
     outputs += [n for pair in channel_pairs.values() for n in pair]
     outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
@@ -767,8 +771,8 @@ def _evaluate(
     deployed_metrics: dict[str, dict[str, float]] = {}
     for o in headline:
         if o in cumulative:
-            output_metrics[o] = _output_row(cumulative[o], top1.get(o))
-        deployed_metrics[o] = _output_row(deployed_acc[o], deployed_top1.get(o))
+            output_metrics[o] = output_row(cumulative[o], top1.get(o))
+        deployed_metrics[o] = output_row(deployed_acc[o], deployed_top1.get(o))
     hist = _histograms(sites, plan, hist_counts)
     return Evaluation(
         cumulative, isolated, act_channel, hist, output_metrics, deployed_metrics, headline, warnings, seen
@@ -801,7 +805,8 @@ def _histograms(
     return hist
 
 
-def _output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dict[str, float]:
+def output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dict[str, float]:
+    """One output's headline metrics (and top-1 agreement / accuracy for classifiers)."""
     row = {
         "cosine": acc.cosine,
         "sqnr_db": acc.sqnr_db,

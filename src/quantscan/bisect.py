@@ -48,7 +48,7 @@ FORMAT = 1
 """Session file format version; a newer one is refused, never guessed at."""
 TOOL = "quantscan-bisect"
 METRICS = {"cosine": "cosine", "sqnr": "sqnr_db", "top1": "top1_agreement"}
-"""Target metric name -> key in an output-metrics row (analyze._output_row spelling)."""
+"""Target metric name -> key in an output-metrics row (analyze.output_row spelling)."""
 FALLBACKS = ("float", "int16")
 MODES = ("search", "first_bad")
 PHASES = ("all_float", "all_int8", "search", "reduce", "prune", "first_bad")

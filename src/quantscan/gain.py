@@ -44,7 +44,7 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
-from quantscan.analyze import ProgressFactory, ScanContext, no_progress, prepare_scan
+from quantscan.analyze import ProgressFactory, ScanContext, no_progress, output_row, prepare_scan
 from quantscan.bisect import (
     FALLBACKS,
     MODES,
@@ -159,36 +159,6 @@ class MixedBuilder:
 # --- headline metrics ----------------------------------------------------------------------------------
 
 
-def classifier_outputs(ctx: ScanContext, outputs: Sequence[str]) -> set[str]:
-    """Outputs a Softmax/LogSoftmax produces (through reshapes) with a class axis: top-1 applies."""
-    producers = {o: n for n in ctx.prepared.proto.graph.node for o in n.output}
-    found = set()
-    for name in outputs:
-        node = producers.get(name)
-        while node is not None and node.op_type in ("Identity", "Reshape", "Flatten", "Squeeze"):
-            node = producers.get(node.input[0])
-        if (
-            node is not None
-            and node.op_type in ("Softmax", "LogSoftmax")
-            and qm.looks_like_classifier(ctx.probe.shapes.get(name, ()))
-        ):
-            found.add(name)
-    return found
-
-
-def output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dict[str, float]:
-    row = {
-        "cosine": acc.cosine,
-        "sqnr_db": acc.sqnr_db,
-        "mse": acc.mse,
-        "max_abs": acc.max_abs,
-        "worst_sample_cosine": acc.worst_sample_cosine,
-    }
-    if top1 is not None:
-        row["top1_agreement"] = top1.agreement
-    return row
-
-
 def headline(rows: Mapping[str, Mapping[str, float]], key: str) -> tuple[str, dict[str, float]]:
     """The worst output counts (contract): (output name, its row) by `key`; NaN is worst."""
     usable = {o: r for o, r in rows.items() if key in r}
@@ -256,7 +226,7 @@ class Evaluator:
         self.key = key
         self.runner = runner or ctx.runner
         self.outputs = ctx.headline_outputs()
-        self.classifiers = classifier_outputs(ctx, self.outputs)
+        self.classifiers = ctx.classifier_outputs(self.outputs)
         self.rank = {o: len(ctx.probe.shapes.get(o, ())) for o in self.outputs}
 
     def evaluate(self, prec: Sequence[str]) -> Measured:
@@ -454,7 +424,7 @@ def compute_gain(
     base_prec = ["int8"] * n
     gg = GainGraph(builder, base_prec)
     outputs = ctx.headline_outputs()
-    classifiers = classifier_outputs(ctx, outputs)
+    classifiers = ctx.classifier_outputs(outputs)
     rank = {o: len(ctx.probe.shapes.get(o, ())) for o in outputs}
     pairs = _Pairs(qgraph.Reducer(builder.opset), rank)
     refs: dict[tuple[str, str], tuple[str, str]] = {}
