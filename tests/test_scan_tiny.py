@@ -239,3 +239,59 @@ def test_matmul_weight_is_per_column_and_hardsigmoid_alpha_is_honoured(tmp_path:
     fq = _reference(qdq_path)
     x = dict(np.load(sorted(calib.glob("*.npz"))[0]))
     np.testing.assert_allclose(fq.run(None, x)[0], fp32.run(None, x)[0], atol=0.05)
+
+
+@pytest.mark.parametrize("method", ["minmax", "percentile", "entropy", "mse"])
+@pytest.mark.parametrize("scheme", ["uint8", "int8"])
+def test_every_calibration_method_and_scheme_runs_and_matches_its_saved_model(
+    tmp_path: Path, method: str, scheme: str
+) -> None:
+    """Each calibrator yields a QDQ model whose output the reference evaluator reproduces."""
+    rng = np.random.default_rng(7)
+    model, calib = _conv_bn_relu(tmp_path, rng)
+    qdq_path = tmp_path / "q.onnx"
+    result = quantscan.scan(model, calib, calib_method=method, activations=scheme, save_qdq=qdq_path)
+    saved = onnx.load(qdq_path)
+    zero_points = [t for t in saved.graph.initializer if t.name.endswith("__act__zp")]
+    expected = onnx.TensorProto.UINT8 if scheme == "uint8" else onnx.TensorProto.INT8
+    assert zero_points and all(t.data_type == expected for t in zero_points)
+    fp32, fq = _reference(model), _reference(qdq_path)
+    feed = dict(np.load(sorted(calib.glob("*.npz"))[0]))
+    x = fp32.run(None, feed)[0].astype(np.float64)
+    y = fq.run(None, feed)[0].astype(np.float64)
+    assert result.output_metrics["y"]["cosine"] > 0.9
+    assert float((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum())) > 0.9
+
+
+def test_eval_folder_is_used_for_the_figures_and_said_in_run_json(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    model, calib = _conv_bn_relu(tmp_path, rng)
+    other = tmp_path / "eval"
+    other.mkdir()
+    for i in range(3):
+        np.savez(other / f"{i}.npz", x=(5 * rng.normal(size=(1, 3, 8, 8))).astype(np.float32))
+    same = quantscan.scan(model, calib)
+    separate = quantscan.scan(model, calib, eval=other)
+    assert same.run_info["evaluation"]["same_as_calibration"] is True
+    assert separate.run_info["evaluation"]["same_as_calibration"] is False
+    assert separate.run_info["evaluation"]["samples"] == 3
+    # inputs 5x wider than the calibration range clip: the evaluation set must show it
+    assert separate.output_metrics["y"]["sqnr_db"] < same.output_metrics["y"]["sqnr_db"]
+
+
+def test_output_flag_chooses_the_headline_output(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[N, 3, 4, 4] x) => (float[N, 2, 4, 4] a, float[N, 2, 4, 4] b) {
+      a = Conv (x, w)
+      b = Relu (a)
+    }
+    """
+    model = _save(tmp_path, text, {"w": rng.normal(size=(2, 3, 1, 1)).astype(np.float32)})
+    calib = _calib(tmp_path, "x", [rng.normal(size=(1, 3, 4, 4)).astype(np.float32) for _ in range(3)])
+    assert set(quantscan.scan(model, calib).output_metrics) == {"a", "b"}
+    chosen = quantscan.scan(model, calib, output=["b"])
+    assert chosen.headline["output"] == "b"
+    with pytest.raises(quantscan.errors.UsageError):
+        quantscan.scan(model, calib, output=["c"])
