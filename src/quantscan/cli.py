@@ -604,14 +604,15 @@ HANDLERS = {
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """`quantscan MODEL --calib DIR` means `quantscan scan MODEL --calib DIR`."""
+    """`quantscan MODEL --calib DIR` means `quantscan scan MODEL --calib DIR`.
+
+    Only a first word that is a command name selects that command, so a model file named like a
+    command is reached with the explicit `scan` form (CONTRACT.md).
+    """
     args = list(argv)
-    first = next((a for a in args if not a.startswith("-")), None)
-    if first is not None and first not in COMMANDS and args and not args[0].startswith("-") or (
-        args and args[0].startswith("-") and args[0] not in ("-h", "--help") and first not in COMMANDS
-    ):
-        return ["scan", *args]
-    return args
+    if not args or args[0] in ("-h", "--help") or args[0] in COMMANDS:
+        return args
+    return ["scan", *args]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
