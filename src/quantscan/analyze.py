@@ -5,10 +5,14 @@ of sites):
   0. probe: the prepared model with every tensor exposed, on one batch: true dtypes and shapes (the
      declared ones are not trusted) and a numeric check of the preparation (BN folding, opset
      upgrade) against the user's model;
-  1. calibration: the prepared FP32 model exposing the tensors whose ranges set the scales;
+  1. calibration: the prepared FP32 model with in-graph min/max partials (or whole tensors for the
+     histogram calibrators) of the tensors whose ranges set the scales;
   2. evaluation: the analysis model (FP32 + cumulative QDQ copy + one isolated twin per site, see
-     graph.py) plus the saved QDQ model under ORT_ENABLE_ALL (the deployed-kernel check).
+     graph.py) returning in-graph partial sums, per-channel sums and, for the first samples, the
+     integer codes behind hist.npz; plus the saved QDQ model under ORT_ENABLE_ALL (the
+     deployed-kernel check, reported beside the fake-quant figures).
 All comparison sums stream (float64 accumulators), so memory does not grow with the sample count.
+`prepare_scan` (passes 0-1 and the plan) is shared with bisection (gain.py).
 """
 
 from __future__ import annotations
