@@ -295,3 +295,23 @@ def test_output_flag_chooses_the_headline_output(tmp_path: Path) -> None:
     assert chosen.headline["output"] == "b"
     with pytest.raises(quantscan.errors.UsageError):
         quantscan.scan(model, calib, output=["c"])
+
+
+def test_channel_axis_is_1_for_elementwise_ops_on_conv_outputs(tmp_path: Path) -> None:
+    """An SE-style Mul after a Conv keeps NCHW: its per-channel stats run over axis 1, not width."""
+    rng = np.random.default_rng(10)
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[1, 3, 4, 5] x) => (float[1, 6, 4, 5] y) {
+      c = Conv (x, w)
+      s = Sigmoid (c)
+      y = Mul (c, s)
+    }
+    """
+    model = _save(tmp_path, text, {"w": rng.normal(size=(6, 3, 1, 1)).astype(np.float32)})
+    calib = _calib(tmp_path, "x", [rng.normal(size=(1, 3, 4, 5)).astype(np.float32) for _ in range(3)])
+    result = quantscan.scan(model, calib, fused_activations=frozenset({"Relu"}))
+    mul = next(s for s in result.sites if s.op_type == "Mul")
+    assert mul.conv_like
+    rows = result.channels[(result.channels["node"] == mul.node) & result.channels["act_range"].notna()]
+    assert len(rows) == 6  # channels, not the width of 5

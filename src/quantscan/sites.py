@@ -323,6 +323,7 @@ def find_sites(
     claimed: set[int] = set()
     sites: list[Site] = []
     node_pos = {id(n): i for i, n in enumerate(index.nodes)}
+    channels_first = channels_first_tensors(index)
     for idx, node in enumerate(index.nodes):
         if idx in claimed or node.name in skip or not _is_compute(index, node):
             continue
@@ -333,8 +334,33 @@ def find_sites(
         claimed.update(node_pos[id(n)] for n in kernel_nodes)
         if node.name in folded:
             labels.insert(1, "BatchNormalization")
-        sites.append(_make_site(index, kernel_nodes, output, labels, original_order))
+        site = _make_site(index, kernel_nodes, output, labels, original_order)
+        site.conv_like = site.conv_like or output in channels_first
+        sites.append(site)
     return sites
+
+
+_LAYOUT_SOURCES = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
+                             "GlobalMaxPool", "BatchNormalization", "InstanceNormalization", "LpPool", "Resize",
+                             "Upsample", "DepthToSpace", "SpaceToDepth"})
+_LAYOUT_KEEPERS = frozenset({"Add", "Sub", "Mul", "Div", "Relu", "Clip", "LeakyRelu", "PRelu", "Sigmoid",
+                             "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Pad", "Concat",
+                             "Identity", "Dropout", "Split", "Slice", "Pow", "Sqrt", "Abs", "Neg", "Erf"})
+
+
+def channels_first_tensors(index: GraphIndex) -> set[str]:
+    """Tensors in the NCHW layout of a convolutional network: the channel axis is 1 (CONTRACT.md).
+
+    Conv-like producers start the layout; elementwise ops, activations, padding and concatenation keep
+    it; reshapes and transposes end it. So an SE block's Mul after a Conv has its channels on axis 1,
+    not on the last (width) axis.
+    """
+    found: set[str] = set()
+    for node in index.nodes:
+        keeps = node.op_type in _LAYOUT_KEEPERS and any(i in found for i in node.input)
+        if node.op_type in _LAYOUT_SOURCES or keeps:
+            found.update(o for o in node.output if o)
+    return found
 
 
 def _is_compute(index: GraphIndex, node: onnx.NodeProto) -> bool:
