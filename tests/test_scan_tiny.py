@@ -305,7 +305,8 @@ def test_channel_axis_is_1_for_elementwise_ops_on_conv_outputs(tmp_path: Path) -
     g (float[1, 3, 4, 5] x) => (float[1, 6, 4, 5] y) {
       c = Conv (x, w)
       s = Sigmoid (c)
-      y = Mul (c, s)
+      m = Relu (c)
+      y = Mul (m, s)
     }
     """
     model = _save(tmp_path, text, {"w": rng.normal(size=(6, 3, 1, 1)).astype(np.float32)})
