@@ -30,12 +30,9 @@ With non-monotone behaviour it is *a* boundary, not necessarily the earliest one
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscan.errors import UsageError
+from quantscan.fileio import atomic_write_text
 
 FORMAT = 1
 """Session file format version; a newer one is refused, never guessed at."""
@@ -559,20 +557,8 @@ def _clean_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temp file + os.replace, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
+    """Write `text` to `path` atomically (see quantscan.fileio)."""
+    atomic_write_text(path, text)
 
 def machine_for(session: Session) -> Bisector:
     """Rebuild the machine a session describes and replay its events (no evaluation is repeated)."""

@@ -61,6 +61,7 @@ from quantscan.bisect import (
 )
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
+from quantscan.fileio import atomic_write_bytes
 from quantscan.model import LoadedModel, load_model, onnx_opset, upgrade_opset
 from quantscan.runner import Runner
 from quantscan.sites import Site
@@ -1048,18 +1049,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> Path:
-    """The mixed-precision QDQ model, written atomically (temp file + rename)."""
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """The mixed-precision QDQ model, written atomically."""
+    atomic_write_bytes(path, model.SerializeToString())
     return path
+

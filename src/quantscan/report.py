@@ -9,8 +9,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +18,7 @@ import onnx
 import pandas as pd
 
 from quantscan.errors import UsageError
+from quantscan.fileio import atomic_write_bytes, atomic_write_text
 
 if TYPE_CHECKING:
     from quantscan.analyze import ScanResult
@@ -39,23 +38,6 @@ def ensure_out_dir(out: Path) -> Path:
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:

@@ -21,9 +21,7 @@ import html
 import io
 import json
 import math
-import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from quantscan.errors import QuantscanError
+from quantscan.fileio import atomic_write_text
 
 SUPPORTED_FORMAT = 1
 """Highest run.json "format" this renderer understands; a newer folder is refused, not misread."""
@@ -200,15 +199,7 @@ def write_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     text = render_report(run_dir)
     path = run_dir / "report.html"
-    fd, tmp = tempfile.mkstemp(prefix=".report.html.", suffix=".tmp", dir=run_dir)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode("utf-8"))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, text)
     return path
 
 

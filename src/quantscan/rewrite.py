@@ -30,9 +30,9 @@ import onnx
 
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
+from quantscan.fileio import atomic_write_bytes
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
-from quantscan.report import atomic_write_bytes
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
