@@ -10,16 +10,39 @@ given:
 - `compare(a, b, calib) -> CompareResult`;
 - `extract(model, node, context=K) -> ExtractResult`;
 - `run_bisect(model, calib, target_cosine=X, ...) -> BisectResult` (named so because
-  `quantscan.bisect` is the bisection state-machine module).
+  `quantscan.bisect` is the bisection package).
 """
 
 __version__ = "0.1.0"
 
-from quantscan.analyze import ScanResult, scan  # noqa: E402
-from quantscan.compare import compare  # noqa: E402
-from quantscan.compat import check  # noqa: E402
-from quantscan.extract import extract  # noqa: E402
-from quantscan.gain import run_bisect  # noqa: E402
-from quantscan.rewrite import rewrite  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+if TYPE_CHECKING:
+    from quantscan.analyze import ScanResult, scan
+    from quantscan.bisect import run_bisect
+    from quantscan.compare import compare
+    from quantscan.compat import check
+    from quantscan.extract import extract
+    from quantscan.rewrite import rewrite
+
+_LAZY = {
+    "ScanResult": "quantscan.analyze",
+    "scan": "quantscan.analyze",
+    "compare": "quantscan.compare",
+    "check": "quantscan.compat",
+    "extract": "quantscan.extract",
+    "run_bisect": "quantscan.bisect",
+    "rewrite": "quantscan.rewrite",
+}
+"""Public name -> its module, imported on first use: `import quantscan.bisect.state` (or any pure
+submodule) must not load onnxruntime, onnx and pandas through the package."""
 
 __all__ = ["ScanResult", "__version__", "check", "compare", "extract", "rewrite", "run_bisect", "scan"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

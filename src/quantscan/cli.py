@@ -499,7 +499,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 def cmd_bisect(args: argparse.Namespace) -> int:
     if args.show:
         return _show_session(Path(args.show))
-    from quantscan.gain import run_bisect
+    from quantscan.bisect import run_bisect
 
     model = args.model
     if model is None and args.resume is None:
@@ -538,18 +538,17 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
     plan = result.plan
-    sites = plan.get("sites", [])
-    metric = str((plan.get("target") or {}).get("metric", "cosine"))
+    metric = plan.target.metric
 
-    def value(key: str) -> str:
-        got = (plan.get(key) or {}).get(metric)
+    def value(metrics: dict[str, float] | None) -> str:
+        got = (metrics or {}).get(metric)
         return f"{got:.5f}" if isinstance(got, float) else str(got)
 
-    print(f"{plan.get('status')}: {len(sites)} site(s) kept {args.fallback}; {metric} {value('achieved')} "
-          f"(all-int8 {value('all_int8')}, all-float {value('all_float')}); "
-          f"{plan.get('evaluations')} evaluations in {plan.get('seconds')} s")
-    for site in sites:
-        print(f"  {site['node']} -> {site['precision']}")
+    print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)} "
+          f"(all-int8 {value(plan.all_int8)}, all-float {value(plan.all_float)}); "
+          f"{plan.evaluations} evaluations in {plan.seconds} s")
+    for site in plan.sites:
+        print(f"  {site.node} -> {site.precision}")
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
     return EXIT_OK if result.reached else EXIT_THRESHOLD
 

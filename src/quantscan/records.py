@@ -11,7 +11,11 @@ Pure data: no onnxruntime, no pandas, no file I/O.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class StrEnum(str, Enum):
@@ -92,6 +96,269 @@ class ActivationScheme(StrEnum):
 
 
 # --- bisection records (target, plan, plan sites) ------------------------------------------------
+
+
+Metrics = dict[str, float]
+"""One configuration's headline metrics by name (`cosine`, `sqnr_db`, `top1_agreement`)."""
+
+
+def json_float(value: float) -> float | str:
+    """JSON has no NaN/inf: they are stored as the strings "nan"/"inf"/"-inf", so the file stays JSON."""
+    return value if math.isfinite(value) else str(value)
+
+
+def _metrics_json(metrics: Metrics | None) -> dict[str, float | str] | None:
+    return None if metrics is None else {k: json_float(v) for k, v in metrics.items()}
+
+
+def _metrics_from(raw: Any) -> Metrics | None:
+    return None if raw is None else {str(k): float(v) for k, v in dict(raw).items()}
+
+
+@dataclass(frozen=True)
+class PlanTarget:
+    """The target a plan was searched for: `metric` (cosine|sqnr|top1) >= `value` on `output`."""
+
+    metric: str
+    value: float
+    output: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": json_float(self.value), "output": self.output}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> PlanTarget:
+        output = raw.get("output")
+        return cls(str(raw["metric"]), float(raw["value"]), None if output is None else str(output))
+
+
+@dataclass(frozen=True)
+class PlanSite:
+    """A site the plan keeps above int8, with what the vendor exports need to address it.
+
+    `nodes` are the kernel's node names in the user's model (a folded BatchNormalization included),
+    `output` the tensor the kernel writes; `weights`/`weight_axis` and `int16_tensors` say what an
+    int16 site quantizes at 16 bit.
+    """
+
+    node: str
+    output: str
+    precision: Precision
+    op_type: str = ""
+    kernel: str = ""
+    order: int = 0
+    nodes: tuple[str, ...] = ()
+    gain_if_float: float = math.nan
+    weights: tuple[str, ...] = ()
+    weight_axis: int = 0
+    int16_tensors: tuple[str, ...] = ()
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """The nodes an export names: the kernel's nodes, or the site node alone when none are known."""
+        return self.nodes or (self.node,)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "output": self.output,
+            "precision": str(self.precision),
+            "op_type": self.op_type,
+            "kernel": self.kernel,
+            "order": self.order,
+            "nodes": list(self.nodes),
+            "gain_if_float": json_float(self.gain_if_float),
+            "weights": list(self.weights),
+            "weight_axis": self.weight_axis,
+            "int16_tensors": list(self.int16_tensors),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> PlanSite:
+        return cls(
+            node=str(raw["node"]),
+            output=str(raw["output"]),
+            precision=Precision(Precision.parse(raw["precision"])),
+            op_type=str(raw.get("op_type", "")),
+            kernel=str(raw.get("kernel", "")),
+            order=int(raw.get("order", 0)),
+            nodes=tuple(str(n) for n in raw.get("nodes", ())),
+            gain_if_float=float(raw.get("gain_if_float", math.nan)),
+            weights=tuple(str(w) for w in raw.get("weights", ())),
+            weight_axis=int(raw.get("weight_axis", 0)),
+            int16_tensors=tuple(str(t) for t in raw.get("int16_tensors", ())),
+        )
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    """Best measured metric with `float_sites` sites kept high precision (Pareto-optimal points only)."""
+
+    float_sites: int
+    value: float
+    sites: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"float_sites": self.float_sites, "value": json_float(self.value), "sites": list(self.sites)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ParetoPoint:
+        return cls(int(raw["float_sites"]), float(raw["value"]), tuple(str(s) for s in raw.get("sites", ())))
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """One finished evaluation of the search, as the plan's step log keeps it."""
+
+    sites: tuple[str, ...]
+    phase: str
+    value: float
+    passed: bool
+    seconds: float
+    metrics: Metrics = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "eval",
+            "sites": list(self.sites),
+            "phase": self.phase,
+            "value": json_float(self.value),
+            "passed": self.passed,
+            "seconds": round(self.seconds, 4),
+            "metrics": {k: json_float(v) for k, v in self.metrics.items()},
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> PlanStep:
+        return cls(
+            sites=tuple(str(s) for s in raw["sites"]),
+            phase=str(raw["phase"]),
+            value=float(raw["value"]),
+            passed=bool(raw["passed"]),
+            seconds=float(raw.get("seconds", 0.0)),
+            metrics=_metrics_from(raw.get("metrics", {})) or {},
+        )
+
+
+PLAN_FORMAT = 1
+"""plan.json format version."""
+PLAN_TOOL = "quantscan"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A mixed-precision plan: what `quantscan bisect` found, as plan.json holds it (the contract).
+
+    `sites` are the sites kept at the fallback precision; `all_int8`, `all_float` and `achieved` the
+    headline metrics of nothing kept, everything kept (but `force_quant`) and the plan (None when not
+    measured); `pareto` the measured float-sites -> metric curve; `steps` the evaluation log.
+    `to_json`/`from_json` are the one place the file's keys are spelled.
+    """
+
+    model: str
+    model_sha256: str
+    target: PlanTarget
+    fallback: Precision
+    mode: str
+    status: str
+    reached: bool
+    all_int8: Metrics | None
+    all_float: Metrics | None
+    achieved: Metrics | None
+    sites: tuple[PlanSite, ...]
+    pareto: tuple[ParetoPoint, ...]
+    evaluations: int
+    evaluations_before_prune: int
+    evaluations_reduce: int
+    site_count: int
+    first_bad: str | None
+    keep_float: tuple[str, ...]
+    force_quant: tuple[str, ...]
+    qdq_opset: int
+    qdq_note: str
+    calibration: dict[str, Any]
+    seconds: float
+    search_seconds: float
+    last_phase: str | None
+    phases: tuple[str, ...]
+    steps: tuple[PlanStep, ...]
+    format: int = PLAN_FORMAT
+    tool: str = PLAN_TOOL
+
+    def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
+        """The plan's sites, or only those at `precision`."""
+        return [s for s in self.sites if precision is None or s.precision == precision]
+
+    def to_json(self) -> dict[str, Any]:
+        """plan.json's content, keys in the file's order; non-finite floats as strings."""
+        return {
+            "format": self.format,
+            "tool": self.tool,
+            "model": self.model,
+            "model_sha256": self.model_sha256,
+            "target": self.target.to_json(),
+            "fallback": str(self.fallback),
+            "mode": self.mode,
+            "status": self.status,
+            "reached": self.reached,
+            "all_int8": _metrics_json(self.all_int8),
+            "all_float": _metrics_json(self.all_float),
+            "achieved": _metrics_json(self.achieved),
+            "sites": [s.to_json() for s in self.sites],
+            "pareto": [p.to_json() for p in self.pareto],
+            "evaluations": self.evaluations,
+            "evaluations_before_prune": self.evaluations_before_prune,
+            "evaluations_reduce": self.evaluations_reduce,
+            "site_count": self.site_count,
+            "first_bad": self.first_bad,
+            "keep_float": list(self.keep_float),
+            "force_quant": list(self.force_quant),
+            "qdq_opset": self.qdq_opset,
+            "qdq_note": self.qdq_note,
+            "calibration": dict(self.calibration),
+            "seconds": self.seconds,
+            "search_seconds": self.search_seconds,
+            "last_phase": self.last_phase,
+            "phases": list(self.phases),
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Plan:
+        """Read plan.json's content back (KeyError/ValueError when a contract key is missing or bad)."""
+        first_bad, last_phase = raw.get("first_bad"), raw.get("last_phase")
+        return cls(
+            model=str(raw["model"]),
+            model_sha256=str(raw["model_sha256"]),
+            target=PlanTarget.from_json(raw["target"]),
+            fallback=Precision(Precision.parse(raw["fallback"])),
+            mode=str(raw["mode"]),
+            status=str(raw["status"]),
+            reached=bool(raw["reached"]),
+            all_int8=_metrics_from(raw.get("all_int8")),
+            all_float=_metrics_from(raw.get("all_float")),
+            achieved=_metrics_from(raw.get("achieved")),
+            sites=tuple(PlanSite.from_json(s) for s in raw["sites"]),
+            pareto=tuple(ParetoPoint.from_json(p) for p in raw["pareto"]),
+            evaluations=int(raw["evaluations"]),
+            evaluations_before_prune=int(raw.get("evaluations_before_prune", 0)),
+            evaluations_reduce=int(raw.get("evaluations_reduce", 0)),
+            site_count=int(raw.get("site_count", 0)),
+            first_bad=None if first_bad is None else str(first_bad),
+            keep_float=tuple(str(n) for n in raw.get("keep_float", ())),
+            force_quant=tuple(str(n) for n in raw.get("force_quant", ())),
+            qdq_opset=int(raw.get("qdq_opset", 0)),
+            qdq_note=str(raw.get("qdq_note", "")),
+            calibration=dict(raw.get("calibration", {})),
+            seconds=float(raw.get("seconds", 0.0)),
+            search_seconds=float(raw.get("search_seconds", 0.0)),
+            last_phase=None if last_phase is None else str(last_phase),
+            phases=tuple(str(p) for p in raw.get("phases", ())),
+            steps=tuple(PlanStep.from_json(s) for s in raw.get("steps", ())),
+            format=int(raw.get("format", PLAN_FORMAT)),
+            tool=str(raw.get("tool", PLAN_TOOL)),
+        )
+
 
 
 # --- compatibility records (findings) -------------------------------------------------------------

@@ -2,41 +2,68 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import pytest
+from bisect_helpers import chain_model
 
-from quantscan import exports
+from quantscan.bisect import exports
 from quantscan.errors import UsageError
-from test_gain import chain_model
+from quantscan.records import Plan, PlanSite, PlanTarget, Precision
 
-PLAN: dict[str, Any] = {
-    "model_sha256": "ab" * 32,
-    "sites": [
-        {
-            "node": "mm2",
-            "nodes": ["mm2", "add2", "relu2"],
-            "output": "h2",
-            "precision": "float",
-            "weights": ["w2"],
-            "weight_axis": 1,
-            "int16_tensors": [],
-        },
-        {
-            "node": "mm5",
-            "nodes": ["mm5", "add5", "relu5"],
-            "output": "h5",
-            "precision": "int16",
-            "weights": ["w5"],
-            "weight_axis": 1,
-            "int16_tensors": ["h5"],
-        },
-    ],
-}
+SITES = (
+    PlanSite(
+        node="mm2",
+        nodes=("mm2", "add2", "relu2"),
+        output="h2",
+        precision=Precision.FLOAT,
+        weights=("w2",),
+        weight_axis=1,
+        int16_tensors=(),
+    ),
+    PlanSite(
+        node="mm5",
+        nodes=("mm5", "add5", "relu5"),
+        output="h5",
+        precision=Precision.INT16,
+        weights=("w5",),
+        weight_axis=1,
+        int16_tensors=("h5",),
+    ),
+)
+PLAN = Plan(
+    model="chain.onnx",
+    model_sha256="ab" * 32,
+    target=PlanTarget("cosine", 0.99, "y"),
+    fallback=Precision.FLOAT,
+    mode="search",
+    status="reached",
+    reached=True,
+    all_int8=None,
+    all_float=None,
+    achieved=None,
+    sites=SITES,
+    pareto=(),
+    evaluations=0,
+    evaluations_before_prune=0,
+    evaluations_reduce=0,
+    site_count=10,
+    first_bad=None,
+    keep_float=(),
+    force_quant=(),
+    qdq_opset=13,
+    qdq_note="",
+    calibration={},
+    seconds=0.0,
+    search_seconds=0.0,
+    last_phase=None,
+    phases=(),
+    steps=(),
+)
 
 
 def test_onnxruntime_config_runs_in_quantize_static(tmp_path: Path) -> None:
@@ -93,7 +120,7 @@ def test_rknn_cfg_is_custom_quantize_layers_yaml() -> None:
     yaml = pytest.importorskip("yaml")
     doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN))
     assert doc == {"custom_quantize_layers": {"h2": "float16", "h5": "int16"}}
-    empty = yaml.safe_load(exports.rknn_hybrid_cfg({"sites": []}))
+    empty = yaml.safe_load(exports.rknn_hybrid_cfg(dataclasses.replace(PLAN, sites=())))
     assert empty == {"custom_quantize_layers": {}}
 
 

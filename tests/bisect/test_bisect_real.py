@@ -14,8 +14,8 @@ import pytest
 
 from conftest import asset_calib, asset_model
 from quantscan import metrics as qm
+from quantscan.bisect import run_bisect
 from quantscan.calib import load_calibration
-from quantscan.gain import run_bisect
 from quantscan.model import load_model
 from quantscan.runner import Runner
 
@@ -38,17 +38,18 @@ def test_bisect_reaches_cosine_target_on_real_model(
         save_qdq=tmp_path / "mixed.onnx",
     )
     plan = result.plan
-    assert plan["all_int8"]["cosine"] < TARGET < plan["all_float"]["cosine"]
-    assert result.reached and plan["status"] == "reached" and plan["sites"]
-    assert plan["achieved"]["cosine"] >= TARGET
-    assert plan["evaluations_before_prune"] <= 2 * __import__("math").log2(plan["site_count"]) + 2
-    chosen = {s["node"] for s in plan["sites"]}
+    assert plan.all_int8 is not None and plan.all_float is not None and plan.achieved is not None
+    assert plan.all_int8["cosine"] < TARGET < plan.all_float["cosine"]
+    assert result.reached and plan.status == "reached" and plan.sites
+    assert plan.achieved["cosine"] >= TARGET
+    assert plan.evaluations_before_prune <= 2 * __import__("math").log2(plan.site_count) + 2
+    chosen = {s.node for s in plan.sites}
     measured = {frozenset(s.sites): s for s in result.steps}
     for member in chosen:  # every one-smaller set was actually run, and missed the target
         step = measured[frozenset(chosen - {member})]
         assert not step.passed and step.value < TARGET
     assert _plain_ort_cosine(model, calib, tmp_path / "mixed.onnx", limit) == pytest.approx(
-        plan["achieved"]["cosine"], abs=0.01
+        plan.achieved["cosine"], abs=0.01
     )
 
 

@@ -1,6 +1,7 @@
-"""Bisection sessions: a tiny pure state machine and its resumable JSON session file.
+"""The bisection search as a tiny pure state machine (no onnxruntime, onnx, pandas or argparse).
 
-No onnxruntime and no argparse here (gain.py runs the models, cli.py parses flags). The machine is
+The driver (bisect/driver.py) runs the models, cli.py parses flags, bisect/session.py stores the
+events. The machine is
 Polygraphy-`debug reduce`-like: :meth:`Bisector.next` proposes a candidate (the set of sites kept in
 high precision), the caller runs it and hands back the measured value with :meth:`Bisector.record`.
 
@@ -30,24 +31,18 @@ With non-monotone behaviour it is *a* boundary, not necessarily the earliest one
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_text
+from quantscan.records import ParetoPoint, PlanStep, PlanTarget, Precision
 
-FORMAT = 1
-"""Session file format version; a newer one is refused, never guessed at."""
-TOOL = "quantscan-bisect"
 METRICS = {"cosine": "cosine", "sqnr": "sqnr_db", "top1": "top1_agreement"}
 """Target metric name -> key in an output-metrics row (analyze.output_row spelling)."""
-FALLBACKS = ("float", "int16")
+FALLBACKS: tuple[str, ...] = tuple(p.value for p in Precision)
+"""The precisions a site not kept int8 can get (`--fallback`)."""
 MODES = ("search", "first_bad")
 PHASES = ("all_float", "all_int8", "search", "reduce", "prune", "first_bad")
 REDUCE_MIN = 6
@@ -57,7 +52,8 @@ REDUCE_MIN = 6
 class SessionFileError(UsageError):
     """A session file cannot be used: corrupt, truncated, newer, or from another model/data set.
 
-    A `UsageError` (exit 2, one line): the user gave a file that does not fit.
+    A `UsageError` (exit 2, one line): the user gave a file that does not fit. Defined beside the
+    machine because :meth:`Bisector.replay` is what refuses events that do not follow the search.
     """
 
 
@@ -89,6 +85,10 @@ class Target:
     def as_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "value": self.value, "output": self.output}
 
+    def record(self, output: str | None = None) -> PlanTarget:
+        """The target as the plan records it; `output` (the headline outputs) replaces ours when given."""
+        return PlanTarget(self.metric, self.value, output if output is not None else self.output)
+
 
 # --- events --------------------------------------------------------------------------------------------
 
@@ -112,16 +112,13 @@ class Step:
     seconds: float
     metrics: Mapping[str, float] = field(default_factory=dict)
 
+    def record(self) -> PlanStep:
+        """The step as the plan's log keeps it (the same JSON form as the session's event; seconds
+        rounded to 0.1 ms as both files store them)."""
+        return PlanStep(self.sites, self.phase, self.value, self.passed, round(self.seconds, 4), dict(self.metrics))
+
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "eval",
-            "sites": list(self.sites),
-            "phase": self.phase,
-            "value": _json_float(self.value),
-            "passed": self.passed,
-            "seconds": round(self.seconds, 4),
-            "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
-        }
+        return self.record().to_json()
 
 
 @dataclass(frozen=True)
@@ -152,11 +149,6 @@ def event_from_dict(raw: Mapping[str, Any]) -> Event:
             metrics={k: _float(v) for k, v in dict(raw.get("metrics", {})).items()},
         )
     raise ValueError(f"unknown event kind {kind!r}")
-
-
-def _json_float(value: float) -> float | str:
-    """JSON has no NaN/inf: store them as strings so the file stays standard JSON."""
-    return value if math.isfinite(value) else str(value)
 
 
 def _float(value: Any) -> float:
@@ -265,7 +257,7 @@ class Bisector:
                 )
             self.record(event.value, seconds=event.seconds, metrics=event.metrics)
 
-    def pareto(self) -> list[dict[str, Any]]:
+    def pareto(self) -> list[ParetoPoint]:
         """'number of high-precision sites -> output metric' over the measured sets, Pareto-optimal only."""
         best: dict[int, Step] = {}
         for step in self.known.values():
@@ -274,16 +266,20 @@ class Bisector:
             n = len(step.sites)
             if n not in best or step.value > best[n].value:
                 best[n] = step
-        rows: list[dict[str, Any]] = []
+        rows: list[ParetoPoint] = []
         top = -math.inf
         for n in sorted(best):
             if best[n].value > top:
                 top = best[n].value
-                rows.append({"float_sites": n, "value": best[n].value, "sites": list(best[n].sites)})
+                rows.append(ParetoPoint(n, best[n].value, best[n].sites))
         return rows
 
+    def step_of(self, sites: Iterable[str]) -> Step | None:
+        """The measured step of this set of high-precision sites, None if it was never measured."""
+        return self.known.get(self._key(sites))
+
     def value_of(self, sites: Iterable[str]) -> float | None:
-        step = self.known.get(self._key(sites))
+        step = self.step_of(sites)
         return step.value if step is not None else None
 
     # --- internals -------------------------------------------------------------------------------------
@@ -433,176 +429,6 @@ class Bisector:
         return Outcome(
             "found", self._key(config(hi)), self.known[self._key(config(hi))].value, self.topo[hi - 1]
         )
-
-
-# --- session file --------------------------------------------------------------------------------------
-
-
-def calibration_identity(folder: str | Path, files: Sequence[str | Path], samples: int) -> dict[str, Any]:
-    """The calibration set's identity: folder, and a hash of the file names and sizes in order.
-
-    Names and sizes, not contents: hashing every image on each resume would cost as much as reading
-    the set; a renamed, added, removed or rewritten-with-another-size file still changes the hash.
-    """
-    digest = hashlib.sha256()
-    for f in files:
-        p = Path(f)
-        size = p.stat().st_size if p.exists() else -1
-        digest.update(f"{p.name}\0{size}\n".encode())
-    return {"path": str(Path(folder).resolve()), "files_sha256": digest.hexdigest(), "samples": int(samples)}
-
-
-@dataclass
-class Session:
-    """Everything a resume needs: identities, options, the site ordering, the output gains, the events."""
-
-    model_path: str
-    model_sha256: str
-    calibration: dict[str, Any]
-    options: dict[str, Any]
-    sites: list[dict[str, Any]]
-    order: list[str]
-    gain: list[dict[str, Any]]
-    events: list[Event] = field(default_factory=list)
-    status: str = "running"
-    format: int = FORMAT
-    created: float = field(default_factory=time.time)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "tool": TOOL,
-            "status": self.status,
-            "created": self.created,
-            "updated": time.time(),
-            "model": {"path": self.model_path, "sha256": self.model_sha256},
-            "calibration": self.calibration,
-            "options": self.options,
-            "sites": self.sites,
-            "order": self.order,
-            "gain": [_clean_row(r) for r in self.gain],
-            "events": [e.as_dict() for e in self.events],
-        }
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any], path: Path) -> Session:
-        fmt = raw.get("format")
-        if raw.get("tool") != TOOL or not isinstance(fmt, int):
-            raise SessionFileError(f"expected a quantscan bisect session in {path}, found another JSON file")
-        if fmt > FORMAT:
-            raise SessionFileError(
-                f"session {path} has format {fmt}, this quantscan reads format {FORMAT} and older: upgrade quantscan"
-            )
-        try:
-            return cls(
-                model_path=str(raw["model"]["path"]),
-                model_sha256=str(raw["model"]["sha256"]),
-                calibration=dict(raw["calibration"]),
-                options=dict(raw["options"]),
-                sites=list(raw["sites"]),
-                order=list(raw["order"]),
-                gain=list(raw.get("gain", [])),
-                events=[event_from_dict(e) for e in raw.get("events", [])],
-                status=str(raw.get("status", "running")),
-                format=fmt,
-                created=float(raw.get("created", 0.0)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SessionFileError(f"session {path} is incomplete or damaged (bad field: {exc})") from None
-
-    def save(self, path: str | Path) -> None:
-        """Atomic: a temp file in the same folder, fsync'd, then os.replace (a kill leaves old or new)."""
-        write_atomic(Path(path), json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
-
-    @classmethod
-    def load(cls, path: str | Path) -> Session:
-        """Read and validate; a corrupt or truncated file is refused and left as it is."""
-        p = Path(path)
-        if not p.is_file():
-            raise SessionFileError(f"expected a bisect session file, found nothing at {p}")
-        text = p.read_text(encoding="utf-8", errors="replace")
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SessionFileError(
-                f"session {p} is corrupt or truncated (invalid JSON at byte {exc.pos} of {len(text)}); "
-                "it was left untouched"
-            ) from None
-        if not isinstance(raw, dict):
-            raise SessionFileError(f"expected a bisect session object in {p}, found {type(raw).__name__}")
-        return cls.from_json(raw, p)
-
-    def check_model(self, sha256: str, path: str | Path) -> None:
-        if sha256 != self.model_sha256:
-            raise SessionFileError(
-                f"session belongs to a model with sha256 {self.model_sha256[:12]}…, found {sha256[:12]}… in {path}"
-            )
-
-    def check_calibration(self, identity: Mapping[str, Any]) -> None:
-        ours = (self.calibration.get("files_sha256"), self.calibration.get("samples"))
-        theirs = (identity.get("files_sha256"), identity.get("samples"))
-        if ours != theirs:
-            raise SessionFileError(
-                f"session was measured on calibration set {self.calibration.get('path')} "
-                f"({self.calibration.get('samples')} samples), found another set at {identity.get('path')} "
-                f"({identity.get('samples')} samples, different files)"
-            )
-
-    def steps(self) -> list[Step]:
-        return [e for e in self.events if isinstance(e, Step)]
-
-
-def _clean_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _json_float(v) if isinstance(v, float) else v for k, v in row.items()}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (see quantscan.fileio)."""
-    atomic_write_text(path, text)
-
-def machine_for(session: Session) -> Bisector:
-    """Rebuild the machine a session describes and replay its events (no evaluation is repeated)."""
-    opts = session.options
-    target = Target(str(opts["target_metric"]), float(opts["target_value"]), opts.get("output"))
-    topo = [s["node"] for s in sorted(session.sites, key=lambda s: int(s["order"]))]
-    machine = Bisector(
-        session.order,
-        target,
-        topo=topo,
-        mode=str(opts.get("mode", "search")),
-        keep_float=opts.get("keep_float", ()),
-        force_quant=opts.get("force_quant", ()),
-    )
-    machine.replay(session.events)
-    return machine
-
-
-def describe(session: Session, machine: Bisector | None = None) -> dict[str, Any]:
-    """Where a session stands, as data for `bisect --show` (the CLI formats it)."""
-    machine = machine or machine_for(session)
-    pending = machine.next()
-    steps = session.steps()
-    return {
-        "model": session.model_path,
-        "status": session.status,
-        "target": machine.target.as_dict(),
-        "mode": machine.mode,
-        "sites": len(session.order),
-        "evaluations": len(steps),
-        "seconds": round(sum(s.seconds for s in steps), 3),
-        "outcome": None
-        if machine.outcome is None
-        else {
-            "status": machine.outcome.status,
-            "sites": list(machine.outcome.sites),
-            "value": machine.outcome.value,
-            "first_bad": machine.outcome.first_bad,
-        },
-        "next": None if pending is None else {"phase": pending.phase, "sites": list(pending.sites)},
-        "keep_float": sorted(machine.keep_float),
-        "force_quant": sorted(machine.force_quant),
-        "steps": [s.as_dict() for s in steps],
-    }
 
 
 StepCallback = Callable[[Step, Bisector], None]

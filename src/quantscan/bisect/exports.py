@@ -1,8 +1,9 @@
 """Mixed-precision plans in the formats vendor toolchains read: one small writer per format.
 
-Each writer takes the plan (plan.json as built by gain.build_plan: `sites` with `node`, `nodes`
-(the kernel's ONNX node names in the user's model), `output` (the tensor the kernel writes, named as
-in the user's model), `precision` float|int16, `weights`, `int16_tensors`) and returns text or a dict.
+Each writer takes the typed plan (`records.Plan`, built by bisect/plan.py: `sites` with `node`,
+`nodes` (the kernel's ONNX node names in the user's model), `output` (the tensor the kernel writes,
+named as in the user's model), `precision` float|int16, `weights`, `int16_tensors`) and returns text
+or a dict.
 Keys follow what each tool matches on: ONNX node names (onnxruntime, Horizon) or output tensor names
 (RKNN, TPU-MLIR, TIDL rename or merge layers, so they address a layer by the tensor it produces).
 A vendor SDK has the last word on what it accepts; the tests check each file against the format as
@@ -12,21 +13,23 @@ the document cited in the writer's docstring describes it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantscan.bisect import write_atomic
-
-Plan = Mapping[str, Any]
-
-
-def _sites(plan: Plan, precision: str | None = None) -> list[Mapping[str, Any]]:
-    return [s for s in plan.get("sites", []) if precision is None or s.get("precision") == precision]
+from quantscan.bisect.jsonio import dumps
+from quantscan.errors import UsageError
+from quantscan.fileio import atomic_write_text
+from quantscan.records import Plan, Precision
 
 
-def _unique(items: Sequence[str]) -> list[str]:
+def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(i for i in items if i))
+
+
+def _float_nodes(plan: Plan) -> list[str]:
+    """The user-model node names of every float site, each once."""
+    return _unique(n for s in plan.sites_at(Precision.FLOAT) for n in s.node_names)
 
 
 # --- onnxruntime ---------------------------------------------------------------------------------------
@@ -44,15 +47,13 @@ def onnxruntime_config(plan: Plan) -> dict[str, Any]:
     `convert` entries are needed; ORT raises the opset to 21 itself when 16-bit types appear.
     """
     overrides: dict[str, list[dict[str, Any]]] = {}
-    for site in _sites(plan, "int16"):
-        for tensor in site.get("int16_tensors", []):
+    for site in plan.sites_at(Precision.INT16):
+        for tensor in site.int16_tensors:
             overrides[tensor] = [{"quant_type": "QInt16", "symmetric": True}]
-        for weight in site.get("weights", []):
-            overrides[weight] = [
-                {"quant_type": "QInt16", "symmetric": True, "axis": int(site.get("weight_axis", 0))}
-            ]
+        for weight in site.weights:
+            overrides[weight] = [{"quant_type": "QInt16", "symmetric": True, "axis": site.weight_axis}]
     return {
-        "nodes_to_exclude": _unique([n for s in _sites(plan, "float") for n in s.get("nodes", [s["node"]])]),
+        "nodes_to_exclude": _float_nodes(plan),
         "per_channel": True,
         "extra_options": {"TensorQuantOverrides": overrides},
     }
@@ -72,10 +73,10 @@ def rknn_hybrid_cfg(plan: Plan) -> str:
     """
     lines = [
         "# quantscan plan: paste into the custom_quantize_layers section of <model>.quantization.cfg",
-        f"# model sha256 {plan.get('model_sha256', '')}",
+        f"# model sha256 {plan.model_sha256}",
         "custom_quantize_layers:",
     ]
-    entries = [(s["output"], "int16" if s.get("precision") == "int16" else "float16") for s in _sites(plan)]
+    entries = [(s.output, "int16" if s.precision == Precision.INT16 else "float16") for s in plan.sites]
     if not entries:
         return "\n".join([*lines[:2], "custom_quantize_layers: {}"]) + "\n"
     lines += [f"    {json.dumps(name)}: {dtype}" for name, dtype in entries]
@@ -94,10 +95,10 @@ def horizon_yaml(plan: Plan) -> str:
     'InputType': 'int16', 'OutputType': 'int16'}` (newer releases; int16 on the BPU). Keys are node
     names of the user's ONNX model. Both are written; keep the one your release documents.
     """
-    float_nodes = _unique([n for s in _sites(plan, "float") for n in s.get("nodes", [s["node"]])])
+    float_nodes = _float_nodes(plan)
     node_info: dict[str, dict[str, str]] = {n: {"ON": "CPU"} for n in float_nodes}
-    for site in _sites(plan, "int16"):
-        for n in site.get("nodes", [site["node"]]):
+    for site in plan.sites_at(Precision.INT16):
+        for n in site.node_names:
             node_info[n] = {"ON": "BPU", "InputType": "int16", "OutputType": "int16"}
     lines = [
         "# quantscan plan: merge into model_parameters of the hb_mapper makertbin YAML",
@@ -120,13 +121,13 @@ def tpu_mlir_qtable(plan: Plan, float_type: str = "F32") -> str:
     modes F32, F16, BF16, INT8 (INT16 is not a TPU mode: int16 sites fall back to F16, said in a
     comment). TPU-MLIR names an op by its output tensor (the ONNX output name), so those are the keys.
     """
-    lines = ["# op_name   quantize_mode", f"# quantscan plan for model sha256 {plan.get('model_sha256', '')}"]
-    for site in _sites(plan):
-        if site.get("precision") == "int16":
-            lines.append(f"# {site['node']}: int16 requested; TPU-MLIR has no INT16 mode, F16 used")
-            lines.append(f"{site['output']} F16")
+    lines = ["# op_name   quantize_mode", f"# quantscan plan for model sha256 {plan.model_sha256}"]
+    for site in plan.sites:
+        if site.precision == Precision.INT16:
+            lines.append(f"# {site.node}: int16 requested; TPU-MLIR has no INT16 mode, F16 used")
+            lines.append(f"{site.output} F16")
         else:
-            lines.append(f"{site['output']} {float_type}")
+            lines.append(f"{site.output} {float_type}")
     return "\n".join(lines) + "\n"
 
 
@@ -144,8 +145,8 @@ def tidl_options(plan: Plan) -> dict[str, str]:
     the accelerator: 16 bit is its highest precision, so float sites are listed too; to run them on
     the Arm core instead, `deny_list:layer_name` takes their node names (see :func:`tidl_export`).
     """
-    outputs = _unique([s["output"] for s in _sites(plan)])
-    weighted = _unique([s["output"] for s in _sites(plan) if s.get("weights")])
+    outputs = _unique(s.output for s in plan.sites)
+    weighted = _unique(s.output for s in plan.sites if s.weights)
     return {
         "advanced_options:output_feature_16bit_names_list": ",".join(outputs),
         "advanced_options:params_16bit_names_list": ",".join(weighted),
@@ -155,10 +156,9 @@ def tidl_options(plan: Plan) -> dict[str, str]:
 def tidl_export(plan: Plan) -> dict[str, dict[str, str]]:
     """The file: `compile_options` to merge into the OSRT options as they are, and, kept apart
     because it changes the partitioning, the `deny_list:layer_name` that would run float sites on Arm."""
-    float_nodes = _unique([n for s in _sites(plan, "float") for n in s.get("nodes", [s["node"]])])
     return {
         "compile_options": tidl_options(plan),
-        "optional_float_on_arm": {"deny_list:layer_name": ",".join(float_nodes)},
+        "optional_float_on_arm": {"deny_list:layer_name": ",".join(_float_nodes(plan))},
     }
 
 
@@ -174,16 +174,12 @@ def tidl_import_config(plan: Plan) -> str:
 # --- writing -------------------------------------------------------------------------------------------
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, indent=1) + "\n"
-
-
 WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
-    "onnxruntime": ("ort_quant_config.json", lambda p: _json(onnxruntime_config(p))),
+    "onnxruntime": ("ort_quant_config.json", lambda p: dumps(onnxruntime_config(p))),
     "rknn": ("rknn_hybrid_quant.cfg", rknn_hybrid_cfg),
     "horizon": ("horizon_node_config.yaml", horizon_yaml),
     "tpu-mlir": ("tpu_mlir.qtable", tpu_mlir_qtable),
-    "tidl": ("tidl_16bit_options.json", lambda p: _json(tidl_export(p))),
+    "tidl": ("tidl_16bit_options.json", lambda p: dumps(tidl_export(p))),
     "tidl-rt": ("tidl_import_16bit.txt", tidl_import_config),
 }
 """Export name -> (file name in the run folder, writer)."""
@@ -194,13 +190,11 @@ def write_exports(plan: Plan, out: Path, names: Sequence[str] | None = None) -> 
     chosen = list(WRITERS) if names is None else list(names)
     unknown = [n for n in chosen if n not in WRITERS]
     if unknown:
-        from quantscan.errors import UsageError
-
         raise UsageError(f"--export: expected one of {', '.join(WRITERS)}, found {', '.join(unknown)}")
     written = {}
     for name in chosen:
         file_name, writer = WRITERS[name]
         path = out / file_name
-        write_atomic(path, writer(plan))
+        atomic_write_text(path, writer(plan))
         written[name] = path
     return written

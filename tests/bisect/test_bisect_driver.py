@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from bisect_helpers import chain_model, write_chain
 
-from quantscan.bisect import Session, SessionFileError
-from quantscan.gain import run_bisect
+from quantscan.bisect import Session, SessionFileError, run_bisect
+from quantscan.records import Plan
 from quantscan.runner import Runner
-from test_gain import chain_model, write_chain
 
 TARGET_SQNR = 44.0
 """The chain's all-int8 output SQNR is ~39.5 dB: a few sites must stay float to reach 44 dB."""
@@ -35,15 +35,16 @@ def test_bisect_reaches_target_and_writes_plan(chain: tuple[Path, Path], tmp_pat
         model, calib, target_sqnr=TARGET_SQNR, out=out, save_qdq=out / "mixed.onnx", threads=1
     )
     plan = result.plan
-    assert result.reached and plan["status"] == "reached"
-    assert plan["all_int8"]["sqnr_db"] < TARGET_SQNR <= plan["achieved"]["sqnr_db"]
-    assert plan["sites"] and all(s["precision"] == "float" for s in plan["sites"])
+    assert result.reached and plan.status == "reached"
+    assert plan.all_int8 is not None and plan.achieved is not None
+    assert plan.all_int8["sqnr_db"] < TARGET_SQNR <= plan.achieved["sqnr_db"]
+    assert plan.sites and all(s.precision == "float" for s in plan.sites)
     assert (
-        plan["evaluations"]
+        plan.evaluations
         == len(result.steps)
         == len(json.loads((out / "session.json").read_text())["events"])
     )
-    assert plan["evaluations_before_prune"] <= 2 * np.log2(plan["site_count"]) + 2
+    assert plan.evaluations_before_prune <= 2 * np.log2(plan.site_count) + 2
     on_disk = json.loads((out / "plan.json").read_text())
     for key in (
         "model_sha256",
@@ -57,6 +58,8 @@ def test_bisect_reaches_target_and_writes_plan(chain: tuple[Path, Path], tmp_pat
     ):
         assert key in on_disk
     assert on_disk["target"]["metric"] == "sqnr" and on_disk["target"]["output"] == "y"
+    assert on_disk == plan.to_json() and list(on_disk) == list(plan.to_json())  # the typed plan is the file
+    assert Plan.from_json(plan.to_json()) == plan and Plan.from_json(on_disk) == plan
     assert (out / "plan.csv").read_text().splitlines()[0].startswith("node,output,precision")
     for name in (
         "ort_quant_config.json",
@@ -71,14 +74,15 @@ def test_bisect_reaches_target_and_writes_plan(chain: tuple[Path, Path], tmp_pat
     ref = runner.session(onnx.load(model)).run({"x": x})["y"].astype(np.float64)
     got = runner.session(onnx.load(out / "mixed.onnx")).run({"x": x})["y"].astype(np.float64)
     sqnr = 10 * np.log10((ref**2).sum() / ((ref - got) ** 2).sum())
-    assert sqnr == pytest.approx(plan["achieved"]["sqnr_db"], abs=0.05)
+    assert sqnr == pytest.approx(plan.achieved["sqnr_db"], abs=0.05)
 
 
 def test_int16_fallback_plan_says_opset_21(chain: tuple[Path, Path], tmp_path: Path) -> None:
     model, calib = chain
     result = run_bisect(model, calib, target_sqnr=TARGET_SQNR, fallback="int16", threads=1, out=tmp_path)
-    assert result.plan["qdq_opset"] == 21 and "opset 21" in result.plan["qdq_note"]
-    assert result.reached and all(s["precision"] == "int16" for s in result.plan["sites"])
+    assert result.plan.qdq_opset == 21 and "opset 21" in result.plan.qdq_note
+    assert result.reached and all(s.precision == "int16" for s in result.plan.sites)
+    assert Plan.from_json(result.plan.to_json()) == result.plan
     assert result.qdq_model is not None
     assert max(o.version for o in result.qdq_model.opset_import if o.domain in ("", "ai.onnx")) == 21
 
@@ -106,9 +110,9 @@ def test_resume_with_marks_and_refusals(chain: tuple[Path, Path], tmp_path: Path
         run_bisect(model, calib, target_sqnr=TARGET_SQNR, session=session, threads=1)
     seen: list[str] = []
     again = run_bisect(resume=session, threads=1, on_step=lambda s, m: seen.append(s.phase))
-    assert seen == [] and again.plan["sites"] == first.plan["sites"]  # finished: nothing re-run
+    assert seen == [] and again.plan.sites == first.plan.sites  # finished: nothing re-run
     pinned = run_bisect(resume=session, keep_float=["mm9"], threads=1)
-    assert "mm9" in {s["node"] for s in pinned.plan["sites"]}
+    assert "mm9" in {s.node for s in pinned.plan.sites}
     assert any(e.get("kind") == "mark" for e in json.loads(session.read_text())["events"])
     other_model = tmp_path / "other.onnx"
     onnx.save(chain_model(seed=5), other_model)
@@ -128,7 +132,7 @@ def test_resume_with_marks_and_refusals(chain: tuple[Path, Path], tmp_path: Path
 
 CHILD = """
 import sys, time
-from quantscan.gain import run_bisect
+from quantscan.bisect import run_bisect
 run_bisect(sys.argv[1], sys.argv[2], target_sqnr=float(sys.argv[4]), session=sys.argv[3], threads=1,
            on_step=lambda step, machine: time.sleep(0.4))
 """
@@ -166,6 +170,6 @@ def test_sigkill_mid_search_then_resume_repeats_nothing(chain: tuple[Path, Path]
     rerun: list[tuple[str, ...]] = []
     resumed = run_bisect(resume=session, threads=1, on_step=lambda s, m: rerun.append(tuple(s.sites)))
     assert not set(rerun) & set(finished)
-    assert resumed.plan["sites"] == reference.plan["sites"]
-    assert resumed.plan["achieved"] == reference.plan["achieved"]
+    assert resumed.plan.sites == reference.plan.sites
+    assert resumed.plan.achieved == reference.plan.achieved
     assert [s.sites for s in resumed.steps] == [s.sites for s in reference.steps]

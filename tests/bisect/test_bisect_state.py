@@ -1,41 +1,27 @@
-"""The bisection state machine and its session file: pure, no onnxruntime."""
+"""The bisection state machine: pure, no onnxruntime, onnx or pandas."""
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable, Iterable
-from pathlib import Path
+import os
+import subprocess
+import sys
 
 import pytest
+from bisect_helpers import SITES, additive, run
 
-from quantscan.bisect import (
-    FORMAT,
-    Bisector,
-    Mark,
-    Session,
-    SessionFileError,
-    Step,
-    Target,
-    calibration_identity,
-    describe,
-    machine_for,
-)
+from quantscan.bisect.state import Bisector, Mark, SessionFileError, Target
 from quantscan.errors import UsageError
 
-SITES = [f"s{i}" for i in range(16)]
+HEAVY = ("onnx", "onnxruntime", "pandas")
 
 
-def run(machine: Bisector, value: Callable[[frozenset[str]], float]) -> list[Step]:
-    """Drive the machine to the end with a synthetic metric of the float set."""
-    steps = []
-    while (cand := machine.next()) is not None:
-        steps.append(machine.record(value(frozenset(cand.sites))))
-    return steps
-
-
-def additive(weights: dict[str, float], base: float = 0.9) -> Callable[[frozenset[str]], float]:
-    return lambda s: base + sum(weights.get(n, 0.0) for n in s)
+def test_state_machine_imports_neither_onnx_nor_onnxruntime_nor_pandas() -> None:
+    """A fresh interpreter: importing the machine must not load the heavy libraries (they take seconds)."""
+    code = f"import quantscan.bisect.state, sys; print([m for m in {HEAVY!r} if m in sys.modules])"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout
 
 
 def test_search_uses_log_evaluations_and_prunes_to_a_minimal_set() -> None:
@@ -146,8 +132,8 @@ def test_pareto_keeps_only_improving_points() -> None:
     machine = Bisector(SITES, Target("cosine", 0.99))
     run(machine, additive({"s0": 0.05, "s1": 0.05}))
     rows = machine.pareto()
-    assert [r["float_sites"] for r in rows] == sorted(r["float_sites"] for r in rows)
-    values = [r["value"] for r in rows]
+    assert [r.float_sites for r in rows] == sorted(r.float_sites for r in rows)
+    values = [r.value for r in rows]
     assert values == sorted(values) and len(set(values)) == len(values)
 
 
@@ -157,85 +143,3 @@ def test_target_validation() -> None:
     with pytest.raises(UsageError):
         Target("cosine", math.nan)
     assert not Target("cosine", 0.9).met(math.nan)
-
-
-# --- session file --------------------------------------------------------------------------------------
-
-
-def make_session(events: Iterable[object] = ()) -> Session:
-    return Session(
-        model_path="/m/model.onnx",
-        model_sha256="ab" * 32,
-        calibration={"path": "/data", "files_sha256": "cd" * 32, "samples": 8},
-        options={
-            "target_metric": "cosine",
-            "target_value": 0.99,
-            "fallback": "float",
-            "mode": "search",
-            "scan": {},
-        },
-        sites=[{"node": n, "output": n + "_out", "order": i} for i, n in enumerate(SITES)],
-        order=list(SITES),
-        gain=[{"node": "s0", "gain_if_float": math.inf}],
-        events=list(events),  # type: ignore[arg-type]
-    )
-
-
-def test_session_roundtrip_replays_to_the_same_state(tmp_path: Path) -> None:
-    value = additive({"s2": 0.05, "s4": 0.05})
-    machine = Bisector(SITES, Target("cosine", 0.99))
-    run(machine, value)
-    session = make_session(machine.events)
-    path = tmp_path / "s.json"
-    session.save(path)
-    json.loads(path.read_text())  # standard JSON (inf stored as a string)
-    loaded = Session.load(path)
-    again = machine_for(loaded)
-    assert again.outcome == machine.outcome and again.next() is None
-    shown = describe(loaded, again)
-    assert shown["evaluations"] == len(machine.steps) and shown["outcome"]["status"] == "reached"
-    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temp file left behind
-
-
-def test_corrupt_or_truncated_session_is_refused_and_left_untouched(tmp_path: Path) -> None:
-    path = tmp_path / "s.json"
-    make_session().save(path)
-    text = path.read_text()
-    path.write_text(text[: len(text) // 2])
-    before = path.read_bytes()
-    with pytest.raises(SessionFileError, match="corrupt or truncated"):
-        Session.load(path)
-    assert path.read_bytes() == before
-    path.write_text("[1, 2]")
-    with pytest.raises(SessionFileError, match="expected a bisect session"):
-        Session.load(path)
-    with pytest.raises(SessionFileError, match="found nothing"):
-        Session.load(tmp_path / "missing.json")
-
-
-def test_newer_format_and_foreign_identities_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "s.json"
-    raw = make_session().to_json()
-    raw["format"] = FORMAT + 1
-    path.write_text(json.dumps(raw))
-    with pytest.raises(SessionFileError, match="upgrade quantscan"):
-        Session.load(path)
-    session = make_session()
-    with pytest.raises(SessionFileError, match="sha256"):
-        session.check_model("ef" * 32, "/other.onnx")
-    with pytest.raises(SessionFileError, match="another set"):
-        session.check_calibration({"path": "/other", "files_sha256": "00" * 32, "samples": 8})
-    session.check_calibration({"path": "/moved", "files_sha256": "cd" * 32, "samples": 8})  # moved: fine
-
-
-def test_calibration_identity_changes_with_the_file_list(tmp_path: Path) -> None:
-    files = []
-    for i in range(3):
-        p = tmp_path / f"{i}.npy"
-        p.write_bytes(b"x" * (i + 1))
-        files.append(p)
-    a = calibration_identity(tmp_path, files, 3)
-    assert a == calibration_identity(tmp_path, files, 3)
-    assert a["files_sha256"] != calibration_identity(tmp_path, files[:2], 2)["files_sha256"]
-    files[0].write_bytes(b"longer")
-    assert a["files_sha256"] != calibration_identity(tmp_path, files, 3)["files_sha256"]

@@ -1,0 +1,176 @@
+"""The plan a bisection ends with: the typed `records.Plan`, and the files it is written to.
+
+`build_plan` turns the finished machine, the mixed-precision builder and the session into a
+`records.Plan`; `write_plan` writes plan.json (its content is `Plan.to_json()`, the contract),
+plan.csv, gain.csv, layers.csv with the gain columns merged in, and the vendor exports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pandas as pd
+
+from quantscan.analyze import ScanContext
+from quantscan.bisect import exports as qexports
+from quantscan.bisect.jsonio import write_json
+from quantscan.bisect.session import Session
+from quantscan.bisect.state import Bisector, Step, Target
+from quantscan.fileio import atomic_write_text
+from quantscan.gain import MixedBuilder
+from quantscan.records import Metrics, Plan, PlanSite, Precision
+from quantscan.sites import Site
+
+PLAN_CSV_COLUMNS = ("node", "output", "precision", "op_type", "kernel", "order", "gain_if_float")
+REACHED = ("reached", "already_met", "found", "no_bad_layer")
+"""Outcome statuses that mean the target was met (exit code 0)."""
+INT16_NOTE = "int16 QuantizeLinear needs opset 21: the prepared copy was raised with onnx.version_converter"
+
+
+def original_nodes(ctx: ScanContext, site: Site) -> list[str]:
+    """The kernel's nodes as named in the user's model: a folded BatchNormalization comes back."""
+    names = list(site.nodes)
+    if site.node in ctx.prepared.bn_folded_into:
+        consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in ctx.loaded.proto.graph.node:
+            for i in n.input:
+                consumers.setdefault(i, []).append(n)
+        first = next((n for n in ctx.loaded.proto.graph.node if n.name == site.node), None)
+        if first is not None:
+            bn = [c for c in consumers.get(first.output[0], []) if c.op_type == "BatchNormalization"]
+            names[1:1] = [b.name for b in bn if b.name not in names]
+    return names
+
+
+def plan_sites(
+    ctx: ScanContext, builder: MixedBuilder, session: Session, prec: Sequence[str]
+) -> tuple[PlanSite, ...]:
+    """Every site `prec` keeps above int8, with its gain and what the exports need to address it."""
+    gain = {r["node"]: r for r in session.gain}
+    tensor_prec = builder.tensor_precision(prec)
+    sites = []
+    for k, s in enumerate(builder.sites):
+        if prec[k] == "int8":
+            continue
+        sites.append(
+            PlanSite(
+                node=s.node,
+                output=s.output,
+                precision=Precision(Precision.parse(prec[k])),
+                op_type=s.op_type,
+                kernel=s.kernel,
+                order=ctx.order.get(s.node, k),
+                nodes=tuple(original_nodes(ctx, s)),
+                gain_if_float=float(gain.get(s.node, {}).get("gain_if_float", math.nan)),
+                weights=tuple(w for w in [s.weight, *(n for n, _ in s.extra_weights)] if w),
+                weight_axis=s.weight_axis if s.weight_axis is not None else 0,
+                int16_tensors=tuple(
+                    t for t in dict.fromkeys([*s.inputs, s.output]) if tensor_prec.get(t) == "int16"
+                ),
+            )
+        )
+    return tuple(sites)
+
+
+def build_plan(
+    ctx: ScanContext,
+    builder: MixedBuilder,
+    machine: Bisector,
+    session: Session,
+    target: Target,
+    prec: Sequence[str],
+    steps: Sequence[Step],
+    seconds: float,
+) -> Plan:
+    """The plan as the contract fixes it, plus the step log and what the exports need."""
+    outcome = machine.outcome
+    assert outcome is not None
+
+    def metrics_of(sites: Sequence[str]) -> Metrics | None:
+        step = machine.step_of(sites)
+        return {k: float(v) for k, v in step.metrics.items()} if step is not None else None
+
+    ceiling = [n for n in machine.order if n not in machine.force_quant]
+    output = session.options.get("output")
+    return Plan(
+        model=session.model_path,
+        model_sha256=session.model_sha256,
+        target=target.record(None if output is None else str(output)),
+        fallback=Precision(Precision.parse(builder.fallback)),
+        mode=machine.mode,
+        status=outcome.status,
+        reached=outcome.status in REACHED,
+        all_int8=metrics_of([]),
+        all_float=metrics_of(ceiling),
+        achieved=metrics_of(outcome.sites) if outcome.status != "unreachable" else None,
+        sites=plan_sites(ctx, builder, session, prec),
+        pareto=tuple(machine.pareto()),
+        evaluations=len(steps),
+        evaluations_before_prune=sum(1 for s in steps if s.phase not in ("reduce", "prune")),
+        evaluations_reduce=sum(1 for s in steps if s.phase == "reduce"),
+        site_count=len(builder.sites),
+        first_bad=outcome.first_bad,
+        keep_float=tuple(sorted(machine.keep_float)),
+        force_quant=tuple(sorted(machine.force_quant)),
+        qdq_opset=builder.opset,
+        qdq_note=INT16_NOTE if builder.fallback == "int16" else "",
+        calibration=dict(session.calibration),
+        seconds=round(seconds, 3),
+        search_seconds=round(sum(s.seconds for s in steps), 3),
+        last_phase=steps[-1].phase if steps else None,
+        phases=tuple(sorted({s.phase for s in steps})),
+        steps=tuple(s.record() for s in steps),
+    )
+
+
+def write_plan(plan: Plan, session: Session, out: Path, exports: Sequence[str] | None = None) -> dict[str, Path]:
+    """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"plan.json": write_json(out / "plan.json", plan.to_json()), "plan.csv": out / "plan.csv"}
+    table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
+    atomic_write_text(files["plan.csv"], table.to_csv(index=False))
+    if session.gain:
+        files["gain.csv"] = out / "gain.csv"
+        gains = pd.DataFrame(session.gain)
+        atomic_write_text(files["gain.csv"], gains.to_csv(index=False))
+        files["layers.csv"] = out / "layers.csv"
+        atomic_write_text(files["layers.csv"], _layers_with_gain(out / "layers.csv", gains).to_csv(index=False))
+    files.update(qexports.write_exports(plan, out, exports))
+    return files
+
+
+def _csv_row(site: PlanSite) -> dict[str, Any]:
+    """A plan.csv row: the site's values as they are (NaN gain stays an empty cell)."""
+    return {
+        "node": site.node,
+        "output": site.output,
+        "precision": str(site.precision),
+        "op_type": site.op_type,
+        "kernel": site.kernel,
+        "order": site.order,
+        "gain_if_float": site.gain_if_float,
+    }
+
+
+def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
+    """layers.csv gains `gain_if_float` (and `loss_if_only` when computed), as the contract says.
+
+    A scan's layers.csv in the same run folder keeps every column and rank; only the gain columns
+    are (re)placed, joined on `node`. Without a scan, the gain table itself becomes layers.csv.
+    """
+    gain_columns = [c for c in gains.columns if c.startswith(("gain_if_float", "loss_if_only", "if_float", "if_only"))]
+    if not path.is_file():
+        return gains
+    try:
+        layers = pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError):
+        return gains
+    if "node" not in layers.columns:
+        return gains
+    layers = layers.drop(columns=[c for c in gain_columns if c in layers.columns])
+    return layers.merge(gains[["node", *gain_columns]], on="node", how="left")
+

@@ -1,0 +1,185 @@
+"""The resumable session file of `quantscan bisect`: identities, options, ordering, gains and events.
+
+Why event sourcing: the file stores the *events* (every finished evaluation and every manual mark),
+not the machine's internals. Resuming rebuilds the machine (:func:`machine_for`) and replays the
+events through it; the machine proposes the same candidates in the same order, so nothing finished
+is run again, and a file whose events do not follow the search (edited, or other options) is
+refused instead of silently producing another plan. Standard library only: `bisect --show` reads a
+session without loading onnxruntime, onnx or pandas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantscan.bisect.jsonio import to_jsonable, write_json
+from quantscan.bisect.state import Bisector, Event, SessionFileError, Step, Target, event_from_dict
+
+FORMAT = 1
+"""Session file format version; a newer one is refused, never guessed at."""
+TOOL = "quantscan-bisect"
+
+
+def calibration_identity(folder: str | Path, files: Sequence[str | Path], samples: int) -> dict[str, Any]:
+    """The calibration set's identity: folder, and a hash of the file names and sizes in order.
+
+    Names and sizes, not contents: hashing every image on each resume would cost as much as reading
+    the set; a renamed, added, removed or rewritten-with-another-size file still changes the hash.
+    """
+    digest = hashlib.sha256()
+    for f in files:
+        p = Path(f)
+        size = p.stat().st_size if p.exists() else -1
+        digest.update(f"{p.name}\0{size}\n".encode())
+    return {"path": str(Path(folder).resolve()), "files_sha256": digest.hexdigest(), "samples": int(samples)}
+
+
+@dataclass
+class Session:
+    """Everything a resume needs: identities, options, the site ordering, the output gains, the events."""
+
+    model_path: str
+    model_sha256: str
+    calibration: dict[str, Any]
+    options: dict[str, Any]
+    sites: list[dict[str, Any]]
+    order: list[str]
+    gain: list[dict[str, Any]]
+    events: list[Event] = field(default_factory=list)
+    status: str = "running"
+    format: int = FORMAT
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "tool": TOOL,
+            "status": self.status,
+            "created": self.created,
+            "updated": time.time(),
+            "model": {"path": self.model_path, "sha256": self.model_sha256},
+            "calibration": self.calibration,
+            "options": self.options,
+            "sites": self.sites,
+            "order": self.order,
+            "gain": to_jsonable(self.gain),
+            "events": [e.as_dict() for e in self.events],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], path: Path) -> Session:
+        fmt = raw.get("format")
+        if raw.get("tool") != TOOL or not isinstance(fmt, int):
+            raise SessionFileError(f"expected a quantscan bisect session in {path}, found another JSON file")
+        if fmt > FORMAT:
+            raise SessionFileError(
+                f"session {path} has format {fmt}, this quantscan reads format {FORMAT} and older: upgrade quantscan"
+            )
+        try:
+            return cls(
+                model_path=str(raw["model"]["path"]),
+                model_sha256=str(raw["model"]["sha256"]),
+                calibration=dict(raw["calibration"]),
+                options=dict(raw["options"]),
+                sites=list(raw["sites"]),
+                order=list(raw["order"]),
+                gain=list(raw.get("gain", [])),
+                events=[event_from_dict(e) for e in raw.get("events", [])],
+                status=str(raw.get("status", "running")),
+                format=fmt,
+                created=float(raw.get("created", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SessionFileError(f"session {path} is incomplete or damaged (bad field: {exc})") from None
+
+    def save(self, path: str | Path) -> None:
+        """Atomic: a temp file in the same folder, fsync'd, then os.replace (a kill leaves old or new)."""
+        write_json(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Session:
+        """Read and validate; a corrupt or truncated file is refused and left as it is."""
+        p = Path(path)
+        if not p.is_file():
+            raise SessionFileError(f"expected a bisect session file, found nothing at {p}")
+        text = p.read_text(encoding="utf-8", errors="replace")
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SessionFileError(
+                f"session {p} is corrupt or truncated (invalid JSON at byte {exc.pos} of {len(text)}); "
+                "it was left untouched"
+            ) from None
+        if not isinstance(raw, dict):
+            raise SessionFileError(f"expected a bisect session object in {p}, found {type(raw).__name__}")
+        return cls.from_json(raw, p)
+
+    def check_model(self, sha256: str, path: str | Path) -> None:
+        if sha256 != self.model_sha256:
+            raise SessionFileError(
+                f"session belongs to a model with sha256 {self.model_sha256[:12]}…, found {sha256[:12]}… in {path}"
+            )
+
+    def check_calibration(self, identity: Mapping[str, Any]) -> None:
+        ours = (self.calibration.get("files_sha256"), self.calibration.get("samples"))
+        theirs = (identity.get("files_sha256"), identity.get("samples"))
+        if ours != theirs:
+            raise SessionFileError(
+                f"session was measured on calibration set {self.calibration.get('path')} "
+                f"({self.calibration.get('samples')} samples), found another set at {identity.get('path')} "
+                f"({identity.get('samples')} samples, different files)"
+            )
+
+    def steps(self) -> list[Step]:
+        return [e for e in self.events if isinstance(e, Step)]
+
+
+def machine_for(session: Session) -> Bisector:
+    """Rebuild the machine a session describes and replay its events (no evaluation is repeated)."""
+    opts = session.options
+    target = Target(str(opts["target_metric"]), float(opts["target_value"]), opts.get("output"))
+    topo = [s["node"] for s in sorted(session.sites, key=lambda s: int(s["order"]))]
+    machine = Bisector(
+        session.order,
+        target,
+        topo=topo,
+        mode=str(opts.get("mode", "search")),
+        keep_float=opts.get("keep_float", ()),
+        force_quant=opts.get("force_quant", ()),
+    )
+    machine.replay(session.events)
+    return machine
+
+
+def describe(session: Session, machine: Bisector | None = None) -> dict[str, Any]:
+    """Where a session stands, as data for `bisect --show` (the CLI formats it)."""
+    machine = machine or machine_for(session)
+    pending = machine.next()
+    steps = session.steps()
+    return {
+        "model": session.model_path,
+        "status": session.status,
+        "target": machine.target.as_dict(),
+        "mode": machine.mode,
+        "sites": len(session.order),
+        "evaluations": len(steps),
+        "seconds": round(sum(s.seconds for s in steps), 3),
+        "outcome": None
+        if machine.outcome is None
+        else {
+            "status": machine.outcome.status,
+            "sites": list(machine.outcome.sites),
+            "value": machine.outcome.value,
+            "first_bad": machine.outcome.first_bad,
+        },
+        "next": None if pending is None else {"phase": pending.phase, "sites": list(pending.sites)},
+        "keep_float": sorted(machine.keep_float),
+        "force_quant": sorted(machine.force_quant),
+        "steps": [s.as_dict() for s in steps],
+    }
