@@ -20,6 +20,6 @@ from quantscan.compare import compare  # noqa: E402
 from quantscan.compat import check  # noqa: E402
 from quantscan.extract import extract  # noqa: E402
 from quantscan.gain import run_bisect  # noqa: E402
-from quantscan.rewrite import rewrite  # noqa: E402
+from quantscan.rewrites.runner import rewrite  # noqa: E402
 
 __all__ = ["ScanResult", "__version__", "check", "compare", "extract", "rewrite", "run_bisect", "scan"]

@@ -1,7 +1,7 @@
 """Graph rewrite passes, one rule per module.
 
 Each pass is a pure function `ModelProto -> RewriteResult` (see `base`): it copies the model, edits the
-copy, and reports changes and refusals. `quantscan.rewrite` chains them and proves the result
+copy, and reports changes and refusals. `rewrites.runner` chains them and proves the result
 numerically; `quantscan.graph` reuses `fold_batchnorm` to prepare scan graphs.
 """
 
