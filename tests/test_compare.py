@@ -11,12 +11,12 @@ import onnx
 import pytest
 from onnx import version_converter
 
+from builders import build, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.compare import compare, merge_models
 from quantscan.errors import UsageError
-from quantscan.rewrite import rewrite
+from quantscan.rewrites.runner import rewrite
 from quantscan.runner import Runner
-from test_rewrite_support import build, rng_array
 
 CLASSIFIER = """<ir_version: 8, opset_import: ["" : 15]>
 g (float[N,3,8,8] x) => (float[N,5] prob) {

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
+from builders import build, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.errors import UsageError
 from quantscan.extract import (
@@ -22,7 +23,6 @@ from quantscan.extract import (
 from quantscan.graph import expose
 from quantscan.model import load_model
 from quantscan.runner import Runner
-from test_rewrite_support import build, rng_array
 
 DIAMOND = """<ir_version: 8, opset_import: ["" : 15]>
 g (float[N,4] x) => (float[N,4] y, float[N,4] side) {

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from quantscan.compare import compare
     from quantscan.compat import check
     from quantscan.extract import extract
-    from quantscan.rewrite import rewrite
+    from quantscan.rewrites.runner import rewrite
 
 _LAZY = {
     "ScanResult": "quantscan.analyze",
@@ -32,7 +32,7 @@ _LAZY = {
     "check": "quantscan.compat",
     "extract": "quantscan.extract",
     "run_bisect": "quantscan.bisect",
-    "rewrite": "quantscan.rewrite",
+    "rewrite": "quantscan.rewrites.runner",
 }
 """Public name -> its module, imported on first use: `import quantscan.bisect.state` (or any pure
 submodule) must not load onnxruntime, onnx and pandas through the package."""

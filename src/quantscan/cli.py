@@ -352,17 +352,20 @@ def _profile_label(profile: str, findings: Any) -> str:
 def cmd_rewrite(args: argparse.Namespace) -> int:
     from quantscan.calib import load_calibration
     from quantscan.model import load_model
-    from quantscan.rewrite import rewrite
+    from quantscan.rewrites.plan import plan_for_profile, split_applicable
+    from quantscan.rewrites.runner import rewrite
 
     steps = list(args.steps)
     fix_dims = list(args.fix_dim)
     if args.all_for_profile:
-        suggested, suggested_dims = suggested_rewrites(args.model, args.all_for_profile)
-        steps += [s for s in suggested if s not in steps]
-        fix_dims += [d for d in suggested_dims if d not in fix_dims]
-        named = suggested + [f"fix-dim {d}" for d in suggested_dims]
+        plan = plan_for_profile(args.model, args.all_for_profile)
+        steps += [s.value for s in plan.rewrites if s not in steps]
+        fix_dims += [d for d in plan.fix_dims if d not in fix_dims]
+        named = [r.value for r in plan.rewrites] + [f"fix-dim {d}" for d in plan.fix_dims]
         print(f"{args.all_for_profile} suggests: {', '.join(named) or 'nothing'}")
-        steps = _drop_inapplicable(args.model, steps)
+        steps, skipped = split_applicable(args.model, steps)
+        for name in skipped:
+            print(f"  {name}: applies nowhere in this model, skipped")
     args.fix_dim = fix_dims
     if args.fix_dim and "fix-dim" not in steps:
         steps.insert(0, "fix-dim")
@@ -393,45 +396,6 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_THRESHOLD
     return EXIT_OK
-
-
-REWRITE_ORDER = ("fix-dim", "fold-bn", "decompose-hardswish", "decompose-hardsigmoid", "fuse-hardswish",
-                 "decompose-layernorm", "fuse-layernorm", "gelu-tanh", "cleanup")
-
-
-def suggested_rewrites(model: str, profile: str) -> tuple[list[str], list[str]]:
-    """Rewrite ids (and fix-dim settings) named in the `fix` column of the profile's findings."""
-    from quantscan.compat import check
-    from quantscan.rewrite import rewrite_ids
-
-    result = check(model, [profile])
-    known = set(rewrite_ids())
-    ids: set[str] = set()
-    dims: list[str] = []
-    for fix in result.findings["fix"].astype(str):
-        words = fix.split()
-        if not words or words[0] not in known:
-            continue
-        if words[0] == "fix-dim":
-            dims += [w.rstrip(";,") for w in words[1:] if "=" in w and w.rstrip(";,") not in dims]
-        else:
-            ids.add(words[0])
-    return [r for r in REWRITE_ORDER if r in ids and r != "fix-dim"], dims
-
-
-def _drop_inapplicable(model: str, steps: Sequence[str]) -> list[str]:
-    """Suggestions that apply nowhere (e.g. a fuse below its opset) are skipped, not errors."""
-    from quantscan.model import load_model
-    from quantscan.rewrite import REWRITES
-
-    proto = load_model(model).proto
-    kept = []
-    for step in steps:
-        if step in REWRITES and not REWRITES[step](proto).changes:
-            print(f"  {step}: applies nowhere in this model, skipped")
-            continue
-        kept.append(step)
-    return kept
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ then every rule runs per profile, nodes are coloured NPU/CPU and the islands mea
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -14,11 +15,11 @@ import pandas as pd
 
 from quantscan.compat.analysis import ModelAnalysis, analyse
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import COLUMNS, DETAIL_COLUMNS, Finding, severity_rank
 from quantscan.compat.partitions import Partitioning, colour, partition
 from quantscan.compat.profiles import DEFAULT_PROFILE, Profile, load_profile
 from quantscan.compat.result import PARTITION_COLUMNS, CheckResult
 from quantscan.compat.rules import RULES
+from quantscan.records import FINDING_COLUMNS, FINDING_DETAIL_COLUMNS, Finding, Placement, Severity
 
 
 def check(
@@ -34,25 +35,24 @@ def check(
     """
     loaded = _profiles(profiles)
     analysis = analyse(model, input_shapes)
-    findings: list[dict[str, object]] = []
-    details: list[dict[str, object]] = []
+    records: list[Finding] = []
     parts: list[dict[str, object]] = []
     placement: dict[str, dict[str, str]] = {}
     for profile in loaded:
         found = run_rules(analysis, profile)
         part = partition(analysis, colour(analysis, found))
-        rows = _finding_rows(analysis, profile, found, part)
-        findings.extend(r[0] for r in rows)
-        details.extend(r[1] for r in rows)
+        records.extend(_placed(analysis, profile, found, part))
         parts.extend(_partition_rows(analysis, profile, part))
         placement[profile.name] = _placement(analysis, part)
+    rows = [f.to_row() for f in records]
     return CheckResult(
-        findings=pd.DataFrame(findings, columns=list(COLUMNS)),
-        details=pd.DataFrame(details, columns=list(DETAIL_COLUMNS)),
+        findings=pd.DataFrame(rows, columns=list(FINDING_COLUMNS)),
+        details=pd.DataFrame(rows, columns=list(FINDING_DETAIL_COLUMNS)),
         partitions=pd.DataFrame(parts, columns=list(PARTITION_COLUMNS)),
         node_placement=placement,
         profiles=[p.name for p in loaded],
         notes=_notes(analysis),
+        records=records,
     )
 
 
@@ -77,7 +77,7 @@ def run_rules(analysis: ModelAnalysis, profile: Profile) -> list[Finding]:
             out.extend(f.capped() for f in run(ctx))
         except Exception as exc:  # robustness promise: odd graphs are reported, not fatal
             out.append(
-                Finding("", "", rule_id, "info", f"rule skipped on this model ({type(exc).__name__}: {exc})")
+                Finding("", "", rule_id, Severity.INFO, f"rule skipped on this model ({type(exc).__name__}: {exc})")
             )
     return out
 
@@ -89,41 +89,21 @@ def _order(analysis: ModelAnalysis) -> dict[str, int]:
     return order
 
 
-def _finding_rows(
-    analysis: ModelAnalysis, profile: Profile, found: list[Finding], part: Partitioning
-) -> list[tuple[dict[str, object], dict[str, object]]]:
+def _placed(analysis: ModelAnalysis, profile: Profile, found: list[Finding], part: Partitioning) -> list[Finding]:
+    """The profile's findings, worst first then in graph order, with placement, island and profile set."""
     order = _order(analysis)
     index = {n: i for i, n in enumerate(analysis.view.names)}
-    found = sorted(found, key=lambda f: (-severity_rank(f.severity), order.get(f.node, -2)))
-    rows = []
+    found = sorted(found, key=lambda f: (-f.severity.rank, order.get(f.node, -2)))
+    out = []
     for f in found:
         placement, island = _where(analysis, part, index, f.node)
-        row: dict[str, object] = {
-            "node": f.node,
-            "op_type": f.op_type,
-            "rule": f.rule,
-            "attribute": f.attribute,
-            "value": f.value,
-            "limit": f.limit,
-            "severity": f.severity,
-            "placement": placement,
-            "partition": island,
-            "fix": f.fix,
-            "profile": profile.name,
-        }
-        detail: dict[str, object] = {
-            "reason": f.reason,
-            "source": f.source,
-            "unverified": f.unverified,
-            "forces_cpu": f.forces_cpu,
-        }
-        rows.append((row, detail))
-    return rows
+        out.append(replace(f, placement=placement, partition=island, profile=profile.name))
+    return out
 
 
 def _where(
     analysis: ModelAnalysis, part: Partitioning, index: Mapping[str, int], node: str
-) -> tuple[str, object]:
+) -> tuple[Placement | None, int | None]:
     """(placement, partition id) of a finding's node; graph inputs use their first consumer."""
     view = analysis.view
     i = index.get(node)
@@ -131,10 +111,10 @@ def _where(
         consumers = [c for c in view.consumers.get(node, []) if c in part.colour]
         i = consumers[0] if consumers else None
     if i is None:
-        return "", ""
+        return None, None
     if i not in part.colour:
-        return "npu", ""
-    return part.colour[i], part.island_of[i]
+        return Placement.NPU, None
+    return Placement(part.colour[i]), part.island_of[i]
 
 
 def _partition_rows(analysis: ModelAnalysis, profile: Profile, part: Partitioning) -> list[dict[str, object]]:

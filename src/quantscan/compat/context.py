@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from quantscan.compat.analysis import ModelAnalysis
 from quantscan.compat.graph import GraphView
 from quantscan.compat.profiles import Profile, Sourced
+from quantscan.records import Severity
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,8 @@ class RuleContext:
         """A live node the profile would place on the NPU (before any limit is checked)."""
         return self.op(i) in self.profile.npu_ops
 
-    def severity(self, on_violation: str, origin: Sourced) -> str:
+    def severity(self, on_violation: str, origin: Sourced) -> Severity:
         """`reject` -> error, `cpu` fallback -> warn; an unverified source never exceeds warn."""
         if on_violation == "reject" and not origin.unverified:
-            return "error"
-        return "warn"
+            return Severity.ERROR
+        return Severity.WARN

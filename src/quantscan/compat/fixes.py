@@ -1,12 +1,35 @@
-"""Suggested fixes: rewrite ids (implemented by `quantscan rewrite`) where one exists, else words.
+"""Suggested fixes: a rewrite (implemented by `quantscan rewrite`) where one exists, else words.
 
-Rewrite ids: fold-bn, decompose-hardswish, fuse-hardswish, decompose-hardsigmoid, fix-dim,
-decompose-layernorm, fuse-layernorm, gelu-tanh.
+A `Fix` carries the text users read in compat.csv's `fix` column and, when that text names a
+rewrite, the typed `RewriteId` (and its settings) that `rewrites.plan` acts on, so nothing parses
+the text back into ids.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from quantscan.compat.profiles import Profile
+from quantscan.records import RewriteId
+
+
+@dataclass(frozen=True)
+class Fix:
+    """What a finding suggests: the words, plus the rewrite (and its settings) they name, if any."""
+
+    text: str
+    rewrite: RewriteId | None = None
+    args: tuple[str, ...] = ()
+
+
+def rewrite_fix(rewrite: RewriteId, *args: str) -> Fix:
+    """A fix that is exactly one rewrite: its text is the id and settings (e.g. `fix-dim batch=1`)."""
+    return Fix(" ".join((rewrite.value, *args)), rewrite, tuple(args))
+
+
+_OP_REWRITES: dict[str, RewriteId] = {  # an Erf without Tanh on the chip: still the rewrite to try
+    "Erf": RewriteId.GELU_TANH,
+}
 
 _OP_FIXES: dict[str, str] = {
     "Softmax": "keep it on CPU (cheap at the output) or apply softmax in post-processing",
@@ -18,8 +41,6 @@ _OP_FIXES: dict[str, str] = {
     "NonMaxSuppression": "run NMS in post-processing outside the model",
     "GridSample": "replace GridSample with Resize/gather-free warping or run it on CPU",
     "ScatterND": "replace ScatterND with Concat/Slice of static regions, or run it on CPU",
-    "Erf": "gelu-tanh",
-    "Gelu": "gelu-tanh",
     "DFT": "compute the spectrum as a Conv1d with a fixed DFT basis, or pre-process outside the model",
     "STFT": "compute the STFT as a strided Conv1d with a fixed basis, or pre-process outside the model",
     "If": "export with the branch condition constant so the If folds away, or split the model",
@@ -32,25 +53,27 @@ _OP_FIXES: dict[str, str] = {
 }
 
 
-def unsupported_op_fix(op: str, profile: Profile) -> str:
+def unsupported_op_fix(op: str, profile: Profile) -> Fix:
     """What to do about an op type the profile does not run on the NPU."""
     npu = profile.npu_ops
     if op == "HardSwish" and ("HardSigmoid" in npu or "Clip" in npu) and "Mul" in npu:
-        return "decompose-hardswish"
+        return rewrite_fix(RewriteId.DECOMPOSE_HARDSWISH)
     if op == "HardSigmoid" and "Clip" in npu and "Mul" in npu:
-        return "decompose-hardsigmoid"
+        return rewrite_fix(RewriteId.DECOMPOSE_HARDSIGMOID)
     if op == "LayerNormalization" and "ReduceMean" in npu:
-        return "decompose-layernorm"
+        return rewrite_fix(RewriteId.DECOMPOSE_LAYERNORM)
     if op in ("Gelu", "Erf") and "Tanh" in npu:
-        return "gelu-tanh"
+        return rewrite_fix(RewriteId.GELU_TANH)
     if op == "BatchNormalization":
-        return "fold-bn"
+        return rewrite_fix(RewriteId.FOLD_BN)
     if op == "Gelu":
-        return (
+        return Fix(
             "replace Gelu with an activation the chip runs (e.g. HardSwish/Relu) and re-train, or keep on CPU"
         )
-    return _OP_FIXES.get(
-        op, f"no rewrite: replace {op} with ops the profile supports, or accept CPU fallback"
+    if op in _OP_REWRITES:
+        return rewrite_fix(_OP_REWRITES[op])
+    return Fix(
+        _OP_FIXES.get(op, f"no rewrite: replace {op} with ops the profile supports, or accept CPU fallback")
     )
 
 
@@ -65,7 +88,6 @@ _LIMIT_FIXES: dict[str, str] = {
     "channels": "split the tensor along channels (Split + Concat)",
     "kernel_elements": "split along input channels and Add the partial results",
     "kernel_stride": "use a kernel/stride pair the chip lists, or keep this layer on CPU",
-    "batch": "fix-dim batch=1",
     "resize_scale": "use an integer (power-of-two) scale factor",
     "resize_mode": "use nearest or linear resize",
     "axis": "Transpose so the reduced/softmax axis is the one the chip supports",
@@ -75,10 +97,13 @@ _LIMIT_FIXES: dict[str, str] = {
 }
 
 
-def limit_fix(attribute: str, op: str, value: object) -> str:
+def limit_fix(attribute: str, op: str, value: object) -> Fix:
+    """What to do about a parameter outside the profile's limit (a batch limit is a fix-dim)."""
     if op in ("Conv", "ConvTranspose") and attribute in ("stride", "kernel") and _is_1d_long(value):
-        return "reshape the signal into frames and use a stride-1 Conv (or a MatMul on frames)"
-    return _LIMIT_FIXES.get(attribute, "change the parameter to a supported value, or keep the layer on CPU")
+        return Fix("reshape the signal into frames and use a stride-1 Conv (or a MatMul on frames)")
+    if attribute == "batch":
+        return rewrite_fix(RewriteId.FIX_DIM, "batch=1")
+    return Fix(_LIMIT_FIXES.get(attribute, "change the parameter to a supported value, or keep the layer on CPU"))
 
 
 def _is_1d_long(value: object) -> bool:

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from quantscan.compat.analysis import ModelAnalysis
-from quantscan.compat.findings import Finding
 from quantscan.compat.graph import PASS_THROUGH_OPS
+from quantscan.records import Finding
 
 
 @dataclass(frozen=True)

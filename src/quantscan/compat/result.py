@@ -1,8 +1,9 @@
 """CheckResult: the findings and partitions of one model against several profiles, as tables.
 
-`findings` has exactly the compat.csv columns (contract order); `details` holds the reason, source
-and verification flag for the same rows. Rows that are not nodes (the model's opset) have empty
-node/op_type/placement/partition; a graph input's row takes its first consumer's placement.
+`findings` has exactly the compat.csv columns (contract order); `details` holds the reason, source,
+verification flag and suggested rewrite for the same rows; `records` the same rows as typed `Finding`s.
+Rows that are not nodes (the model's opset) have empty node/op_type/placement/partition; a graph
+input's row takes its first consumer's placement.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from quantscan.compat.findings import SEVERITIES, severity_rank
 from quantscan.errors import UsageError
+from quantscan.records import Finding, Severity, severity_rank
 
 PARTITION_COLUMNS = (
     "profile",
@@ -38,6 +39,8 @@ class CheckResult:
     node_placement: dict[str, dict[str, str]]
     profiles: list[str]
     notes: list[str] = field(default_factory=list)
+    records: list[Finding] = field(default_factory=list)
+    """The typed findings behind `findings`/`details`, row for row (rewrite ids live here)."""
 
     def _rows(self, profile: str) -> pd.DataFrame:
         return self.findings[self.findings["profile"] == profile]
@@ -51,8 +54,8 @@ class CheckResult:
 
     def fails(self, level: str) -> bool:
         """True when any profile has a finding at `level` or worse (`--fail-on error|warn`)."""
-        if level not in SEVERITIES:
-            raise UsageError(f"expected --fail-on one of {', '.join(SEVERITIES)}, found '{level}'")
+        if level not in tuple(Severity):
+            raise UsageError(f"expected --fail-on one of {', '.join(Severity)}, found '{level}'")
         return any(severity_rank(self.worst_severity(p)) >= severity_rank(level) for p in self.profiles)
 
     def summary(self) -> pd.DataFrame:

@@ -1,8 +1,10 @@
-"""Graph rewrite passes, one rule per module.
+"""Graph rewrite passes, one rule per module, plus the proof runner and the profile plan.
 
 Each pass is a pure function `ModelProto -> RewriteResult` (see `base`): it copies the model, edits the
-copy, and reports changes and refusals. `quantscan.rewrite` chains them and proves the result
-numerically; `quantscan.graph` reuses `fold_batchnorm` to prepare scan graphs.
+copy, and reports changes and refusals. `rewrites.runner` chains them and proves the result
+numerically; `rewrites.plan` says which ones a chip profile's findings ask for; `quantscan.graph`
+reuses `fold_batchnorm` to prepare scan graphs. Neither `runner` nor `plan` is imported here: they
+pull in onnxruntime and the compat check, which the passes do not need.
 """
 
 from quantscan.rewrites.base import Change, Refusal, RewriteResult

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
 from quantscan.compat.rules import (
     control_flow,
     dtype,
@@ -21,6 +20,7 @@ from quantscan.compat.rules import (
     shape_chains,
     unsupported_op,
 )
+from quantscan.records import Finding
 
 Rule = Callable[[RuleContext], list[Finding]]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import onnx
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
 from quantscan.compat.fixes import unsupported_op_fix
 from quantscan.compat.graph import CONTROL_FLOW_OPS
+from quantscan.records import Finding, Severity
 
 RULE_ID = "control-flow"
 
@@ -38,10 +38,11 @@ def _finding(ctx: RuleContext, i: int, n_sub: int) -> Finding:
     p, op = ctx.profile, ctx.op(i)
     folds = i in ctx.analysis.foldable
     if folds:
-        severity, verdict = "info", "its inputs are constant, so constant folding resolves it"
+        severity, verdict = Severity.INFO, "its inputs are constant, so constant folding resolves it"
     else:
-        severity = ctx.severity(p.unsupported, p.ops) if op not in p.npu_ops else "warn"
+        severity = ctx.severity(p.unsupported, p.ops) if op not in p.npu_ops else Severity.WARN
         verdict = "it runs on the CPU at best"
+    fix = unsupported_op_fix(op, p)
     return Finding(
         node=ctx.name(i),
         op_type=op,
@@ -51,7 +52,9 @@ def _finding(ctx: RuleContext, i: int, n_sub: int) -> Finding:
         attribute="subgraph_nodes",
         value=str(n_sub),
         limit="no control flow",
-        fix=unsupported_op_fix(op, p),
+        fix=fix.text,
+        rewrite=fix.rewrite,
+        rewrite_args=fix.args,
         source=p.ops.source,
         unverified=p.ops.unverified,
         forces_cpu=not folds,

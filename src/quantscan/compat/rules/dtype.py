@@ -7,8 +7,8 @@ converter consumes at build time, and shape chains are the dynamic-shape rule's 
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
 from quantscan.compat.graph import dtype_name
+from quantscan.records import Finding, Severity
 
 RULE_ID = "dtype"
 _FIXES = {
@@ -50,7 +50,7 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
             node=ctx.name(i),
             op_type=ctx.op(i),
             rule=RULE_ID,
-            severity="warn",
+            severity=Severity.WARN,
             reason=f"tensor '{t}' is {name}; {p.name}'s NPU takes {', '.join(sorted(p.npu_dtypes))}: "
             "the node runs on the CPU",
             attribute="dtype",

@@ -8,8 +8,9 @@ the exact `fix-dim` spelling that fixes it. The row names the graph input (op_ty
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
+from quantscan.compat.fixes import rewrite_fix
 from quantscan.compat.loader import DimFill
+from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "dynamic-input"
 
@@ -34,10 +35,11 @@ def _finding(ctx: RuleContext, name: str, fills: list[DimFill]) -> Finding:
     dims = ", ".join(f"axis {f.axis} ({f.symbol})" for f in fills)
     user = all(f.from_user for f in fills)
     if user:
-        severity, verb = "info", "fixed by the given input shape"
+        severity, verb = Severity.INFO, "fixed by the given input shape"
     else:
         severity = ctx.severity("reject" if p.static_shapes else "cpu", p.tensor)
         verb = f"not fixed; checked as {[f.value for f in fills]} (estimated)"
+    fix = rewrite_fix(RewriteId.FIX_DIM, *(_fix_dim(f) for f in fills))
     return Finding(
         node=name,
         op_type="graph-input",
@@ -47,7 +49,9 @@ def _finding(ctx: RuleContext, name: str, fills: list[DimFill]) -> Finding:
         attribute="shape",
         value=shown,
         limit="static dims",
-        fix="fix-dim " + " ".join(_fix_dim(f) for f in fills),
+        fix=fix.text,
+        rewrite=fix.rewrite,
+        rewrite_args=fix.args,
         source=p.tensor.source,
         unverified=p.tensor.unverified,
     )

@@ -9,7 +9,8 @@ could run fused (`fuse-hardswish`).
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
+from quantscan.compat.fixes import Fix, rewrite_fix
+from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "fusion"
 PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -48,11 +49,11 @@ def run(ctx: RuleContext) -> list[Finding]:
                 _finding(
                     ctx,
                     i,
-                    "info",
+                    Severity.INFO,
                     "decomposed HardSwish (x·relu6(x+3)/6) after a Conv: the chip fuses a native HardSwish",
                     "pattern",
                     "decomposed HardSwish",
-                    "fuse-hardswish",
+                    rewrite_fix(RewriteId.FUSE_HARDSWISH),
                 )
             )
     return out
@@ -88,7 +89,7 @@ def _activation(ctx: RuleContext, i: int) -> list[Finding]:
             _finding(
                 ctx,
                 i,
-                "warn",
+                Severity.WARN,
                 f"{op} after {ctx.name(conv)} does not fuse on {p.name} (fuses: {fused}): "
                 "a separate kernel with its own requantization",
                 "fused_activation",
@@ -102,7 +103,7 @@ def _activation(ctx: RuleContext, i: int) -> list[Finding]:
             _finding(
                 ctx,
                 i,
-                "warn",
+                Severity.WARN,
                 f"{op} cannot fuse into {ctx.name(conv)}: its input also feeds {ctx.name(others[0])}",
                 "fusion_blocked_by",
                 ctx.name(others[0]),
@@ -128,7 +129,7 @@ def _batchnorm(ctx: RuleContext, i: int) -> list[Finding]:
             _finding(
                 ctx,
                 i,
-                "info",
+                Severity.INFO,
                 "BatchNormalization has no Conv/Gemm before it: it runs as a separate "
                 "per-channel scale kernel",
                 "fold_into",
@@ -143,7 +144,7 @@ def _batchnorm(ctx: RuleContext, i: int) -> list[Finding]:
             _finding(
                 ctx,
                 i,
-                "warn",
+                Severity.WARN,
                 f"BatchNormalization cannot fold into {ctx.name(j)}: the Conv output also feeds {other}",
                 "fold_into",
                 ctx.name(j),
@@ -172,9 +173,10 @@ def _reaches(ctx: RuleContext, tensor: str, target: str, depth: int) -> bool:
 
 
 def _finding(
-    ctx: RuleContext, i: int, severity: str, reason: str, attribute: str, value: str, fix: str
+    ctx: RuleContext, i: int, severity: Severity, reason: str, attribute: str, value: str, fix: str | Fix
 ) -> Finding:
     p = ctx.profile
+    fix = fix if isinstance(fix, Fix) else Fix(fix)
     return Finding(
         node=ctx.name(i),
         op_type=ctx.op(i),
@@ -184,7 +186,9 @@ def _finding(
         attribute=attribute,
         value=value,
         limit=", ".join(sorted(p.fused_activations)) if attribute == "fused_activation" else "",
-        fix=fix,
+        fix=fix.text,
+        rewrite=fix.rewrite,
+        rewrite_args=fix.args,
         source=p.fusion.source,
         unverified=p.fusion.unverified,
     )

@@ -6,7 +6,7 @@ A model-level finding (node and op_type empty): converters check the opset befor
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
+from quantscan.records import Finding
 
 RULE_ID = "opset"
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
 from quantscan.compat.fixes import limit_fix
 from quantscan.compat.params import Params
 from quantscan.compat.profiles import Limit
+from quantscan.records import Finding
 
 RULE_ID = "param-limit"
 
@@ -71,6 +71,7 @@ def _check(ctx: RuleContext, i: int, limit: Limit, params: Params) -> Finding | 
     where = "" if limit.when == "any" else f" ({limit.when.replace('_', '-')})"
     fallback = "rejected by the converter" if limit.on_violation == "reject" else "falls back to the CPU"
     note = f"; {limit.note}" if limit.note else ""
+    fix = limit_fix(limit.attribute, op, value)
     return Finding(
         node=ctx.name(i),
         op_type=op,
@@ -80,7 +81,9 @@ def _check(ctx: RuleContext, i: int, limit: Limit, params: Params) -> Finding | 
         attribute=limit.attribute,
         value=_show(value),
         limit=limit.describe(),
-        fix=limit_fix(limit.attribute, op, value),
+        fix=fix.text,
+        rewrite=fix.rewrite,
+        rewrite_args=fix.args,
         source=limit.origin.source,
         unverified=limit.origin.unverified,
         forces_cpu=True,

@@ -9,7 +9,8 @@ Div, reported once on its first ReduceMean. Power-of-two scales (TIDL) make all 
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
+from quantscan.compat.fixes import Fix, rewrite_fix
+from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "precision"
 SENSITIVE: dict[str, str] = {
@@ -97,16 +98,16 @@ def _layernorm_finding(ctx: RuleContext, i: int, members: list[int]) -> Finding:
     )
 
 
-def _fix(ctx: RuleContext, op: str) -> str:
+def _fix(ctx: RuleContext, op: str) -> Fix:
     p = ctx.profile
     if op == "LayerNormalization" and "LayerNormalization" in p.npu_ops:
-        return "fuse-layernorm"
+        return rewrite_fix(RewriteId.FUSE_LAYERNORM)
     if op in ("Gelu", "Erf") and "Tanh" in p.npu_ops:
-        return "gelu-tanh"
-    return f"keep this node in {p.fallback_precision} (mixed precision) if its loss shows in the scan"
+        return rewrite_fix(RewriteId.GELU_TANH)
+    return Fix(f"keep this node in {p.fallback_precision} (mixed precision) if its loss shows in the scan")
 
 
-def _finding(ctx: RuleContext, i: int, reason: str, attribute: str, value: str, fix: str) -> Finding:
+def _finding(ctx: RuleContext, i: int, reason: str, attribute: str, value: str, fix: Fix) -> Finding:
     p = ctx.profile
     if p.power_of_two_scales:
         reason += "; power-of-two scales make it coarser"
@@ -114,12 +115,14 @@ def _finding(ctx: RuleContext, i: int, reason: str, attribute: str, value: str, 
         node=ctx.name(i),
         op_type=ctx.op(i),
         rule=RULE_ID,
-        severity="info",
+        severity=Severity.INFO,
         reason=reason,
         attribute=attribute,
         value=value,
         limit=f"{p.activations} activations",
-        fix=fix,
+        fix=fix.text,
+        rewrite=fix.rewrite,
+        rewrite_args=fix.args,
         source=p.quantization.source,
         unverified=p.quantization.unverified,
     )

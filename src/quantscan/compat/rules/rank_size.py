@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
+from quantscan.compat.fixes import Fix, rewrite_fix
+from quantscan.records import Finding, RewriteId
 
 RULE_ID = "rank-size"
 
@@ -44,16 +45,17 @@ def _violations(ctx: RuleContext, i: int) -> Iterator[Finding]:
             and isinstance(shape[0], int)
             and shape[0] > p.max_batch
         ):
-            yield _finding(ctx, i, t, "batch", shape[0], f"<= {p.max_batch}", "fix-dim batch=1")
+            yield _finding(ctx, i, t, "batch", shape[0], f"<= {p.max_batch}", rewrite_fix(RewriteId.FIX_DIM, "batch=1"))
         n = int(np.prod(dims, dtype=np.int64)) if len(dims) == len(shape) else None
         if p.max_elements is not None and n is not None and n > p.max_elements:
             yield _finding(ctx, i, t, "elements", n, f"<= {p.max_elements}", "tile the input (smaller crops)")
 
 
 def _finding(
-    ctx: RuleContext, i: int, tensor: str, attribute: str, value: int, limit: str, fix: str
+    ctx: RuleContext, i: int, tensor: str, attribute: str, value: int, limit: str, fix: str | Fix
 ) -> Finding:
     p = ctx.profile
+    fix = fix if isinstance(fix, Fix) else Fix(fix)
     return Finding(
         node=ctx.name(i),
         op_type=ctx.op(i),
@@ -63,7 +65,9 @@ def _finding(
         attribute=attribute,
         value=str(value),
         limit=limit,
-        fix=fix,
+        fix=fix.text,
+        rewrite=fix.rewrite,
+        rewrite_args=fix.args,
         source=p.tensor.source,
         unverified=p.tensor.unverified,
         forces_cpu=True,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from quantscan.compat.analysis import ShapeChain
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
+from quantscan.compat.fixes import Fix
+from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "shape-chain"
 
@@ -38,14 +39,16 @@ def _finding(ctx: RuleContext, chain: ShapeChain) -> Finding:
     p, root = ctx.profile, chain.roots[0]
     sinks = ", ".join(ctx.name(s) for s in chain.sinks[:3]) or "graph outputs"
     if _was_static(ctx, chain):
-        severity, fix = "info", "none needed: constant folding (converter or onnxsim) removes it"
+        severity, fix = Severity.INFO, Fix("none needed: constant folding (converter or onnxsim) removes it")
         verdict = "its inputs are static, constant folding removes it"
     elif chain.folds_after_fix:
-        severity, fix = "info", "fix-dim the symbolic input dims; constant folding then removes it"
+        severity, fix = Severity.INFO, Fix(
+            "fix-dim the symbolic input dims; constant folding then removes it", RewriteId.FIX_DIM
+        )
         verdict = "constant folding removes it once the input dims are fixed"
     else:
         severity = ctx.severity("reject" if p.static_shapes else "cpu", p.tensor)
-        fix = "make the size static at export (fixed reshape targets) or move this logic out of the model"
+        fix = Fix("make the size static at export (fixed reshape targets) or move this logic out of the model")
         verdict = "it still computes shapes at run time after the input dims are fixed (survives folding)"
     return Finding(
         node=ctx.name(root),
@@ -56,7 +59,9 @@ def _finding(ctx: RuleContext, chain: ShapeChain) -> Finding:
         attribute="shape_chain",
         value=describe(ctx, chain),
         limit="static shapes",
-        fix=fix,
+        fix=fix.text,
+        rewrite=fix.rewrite,
+        rewrite_args=fix.args,
         source=p.tensor.source,
         unverified=p.tensor.unverified,
         forces_cpu=not chain.folds_after_fix,

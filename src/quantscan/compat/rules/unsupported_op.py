@@ -8,9 +8,9 @@ ops are left to the control-flow rule so one node gets one explanation.
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.findings import Finding
 from quantscan.compat.fixes import unsupported_op_fix
 from quantscan.compat.graph import CONTROL_FLOW_OPS, PASS_THROUGH_OPS
+from quantscan.records import Finding, Severity
 
 RULE_ID = "unsupported-op"
 
@@ -41,16 +41,19 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
             fix="implement it as a custom CPU op in the vendor runtime, or re-export with standard ops",
             forces_cpu=True,
         )
+    fix = unsupported_op_fix(op, p)
     if op in p.cpu_ops or op in p.folded_ops:
         why = "listed as a CPU op" if op in p.cpu_ops else "only removed when constant folding applies"
         return Finding(
             **base,  # type: ignore[arg-type]
-            severity="warn",
+            severity=Severity.WARN,
             reason=f"{op} runs on the CPU on {p.name} ({why}); data crosses the NPU/CPU boundary",
             attribute="op_type",
             value=op,
             limit="NPU op list",
-            fix=unsupported_op_fix(op, p),
+            fix=fix.text,
+            rewrite=fix.rewrite,
+            rewrite_args=fix.args,
             forces_cpu=True,
         )
     return Finding(
@@ -60,6 +63,8 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
         attribute="op_type",
         value=op,
         limit="NPU op list",
-        fix=unsupported_op_fix(op, p),
+        fix=fix.text,
+        rewrite=fix.rewrite,
+        rewrite_args=fix.args,
         forces_cpu=True,
     )

@@ -6,10 +6,10 @@ import numpy as np
 import onnx
 import pytest
 
+from builders import assert_same_outputs, build, calib_images, op_types
 from conftest import asset_calib, asset_model
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
-from test_rewrite_support import assert_same_outputs, build, calib_images, op_types
 
 X = np.linspace(-8, 8, 64, dtype=np.float32).reshape(4, 16)
 CONSTS = """

@@ -6,9 +6,9 @@ import numpy as np
 import onnx
 import pytest
 
+from builders import assert_same_outputs, build, calib_images, op_types, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.rewrites.cleanup import cleanup
-from test_rewrite_support import assert_same_outputs, build, calib_images, op_types, rng_array
 
 H13 = '<ir_version: 8, opset_import: ["" : 13]>'
 X = {"x": rng_array((2, 4))}

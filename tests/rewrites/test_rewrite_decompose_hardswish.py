@@ -6,10 +6,10 @@ import numpy as np
 import onnx
 import pytest
 
+from builders import assert_same_outputs, build, calib_images, op_types
 from conftest import asset_calib, asset_model
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
 from quantscan.rewrites.fold_bn import fold_batchnorm
-from test_rewrite_support import assert_same_outputs, build, calib_images, op_types
 
 
 def test_hardswish_becomes_add_clip_mul_div() -> None:

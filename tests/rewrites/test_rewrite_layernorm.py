@@ -7,10 +7,10 @@ import onnx
 import pytest
 from onnx import version_converter
 
+from builders import assert_same_outputs, build, calib_images, op_types, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.rewrites.decompose_layernorm import decompose_layernorm
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
-from test_rewrite_support import assert_same_outputs, build, calib_images, op_types, rng_array
 
 ARITH = ["ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"]
 PARAMS = {"s": rng_array((8,), 1, 0.5, 1.5), "b": rng_array((8,), 2)}

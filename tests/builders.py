@@ -1,4 +1,4 @@
-"""Helpers shared by the rewrite tests (no tests here).
+"""Shared model builders and oracles for the tests (no tests here): ONNX-text models, the reference oracle.
 
 The oracle is onnx.reference.ReferenceEvaluator on the *original* model: pure numpy kernels that are
 independent from the rewrite code and from onnxruntime.

@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import pytest
 
+from builders import build, op_types, run
 from quantscan.rewrites.gelu_tanh import gelu_tanh
-from test_rewrite_support import build, op_types, run
 
 X = np.linspace(-6, 6, 96, dtype=np.float32).reshape(4, 24)
 CONSTS = {

@@ -1,4 +1,4 @@
-"""quantscan.rewrite: ordering, the numeric proof (onnxruntime via quantscan.runner), atomic versioned
+"""rewrites.runner: ordering, the numeric proof (onnxruntime via quantscan.runner), atomic versioned
 writes, and the usage errors the CLI turns into exit 2."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import numpy as np
 import onnx
 import pytest
 
+from builders import build, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.errors import UsageError
 from quantscan.model import graph_inputs
-from quantscan.rewrite import REWRITES, rewrite
 from quantscan.rewrites._graph import copy_model
 from quantscan.rewrites.base import Change, RewriteResult
+from quantscan.rewrites.runner import REWRITES, rewrite
 from quantscan.runner import Runner
-from test_rewrite_support import build, rng_array
 
 TEXT = """<ir_version: 8, opset_import: ["" : 15]>
 g (float[N,3,8,8] x) => (float[N,4,8,8] y) {

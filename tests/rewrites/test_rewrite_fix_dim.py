@@ -6,10 +6,10 @@ import numpy as np
 import onnx
 import pytest
 
+from builders import assert_same_outputs, build, calib_images, op_types, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.errors import UsageError
 from quantscan.rewrites.fix_dim import DimSetting, fix_dim, parse_dim_spec
-from test_rewrite_support import assert_same_outputs, build, calib_images, op_types, rng_array
 
 CHAIN = """<ir_version: 8, opset_import: ["" : 15]>
 g (float[N,3,4,4] x) => (float[N,48] y) {

@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from builders import assert_same_outputs, build, calib_images, op_types, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.rewrites import fold_batchnorm
-from test_rewrite_support import assert_same_outputs, build, calib_images, op_types, rng_array
 
 HEADER = '<ir_version: 8, opset_import: ["" : 15]>'
 

@@ -1,4 +1,4 @@
-"""`quantscan rewrite`: apply equivalence rewrites in order, then prove the result numerically.
+"""The rewrite runner (`quantscan rewrite`): the id -> pass registry, passes applied in order, the numeric proof.
 
 Why a proof and not trust: an algebraic identity says nothing about the exporter's quirks (a BN whose
 statistics are not what the name suggests, an opset whose Clip reads attributes, a -1 dim). Every run
@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,12 @@ import numpy as np
 import onnx
 
 from quantscan.calib import CalibSet
+from quantscan.calib_synthetic import random_samples
 from quantscan.errors import UsageError
 from quantscan.fileio import atomic_write_bytes
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
+from quantscan.records import RewriteId
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
@@ -45,30 +47,29 @@ from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
 from quantscan.runner import Runner
-from quantscan.specs import InputSpec
 
 RewriteFn = Callable[[onnx.ModelProto], RewriteResult]
 
-REWRITES: dict[str, RewriteFn] = {
-    "fold-bn": fold_batchnorm,
-    "decompose-hardswish": decompose_hardswish,
-    "decompose-hardsigmoid": decompose_hardsigmoid,
-    "fuse-hardswish": fuse_hardswish,
-    "cleanup": cleanup,
-    "decompose-layernorm": decompose_layernorm,
-    "fuse-layernorm": fuse_layernorm,
-    "gelu-tanh": gelu_tanh,
+REWRITES: dict[RewriteId, RewriteFn] = {
+    RewriteId.FOLD_BN: fold_batchnorm,
+    RewriteId.DECOMPOSE_HARDSWISH: decompose_hardswish,
+    RewriteId.DECOMPOSE_HARDSIGMOID: decompose_hardsigmoid,
+    RewriteId.FUSE_HARDSWISH: fuse_hardswish,
+    RewriteId.CLEANUP: cleanup,
+    RewriteId.DECOMPOSE_LAYERNORM: decompose_layernorm,
+    RewriteId.FUSE_LAYERNORM: fuse_layernorm,
+    RewriteId.GELU_TANH: gelu_tanh,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
-PARAMETRIZED = ("fix-dim",)
+PARAMETRIZED: tuple[RewriteId, ...] = (RewriteId.FIX_DIM,)
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_APPROX_MIN_COSINE = 0.999
 RANDOM_SAMPLES = 8
 
 
-def rewrite_ids() -> list[str]:
-    """Every id `rewrite` accepts, in a stable order."""
+def rewrite_ids() -> list[RewriteId]:
+    """Every id `rewrite` accepts, in a stable order (the registry's, then the parametrized ones)."""
     return [*REWRITES, *PARAMETRIZED]
 
 
@@ -216,8 +217,8 @@ def rewrite(
         change = Change("opset", "", f"opset {opset_before} -> {opset} (onnx.version_converter)")
         steps.append(StepReport("opset", True, [change], []))
     for rid, args in steps_wanted:
-        result = fix_dims(current, args) if rid == "fix-dim" else REWRITES[rid](current)
-        steps.append(StepReport(rid, result.exact, result.changes, result.refusals))
+        result = fix_dims(current, args) if rid is RewriteId.FIX_DIM else REWRITES[rid](current)
+        steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals))
         if not result.changes:
             raise UsageError(_applied_nowhere(rid, result))
         current = result.model
@@ -256,18 +257,20 @@ def rewrite(
     return report
 
 
-def _steps(rewrites: Sequence[str], dims: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+def _steps(rewrites: Sequence[str], dims: Sequence[str]) -> list[tuple[RewriteId, tuple[str, ...]]]:
+    """The requested ids, typed and validated, each with its settings (fix-dim's dims, first if implied)."""
     known = rewrite_ids()
-    steps: list[tuple[str, tuple[str, ...]]] = []
+    steps: list[tuple[RewriteId, tuple[str, ...]]] = []
     for rid in rewrites:
         if rid not in known:
             raise UsageError(f"unknown rewrite {rid!r}: expected one of {', '.join(known)}")
-        steps.append((rid, tuple(dims) if rid == "fix-dim" else ()))
+        typed = RewriteId(rid)
+        steps.append((typed, tuple(dims) if typed is RewriteId.FIX_DIM else ()))
     for d in dims:
         parse_dim_spec(d)  # syntax errors before any work
     if dims and "fix-dim" not in rewrites:
-        steps.insert(0, ("fix-dim", tuple(dims)))
-    if any(rid == "fix-dim" for rid, _ in steps) and not dims:
+        steps.insert(0, (RewriteId.FIX_DIM, tuple(dims)))
+    if any(rid is RewriteId.FIX_DIM for rid, _ in steps) and not dims:
         raise UsageError("fix-dim: expected at least one dimension (INPUT:AXIS=V, DIMPARAM=V or batch=V)")
     if not steps:
         raise UsageError(f"no rewrite requested: expected one or more of {', '.join(known)}")
@@ -411,41 +414,3 @@ def prove(
     return Proof(
         f"{data}, {count} samples", count, exact, tolerance, approx_min_cosine, results, list(approximate)
     )
-
-
-def random_samples(
-    original: Sequence[InputSpec], rewritten: Sequence[InputSpec], seed: int, n: int
-) -> Iterator[dict[str, np.ndarray]]:
-    """`n` seeded samples fitting both models: a symbolic dim takes the rewritten model's fixed value,
-    axis 0 defaults to 1, any other symbolic dim needs calibration data or fix-dim (UsageError)."""
-    fixed = {s.name: s.shape for s in rewritten}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for spec in original:
-        dims: list[int] = []
-        for axis, d in enumerate(spec.shape):
-            other = fixed.get(spec.name, ())
-            alt = other[axis] if axis < len(other) else None
-            if isinstance(d, int) and d > 0:
-                dims.append(d)
-            elif isinstance(alt, int) and alt > 0:
-                dims.append(alt)
-            elif axis == 0:
-                dims.append(1)
-            else:
-                raise UsageError(
-                    f"cannot make random data for input {spec.name!r}: axis {axis} is symbolic ({d!r}); "
-                    "expected a calibration set or a fix-dim for it"
-                )
-        shapes[spec.name] = tuple(dims)
-    rng = np.random.default_rng(seed)
-    for _ in range(n):
-        sample: dict[str, np.ndarray] = {}
-        for spec in original:
-            shape = shapes[spec.name]
-            if np.issubdtype(spec.dtype, np.floating):
-                sample[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
-            elif spec.dtype == np.bool_:
-                sample[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
-            else:
-                sample[spec.name] = rng.integers(0, 10, shape).astype(spec.dtype)
-        yield sample
