@@ -13,9 +13,9 @@ import pytest
 from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.errors import UsageError
+from quantscan.graph.edit import copy_model
 from quantscan.model import graph_inputs
 from quantscan.rewrite import REWRITES, rewrite
-from quantscan.rewrites._graph import copy_model
 from quantscan.rewrites.base import Change, RewriteResult
 from quantscan.runner import Runner
 from test_rewrite_support import build, rng_array

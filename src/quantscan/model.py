@@ -21,7 +21,7 @@ import onnx
 from onnx import numpy_helper, version_converter
 
 from quantscan.errors import ModelError
-from quantscan.rewrites._graph import constant_node_value
+from quantscan.graph.index import constant_node_value
 from quantscan.specs import Dim, InputSpec
 
 QUANTIZED_OPS = frozenset(

@@ -6,9 +6,9 @@ Public API: `check(model, profiles, input_shapes=...) -> CheckResult`, `list_pro
 
 from quantscan.compat.check import check
 from quantscan.compat.findings import COLUMNS, SEVERITIES, Finding
-from quantscan.compat.graph import stable_node_names
 from quantscan.compat.profiles import DEFAULT_PROFILE, Profile, ProfileInfo, list_profiles, load_profile
 from quantscan.compat.result import CheckResult
+from quantscan.graph.index import stable_node_names
 
 __all__ = [
     "COLUMNS",

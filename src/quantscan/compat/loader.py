@@ -15,8 +15,8 @@ from pathlib import Path
 
 import onnx
 
-from quantscan.compat.graph import GraphView
 from quantscan.errors import ModelError, UsageError
+from quantscan.graph.index import GraphIndex
 
 DEFAULT_BATCH = 1
 DEFAULT_DIM = 224
@@ -35,8 +35,8 @@ class DimFill:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    original: GraphView
-    fixed: GraphView
+    original: GraphIndex
+    fixed: GraphIndex
     fills: tuple[DimFill, ...]
 
     @property
@@ -70,7 +70,7 @@ def load(
     model: onnx.ModelProto | str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> LoadedModel:
     proto = read_model(model)
-    original = GraphView(infer(proto))
+    original = GraphIndex.of(infer(proto))
     _check_input_shapes(original, input_shapes or {})
     fills = _fills(proto, input_shapes or {})
     if not fills and not input_shapes:
@@ -78,10 +78,10 @@ def load(
     fixed_proto = onnx.ModelProto()
     fixed_proto.CopyFrom(proto)
     _apply(fixed_proto, fills, input_shapes or {})
-    return LoadedModel(original, GraphView(infer(fixed_proto)), tuple(fills))
+    return LoadedModel(original, GraphIndex.of(infer(fixed_proto)), tuple(fills))
 
 
-def _check_input_shapes(view: GraphView, shapes: Mapping[str, Sequence[int]]) -> None:
+def _check_input_shapes(view: GraphIndex, shapes: Mapping[str, Sequence[int]]) -> None:
     for name, dims in shapes.items():
         if name not in view.inputs:
             raise UsageError(f"expected an input shape for one of {view.inputs}, found input '{name}'")

@@ -11,7 +11,7 @@ import onnx
 from quantscan.compat.context import RuleContext
 from quantscan.compat.findings import Finding
 from quantscan.compat.fixes import unsupported_op_fix
-from quantscan.compat.graph import CONTROL_FLOW_OPS
+from quantscan.graph.index import CONTROL_FLOW_OPS
 
 RULE_ID = "control-flow"
 

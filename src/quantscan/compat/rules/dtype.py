@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
 from quantscan.compat.findings import Finding
-from quantscan.compat.graph import dtype_name
+from quantscan.graph.index import dtype_name
 
 RULE_ID = "dtype"
 _FIXES = {
