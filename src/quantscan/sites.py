@@ -8,7 +8,8 @@ so this module groups the prepared graph's nodes into kernels first:
   constant operand (bias Add, scale Mul) and one fused activation (Relu, Clip, LeakyRelu, PRelu,
   HardSwish, HardSigmoid, Sigmoid, and the SiLU and decomposed-HardSwish patterns);
 - decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add]), Erf-GELU,
-  x·sigmoid(x) and x·Clip(x+3,0,6)/6 are recognised as one kernel each;
+  x·sigmoid(x) and x·Clip(x+3,0,6)/6 are recognised as one kernel each (`quantscan.patterns`), when
+  their intermediate tensors are read nowhere else;
 - any other float-producing op is a kernel of its own and may absorb one fused activation;
 - scale-preserving ops (Reshape, Transpose, MaxPool, Concat, ...) are not sites: they pass their
   input's quantization through.
