@@ -130,7 +130,7 @@ def find_sites(
     `float_tensors` are the tensors the runtime produced as float (from a probe run): shape
     computations (int64) and booleans are never sites. `cpu_nodes` stay float (a profile's fallback).
     """
-    index = GraphIndex(model.graph, float_tensors=float_tensors)
+    index = GraphIndex(model.graph, float_tensors=float_tensors, initializers_are_weights=True)
     folded = set(bn_folded_into)
     skip = set(cpu_nodes)
     claimed: set[int] = set()

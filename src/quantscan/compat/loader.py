@@ -67,7 +67,7 @@ def load(
     model: onnx.ModelProto | str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> LoadedModel:
     proto = read_model(model)
-    original = GraphIndex.of(infer(proto))
+    original = GraphIndex.of(infer(proto), initializers_are_weights=True)
     _check_input_shapes(original, input_shapes or {})
     fills = _fills(proto, input_shapes or {})
     if not fills and not input_shapes:
@@ -75,7 +75,7 @@ def load(
     fixed_proto = onnx.ModelProto()
     fixed_proto.CopyFrom(proto)
     _apply(fixed_proto, fills, input_shapes or {})
-    return LoadedModel(original, GraphIndex.of(infer(fixed_proto)), tuple(fills))
+    return LoadedModel(original, GraphIndex.of(infer(fixed_proto), initializers_are_weights=True), tuple(fills))
 
 
 def _check_input_shapes(view: GraphIndex, shapes: Mapping[str, Sequence[int]]) -> None:

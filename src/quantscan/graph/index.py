@@ -11,7 +11,8 @@ Conventions:
 - A *constant* is an initializer or the output of a default-domain `Constant` node (Paddle exports keep
   weights in Constant nodes). `is_const`/`const_value` answer "does the file store its value";
   `is_constant`/`constant` additionally exclude initializers that are also graph inputs (IR >= 4), whose
-  value the user may override at run time, which is what a rewrite must respect.
+  value the user may override at run time, which is what a rewrite must respect; an index built with
+  `initializers_are_weights=True` (how a chip compiler reads the file) counts them as constants.
 - Node names: ONNX allows empty and duplicate node names, but every finding must name a real node.
   Unnamed nodes are called `<op_type>_<index>` (position in `graph.node`); a name that would collide
   gets `_<k>` appended (k = 1, 2, ...), and later duplicates get the same suffix. The scheme only depends
@@ -182,13 +183,15 @@ class GraphIndex:
         ir_version: int = 99,
         model: onnx.ModelProto | None = None,
         float_tensors: set[str] | None = None,
+        initializers_are_weights: bool = False,
     ) -> None:
         self.graph = graph
         self.model = model
         self.nodes: list[onnx.NodeProto] = list(graph.node)
         self.float_tensors = float_tensors
-        # Before IR 4 every initializer had to be listed as a graph input too: those are weights.
-        self.inputs_override = ir_version >= 4
+        # Before IR 4 every initializer had to be listed as a graph input too: those are weights. A chip
+        # compiler (what the site grouping and the compat rules model) treats every initializer as one.
+        self.inputs_override = ir_version >= 4 and not initializers_are_weights
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
         self.constant_nodes: dict[str, onnx.NodeProto] = {}
         self.producer: dict[str, int] = {}
@@ -218,9 +221,17 @@ class GraphIndex:
             self.tensors[t.name] = TensorInfo(t.data_type, tuple(int(d) for d in t.dims))
 
     @classmethod
-    def of(cls, model: onnx.ModelProto, *, float_tensors: set[str] | None = None) -> GraphIndex:
+    def of(
+        cls, model: onnx.ModelProto, *, float_tensors: set[str] | None = None, initializers_are_weights: bool = False
+    ) -> GraphIndex:
         """The index of a model's top-level graph, aware of its IR version and opset."""
-        return cls(model.graph, ir_version=model.ir_version, model=model, float_tensors=float_tensors)
+        return cls(
+            model.graph,
+            ir_version=model.ir_version,
+            model=model,
+            float_tensors=float_tensors,
+            initializers_are_weights=initializers_are_weights,
+        )
 
     # --- structure -------------------------------------------------------------------------------
 
