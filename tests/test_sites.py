@@ -112,3 +112,16 @@ def test_decomposed_hardswish_fuses_only_when_the_profile_lists_it() -> None:
     assert site.kernel == "Conv+HardSwish[Add+Clip+Mul+Div]" and site.output == "y"
     without = sites_of(model, fused=frozenset({"Relu"}))
     assert [s.kernel for s in without] == ["Conv", "HardSwish[Add+Clip+Mul+Div]"]
+
+
+def test_initializers_listed_as_inputs_still_count_as_weights() -> None:
+    # keep_initializers_as_inputs exports (IR >= 4) list every initializer as a graph input too
+    model = conv_model(
+        "a = Add (c, three)\n k = Clip (a, zero, six)\n m = Mul (c, k)\n y = Div (m, six)",
+        extra=", float three, float zero, float six, float[4,3,3,3] w, float[4] b",
+    )
+    for name, value in (("three", 3.0), ("zero", 0.0), ("six", 6.0)):
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), name))
+    (site,) = sites_of(model)
+    assert site.kernel == "Conv+HardSwish[Add+Clip+Mul+Div]"
+    assert (site.weight, site.inputs) == ("w", ["x"])
