@@ -21,7 +21,7 @@ import onnx
 from onnx import numpy_helper, version_converter
 
 from quantscan.errors import ModelError
-from quantscan.rewrites._graph import constant_node_value
+from quantscan.graph.index import constant_node_value
 from quantscan.specs import Dim, InputSpec
 
 QUANTIZED_OPS = frozenset(
@@ -89,8 +89,8 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_model(path: str | Path) -> LoadedModel:
-    """Read, check and describe a model; every failure is one `ModelError` line."""
+def read_model_file(path: str | Path) -> onnx.ModelProto:
+    """The one place quantscan reads an ONNX file: the proto with its external data, or one `ModelError`."""
     p = Path(path)
     if not p.exists():
         raise ModelError(f"expected an ONNX model file, found nothing at {p}")
@@ -99,9 +99,17 @@ def load_model(path: str | Path) -> LoadedModel:
     if p.stat().st_size == 0:
         raise ModelError(f"expected an ONNX model, found an empty file: {p}")
     proto = _parse(p)
+    if proto.graph.node:
+        _load_external(proto, p)
+    return proto
+
+
+def load_model(path: str | Path) -> LoadedModel:
+    """Read, check and describe a model; every failure is one `ModelError` line."""
+    p = Path(path)
+    proto = read_model_file(p)
     if not proto.graph.node:
         raise ModelError(f"expected an ONNX model with a graph, found no nodes in {p} (is it an ONNX file?)")
-    _load_external(proto, p)
     _check(proto, p)
     name_unnamed_nodes(proto)
     inputs = graph_inputs(proto)

@@ -8,7 +8,8 @@ so this module groups the prepared graph's nodes into kernels first:
   constant operand (bias Add, scale Mul) and one fused activation (Relu, Clip, LeakyRelu, PRelu,
   HardSwish, HardSigmoid, Sigmoid, and the SiLU and decomposed-HardSwish patterns);
 - decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add]), Erf-GELU,
-  x·sigmoid(x) and x·Clip(x+3,0,6)/6 are recognised as one kernel each;
+  x·sigmoid(x) and x·Clip(x+3,0,6)/6 are recognised as one kernel each (`quantscan.patterns`), when
+  their intermediate tensors are read nowhere else;
 - any other float-producing op is a kernel of its own and may absorb one fused activation;
 - scale-preserving ops (Reshape, Transpose, MaxPool, Concat, ...) are not sites: they pass their
   input's quantization through.
@@ -21,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
+
+from quantscan.graph.index import GraphIndex, other_input
+from quantscan.patterns import fused_activation, gelu, hardswish, layernorm, silu
+from quantscan.patterns.base import Match
 
 ANCHOR_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 DEFAULT_FUSED_ACTIVATIONS = frozenset(
@@ -110,196 +113,6 @@ class Site:
         return len(self.nodes) > 1
 
 
-class GraphIndex:
-    """Producer/consumer maps over one graph, built once and shared by the matchers."""
-
-    def __init__(self, graph: onnx.GraphProto, float_tensors: set[str] | None = None) -> None:
-        self.graph = graph
-        self.nodes = list(graph.node)
-        self.constants: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
-        self.producer: dict[str, int] = {}
-        self.consumers: dict[str, list[int]] = {}
-        for idx, node in enumerate(self.nodes):
-            for out in node.output:
-                if out:
-                    self.producer[out] = idx
-            for inp in node.input:
-                if inp:
-                    self.consumers.setdefault(inp, []).append(idx)
-        self.graph_outputs = {o.name for o in graph.output}
-        self.graph_inputs = {i.name for i in graph.input if i.name not in self.constants}
-        self.float_tensors = float_tensors
-
-    def is_const(self, name: str) -> bool:
-        return name in self.constants
-
-    def const_value(self, name: str) -> np.ndarray | None:
-        tensor = self.constants.get(name)
-        return numpy_helper.to_array(tensor) if tensor is not None else None
-
-    def users(self, name: str) -> list[onnx.NodeProto]:
-        return [self.nodes[i] for i in self.consumers.get(name, [])]
-
-    def single_user(self, name: str) -> onnx.NodeProto | None:
-        """The only consumer of `name`, when it has exactly one and is not a graph output."""
-        users = self.consumers.get(name, [])
-        if len(users) != 1 or name in self.graph_outputs:
-            return None
-        return self.nodes[users[0]]
-
-    def is_float(self, name: str) -> bool:
-        if self.float_tensors is None:
-            return True
-        return name in self.float_tensors
-
-
-def scalar_const(index: GraphIndex, name: str) -> float | None:
-    value = index.const_value(name)
-    if value is None or value.size != 1:
-        return None
-    return float(value.reshape(()))
-
-
-def other_input(node: onnx.NodeProto, name: str) -> str | None:
-    """For a binary op with `name` as one operand, the other operand."""
-    ins = [i for i in node.input if i]
-    if len(ins) != 2 or name not in ins:
-        return None
-    return ins[1] if ins[0] == name else ins[0]
-
-
-# --- pattern matchers: each returns (nodes, output tensor, label) or None -----------------------------
-
-Match = tuple[list[onnx.NodeProto], str, str]
-
-
-def match_silu(index: GraphIndex, x: str) -> Match | None:
-    """x·sigmoid(x) and x·sigmoid(β·x): Sigmoid (optionally after Mul by a constant) times x."""
-    for user in index.users(x):
-        chain: list[onnx.NodeProto] = []
-        sig = user
-        if user.op_type == "Mul" and index.is_const(other_input(user, x) or ""):
-            nxt = index.single_user(user.output[0])
-            if nxt is None or nxt.op_type != "Sigmoid":
-                continue
-            chain.append(user)
-            sig = nxt
-        if sig.op_type != "Sigmoid":
-            continue
-        mul = index.single_user(sig.output[0])
-        if mul is None or mul.op_type != "Mul" or other_input(mul, sig.output[0]) != x:
-            continue
-        return [*chain, sig, mul], mul.output[0], "SiLU"
-    return None
-
-
-def match_hardswish(index: GraphIndex, x: str) -> Match | None:
-    """x·Clip(x+3, 0, 6)/6 in its exporter variants (Mul then Div/Mul, or Div first)."""
-    for add in index.users(x):
-        if add.op_type != "Add" or scalar_const(index, other_input(add, x) or "") != 3.0:
-            continue
-        clip = index.single_user(add.output[0])
-        if clip is None or clip.op_type not in ("Clip", "Relu6"):
-            continue
-        nxt = index.single_user(clip.output[0])
-        if nxt is None:
-            continue
-        if nxt.op_type == "Mul" and other_input(nxt, clip.output[0]) == x:
-            scale = index.single_user(nxt.output[0])
-            if scale is not None and _is_divide_by_six(index, scale, nxt.output[0]):
-                return [add, clip, nxt, scale], scale.output[0], "HardSwish"
-        if _is_divide_by_six(index, nxt, clip.output[0]):
-            mul = index.single_user(nxt.output[0])
-            if mul is not None and mul.op_type == "Mul" and other_input(mul, nxt.output[0]) == x:
-                return [add, clip, nxt, mul], mul.output[0], "HardSwish"
-    return None
-
-
-def _is_divide_by_six(index: GraphIndex, node: onnx.NodeProto, x: str) -> bool:
-    value = scalar_const(index, other_input(node, x) or "")
-    if value is None:
-        return False
-    if node.op_type == "Div":
-        return abs(value - 6.0) < 1e-6
-    return node.op_type == "Mul" and abs(value - 1.0 / 6.0) < 1e-6
-
-
-def match_layernorm(index: GraphIndex, x: str) -> Match | None:
-    """ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div, optionally followed by Mul(γ) and Add(β)."""
-    for mean in index.users(x):
-        if mean.op_type != "ReduceMean":
-            continue
-        sub = index.single_user(mean.output[0])
-        if sub is None or sub.op_type != "Sub" or list(sub.input) != [x, mean.output[0]]:
-            continue
-        d = sub.output[0]
-        users = {u.op_type: u for u in index.users(d)}
-        pow_, div = users.get("Pow"), users.get("Div")
-        if pow_ is None or div is None or len(index.users(d)) != 2:
-            continue
-        mean2 = index.single_user(pow_.output[0])
-        add = index.single_user(mean2.output[0]) if mean2 is not None and mean2.op_type == "ReduceMean" else None
-        sqrt = index.single_user(add.output[0]) if add is not None and add.op_type == "Add" else None
-        if sqrt is None or sqrt.op_type != "Sqrt" or index.single_user(sqrt.output[0]) is not div:
-            continue
-        assert mean2 is not None and add is not None
-        nodes = [mean, sub, pow_, mean2, add, sqrt, div]
-        out = div.output[0]
-        for op in ("Mul", "Add"):
-            nxt = index.single_user(out)
-            if nxt is None or nxt.op_type != op or not index.is_const(other_input(nxt, out) or ""):
-                break
-            nodes.append(nxt)
-            out = nxt.output[0]
-        return nodes, out, "LayerNorm"
-    return None
-
-
-def match_gelu(index: GraphIndex, x: str) -> Match | None:
-    """0.5·x·(1+erf(x/√2)) in the usual exporter orders."""
-    for first in index.users(x):
-        if first.op_type not in ("Div", "Mul") or not index.is_const(other_input(first, x) or ""):
-            continue
-        erf = index.single_user(first.output[0])
-        if erf is None or erf.op_type != "Erf":
-            continue
-        add = index.single_user(erf.output[0])
-        if add is None or add.op_type != "Add":
-            continue
-        nodes = [first, erf, add]
-        out = add.output[0]
-        for _ in range(2):
-            nxt = index.single_user(out)
-            if nxt is None or nxt.op_type != "Mul":
-                break
-            operand = other_input(nxt, out)
-            if operand != x and not index.is_const(operand or ""):
-                break
-            nodes.append(nxt)
-            out = nxt.output[0]
-        if any(n.op_type == "Mul" and x in n.input for n in nodes[3:]):
-            return nodes, out, "GELU"
-    return None
-
-
-def match_fused_activation(index: GraphIndex, x: str, fused: frozenset[str]) -> Match | None:
-    """The activation a chip runs inside the producer's kernel: a listed op or a recognised pattern."""
-    users = index.users(x)
-    if x in index.graph_outputs:
-        return None
-    for matcher in (match_silu, match_hardswish):
-        label = "SiLU" if matcher is match_silu else "HardSwish"
-        if label not in fused and not (label == "SiLU" and "Swish" in fused):
-            continue
-        found = matcher(index, x)
-        if found is not None and {id(n) for n in users} <= {id(n) for n in found[0]}:
-            return found
-    single = index.single_user(x)
-    if single is not None and single.op_type in fused:
-        return [single], single.output[0], single.op_type
-    return None
-
-
 # --- site building -------------------------------------------------------------------------------------
 
 
@@ -317,7 +130,7 @@ def find_sites(
     `float_tensors` are the tensors the runtime produced as float (from a probe run): shape
     computations (int64) and booleans are never sites. `cpu_nodes` stay float (a profile's fallback).
     """
-    index = GraphIndex(model.graph, float_tensors)
+    index = GraphIndex(model.graph, float_tensors=float_tensors, initializers_are_weights=True)
     folded = set(bn_folded_into)
     skip = set(cpu_nodes)
     claimed: set[int] = set()
@@ -376,12 +189,9 @@ def _grow_kernel(
     index: GraphIndex, node: onnx.NodeProto, fused: frozenset[str]
 ) -> tuple[list[onnx.NodeProto], str, list[str]]:
     """Start at `node`, return the kernel's nodes, its output tensor and the parts of its name."""
-    x = node.input[0] if node.input else ""
-    for matcher in (match_layernorm, match_gelu, match_silu, match_hardswish):
-        found = matcher(index, x) if x else None
-        if found is not None and found[0][0] is node:
-            nodes, out, label = found
-            return nodes, out, [f"{label}[{'+'.join(n.op_type for n in nodes)}]"]
+    kernel = _pattern_kernel(index, node)
+    if kernel is not None:
+        return list(kernel.nodes), kernel.output, [f"{kernel.kernel}[{kernel.op_types()}]"]
     nodes, out, labels = [node], node.output[0], [node.op_type]
     if node.op_type in ANCHOR_OPS and _has_const_weight(index, node):
         for _ in range(2):
@@ -397,12 +207,28 @@ def _grow_kernel(
             nodes.append(affine)
             labels.append(affine.op_type)
             out = affine.output[0]
-    activation = match_fused_activation(index, out, fused) if node.op_type not in fused else None
-    if activation is not None:
-        act_nodes, out, label = activation
-        nodes.extend(act_nodes)
-        labels.append(label if len(act_nodes) == 1 else f"{label}[{'+'.join(n.op_type for n in act_nodes)}]")
+    activation = fused_activation.match(index, out, fused) if node.op_type not in fused else None
+    if isinstance(activation, Match):
+        nodes.extend(activation.nodes)
+        out = activation.output
+        single = len(activation.nodes) == 1
+        labels.append(activation.kernel if single else f"{activation.kernel}[{activation.op_types()}]")
     return nodes, out, labels
+
+
+def _pattern_kernel(index: GraphIndex, node: onnx.NodeProto) -> Match | None:
+    """The multi-node kernel (LayerNorm, GELU, SiLU, HardSwish) that starts at `node`, if any."""
+    x = node.input[0] if node.input else ""
+    if not x:
+        return None
+    for found in (layernorm.match_from(index, x), gelu.match_from(index, x)):
+        if isinstance(found, Match) and not found.shared(index) and found.nodes[0] is node:
+            return found
+    for kernel in (silu.KERNEL, hardswish.KERNEL):
+        found = fused_activation.decomposed(kernel, index, x)
+        if isinstance(found, Match) and found.nodes[0] is node:
+            return found
+    return None
 
 
 def _has_const_weight(index: GraphIndex, node: onnx.NodeProto) -> bool:

@@ -14,8 +14,8 @@ from builders import build, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.errors import UsageError
+from quantscan.graph.edit import copy_model
 from quantscan.model import graph_inputs
-from quantscan.rewrites._graph import copy_model
 from quantscan.rewrites.base import Change, RewriteResult
 from quantscan.rewrites.runner import REWRITES, rewrite
 from quantscan.runner import Runner

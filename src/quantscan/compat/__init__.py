@@ -5,9 +5,9 @@ Public API: `check(model, profiles, input_shapes=...) -> CheckResult`, `list_pro
 """
 
 from quantscan.compat.check import check
-from quantscan.compat.graph import stable_node_names
 from quantscan.compat.profiles import DEFAULT_PROFILE, Profile, ProfileInfo, list_profiles, load_profile
 from quantscan.compat.result import CheckResult
+from quantscan.graph.index import stable_node_names
 from quantscan.records import FINDING_COLUMNS as COLUMNS
 from quantscan.records import Finding
 

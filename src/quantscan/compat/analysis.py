@@ -14,9 +14,9 @@ from pathlib import Path
 
 import onnx
 
-from quantscan.compat.graph import SHAPE_SOURCE_OPS, GraphView
 from quantscan.compat.loader import LoadedModel, load
 from quantscan.compat.params import Params, node_params
+from quantscan.graph.index import SHAPE_SOURCE_OPS, GraphIndex
 
 NONDETERMINISTIC = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -41,12 +41,12 @@ class ModelAnalysis:
     params: tuple[Params, ...]
 
     @property
-    def view(self) -> GraphView:
+    def view(self) -> GraphIndex:
         """The view with input dims fixed: shapes, limits and bytes are read here."""
         return self.loaded.fixed
 
     @property
-    def original(self) -> GraphView:
+    def original(self) -> GraphIndex:
         return self.loaded.original
 
     def chain_of(self) -> dict[int, ShapeChain]:
@@ -74,7 +74,7 @@ def analyse(
     return ModelAnalysis(loaded, foldable, chains, params)
 
 
-def _safe_params(view: GraphView, i: int) -> Params:
+def _safe_params(view: GraphIndex, i: int) -> Params:
     """Parameters of node i; an odd node (bad attribute types) yields none rather than a crash."""
     try:
         return node_params(view, i)
@@ -82,8 +82,8 @@ def _safe_params(view: GraphView, i: int) -> Params:
         return {}
 
 
-def _foldable(view: GraphView) -> frozenset[int]:
-    known: set[str] = set(view.const_protos)
+def _foldable(view: GraphIndex) -> frozenset[int]:
+    known: set[str] = set(view.initializers)
     out: set[int] = set()
     for i, node in enumerate(view.nodes):
         if node.op_type in NONDETERMINISTIC or node.domain not in ("", "ai.onnx"):
@@ -96,8 +96,8 @@ def _foldable(view: GraphView) -> frozenset[int]:
     return frozenset(out)
 
 
-def _shape_nodes(view: GraphView, foldable: frozenset[int]) -> set[int]:
-    const = {t for i in foldable for t in view.node_outputs(i)} | set(view.const_protos)
+def _shape_nodes(view: GraphIndex, foldable: frozenset[int]) -> set[int]:
+    const = {t for i in foldable for t in view.node_outputs(i)} | set(view.initializers)
     derived: set[str] = set()
     members: set[int] = set()
     for i, node in enumerate(view.nodes):
@@ -110,7 +110,7 @@ def _shape_nodes(view: GraphView, foldable: frozenset[int]) -> set[int]:
     return members
 
 
-def _chains(view: GraphView, fixed: GraphView, foldable: frozenset[int]) -> tuple[ShapeChain, ...]:
+def _chains(view: GraphIndex, fixed: GraphIndex, foldable: frozenset[int]) -> tuple[ShapeChain, ...]:
     members = _shape_nodes(view, foldable)
     parent = {m: m for m in members}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantscan.compat.analysis import ModelAnalysis
-from quantscan.compat.graph import GraphView
 from quantscan.compat.profiles import Profile, Sourced
+from quantscan.graph.index import GraphIndex
 from quantscan.records import Severity
 
 
@@ -16,7 +16,7 @@ class RuleContext:
     profile: Profile
 
     @property
-    def view(self) -> GraphView:
+    def view(self) -> GraphIndex:
         return self.analysis.view
 
     def name(self, i: int) -> str:

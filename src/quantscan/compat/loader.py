@@ -1,4 +1,6 @@
-"""Load a model for the structural check and infer shapes, twice when input dims are symbolic.
+"""The structural check's two pictures of a model: shapes inferred as shipped, and with input dims fixed.
+
+The file itself is read by `quantscan.model.read_model_file`, the one place that reads ONNX files.
 
 The check needs two pictures of the graph: the model as shipped (which dims are symbolic) and the
 model once its input dims are fixed, as a converter sees it after `--input-shape`/`fix-dim`. Shape
@@ -15,8 +17,9 @@ from pathlib import Path
 
 import onnx
 
-from quantscan.compat.graph import GraphView
-from quantscan.errors import ModelError, UsageError
+from quantscan.errors import UsageError
+from quantscan.graph.index import GraphIndex
+from quantscan.model import read_model_file
 
 DEFAULT_BATCH = 1
 DEFAULT_DIM = 224
@@ -35,8 +38,8 @@ class DimFill:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    original: GraphView
-    fixed: GraphView
+    original: GraphIndex
+    fixed: GraphIndex
     fills: tuple[DimFill, ...]
 
     @property
@@ -46,16 +49,10 @@ class LoadedModel:
 
 
 def read_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
-    """The ModelProto for a path or a proto; a missing or corrupt file is bad input."""
+    """The ModelProto for a proto, or read from a path by the model loader (`quantscan.model`)."""
     if isinstance(model, onnx.ModelProto):
         return model
-    path = Path(model)
-    if not path.is_file():
-        raise ModelError(f"expected an ONNX model file, found no file at {path}")
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # onnx raises several unrelated types for a corrupt file
-        raise ModelError(f"expected an ONNX model at {path}, found unreadable data ({exc})") from exc
+    return read_model_file(model)
 
 
 def infer(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -70,7 +67,7 @@ def load(
     model: onnx.ModelProto | str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> LoadedModel:
     proto = read_model(model)
-    original = GraphView(infer(proto))
+    original = GraphIndex.of(infer(proto), initializers_are_weights=True)
     _check_input_shapes(original, input_shapes or {})
     fills = _fills(proto, input_shapes or {})
     if not fills and not input_shapes:
@@ -78,10 +75,10 @@ def load(
     fixed_proto = onnx.ModelProto()
     fixed_proto.CopyFrom(proto)
     _apply(fixed_proto, fills, input_shapes or {})
-    return LoadedModel(original, GraphView(infer(fixed_proto)), tuple(fills))
+    return LoadedModel(original, GraphIndex.of(infer(fixed_proto), initializers_are_weights=True), tuple(fills))
 
 
-def _check_input_shapes(view: GraphView, shapes: Mapping[str, Sequence[int]]) -> None:
+def _check_input_shapes(view: GraphIndex, shapes: Mapping[str, Sequence[int]]) -> None:
     for name, dims in shapes.items():
         if name not in view.inputs:
             raise UsageError(f"expected an input shape for one of {view.inputs}, found input '{name}'")

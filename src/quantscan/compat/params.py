@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from quantscan.compat.graph import GraphView
+from quantscan.graph.index import GraphIndex
 
 CONV_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv"})
 POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
@@ -37,7 +37,7 @@ REDUCE_OPS = frozenset(
 Params = dict[str, Any]
 
 
-def node_params(view: GraphView, i: int) -> Params:
+def node_params(view: GraphIndex, i: int) -> Params:
     """Every parameter of node `i` that can be computed (see profile_schema.ATTRIBUTES)."""
     op = view.nodes[i].op_type
     p: Params = _input_dims(view, i)
@@ -72,12 +72,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _first_shape(view: GraphView, i: int) -> tuple[Any, ...] | None:
+def _first_shape(view: GraphIndex, i: int) -> tuple[Any, ...] | None:
     inputs = view.node_inputs(i)
     return view.info(inputs[0]).shape if inputs else None
 
 
-def _input_dims(view: GraphView, i: int) -> Params:
+def _input_dims(view: GraphIndex, i: int) -> Params:
     shape = _first_shape(view, i)
     p: Params = {}
     if shape is None:
@@ -98,7 +98,7 @@ def _input_dims(view: GraphView, i: int) -> Params:
     return p
 
 
-def _weight_shape(view: GraphView, i: int) -> tuple[int, ...] | None:
+def _weight_shape(view: GraphIndex, i: int) -> tuple[int, ...] | None:
     inputs = view.nodes[i].input
     w_index = 3 if view.nodes[i].op_type == "QLinearConv" else 1
     if len(inputs) <= w_index:
@@ -110,7 +110,7 @@ def _weight_shape(view: GraphView, i: int) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
-def _conv(view: GraphView, i: int) -> Params:
+def _conv(view: GraphIndex, i: int) -> Params:
     w = _weight_shape(view, i)
     kernel = _ints(view.attr(i, "kernel_shape")) or (list(w[2:]) if w else [])
     p = _window(view, i, kernel)
@@ -129,7 +129,7 @@ def _conv(view: GraphView, i: int) -> Params:
     return p
 
 
-def _window(view: GraphView, i: int, kernel: list[int]) -> Params:
+def _window(view: GraphIndex, i: int, kernel: list[int]) -> Params:
     n = len(kernel)
     stride = _ints(view.attr(i, "strides")) or [1] * n
     dilation = _ints(view.attr(i, "dilations")) or [1] * n
@@ -153,7 +153,7 @@ def kernel_stride_text(kernel: list[int], stride: list[int]) -> str:
     return f"{k}s{s}"
 
 
-def _resize(view: GraphView, i: int) -> Params:
+def _resize(view: GraphIndex, i: int) -> Params:
     p: Params = {"resize_mode": _text(view.attr(i, "mode", "nearest"))}
     inputs = list(view.nodes[i].input)
     in_shape = view.info(inputs[0]).shape if inputs else None
@@ -166,7 +166,7 @@ def _resize(view: GraphView, i: int) -> Params:
     return p
 
 
-def _axes(view: GraphView, i: int) -> Params:
+def _axes(view: GraphIndex, i: int) -> Params:
     shape = _first_shape(view, i)
     rank = len(shape) if shape is not None else None
     node = view.nodes[i]

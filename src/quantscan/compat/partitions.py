@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from quantscan.compat.analysis import ModelAnalysis
-from quantscan.compat.graph import PASS_THROUGH_OPS
+from quantscan.graph.index import IDENTITY_OPS
 from quantscan.records import Finding
 
 
@@ -52,7 +52,7 @@ def colour(analysis: ModelAnalysis, findings: Iterable[Finding]) -> dict[int, st
             continue
         if view.names[i] in forced or i in chain_cpu:
             out[i] = "cpu"
-        elif node.op_type in PASS_THROUGH_OPS:
+        elif node.op_type in IDENTITY_OPS:
             j = view.producer.get(node.input[0]) if node.input else None
             out[i] = out.get(j, "npu") if j is not None else "npu"
         else:

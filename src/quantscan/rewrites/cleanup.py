@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import onnx
 
-from quantscan.rewrites._constfold import fold_constants
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     copy_model,
     drop_value_info,
     node_label,
-    subgraph_inputs,
 )
+from quantscan.graph.fold import fold_constants
+from quantscan.graph.index import GraphIndex, subgraph_inputs
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "cleanup"
@@ -54,7 +53,7 @@ def _pass_through_reason(node: onnx.NodeProto, index: GraphIndex) -> str | None:
 def _remove_pass_through(model: onnx.ModelProto, result: RewriteResult) -> None:
     graph = model.graph
     while True:
-        index = GraphIndex(graph, model.ir_version)
+        index = GraphIndex(graph, ir_version=model.ir_version)
         sub_reads: set[str] = set()
         for n in graph.node:
             sub_reads |= subgraph_inputs(n)
@@ -77,14 +76,14 @@ def _remove_pass_through(model: onnx.ModelProto, result: RewriteResult) -> None:
                     result.refusals.append(Refusal(REWRITE_ID, label, reason))
                 continue
             if x_private:
-                producer = index.producer[x]
+                producer = index.nodes[index.producer[x]]
                 for k, o in enumerate(producer.output):
                     if o == x:
                         producer.output[k] = y
                 detail = f"{node.op_type} removed; producer now writes {y!r}"
                 drop_value_info(graph, [x])
             else:
-                for reader in index.consumers.get(y, []):
+                for reader in index.readers(y):
                     for k, i in enumerate(reader.input):
                         if i == y:
                             reader.input[k] = x
@@ -104,7 +103,7 @@ def _drop_dead(model: onnx.ModelProto) -> list[str]:
     graph = model.graph
     removed: list[str] = []
     while True:
-        index = GraphIndex(graph, model.ir_version)
+        index = GraphIndex(graph, ir_version=model.ir_version)
         keep = []
         dead = []
         for node in graph.node:
@@ -118,7 +117,7 @@ def _drop_dead(model: onnx.ModelProto) -> list[str]:
         del graph.node[:]
         graph.node.extend(keep)
         drop_value_info(graph, [o for n in dead for o in n.output])
-    index = GraphIndex(graph, model.ir_version)
+    index = GraphIndex(graph, ir_version=model.ir_version)
     live = [t for t in graph.initializer if index.use_count(t.name) or t.name in index.graph_input_names]
     for t in graph.initializer:
         if not (index.use_count(t.name) or t.name in index.graph_input_names):

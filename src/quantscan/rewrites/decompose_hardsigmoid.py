@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import onnx
 
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     attr_float,
     clip_nodes,
     copy_model,
@@ -22,6 +21,7 @@ from quantscan.rewrites._graph import (
     splice,
     unique_name,
 )
+from quantscan.graph.index import GraphIndex
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "decompose-hardsigmoid"
@@ -32,7 +32,7 @@ def decompose_hardsigmoid(model: onnx.ModelProto) -> RewriteResult:
     """Replace every HardSigmoid by Mul/Add/Clip with its alpha/beta; return a new model and the record."""
     out = copy_model(model)
     graph = out.graph
-    taken = GraphIndex(graph).names()
+    taken = GraphIndex(graph).taken_names()
     types = elem_types(out)
     result = RewriteResult(model=out)
     remove: set[int] = set()

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import onnx
 
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     clip_nodes,
     copy_model,
     elem_types,
@@ -21,6 +20,7 @@ from quantscan.rewrites._graph import (
     splice,
     unique_name,
 )
+from quantscan.graph.index import GraphIndex
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "decompose-hardswish"
@@ -31,7 +31,7 @@ def decompose_hardswish(model: onnx.ModelProto) -> RewriteResult:
     """Replace every HardSwish by Add/Clip/Mul/Div; return a new model plus changes and refusals."""
     out = copy_model(model)
     graph = out.graph
-    taken = GraphIndex(graph).names()
+    taken = GraphIndex(graph).taken_names()
     types = elem_types(out)
     result = RewriteResult(model=out)
     remove: set[int] = set()

@@ -13,18 +13,17 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     add_initializer,
     attr_float,
     attr_int,
     copy_model,
     elem_types,
     node_label,
-    opset_version,
     splice,
     unique_name,
 )
+from quantscan.graph.index import GraphIndex, opset_version
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "decompose-layernorm"
@@ -47,8 +46,8 @@ def decompose_layernorm(model: onnx.ModelProto) -> RewriteResult:
     """Replace every LayerNormalization by its arithmetic form; new model plus changes and refusals."""
     out = copy_model(model)
     graph = out.graph
-    index = GraphIndex(graph, out.ir_version)
-    taken = index.names()
+    index = GraphIndex(graph, ir_version=out.ir_version)
+    taken = index.taken_names()
     types = elem_types(out)
     ranks = _ranks(out)
     opset = opset_version(out)

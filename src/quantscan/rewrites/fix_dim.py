@@ -25,18 +25,17 @@ import numpy as np
 import onnx
 
 from quantscan.errors import UsageError
-from quantscan.rewrites._constfold import fold_constants
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     add_initializer,
     attr_int,
     copy_model,
     drop_value_info,
     make_constant_node,
     node_label,
-    opset_version,
     splice,
 )
+from quantscan.graph.fold import fold_constants
+from quantscan.graph.index import GraphIndex, opset_version
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "fix-dim"
@@ -200,7 +199,7 @@ def _fold_static_shapes(model: onnx.ModelProto, result: RewriteResult) -> None:
     opset = opset_version(model)
     for _ in range(MAX_ROUNDS):
         graph = model.graph
-        index = GraphIndex(graph, model.ir_version)
+        index = GraphIndex(graph, ir_version=model.ir_version)
         shapes = _static_shapes(model)
         remove: set[int] = set()
         insert: dict[int, list[onnx.NodeProto]] = {}
@@ -237,7 +236,7 @@ def _fold_static_shapes(model: onnx.ModelProto, result: RewriteResult) -> None:
             result.changes.append(Change(REWRITE_ID, label, "shape computation folded to a constant"))
         if not remove and not folded:
             break
-    index = GraphIndex(model.graph, model.ir_version)
+    index = GraphIndex(model.graph, ir_version=model.ir_version)
     for node in model.graph.node:
         if node.op_type in ("Shape", "Size") and index.use_count(node.output[0]):
             result.refusals.append(

@@ -21,8 +21,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     add_initializer,
     attr_float,
     attr_int,
@@ -36,6 +35,7 @@ from quantscan.rewrites._graph import (
     splice,
     unique_name,
 )
+from quantscan.graph.index import GraphIndex
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "fold-bn"
@@ -47,8 +47,8 @@ def fold_batchnorm(model: onnx.ModelProto) -> RewriteResult:
     """Fold every foldable BatchNormalization; return a new model plus changes and refusals."""
     out = copy_model(model)
     graph = out.graph
-    index = GraphIndex(graph, out.ir_version)
-    taken = index.names()
+    index = GraphIndex(graph, ir_version=out.ir_version)
+    taken = index.taken_names()
     result = RewriteResult(model=out)
     position = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
     remove: set[int] = set()  # positions of BN nodes folded away
@@ -122,13 +122,13 @@ def _plan(
         return "BN parameters have different lengths"
 
     x = bn.input[0]
-    producer = index.producer.get(x)
+    producer = index.producer_node(x)
     if producer is None:
         return f"BN input {x!r} is a graph input, not the output of a Conv/ConvTranspose/Gemm"
     if producer.op_type not in FOLDABLE or producer.domain not in ("", "ai.onnx"):
         return f"not preceded by a foldable op: input comes from {producer.op_type} {node_label(producer)}"
     if index.use_count(x) > 1:
-        others = [node_label(n) for n in index.consumers.get(x, []) if n is not bn]
+        others = [node_label(n) for n in index.readers(x) if n is not bn]
         if x in index.graph_outputs:
             others.append("graph output")
         return f"BN input has another consumer ({', '.join(others)}): folding would change it"

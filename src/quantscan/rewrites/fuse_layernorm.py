@@ -2,10 +2,8 @@
 
 Why: chips with a native LayerNorm kernel run it in higher precision as one op; left decomposed, a
 quantizer puts fake-quant points on the variance (Pow/ReduceMean), the most int8-hostile tensors in a
-transformer. Recognised (Paddle and PyTorch exports):
-    m = ReduceMean(x, A); d = Sub(x, m); p = Pow(d, 2) | Mul(d, d); v = ReduceMean(p, A)
-    s = Sqrt(Add(v, eps)); n = Div(d, s); [y = Mul(n, scale)]; [y = Add(y, bias)]
-with A the trailing axes (a contiguous range ending at the last axis), eps/scale/bias constant.
+transformer. Recognised: `quantscan.patterns.layernorm` (Paddle and PyTorch exports) with A the
+trailing axes (a contiguous range ending at the last axis).
 LayerNormalization exists from opset 17: below that the pass refuses (the opset is never changed by a
 rewrite). Refused too: an intermediate read elsewhere, non-trailing axes, a scale/bias whose shape is not
 the normalized shape, no scale and unknown normalized shape.
@@ -16,37 +14,28 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     add_initializer,
-    attr_int,
     copy_model,
-    get_attr,
     node_label,
-    opset_version,
     prune_unused,
     splice,
     unique_name,
 )
+from quantscan.graph.index import GraphIndex, opset_version
+from quantscan.patterns import layernorm
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "fuse-layernorm"
 MIN_OPSET = 17
 
 
-class _Match:
-    def __init__(self, x: str, axes: list[int], eps: float, nodes: list[onnx.NodeProto]) -> None:
-        self.x, self.axes, self.eps, self.nodes = x, axes, eps, nodes
-        self.scale: np.ndarray | None = None
-        self.bias: np.ndarray | None = None
-
-
 def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
     """Fuse every recognised arithmetic LayerNorm; new model plus changes and refusals."""
     out = copy_model(model)
     graph = out.graph
-    index = GraphIndex(graph, out.ir_version)
-    taken = index.names()
+    index = GraphIndex(graph, ir_version=out.ir_version)
+    taken = index.taken_names()
     opset = opset_version(out)
     ranks = _ranks(out)
     position = {n.output[0]: k for k, n in enumerate(graph.node) if n.output}
@@ -54,28 +43,36 @@ def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
     remove: set[int] = set()
     insert: dict[int, list[onnx.NodeProto]] = {}
     orphans: set[str] = set()
-    for node in graph.node:
-        found = _match(node, index, ranks)
-        if found is None:
-            continue
-        if isinstance(found, tuple):
-            result.refusals.append(Refusal(REWRITE_ID, found[0], found[1]))
+    for node in index.nodes:
+        found = layernorm.match_at(index, node)
+        if not isinstance(found, layernorm.LayerNormMatch):
             continue
         label = node_label(found.nodes[0])
+        axes = _trailing_axes(list(found.axes), ranks.get(found.x))
+        if axes is None:
+            reason = f"normalises axes {list(found.axes)}, not a trailing range LayerNormalization can express"
+            result.refusals.append(Refusal(REWRITE_ID, label, reason))
+            continue
+        shared = found.shared(index)
+        if shared:
+            reason = f"intermediate {shared[0]!r} has another consumer or is an output"
+            result.refusals.append(Refusal(REWRITE_ID, label, reason))
+            continue
         if opset < MIN_OPSET:
             reason = f"LayerNormalization needs opset >= {MIN_OPSET}, the model imports {opset}"
             result.refusals.append(Refusal(REWRITE_ID, label, reason))
             continue
-        n_axes = len(found.axes)
-        scale = found.scale
+        n_axes = len(axes)
+        scale = index.constant(found.scale) if found.scale else None
+        bias = index.constant(found.bias) if found.bias else None
         if scale is None:
             result.refusals.append(
                 Refusal(REWRITE_ID, label, "no constant scale (Mul) after the normalisation")
             )
             continue
         scale_v = _trailing(scale, n_axes)
-        bias_v = _trailing(found.bias, n_axes) if found.bias is not None else None
-        if scale_v is None or (found.bias is not None and bias_v is None):
+        bias_v = _trailing(bias, n_axes) if bias is not None else None
+        if scale_v is None or (bias is not None and bias_v is None):
             result.refusals.append(Refusal(REWRITE_ID, label, "scale/bias do not have the normalized shape"))
             continue
         base = found.nodes[0].name or f"layernorm:{found.nodes[-1].output[0]}"
@@ -88,13 +85,13 @@ def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
             inputs.append(b_name)
         y = found.nodes[-1].output[0]
         fused = onnx.helper.make_node(
-            "LayerNormalization", inputs, [y], name=base, axis=found.axes[0], epsilon=found.eps
+            "LayerNormalization", inputs, [y], name=base, axis=axes[0], epsilon=found.eps
         )
         positions = [position[n.output[0]] for n in found.nodes]
         remove.update(positions)
         insert[max(positions)] = [fused]
         orphans.update(i for n in found.nodes for i in n.input if i != found.x)
-        detail = f"{len(found.nodes)} ops -> LayerNormalization(axis {found.axes[0]}, eps {found.eps:g})"
+        detail = f"{len(found.nodes)} ops -> LayerNormalization(axis {axes[0]}, eps {found.eps:g})"
         result.changes.append(Change(REWRITE_ID, label, detail))
     if remove:
         splice(graph, remove, insert)
@@ -124,20 +121,6 @@ def _trailing(value: np.ndarray, n_axes: int) -> np.ndarray | None:
     return value.reshape(shape[len(shape) - n_axes :])
 
 
-def _is(node: onnx.NodeProto | None, op: str) -> bool:
-    return node is not None and node.op_type == op and node.domain in ("", "ai.onnx")
-
-
-def _reduce_axes(node: onnx.NodeProto, index: GraphIndex) -> list[int] | None:
-    if attr_int(node, "keepdims", 1) != 1:
-        return None
-    axes = get_attr(node, "axes")
-    if axes is None and len(node.input) > 1 and node.input[1]:
-        value = index.constant(node.input[1])
-        axes = None if value is None else [int(a) for a in value.reshape(-1)]
-    return None if axes is None else [int(a) for a in axes]  # type: ignore[attr-defined]
-
-
 def _trailing_axes(axes: list[int], rank: int | None) -> list[int] | None:
     """Axes as negative numbers when they are the trailing range (-k..-1), else None."""
     if any(a >= 0 for a in axes):
@@ -146,80 +129,3 @@ def _trailing_axes(axes: list[int], rank: int | None) -> list[int] | None:
         axes = [a - rank if a >= 0 else a for a in axes]
     axes = sorted(axes)
     return axes if axes == list(range(-len(axes), 0)) else None
-
-
-def _scalar(index: GraphIndex, name: str) -> float | None:
-    value = index.constant(name)
-    return None if value is None or value.size != 1 else float(value.reshape(()))
-
-
-def _other(node: onnx.NodeProto, name: str) -> str | None:
-    if len(node.input) != 2 or name not in node.input:
-        return None
-    return node.input[1] if node.input[0] == name else node.input[0]
-
-
-def _match(
-    anchor: onnx.NodeProto, index: GraphIndex, ranks: dict[str, int]
-) -> _Match | tuple[str, str] | None:
-    """A full match, (node, refusal reason) for a near-match worth reporting, or None."""
-    if not _is(anchor, "ReduceMean"):
-        return None
-    x = anchor.input[0]
-    axes1 = _reduce_axes(anchor, index)
-    subs = [
-        n
-        for n in index.consumers.get(anchor.output[0], [])
-        if _is(n, "Sub") and list(n.input) == [x, anchor.output[0]]
-    ]
-    if axes1 is None or len(subs) != 1:
-        return None
-    sub = subs[0]
-    d = sub.output[0]
-    readers = index.consumers.get(d, [])
-    sq = next(
-        (n for n in readers if _is(n, "Pow") and n.input[0] == d and _scalar(index, n.input[1]) == 2.0), None
-    )
-    if sq is None:
-        sq = next((n for n in readers if _is(n, "Mul") and list(n.input) == [d, d]), None)
-    div = next((n for n in readers if _is(n, "Div") and n.input[0] == d), None)
-    if sq is None or div is None:
-        return None
-    rm2 = next((n for n in index.consumers.get(sq.output[0], []) if _is(n, "ReduceMean")), None)
-    if rm2 is None or _reduce_axes(rm2, index) != axes1:
-        return None
-    add = next((n for n in index.consumers.get(rm2.output[0], []) if _is(n, "Add")), None)
-    eps = _scalar(index, _other(add, rm2.output[0]) or "") if add is not None else None
-    if add is None or eps is None:
-        return None
-    sqrt = next((n for n in index.consumers.get(add.output[0], []) if _is(n, "Sqrt")), None)
-    if sqrt is None or div.input[1] != sqrt.output[0]:
-        return None
-    label = node_label(anchor)
-    axes = _trailing_axes(axes1, ranks.get(x))
-    if axes is None:
-        return label, f"normalises axes {axes1}, not a trailing range LayerNormalization can express"
-    nodes = [anchor, sub, sq, rm2, add, sqrt, div]
-    found = _Match(x, axes, eps, nodes)
-    tail = div.output[0]
-    mul = next((n for n in index.consumers.get(tail, []) if _is(n, "Mul")), None)
-    if mul is not None and index.use_count(tail) == 1:
-        scale_name = _other(mul, tail)
-        scale = index.constant(scale_name) if scale_name else None
-        if scale is not None:
-            found.scale = scale
-            nodes.append(mul)
-            tail = mul.output[0]
-            badd = next((n for n in index.consumers.get(tail, []) if _is(n, "Add")), None)
-            if badd is not None and index.use_count(tail) == 1:
-                bias_name = _other(badd, tail)
-                bias = index.constant(bias_name) if bias_name else None
-                if bias is not None:
-                    found.bias = bias
-                    nodes.append(badd)
-    expected_uses = {anchor.output[0]: 1, d: 1 + list(sq.input).count(d)}  # Div + Pow(d,2) or Mul(d,d)
-    for n in nodes[:-1]:
-        o = n.output[0]
-        if index.use_count(o) != expected_uses.get(o, 1):
-            return label, f"intermediate {o!r} has another consumer or is an output"
-    return found

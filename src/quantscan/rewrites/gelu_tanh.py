@@ -2,10 +2,8 @@
 
 Why: many NPUs have Tanh but no Erf, and the tanh form is what their GELU kernels compute. It is an
 approximation (max |error| about 3e-4 for unit-scale inputs), so the result is marked `exact=False`
-and its proof is labelled approximate. Recognised Erf forms (operands in either order):
-    e = Erf(Div(x, √2) | Mul(x, 1/√2)); a = Add(e, 1); then
-    Mul(Mul(x, a), 0.5) | Mul(Mul(x, 0.5), a) | Mul(x, Mul(a, 0.5))
-and a native Gelu (opset 20) with approximate="none", whose attribute is switched to "tanh".
+and its proof is labelled approximate. Recognised: the Erf forms of `quantscan.patterns.gelu`, and a
+native Gelu (opset 20) with approximate="none", whose attribute is switched to "tanh".
 The replacement is written with Mul/Add/Tanh (opset-neutral); its last node writes the original
 output name. Refused: an intermediate read elsewhere.
 """
@@ -17,8 +15,7 @@ import math
 import numpy as np
 import onnx
 
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     copy_model,
     elem_types,
     get_attr,
@@ -30,6 +27,9 @@ from quantscan.rewrites._graph import (
     splice,
     unique_name,
 )
+from quantscan.graph.index import GraphIndex
+from quantscan.patterns import gelu
+from quantscan.patterns.base import Match
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "gelu-tanh"
@@ -39,15 +39,15 @@ def gelu_tanh(model: onnx.ModelProto) -> RewriteResult:
     """Replace every Erf-GELU by the tanh approximation; new model plus changes and refusals."""
     out = copy_model(model)
     graph = out.graph
-    index = GraphIndex(graph, out.ir_version)
-    taken = index.names()
+    index = GraphIndex(graph, ir_version=out.ir_version)
+    taken = index.taken_names()
     types = elem_types(out)
     position = {n.output[0]: k for k, n in enumerate(graph.node) if n.output}
     result = RewriteResult(model=out, exact=False)
     remove: set[int] = set()
     insert: dict[int, list[onnx.NodeProto]] = {}
     orphans: set[str] = set()
-    for node in graph.node:
+    for node in index.nodes:
         if node.op_type == "Gelu" and node.domain in ("", "ai.onnx"):
             if get_attr(node, "approximate", b"none") in (b"none", "none"):
                 set_attr(node, "approximate", "tanh")
@@ -55,14 +55,12 @@ def gelu_tanh(model: onnx.ModelProto) -> RewriteResult:
                     Change(REWRITE_ID, node_label(node), 'Gelu approximate "none" -> "tanh"')
                 )
             continue
-        if node.op_type != "Erf" or node.domain not in ("", "ai.onnx"):
+        found = gelu.match_at(index, node)
+        if not isinstance(found, Match):
             continue
-        found = _match(node, index)
-        if found is None:
-            continue
-        x, nodes = found
+        x, nodes = found.x, list(found.nodes)
         label = node_label(node)
-        shared = [n.output[0] for n in nodes[:-1] if index.use_count(n.output[0]) != 1]
+        shared = found.shared(index)
         if shared:
             reason = f"intermediate {shared[0]!r} has another consumer or is an output"
             result.refusals.append(Refusal(REWRITE_ID, label, reason))
@@ -104,77 +102,3 @@ def _tanh_form(
         make("Mul", [x, w], [z], name=t("Mul")),
         make("Mul", [z, c("half", 0.5)], [y], name=t("Mul")),
     ]
-
-
-def _is(node: onnx.NodeProto | None, op: str) -> bool:
-    return node is not None and node.op_type == op and node.domain in ("", "ai.onnx")
-
-
-def _near(index: GraphIndex, name: str, target: float) -> bool:
-    value = index.constant(name)
-    return (
-        value is not None
-        and value.size == 1
-        and bool(np.isclose(float(value.reshape(())), target, rtol=1e-4))
-    )
-
-
-def _other(node: onnx.NodeProto, name: str) -> str | None:
-    if len(node.input) != 2 or name not in node.input:
-        return None
-    return node.input[1] if node.input[0] == name else node.input[0]
-
-
-def _readers(index: GraphIndex, name: str, op: str) -> list[onnx.NodeProto]:
-    return [n for n in index.consumers.get(name, []) if _is(n, op)]
-
-
-def _match(erf: onnx.NodeProto, index: GraphIndex) -> tuple[str, list[onnx.NodeProto]] | None:
-    """(x, pattern nodes ending with the one writing the GELU output) or None."""
-    scale = index.producer.get(erf.input[0])
-    if scale is None:
-        return None
-    if _is(scale, "Div") and _near(index, scale.input[1], math.sqrt(2.0)):
-        x = scale.input[0]
-    elif _is(scale, "Mul"):
-        cands = [i for i in scale.input if _near(index, i, 1 / math.sqrt(2.0))]
-        if not cands:
-            return None
-        other = _other(scale, cands[0])
-        if other is None:
-            return None
-        x = other
-    else:
-        return None
-    add = next(
-        (
-            n
-            for n in _readers(index, erf.output[0], "Add")
-            if _near(index, _other(n, erf.output[0]) or "", 1.0)
-        ),
-        None,
-    )
-    if add is None:
-        return None
-    a = add.output[0]
-    for m in _readers(index, a, "Mul"):
-        o = _other(m, a)
-        if o is None:
-            continue
-        if o == x:  # x·(1+erf) then ·0.5
-            for h in _readers(index, m.output[0], "Mul"):
-                if _near(index, _other(h, m.output[0]) or "", 0.5):
-                    return x, [scale, erf, add, m, h]
-        half_x = index.producer.get(o)
-        if (
-            half_x is not None
-            and _is(half_x, "Mul")
-            and x in half_x.input
-            and _near(index, _other(half_x, x) or "", 0.5)
-        ):
-            return x, [half_x, scale, erf, add, m]  # (0.5·x)·(1+erf)
-        if _near(index, o, 0.5):  # ((1+erf)·0.5)·x
-            for fin in _readers(index, m.output[0], "Mul"):
-                if _other(fin, m.output[0]) == x:
-                    return x, [scale, erf, add, m, fin]
-    return None

@@ -10,7 +10,7 @@ import onnx
 
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import unsupported_op_fix
-from quantscan.compat.graph import CONTROL_FLOW_OPS
+from quantscan.graph.index import CONTROL_FLOW_OPS
 from quantscan.records import Finding, Severity
 
 RULE_ID = "control-flow"

@@ -7,7 +7,7 @@ converter consumes at build time, and shape chains are the dynamic-shape rule's 
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.graph import dtype_name
+from quantscan.graph.index import dtype_name
 from quantscan.records import Finding, Severity
 
 RULE_ID = "dtype"

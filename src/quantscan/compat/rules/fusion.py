@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import Fix, rewrite_fix
+from quantscan.patterns import hardswish, silu
+from quantscan.patterns.base import Match
 from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "fusion"
@@ -32,19 +34,19 @@ ACTIVATIONS = frozenset(
         "ThresholdedRelu",
     }
 )
-_HSWISH_PATH = frozenset({"HardSigmoid", "Clip", "Add", "Div", "Mul", "Relu"})
 
 
 def run(ctx: RuleContext) -> list[Finding]:
     out: list[Finding] = []
     live = ctx.analysis.live()
+    hswish_muls = _decomposed_hardswish_muls(ctx) if "HardSwish" in ctx.profile.fused_activations else set()
     for i in live:
         op = ctx.op(i)
         if op in ACTIVATIONS and ctx.on_npu_path(i):
             out.extend(_activation(ctx, i))
         elif op == "BatchNormalization":
             out.extend(_batchnorm(ctx, i))
-        elif op == "Mul" and "HardSwish" in ctx.profile.fused_activations and _is_hardswish(ctx, i):
+        elif op == "Mul" and i in hswish_muls:
             out.append(
                 _finding(
                     ctx,
@@ -115,10 +117,8 @@ def _activation(ctx: RuleContext, i: int) -> list[Finding]:
 
 
 def _is_silu(ctx: RuleContext, sig: int, x: str) -> bool:
-    out = ctx.view.node_outputs(sig)
-    return any(
-        ctx.op(c) == "Mul" and x in ctx.view.nodes[c].input for c in ctx.view.consumers.get(out[0], [])
-    )
+    found = silu.match_at(ctx.view, ctx.view.nodes[sig])
+    return isinstance(found, Match) and found.x == x
 
 
 def _batchnorm(ctx: RuleContext, i: int) -> list[Finding]:
@@ -154,22 +154,18 @@ def _batchnorm(ctx: RuleContext, i: int) -> list[Finding]:
     return []
 
 
-def _is_hardswish(ctx: RuleContext, mul: int) -> bool:
-    inputs = list(ctx.view.nodes[mul].input)
-    if len(inputs) != 2:
-        return False
-    for x, y in (inputs, inputs[::-1]):
-        if _conv_source(ctx, x) is not None and _reaches(ctx, y, x, depth=4):
-            return True
-    return False
-
-
-def _reaches(ctx: RuleContext, tensor: str, target: str, depth: int) -> bool:
-    j = ctx.view.producer.get(tensor)
-    if j is None or depth == 0 or ctx.op(j) not in _HSWISH_PATH:
-        return False
-    inputs = ctx.view.node_inputs(j)
-    return target in inputs or any(_reaches(ctx, t, target, depth - 1) for t in inputs)
+def _decomposed_hardswish_muls(ctx: RuleContext) -> set[int]:
+    """Positions of the Mul where a decomposed HardSwish of a Conv (or Conv+BN) output meets x again."""
+    found: set[int] = set()
+    position = {id(n): k for k, n in enumerate(ctx.view.nodes)}
+    for node in ctx.view.nodes:
+        match = hardswish.match_at(ctx.view, node)
+        if not isinstance(match, hardswish.HardSwishMatch) or match.spelling not in hardswish.DECOMPOSED:
+            continue
+        mul = match.mul_of_x()
+        if mul is not None and _conv_source(ctx, match.x) is not None:
+            found.add(position[id(mul)])
+    return found
 
 
 def _finding(

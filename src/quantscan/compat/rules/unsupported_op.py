@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import unsupported_op_fix
-from quantscan.compat.graph import CONTROL_FLOW_OPS, PASS_THROUGH_OPS
+from quantscan.graph.index import CONTROL_FLOW_OPS, IDENTITY_OPS
 from quantscan.records import Finding, Severity
 
 RULE_ID = "unsupported-op"
@@ -27,7 +27,7 @@ def run(ctx: RuleContext) -> list[Finding]:
 def _check(ctx: RuleContext, i: int) -> Finding | None:
     node, p = ctx.view.nodes[i], ctx.profile
     op = node.op_type
-    if op in CONTROL_FLOW_OPS or op in PASS_THROUGH_OPS or op in p.npu_ops:
+    if op in CONTROL_FLOW_OPS or op in IDENTITY_OPS or op in p.npu_ops:
         return None
     base = dict(node=ctx.name(i), op_type=op, rule=RULE_ID, source=p.ops.source, unverified=p.ops.unverified)
     if node.domain not in ("", "ai.onnx"):

@@ -1,19 +1,19 @@
-"""Graph helpers shared by the rewrite passes (private: not part of the API).
+"""Graph editing helpers shared by the rewrite passes: fresh names, attributes, splicing, pruning.
 
-Kept here so each pass stays one rule: reading a constant whether it lives in an initializer or in a
-`Constant` node (Paddle exports keep weights in Constant nodes), finding consumers (including implicit
-uses inside If/Loop bodies, so a pass never deletes a tensor a subgraph reads), making fresh names, and
-dropping constants a pass orphaned.
+Kept here so each pass stays one rule: making fresh names, adding initializers the way the model's IR
+version wants them, replacing node ranges in one splice, and dropping constants a pass orphaned. Reading
+the graph (producers, consumers, constants) is `quantscan.graph.index`'s job.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from quantscan.graph.index import GraphIndex, opset_version
 
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -28,103 +28,6 @@ def node_label(node: onnx.NodeProto) -> str:
     if node.name:
         return node.name
     return f"{node.op_type}:{node.output[0] if node.output else '?'}"
-
-
-def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
-    """The opset the model imports for `domain` ("" and "ai.onnx" are the same domain)."""
-    for imp in model.opset_import:
-        if imp.domain == domain or (domain == "" and imp.domain == "ai.onnx"):
-            return int(imp.version)
-    return 0
-
-
-def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    """Every tensor name read anywhere inside the node's subgraphs (over-approximation of implicit inputs)."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        graphs: list[onnx.GraphProto] = []
-        if attr.type == onnx.AttributeProto.GRAPH:
-            graphs = [attr.g]
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            graphs = list(attr.graphs)
-        for g in graphs:
-            for n in g.node:
-                names.update(i for i in n.input if i)
-                names |= subgraph_inputs(n)
-            names.update(o.name for o in g.output)
-    return names
-
-
-class GraphIndex:
-    """Producers, consumers and constants of one (top-level) graph, computed once per pass."""
-
-    def __init__(self, graph: onnx.GraphProto, ir_version: int = 99) -> None:
-        self.graph = graph
-        # Before IR 4 every initializer had to be listed as a graph input too: those are weights.
-        self.inputs_override = ir_version >= 4
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        self.graph_outputs = {o.name for o in graph.output}
-        self.initializers = {t.name: t for t in graph.initializer}
-        self.constant_nodes: dict[str, onnx.NodeProto] = {}
-        for node in graph.node:
-            for o in node.output:
-                if o:
-                    self.producer[o] = node
-            for i in node.input:
-                if i:
-                    self.consumers[i].append(node)
-            for i in subgraph_inputs(node):
-                if node not in self.consumers[i]:
-                    self.consumers[i].append(node)
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                self.constant_nodes[node.output[0]] = node
-        self.graph_input_names = {i.name for i in graph.input}
-
-    def use_count(self, name: str) -> int:
-        """How many nodes read `name`, plus one if it is a graph output."""
-        return len(self.consumers.get(name, [])) + (1 if name in self.graph_outputs else 0)
-
-    def is_constant(self, name: str) -> bool:
-        """True for an initializer that is not overridable as a graph input, or a Constant node output."""
-        if name in self.constant_nodes:
-            return True
-        if name not in self.initializers:
-            return False
-        return not (self.inputs_override and name in self.graph_input_names)
-
-    def constant(self, name: str) -> np.ndarray | None:
-        """The value of a constant tensor, or None when `name` is not a constant."""
-        if not name or not self.is_constant(name):
-            return None
-        if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name])
-        return constant_node_value(self.constant_nodes[name])
-
-    def names(self) -> set[str]:
-        """Every tensor name in use, to make new names that collide with none."""
-        taken = set(self.initializers) | self.graph_input_names | self.graph_outputs
-        for node in self.graph.node:
-            taken.update(node.input)
-            taken.update(node.output)
-        taken.update(v.name for v in self.graph.value_info)
-        return taken
-
-
-def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
-    """Value of a Constant node for its dense forms (value, value_float(s), value_int(s))."""
-    for attr in node.attribute:
-        if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
-        if attr.name == "value_float":
-            return np.array(attr.f, dtype=np.float32)
-        if attr.name == "value_floats":
-            return np.array(list(attr.floats), dtype=np.float32)
-        if attr.name == "value_int":
-            return np.array(attr.i, dtype=np.int64)
-        if attr.name == "value_ints":
-            return np.array(list(attr.ints), dtype=np.int64)
-    return None
 
 
 def unique_name(base: str, taken: set[str]) -> str:

@@ -1,4 +1,4 @@
-"""Constant folding shared by `cleanup` and `fix-dim` (private).
+"""Constant folding shared by the `cleanup` and `fix-dim` rewrites.
 
 A node whose inputs are all constant is evaluated once with onnx.reference (pure numpy, the model's own
 opset, no onnxruntime in a rewrite pass) and replaced by its value. Left alone on purpose:
@@ -13,8 +13,7 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-from quantscan.rewrites._graph import (
-    GraphIndex,
+from quantscan.graph.edit import (
     add_initializer,
     drop_value_info,
     make_constant_node,
@@ -22,6 +21,7 @@ from quantscan.rewrites._graph import (
     prune_unused,
     splice,
 )
+from quantscan.graph.index import GraphIndex
 
 NEVER_FOLD = frozenset(
     {
@@ -71,7 +71,7 @@ def fold_constants(model: onnx.ModelProto) -> list[str]:
     folded: list[str] = []
     while True:
         graph = model.graph
-        index = GraphIndex(graph, model.ir_version)
+        index = GraphIndex(graph, ir_version=model.ir_version)
         values: dict[str, np.ndarray] = {}
         remove: set[int] = set()
         insert: dict[int, list[onnx.NodeProto]] = {}

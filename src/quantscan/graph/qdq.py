@@ -19,14 +19,34 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from quantscan.quant import QParams
-from quantscan.sites import Site
+
+
+class QuantSite(Protocol):
+    """What QDQ insertion needs of a quantization site (`quantscan.sites.Site` is one).
+
+    A protocol rather than an import so the graph layer depends on nothing above it.
+    """
+
+    @property
+    def nodes(self) -> list[str]: ...
+    @property
+    def inputs(self) -> list[str]: ...
+    @property
+    def output(self) -> str: ...
+    @property
+    def weight(self) -> str | None: ...
+    @property
+    def bias(self) -> str | None: ...
+    @property
+    def extra_weights(self) -> list[tuple[str, int]]: ...
+
 
 CUMULATIVE_SUFFIX = "@q"
 F32_SUFFIX = "__f32"
@@ -71,7 +91,7 @@ def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(value), name)
 
 
-def _qdq_nodes(src: str, dst: str, qp: QParams, tag: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+def qdq_nodes(src: str, dst: str, qp: QParams, tag: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """QuantizeLinear(src) -> DequantizeLinear -> dst, with per-tensor or per-channel parameters."""
     scale_name, zp_name = f"{tag}__scale", f"{tag}__zp"
     inits = [_const(scale_name, qp.scale.astype(np.float32)), _const(zp_name, qp.zero_point)]
@@ -104,7 +124,7 @@ def bias_dq(plan: QuantPlan, bias: str) -> tuple[onnx.NodeProto, list[onnx.Tenso
     return _dq_const_nodes(bias, b.values, b.scale, np.zeros(b.scale.shape, np.int32), 0)
 
 
-def build_qdq_model(model: onnx.ModelProto, sites: Sequence[Site], plan: QuantPlan) -> onnx.ModelProto:
+def build_qdq_model(model: onnx.ModelProto, sites: Sequence[QuantSite], plan: QuantPlan) -> onnx.ModelProto:
     """The fake-quant model as the chip would compute it: same inputs, same output names."""
     out = copy.deepcopy(model)
     graph = out.graph
@@ -140,14 +160,14 @@ def build_qdq_model(model: onnx.ModelProto, sites: Sequence[Site], plan: QuantPl
         tag = f"{tensor}__act"
         if tensor in graph_inputs:
             alias = f"{tensor}__qdq"
-            nodes, inits = _qdq_nodes(tensor, alias, qp, tag)
+            nodes, inits = qdq_nodes(tensor, alias, qp, tag)
             input_alias[tensor] = alias
         else:
             producer = producers.get(tensor)
             if producer is None:
                 continue
             producer.output[list(producer.output).index(tensor)] = tensor + F32_SUFFIX
-            nodes, inits = _qdq_nodes(tensor + F32_SUFFIX, tensor, qp, tag)
+            nodes, inits = qdq_nodes(tensor + F32_SUFFIX, tensor, qp, tag)
         new_nodes.extend(nodes)
         new_inits.extend(inits)
     if input_alias:
@@ -232,7 +252,7 @@ def _suffix_copy(model: onnx.ModelProto, suffix: str) -> tuple[list[onnx.NodePro
 def build_analysis_model(
     fp32: onnx.ModelProto,
     qdq: onnx.ModelProto,
-    sites: Sequence[Site],
+    sites: Sequence[QuantSite],
     plan: QuantPlan,
     *,
     isolated: Iterable[int],
@@ -305,7 +325,7 @@ def _weight_dq_outputs(qdq: onnx.ModelProto) -> dict[str, str]:
 
 
 def isolated_twin(
-    site: Site,
+    site: QuantSite,
     k: int,
     fp32_nodes: Mapping[str, onnx.NodeProto],
     plan: QuantPlan,
@@ -320,9 +340,9 @@ def isolated_twin(
         qp = plan.activations.get(name)
         if qp is None:
             continue
-        qdq_nodes, qdq_inits = _qdq_nodes(name, name + suffix, qp, f"{name}{suffix}__in")
-        nodes.extend(qdq_nodes)
-        inits.extend(qdq_inits)
+        pair_nodes, pair_inits = qdq_nodes(name, name + suffix, qp, f"{name}{suffix}__in")
+        nodes.extend(pair_nodes)
+        inits.extend(pair_inits)
         rename[name] = name + suffix
     for wname in [site.weight, site.bias, *(w for w, _ in site.extra_weights)]:
         if wname and wname in weight_dq_names:
@@ -346,178 +366,9 @@ def isolated_twin(
                 node.output[pos] = name + suffix
         nodes.append(node)
     if out_qp is not None:
-        qdq_nodes, qdq_inits = _qdq_nodes(
+        pair_nodes, pair_inits = qdq_nodes(
             site.output + suffix + F32_SUFFIX, iso_name(site.output, k), out_qp, f"{site.output}{suffix}__out"
         )
-        nodes.extend(qdq_nodes)
-        inits.extend(qdq_inits)
+        nodes.extend(pair_nodes)
+        inits.extend(pair_inits)
     return nodes, inits
-
-
-# --- reductions inside the graph -------------------------------------------------------------------
-
-
-@dataclass
-class PairSums:
-    """Output names of the partial sums comparing x (reference) with y.
-
-    Each output holds partials per sample: shape [samples, ...] (e.g. [N, C] for NCHW tensors);
-    `partials_per_sample` folds them. Σxy is not computed: it follows from the others.
-    """
-
-    sxx: str
-    syy: str
-    sdd: str
-    max_d: str
-    min_d: str
-    shape: str  # Shape(x): elements per sample = prod(shape[1:])
-
-    def names(self) -> tuple[str, ...]:
-        """The graph outputs to fetch for this pair."""
-        return (self.sxx, self.syy, self.sdd, self.max_d, self.min_d, self.shape)
-
-    def fold(
-        self, values: Mapping[str, np.ndarray]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-        """Per-sample (Σxy, Σx², Σy², Σd², max|d|) in float64 and the elements per sample.
-
-        The arguments of `ErrorAccumulator.update_sums`. Σxy = (Σx² + Σy² − Σd²)/2: its error is of
-        the order of a float32 sum of the products, and when y ≈ x the rounding of Σx² and Σy²
-        cancels in the cosine.
-        """
-        dims = np.asarray(values[self.shape])
-        n = int(dims[0]) if dims.size >= 2 else 1
-        per_sample = int(np.prod(dims[1:])) if dims.size >= 2 else int(np.prod(dims))
-        sxx, syy, sdd = (_fold(values[k], n, "sum") for k in (self.sxx, self.syy, self.sdd))
-        max_abs = np.maximum(np.abs(_fold(values[self.max_d], n, "max")), np.abs(_fold(values[self.min_d], n, "min")))
-        return (sxx + syy - sdd) / 2.0, sxx, syy, sdd, max_abs, per_sample
-
-
-def _fold(values: np.ndarray, n: int, how: str) -> np.ndarray:
-    """Partials [n, ...] from the graph to one float64 value per sample."""
-    flat = np.asarray(values, dtype=np.float64).reshape(n, -1)
-    if how == "max":
-        return flat.max(axis=1)
-    if how == "min":
-        return flat.min(axis=1)
-    return flat.sum(axis=1)
-
-
-class Reducer:
-    """Appends reduction nodes to a graph so onnxruntime returns sums instead of whole tensors.
-
-    Why: exposing every activation (FP32, cumulative and isolated) copies gigabytes out of the
-    runtime per batch and then spends single-threaded numpy time on them. Summing inside the graph
-    runs next to the producers and returns a few floats per sample and channel; float64
-    accumulation across batches happens outside (metrics.py).
-
-    Speed: onnxruntime's ReduceL2/ReduceSumSquare take a slow generic path (~0.3 G elements/s
-    measured); Mul followed by ReduceSum over the trailing axes takes its fast path (~12x faster),
-    and the per-channel partials are also more accurate than one long float32 sum.
-    """
-
-    def __init__(self, opset: int) -> None:
-        self.opset = opset
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self._flat: dict[str, str] = {}
-        self._sq: dict[str, str] = {}
-        self._n = 0
-
-    def _name(self, base: str) -> str:
-        self._n += 1
-        return f"{base}@red{self._n}"
-
-    def _const(self, base: str, value: np.ndarray) -> str:
-        name = self._name(base)
-        self.inits.append(numpy_helper.from_array(value, name))
-        return name
-
-    def _node(self, op: str, inputs: list[str], base: str, **attrs: Any) -> str:
-        out = self._name(base)
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out + "_node", **attrs))
-        return out
-
-    def reduce(self, op: str, x: str, axes: Sequence[int] | None, base: str) -> str:
-        """ReduceX with keepdims=0 over `axes` (all axes when None), spelled for the opset."""
-        if axes is None:
-            return self._node(op, [x], base, keepdims=0)
-        axes_as_input = self.opset >= 18 or (op == "ReduceSum" and self.opset >= 13)
-        if axes_as_input:
-            return self._node(op, [x, self._const(base + "_axes", np.array(list(axes), np.int64))], base, keepdims=0)
-        return self._node(op, [x], base, keepdims=0, axes=list(axes))
-
-    def view(self, x: str, rank: int) -> tuple[str, list[int]]:
-        """(tensor, trailing axes to reduce) so that axis 0 stays the sample axis.
-
-        Rank ≥ 3: reduce axes 2.. (partials per sample and channel, the fast path); rank 2: axis 1;
-        rank ≤ 1: the whole tensor is one sample ([1, -1]).
-        """
-        if rank >= 3:
-            return x, list(range(2, rank))
-        if rank == 2:
-            return x, [1]
-        if x not in self._flat:
-            shape = self._const(x + "_flatshape", np.array([1, -1], np.int64))
-            self._flat[x] = self._node("Reshape", [x, shape], x + "_flat")
-        return self._flat[x], [1]
-
-    def sum_sq(self, x: str, rank: int) -> str:
-        if x not in self._sq:
-            v, axes = self.view(x, rank)
-            self._sq[x] = self.reduce("ReduceSum", self._node("Mul", [v, v], x + "_sq"), axes, x + "_sxx")
-        return self._sq[x]
-
-    def pair(self, x: str, y: str, rank: int) -> PairSums:
-        """Partial Σx², Σy², Σd², max d and min d per sample (d = x − y)."""
-        vx, axes = self.view(x, rank)
-        vy, _ = self.view(y, rank)
-        d = self._node("Sub", [vx, vy], y + "_diff")
-        return PairSums(
-            sxx=self.sum_sq(x, rank),
-            syy=self.sum_sq(y, rank),
-            sdd=self.reduce("ReduceSum", self._node("Mul", [d, d], y + "_dsq"), axes, y + "_sdd"),
-            max_d=self.reduce("ReduceMax", d, axes, y + "_dmax"),
-            min_d=self.reduce("ReduceMin", d, axes, y + "_dmin"),
-            shape=self._node("Shape", [vx], y + "_dims"),
-        )
-
-    def channel_sums(self, x: str, y: str, rank: int, axis: int) -> tuple[str, str]:
-        """Per-channel Σx² and Σ(x−y)² pooled over every other axis (samples included)."""
-        others = [a for a in range(rank) if a != axis]
-        d = self._node("Sub", [x, y], y + "_cdiff")
-        return (
-            self.reduce("ReduceSum", self._node("Mul", [x, x], x + "_csq"), others, x + "_csxx"),
-            self.reduce("ReduceSum", self._node("Mul", [d, d], y + "_cdsq"), others, y + "_csdd"),
-        )
-
-    def channel_min_max(self, x: str, rank: int, axis: int) -> tuple[str, str]:
-        """Min/max over every axis but `axis` (pooled over samples too)."""
-        others = [a for a in range(rank) if a != axis]
-        return self.reduce("ReduceMin", x, others, x + "_cmin"), self.reduce("ReduceMax", x, others, x + "_cmax")
-
-    def partial_min_max(self, x: str, rank: int) -> tuple[str, str]:
-        """Min/max over the trailing axes (the fast path): [N, C] partials for NCHW tensors.
-
-        Folding the partials in numpy gives both the tensor's range and, for channel axis 1, the
-        per-channel ranges, from one pair of reductions.
-        """
-        v, axes = self.view(x, rank)
-        return self.reduce("ReduceMin", v, axes, x + "_pmin"), self.reduce("ReduceMax", v, axes, x + "_pmax")
-
-    def quantize(self, x: str, qp: QParams, tag: str) -> tuple[str, str]:
-        """(integer codes, dequantized values) of x under `qp`: QuantizeLinear then DequantizeLinear."""
-        out = self._name(tag)
-        nodes, inits = _qdq_nodes(x, out, qp, out)
-        self.nodes.extend(nodes)
-        self.inits.extend(inits)
-        return nodes[0].output[0], out
-
-    def attach(self, model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.ModelProto:
-        """Add the reduction nodes and make `outputs` the model's only outputs (new model)."""
-        out = copy.deepcopy(model)
-        out.graph.node.extend(self.nodes)
-        out.graph.initializer.extend(self.inits)
-        del out.graph.output[:]
-        out.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs))
-        return out

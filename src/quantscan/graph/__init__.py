@@ -1,0 +1,44 @@
+"""Graph layer: one index to read a graph (`index`), helpers to edit one (`edit`, `fold`), and the QDQ
+building blocks the scan uses (`qdq`: fake-quant insertion, analysis model and isolated twins;
+`reduce`: in-graph reductions). The package exports the QDQ-building API, so callers write
+`from quantscan import graph as qgraph` and `qgraph.build_qdq_model(...)`.
+"""
+
+from quantscan.graph.qdq import (
+    CUMULATIVE_SUFFIX,
+    F32_SUFFIX,
+    BiasQuant,
+    QuantPlan,
+    QuantSite,
+    WeightQuant,
+    bias_dq,
+    build_analysis_model,
+    build_qdq_model,
+    expose,
+    iso_name,
+    isolated_twin,
+    qdq_nodes,
+    topological_sort,
+    weight_dq,
+)
+from quantscan.graph.reduce import PairSums, Reducer
+
+__all__ = [
+    "CUMULATIVE_SUFFIX",
+    "F32_SUFFIX",
+    "BiasQuant",
+    "PairSums",
+    "QuantPlan",
+    "QuantSite",
+    "Reducer",
+    "WeightQuant",
+    "bias_dq",
+    "build_analysis_model",
+    "build_qdq_model",
+    "expose",
+    "iso_name",
+    "isolated_twin",
+    "qdq_nodes",
+    "topological_sort",
+    "weight_dq",
+]

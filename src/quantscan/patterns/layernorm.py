@@ -1,0 +1,98 @@
+"""LayerNorm written out in arithmetic (PyTorch < 1.13 and Paddle exports):
+
+    m = ReduceMean(x, A); d = Sub(x, m); p = Pow(d, 2) | Mul(d, d); v = ReduceMean(p, A)
+    s = Sqrt(Add(v, eps)); n = Div(d, s); [y = Mul(n, scale)]; [y = Add(y, bias)]
+
+with both ReduceMeans over the same axes A (keepdims=1) and eps, scale and bias constants. The match
+is anchored on the first ReduceMean and carries A as written (the caller decides whether the axes are a
+trailing range a LayerNormalization op can express).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from quantscan.graph.edit import attr_int, get_attr
+from quantscan.graph.index import GraphIndex, is_op, other_input
+from quantscan.patterns import base
+from quantscan.patterns.base import Match, NoMatch
+
+KERNEL = "LayerNorm"
+
+
+@dataclass(frozen=True)
+class LayerNormMatch(Match):
+    axes: tuple[int, ...] = ()
+    eps: float = 0.0
+    scale: str | None = field(default=None)
+    """The constant the normalised value is multiplied by, when the pattern has that Mul."""
+    bias: str | None = field(default=None)
+    """The constant added after the scale, when the pattern has that Add."""
+
+
+def reduce_axes(node: onnx.NodeProto, index: GraphIndex) -> list[int] | None:
+    """The axes a keepdims=1 ReduceMean reduces (attribute or constant input), else None."""
+    if attr_int(node, "keepdims", 1) != 1:
+        return None
+    axes = get_attr(node, "axes")
+    if axes is None and len(node.input) > 1 and node.input[1]:
+        value = index.constant(node.input[1])
+        axes = None if value is None else [int(a) for a in value.reshape(-1)]
+    return None if axes is None else [int(a) for a in axes]  # type: ignore[attr-defined]
+
+
+def match_at(index: GraphIndex, anchor: onnx.NodeProto) -> LayerNormMatch | NoMatch:
+    """The arithmetic LayerNorm whose first ReduceMean is `anchor`."""
+    if not is_op(anchor, "ReduceMean"):
+        return NoMatch(f"{anchor.op_type} is not a ReduceMean")
+    x = anchor.input[0]
+    axes = reduce_axes(anchor, index)
+    subs = [n for n in index.readers(anchor.output[0]) if is_op(n, "Sub") and list(n.input) == [x, anchor.output[0]]]
+    if axes is None or len(subs) != 1:
+        return NoMatch("the mean is not subtracted from x once (or its axes are unknown)")
+    sub = subs[0]
+    d = sub.output[0]
+    readers = index.readers(d)
+    sq = next((n for n in readers if is_op(n, "Pow") and n.input[0] == d and index.scalar(n.input[1]) == 2.0), None)
+    if sq is None:
+        sq = next((n for n in readers if is_op(n, "Mul") and list(n.input) == [d, d]), None)
+    div = next((n for n in readers if is_op(n, "Div") and n.input[0] == d), None)
+    if sq is None or div is None:
+        return NoMatch("x - mean is not both squared and divided")
+    rm2 = next((n for n in index.readers(sq.output[0]) if is_op(n, "ReduceMean")), None)
+    if rm2 is None or reduce_axes(rm2, index) != axes:
+        return NoMatch("the square is not averaged over the same axes")
+    add = next((n for n in index.readers(rm2.output[0]) if is_op(n, "Add")), None)
+    eps = index.scalar(other_input(add, rm2.output[0]) or "") if add is not None else None
+    if add is None or eps is None:
+        return NoMatch("no constant epsilon is added to the variance")
+    sqrt = next((n for n in index.readers(add.output[0]) if is_op(n, "Sqrt")), None)
+    if sqrt is None or div.input[1] != sqrt.output[0]:
+        return NoMatch("x - mean is not divided by sqrt(variance + eps)")
+    nodes = [anchor, sub, sq, rm2, add, sqrt, div]
+    scale = bias = None
+    tail = div.output[0]
+    mul = next((n for n in index.readers(tail) if is_op(n, "Mul")), None)
+    if mul is not None and index.use_count(tail) == 1:
+        scale = other_input(mul, tail)
+        if scale is not None and index.constant(scale) is not None:
+            nodes.append(mul)
+            tail = mul.output[0]
+            badd = next((n for n in index.readers(tail) if is_op(n, "Add")), None)
+            if badd is not None and index.use_count(tail) == 1:
+                bias = other_input(badd, tail)
+                if bias is not None and index.constant(bias) is not None:
+                    nodes.append(badd)
+                    tail = badd.output[0]
+                else:
+                    bias = None
+        else:
+            scale = None
+    return LayerNormMatch(KERNEL, x, tuple(nodes), tail, tuple(axes), eps, scale, bias)
+
+
+def match_from(index: GraphIndex, x: str) -> LayerNormMatch | NoMatch:
+    """The arithmetic LayerNorm normalising tensor `x`, if any."""
+    return base.match_from(index, x, match_at, 1, KERNEL)
