@@ -131,13 +131,6 @@ def _json_safe(value: Any) -> Any:
 # --- models -------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Side:
-    label: str
-    proto: onnx.ModelProto
-    inputs: list[InputSpec]
-
-
 def load_side(model: ModelArg) -> tuple[str, onnx.ModelProto, list[InputSpec]]:
     """(label, proto, inputs) of a path or an in-memory model; unnamed nodes get the loader's names."""
     if isinstance(model, onnx.ModelProto):
