@@ -12,14 +12,13 @@ inputs shared) and every matched pair is reduced to a few per-sample sums inside
 (`quantscan.graph.Reducer`), so one session run per sample returns kilobytes instead of every
 activation twice. When the models cannot share a graph (different opsets or clashing local
 functions) two sessions run side by side and the matched tensors are exposed and compared in numpy.
-Samples are streamed one at a time from the calibration set, or seeded random data (said in the
-result) when none is given. Metrics are those of the contract (`quantscan.metrics`), with A as the
-reference.
+Samples are streamed one at a time by `quantscan.calib.source` (the one sample source extract uses
+too): the calibration set, or seeded random data (said in the result) when none is given. Metrics
+are those of the contract (`quantscan.metrics`), with A as the reference.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,8 +32,9 @@ import pandas as pd
 
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
-from quantscan.calib import CalibSet, load_calibration
-from quantscan.calib_synthetic import random_samples
+from quantscan.calib import CalibSet
+from quantscan.calib.calibset import Sample
+from quantscan.calib.source import data_source
 from quantscan.errors import UsageError
 from quantscan.fileio import atomic_write_bytes as write_atomic
 from quantscan.model import graph_inputs, load_model, name_unnamed_nodes, onnx_opset
@@ -42,9 +42,7 @@ from quantscan.runner import Runner, Session
 from quantscan.specs import InputSpec
 
 ModelArg = str | Path | onnx.ModelProto
-Sample = dict[str, np.ndarray]
 B_SUFFIX = "@b"
-RANDOM_SAMPLES = 8
 CLASSIFIER_OPS = frozenset({"Softmax", "LogSoftmax"})
 _PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze"})
 _REDUCED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -130,21 +128,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
-    """An .npz archive in memory, so it can be written atomically like every other file."""
-    buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
-    return buf.getvalue()
-
-
-# --- models and data ------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Side:
-    label: str
-    proto: onnx.ModelProto
-    inputs: list[InputSpec]
+# --- models -------------------------------------------------------------------------------------------------
 
 
 def load_side(model: ModelArg) -> tuple[str, onnx.ModelProto, list[InputSpec]]:
@@ -176,91 +160,6 @@ def _check_inputs(a: Sequence[InputSpec], b: Sequence[InputSpec]) -> None:
 
 def _fmt_inputs(specs: Sequence[InputSpec]) -> str:
     return "(" + ", ".join(f"{s.name}:{s.dtype}" for s in specs) + ")" if specs else "(none)"
-
-
-@dataclass
-class DataSource:
-    """Where samples come from, described for the report, streamed one at a time."""
-
-    description: str
-    random: bool
-    count: int | None
-    labels: list[int | None] | None
-    _make: Callable[[], Iterator[Sample]] = field(repr=False)
-
-    def samples(self) -> Iterator[Sample]:
-        return self._make()
-
-
-def data_source(
-    calib: CalibSet | str | Path | None,
-    inputs: Sequence[InputSpec],
-    *,
-    other_inputs: Sequence[InputSpec] | None = None,
-    limit: int | None = None,
-    seed: int = 0,
-    consts: Mapping[str, float] | None = None,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> DataSource:
-    """The calibration set (a folder is loaded against `inputs`), else `RANDOM_SAMPLES` seeded samples.
-
-    Random data needs concrete shapes: `input_shapes` fixes them, a symbolic axis 0 becomes 1, a dim
-    fixed in `other_inputs` (the other model) is taken from there; anything else is a UsageError.
-    """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
-        raise UsageError(f"--limit: expected a positive integer, found {limit!r}")
-    if calib is not None:
-        cset = calib if isinstance(calib, CalibSet) else load_calibration(
-            calib, inputs, consts=consts, limit=limit
-        )
-        n = min(cset.n_samples, limit) if limit else cset.n_samples
-        labels = cset.labels if cset.labels is not None and len(cset.labels) >= n else None
-        return DataSource(
-            f"calibration set {cset.source}, {n} samples", False, n, labels, lambda: _take(cset.samples(), n)
-        )
-    specs = _with_shapes(inputs, input_shapes or {})
-    others = _with_shapes(other_inputs or inputs, input_shapes or {})
-    n = limit or RANDOM_SAMPLES
-    fills = _const_fills(consts or {}, specs)
-    # Fail on unknown dims now, not inside the first run.
-    next(iter(random_samples(specs, others, seed, 1)))
-
-    def make() -> Iterator[Sample]:
-        for sample in random_samples(specs, others, seed, n):
-            for name, value in fills.items():
-                sample[name] = np.full(sample[name].shape, value, dtype=sample[name].dtype)
-            yield sample
-
-    return DataSource(
-        f"seeded random data (seed {seed}, {n} samples): no calibration set given", True, n, None, make
-    )
-
-
-def _take(samples: Iterator[Sample], n: int) -> Iterator[Sample]:
-    for i, sample in enumerate(samples):
-        if i >= n:
-            return
-        yield sample
-
-
-def _with_shapes(specs: Sequence[InputSpec], shapes: Mapping[str, Sequence[int]]) -> list[InputSpec]:
-    names = {s.name for s in specs}
-    unknown = [n for n in shapes if n not in names]
-    if unknown:
-        raise UsageError(
-            f"--input-shape: expected one of the model inputs ({', '.join(sorted(names))}), "
-            f"found {unknown[0]!r}"
-        )
-    return [InputSpec(s.name, s.dtype, tuple(int(d) for d in shapes[s.name])) if s.name in shapes else s
-            for s in specs]
-
-
-def _const_fills(consts: Mapping[str, float], specs: Sequence[InputSpec]) -> dict[str, float]:
-    names = {s.name for s in specs}
-    for name in consts:
-        if name not in names:
-            raise UsageError(f"--const {name}: expected one of the model inputs ({', '.join(sorted(names))})")
-    return {k: float(v) for k, v in consts.items()}
 
 
 # --- probing and matching ---------------------------------------------------------------------------------

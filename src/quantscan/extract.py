@@ -41,8 +41,11 @@ from onnx import helper
 
 from quantscan import graph as qgraph
 from quantscan.calib import CalibSet
-from quantscan.compare import ModelArg, data_source, load_side, npz_bytes, write_atomic
+from quantscan.calib.npyfile import npz_bytes
+from quantscan.calib.source import data_source
+from quantscan.compare import ModelArg, load_side
 from quantscan.errors import UsageError
+from quantscan.fileio import atomic_write_bytes as write_atomic
 from quantscan.model import graph_inputs
 from quantscan.runner import Runner
 from quantscan.specs import InputSpec

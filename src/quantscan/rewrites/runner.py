@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 
 from quantscan.calib import CalibSet
-from quantscan.calib_synthetic import random_samples
+from quantscan.calib.synthetic import random_samples
 from quantscan.errors import UsageError
 from quantscan.fileio import atomic_write_bytes
 from quantscan.metrics import ErrorAccumulator

@@ -2,8 +2,7 @@
 
 Why here and not in the rewrite proof: the rewrite proof and `compare` both need inputs that fit two
 models at once (the original and its rewrite, or A and B), and both must say in their report that the
-data was random. One generator keeps their samples identical for the same seed. (On merge this file
-becomes `calib/synthetic.py` in the calib package.)
+data was random. One generator keeps their samples identical for the same seed.
 """
 
 from __future__ import annotations

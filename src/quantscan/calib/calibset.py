@@ -1,0 +1,93 @@
+"""`CalibSet`: a validated calibration set that decodes its samples lazily, one file at a time.
+
+Why its own module: the image and tensor readers both return this one record, and batching (which
+inputs may be stacked on axis 0, which consts pass once) is the same whatever the files were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from quantscan.calib.checks import fmt
+from quantscan.errors import CalibrationError, UsageError
+
+Sample = dict[str, np.ndarray]
+_Reader = Callable[[int], Iterator[tuple[Sample, Path]]]
+"""Yields (sample, file it came from) for the first n samples; the file names errors in `batches`."""
+
+
+@dataclass
+class CalibSet:
+    """A validated calibration set; samples are decoded lazily, one file at a time."""
+
+    source: Path
+    kind: str
+    files: list[Path]
+    n_samples: int
+    warnings: list[str]
+    labels: list[int | None] | None
+    label_names: list[str] | None
+    _shapes: dict[str, tuple[int, ...]] = field(repr=False, compare=False)
+    _batched: dict[str, bool] = field(repr=False, compare=False)
+    _consts: dict[str, np.ndarray] = field(repr=False, compare=False)
+    _read: _Reader = field(repr=False, compare=False)
+
+    def sample_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of one sample per input (batch dim 1), consts included; images: the first one."""
+        return dict(self._shapes)
+
+    def samples(self) -> Iterator[Sample]:
+        """One sample at a time (batch dim 1), every model input present, in file order."""
+        for sample, _ in self._samples_with_files():
+            yield sample
+
+    def batches(self, batch_size: int) -> Iterator[Sample]:
+        """Consecutive samples concatenated on axis 0; the last batch may be smaller.
+
+        Consts whose axis 0 is fixed are passed once, not repeated; a data input whose axis 0 is not a
+        batch axis cannot be batched (batch size 1 only).
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise UsageError(f"expected a positive batch size, found {batch_size!r}")
+        group: list[tuple[Sample, Path]] = []
+        for item in self._samples_with_files():
+            group.append(item)
+            if len(group) == batch_size:
+                yield self._stack(group)
+                group = []
+        if group:
+            yield self._stack(group)
+
+    def _samples_with_files(self) -> Iterator[tuple[Sample, Path]]:
+        for sample, path in self._read(self.n_samples):
+            for name, value in self._consts.items():
+                sample[name] = value.copy()
+            yield sample, path
+
+    def _stack(self, group: list[tuple[Sample, Path]]) -> Sample:
+        first, first_path = group[0]
+        if len(group) == 1:
+            return first
+        out: Sample = {}
+        for name, value in first.items():
+            if name in self._consts and not self._batched[name]:
+                out[name] = value
+                continue
+            if not self._batched[name]:
+                raise CalibrationError(
+                    f"input '{name}' has a fixed axis 0 of {value.shape[0] if value.ndim else 0}, so its "
+                    f"samples cannot be batched: expected batch size 1, found {len(group)}"
+                )
+            for sample, path in group[1:]:
+                if sample[name].shape != value.shape:
+                    raise CalibrationError(
+                        f"cannot batch {path} with {first_path}: input '{name}' shapes differ "
+                        f"({fmt(sample[name].shape)} vs {fmt(value.shape)}); "
+                        "use batch size 1 or a fixed shape"
+                    )
+            out[name] = np.concatenate([s[name] for s, _ in group], axis=0)
+        return out

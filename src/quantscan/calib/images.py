@@ -1,0 +1,173 @@
+"""Image folders: the file list, decoding, resizing, normalising and laying out one image at a time.
+
+Why its own module: images are the one input kind that needs a decoder (Pillow) and a contract
+(`preprocess.py`); this module turns that contract into a lazy `CalibSet`, probing every file's
+header and decoding the first image eagerly so a bad file fails before the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from quantscan.calib.calibset import CalibSet, Sample
+from quantscan.calib.checks import batched_map, cast_checked, short
+from quantscan.calib.folder import IMAGE_SUFFIXES, other_files
+from quantscan.calib.labels import derive_labels
+from quantscan.calib.preprocess import Preprocess, parse_preprocess, preprocess_keys
+from quantscan.errors import CalibrationError
+from quantscan.specs import InputSpec, Warnings
+
+
+def load_images(
+    folder: Path,
+    files: list[Path],
+    specs: Mapping[str, InputSpec],
+    consts: dict[str, np.ndarray],
+    preprocess: str | Path | None,
+    overrides: Mapping[str, Any],
+    limit: int | None,
+    warnings: Warnings,
+) -> CalibSet:
+    """An image folder as a lazy `CalibSet`: contract checked, every header probed, image 0 decoded."""
+    keys = preprocess_keys(folder, preprocess, overrides)
+    pre = parse_preprocess(keys, specs, consts)
+    spec = specs[pre.input]
+    _check_other_inputs_covered(specs, consts, {pre.input}, folder)
+    images = _image_list(folder, files, pre, warnings)
+    if limit is not None:
+        images = images[:limit]
+    for image in images:
+        _probe_image(image)
+    first = preprocess_image(images[0], pre, spec)
+    label_names = list(pre.labels) if pre.labels is not None else None
+    labels = derive_labels([p.name for p in images], label_names) if label_names else None
+    shapes = {pre.input: tuple(first.shape)} | {n: tuple(a.shape) for n, a in consts.items()}
+
+    def read(n: int) -> Iterator[tuple[Sample, Path]]:
+        for image in images[:n]:
+            yield {pre.input: preprocess_image(image, pre, spec)}, image
+
+    return CalibSet(
+        source=folder,
+        kind="images",
+        files=images,
+        n_samples=len(images),
+        warnings=warnings.messages,
+        labels=labels,
+        label_names=label_names,
+        _shapes=shapes,
+        _batched=batched_map(specs),
+        _consts=consts,
+        _read=read,
+    )
+
+
+def _check_other_inputs_covered(
+    specs: Mapping[str, InputSpec], consts: Mapping[str, np.ndarray], fed: set[str], folder: Path
+) -> None:
+    for name in specs:
+        if name not in fed and name not in consts:
+            raise CalibrationError(
+                f"input '{name}' has no data in {folder}: expected a file feeding it or a value, "
+                f"found none (give --const {name}=VALUE)"
+            )
+
+
+def _image_list(folder: Path, files: list[Path], pre: Preprocess, warnings: Warnings) -> list[Path]:
+    """The images to use, in order: `files` when listed, else every image sorted by name."""
+    images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
+    for p in other_files(files, IMAGE_SUFFIXES):
+        warnings.add(f"ignored {p} (not an image; {folder} is an image folder)")
+    if pre.files is None:
+        return images
+    chosen = [folder / name for name in pre.files]
+    for p in chosen:
+        if not p.is_file():
+            raise CalibrationError(
+                f"preprocessing 'files' lists {p.name}: expected it in {folder}, found nothing"
+            )
+    listed = {p.resolve() for p in chosen}
+    for p in images:
+        if p.resolve() not in listed:
+            warnings.add(f"ignored {p} (not listed under 'files')")
+    return chosen
+
+
+def _probe_image(path: Path) -> None:
+    """Read the header only: catches unreadable and non-image files before any long run."""
+    try:
+        with Image.open(path) as im:
+            im.size  # noqa: B018 - touching the header is the point
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
+        raise CalibrationError(f"{path}: expected a readable image, found {short(exc)}") from None
+
+
+def preprocess_image(path: Path, pre: Preprocess, spec: InputSpec) -> np.ndarray:
+    """Decode, resize, scale, normalise and lay out one image as a batch-of-1 array."""
+    try:
+        with Image.open(path) as opened:
+            im = _as_mode(ImageOps.exif_transpose(opened), pre.channel_order)
+            im = _resize(im, pre)
+            pixels = np.asarray(im, dtype=np.float32)
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise CalibrationError(f"{path}: expected a readable image, found {short(exc)}") from None
+    pixels = pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
+    if pre.channels == 3 and pixels.shape[2] == 1:
+        pixels = np.repeat(pixels, 3, axis=2)
+    pixels = _pad(pixels, pre)
+    if pre.channel_order == "BGR":
+        pixels = pixels[:, :, ::-1]
+    mean = np.asarray(pre.mean, dtype=np.float32)
+    std = np.asarray(pre.std, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = (pixels * np.float32(pre.scale) - mean) / std
+    if pre.layout == "NCHW":
+        x = x.transpose(2, 0, 1)
+    x = np.ascontiguousarray(x[None])
+    if not np.isfinite(x).all():
+        raise CalibrationError(
+            f"{path}: expected finite values after preprocessing, found NaN/Inf (check scale/mean/std)"
+        )
+    return cast_checked(x, spec.dtype, str(path), spec.name, CalibrationError)
+
+
+def _as_mode(im: Image.Image, order: str) -> Image.Image:
+    """8-bit L or RGB (alpha dropped); 16/32-bit grey becomes float 0-255 ("F") so nothing clips."""
+    if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        scale = 1 / 257 if im.mode.startswith("I;16") or np.asarray(im).max() > 255 else 1.0
+        return Image.fromarray(np.asarray(im, dtype=np.float32) * np.float32(scale), mode="F")
+    if im.mode == "F":
+        return im
+    return im.convert("L" if order == "GRAY" else "RGB")
+
+
+def _resize(im: Image.Image, pre: Preprocess) -> Image.Image:
+    """Bring the image to the fixed H/W: stretch, or keep the ratio (padding happens later)."""
+    w, h = im.size
+    tw, th = pre.width, pre.height
+    if tw is None and th is None:
+        return im
+    if pre.resize == "stretch":
+        size = (tw or w, th or h)
+    else:
+        ratio = min(r for r in ((tw / w) if tw else None, (th / h) if th else None) if r is not None)
+        size = (max(1, round(w * ratio)), max(1, round(h * ratio)))
+        size = (min(size[0], tw or size[0]), min(size[1], th or size[1]))
+    return im if size == (w, h) else im.resize(size, Image.Resampling.BILINEAR)
+
+
+def _pad(pixels: np.ndarray, pre: Preprocess) -> np.ndarray:
+    """keep_ratio_pad: place the image top-left on a canvas filled with pad_value (0-255 units)."""
+    h, w = pixels.shape[:2]
+    th, tw = pre.height or h, pre.width or w
+    if (h, w) == (th, tw):
+        return pixels
+    canvas = np.empty((th, tw, pixels.shape[2]), dtype=np.float32)
+    canvas[:] = np.asarray(pre.pad_value, dtype=np.float32)
+    canvas[:h, :w] = pixels
+    return canvas

