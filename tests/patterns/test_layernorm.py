@@ -70,3 +70,58 @@ def test_silent_without_epsilon() -> None:
     index = index_of(body + "h = Identity (n)")
     first = layernorm.match_at(index, index.nodes[index.producer["m"]])
     assert isinstance(first, NoMatch) and "epsilon" in first.reason
+
+
+INVERSE_SPELLINGS = {
+    "reciprocal": "r = Reciprocal (s)\n n = Mul (d, r)",
+    "reciprocal, operands swapped": "r = Reciprocal (s)\n n = Mul (r, d)",
+    "pow -0.5": "r = Pow (ve, mhalf)\n n = Mul (d, r)",
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(INVERSE_SPELLINGS))
+def test_fires_on_each_spelling_of_the_division(spelling: str) -> None:
+    body = LN.format(square="Pow (d, two)", axes2="-1").replace("n = Div (d, s)", INVERSE_SPELLINGS[spelling])
+    index = index_of("mhalf = Constant <value = float {-0.5}> ()\n" + body + "h = Identity (n)")
+    found = layernorm.match_from(index, "x")
+    assert isinstance(found, layernorm.LayerNormMatch), found
+    assert found.output == "n"
+    ops = [n.op_type for n in found.nodes]
+    assert ops[-1] == "Mul" and ops[:5] == ["ReduceMean", "Sub", "Pow", "ReduceMean", "Add"]
+
+
+def test_numerics_of_the_spellings_agree_with_layernormalization() -> None:
+    """The spellings the pattern accepts compute LayerNormalization (onnx's reference evaluator as oracle)."""
+    import numpy as np
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.random.default_rng(0).normal(size=(2, 8, 16)).astype(np.float32)
+    ones = ",".join(["1.0"] * 16)
+    ln = onnx.parser.parse_model(
+        f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,8,16] x) => (float[2,8,16] y) {{
+            gamma = Constant <value = float[16] {{{ones}}}> ()
+            y = LayerNormalization <axis = -1, epsilon = 1e-5> (x, gamma)
+        }}"""
+    )
+    want = ReferenceEvaluator(ln).run(None, {"x": x})[0]
+    for spelling, division in INVERSE_SPELLINGS.items():
+        body = LN.format(square="Pow (d, two)", axes2="-1").replace("n = Div (d, s)", division)
+        model = onnx.parser.parse_model(
+            f"""<ir_version: 8, opset_import: ["" : 17]>
+            g (float[2,8,16] x) => (float[2,8,16] n) {{
+                two = Constant <value = float {{2.0}}> ()
+                eps = Constant <value = float {{1e-5}}> ()
+                mhalf = Constant <value = float {{-0.5}}> ()
+                {body}
+            }}"""
+        )
+        got = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=spelling)
+
+
+def test_silent_when_multiplied_by_the_square_root() -> None:
+    body = LN.format(square="Pow (d, two)", axes2="-1").replace("n = Div (d, s)", "n = Mul (d, s)")
+    index = index_of(body + "h = Identity (n)")
+    miss = layernorm.match_from(index, "x")
+    assert isinstance(miss, NoMatch)

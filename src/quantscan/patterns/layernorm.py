@@ -1,7 +1,8 @@
 """LayerNorm written out in arithmetic (PyTorch < 1.13 and Paddle exports):
 
     m = ReduceMean(x, A); d = Sub(x, m); p = Pow(d, 2) | Mul(d, d); v = ReduceMean(p, A)
-    s = Sqrt(Add(v, eps)); n = Div(d, s); [y = Mul(n, scale)]; [y = Add(y, bias)]
+    e = Add(v, eps); n = Div(d, Sqrt(e)) | Mul(d, Reciprocal(Sqrt(e))) | Mul(d, Pow(e, -0.5))
+    [y = Mul(n, scale)]; [y = Add(y, bias)]
 
 with both ReduceMeans over the same axes A (keepdims=1) and eps, scale and bias constants. The match
 is anchored on the first ReduceMean and carries A as written (the caller decides whether the axes are a
@@ -58,9 +59,8 @@ def match_at(index: GraphIndex, anchor: onnx.NodeProto) -> LayerNormMatch | NoMa
     sq = next((n for n in readers if is_op(n, "Pow") and n.input[0] == d and index.scalar(n.input[1]) == 2.0), None)
     if sq is None:
         sq = next((n for n in readers if is_op(n, "Mul") and list(n.input) == [d, d]), None)
-    div = next((n for n in readers if is_op(n, "Div") and n.input[0] == d), None)
-    if sq is None or div is None:
-        return NoMatch("x - mean is not both squared and divided")
+    if sq is None:
+        return NoMatch("x - mean is not squared")
     rm2 = next((n for n in index.readers(sq.output[0]) if is_op(n, "ReduceMean")), None)
     if rm2 is None or reduce_axes(rm2, index) != axes:
         return NoMatch("the square is not averaged over the same axes")
@@ -68,12 +68,12 @@ def match_at(index: GraphIndex, anchor: onnx.NodeProto) -> LayerNormMatch | NoMa
     eps = index.scalar(other_input(add, rm2.output[0]) or "") if add is not None else None
     if add is None or eps is None:
         return NoMatch("no constant epsilon is added to the variance")
-    sqrt = next((n for n in index.readers(add.output[0]) if is_op(n, "Sqrt")), None)
-    if sqrt is None or div.input[1] != sqrt.output[0]:
-        return NoMatch("x - mean is not divided by sqrt(variance + eps)")
-    nodes = [anchor, sub, sq, rm2, add, sqrt, div]
+    inverse = _inverse_std(index, add.output[0], d)
+    if inverse is None:
+        return NoMatch("x - mean is not divided by sqrt(variance + eps) (Div, Reciprocal or Pow -0.5)")
+    nodes = [anchor, sub, sq, rm2, add, *inverse]
     scale = bias = None
-    tail = div.output[0]
+    tail = inverse[-1].output[0]
     mul = next((n for n in index.readers(tail) if is_op(n, "Mul")), None)
     if mul is not None and index.use_count(tail) == 1:
         scale = other_input(mul, tail)
@@ -91,6 +91,34 @@ def match_at(index: GraphIndex, anchor: onnx.NodeProto) -> LayerNormMatch | NoMa
         else:
             scale = None
     return LayerNormMatch(KERNEL, x, tuple(nodes), tail, tuple(axes), eps, scale, bias)
+
+
+def _inverse_std(index: GraphIndex, var_eps: str, d: str) -> list[onnx.NodeProto] | None:
+    """The nodes that divide `d` by sqrt(`var_eps`), ending with the one that outputs the normalised value.
+
+    Exporters spell the division three ways: Div(d, Sqrt(e)), Mul(d, Reciprocal(Sqrt(e))) and
+    Mul(d, Pow(e, -0.5)); a chip compiler folds all three into one LayerNorm kernel, so all three are one.
+    """
+    for node in index.readers(var_eps):
+        if is_op(node, "Sqrt"):
+            s = node.output[0]
+            div = next((n for n in index.readers(s) if is_op(n, "Div") and list(n.input) == [d, s]), None)
+            if div is not None:
+                return [node, div]
+            rec = next((n for n in index.readers(s) if is_op(n, "Reciprocal")), None)
+            mul = _mul_of(index, rec.output[0], d) if rec is not None else None
+            if rec is not None and mul is not None:
+                return [node, rec, mul]
+        elif is_op(node, "Pow") and index.scalar(node.input[1]) == -0.5 and node.input[0] == var_eps:
+            mul = _mul_of(index, node.output[0], d)
+            if mul is not None:
+                return [node, mul]
+    return None
+
+
+def _mul_of(index: GraphIndex, a: str, b: str) -> onnx.NodeProto | None:
+    """The Mul of tensors `a` and `b` (either order), if one reads `a`."""
+    return next((n for n in index.readers(a) if is_op(n, "Mul") and sorted(n.input) == sorted([a, b])), None)
 
 
 def match_from(index: GraphIndex, x: str) -> LayerNormMatch | NoMatch:
