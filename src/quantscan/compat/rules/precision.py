@@ -2,14 +2,16 @@
 
 Listed per the contract's `sensitive_op` definition: LayerNormalization, Softmax, LogSoftmax,
 Gelu/Erf, Exp, Log, Pow, Sqrt, Reciprocal, Div by a computed value, normalisations, recurrent cells,
-Sigmoid/Tanh at a graph output; and LayerNorm decomposed into ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/
-Div, reported once on its first ReduceMean. Power-of-two scales (TIDL) make all of these coarser.
+Sigmoid/Tanh at a graph output; and LayerNorm decomposed into arithmetic (`patterns.layernorm`: the one
+place a decomposed LayerNorm is recognised), reported once on its first ReduceMean. Power-of-two
+scales (TIDL) make all of these coarser.
 """
 
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import Fix, rewrite_fix
+from quantscan.patterns import layernorm
 from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "precision"
@@ -30,7 +32,6 @@ SENSITIVE: dict[str, str] = {
     "GRU": "the recurrent state accumulates quantization error step after step",
     "RNN": "the recurrent state accumulates quantization error step after step",
 }
-_LN_CHAIN = ("Sub", ("Pow", "Mul"), "ReduceMean", "Add", "Sqrt", ("Div", "Reciprocal"))
 
 
 def run(ctx: RuleContext) -> list[Finding]:
@@ -72,17 +73,12 @@ def _static(ctx: RuleContext, tensor: str) -> bool:
 
 
 def _layernorm(ctx: RuleContext, first: int) -> list[int]:
-    """Members of a decomposed LayerNorm starting at ReduceMean `first`, or [] if it is not one."""
-    members = [first]
-    current = first
-    for step in _LN_CHAIN:
-        wanted = step if isinstance(step, tuple) else (step,)
-        nxt = [c for c in ctx.view.successors(current) if ctx.op(c) in wanted]
-        if not nxt:
-            return [] if len(members) < 6 else members
-        current = nxt[0]
-        members.append(current)
-    return members
+    """Positions of the decomposed LayerNorm whose first ReduceMean is `first`, or [] if it is not one."""
+    found = layernorm.match_at(ctx.view, ctx.view.nodes[first])
+    if not isinstance(found, layernorm.LayerNormMatch):
+        return []
+    position = {id(n): k for k, n in enumerate(ctx.view.nodes)}
+    return [position[id(n)] for n in found.nodes]
 
 
 def _layernorm_finding(ctx: RuleContext, i: int, members: list[int]) -> Finding:
