@@ -86,6 +86,7 @@ def test_missing_model(tmp_path: Path) -> None:
     assert_bad_input(run(tmp_path / "nope.onnx", "--calib", tmp_path), "nope.onnx")
 
 
+@pytest.mark.real
 def test_truncated_model(assets: Path, tmp_path: Path) -> None:
     data = asset_model(assets, "mtcnn_rnet").read_bytes()
     broken = tmp_path / "cut.onnx"
@@ -147,6 +148,7 @@ def test_wrong_array_shape(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     assert_bad_input(run(model, "--calib", folder), "000.npz")
 
 
+@pytest.mark.real
 def test_corrupt_image(assets: Path, tmp_path: Path) -> None:
     folder = tmp_path / "img"
     folder.mkdir()
@@ -160,6 +162,7 @@ def test_corrupt_image(assets: Path, tmp_path: Path) -> None:
     assert_bad_input(run(asset_model(assets, "mtcnn_rnet"), "--calib", folder), "001.png")
 
 
+@pytest.mark.real
 def test_input_not_covered_suggests_const(assets: Path) -> None:
     name = "silero_vad_openvino_16k"
     assert_bad_input(run(asset_model(assets, name), "--calib", asset_calib(assets, name)), "state", "--const")
@@ -279,6 +282,7 @@ def test_report_on_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
     assert_bad_input(run("report", tmp_path), "run")
 
 
+@pytest.mark.real
 def test_scan_with_profile_adds_placement_columns(assets: Path, tmp_path: Path) -> None:
     name = "mtcnn_onet"
     out = tmp_path / "p"
