@@ -14,9 +14,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 from conftest import asset_calib, asset_model
-from quantscan.analyze import ScanContext, prepare_scan
 from quantscan.gain import Evaluator, MixedBuilder, compute_gain, diff_branch
 from quantscan.runner import Runner
+from quantscan.scan.prepare import ScanContext, prepare_scan
 
 WIDTH = 16
 

@@ -15,11 +15,11 @@ given:
 
 __version__ = "0.1.0"
 
-from quantscan.analyze import ScanResult, scan  # noqa: E402
 from quantscan.compare import compare  # noqa: E402
 from quantscan.compat import check  # noqa: E402
 from quantscan.extract import extract  # noqa: E402
 from quantscan.gain import run_bisect  # noqa: E402
 from quantscan.rewrite import rewrite  # noqa: E402
+from quantscan.scan import ScanResult, scan  # noqa: E402  (binds the function over the package name)
 
 __all__ = ["ScanResult", "__version__", "check", "compare", "extract", "rewrite", "run_bisect", "scan"]

@@ -40,13 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_text
+from quantscan.runfolder import atomic_write_text
 
 FORMAT = 1
 """Session file format version; a newer one is refused, never guessed at."""
 TOOL = "quantscan-bisect"
 METRICS = {"cosine": "cosine", "sqnr": "sqnr_db", "top1": "top1_agreement"}
-"""Target metric name -> key in an output-metrics row (analyze.output_row spelling)."""
+"""Target metric name -> key in an output-metrics row (scan.evaluate.output_row spelling)."""
 FALLBACKS = ("float", "int16")
 MODES = ("search", "first_bad")
 PHASES = ("all_float", "all_int8", "search", "reduce", "prune", "first_bad")
@@ -557,7 +557,7 @@ def _clean_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (see quantscan.fileio)."""
+    """Write `text` to `path` atomically (see quantscan.runfolder)."""
     atomic_write_text(path, text)
 
 def machine_for(session: Session) -> Bisector:

@@ -35,9 +35,9 @@ from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_bytes as write_atomic
 from quantscan.model import graph_inputs, load_model, name_unnamed_nodes, onnx_opset
 from quantscan.rewrite import random_samples
+from quantscan.runfolder import atomic_write_bytes as write_atomic
 from quantscan.runner import Runner, Session
 from quantscan.specs import InputSpec
 

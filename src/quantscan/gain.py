@@ -44,7 +44,6 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
-from quantscan.analyze import ProgressFactory, ScanContext, no_progress, output_row, prepare_scan
 from quantscan.bisect import (
     FALLBACKS,
     MODES,
@@ -61,9 +60,12 @@ from quantscan.bisect import (
 )
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_bytes
 from quantscan.model import LoadedModel, load_model, onnx_opset, upgrade_opset
+from quantscan.runfolder import atomic_write_bytes
 from quantscan.runner import Runner
+from quantscan.scan.evaluate import output_row
+from quantscan.scan.options import ProgressFactory, no_progress
+from quantscan.scan.prepare import ScanContext, prepare_scan
 from quantscan.sites import Site
 
 INT16_OPSET = 21

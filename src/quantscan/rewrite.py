@@ -30,7 +30,6 @@ import onnx
 
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_bytes
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
@@ -44,6 +43,7 @@ from quantscan.rewrites.fold_bn import fold_batchnorm
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
+from quantscan.runfolder import atomic_write_bytes
 from quantscan.runner import Runner
 from quantscan.specs import InputSpec
 

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import html
 import io
-import json
 import math
 import re
-import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +32,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from quantscan.errors import QuantscanError
-from quantscan.fileio import atomic_write_text
-
-SUPPORTED_FORMAT = 1
-"""Highest run.json "format" this renderer understands; a newer folder is refused, not misread."""
+from quantscan.runfolder import RunFiles, atomic_write_text, load_run
 
 TOP_LAYERS = 8
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -56,119 +50,6 @@ COLORS = {
     "w": "#2e7d32",
     "ok": "#2e7d32",
 }
-
-
-class ReportError(QuantscanError):
-    """The folder is not a quantscan run, or was written by a newer quantscan (CLI: one line, exit 2)."""
-
-
-@dataclass
-class RunFiles:
-    """What a run folder holds; optional parts are None when their file is absent or unreadable."""
-
-    path: Path
-    run: dict[str, Any]
-    layers: pd.DataFrame
-    tensors: pd.DataFrame | None
-    ops: pd.DataFrame | None
-    channels: pd.DataFrame | None
-    hist: dict[str, np.ndarray] | None
-    summary: str | None
-    compat: pd.DataFrame | None
-    partitions: pd.DataFrame | None
-    plan: dict[str, Any] | None
-
-
-# ----------------------------------------------------------------------------------------- loading
-
-
-def load_run(run_dir: Path) -> RunFiles:
-    """Read a run folder; raise ReportError when it is not a run or is from a newer format."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReportError(
-            f"expected a quantscan run folder (with run.json and layers.csv), found no folder at {run_dir}"
-        )
-    missing = [n for n in ("run.json", "layers.csv") if not (run_dir / n).is_file()]
-    if missing:
-        raise ReportError(
-            "expected a quantscan run folder (with run.json and layers.csv), "
-            f"found no {' or '.join(missing)} "
-            f"in {run_dir}"
-        )
-    run = _read_run_json(run_dir / "run.json")
-    return RunFiles(
-        path=run_dir,
-        run=run,
-        layers=_read_csv(run_dir / "layers.csv", required=True),  # type: ignore[arg-type]
-        tensors=_read_csv(run_dir / "tensors.csv"),
-        ops=_read_csv(run_dir / "ops.csv"),
-        channels=_read_csv(run_dir / "channels.csv"),
-        hist=_read_hist(run_dir / "hist.npz"),
-        summary=_read_text(run_dir / "summary.md"),
-        compat=_read_csv(run_dir / "compat.csv"),
-        partitions=_read_csv(run_dir / "partitions.csv"),
-        plan=_read_plan(run_dir / "plan.json"),
-    )
-
-
-def _read_run_json(path: Path) -> dict[str, Any]:
-    try:
-        run = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ReportError(
-            f"expected run.json to be JSON written by quantscan, found unreadable {path} ({exc})"
-        ) from None
-    if not isinstance(run, dict) or run.get("tool", "quantscan") != "quantscan":
-        raise ReportError(f"expected run.json written by quantscan, found another kind of JSON in {path}")
-    fmt = run.get("format", 1)
-    if not isinstance(fmt, int) or isinstance(fmt, bool):
-        raise ReportError(f'expected run.json "format" to be an integer, found {fmt!r} in {path}')
-    if fmt > SUPPORTED_FORMAT:
-        raise ReportError(
-            f"expected a run folder of format <= {SUPPORTED_FORMAT}, found format {fmt} in {path}: "
-            "it was written by a newer quantscan; upgrade quantscan to rebuild its report"
-        )
-    return run
-
-
-def _read_csv(path: Path, required: bool = False) -> pd.DataFrame | None:
-    """Strings stay strings (a node called "NA" is not missing); only empty cells are NaN."""
-    if not path.is_file():
-        return None
-    try:
-        return pd.read_csv(path, keep_default_na=False, na_values=[""])
-    except (OSError, ValueError) as exc:
-        if required:
-            raise ReportError(f"expected {path.name} to be a CSV table, found unreadable {path} ({exc})") from None
-        return None
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8") if path.is_file() else None
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _read_hist(path: Path) -> dict[str, np.ndarray] | None:
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile):
-        return None
-
-
-def _read_plan(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        plan = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return plan if isinstance(plan, dict) else None
 
 
 # ------------------------------------------------------------------------------------------ public
@@ -1297,116 +1178,18 @@ def _about_section(files: RunFiles) -> str:
 
 # ------------------------------------------------------------------------------------------- page
 
-_CSS = """
-:root{--fg:#1d2330;--mut:#5b6475;--line:#e3e6ec;--bg:#f6f7f9;--bad:#fde2e1;--fair:#fff3d6;--good:#e3f4e6}
-*{box-sizing:border-box}
-body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);
-  background:var(--bg)}
-header,section{max-width:1320px;margin:0 auto;padding:12px 24px}
-section{background:#fff;margin:14px auto;width:calc(100% - 24px);border:1px solid var(--line);
-  border-radius:8px}
-h1{font-size:22px;margin:8px 0}h1 .model{color:#1f6fb4}
-h2{font-size:17px;margin:4px 0 10px}h3{font-size:15px;margin:14px 0 6px}
-nav{display:flex;flex-wrap:wrap;gap:4px 14px;margin:0 0 8px}nav a{color:#1f6fb4;text-decoration:none}
-code{font:12px/1.3 ui-monospace,SFMono-Regular,Menlo,monospace;background:#eef0f4;padding:0 3px;
-  border-radius:3px}
-table{border-collapse:collapse;font-size:12px}
-th,td{padding:3px 7px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
-table.kv th{color:var(--mut);font-weight:500;white-space:nowrap}table.kv td{word-break:break-all}
-table.data td,table.num td{white-space:nowrap}
-td.wrap{white-space:normal!important;min-width:180px}#layertable td.wrap{min-width:320px}
-#layertable th{font-size:11px;font-weight:600;vertical-align:bottom}
-thead th{position:sticky;top:0;background:#f0f2f6;z-index:1;cursor:default}
-table.sortable thead th{cursor:pointer}
-table.sortable th[data-dir=asc]::after{content:" ▲"}table.sortable th[data-dir=desc]::after{content:" ▼"}
-.scroll{max-height:70vh;overflow:auto;border:1px solid var(--line);border-radius:6px}
-.scroll.short{max-height:50vh}
-tr:hover td{background:#f3f7fd}td.bad{background:var(--bad)}td.fair{background:var(--fair)}
-td.strong{font-weight:600}
-.cards{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0 12px}
-.card{border:1px solid var(--line);border-radius:8px;padding:8px 14px;min-width:170px;background:#fff}
-.card .v{font-size:24px;font-weight:600}.card .l{color:var(--mut);font-size:12px}
-.card .s{color:var(--mut);font-size:11px}
-.card.good{background:var(--good)}.card.fair{background:var(--fair)}.card.bad{background:var(--bad)}
-.hint{color:var(--mut);font-style:italic;border-left:3px solid #c7ccd6;padding-left:8px}
-.note{color:var(--mut);font-size:12px}.warn{background:var(--fair);border-radius:6px;padding:6px 12px}
-.controls{margin:0 0 8px;display:flex;gap:14px;align-items:center;flex-wrap:wrap}
-figure.plot{margin:6px 0}figure.plot svg{width:100%;height:auto}
-figure.plot svg text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif}
-.layer{border-top:1px solid var(--line);padding:6px 0}.layer h3 .kernel{color:var(--mut);font-weight:400}
-.tag{font-size:11px;border-radius:10px;padding:1px 8px;background:#eef0f4}
-.tag.intrinsic{background:var(--bad)}
-.facts{font-size:12px;color:var(--mut)}.facts b{color:var(--fg)}.bad{color:#b71c1c}
-.sev-error{color:#b71c1c;font-weight:600}.sev-warn{color:#a06000;font-weight:600}
-pre{white-space:pre-wrap;font-size:12px}
-"""
 
-_JS = """
-(function () {
-  // Sort any table.sortable by the clicked column: numbers before text, empty cells last.
-  function key(s) {
-    s = s.trim();
-    if (s === "" || s === "\u2013") return null;
-    if (s === "inf") return Infinity;
-    if (s === "-inf") return -Infinity;
-    var n = Number(s);
-    return isNaN(n) ? s.toLowerCase() : n;
-  }
-  function cmp(a, b) {
-    if (a === b) return 0;
-    if (a === null) return 1;
-    if (b === null) return -1;
-    if (typeof a !== typeof b) return typeof a === "number" ? -1 : 1;
-    return a < b ? -1 : 1;
-  }
-  document.querySelectorAll("table.sortable").forEach(function (t) {
-    t.tHead.addEventListener("click", function (e) {
-      var th = e.target.closest("th");
-      if (!th) return;
-      var i = th.cellIndex, asc = th.dataset.dir !== "asc";
-      t.tHead.querySelectorAll("th").forEach(function (h) { delete h.dataset.dir; });
-      th.dataset.dir = asc ? "asc" : "desc";
-      var body = t.tBodies[0];
-      var keyed = Array.prototype.map.call(body.rows, function (r, j) {
-        return [key(r.cells[i] ? r.cells[i].textContent : ""), j, r];
-      });
-      keyed.sort(function (a, b) {
-        var c = cmp(a[0], b[0]);
-        if (a[0] !== null && b[0] !== null && !asc) c = -c;
-        return c || a[1] - b[1];
-      });
-      var f = document.createDocumentFragment();
-      keyed.forEach(function (k) { f.appendChild(k[2]); });
-      body.appendChild(f);
-    });
-  });
-  // Filter the layer table by op type and free text.
-  var t = document.getElementById("layertable");
-  if (!t) return;
-  var op = document.getElementById("opfilter"), tx = document.getElementById("textfilter");
-  var cnt = document.getElementById("rowcount"), oc = parseInt(t.dataset.opcol, 10);
-  function apply() {
-    var want = op.value, q = tx.value.trim().toLowerCase(), n = 0, rows = t.tBodies[0].rows;
-    for (var j = 0; j < rows.length; j++) {
-      var r = rows[j];
-      var ok = (!want || (oc >= 0 && r.cells[oc].textContent === want)) &&
-               (!q || r.textContent.toLowerCase().indexOf(q) >= 0);
-      r.hidden = !ok;
-      if (ok) n++;
-    }
-    cnt.textContent = n + " of " + rows.length + " sites";
-  }
-  op.addEventListener("change", apply);
-  tx.addEventListener("input", apply);
-})();
-"""
+def _asset(name: str) -> str:
+    """The page's stylesheet and script live beside this module as files (assets/), read as text."""
+    return resources.files("quantscan.report").joinpath("assets", name).read_text(encoding="utf-8")
 
 
 def _page(title: str, body: str) -> str:
+    css, js = _asset("report.css"), _asset("report.js")
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>quantscan: {_esc(title)}</title>\n<style>{_CSS}</style></head>\n<body>\n{body}\n"
-        f"<script>{_JS}</script>\n</body></html>\n"
+        f"<title>quantscan: {_esc(title)}</title>\n<style>{css}</style></head>\n<body>\n{body}\n"
+        f"<script>{js}</script>\n</body></html>\n"
     )
