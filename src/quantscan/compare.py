@@ -38,6 +38,7 @@ from quantscan.errors import UsageError
 from quantscan.model import graph_inputs, load_model, name_unnamed_nodes, onnx_opset
 from quantscan.rewrite import random_samples
 from quantscan.runfolder import atomic_write_bytes as write_atomic
+from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner, Session
 from quantscan.specs import InputSpec
 
@@ -115,19 +116,6 @@ class CompareResult:
             write_atomic(folder / name, data)
             written.append(folder / name)
         return written
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float | np.floating):
-        v = float(value)
-        return v if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:

@@ -62,6 +62,8 @@ from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
 from quantscan.model import LoadedModel, load_model, onnx_opset, upgrade_opset
 from quantscan.runfolder import atomic_write_bytes, read_csv
+from quantscan.runfolder import jsonable as _json_safe
+from quantscan.runfolder import jsonable as _jsonable
 from quantscan.runner import Runner
 from quantscan.scan.evaluate import output_row
 from quantscan.scan.options import ProgressFactory, no_progress
@@ -820,16 +822,6 @@ def _new_session(
     return session
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, frozenset, set)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def _save(session: Session, path: Path | None, machine: Bisector) -> None:
     session.events = list(machine.events)
     session.status = machine.outcome.status if machine.outcome is not None else "running"
@@ -1036,18 +1028,6 @@ def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
         return gains
     layers = layers.drop(columns=[c for c in gain_columns if c in layers.columns])
     return layers.merge(gains[["node", *gain_columns]], on="node", how="left")
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, (np.floating, np.integer)):
-        return _json_safe(value.item())
-    return value
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> Path:

@@ -44,6 +44,7 @@ from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
 from quantscan.runfolder import atomic_write_bytes
+from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
 from quantscan.specs import InputSpec
 
@@ -162,16 +163,6 @@ class RewriteReport:
             "proof": {**asdict(self.proof), "passed": self.proof.passed},
         }
         return _json_safe(data)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 # --- entry point ------------------------------------------------------------------------------------

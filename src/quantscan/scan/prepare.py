@@ -208,7 +208,6 @@ class ScanContext:
         return headline_outputs(self.probe, self.opts.output)
 
 
-
 def prepare_scan(
     model: str | Path | LoadedModel,
     calib: str | Path | CalibSet,
@@ -235,16 +234,7 @@ def prepare_timed(
     times: dict[str, float] = {}
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     ensure_float_model(loaded)
-    cset = calib if isinstance(calib, CalibSet) else load_calibration(
-        calib, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
-        consts=opts.const, limit=opts.limit,
-    )
-    eval_set = cset
-    if opts.eval is not None:
-        eval_set = load_calibration(
-            opts.eval, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
-            consts=opts.const, limit=opts.limit,
-        )
+    cset, eval_set = _sample_sets(loaded, calib, opts)
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
     dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, opts.const)
     dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
@@ -263,20 +253,7 @@ def prepare_timed(
     probe = probe_model(loaded, prepared, cset, batch_size, runner)
     warnings.extend(probe.warnings)
     order = {n.name: i for i, n in enumerate(loaded.proto.graph.node)}
-    sites = find_sites(
-        prepared.proto,
-        float_tensors=probe.float_tensors,
-        original_order=order,
-        bn_folded_into=prepared.bn_folded_into,
-        fused_activations=opts.fused_activations,
-        cpu_nodes=opts.cpu_nodes,
-    )
-    if not sites:
-        raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")
-    producers = {o: n for n in prepared.proto.graph.node for o in n.output}
-    site_outputs = {s.output for s in sites}
-    quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))
-    origins = {t: _origin(t, producers, site_outputs) for t in quantized}
+    sites, origins = _sites(loaded, prepared, probe, order, opts)
     times["probe"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -295,6 +272,41 @@ def prepare_timed(
         plan, order, warnings, compat, profile_name,
     )
     return ctx, times
+
+
+def _sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOptions) -> tuple[CalibSet, CalibSet]:
+    """The calibration set and the evaluation set (`--eval`, else the same object)."""
+    cset = calib if isinstance(calib, CalibSet) else load_calibration(
+        calib, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
+        consts=opts.const, limit=opts.limit,
+    )
+    if opts.eval is None:
+        return cset, cset
+    eval_set = load_calibration(
+        opts.eval, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
+        consts=opts.const, limit=opts.limit,
+    )
+    return cset, eval_set
+
+
+def _sites(
+    loaded: LoadedModel, prepared: PreparedModel, probe: Probe, order: Mapping[str, int], opts: ScanOptions
+) -> tuple[list[Site], dict[str, str]]:
+    """Where the chip quantizes, and for every quantized tensor the tensor whose range sets its scale."""
+    sites = find_sites(
+        prepared.proto,
+        float_tensors=probe.float_tensors,
+        original_order=order,
+        bn_folded_into=prepared.bn_folded_into,
+        fused_activations=opts.fused_activations,
+        cpu_nodes=opts.cpu_nodes,
+    )
+    if not sites:
+        raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")
+    producers = {o: n for n in prepared.proto.graph.node for o in n.output}
+    site_outputs = {s.output for s in sites}
+    quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))
+    return sites, {t: _origin(t, producers, site_outputs) for t in quantized}
 
 
 def _apply_profile(

@@ -81,8 +81,9 @@ class ScanResult:
         written.append(folder / "summary.md")
         writing = time.perf_counter() - t0
         times = self.run_info.times_s
+        total = times.pop("total", 0.0) + writing  # run.json's order: the phases, writing, total
         times["writing"] = round(writing, 4)
-        times["total"] = round(times.get("total", 0.0) + writing, 4)
+        times["total"] = round(total, 4)
         self.run_info.warnings = list(self.warnings)
         runfolder.write_json(folder / runfolder.RUN_JSON, self.run_info.to_json())
         written.append(folder / runfolder.RUN_JSON)
