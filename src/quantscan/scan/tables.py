@@ -100,6 +100,7 @@ def build_tables(
         qp = plan.activations.get(site.output)
         row["act_scale"] = float(qp.scale) if qp is not None else math.nan
         row["act_zero_point"] = int(qp.zero_point) if qp is not None else 0
+        row["cause"], row["reason"] = classify(row)
         rows.append(row)
         if ch_range is not None:
             lo, hi = ch_range.ranges()
@@ -243,19 +244,20 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _lt(value: Any, limit: float) -> bool:
-    return isinstance(value, (int, float)) and not math.isnan(value) and value < limit
+    return _is_number(value) and value < limit
 
 
 def _gt(value: Any, limit: float) -> bool:
-    return isinstance(value, (int, float)) and not math.isnan(value) and value > limit
+    return _is_number(value) and value > limit
 
+
+def _is_number(value: Any) -> bool:
+    """A measured figure (Python or numpy number, not NaN): rows are classified before any DataFrame."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not math.isnan(value)
 
 
 def rank_sites(layers: pd.DataFrame) -> pd.DataFrame:
-    """Each site's cause and reason, then `rank` (summary.md's RANK_DOC), rank 1 first."""
-    causes = [classify(r) for r in layers.to_dict("records")]
-    layers["cause"] = [c for c, _ in causes]
-    layers["reason"] = [r for _, r in causes]
+    """`rank` (summary.md's RANK_DOC), rank 1 first; rows arrive classified (`cause`, `reason`)."""
     key = layers[["isolated_sqnr_db", "act_worst_channel_sqnr_db", "cumulative_sqnr_db"]].copy()
     key = key.replace([np.inf], 1e9).fillna(1e12)
     ordered = key.sort_values(
