@@ -54,11 +54,15 @@ def result(tiny: tuple[Path, Path], tmp_path: Path) -> ScanResult:
     return res
 
 
-def test_scan_without_out_writes_nothing(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+def test_scan_without_out_writes_nothing(
+    tiny: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, calib = tiny
-    out = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)  # no default folder either (`reports/` is the CLI's default only)
+    before = sorted(tmp_path.rglob("*"))
     res = quantscan.scan(model, calib)
-    assert not out.exists()
+    assert sorted(tmp_path.rglob("*")) == before
+    assert not (tmp_path / "reports").exists()
     assert res.files == []
     assert isinstance(res.headline, Headline)
     assert isinstance(res.output_metrics["y"], OutputMetrics)
