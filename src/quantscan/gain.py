@@ -61,9 +61,9 @@ from quantscan.bisect import (
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
 from quantscan.model import LoadedModel, load_model, onnx_opset, upgrade_opset
-from quantscan.runfolder import atomic_write_bytes, read_csv
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runfolder import jsonable as _jsonable
+from quantscan.runfolder import read_csv, save_model
 from quantscan.runner import Runner
 from quantscan.scan.evaluate import output_row
 from quantscan.scan.options import ProgressFactory, no_progress
@@ -1028,10 +1028,3 @@ def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
         return gains
     layers = layers.drop(columns=[c for c in gain_columns if c in layers.columns])
     return layers.merge(gains[["node", *gain_columns]], on="node", how="left")
-
-
-def save_model(model: onnx.ModelProto, path: Path) -> Path:
-    """The mixed-precision QDQ model, written atomically."""
-    atomic_write_bytes(path, model.SerializeToString())
-    return path
-
