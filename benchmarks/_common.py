@@ -149,7 +149,7 @@ def _scan_job(spec: dict[str, Any]) -> dict[str, Any]:
     options = {k: spec[k] for k in ("threads", "batch_size") if spec.get(k)}
     result = quantscan.scan(spec["model"], spec["calib"], out=spec["out"], **options)
     info = result.run_info
-    return {"times_s": info["times_s"], "sites": len(result.sites), "warnings": len(result.warnings)}
+    return {"times_s": info.times_s, "sites": len(result.sites), "warnings": len(result.warnings)}
 
 
 def _peer_job(spec: dict[str, Any]) -> dict[str, Any]:

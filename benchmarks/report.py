@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from quantscan import scan
-from quantscan.report_html import write_report
+from quantscan.report.html import write_report
 
 CONSTS = {"silero_vad_openvino_16k": {"state": 0.0}}
 """Inputs the calibration data does not cover (the recurrent state), as `--const NAME=VALUE`."""
@@ -69,7 +69,7 @@ def main(assets: Path) -> None:
             result = scan(model, assets / "calib" / model.stem, out=out, limit=8, const=CONSTS.get(model.stem, {}))
             scan_s = time.perf_counter() - t
             build_s, size = _build(out)
-            nodes = result.run_info["model"]["nodes"]
+            nodes = result.run_info.model.nodes
             print(
                 f"{model.stem:34} {nodes:>6} {len(result.layers):>6} {scan_s:>7.1f} {build_s:>8.2f} {size / 1e3:>8.0f}"
             )

@@ -29,8 +29,8 @@ from typing import Any
 import onnxruntime as ort
 
 import quantscan
-from quantscan import analyze
 from quantscan.calib import load_calibration
+from quantscan.runner import Runner
 
 ASSETS = Path(__file__).resolve().parents[1].parent / "shared" / "assets"
 
@@ -50,17 +50,17 @@ def _phase(node_name: str) -> str:
 def _captured_analysis_model(model: Path, calib: Path, limit: int, tensors: str) -> tuple[Any, Any]:
     """Run the scan, keeping the analysis model it built (the largest session)."""
     captured: list[Any] = []
-    original = analyze.Runner.session
+    original = Runner.session
 
     def spy(self: Any, proto: Any, *, opt_level: str | None = None) -> Any:
         captured.append(proto)
         return original(self, proto, opt_level=opt_level)
 
-    analyze.Runner.session = spy  # type: ignore[method-assign]
+    Runner.session = spy  # type: ignore[method-assign]
     try:
         result = quantscan.scan(model, calib, limit=limit, tensors=tensors, no_report=True)
     finally:
-        analyze.Runner.session = original  # type: ignore[method-assign]
+        Runner.session = original  # type: ignore[method-assign]
     biggest = max((p for p in captured if hasattr(p, "graph")), key=lambda p: len(p.graph.node))
     return result, biggest
 
@@ -69,7 +69,7 @@ def measure(name: str, limit: int, tensors: str) -> dict[str, float]:
     model, calib = ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name
     result, analysis = _captured_analysis_model(model, calib, limit, tensors)
     cset = load_calibration(calib, result.model.inputs, limit=limit)
-    batch = int(result.run_info["options"]["batch_size"])
+    batch = int(result.run_info.options["batch_size"])
     feeds = list(cset.batches(batch))
     plain = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     start = time.perf_counter()
@@ -92,7 +92,7 @@ def measure(name: str, limit: int, tensors: str) -> dict[str, float]:
             if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
                 totals[_phase(event["name"][: -len("_kernel_time")])] += event["dur"] / 1e6
     os.remove(trace)
-    row = {"fp32 pass s": fp32_pass, "scan total s": result.run_info["times_s"]["total"]}
+    row = {"fp32 pass s": fp32_pass, "scan total s": result.run_info.times_s["total"]}
     for phase in ("fp32", "cumulative", "isolated", "per-channel", "metric sums"):
         row[phase] = totals[phase] / fp32_pass
     return row

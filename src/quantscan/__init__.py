@@ -18,16 +18,16 @@ __version__ = "0.1.0"
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
 if TYPE_CHECKING:
-    from quantscan.analyze import ScanResult, scan
     from quantscan.bisect import run_bisect
     from quantscan.compare import compare
     from quantscan.compat import check
     from quantscan.extract import extract
     from quantscan.rewrites.runner import rewrite
+    from quantscan.scan import ScanResult, scan
 
 _LAZY = {
-    "ScanResult": "quantscan.analyze",
-    "scan": "quantscan.analyze",
+    "ScanResult": "quantscan.scan",
+    "scan": "quantscan.scan",
     "compare": "quantscan.compare",
     "check": "quantscan.compat",
     "extract": "quantscan.extract",

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantscan import runfolder
 from quantscan.errors import UsageError
-from quantscan.report import atomic_write_bytes
 
 APPENDED_SIDECARS = (".rewrite.json", ".log")
 """`OUT.onnx.rewrite.json` (a rewrite's proof), `OUT.onnx.log` (an --until-fails search log)."""
@@ -33,9 +32,9 @@ class Bundle:
 
 
 def _members(run_dir: Path, extras: Sequence[Path]) -> list[tuple[str, Path]]:
-    if not (run_dir / "run.json").is_file():
+    if not (run_dir / runfolder.RUN_JSON).is_file():
         raise UsageError(f"bundle: expected a quantscan run folder (with run.json), found none in {run_dir}")
-    items = [(f"run/{p.name}", p) for p in sorted(run_dir.iterdir()) if p.is_file() and not p.name.startswith(".")]
+    items = [(f"run/{p.name}", p) for p in runfolder.run_members(run_dir)]
     for extra in extras:
         if not extra.is_file():
             raise UsageError(f"bundle: expected a file to include, found nothing at {extra}")
@@ -59,10 +58,10 @@ def make_bundle(run_dir: str | Path, out: str | Path, *, include: Sequence[str |
             data = src.read_bytes()
             manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}  # type: ignore[index]
             zf.writestr(name, data)
-        run_json = json.loads((run / "run.json").read_text())
+        run_json = runfolder.read_run_json(run / runfolder.RUN_JSON)
         manifest["model"] = run_json.get("model")
         manifest["versions"] = run_json.get("versions")
         manifest["input_contract"] = run_json.get("input_contract")
-        zf.writestr("MANIFEST.json", json.dumps(manifest, indent=1) + "\n")
-    atomic_write_bytes(target, buf.getvalue())
+        zf.writestr("MANIFEST.json", runfolder.json_text(manifest, indent=1))
+    runfolder.atomic_write_bytes(target, buf.getvalue())
     return Bundle(target, [n for n, _ in items] + ["MANIFEST.json"])

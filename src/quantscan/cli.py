@@ -229,7 +229,7 @@ def _floats(raw: str | None, flag: str) -> list[float] | None:
 
 
 def _progress_factory(quiet: bool) -> Any:
-    from quantscan.analyze import no_progress
+    from quantscan.scan.options import no_progress
 
     if quiet or not sys.stderr.isatty():
         return no_progress
@@ -249,7 +249,7 @@ def default_out(model: str) -> Path:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from quantscan.analyze import scan
+    from quantscan.scan import scan
 
     out = Path(args.out) if args.out else default_out(args.model)
     overrides = {
@@ -289,18 +289,20 @@ def cmd_scan(args: argparse.Namespace) -> int:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
     head = result.headline
     top = result.layers.head(5)
-    print(f"{result.model.path.name}: {len(result.sites)} sites, output '{head['output']}' "
-          f"cosine {head['cosine']:.5f}, SQNR {head['sqnr_db']:.2f} dB"
-          + (f", top-1 agreement {head['top1_agreement']:.3f}" if "top1_agreement" in head else "")
-          + f" (deployed ORT_ENABLE_ALL cosine {head['deployed'].get('cosine', math.nan):.5f})")
+    top1 = head.metrics.top1_agreement
+    deployed = head.deployed.cosine if head.deployed is not None else math.nan
+    print(f"{result.model.path.name}: {len(result.sites)} sites, output '{head.output}' "
+          f"cosine {head.cosine:.5f}, SQNR {head.sqnr_db:.2f} dB"
+          + (f", top-1 agreement {top1:.3f}" if top1 is not None else "")
+          + f" (deployed ORT_ENABLE_ALL cosine {deployed:.5f})")
     for r in top.to_dict("records"):
         print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
               f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}")
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
     extra += "" if args.no_report else ", report.html"
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
-    if args.fail_below_cosine is not None and not head["cosine"] >= args.fail_below_cosine:
-        print(f"quantscan: output cosine {head['cosine']:.5f} is below --fail-below-cosine "
+    if args.fail_below_cosine is not None and not head.cosine >= args.fail_below_cosine:
+        print(f"quantscan: output cosine {head.cosine:.5f} is below --fail-below-cosine "
               f"{args.fail_below_cosine}", file=sys.stderr)
         return EXIT_THRESHOLD
     return EXIT_OK
@@ -322,7 +324,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from quantscan.compat.check import check
     from quantscan.model import load_model
-    from quantscan.report import ensure_out_dir, write_csv
+    from quantscan.runfolder import ensure_out_dir, write_csv
 
     loaded = load_model(args.model)
     profiles = args.profile or ["generic-npu"]
@@ -450,7 +452,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     shrunk = until_fails(args.model, predicate, nodes=start, progress=show, calib=args.calib, consts=consts,
                          input_shapes=shapes, seed=args.seed)
     shrunk.save(out)
-    from quantscan.report import atomic_write_text
+    from quantscan.runfolder import atomic_write_text
 
     atomic_write_text(Path(str(out) + ".log"), "\n".join(shrunk.log_lines()) + "\n")
     print(f"wrote {out} ({len(shrunk.nodes)} nodes after {shrunk.n_tries} tries) and {out}.log")
@@ -546,7 +548,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from quantscan.report_html import write_report
+    from quantscan.report.html import write_report
 
     path = write_report(Path(args.run_dir))
     print(f"wrote {path}")

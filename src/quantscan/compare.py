@@ -36,8 +36,9 @@ from quantscan.calib import CalibSet
 from quantscan.calib.calibset import Sample
 from quantscan.calib.source import data_source
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_bytes as write_atomic
 from quantscan.model import graph_inputs, load_model, name_unnamed_nodes, onnx_opset
+from quantscan.runfolder import atomic_write_bytes as write_atomic
+from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner, Session
 from quantscan.specs import InputSpec
 
@@ -113,19 +114,6 @@ class CompareResult:
             write_atomic(folder / name, data)
             written.append(folder / name)
         return written
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float | np.floating):
-        v = float(value)
-        return v if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 # --- models -------------------------------------------------------------------------------------------------

@@ -45,8 +45,8 @@ from quantscan.calib.npyfile import npz_bytes
 from quantscan.calib.source import data_source
 from quantscan.compare import ModelArg, load_side
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_bytes as write_atomic
 from quantscan.model import graph_inputs
+from quantscan.runfolder import atomic_write_bytes as write_atomic
 from quantscan.runner import Runner
 from quantscan.specs import InputSpec
 

@@ -45,11 +45,13 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
-from quantscan.analyze import ProgressFactory, ScanContext, no_progress, output_row
 from quantscan.errors import UsageError
 from quantscan.model import onnx_opset, upgrade_opset
 from quantscan.records import Precision
 from quantscan.runner import Runner
+from quantscan.scan.evaluate import output_row
+from quantscan.scan.options import ProgressFactory, no_progress
+from quantscan.scan.prepare import ScanContext
 from quantscan.sites import Site
 
 INT16_OPSET = 21

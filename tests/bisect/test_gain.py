@@ -13,9 +13,9 @@ import pytest
 from bisect_helpers import write_chain
 
 from conftest import asset_calib, asset_model
-from quantscan.analyze import ScanContext, prepare_scan
 from quantscan.gain import Evaluator, MixedBuilder, compute_gain, diff_branch
 from quantscan.runner import Runner
+from quantscan.scan.prepare import ScanContext, prepare_scan
 
 
 @pytest.fixture(scope="module")

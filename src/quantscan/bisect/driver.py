@@ -18,7 +18,6 @@ from typing import Any
 import onnx
 import pandas as pd
 
-from quantscan.analyze import ProgressFactory, ScanContext, no_progress, prepare_scan
 from quantscan.bisect.jsonio import to_jsonable
 from quantscan.bisect.plan import REACHED, build_plan, write_plan
 from quantscan.bisect.session import Session, calibration_identity, machine_for
@@ -34,11 +33,13 @@ from quantscan.bisect.state import (
 )
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_bytes
 from quantscan.gain import Evaluator, GainResult, MixedBuilder, compute_gain, sensitivity_order
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
+from quantscan.runfolder import atomic_write_bytes
 from quantscan.runner import Runner
+from quantscan.scan.options import ProgressFactory, no_progress
+from quantscan.scan.prepare import ScanContext, prepare_scan
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import Any
 
 from quantscan.bisect.jsonio import dumps
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_text
 from quantscan.records import Plan, Precision
+from quantscan.runfolder import atomic_write_text
 
 
 def _unique(items: Iterable[str]) -> list[str]:

@@ -3,7 +3,7 @@
 Why one: the session, the plan and the exports each had their own "make it JSON-safe" and dump
 settings, and they drifted (one cleaned only the gain rows' floats, another also numpy scalars).
 Here every file is standard JSON (NaN/inf stored as the strings "nan"/"inf", which `float()` reads
-back), indented by one, ending in a newline, and written atomically through `quantscan.fileio`.
+back), indented by one, ending in a newline, and written atomically through `quantscan.runfolder`.
 Standard library only, so the session file stays free of numpy/pandas.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from quantscan.fileio import atomic_write_text
+from quantscan.runfolder import atomic_write_text
 
 
 def to_jsonable(value: Any) -> Any:

@@ -15,14 +15,14 @@ from typing import Any
 import onnx
 import pandas as pd
 
-from quantscan.analyze import ScanContext
 from quantscan.bisect import exports as qexports
 from quantscan.bisect.jsonio import write_json
 from quantscan.bisect.session import Session
 from quantscan.bisect.state import Bisector, Step, Target
-from quantscan.fileio import atomic_write_text
 from quantscan.gain import MixedBuilder
 from quantscan.records import Metrics, Plan, PlanSite, Precision
+from quantscan.runfolder import atomic_write_text
+from quantscan.scan.prepare import ScanContext
 from quantscan.sites import Site
 
 PLAN_CSV_COLUMNS = ("node", "output", "precision", "op_type", "kernel", "order", "gain_if_float")

@@ -31,7 +31,6 @@ import onnx
 from quantscan.calib import CalibSet
 from quantscan.calib.synthetic import random_samples
 from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_bytes
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
 from quantscan.records import RewriteId
@@ -46,6 +45,8 @@ from quantscan.rewrites.fold_bn import fold_batchnorm
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
+from quantscan.runfolder import atomic_write_bytes
+from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
 
 RewriteFn = Callable[[onnx.ModelProto], RewriteResult]
@@ -163,16 +164,6 @@ class RewriteReport:
             "proof": {**asdict(self.proof), "passed": self.proof.passed},
         }
         return _json_safe(data)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 # --- entry point ------------------------------------------------------------------------------------

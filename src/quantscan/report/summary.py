@@ -1,27 +1,47 @@
-"""Write a scan's tables and summaries under the run folder: formatting only, every file atomic.
+"""summary.md: a scan's findings as Markdown, for a terminal, a pull request or a ticket.
 
-Atomic means temp file + os.replace in the same folder: an interrupted run never leaves half a CSV,
-and an existing report is replaced only by a complete one.
+Formatting only: it takes the typed result (anything shaped like `SummarySource`) and returns text;
+`SummarySource.save` writes it into the run folder through quantscan.runfolder. The texts that explain
+the metrics and the rank live here because summary.md is where users read them.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import math
-from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
-import onnx
 import pandas as pd
 
-from quantscan.errors import UsageError
-from quantscan.fileio import atomic_write_bytes, atomic_write_text
+from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
 
-if TYPE_CHECKING:
-    from quantscan.analyze import ScanResult
+
+class _Model(Protocol):
+    @property
+    def path(self) -> Path: ...
+
+
+class SummarySource(Protocol):
+    """What summary.md is made from: a `quantscan.scan.SummarySource` (a Protocol, so no import cycle)."""
+
+    @property
+    def model(self) -> _Model: ...
+    @property
+    def run_info(self) -> RunInfo: ...
+    @property
+    def headline(self) -> Headline: ...
+    @property
+    def output_metrics(self) -> dict[str, OutputMetrics]: ...
+    @property
+    def layers(self) -> pd.DataFrame: ...
+    @property
+    def compat(self) -> Any: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def warnings(self) -> list[str]: ...
+
 
 METRIC_DOC = """\
 Metrics compare the FP32 model (x) with the quantized one (y) on the same inputs, pooled over every
@@ -32,71 +52,21 @@ and max_abs = max|x−y| (lower is better). `worst_sample_` columns are the mini
 """
 
 
-def ensure_out_dir(out: Path) -> Path:
-    """Create the run folder; a path that exists as a file is bad input, never overwritten."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: expected a folder, found a file at {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+RANK_DOC_PROFILE = (
+    "With a chip profile, `rank` weighs conversion, fallback cost and precision together, in tiers: "
+    "(1) kernels with an `error` finding (the converter rejects them: nothing else matters until they are "
+    "fixed); (2) sites whose error is intrinsic, and CPU-placed nodes in an island of at most two nodes "
+    "(each such island costs two NPU/CPU crossings per inference); (3) everything else. Within a tier, "
+    "ascending `isolated_sqnr_db`, then ascending `cumulative_sqnr_db`. CPU-placed nodes stay float in the "
+    "simulation, quantized only at the island boundaries, and have no isolated figure."
+)
 
-
-def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    atomic_write_text(path, frame.to_csv(index=False))
-
-
-def write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
-
-
-def _jsonable(value: Any) -> Any:
-    """JSON has no inf/NaN: write them as strings ("inf", "-inf", "nan") rather than invalid JSON."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        f = float(value)
-        return f if math.isfinite(f) else str(f)
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def save_model(model: onnx.ModelProto, path: Path, *, protect: Iterable[Path] = ()) -> None:
-    """Write a model atomically; refuse to write over a protected file (the user's input model)."""
-    for p in protect:
-        if path.exists() and p.exists() and path.resolve() == p.resolve():
-            raise UsageError(f"expected an output path other than the input model, found {path}")
-    if path.exists() and path.is_dir():
-        raise UsageError(f"expected a file path for the model, found a folder at {path}")
-    atomic_write_bytes(path, model.SerializeToString())
-
-
-def write_scan(result: ScanResult, out: Path) -> None:
-    """layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md (report.html: report_html.py)."""
-    ensure_out_dir(out)
-    write_csv(out / "layers.csv", result.layers)
-    write_csv(out / "tensors.csv", result.tensors)
-    write_csv(out / "ops.csv", result.ops)
-    write_csv(out / "channels.csv", result.channels)
-    buf = io.BytesIO()
-    arrays: dict[str, Any] = dict(result.hist)
-    np.savez_compressed(buf, **arrays)
-    atomic_write_bytes(out / "hist.npz", buf.getvalue())
-    if result.compat is not None:
-        write_csv(out / "compat.csv", result.compat.findings)
-        write_csv(out / "partitions.csv", result.compat.partitions)
-    atomic_write_text(out / "summary.md", summary_markdown(result))
-
-
-def write_run_json(result: ScanResult, out: Path) -> None:
-    info = dict(result.run_info)
-    info["warnings"] = result.warnings
-    write_json(out / "run.json", info)
+RANK_DOC = (
+    "`rank` orders sites by the error each site makes itself: ascending `isolated_sqnr_db` (this site alone "
+    "quantized, fed FP32 inputs), ties broken by ascending `act_worst_channel_sqnr_db`, then by ascending "
+    "`cumulative_sqnr_db`; sites without a measured isolated figure come last. Rank 1 is the most harmful. "
+    "The isolated figure is used because cumulative SQNR mostly measures what a site inherits from upstream."
+)
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -110,22 +80,21 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def summary_markdown(result: ScanResult) -> str:
-    from quantscan.analyze import RANK_DOC, RANK_DOC_PROFILE
-
+def summary_markdown(result: SummarySource) -> str:
+    """summary.md's text: setup, output metrics, headline, top sites, causes, the profile, the docs."""
     info = result.run_info
     head = result.headline
     lines = [
         f"# quantscan: {result.model.path.name}",
         "",
-        f"- model sha256 `{info['model']['sha256']}`, opset {info['opset_original']} (analysed at "
-        f"{info['opset_used']}), {info['sites']} quantization sites, {info['qdq_pairs']} QDQ pairs",
-        f"- calibration: {info['calibration']['samples']} samples from `{info['calibration']['path']}`, "
-        f"method {info['options']['calib_method']}; activations {info['options']['activations']} per tensor, "
+        f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
+        f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
+        f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
+        f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor, "
         "weights int8 per output channel (symmetric), bias int32",
-        "- evaluation set: " + ("the calibration set (no `--eval` given)" if info["evaluation"]["same_as_calibration"]
-                                else f"`{info['evaluation']['path']}` ({info['evaluation']['samples']} samples)"),
-        f"- analysis sessions: onnxruntime {info['ort_level']} (QDQ kept as float fake-quant)",
+        "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
+                                else f"`{info.evaluation.path}` ({info.evaluation.samples} samples)"),
+        f"- analysis sessions: onnxruntime {info.ort_level} (QDQ kept as float fake-quant)",
         "",
         "## Model output (all sites int8)",
         "",
@@ -133,15 +102,16 @@ def summary_markdown(result: ScanResult) -> str:
         "|---|---|---|---|---|---|",
     ]
     for name, m in result.output_metrics.items():
-        dep = info.get("deployed_metrics", {}).get(name, {})
+        dep = info.deployed_metrics.get(name)
+        top1 = m.top1_agreement if m.top1_agreement is not None else math.nan
         lines.append(
-            f"| `{name}` | {_fmt(m['cosine'], 5)} | {_fmt(m['sqnr_db'])} | {_fmt(m['worst_sample_cosine'], 5)} | "
-            f"{_fmt(m.get('top1_agreement', math.nan))} | {_fmt(dep.get('cosine', math.nan), 5)} |"
+            f"| `{name}` | {_fmt(m.cosine, 5)} | {_fmt(m.sqnr_db)} | {_fmt(m.worst_sample_cosine, 5)} | "
+            f"{_fmt(top1)} | {_fmt(dep.cosine if dep is not None else math.nan, 5)} |"
         )
     lines += [
         "",
-        f"Headline: `{head['output']}` (worst output) cosine {_fmt(head['cosine'], 5)}, "
-        f"SQNR {_fmt(head['sqnr_db'])} dB. "
+        f"Headline: `{head.output}` (worst output) cosine {_fmt(head.cosine, 5)}, "
+        f"SQNR {_fmt(head.sqnr_db)} dB. "
         "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
         "",
@@ -179,7 +149,7 @@ def summary_markdown(result: ScanResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _profile_section(result: ScanResult) -> list[str]:
+def _profile_section(result: SummarySource) -> list[str]:
     if result.compat is None:
         return ["", "_No chip profile given: run with `--profile NAME` (see `quantscan profiles`) to rank "
                 "conversion problems and CPU fallback together with precision._"]
@@ -196,8 +166,9 @@ def _profile_section(result: ScanResult) -> list[str]:
               "|---|---|---|---|---|---|---|---|"]
     findings = result.compat.findings
     findings = findings[findings["profile"] == result.profile]
-    order = {"error": 0, "warn": 1, "info": 2}
-    findings = findings.assign(_o=findings["severity"].map(order)).sort_values("_o", kind="mergesort")
+    findings = findings.assign(_o=[-severity_rank(v) for v in findings["severity"]]).sort_values(
+        "_o", kind="mergesort"
+    )
     for r in findings.head(20).to_dict("records"):
         lines.append(f"| `{r['node']}` | {r['op_type']} | {r['rule']} | {r['value']} | {r['limit']} | "
                      f"{r['severity']} | {r['placement']} | {r['fix']} |")
@@ -206,7 +177,7 @@ def _profile_section(result: ScanResult) -> list[str]:
     return lines + _handoff_table(result, findings)
 
 
-def _handoff_table(result: ScanResult, findings: pd.DataFrame) -> list[str]:
+def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
     """The table engineers hand to their team: node, limit, strategy, numeric check, latency note.
 
     Rows: every error/warn finding on a node, plus the five worst intrinsic sites. The numeric check

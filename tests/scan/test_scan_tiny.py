@@ -17,8 +17,8 @@ from onnx.reference import ReferenceEvaluator
 
 import quantscan
 from quantscan import quant
-from quantscan.analyze import prepare_scan
 from quantscan.runner import Runner
+from quantscan.scan.prepare import prepare_scan
 
 
 def _save(tmp_path: Path, text: str, inits: dict[str, np.ndarray], name: str = "m.onnx") -> Path:
@@ -100,8 +100,8 @@ def test_reported_output_metric_matches_reference_evaluator_on_saved_qdq(tmp_pat
     cosine = float((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))
     sqnr = float(10 * np.log10((x * x).sum() / ((x - y) ** 2).sum()))
     head = result.output_metrics["y"]
-    assert head["cosine"] == pytest.approx(cosine, abs=1e-5)
-    assert head["sqnr_db"] == pytest.approx(sqnr, abs=0.05)
+    assert head.cosine == pytest.approx(cosine, abs=1e-5)
+    assert head.sqnr_db == pytest.approx(sqnr, abs=0.05)
 
 
 def test_isolated_error_matches_numpy_fake_quant_of_one_site(tmp_path: Path) -> None:
@@ -259,7 +259,7 @@ def test_every_calibration_method_and_scheme_runs_and_matches_its_saved_model(
     feed = dict(np.load(sorted(calib.glob("*.npz"))[0]))
     x = fp32.run(None, feed)[0].astype(np.float64)
     y = fq.run(None, feed)[0].astype(np.float64)
-    assert result.output_metrics["y"]["cosine"] > 0.9
+    assert result.output_metrics["y"].cosine > 0.9
     assert float((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum())) > 0.9
 
 
@@ -272,11 +272,11 @@ def test_eval_folder_is_used_for_the_figures_and_said_in_run_json(tmp_path: Path
         np.savez(other / f"{i}.npz", x=(5 * rng.normal(size=(1, 3, 8, 8))).astype(np.float32))
     same = quantscan.scan(model, calib)
     separate = quantscan.scan(model, calib, eval=other)
-    assert same.run_info["evaluation"]["same_as_calibration"] is True
-    assert separate.run_info["evaluation"]["same_as_calibration"] is False
-    assert separate.run_info["evaluation"]["samples"] == 3
+    assert same.run_info.evaluation.same_as_calibration is True
+    assert separate.run_info.evaluation.same_as_calibration is False
+    assert separate.run_info.evaluation.samples == 3
     # inputs 5x wider than the calibration range clip: the evaluation set must show it
-    assert separate.output_metrics["y"]["sqnr_db"] < same.output_metrics["y"]["sqnr_db"]
+    assert separate.output_metrics["y"].sqnr_db < same.output_metrics["y"].sqnr_db
 
 
 def test_output_flag_chooses_the_headline_output(tmp_path: Path) -> None:
@@ -292,7 +292,7 @@ def test_output_flag_chooses_the_headline_output(tmp_path: Path) -> None:
     calib = _calib(tmp_path, "x", [rng.normal(size=(1, 3, 4, 4)).astype(np.float32) for _ in range(3)])
     assert set(quantscan.scan(model, calib).output_metrics) == {"a", "b"}
     chosen = quantscan.scan(model, calib, output=["b"])
-    assert chosen.headline["output"] == "b"
+    assert chosen.headline.output == "b"
     with pytest.raises(quantscan.errors.UsageError):
         quantscan.scan(model, calib, output=["c"])
 

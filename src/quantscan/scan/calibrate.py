@@ -1,0 +1,152 @@
+"""Pass 1 of the scan: calibrated ranges, then the quantization plan (scales, zero points, int8 weights).
+
+The prepared FP32 model runs once over the calibration set with in-graph min/max partials (or whole
+tensors for the histogram calibrators) of the tensors whose ranges set the scales; `make_plan`
+turns those ranges into a `QuantPlan`: per-tensor activation qparams, per-channel symmetric int8
+weights and int32 biases at s_in*s_w.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from quantscan import graph as qgraph
+from quantscan import metrics as qm
+from quantscan import quant
+from quantscan.calib import CalibSet
+from quantscan.model import PreparedModel
+from quantscan.records import ActivationScheme, CalibMethod
+from quantscan.runner import Runner
+from quantscan.scan.options import ProgressFactory, n_batches
+from quantscan.sites import Site
+
+
+@dataclass
+class CalibStats:
+    """What calibration saw: one range observer per scale-setting tensor, per-channel ranges per site."""
+
+    observers: dict[str, quant.Observer]
+    channel_ranges: dict[str, quant.ChannelRangeObserver]
+    warnings: list[str]
+
+
+def channel_axis_for(site: Site, shape: tuple[int, ...]) -> int | None:
+    """The activation channel axis of a site's output (None for vectors and scalars)."""
+    if len(shape) < 2:
+        return None
+    return qm.channel_axis(len(shape), site.conv_like)
+
+
+def calibrate(
+    prepared: PreparedModel,
+    sites: Sequence[Site],
+    origins: Mapping[str, str],
+    cset: CalibSet,
+    batch_size: int,
+    runner: Runner,
+    method: CalibMethod,
+    scheme: ActivationScheme,
+    progress: ProgressFactory,
+    shapes: Mapping[str, tuple[int, ...]],
+    input_shapes: Mapping[str, tuple[int, ...]],
+) -> CalibStats:
+    """Stream the calibration set once; ranges come from reductions inside the graph for minmax.
+
+    Every tensor that needs a range or per-channel ranges is reduced over its trailing axes
+    (onnxruntime's fast path) to [samples, channels] partial min/max; numpy folds them into the
+    tensor's range and, for channel axis 1, the per-channel ranges. Histogram methods (percentile,
+    entropy, mse) need the values themselves, so those tensors are exposed whole.
+    """
+    symmetric = scheme == ActivationScheme.INT8
+    targets = sorted(set(origins.values()))
+    observers = {t: quant.make_observer(method, symmetric=symmetric) for t in targets}
+    reducer = qgraph.Reducer(prepared.opset_to)
+    partials: dict[str, tuple[str, str]] = {}
+    whole: list[str] = []
+    channel_axis_of: dict[str, int] = {}
+    explicit: dict[str, tuple[str, str]] = {}
+    for site in sites:
+        shape = shapes.get(site.output, ())
+        axis = channel_axis_for(site, shape)
+        if axis is not None:
+            channel_axis_of[site.output] = axis
+    for t in sorted(set(targets) | set(channel_axis_of)):
+        rank = len(shapes.get(t, input_shapes.get(t, ())))
+        if t in channel_axis_of and not (channel_axis_of[t] == 1 and rank >= 3):
+            explicit[t] = reducer.channel_min_max(t, rank, channel_axis_of[t])
+        if (t in targets and method == CalibMethod.MINMAX) or (t in channel_axis_of and t not in explicit):
+            partials[t] = reducer.partial_min_max(t, rank)
+        if t in targets and method != CalibMethod.MINMAX and t not in input_shapes:
+            whole.append(t)
+    channel_ranges = {t: quant.ChannelRangeObserver(1) for t in channel_axis_of}  # fed [mins; maxs] rows
+    outputs = [*whole, *(n for pair in [*partials.values(), *explicit.values()] for n in pair)]
+    session = runner.session(reducer.attach(prepared.proto, outputs))
+    bar = progress("calibrating", n_batches(cset.n_samples, batch_size))
+    try:
+        for feeds in cset.batches(batch_size):
+            values = session.run(feeds)
+            for t, obs in observers.items():
+                if method == CalibMethod.MINMAX:
+                    lo, hi = values[partials[t][0]], values[partials[t][1]]
+                    obs.update(np.array([np.min(lo), np.max(hi)], dtype=np.float32))
+                else:
+                    obs.update(values[t] if t in values else feeds[t])
+            for t, ch in channel_ranges.items():
+                if t in explicit:
+                    lo, hi = values[explicit[t][0]], values[explicit[t][1]]
+                else:  # partials [N, C]: fold the samples away
+                    lo, hi = values[partials[t][0]].min(axis=0), values[partials[t][1]].max(axis=0)
+                ch.update(np.stack([np.ravel(lo), np.ravel(hi)]))
+            bar.update(1)
+    finally:
+        bar.close()
+    warnings = []
+    for name, obs in observers.items():
+        if obs.nonfinite:
+            warnings.append(f"tensor '{name}': NaN/Inf seen in activations during calibration (left out of its range)")
+    return CalibStats(observers, channel_ranges, warnings)
+
+
+def make_plan(
+    model: onnx.ModelProto,
+    sites: Sequence[Site],
+    origins: Mapping[str, str],
+    observers: Mapping[str, quant.Observer],
+    scheme: ActivationScheme,
+) -> tuple[qgraph.QuantPlan, list[str]]:
+    """Ranges -> QuantPlan; warnings for zero ranges and clamped biases."""
+    plan = qgraph.QuantPlan()
+    warnings: list[str] = []
+    for tensor, origin in origins.items():
+        rmin, rmax = observers[origin].range()
+        if not (math.isfinite(rmin) and math.isfinite(rmax)):
+            rmin, rmax = 0.0, 0.0
+        if rmin == rmax == 0.0:
+            warnings.append(f"tensor '{tensor}' is zero on every calibration sample (zero range): scale 1 used")
+        plan.activations[tensor] = quant.activation_qparams(rmin, rmax, scheme)
+    inits = {t.name: t for t in model.graph.initializer}
+    for site in sites:
+        for name, axis in [(site.weight, site.weight_axis), *site.extra_weights]:
+            if not name or axis is None or name in plan.weights:
+                continue
+            w = onnx.numpy_helper.to_array(inits[name]).astype(np.float32)
+            if w.ndim <= axis:
+                continue
+            qp = quant.weight_qparams(w, axis)
+            plan.weights[name] = qgraph.WeightQuant(name, qp, quant.quantize(w, qp))
+        if site.bias and site.weight in plan.weights and site.inputs and site.inputs[0] in plan.activations:
+            b = onnx.numpy_helper.to_array(inits[site.bias]).astype(np.float32)
+            w_scale = plan.weights[site.weight].qparams.scale
+            if w_scale.size != b.size:  # grouped ConvTranspose: per-group channel scales repeat
+                w_scale = np.resize(w_scale, b.shape)
+            s_in = float(plan.activations[site.inputs[0]].scale)
+            values, scale, overflowed = quant.quantize_bias(b, s_in, w_scale)
+            if overflowed:
+                warnings.append(f"site '{site.node}': bias overflows int32 at scale s_in*s_w and was clamped")
+            plan.biases[site.bias] = qgraph.BiasQuant(site.bias, values, scale)
+    return plan, warnings

@@ -1,0 +1,209 @@
+"""Pass 2 of the scan: every error figure from one onnxruntime session per batch.
+
+The analysis model (FP32 + cumulative QDQ copy + one isolated twin per site, see graph.py) returns
+in-graph partial sums, per-channel sums and, for the first samples, the integer codes behind
+hist.npz; the saved QDQ model runs beside it under ORT_ENABLE_ALL (the deployed-kernel check,
+reported beside the fake-quant figures, never mixed in). All sums stream into float64
+accumulators, so memory does not grow with the sample count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from quantscan import graph as qgraph
+from quantscan import metrics as qm
+from quantscan.calib import CalibSet
+from quantscan.model import PreparedModel
+from quantscan.records import Headline, OutputMetrics
+from quantscan.runner import Runner
+from quantscan.scan.calibrate import channel_axis_for
+from quantscan.scan.options import ProgressFactory, ScanOptions, n_batches
+from quantscan.scan.prepare import Probe, classifier_outputs, headline_outputs
+from quantscan.sites import Site
+
+HIST_BINS = 64
+HIST_SAMPLES = 16
+"""Value histograms (hist.npz) count the integer codes of the first samples only: a shape, not a sum."""
+
+
+@dataclass
+class Evaluation:
+    """The accumulators of pass 2 (by tensor, by site index) and the per-output figures."""
+
+    cumulative: dict[str, qm.ErrorAccumulator]
+    isolated: dict[int, qm.ErrorAccumulator]
+    act_channel: dict[int, qm.ChannelErrorAccumulator]
+    hist: dict[str, np.ndarray]
+    output_metrics: dict[str, OutputMetrics]
+    deployed_metrics: dict[str, OutputMetrics]
+    headline_outputs: list[str]
+    warnings: list[str]
+    n_samples: int
+
+
+def evaluate(
+    prepared: PreparedModel,
+    qdq: onnx.ModelProto,
+    sites: Sequence[Site],
+    plan: qgraph.QuantPlan,
+    compare: Sequence[str],
+    eval_set: CalibSet,
+    batch_size: int,
+    runner: Runner,
+    progress: ProgressFactory,
+    probe: Probe,
+    opts: ScanOptions,
+) -> Evaluation:
+    """One pass: cumulative and isolated sums and per-channel sums come out of one session per batch."""
+    isolated_ids = [k for k, s in enumerate(sites) if s.output in plan.activations]
+    combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
+    reducer = qgraph.Reducer(prepared.opset_to)
+    rank = {t: len(probe.shapes.get(t, ())) for t in compare}
+    measurable = [t for t in compare if all(d > 0 for d in probe.shapes.get(t, (1,)))]
+    pairs = {t: reducer.pair(t, t + qgraph.CUMULATIVE_SUFFIX, rank[t]) for t in measurable}
+    iso_pairs = {
+        k: reducer.pair(sites[k].output, qgraph.iso_name(sites[k].output, k), rank.get(sites[k].output, 0))
+        for k in isolated_ids
+        if sites[k].output in pairs
+    }
+    channel_pairs: dict[int, tuple[str, str]] = {}
+    hist_codes: dict[int, tuple[str, str]] = {}
+    for k, site in enumerate(sites):
+        qp = plan.activations.get(site.output)
+        shape = probe.shapes.get(site.output, ())
+        axis = channel_axis_for(site, shape)
+        if qp is not None and axis is not None and site.output in pairs:
+            codes, fq = reducer.quantize(site.output, qp, f"{site.output}@chq")
+            channel_pairs[k] = reducer.channel_sums(site.output, fq, len(shape), axis)
+            hist_codes[k] = (codes, f"{site.output}__act__q{qgraph.CUMULATIVE_SUFFIX}")
+    headline = headline_outputs(probe, opts.output)
+    classifiers = classifier_outputs(prepared, headline, probe)
+    outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in p.names()]
+    outputs += [n for pair in channel_pairs.values() for n in pair]
+    outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
+    hist_outputs = [n for pair in hist_codes.values() for n in pair]
+    session = runner.session(reducer.attach(combined, outputs + hist_outputs))
+    deployed = runner.session(qdq, opt_level="all")
+    hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
+    cumulative = {t: qm.ErrorAccumulator() for t in pairs}
+    isolated = {k: qm.ErrorAccumulator() for k in iso_pairs}
+    act_channel = {k: qm.ChannelErrorAccumulator(1) for k in channel_pairs}
+    top1 = {o: qm.Top1Accumulator() for o in classifiers}
+    deployed_acc = {o: qm.ErrorAccumulator() for o in headline}
+    deployed_top1 = {o: qm.Top1Accumulator() for o in classifiers}
+    labels = eval_set.labels
+    seen = 0
+    bar = progress("measuring", n_batches(eval_set.n_samples, batch_size))
+    try:
+        for feeds in eval_set.batches(batch_size):
+            want_hist = seen < HIST_SAMPLES
+            values = session.run(feeds, outputs + hist_outputs if want_hist else outputs)
+            n = next(iter(feeds.values())).shape[0] if feeds else 1
+            batch_labels = labels[seen: seen + n] if labels else None
+            seen += n
+            if want_hist:
+                _count_codes(hist_codes, hist_counts, values)
+            for t, acc in cumulative.items():
+                acc.update_sums(*pairs[t].fold(values))
+            for k, acc in isolated.items():
+                acc.update_sums(*iso_pairs[k].fold(values))
+            for k, ch in act_channel.items():
+                ch.update_sums(values[channel_pairs[k][0]], values[channel_pairs[k][1]])
+            for o, t1 in top1.items():
+                t1.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
+            dep = deployed.run(feeds, headline)
+            for o, acc in deployed_acc.items():
+                acc.update(values[o], dep[o])
+            for o, t1 in deployed_top1.items():
+                t1.update(values[o], dep[o], batch_labels)
+            bar.update(1)
+    finally:
+        bar.close()
+    warnings = [
+        f"tensor '{name}': NaN/Inf in activations (samples left out: FP32 side {acc.nonfinite_ref}, "
+        f"int8 side {acc.nonfinite_test} elements)"
+        for name, acc in cumulative.items()
+        if acc.nonfinite_ref or acc.nonfinite_test
+    ]
+    output_metrics: dict[str, OutputMetrics] = {}
+    deployed_metrics: dict[str, OutputMetrics] = {}
+    for o in headline:
+        if o in cumulative:
+            output_metrics[o] = measure_output(cumulative[o], top1.get(o))
+        deployed_metrics[o] = measure_output(deployed_acc[o], deployed_top1.get(o))
+    hist = _histograms(sites, plan, hist_counts)
+    return Evaluation(
+        cumulative, isolated, act_channel, hist, output_metrics, deployed_metrics, headline, warnings, seen
+    )
+
+
+def _count_codes(
+    names: Mapping[int, tuple[str, str]], counts: Mapping[int, list[np.ndarray]], values: Mapping[str, np.ndarray]
+) -> None:
+    """Histogram of the integer codes: FP32 values under the site's scale vs the cumulative int8 codes."""
+    for k, (fp32_codes, int8_codes) in names.items():
+        for slot, name in enumerate((fp32_codes, int8_codes)):
+            codes = np.asarray(values[name]).reshape(-1)
+            offset = 128 if codes.dtype == np.int8 else 0
+            counts[k][slot] += np.bincount(codes.astype(np.int64) + offset, minlength=256)[:256]
+
+
+def _histograms(
+    sites: Sequence[Site], plan: qgraph.QuantPlan, counts: Mapping[int, list[np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """hist.npz content: per site, 64 bins over the quantized range (4 codes per bin)."""
+    hist: dict[str, np.ndarray] = {"site_nodes": np.array([s.node for s in sites])}
+    for k, (fp32, int8) in counts.items():
+        qp = plan.activations[sites[k].output]
+        lo_code = -128 if qp.zero_point.dtype == np.int8 else 0
+        edges_codes = lo_code + np.arange(0, 257, 4) - 0.5
+        hist[f"{k}/edges"] = ((edges_codes - float(qp.zero_point)) * float(qp.scale)).astype(np.float64)
+        hist[f"{k}/fp32"] = fp32.reshape(64, 4).sum(axis=1)
+        hist[f"{k}/int8"] = int8.reshape(64, 4).sum(axis=1)
+    return hist
+
+
+def measure_output(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> OutputMetrics:
+    """One output's headline metrics (and top-1 agreement / accuracy for classifiers)."""
+    metrics = OutputMetrics(
+        cosine=acc.cosine,
+        sqnr_db=acc.sqnr_db,
+        mse=acc.mse,
+        max_abs=acc.max_abs,
+        rel_l2=acc.rel_l2,
+        worst_sample_cosine=acc.worst_sample_cosine,
+        mean_sample_cosine=acc.mean_sample_cosine,
+    )
+    if top1 is not None:
+        metrics.top1_agreement = top1.agreement
+        if top1.accuracy is not None:
+            metrics.accuracy = top1.accuracy
+            if top1.ref_accuracy is not None:
+                metrics.fp32_accuracy = top1.ref_accuracy
+    return metrics
+
+
+def output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dict[str, float]:
+    """`measure_output` in its JSON form: the row bisection compares against its target."""
+    return measure_output(acc, top1).to_json()
+
+
+def headline(evaluation: Evaluation) -> Headline:
+    """The worst headline output counts (contract), for the fake-quant and the deployed model."""
+    worst = min(evaluation.output_metrics, key=lambda o: _nan_last(evaluation.output_metrics[o].cosine))
+    return Headline(
+        output=worst,
+        metrics=evaluation.output_metrics[worst],
+        deployed=evaluation.deployed_metrics.get(worst),
+        outputs=list(evaluation.output_metrics),
+    )
+
+
+def _nan_last(value: float) -> float:
+    return math.inf if math.isnan(value) else value

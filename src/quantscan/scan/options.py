@@ -1,0 +1,91 @@
+"""The scan's knobs (named as the CLI flags) and the progress hook every pass reports through.
+
+Its own module because every pass reads the options: prepare, calibrate and evaluate import this,
+never each other's entry points, so the package has no import cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from quantscan.errors import UsageError
+from quantscan.records import ActivationScheme, CalibMethod
+from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
+
+TENSOR_SETS = ("all", "sites")
+
+
+class ProgressBar(Protocol):
+    def update(self, n: int = 1) -> Any: ...
+    def close(self) -> Any: ...
+
+
+ProgressFactory = Callable[[str, int | None], ProgressBar]
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def no_progress(desc: str, total: int | None) -> ProgressBar:
+    """The default: the library renders no progress (the CLI passes a tqdm factory)."""
+    return _NoProgress()
+
+
+def n_batches(n_samples: int, batch_size: int) -> int:
+    return max(1, math.ceil(n_samples / batch_size))
+
+
+@dataclass
+class ScanOptions:
+    """The scan's knobs, named as the CLI flags."""
+
+    calib_method: CalibMethod = CalibMethod.MINMAX
+    activations: ActivationScheme | None = None
+    """uint8 (asymmetric) or int8 (symmetric); None: the profile's scheme, else uint8."""
+    profile: str | Path | None = None
+    input_shape: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    input_dims: Sequence[str] = ()
+    """Dimension settings in the contract's syntax (`INPUT:AXIS=V`, `DIMPARAM=V`, `batch=V`)."""
+    const: Mapping[str, float] = field(default_factory=dict)
+    limit: int | None = None
+    eval: str | Path | None = None
+    output: Sequence[str] = ()
+    preprocess: str | Path | None = None
+    preprocess_overrides: Mapping[str, Any] = field(default_factory=dict)
+    threads: int | None = None
+    seed: int = 0
+    batch_size: int = 8
+    save_qdq: str | Path | None = None
+    fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
+    cpu_nodes: frozenset[str] = frozenset()
+    quiet: bool = False
+    """Accepted for symmetry with the CLI; progress is whatever `progress=` renders (nothing by default)."""
+    no_report: bool = False
+    """Skip report.html when writing a run folder."""
+    tensors: str = "all"
+    """Which tensors get cumulative figures in tensors.csv: "all" float tensors (the contract), or
+    "sites" (quantization points and graph outputs only: several times less reduction work on
+    models whose kernels hide many internal tensors, e.g. decomposed HardSwish/LayerNorm)."""
+
+    def validate(self) -> ScanOptions:
+        """Refuse bad values with the CLI flag's name; return the options with the enums parsed."""
+        methods = [m.value for m in CalibMethod]
+        if self.calib_method not in methods:
+            raise UsageError(f"--calib-method: expected one of {', '.join(methods)}, found {self.calib_method!r}")
+        if self.activations is not None and self.activations not in [a.value for a in ActivationScheme]:
+            raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
+        if self.tensors not in TENSOR_SETS:
+            raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
+        if self.batch_size <= 0:
+            raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size}")
+        scheme = None if self.activations is None else ActivationScheme(self.activations)
+        return replace(self, calib_method=CalibMethod(self.calib_method), activations=scheme)

@@ -1,0 +1,373 @@
+"""The front half of every scan: load, prepare, probe, find the sites, apply a chip profile, calibrate.
+
+Pass 0, the probe, runs the prepared model with every tensor exposed on one batch: true dtypes and
+shapes (the declared ones are not trusted) and a numeric check of the preparation (BN folding,
+opset upgrade) against the user's model. `prepare_scan` then calibrates (calibrate.py) and returns
+a `ScanContext`: what the scan's evaluation and bisection (gain.py) build on.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from quantscan import graph as qgraph
+from quantscan import metrics as qm
+from quantscan.calib import CalibSet, load_calibration
+from quantscan.errors import CalibrationError, UsageError
+from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
+from quantscan.records import ActivationScheme
+from quantscan.runner import Runner
+from quantscan.scan.calibrate import CalibStats, calibrate, make_plan
+from quantscan.scan.options import ProgressFactory, ScanOptions, no_progress
+from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
+from quantscan.specs import Dim
+
+
+def _input_dims(
+    model: LoadedModel, calib: CalibSet, overrides: Mapping[str, Sequence[int]], consts: Mapping[str, float]
+) -> tuple[dict[str, tuple[Dim, ...]], int | None]:
+    """Concrete input dims from the data (or --input-shape); a free batch dim stays symbolic.
+
+    Returns the dims and the fixed batch size (None when the batch dim is free).
+    """
+    shapes = calib.sample_shapes()
+    dims: dict[str, tuple[Dim, ...]] = {}
+    fixed_batch: int | None = None
+    for spec in model.inputs:
+        if spec.name in overrides:
+            dims[spec.name] = tuple(int(v) for v in overrides[spec.name])
+            if spec.name not in consts and fixed_batch is None and dims[spec.name]:
+                fixed_batch = int(dims[spec.name][0])  # type: ignore[arg-type]
+            continue
+        data = shapes.get(spec.name)
+        if data is None:
+            continue
+        if len(data) != len(spec.shape):
+            raise CalibrationError(
+                f"input '{spec.name}': expected rank {len(spec.shape)} {list(spec.shape)}, "
+                f"found data of shape {list(data)}"
+            )
+        new: list[Dim] = []
+        for axis, (declared, found) in enumerate(zip(spec.shape, data, strict=True)):
+            if axis == 0 and not isinstance(declared, int):
+                new.append(declared if isinstance(declared, str) and declared else "N")
+                continue
+            if isinstance(declared, int) and declared > 0 and declared != found and axis != 0:
+                raise CalibrationError(
+                    f"input '{spec.name}': expected dim {axis} = {declared}, found {found} in the calibration data"
+                )
+            new.append(int(found) if not (axis == 0 and isinstance(declared, int)) else declared)
+        if spec.shape and isinstance(spec.shape[0], int) and spec.name not in consts and fixed_batch is None:
+            fixed_batch = int(spec.shape[0])
+        dims[spec.name] = tuple(new)
+    return dims, fixed_batch
+
+
+def _apply_dim_settings(
+    model: LoadedModel, dims: dict[str, tuple[Dim, ...]], fixed_batch: int | None, settings: Sequence[str]
+) -> tuple[dict[str, tuple[Dim, ...]], int | None]:
+    """Apply `--input-shape INPUT:AXIS=V / DIMPARAM=V / batch=V` on top of the dims the data gave.
+
+    Axis 0 settings fix the batch (samples are grouped by V); other axes must agree with the data.
+    """
+    from quantscan.rewrites.fix_dim import parse_dim_spec
+
+    declared = {s.name: s.shape for s in model.inputs}
+    for text in settings:
+        setting = parse_dim_spec(text)
+        hits = []
+        for name, shape in declared.items():
+            for axis, dim in enumerate(shape):
+                if (setting.batch and axis == 0 and not isinstance(dim, int)) or (
+                    setting.input == name and setting.axis == axis) or (setting.param and dim == setting.param):
+                    hits.append((name, axis))
+        if not hits:
+            raise UsageError(
+                f"--input-shape {text}: expected a dim of an input ({', '.join(declared)}) to match, found none"
+            )
+        for name, axis in hits:
+            current = list(dims.get(name, declared[name]))
+            if axis == 0:
+                fixed_batch = setting.value
+            elif isinstance(current[axis], int) and current[axis] != setting.value:
+                raise CalibrationError(
+                    f"--input-shape {text}: expected the data's dim {axis} of '{name}' to be {setting.value}, "
+                    f"found {current[axis]}"
+                )
+            current[axis] = setting.value
+            dims[name] = tuple(current)
+    return dims, fixed_batch
+
+
+
+def _origin(tensor: str, producers: Mapping[str, onnx.NodeProto], site_outputs: set[str]) -> str:
+    """Walk back through scale-preserving ops (single data input) to where the scale is decided."""
+    seen = set()
+    current = tensor
+    while current not in site_outputs and current not in seen:
+        seen.add(current)
+        node = producers.get(current)
+        if node is None or node.op_type not in (*PASS_THROUGH_OPS, "Cast") or node.op_type in ("Concat", "Split"):
+            break
+        current = node.input[0]
+    return current
+
+
+def is_state_output(name: str, shape: tuple[int, ...], inputs: Mapping[str, tuple[int, ...]]) -> bool:
+    """A recurrent state output (e.g. silero's `stateN` for input `state`) is not a headline output."""
+    return any(name != i and name.startswith(i) and tuple(shape) == tuple(s) for i, s in inputs.items())
+
+
+@dataclass
+class Probe:
+    float_tensors: set[str]
+    tensor_order: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    input_shapes: dict[str, tuple[int, ...]]
+    outputs: list[str]
+    preparation_check: dict[str, float]
+    warnings: list[str]
+
+
+def probe_model(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, batch_size: int, runner: Runner) -> Probe:
+    """Pass 0: run the prepared model once with every tensor exposed; compare its outputs with the original."""
+    names = [o for n in prepared.proto.graph.node for o in n.output if o]
+    exposed = qgraph.expose(prepared.proto, names)
+    session = runner.session(exposed)
+    feeds = next(iter(cset.batches(batch_size)))
+    values = session.run(feeds)
+    floats = {k for k, v in {**feeds, **values}.items() if np.issubdtype(v.dtype, np.floating)}
+    original = runner.session(loaded.proto).run(feeds)
+    check: dict[str, float] = {}
+    warnings: list[str] = []
+    for name, ref in original.items():
+        if name not in values or not np.issubdtype(ref.dtype, np.floating):
+            continue
+        acc = qm.ErrorAccumulator()
+        acc.update(ref, values[name])
+        check[name] = acc.max_abs
+        scale = float(np.nanmax(np.abs(ref))) if ref.size and np.isfinite(ref).any() else 1.0
+        if acc.max_abs > 1e-3 * max(scale, 1e-6):
+            warnings.append(
+                f"prepared model differs from the original on output '{name}' (max abs {acc.max_abs:.3g}); "
+                "BN folding or the opset upgrade changed its numbers"
+            )
+    return Probe(
+        float_tensors=floats,
+        tensor_order=names,
+        shapes={k: tuple(v.shape) for k, v in values.items()},
+        input_shapes={k: tuple(v.shape) for k, v in feeds.items()},
+        outputs=[o.name for o in prepared.proto.graph.output],
+        preparation_check=check,
+        warnings=warnings,
+    )
+
+
+@dataclass
+class ScanContext:
+    """Everything up to the quantization plan: what the evaluation, bisection and output gain build on.
+
+    `sites` and `plan` describe the all-int8 model; `prepared` is the FP32 analysis copy (same
+    tensor names as the user's model), `probe` the true dtypes/shapes of every tensor, `cset` /
+    `eval_set` the calibration and evaluation samples, `opts` the options after the profile.
+    The QDQ model is built from `prepared`, `sites` and `plan` by whoever needs it.
+    """
+
+    loaded: LoadedModel
+    prepared: PreparedModel
+    cset: CalibSet
+    eval_set: CalibSet
+    opts: ScanOptions
+    runner: Runner
+    batch_size: int
+    probe: Probe
+    sites: list[Site]
+    origins: dict[str, str]
+    calib_stats: CalibStats
+    plan: qgraph.QuantPlan
+    order: dict[str, int]
+    warnings: list[str]
+    compat: Any = None
+    """compat.CheckResult when a profile was given."""
+    profile: str | None = None
+
+    def classifier_outputs(self, outputs: Sequence[str]) -> set[str]:
+        """Which of `outputs` are classifier outputs (top-1 agreement applies)."""
+        return classifier_outputs(self.prepared, outputs, self.probe)
+
+    def headline_outputs(self) -> list[str]:
+        """The graph outputs the headline metric uses (contract: `--output`, else non-state float outputs)."""
+        return headline_outputs(self.probe, self.opts.output)
+
+
+def prepare_scan(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    *,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+    **options: Any,
+) -> ScanContext:
+    """Load, validate, prepare, find sites and calibrate: the common front half of scan and bisect."""
+    return prepare_timed(model, calib, progress=progress, runner=runner, **options)[0]
+
+
+def prepare_timed(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    *,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+    **options: Any,
+) -> tuple[ScanContext, dict[str, float]]:
+    """`prepare_scan`, plus the seconds each phase took (run.json's `times_s`)."""
+    opts = ScanOptions(**options).validate()
+    started = time.perf_counter()
+    times: dict[str, float] = {}
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    ensure_float_model(loaded)
+    cset, eval_set = _sample_sets(loaded, calib, opts)
+    warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
+    dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, opts.const)
+    dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
+    batch_size = fixed_batch if fixed_batch else opts.batch_size
+    if fixed_batch and fixed_batch != 1:
+        warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
+    compat, profile_name = None, None
+    if opts.profile is not None:
+        compat, profile_name, opts = _apply_profile(loaded, opts, dims)
+    opts = replace(opts, activations=opts.activations or ActivationScheme.UINT8)
+    prepared = prepare_for_analysis(loaded, dims)
+    runner = runner or Runner(threads=opts.threads, opt_level="basic")
+    times["load"] = time.perf_counter() - started
+
+    t0 = time.perf_counter()
+    probe = probe_model(loaded, prepared, cset, batch_size, runner)
+    warnings.extend(probe.warnings)
+    order = {n.name: i for i, n in enumerate(loaded.proto.graph.node)}
+    sites, origins = _sites(loaded, prepared, probe, order, opts)
+    times["probe"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    calib_stats = calibrate(
+        prepared, sites, origins, cset, batch_size, runner, opts.calib_method,
+        opts.activations or ActivationScheme.UINT8, progress, probe.shapes, probe.input_shapes,
+    )
+    times["calibration"] = time.perf_counter() - t0
+    plan, plan_warnings = make_plan(
+        prepared.proto, sites, origins, calib_stats.observers, opts.activations or ActivationScheme.UINT8
+    )
+    warnings.extend(plan_warnings)
+    warnings.extend(calib_stats.warnings)
+    ctx = ScanContext(
+        loaded, prepared, cset, eval_set, opts, runner, batch_size, probe, sites, origins, calib_stats,
+        plan, order, warnings, compat, profile_name,
+    )
+    return ctx, times
+
+
+def _sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOptions) -> tuple[CalibSet, CalibSet]:
+    """The calibration set and the evaluation set (`--eval`, else the same object)."""
+    cset = calib if isinstance(calib, CalibSet) else load_calibration(
+        calib, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
+        consts=opts.const, limit=opts.limit,
+    )
+    if opts.eval is None:
+        return cset, cset
+    eval_set = load_calibration(
+        opts.eval, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
+        consts=opts.const, limit=opts.limit,
+    )
+    return cset, eval_set
+
+
+def _sites(
+    loaded: LoadedModel, prepared: PreparedModel, probe: Probe, order: Mapping[str, int], opts: ScanOptions
+) -> tuple[list[Site], dict[str, str]]:
+    """Where the chip quantizes, and for every quantized tensor the tensor whose range sets its scale."""
+    sites = find_sites(
+        prepared.proto,
+        float_tensors=probe.float_tensors,
+        original_order=order,
+        bn_folded_into=prepared.bn_folded_into,
+        fused_activations=opts.fused_activations,
+        cpu_nodes=opts.cpu_nodes,
+    )
+    if not sites:
+        raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")
+    producers = {o: n for n in prepared.proto.graph.node for o in n.output}
+    site_outputs = {s.output for s in sites}
+    quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))
+    return sites, {t: _origin(t, producers, site_outputs) for t in quantized}
+
+
+def _apply_profile(
+    loaded: LoadedModel, opts: ScanOptions, dims: Mapping[str, tuple[Dim, ...]]
+) -> tuple[Any, str, ScanOptions]:
+    """Let a chip profile decide the scheme, the fusions and which nodes stay float (CPU fallback)."""
+    from quantscan.compat import check, load_profile
+
+    assert opts.profile is not None
+    profile = load_profile(opts.profile)
+    shapes = {k: [d if isinstance(d, int) else 1 for d in v] for k, v in dims.items()}
+    compat = check(loaded.proto, [opts.profile], input_shapes=shapes)
+    placement = compat.node_placement.get(profile.name, {})
+    cpu = frozenset(n for n, where in placement.items() if where == "cpu")
+    scheme = opts.activations or (
+        ActivationScheme.INT8 if profile.activations == "int8" else ActivationScheme.UINT8
+    )
+    fused = frozenset(profile.fused_activations)
+    return compat, profile.name, replace(opts, activations=scheme, fused_activations=fused, cpu_nodes=cpu)
+
+
+def deployable_qdq(qdq: onnx.ModelProto, loaded: LoadedModel) -> onnx.ModelProto:
+    """The QDQ model as the user gets it: the original's input and output declarations restored.
+
+    The analysis copy fixes free dims from the data and drops declared output shapes; a saved model
+    should accept what the original accepts and pass onnx.checker.
+    """
+    out = copy.deepcopy(qdq)
+    originals = {vi.name: vi for vi in loaded.proto.graph.input}
+    for vi in out.graph.input:
+        if vi.name in originals:
+            vi.CopyFrom(originals[vi.name])
+    del out.graph.output[:]
+    out.graph.output.extend(copy.deepcopy(list(loaded.proto.graph.output)))
+    return out
+
+
+def headline_outputs(probe: Probe, requested: Sequence[str]) -> list[str]:
+    """The graph outputs the headline uses: `--output`, else the float outputs that are not recurrent state."""
+    if requested:
+        missing = [o for o in requested if o not in probe.outputs]
+        if missing:
+            raise UsageError(f"--output: expected one of {', '.join(probe.outputs)}, found {', '.join(missing)}")
+        return list(requested)
+    chosen = [
+        o for o in probe.outputs
+        if o in probe.float_tensors and not is_state_output(o, probe.shapes.get(o, ()), probe.input_shapes)
+    ]
+    return chosen or [o for o in probe.outputs if o in probe.float_tensors]
+
+
+def classifier_outputs(prepared: PreparedModel, outputs: Sequence[str], probe: Probe) -> set[str]:
+    """Outputs a Softmax (possibly through Identity/Reshape) produces, with a class axis of ≥ 2."""
+    producers = {o: n for n in prepared.proto.graph.node for o in n.output}
+    found = set()
+    for name in outputs:
+        node = producers.get(name)
+        while node is not None and node.op_type in ("Identity", "Reshape", "Flatten", "Squeeze"):
+            node = producers.get(node.input[0])
+        if node is not None and node.op_type in ("Softmax", "LogSoftmax") and qm.looks_like_classifier(
+            probe.shapes.get(name, ())
+        ):
+            found.add(name)
+    return found

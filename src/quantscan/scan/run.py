@@ -1,0 +1,224 @@
+"""One scan, start to end: prepare (passes 0-1), evaluate (pass 2), tables; a typed result that writes
+only when asked.
+
+`scan()` measures and returns a `ScanResult`; it writes nothing. The run folder (the contract's
+files) is written by `ScanResult.save(out)` through quantscan.runfolder, the QDQ model by
+`ScanResult.save_qdq(path)`. `scan(..., out=DIR)` / `save_qdq=PATH` are the API's shorthand for
+calling those afterwards, so the Python API writes files only when told where.
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from quantscan import graph as qgraph
+from quantscan import runfolder
+from quantscan.calib import CalibSet
+from quantscan.errors import UsageError
+from quantscan.model import LoadedModel
+from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
+from quantscan.report.summary import summary_markdown
+from quantscan.runner import Runner
+from quantscan.scan.evaluate import Evaluation, evaluate, headline
+from quantscan.scan.options import ProgressFactory, no_progress
+from quantscan.scan.prepare import ScanContext, deployable_qdq, prepare_timed
+from quantscan.scan.tables import build_tables, with_profile
+from quantscan.sites import Site
+
+TABLES = ("layers", "tensors", "ops", "channels")
+"""The CSV tables every run folder holds (compat.csv and partitions.csv only with a profile)."""
+
+
+@dataclass
+class ScanResult:
+    """What a scan found; DataFrames as written to the CSV files of the contract."""
+
+    layers: pd.DataFrame
+    tensors: pd.DataFrame
+    ops: pd.DataFrame
+    channels: pd.DataFrame
+    hist: dict[str, np.ndarray]
+    output_metrics: dict[str, OutputMetrics]
+    headline: Headline
+    run_info: RunInfo
+    warnings: list[str]
+    sites: list[Site]
+    qdq_model: onnx.ModelProto
+    model: LoadedModel
+    compat: Any = None
+    """compat.CheckResult when a profile was given."""
+    profile: str | None = None
+    no_report: bool = False
+    """Leave report.html out of `save` (the `--no-report` flag)."""
+    files: list[Path] = field(default_factory=list)
+    """What `save` / `save_qdq` wrote, in order."""
+
+    def save(self, out: str | Path) -> list[Path]:
+        """Write the run folder: layers/tensors/ops/channels.csv, hist.npz, [compat/partitions.csv],
+        summary.md, run.json and (unless `no_report`) report.html; every file atomic."""
+        folder = runfolder.ensure_out_dir(Path(out))
+        t0 = time.perf_counter()
+        written = [folder / f"{name}.csv" for name in TABLES]
+        for name, path in zip(TABLES, written, strict=True):
+            runfolder.write_csv(path, getattr(self, name))
+        runfolder.write_npz(folder / "hist.npz", self.hist)
+        written.append(folder / "hist.npz")
+        if self.compat is not None:
+            for name in ("compat", "partitions"):
+                frame = self.compat.findings if name == "compat" else self.compat.partitions
+                runfolder.write_csv(folder / f"{name}.csv", frame)
+                written.append(folder / f"{name}.csv")
+        runfolder.atomic_write_text(folder / "summary.md", summary_markdown(self))
+        written.append(folder / "summary.md")
+        writing = time.perf_counter() - t0
+        times = self.run_info.times_s
+        total = times.pop("total", 0.0) + writing  # run.json's order: the phases, writing, total
+        times["writing"] = round(writing, 4)
+        times["total"] = round(total, 4)
+        self.run_info.warnings = list(self.warnings)
+        runfolder.write_json(folder / runfolder.RUN_JSON, self.run_info.to_json())
+        written.append(folder / runfolder.RUN_JSON)
+        if not self.no_report:
+            from quantscan.report.html import write_report  # matplotlib: only when a page is wanted
+
+            t0 = time.perf_counter()
+            written.append(write_report(folder))
+            times["report"] = round(time.perf_counter() - t0, 4)
+        self.files.extend(written)
+        return written
+
+    def save_qdq(self, path: str | Path) -> Path:
+        """The all-int8 QDQ model as the user gets it (the original's input/output declarations)."""
+        target = runfolder.save_model(deployable_qdq(self.qdq_model, self.model), Path(path),
+                                      protect=[self.model.path])
+        self.files.append(target)
+        return target
+
+
+def scan(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    *,
+    out: str | Path | None = None,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+    **options: Any,
+) -> ScanResult:
+    """Measure every quantization site of `model` on `calib`; files only where told: `out` (the run
+    folder, via `ScanResult.save`) and the `save_qdq` option (via `ScanResult.save_qdq`)."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    result = measure(model, calib, progress=progress, runner=runner, **options)
+    save_qdq = options.get("save_qdq")
+    if save_qdq:
+        result.save_qdq(save_qdq)
+    if out is not None:
+        result.save(out)
+    return result
+
+
+def measure(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    *,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+    **options: Any,
+) -> ScanResult:
+    """The scan itself: prepare, evaluate, tables. Writes nothing."""
+    started = time.perf_counter()
+    ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, **options)
+    qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
+    probe, opts, plan, sites = ctx.probe, ctx.opts, ctx.plan, ctx.sites
+    warnings = ctx.warnings
+
+    t0 = time.perf_counter()
+    compare = [t for t in probe.tensor_order if t in probe.float_tensors]
+    if opts.tensors == "sites":
+        points = set(plan.activations) | {s.output for s in sites} | set(probe.outputs)
+        compare = [t for t in compare if t in points]
+    evaluation = evaluate(
+        ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe, opts
+    )
+    times["evaluation"] = time.perf_counter() - t0
+    warnings.extend(evaluation.warnings)
+
+    t0 = time.perf_counter()
+    tables = build_tables(ctx.loaded, ctx.prepared, sites, plan, ctx.calib_stats, evaluation, ctx.order, probe)
+    if ctx.compat is not None and ctx.profile is not None:
+        tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
+    times["tables"] = time.perf_counter() - t0
+    head = headline(evaluation)
+    info = run_info(ctx, qdq, head, evaluation)
+    info.times_s = {k: round(v, 4) for k, v in times.items()}
+    info.times_s["total"] = round(time.perf_counter() - started, 4)
+    return ScanResult(
+        layers=tables["layers"],
+        tensors=tables["tensors"],
+        ops=tables["ops"],
+        channels=tables["channels"],
+        hist=evaluation.hist,
+        output_metrics=evaluation.output_metrics,
+        headline=head,
+        run_info=info,
+        warnings=list(dict.fromkeys(warnings)),
+        sites=sites,
+        qdq_model=qdq,
+        model=ctx.loaded,
+        compat=ctx.compat,
+        profile=ctx.profile,
+        no_report=opts.no_report,
+    )
+
+
+def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation: Evaluation) -> RunInfo:
+    """run.json: versions, the model and data identities, the options as used, the headline."""
+    import onnxruntime
+
+    from quantscan import __version__
+
+    loaded, prepared, opts, runner = ctx.loaded, ctx.prepared, ctx.opts, ctx.runner
+    qdq_pairs = sum(1 for n in qdq.graph.node if n.op_type == "QuantizeLinear")
+    return RunInfo(
+        versions={"quantscan": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+                  "numpy": np.__version__, "pandas": pd.__version__, "python": platform.python_version()},
+        model=ModelInfo(str(loaded.path), loaded.sha256, loaded.opset, len(loaded.proto.graph.node)),
+        input_contract={k: list(v) for k, v in ctx.probe.input_shapes.items()},
+        inputs=[{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in loaded.inputs],
+        calibration=DataInfo(str(ctx.cset.source), ctx.cset.n_samples, kind=ctx.cset.kind),
+        evaluation=DataInfo(str(ctx.eval_set.source), ctx.eval_set.n_samples,
+                            same_as_calibration=ctx.eval_set is ctx.cset),
+        options={"calib_method": opts.calib_method.value, "activations": _value(opts.activations),
+                 "weights": "int8 per-channel symmetric", "profile": str(opts.profile) if opts.profile else None,
+                 "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
+                 "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
+                 "output": list(opts.output)},
+        opset_used=prepared.opset_to,
+        opset_original=prepared.opset_from,
+        preparation=copy.copy(prepared.changes),
+        preparation_check_max_abs=ctx.probe.preparation_check,
+        ort_level=runner.level_name,
+        deployed_ort_level="ORT_ENABLE_ALL",
+        threads=opts.threads,
+        seed=opts.seed,
+        sites=len(ctx.sites),
+        qdq_pairs=qdq_pairs,
+        runner={"sessions": runner.stats.sessions_created, "runs": runner.stats.runs},
+        headline=head,
+        output_metrics=evaluation.output_metrics,
+        deployed_metrics=evaluation.deployed_metrics,
+    )
+
+
+def _value(option: Any) -> Any:
+    """An enum option as its plain word (run.json keeps the strings users typed)."""
+    return getattr(option, "value", option)

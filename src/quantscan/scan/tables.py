@@ -1,0 +1,311 @@
+"""The scan's tables (layers, tensors, ops, channels): rows from the accumulators, each site's cause, the rank.
+
+`classify` says whether a site's error is its own (intrinsic), inherited from upstream, or small;
+the rank orders sites by the error each makes itself (see report.summary's RANK_DOC); with a chip
+profile, `with_profile` merges the compat findings and CPU placement into the layers table and
+ranks in tiers. DataFrames, because they are what the CSV files hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from quantscan import graph as qgraph
+from quantscan import metrics as qm
+from quantscan import quant
+from quantscan.model import LoadedModel, PreparedModel
+from quantscan.records import Placement, Severity, severity_rank
+from quantscan.scan.calibrate import CalibStats
+from quantscan.scan.evaluate import Evaluation
+from quantscan.scan.prepare import Probe, ScanContext
+from quantscan.sites import Site
+
+INTRINSIC_SQNR_DB = 25.0
+"""Below this isolated SQNR (≈ 4 effective bits lost from int8's ~48 dB) a site's error is its own."""
+WORST_CHANNEL_SQNR_DB = 12.0
+"""Below this per-channel SQNR some channel keeps fewer than ~2 useful bits under a per-tensor scale."""
+WEIGHT_WORST_CHANNEL_SQNR_DB = 20.0
+"""Below this a weight channel holds outliers that a symmetric per-channel int8 scale cannot serve."""
+
+
+def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -> dict[str, float]:
+    if not site.weight or site.weight not in plan.weights:
+        return {"weight_sqnr_db": math.nan, "weight_worst_channel_sqnr_db": math.nan,
+                "weight_channel_range_spread": math.nan}
+    w_init = next(t for t in prepared.proto.graph.initializer if t.name == site.weight)
+    w = onnx.numpy_helper.to_array(w_init).astype(np.float32)
+    wq = plan.weights[site.weight]
+    fq = quant.dequantize(wq.values, wq.qparams)
+    axis = wq.qparams.axis if wq.qparams.axis is not None else 0
+    acc = qm.ErrorAccumulator()
+    acc.update(w[None], fq[None])
+    ch = qm.ChannelErrorAccumulator(axis)
+    ch.update(w, fq)
+    others = tuple(i for i in range(w.ndim) if i != axis)
+    absmax = np.abs(w).max(axis=others)
+    nonzero = absmax[absmax > 0].astype(np.float64)
+    spread = float(nonzero.max() / nonzero.min()) if nonzero.size >= 2 else 1.0
+    return {"weight_sqnr_db": acc.sqnr_db, "weight_worst_channel_sqnr_db": ch.worst_channel_sqnr_db,
+            "weight_channel_range_spread": spread}
+
+
+def build_tables(
+    loaded: LoadedModel,
+    prepared: PreparedModel,
+    sites: Sequence[Site],
+    plan: qgraph.QuantPlan,
+    calib_stats: CalibStats,
+    ev: Evaluation,
+    order: Mapping[str, int],
+    probe: Probe,
+) -> dict[str, pd.DataFrame]:
+    """layers, tensors, ops and channels, as the CSV files of the contract hold them."""
+    original_tensors = {o for n in loaded.proto.graph.node for o in n.output} | set(loaded.outputs)
+    producers = {o: n for n in prepared.proto.graph.node for o in n.output}
+    rows = []
+    channel_rows = []
+    for k, site in enumerate(sites):
+        cum = ev.cumulative.get(site.output)
+        iso = ev.isolated.get(k)
+        ch_range = calib_stats.channel_ranges.get(site.output)
+        row: dict[str, Any] = {
+            "node": site.node,
+            "op_type": site.op_type,
+            "kernel": site.kernel,
+            "order": order.get(site.node, -1),
+            "output": site.output,
+            "inputs": ";".join(site.inputs),
+            "isolated_cosine": iso.cosine if iso else math.nan,
+            "isolated_sqnr_db": iso.sqnr_db if iso else math.nan,
+            "isolated_max_abs": iso.max_abs if iso else math.nan,
+            "cumulative_cosine": cum.cosine if cum else math.nan,
+            "cumulative_sqnr_db": cum.sqnr_db if cum else math.nan,
+            "cumulative_mse": cum.mse if cum else math.nan,
+            "cumulative_max_abs": cum.max_abs if cum else math.nan,
+            "cumulative_worst_sample_cosine": cum.worst_sample_cosine if cum else math.nan,
+            "cumulative_input_sqnr_db": _input_sqnr(site, ev, producers),
+        }
+        act = ev.act_channel.get(k)
+        row["act_worst_channel_sqnr_db"] = act.worst_channel_sqnr_db if act else math.nan
+        row["act_channel_range_spread"] = ch_range.spread() if ch_range else math.nan
+        row["act_dead_channels"] = ch_range.dead() if ch_range else 0
+        row.update(_weight_stats(prepared, site, plan))
+        row["sensitive_op"] = site.sensitive
+        qp = plan.activations.get(site.output)
+        row["act_scale"] = float(qp.scale) if qp is not None else math.nan
+        row["act_zero_point"] = int(qp.zero_point) if qp is not None else 0
+        row["cause"], row["reason"] = classify(row)
+        rows.append(row)
+        if ch_range is not None:
+            lo, hi = ch_range.ranges()
+            ranges = ch_range.widths()
+            sq = act.per_channel_sqnr_db() if act else np.full(len(ranges), math.nan)
+            for c in range(len(ranges)):
+                channel_rows.append({"node": site.node, "output": site.output, "channel": c,
+                                     "act_min": lo[c], "act_max": hi[c], "act_range": ranges[c],
+                                     "act_sqnr_db": sq[c] if c < len(sq) else math.nan})
+        wq = plan.weights.get(site.weight or "")
+        if wq is not None:
+            scale = np.atleast_1d(wq.qparams.scale)
+            for c, s in enumerate(scale):
+                channel_rows.append({"node": site.node, "output": site.output, "channel": c,
+                                     "weight_absmax": float(s) * 127.0})
+    layers = pd.DataFrame(rows)
+    layers = rank_sites(layers)
+    tensors = tensor_table(prepared, ev, original_tensors, probe, producers)
+    ops = ops_table(layers)
+    channels = pd.DataFrame(channel_rows)
+    if not channels.empty:
+        channels = channels.groupby(["node", "output", "channel"], as_index=False, sort=False).first()
+    return {"layers": layers, "tensors": tensors, "ops": ops, "channels": channels}
+
+
+def _worst_findings(ctx: ScanContext) -> dict[str, dict[str, Any]]:
+    """node -> its most severe finding for the scan's profile."""
+    findings = ctx.compat.findings
+    rows = findings[findings["profile"] == ctx.profile] if not findings.empty else findings
+    worst: dict[str, dict[str, Any]] = {}
+    for r in rows.to_dict("records"):
+        node = r.get("node") or ""
+        if not node:
+            continue
+        if node not in worst or severity_rank(r["severity"]) > severity_rank(worst[node]["severity"]):
+            worst[node] = r
+    return worst
+
+
+def _island_sizes(ctx: ScanContext) -> dict[str, int]:
+    parts = ctx.compat.partitions
+    sizes: dict[str, int] = {}
+    if parts.empty:
+        return sizes
+    for r in parts[parts["profile"] == ctx.profile].to_dict("records"):
+        for node in str(r.get("nodes") or "").split(";"):
+            if node:
+                sizes[node] = int(r["n_nodes"])
+    return sizes
+
+
+def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.DataFrame:
+    """Add placement/compat_rule/compat_fix, rows for CPU-placed nodes, and the tiered rank."""
+    worst = _worst_findings(ctx)
+    site_nodes = {s.node: s.nodes for s in ctx.sites}
+    rules, fixes, severities = [], [], []
+    for node in layers["node"]:
+        found = [worst[n] for n in site_nodes.get(node, [node]) if n in worst]
+        found.sort(key=lambda r: -severity_rank(r["severity"]))
+        rules.append(found[0]["rule"] if found else "")
+        fixes.append(found[0]["fix"] if found else "")
+        severities.append(found[0]["severity"] if found else "")
+    layers = layers.assign(
+        placement=Placement.NPU.value, compat_rule=rules, compat_fix=fixes, compat_severity=severities
+    )
+    prepared_nodes = {n.name: n for n in ctx.prepared.proto.graph.node}
+    sizes = _island_sizes(ctx)
+    cpu_rows = []
+    for name in sorted(ctx.opts.cpu_nodes, key=lambda n: ctx.order.get(n, -1)):
+        node = prepared_nodes.get(name)
+        if node is None or not node.output or node.output[0] not in ctx.probe.float_tensors:
+            continue
+        finding = worst.get(name, {})
+        cum = ev.cumulative.get(node.output[0])
+        cpu_rows.append({
+            "node": name, "op_type": node.op_type, "kernel": node.op_type, "order": ctx.order.get(name, -1),
+            "output": node.output[0], "placement": Placement.CPU.value,
+            "cumulative_cosine": cum.cosine if cum else math.nan,
+            "cumulative_sqnr_db": cum.sqnr_db if cum else math.nan,
+            "cumulative_mse": cum.mse if cum else math.nan,
+            "cumulative_max_abs": cum.max_abs if cum else math.nan,
+            "cumulative_worst_sample_cosine": cum.worst_sample_cosine if cum else math.nan,
+            "sensitive_op": False, "cause": "cpu-fallback",
+            "reason": f"runs on the CPU in float ({finding.get('rule', 'profile')}); "
+                      f"island of {sizes.get(name, 1)} node(s)",
+            "compat_rule": finding.get("rule", ""), "compat_fix": finding.get("fix", ""),
+            "compat_severity": finding.get("severity", ""),
+        })
+    if cpu_rows:
+        layers = pd.concat([layers, pd.DataFrame(cpu_rows)], ignore_index=True)
+    tier = []
+    for r in layers.to_dict("records"):
+        if r.get("compat_severity") == Severity.ERROR:
+            tier.append(0)
+        elif r["cause"] == "intrinsic" or (r["placement"] == Placement.CPU and sizes.get(r["node"], 1) <= 2):
+            tier.append(1)
+        else:
+            tier.append(2)
+    key = layers.assign(_tier=tier)[["_tier", "isolated_sqnr_db", "cumulative_sqnr_db"]]
+    key = key.replace([np.inf], 1e9).fillna(1e12)
+    ordered = key.sort_values(["_tier", "isolated_sqnr_db", "cumulative_sqnr_db"], kind="mergesort").index
+    layers = layers.copy()
+    layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
+    layers["rank"] = layers["rank"].astype(int)
+    return layers.sort_values("rank").reset_index(drop=True)
+
+
+def _input_sqnr(site: Site, ev: Evaluation, producers: Mapping[str, onnx.NodeProto]) -> float:
+    """Worst cumulative SQNR among the site's inputs: the error it inherits."""
+    values = [ev.cumulative[i].sqnr_db for i in site.inputs if i in ev.cumulative]
+    return min(values) if values else math.inf
+
+
+def classify(row: Mapping[str, Any]) -> tuple[str, str]:
+    """(cause, reason): is the site's error its own, inherited, or small? One line, for summary.md."""
+    iso = row["isolated_sqnr_db"]
+    worst_ch = row["act_worst_channel_sqnr_db"]
+    spread = row["act_channel_range_spread"]
+    wworst = row["weight_worst_channel_sqnr_db"]
+    cum = row["cumulative_sqnr_db"]
+    inherited = row["cumulative_input_sqnr_db"]
+    reasons = []
+    if _lt(worst_ch, WORST_CHANNEL_SQNR_DB) and _gt(spread, 10):
+        reasons.append(
+            f"activation channel ranges span {spread:.0f}x: "
+            f"per-tensor int8 leaves {worst_ch:.1f} dB on the worst channel"
+        )
+    if _lt(wworst, WEIGHT_WORST_CHANNEL_SQNR_DB):
+        reasons.append(f"weight worst channel {wworst:.1f} dB (outlier weights within a channel)")
+    if _lt(iso, INTRINSIC_SQNR_DB):
+        reasons.insert(0, f"isolated SQNR {iso:.1f} dB: this kernel alone loses precision")
+    if row.get("sensitive_op"):
+        reasons.append("int8-sensitive op")
+    if reasons:
+        return "intrinsic", "; ".join(reasons)
+    if _lt(cum, INTRINSIC_SQNR_DB) and not _lt(iso, INTRINSIC_SQNR_DB):
+        return "inherited", (
+            f"isolated {iso:.1f} dB is fine; cumulative {cum:.1f} dB comes from upstream (inputs at {inherited:.1f} dB)"
+        )
+    return "ok", f"isolated {iso:.1f} dB, cumulative {cum:.1f} dB"
+
+
+def _lt(value: Any, limit: float) -> bool:
+    return _is_number(value) and value < limit
+
+
+def _gt(value: Any, limit: float) -> bool:
+    return _is_number(value) and value > limit
+
+
+def _is_number(value: Any) -> bool:
+    """A measured figure (Python or numpy number, not NaN): rows are classified before any DataFrame."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not math.isnan(value)
+
+
+def rank_sites(layers: pd.DataFrame) -> pd.DataFrame:
+    """`rank` (summary.md's RANK_DOC), rank 1 first; rows arrive classified (`cause`, `reason`)."""
+    key = layers[["isolated_sqnr_db", "act_worst_channel_sqnr_db", "cumulative_sqnr_db"]].copy()
+    key = key.replace([np.inf], 1e9).fillna(1e12)
+    ordered = key.sort_values(
+        ["isolated_sqnr_db", "act_worst_channel_sqnr_db", "cumulative_sqnr_db"], kind="mergesort"
+    ).index
+    layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
+    layers["rank"] = layers["rank"].astype(int)
+    return layers.sort_values("rank").reset_index(drop=True)
+
+
+def tensor_table(
+    prepared: PreparedModel,
+    ev: Evaluation,
+    original_tensors: set[str],
+    probe: Probe,
+    producers: Mapping[str, onnx.NodeProto],
+) -> pd.DataFrame:
+    rows = []
+    outputs = set(probe.outputs)
+    for name, acc in ev.cumulative.items():
+        if name not in original_tensors:
+            continue
+        node = producers.get(name)
+        rows.append({
+            "tensor": name,
+            "producer": node.name if node is not None else "",
+            "op_type": node.op_type if node is not None else "",
+            "is_output": name in outputs,
+            "cumulative_cosine": acc.cosine,
+            "cumulative_sqnr_db": acc.sqnr_db,
+            "cumulative_mse": acc.mse,
+            "cumulative_max_abs": acc.max_abs,
+            "cumulative_worst_sample_cosine": acc.worst_sample_cosine,
+            "nonfinite_fp32": acc.nonfinite_ref,
+            "nonfinite_int8": acc.nonfinite_test,
+        })
+    return pd.DataFrame(rows)
+
+
+def ops_table(layers: pd.DataFrame) -> pd.DataFrame:
+    grouped = layers.groupby("op_type")
+    ops = grouped.agg(
+        sites=("node", "count"),
+        min_isolated_sqnr_db=("isolated_sqnr_db", "min"),
+        median_isolated_sqnr_db=("isolated_sqnr_db", "median"),
+        min_cumulative_cosine=("cumulative_cosine", "min"),
+        min_act_worst_channel_sqnr_db=("act_worst_channel_sqnr_db", "min"),
+        sensitive=("sensitive_op", "sum"),
+        best_rank=("rank", "min"),
+    ).reset_index()
+    return ops.sort_values("best_rank").reset_index(drop=True)
