@@ -39,7 +39,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One model: FP32 floor, output gain, and (optionally) a full bisection to the target."""
     from quantscan.bisect import Bisector, Target
     from quantscan.gain import Evaluator, MixedBuilder, compute_gain, sensitivity_order
-    from quantscan.scan.prepare import prepare_scan
+    from quantscan.scanning.prepare import prepare_scan
 
     ctx = prepare_scan(spec["model"], spec["calib"], limit=spec["limit"], threads=spec["threads"])
     fp32 = ctx.runner.session(ctx.prepared.proto)

@@ -23,11 +23,11 @@ if TYPE_CHECKING:
     from quantscan.compat import check
     from quantscan.extract import extract
     from quantscan.rewrites.runner import rewrite
-    from quantscan.scan import ScanResult, scan
+    from quantscan.scanning import ScanResult, scan
 
 _LAZY = {
-    "ScanResult": "quantscan.scan",
-    "scan": "quantscan.scan",
+    "ScanResult": "quantscan.scanning",
+    "scan": "quantscan.scanning",
     "compare": "quantscan.compare",
     "check": "quantscan.compat",
     "extract": "quantscan.extract",

@@ -229,7 +229,7 @@ def _floats(raw: str | None, flag: str) -> list[float] | None:
 
 
 def _progress_factory(quiet: bool) -> Any:
-    from quantscan.scan.options import no_progress
+    from quantscan.scanning.options import no_progress
 
     if quiet or not sys.stderr.isatty():
         return no_progress
@@ -249,7 +249,7 @@ def default_out(model: str) -> Path:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from quantscan.scan import scan
+    from quantscan.scanning import scan
 
     out = Path(args.out) if args.out else default_out(args.model)
     overrides = {

@@ -49,9 +49,9 @@ from quantscan.errors import UsageError
 from quantscan.model import onnx_opset, upgrade_opset
 from quantscan.records import Precision
 from quantscan.runner import Runner
-from quantscan.scan.evaluate import output_row
-from quantscan.scan.options import ProgressFactory, no_progress
-from quantscan.scan.prepare import ScanContext
+from quantscan.scanning.evaluate import output_row
+from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
 
 INT16_OPSET = 21

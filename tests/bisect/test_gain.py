@@ -15,7 +15,7 @@ from bisect_helpers import write_chain
 from conftest import asset_calib, asset_model
 from quantscan.gain import Evaluator, MixedBuilder, compute_gain, diff_branch
 from quantscan.runner import Runner
-from quantscan.scan.prepare import ScanContext, prepare_scan
+from quantscan.scanning.prepare import ScanContext, prepare_scan
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,8 @@ from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import atomic_write_bytes
 from quantscan.runner import Runner
-from quantscan.scan.options import ProgressFactory, no_progress
-from quantscan.scan.prepare import ScanContext, prepare_scan
+from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.prepare import ScanContext, prepare_scan
 
 
 @dataclass

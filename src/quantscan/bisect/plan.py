@@ -22,7 +22,7 @@ from quantscan.bisect.state import Bisector, Step, Target
 from quantscan.gain import MixedBuilder
 from quantscan.records import Metrics, Plan, PlanSite, Precision
 from quantscan.runfolder import atomic_write_text
-from quantscan.scan.prepare import ScanContext
+from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
 
 PLAN_CSV_COLUMNS = ("node", "output", "precision", "op_type", "kernel", "order", "gain_if_float")

@@ -23,7 +23,7 @@ class _Model(Protocol):
 
 
 class SummarySource(Protocol):
-    """What summary.md is made from: a `quantscan.scan.SummarySource` (a Protocol, so no import cycle)."""
+    """What summary.md is made from: a `quantscan.scanning.SummarySource` (a Protocol, so no import cycle)."""
 
     @property
     def model(self) -> _Model: ...

@@ -21,9 +21,9 @@ from quantscan import metrics as qm
 from quantscan import quant
 from quantscan.model import LoadedModel, PreparedModel
 from quantscan.records import Placement, Severity, severity_rank
-from quantscan.scan.calibrate import CalibStats
-from quantscan.scan.evaluate import Evaluation
-from quantscan.scan.prepare import Probe, ScanContext
+from quantscan.scanning.calibrate import CalibStats
+from quantscan.scanning.evaluate import Evaluation
+from quantscan.scanning.prepare import Probe, ScanContext
 from quantscan.sites import Site
 
 INTRINSIC_SQNR_DB = 25.0

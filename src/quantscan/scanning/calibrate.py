@@ -22,7 +22,7 @@ from quantscan.calib import CalibSet
 from quantscan.model import PreparedModel
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
-from quantscan.scan.options import ProgressFactory, n_batches
+from quantscan.scanning.options import ProgressFactory, n_batches
 from quantscan.sites import Site
 
 

@@ -28,10 +28,10 @@ from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.report.summary import summary_markdown
 from quantscan.runner import Runner
-from quantscan.scan.evaluate import Evaluation, evaluate, headline
-from quantscan.scan.options import ProgressFactory, no_progress
-from quantscan.scan.prepare import ScanContext, deployable_qdq, prepare_timed
-from quantscan.scan.tables import build_tables, with_profile
+from quantscan.scanning.evaluate import Evaluation, evaluate, headline
+from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
+from quantscan.scanning.tables import build_tables, with_profile
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")

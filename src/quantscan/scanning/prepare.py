@@ -25,8 +25,8 @@ from quantscan.errors import CalibrationError, UsageError
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
 from quantscan.records import ActivationScheme
 from quantscan.runner import Runner
-from quantscan.scan.calibrate import CalibStats, calibrate, make_plan
-from quantscan.scan.options import ProgressFactory, ScanOptions, no_progress
+from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
+from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
 from quantscan.specs import Dim
 

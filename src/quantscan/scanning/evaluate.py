@@ -22,9 +22,9 @@ from quantscan.calib import CalibSet
 from quantscan.model import PreparedModel
 from quantscan.records import Headline, OutputMetrics
 from quantscan.runner import Runner
-from quantscan.scan.calibrate import channel_axis_for
-from quantscan.scan.options import ProgressFactory, ScanOptions, n_batches
-from quantscan.scan.prepare import Probe, classifier_outputs, headline_outputs
+from quantscan.scanning.calibrate import channel_axis_for
+from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches
+from quantscan.scanning.prepare import Probe, classifier_outputs, headline_outputs
 from quantscan.sites import Site
 
 HIST_BINS = 64

@@ -1,4 +1,4 @@
-"""The scan: which quantization sites of a model lose precision in int8, measured in three passes.
+"""The sensitivity scan: which quantization sites of a model lose precision in int8, measured in three passes.
 
 - `options`: the knobs (named as the CLI flags) and the progress hook;
 - `prepare`: load, prepare, probe (pass 0), find the sites, apply a chip profile -> `ScanContext`;
@@ -7,11 +7,11 @@
 - `tables`: the layers/tensors/ops/channels tables, each site's cause, the rank, the profile merge;
 - `run`: `scan()` end to end, returning a `ScanResult` that writes the run folder on `save(out)`.
 
-Note: `quantscan.scan` at the package top is the `scan` function (the public API), which shadows
-this package as an attribute; import submodules by their full path (`from quantscan.scan.prepare
-import ...`), which goes through sys.modules and always works.
+Why `scanning` and not `scan`: `quantscan.scan` is the public function (the contract's Python API),
+and Python binds a subpackage as an attribute of its parent when it is first imported, so a `scan/`
+package would replace the function with a module the first time anything imported one of its files.
 """
 
-from quantscan.scan.run import ScanResult, scan
+from quantscan.scanning.run import ScanResult, scan
 
 __all__ = ["ScanResult", "scan"]

@@ -2,7 +2,7 @@
 
 analyze.py and report.py used to import each other; this checks every import statement (also the
 ones inside functions, which still tie modules together; `if TYPE_CHECKING:` blocks excepted) of
-quantscan.scan.*, quantscan.report.*, runfolder and records, and fails on any cycle among them.
+quantscan.scanning.*, quantscan.report.*, runfolder and records, and fails on any cycle among them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import quantscan
 
 SRC = Path(quantscan.__file__).resolve().parent
-OWN = ("quantscan.scan", "quantscan.report", "quantscan.runfolder", "quantscan.records")
+OWN = ("quantscan.scanning", "quantscan.report", "quantscan.runfolder", "quantscan.records")
 
 
 def _module_name(path: Path) -> str:
@@ -72,14 +72,14 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
 
 def test_scan_report_and_runfolder_have_no_import_cycle() -> None:
     graph = _graph()
-    assert "quantscan.scan.run" in graph and "quantscan.report.html" in graph
+    assert "quantscan.scanning.run" in graph and "quantscan.report.html" in graph
     assert _cycle(graph) == []
 
 
 def test_package_init_is_not_counted_as_a_cycle_through_its_submodules() -> None:
-    """`quantscan.scan/__init__` re-exports run.py; no submodule may import the package back."""
+    """`quantscan.scanning/__init__` re-exports run.py; no submodule may import the package back."""
     graph = _graph()
-    importers = [m for m, deps in graph.items() if "quantscan.scan" in deps and m != "quantscan.scan"]
+    importers = [m for m, deps in graph.items() if "quantscan.scanning" in deps and m != "quantscan.scanning"]
     assert importers == []
 
 

@@ -18,7 +18,7 @@ from onnx.reference import ReferenceEvaluator
 import quantscan
 from quantscan import quant
 from quantscan.runner import Runner
-from quantscan.scan.prepare import prepare_scan
+from quantscan.scanning.prepare import prepare_scan
 
 
 def _save(tmp_path: Path, text: str, inits: dict[str, np.ndarray], name: str = "m.onnx") -> Path:
