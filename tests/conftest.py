@@ -20,8 +20,15 @@ def _assets_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "assets"
 
 
-@pytest.fixture(scope="session")
-def assets() -> Path:
+@pytest.fixture
+def assets(request: pytest.FixtureRequest) -> Path:
+    """The real assets folder; a test that asks for it must carry `@pytest.mark.real`.
+
+    The marker is what `-m "not real"` deselects on a user's clone without `../shared`, so a test that
+    reads the assets unmarked would be skipped silently there; failing here keeps the marker honest.
+    """
+    if request.node.get_closest_marker("real") is None:
+        pytest.fail(f"{request.node.nodeid} reads ../shared/assets but is not marked @pytest.mark.real")
     path = _assets_dir()
     if not (path / "models").is_dir():
         pytest.skip(f"real assets not found at {path}")

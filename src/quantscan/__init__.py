@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any  # noqa: E402
 if TYPE_CHECKING:
     from quantscan.bisect import run_bisect
     from quantscan.compare import compare
-    from quantscan.compat import check
+    from quantscan.compat.check import check
     from quantscan.extract import extract
     from quantscan.rewrites.runner import rewrite
     from quantscan.scanning import ScanResult, scan
@@ -29,7 +29,7 @@ _LAZY = {
     "ScanResult": "quantscan.scanning",
     "scan": "quantscan.scanning",
     "compare": "quantscan.compare",
-    "check": "quantscan.compat",
+    "check": "quantscan.compat.check",
     "extract": "quantscan.extract",
     "run_bisect": "quantscan.bisect",
     "rewrite": "quantscan.rewrites.runner",

@@ -131,3 +131,8 @@ def _session_source(model: onnx.ModelProto | bytes | str | Path) -> bytes | str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def onnxruntime_version() -> str:
+    """The onnxruntime version run.json records (asked here: this module is the only onnxruntime user)."""
+    return str(ort.__version__)

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from builders import build, rng_array
-from quantscan.compat import COLUMNS, check
+from quantscan.compat import COLUMNS
+from quantscan.compat.check import check
 from quantscan.compat.fixes import limit_fix, unsupported_op_fix
 from quantscan.compat.profiles import load_profile
 from quantscan.records import FINDING_DETAIL_COLUMNS, Finding, Placement, RewriteId, Severity

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from onnx import numpy_helper, parser
 
-from quantscan.compat import COLUMNS, check, stable_node_names
+from quantscan.compat import COLUMNS, stable_node_names
+from quantscan.compat.check import check
 from quantscan.errors import UsageError
 
 PROFILE = """

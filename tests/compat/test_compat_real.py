@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from quantscan.compat import check, list_profiles
+from quantscan.compat import list_profiles
+from quantscan.compat.check import check
 
 pytestmark = pytest.mark.real
 PROFILES = [p.name for p in list_profiles()]

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper, parser
 
-from quantscan.compat import check
+from quantscan.compat.check import check
 
 PROFILE = """
 [meta]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnx
 
-from quantscan.compat import check
+from quantscan.compat.check import check
 from quantscan.model import load_model
 from quantscan.records import RewriteId
 from quantscan.rewrites.runner import REWRITES

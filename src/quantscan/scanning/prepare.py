@@ -313,7 +313,8 @@ def _apply_profile(
     loaded: LoadedModel, opts: ScanOptions, dims: Mapping[str, tuple[Dim, ...]]
 ) -> tuple[Any, str, ScanOptions]:
     """Let a chip profile decide the scheme, the fusions and which nodes stay float (CPU fallback)."""
-    from quantscan.compat import check, load_profile
+    from quantscan.compat import load_profile
+    from quantscan.compat.check import check
 
     assert opts.profile is not None
     profile = load_profile(opts.profile)

@@ -182,14 +182,13 @@ def measure(
 
 def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation: Evaluation) -> RunInfo:
     """run.json: versions, the model and data identities, the options as used, the headline."""
-    import onnxruntime
-
     from quantscan import __version__
+    from quantscan.runner import onnxruntime_version
 
     loaded, prepared, opts, runner = ctx.loaded, ctx.prepared, ctx.opts, ctx.runner
     qdq_pairs = sum(1 for n in qdq.graph.node if n.op_type == "QuantizeLinear")
     return RunInfo(
-        versions={"quantscan": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+        versions={"quantscan": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime_version(),
                   "numpy": np.__version__, "pandas": pd.__version__, "python": platform.python_version()},
         model=ModelInfo(str(loaded.path), loaded.sha256, loaded.opset, len(loaded.proto.graph.node)),
         input_contract={k: list(v) for k, v in ctx.probe.input_shapes.items()},

@@ -1,0 +1,196 @@
+"""The house rules, checked on the source: no import cycles, one onnxruntime user, one CLI.
+
+These are what keep the layout from growing sideways again (issue "One house"): a module-level
+import cycle makes the import order matter, onnxruntime outside `runner.py` spreads session
+knowledge, and printing or exiting outside `cli.py` makes the API unusable from a notebook.
+The import graph is read with `ast` (module-level imports only, `if TYPE_CHECKING:` blocks
+skipped); the lazy-import promise is checked by importing in a child interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "quantscan"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    """The absolute module an ImportFrom names (relative imports resolved against `module`)."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _top_level_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Imports executed when the module is imported: module body, try/if bodies, not functions."""
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            yield stmt
+        elif isinstance(stmt, ast.If):
+            if not _is_type_checking(stmt.test):
+                stack.extend(stmt.body)
+            stack.extend(stmt.orelse)
+        elif isinstance(stmt, ast.Try):
+            stack.extend(stmt.body + stmt.orelse + stmt.finalbody)
+            for handler in stmt.handlers:
+                stack.extend(handler.body)
+
+
+def _all_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom, is_package: bool, known: set[str]) -> set[str]:
+    """Project modules an import statement loads (a `from pkg import sub` counts `pkg.sub` too)."""
+    if isinstance(node, ast.Import):
+        names = {a.name for a in node.names}
+    else:
+        base = _resolve(module, node, is_package)
+        names = {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return {n for n in names if n in known}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in _top_level_imports(tree):
+            edges |= _targets(name, node, is_package, known)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle in the graph (as a path that returns to its start), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start)
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_planted_cycle() -> None:
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycles_in_the_package() -> None:
+    cycle = _find_cycle(_import_graph())
+    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle or [])
+
+
+def _importers_of(top: str) -> set[str]:
+    found = set()
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in _all_imports(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(m == top or m.startswith(top + ".") for m in mods if not getattr(node, "level", 0)):
+                found.add(name)
+    return found
+
+
+def test_onnxruntime_is_imported_only_by_the_runner() -> None:
+    assert _importers_of("onnxruntime") == {"quantscan.runner"}
+
+
+def test_argparse_only_in_the_cli() -> None:
+    assert _importers_of("argparse") <= {"quantscan.cli"}
+
+
+def _calls(tree: ast.Module) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                yield func.id
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                yield f"{func.value.id}.{func.attr}"
+
+
+def test_print_and_exit_only_in_the_cli() -> None:
+    offenders = []
+    allowed = {"quantscan.cli", "quantscan.__main__"}
+    for name, path in _modules().items():
+        if name in allowed:
+            continue
+        calls = set(_calls(ast.parse(path.read_text(encoding="utf-8"))))
+        bad = calls & {"print", "exit", "quit", "sys.exit", "os._exit"}
+        if bad:
+            offenders.append(f"{name}: {sorted(bad)}")
+    assert not offenders, offenders
+
+
+HEAVY = ("onnxruntime", "pandas")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["profiles"]])
+def test_help_and_profiles_do_not_load_onnxruntime_or_pandas(argv: list[str]) -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from quantscan.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        f"        main({argv!r})\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"`quantscan {' '.join(argv)}` loaded: {done.stdout.strip()}"
