@@ -83,7 +83,8 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="use the first N samples")
     p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
     p.add_argument("--calib-method", default="minmax")
-    p.add_argument("--activations", default="uint8")
+    p.add_argument("--activations", default=None, metavar="uint8|int8",
+                   help="activation scheme (default: the --profile's, else uint8)")
     p.add_argument("--output", action="append", default=[], help="graph output for the headline metric")
     p.add_argument("--save-qdq", default=None, help="write the fake-quant model here")
     p.add_argument("--profile", action="append", default=[], help="chip profile name or TOML path")

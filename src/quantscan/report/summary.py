@@ -90,7 +90,8 @@ def summary_markdown(result: SummarySource) -> str:
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
-        f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor, "
+        f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor "
+        f"({info.options.get('activations_source', 'default')}), "
         "weights int8 per output channel (symmetric), bias int32",
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
                                 else f"`{info.evaluation.path}` ({info.evaluation.samples} samples)"),
