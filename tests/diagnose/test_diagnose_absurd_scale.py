@@ -26,3 +26,10 @@ def test_outlier_range_without_softmax_names_percentile() -> None:
 
 def test_ordinary_range_stays_silent() -> None:
     assert absurd_scale.check(facts([*TYPICAL, -300.0], [4.0, 5.0, 3.0, 6.0, 1.0])) is None  # 60x: not absurd
+
+
+def test_bounded_op_output_stays_silent() -> None:
+    """A many-class Softmax: most channels peak near 1e-6, one near 1 — the op's range, not an outlier."""
+    probs = [1e-6] * 50 + [0.99]
+    assert absurd_scale.check(facts([0.0] * 51, probs, op_type="Softmax")) is None
+    assert absurd_scale.check(facts([0.0] * 51, probs, op_type="Conv")) is not None  # the same range elsewhere

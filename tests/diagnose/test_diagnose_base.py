@@ -22,3 +22,7 @@ def test_diagnose_orders_by_tier() -> None:
                            figures={"isolated_sqnr_db": math.nan}))
     assert [f.cause for f in found[:2]] == [Cause.ABSURD_SCALE, Cause.NONFINITE]  # the cause, then its symptom
     assert [f.tier for f in found[:2]] == [0, 0]
+
+
+def test_human_edges() -> None:
+    assert human(9999.9) == "1.0e4" and human(5e-4) == "5.0e-4" and human(0.0) == "0"

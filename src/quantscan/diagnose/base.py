@@ -114,7 +114,8 @@ def human(x: float) -> str:
     if not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
     a = abs(x)
-    if a != 0 and (a >= 1e4 or a < 1e-3):
-        mant, exp = f"{x:.2g}".split("e")
+    short = f"{x:.3g}"
+    if a != 0 and (a >= 1e4 or a < 1e-3 or "e" in short):
+        mant, exp = f"{x:.1e}".split("e")
         return f"{mant}e{int(exp)}"
-    return f"{x:.3g}"
+    return short
