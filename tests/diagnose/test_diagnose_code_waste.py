@@ -11,7 +11,7 @@ from quantscan.diagnose import Cause, FixKind, code_waste
 def test_one_sided_data_in_int8_fires() -> None:
     f = code_waste.check(facts([0.0, 0.0], [3.0, 6.0], scheme="int8"))
     assert f is not None and f.cause is Cause.CODE_WASTE
-    assert (f.fix.kind, f.fix.value) == (FixKind.SCHEME, "uint8")
+    assert (f.fix.kind, f.fix.value) == (FixKind.SCHEME, "asymmetric")
     assert 0.45 < f.evidence["used_fraction"] < 0.55  # 127 of 255 codes: the formula written out
 
 

@@ -1,7 +1,7 @@
 """Rule: data that uses about half the codes it is given: one-sided data (e.g. after ReLU) in a
 symmetric int8 tensor, or signed data in a uint8 tensor whose zero point cannot follow it.
 
-Fix: the other activation scheme (asymmetric uint8 for one-sided data).
+Fix: an asymmetric scale for one-sided data (int8 with zero point -128, or uint8).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def check(facts: SiteFacts) -> Finding | None:
         return None
     if facts.lo >= 0 and facts.qmin < 0:
         what, fix = "one-sided data (>= 0) in a symmetric int8 tensor", Fix(
-            FixKind.SCHEME, "uint8", "asymmetric uint8 activations (--activations uint8) for this tensor")
+            FixKind.SCHEME, "asymmetric",
+            "an asymmetric scale for this tensor (int8 zero point -128, as TFLite does after ReLU/Softmax; "
+            "or --activations uint8)")
     elif facts.lo < 0 and facts.qmin == 0:
         what, fix = "signed data in a uint8 tensor", Fix(
             FixKind.SCHEME, "int8", "a zero point that follows the data (asymmetric) or int8")

@@ -199,6 +199,10 @@ def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.D
         })
     if cpu_rows:
         layers = pd.concat([layers, pd.DataFrame(cpu_rows)], ignore_index=True)
+        if "diagnosis_tier" in layers.columns:  # CPU rows run float: no quantization cause to name
+            layers["diagnosis_tier"] = layers["diagnosis_tier"].fillna(2).astype(int)
+            for column in ("diagnosis", "diagnosis_cause", "diagnosis_fix"):
+                layers[column] = layers[column].fillna("")
     tier = []
     for r in layers.to_dict("records"):
         if r.get("compat_severity") == Severity.ERROR:
