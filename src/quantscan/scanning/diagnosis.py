@@ -85,7 +85,13 @@ def diagnosis_columns(findings: list[Finding]) -> dict[str, Any]:
     others = ", ".join(f.cause.value for f in findings[1:])
     more = f" (+{len(findings) - 1} more: {others})" if others else ""
     return {"diagnosis": first.text() + more, "diagnosis_cause": first.cause.value,
-            "diagnosis_fix": f"{first.fix.kind.value} {first.fix.value}", "diagnosis_tier": first.tier}
+            "diagnosis_fix": _fix_label(first), "diagnosis_tier": first.tier}
+
+
+def _fix_label(finding: Finding) -> str:
+    """`rewrite clamp-mask`, `calibration percentile`, `int16` (the kind alone when it says it all)."""
+    kind, value = finding.fix.kind.value, finding.fix.value
+    return kind if kind == value else f"{kind} {value}"
 
 
 def run_rules(
