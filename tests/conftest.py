@@ -41,3 +41,23 @@ def asset_model(assets: Path, name: str) -> Path:
 
 def asset_calib(assets: Path, name: str) -> Path:
     return assets / "calib" / name
+
+
+@pytest.fixture(scope="module")
+def module_assets(request: pytest.FixtureRequest) -> Path:
+    """The real assets folder for module-scoped fixtures (one real scan shared by several tests).
+
+    A module-scoped fixture cannot ask for the function-scoped `assets` (pytest's ScopeMismatch), and
+    from module scope no single test's marker is visible: so every collected test of the module that
+    reaches this fixture must carry `@pytest.mark.real`, checked here, keeping the marker honest.
+    """
+    unmarked = [item.nodeid for item in request.session.items
+                if getattr(item, "module", None) is request.module
+                and "module_assets" in getattr(item, "fixturenames", ())
+                and item.get_closest_marker("real") is None]
+    if unmarked:
+        pytest.fail(f"{unmarked[0]} reads ../shared/assets but is not marked @pytest.mark.real")
+    path = _assets_dir()
+    if not (path / "models").is_dir():
+        pytest.skip(f"real assets not found at {path}")
+    return path

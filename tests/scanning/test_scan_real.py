@@ -47,7 +47,7 @@ KEY_COLUMNS = [
 
 
 @pytest.fixture(scope="module")
-def scans(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def scans(module_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"root": tmp_path_factory.mktemp("scans"), "done": {}}
 
 
