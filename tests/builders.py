@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
@@ -133,3 +133,48 @@ def write_chain(tmp: Path, samples: int = 32, **kwargs: int) -> tuple[Path, Path
     rng = np.random.default_rng(1)
     np.save(calib / "x.npy", rng.normal(0, 1, (samples, WIDTH)).astype(np.float32))
     return model_path, calib
+
+
+FLOAT_MIN = float(np.finfo(np.float32).min)
+
+
+def attention_model(masked_from: int = 5, tokens: int = 8, dim: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """A tiny attention block as exporters write it: MatMul scores, an Add of a float-min mask
+    (key positions >= `masked_from` masked with -3.4e38), Softmax, MatMul with the values, a projection.
+
+    Built with onnx.helper (the parser cannot spell -3.4e38 constants readably).
+    """
+    from onnx import helper
+
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((1, 1, tokens), np.float32)
+    mask[..., masked_from:] = FLOAT_MIN
+    inits = {
+        "wq": rng.normal(0, 1.0, (dim, dim)).astype(np.float32),
+        "wk": rng.normal(0, 1.0, (dim, dim)).astype(np.float32),
+        "wv": rng.normal(0, 1.0 / np.sqrt(dim), (dim, dim)).astype(np.float32),
+        "wo": rng.normal(0, 1.0 / np.sqrt(dim), (dim, dim)).astype(np.float32),
+        "inv_sqrt_d": np.array(1.0 / np.sqrt(dim), np.float32),
+        "mask": mask,
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+        helper.make_node("Transpose", ["k"], ["kt"], name="k_t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+        helper.make_node("Mul", ["s", "inv_sqrt_d"], ["s2"], name="scale"),
+        helper.make_node("Add", ["s2", "mask"], ["a"], name="mask_add"),
+        helper.make_node("Softmax", ["a"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+        helper.make_node("MatMul", ["p", "v"], ["o"], name="context"),
+        helper.make_node("MatMul", ["o", "wo"], ["y"], name="out_proj"),
+    ]
+    graph = helper.make_graph(
+        nodes, "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", tokens, dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", tokens, dim])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model

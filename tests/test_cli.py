@@ -326,3 +326,26 @@ def test_bundle_zips_the_run_and_added_models_with_a_manifest(tiny: tuple[Path, 
     manifest = json.loads(zipfile.ZipFile(tmp_path / "b.zip").read("MANIFEST.json"))
     assert manifest["model"]["sha256"] == digest(model)
     assert_bad_input(run("bundle", tmp_path, "-o", tmp_path / "c.zip"), "run folder")
+
+
+@pytest.mark.parametrize(
+    ("extra", "scheme", "source"),
+    [
+        (["--profile", "horizon-x3"], "int8", "from profile horizon-x3"),
+        (["--profile", "horizon-x3", "--activations", "uint8"], "uint8", "from --activations"),
+        ([], "uint8", "default"),
+    ],
+)
+def test_profile_decides_the_scheme_unless_activations_given(
+    tiny: tuple[Path, Path], tmp_path: Path, extra: list[str], scheme: str, source: str
+) -> None:
+    """`--profile` (an int8 chip) runs int8 unless `--activations` is explicit; run.json says why."""
+    import json
+
+    model, calib = tiny
+    out = tmp_path / "run"
+    proc = run(model, "--calib", calib, "--out", out, "--quiet", "--no-report", *extra)
+    assert proc.returncode == 0, proc.stderr
+    options = json.loads((out / "run.json").read_text())["options"]
+    assert (options["activations"], options["activations_source"]) == (scheme, source)
+    assert f"activations {scheme} per tensor ({source})" in (out / "summary.md").read_text()

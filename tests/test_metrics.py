@@ -346,3 +346,17 @@ def test_large_batch_walked_in_blocks_matches_numpy() -> None:
     assert acc.count == x.size - 2 and acc.nonfinite_ref == 1 and acc.nonfinite_test == 1
     per_sample = [numpy_metrics(x[i][keep[i]], y[i][keep[i]])["cosine"] for i in range(3)]
     assert acc.worst_sample_cosine == pytest.approx(min(per_sample), rel=1e-9)
+
+
+def test_update_sums_tells_float32_overflow_from_nan() -> None:
+    """Finite values whose float32 Σx² overflowed (a float-min mask) are `overflow`, not NaN/Inf data;
+    a NaN sum or an infinite max|x-y| still counts as non-finite."""
+    from quantscan.metrics import ErrorAccumulator
+
+    inf, nan = float("inf"), float("nan")
+    acc = ErrorAccumulator()
+    acc.update_sums([inf], [inf], [inf], [1.0], [0.5], elements_per_sample=4)  # all finite values, sums overflow
+    assert (acc.overflow, acc.nonfinite_ref, acc.nonfinite_test) == (4, 0, 0)
+    acc.update_sums([nan], [nan], [1.0], [nan], [0.5], elements_per_sample=4)  # a NaN in x
+    acc.update_sums([inf], [1.0], [inf], [inf], [inf], elements_per_sample=4)  # an Inf on the test side
+    assert (acc.overflow, acc.nonfinite_ref, acc.nonfinite_test) == (4, 4, 4)

@@ -83,7 +83,8 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="use the first N samples")
     p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
     p.add_argument("--calib-method", default="minmax")
-    p.add_argument("--activations", default="uint8")
+    p.add_argument("--activations", default=None, metavar="uint8|int8",
+                   help="activation scheme (default: the --profile's, else uint8)")
     p.add_argument("--output", action="append", default=[], help="graph output for the headline metric")
     p.add_argument("--save-qdq", default=None, help="write the fake-quant model here")
     p.add_argument("--profile", action="append", default=[], help="chip profile name or TOML path")
@@ -196,6 +197,13 @@ class _StepAction(argparse.Action):
         namespace.steps = steps
 
 
+def _clamp_value(args: argparse.Namespace) -> float:
+    """`--clamp-mask-value`, else the rewrite's own default."""
+    from quantscan.rewrites.clamp_mask import CLAMP_VALUE
+
+    return CLAMP_VALUE if args.clamp_mask_value is None else float(args.clamp_mask_value)
+
+
 def _rewrite_parser(sub: Any) -> None:
     p = sub.add_parser("rewrite", help="equivalence rewrites with a numeric proof")
     p.add_argument("model")
@@ -204,6 +212,11 @@ def _rewrite_parser(sub: Any) -> None:
     p.add_argument("--fuse", action=_StepAction, choices=["hardswish", "layernorm"])
     p.add_argument("--cleanup", nargs=0, action=_StepAction, const="cleanup", dest="cleanup")
     p.add_argument("--gelu-tanh", nargs=0, action=_StepAction, const="gelu-tanh", dest="gelu_tanh")
+    p.add_argument("--clamp-mask", nargs=0, action=_StepAction, const="clamp-mask", dest="clamp_mask",
+                   help="float-min/-inf attention-mask constants -> a finite value (proven on data)")
+    p.add_argument("--clamp-mask-value", type=float, default=None, metavar="V",
+                   help="the finite mask value --clamp-mask writes (default -1e4; e.g. -200 keeps the "
+                        "masked Add's int8 range close to the scores')")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
     p.add_argument("--opset", type=int, default=None, help="convert to this opset first")
@@ -371,16 +384,18 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     args.fix_dim = fix_dims
     if args.fix_dim and "fix-dim" not in steps:
         steps.insert(0, "fix-dim")
+    if args.clamp_mask_value is not None and "clamp-mask" not in steps:
+        steps.append("clamp-mask")
     if not steps:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
-                         "--gelu-tanh, --all-for-profile; found none that applies")
+                         "--gelu-tanh, --clamp-mask, --all-for-profile; found none that applies")
     calib = None
     if args.calib:
         loaded = load_model(args.model)
         calib = load_calibration(args.calib, loaded.inputs, consts=parse_const(args.const), limit=args.limit)
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
-                     runner=None)
+                     runner=None, clamp_mask_value=_clamp_value(args))
     for step in report.steps:
         print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
               + ("" if step.exact else " (approximate)"))

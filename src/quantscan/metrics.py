@@ -117,6 +117,9 @@ class ErrorAccumulator:
         self.count = 0
         self.nonfinite_ref = 0
         self.nonfinite_test = 0
+        self.overflow = 0
+        """Elements of samples left out because their float32 sums overflowed although every value was
+        finite (|x| > ~1.8e19, e.g. a float-min mask): not NaN/Inf in the data (see update_sums)."""
         self.samples = 0
         self._sxy = 0.0
         self._sxx = 0.0
@@ -177,13 +180,18 @@ class ErrorAccumulator:
         """Add per-sample sums computed elsewhere (e.g. reductions inside the onnxruntime graph).
 
         Each argument holds one value per sample. The element-wise NaN exclusion of `update` is not
-        possible from sums: a sample whose sums are not all finite is left out whole and its elements
-        are counted as non-finite (on the reference side when Σx² is non-finite, else the test side).
+        possible from sums: a sample whose sums are not all finite is left out whole. When none of Σx²,
+        Σy², Σd² is NaN and max|x−y| is finite, every value was finite and only a float32 sum of squares overflowed
+        (NaN or ±Inf in x or y would make x−y or a sum NaN/Inf): those elements count as `overflow`.
+        Otherwise they count as non-finite (reference side when Σx² is non-finite, else the test side).
         """
         arrays = [np.asarray(a, dtype=np.float64).reshape(-1) for a in (sxy, sxx, syy, sdd, max_abs)]
         a_xy, a_xx, a_yy, a_dd, a_max = arrays
         ok = np.isfinite(a_xy) & np.isfinite(a_xx) & np.isfinite(a_yy) & np.isfinite(a_dd) & np.isfinite(a_max)
-        bad = ~ok
+        no_nan = ~(np.isnan(a_xx) | np.isnan(a_yy) | np.isnan(a_dd))  # Σxy is derived: inf − inf is no proof
+        overflow = ~ok & no_nan & np.isfinite(a_max)
+        self.overflow += int(overflow.sum()) * elements_per_sample
+        bad = ~ok & ~overflow
         if bad.any():
             ref_bad = bad & ~np.isfinite(a_xx)
             self.nonfinite_ref += int(ref_bad.sum()) * elements_per_sample

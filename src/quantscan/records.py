@@ -630,6 +630,7 @@ class RewriteId(StrEnum):
     FUSE_LAYERNORM = "fuse-layernorm"
     GELU_TANH = "gelu-tanh"
     FIX_DIM = "fix-dim"
+    CLAMP_MASK = "clamp-mask"
 
 
 FINDING_COLUMNS: tuple[str, ...] = (

@@ -53,7 +53,9 @@ class PairSums:
         per_sample = int(np.prod(dims[1:])) if dims.size >= 2 else int(np.prod(dims))
         sxx, syy, sdd = (_fold(values[k], n, "sum") for k in (self.sxx, self.syy, self.sdd))
         max_abs = np.maximum(np.abs(_fold(values[self.max_d], n, "max")), np.abs(_fold(values[self.min_d], n, "min")))
-        return (sxx + syy - sdd) / 2.0, sxx, syy, sdd, max_abs, per_sample
+        with np.errstate(invalid="ignore", over="ignore"):  # overflowed sums: update_sums sorts them out
+            sxy = (sxx + syy - sdd) / 2.0
+        return sxy, sxx, syy, sdd, max_abs, per_sample
 
 
 def _fold(values: np.ndarray, n: int, how: str) -> np.ndarray:

@@ -55,7 +55,8 @@ and max_abs = max|x−y| (lower is better). `worst_sample_` columns are the mini
 RANK_DOC_PROFILE = (
     "With a chip profile, `rank` weighs conversion, fallback cost and precision together, in tiers: "
     "(1) kernels with an `error` finding (the converter rejects them: nothing else matters until they are "
-    "fixed); (2) sites whose error is intrinsic, and CPU-placed nodes in an island of at most two nodes "
+    "fixed); (2) sites whose error is intrinsic (within it, non-finite figures and absurd scales first, by "
+    "`diagnosis_tier`), and CPU-placed nodes in an island of at most two nodes "
     "(each such island costs two NPU/CPU crossings per inference); (3) everything else. Within a tier, "
     "ascending `isolated_sqnr_db`, then ascending `cumulative_sqnr_db`. CPU-placed nodes stay float in the "
     "simulation, quantized only at the island boundaries, and have no isolated figure."
@@ -65,6 +66,8 @@ RANK_DOC = (
     "`rank` orders sites by the error each site makes itself: ascending `isolated_sqnr_db` (this site alone "
     "quantized, fed FP32 inputs), ties broken by ascending `act_worst_channel_sqnr_db`, then by ascending "
     "`cumulative_sqnr_db`; sites without a measured isolated figure come last. Rank 1 is the most harmful. "
+    "Before all of these, `diagnosis_tier`: sites whose own figures are not finite (0) and sites with an "
+    "absurd scale (1) come first, with their cause, since their measured figures cannot be trusted. "
     "The isolated figure is used because cumulative SQNR mostly measures what a site inherits from upstream."
 )
 
@@ -90,7 +93,8 @@ def summary_markdown(result: SummarySource) -> str:
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
-        f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor, "
+        f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor "
+        f"({info.options.get('activations_source', 'default')}), "
         "weights int8 per output channel (symmetric), bias int32",
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
                                 else f"`{info.evaluation.path}` ({info.evaluation.samples} samples)"),
@@ -125,6 +129,7 @@ def summary_markdown(result: SummarySource) -> str:
             f"| {r['rank']} | `{r['node']}` | {r['kernel']} | {_fmt(r['isolated_sqnr_db'])} | "
             f"{_fmt(r['cumulative_sqnr_db'])} | {_fmt(r['act_worst_channel_sqnr_db'])} | {r['cause']} | {r['reason']} |"
         )
+    lines += _diagnosis_section(result.layers)
     intrinsic = result.layers[result.layers["cause"] == "intrinsic"]
     inherited = result.layers[result.layers["cause"] == "inherited"]
     lines += ["", "## Cause or symptom", ""]
@@ -147,6 +152,24 @@ def summary_markdown(result: SummarySource) -> str:
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
+
+
+DIAGNOSIS_LIMIT = 15
+
+
+def _diagnosis_section(layers: pd.DataFrame) -> list[str]:
+    """Root causes the cause rules named (quantscan.diagnose), in rank order, each with its fix."""
+    if "diagnosis" not in layers.columns:
+        return []
+    found = layers[layers["diagnosis"].fillna("").astype(str) != ""]
+    lines = ["", "## Diagnosis: root causes and fixes", ""]
+    if found.empty:
+        return lines + ["No cause rule fired (absurd scales, outlier channels, mismatched join inputs, "
+                        "wasted codes, dead or clipped channels, non-finite figures)."]
+    lines.append(f"{len(found)} site(s) with a named cause; the first of each site, in rank order:")
+    for r in found.head(DIAGNOSIS_LIMIT).to_dict("records"):
+        lines.append(f"- rank {r['rank']} `{r['node']}` ({r['kernel']}): {r['diagnosis']}")
+    return lines
 
 
 def _profile_section(result: SummarySource) -> list[str]:

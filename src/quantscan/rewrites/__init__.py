@@ -8,6 +8,7 @@ pull in onnxruntime and the compat check, which the passes do not need.
 """
 
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.clamp_mask import clamp_mask
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
@@ -23,6 +24,7 @@ __all__ = [
     "DimSetting",
     "Refusal",
     "RewriteResult",
+    "clamp_mask",
     "cleanup",
     "decompose_hardsigmoid",
     "decompose_hardswish",

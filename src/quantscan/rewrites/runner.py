@@ -35,6 +35,7 @@ from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
 from quantscan.records import RewriteId
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.clamp_mask import CLAMP_VALUE, clamp_mask
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
@@ -60,6 +61,7 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.DECOMPOSE_LAYERNORM: decompose_layernorm,
     RewriteId.FUSE_LAYERNORM: fuse_layernorm,
     RewriteId.GELU_TANH: gelu_tanh,
+    RewriteId.CLAMP_MASK: clamp_mask,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
@@ -184,6 +186,7 @@ def rewrite(
     force: bool = False,
     write: bool = True,
     runner: Runner | None = None,
+    clamp_mask_value: float = CLAMP_VALUE,
 ) -> RewriteReport:
     """Apply `rewrites` (ids from `rewrite_ids()`) in order, prove the result, write it when it passes.
 
@@ -192,7 +195,7 @@ def rewrite(
     opset). Without `out`, a model given by path is written beside itself as `<stem>.rewritten.onnx`
     (then `.rewritten.1.onnx`, ...); `write=False` only proves. Raises UsageError for unknown ids, bad
     dimension syntax, `out` equal to the input, and a requested rewrite that applied nowhere (the error
-    lists why, from the refusals).
+    lists why, from the refusals). `clamp_mask_value` is the finite value `clamp-mask` writes.
     """
     steps_wanted = _steps(rewrites, fix_dim)
     source, original = _load(model)
@@ -208,7 +211,12 @@ def rewrite(
         change = Change("opset", "", f"opset {opset_before} -> {opset} (onnx.version_converter)")
         steps.append(StepReport("opset", True, [change], []))
     for rid, args in steps_wanted:
-        result = fix_dims(current, args) if rid is RewriteId.FIX_DIM else REWRITES[rid](current)
+        if rid is RewriteId.FIX_DIM:
+            result = fix_dims(current, args)
+        elif rid is RewriteId.CLAMP_MASK:
+            result = clamp_mask(current, clamp_mask_value)
+        else:
+            result = REWRITES[rid](current)
         steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals))
         if not result.changes:
             raise UsageError(_applied_nowhere(rid, result))

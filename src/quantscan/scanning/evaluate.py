@@ -130,6 +130,11 @@ def evaluate(
         f"int8 side {acc.nonfinite_test} elements)"
         for name, acc in cumulative.items()
         if acc.nonfinite_ref or acc.nonfinite_test
+    ] + [
+        f"tensor '{name}': finite values too large for float32 error sums ({acc.overflow} elements, "
+        "|x| > 1.8e19, e.g. a float-min mask): its error figures are not measured"
+        for name, acc in cumulative.items()
+        if acc.overflow
     ]
     output_metrics: dict[str, OutputMetrics] = {}
     deployed_metrics: dict[str, OutputMetrics] = {}

@@ -198,6 +198,8 @@ class ScanContext:
     compat: Any = None
     """compat.CheckResult when a profile was given."""
     profile: str | None = None
+    activations_source: str = "default"
+    """Why `opts.activations` is what it is: "from --activations", "from profile NAME" or "default"."""
 
     def classifier_outputs(self, outputs: Sequence[str]) -> set[str]:
         """Which of `outputs` are classifier outputs (top-1 agreement applies)."""
@@ -242,8 +244,10 @@ def prepare_timed(
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
     compat, profile_name = None, None
+    source = activations_source(opts.activations is not None, None)
     if opts.profile is not None:
         compat, profile_name, opts = _apply_profile(loaded, opts, dims)
+        source = activations_source(source != "default", profile_name)
     opts = replace(opts, activations=opts.activations or ActivationScheme.UINT8)
     prepared = prepare_for_analysis(loaded, dims)
     runner = runner or Runner(threads=opts.threads, opt_level="basic")
@@ -269,9 +273,17 @@ def prepare_timed(
     warnings.extend(calib_stats.warnings)
     ctx = ScanContext(
         loaded, prepared, cset, eval_set, opts, runner, batch_size, probe, sites, origins, calib_stats,
-        plan, order, warnings, compat, profile_name,
+        plan, order, warnings, compat, profile_name, source,
     )
     return ctx, times
+
+
+def activations_source(explicit: bool, profile: str | None) -> str:
+    """Why the activation scheme is what it is, as run.json and summary.md say it: an explicit
+    option wins over the profile, the profile over the uint8 default."""
+    if explicit:
+        return "from --activations"
+    return f"from profile {profile}" if profile else "default"
 
 
 def _sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOptions) -> tuple[CalibSet, CalibSet]:

@@ -197,6 +197,7 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
         evaluation=DataInfo(str(ctx.eval_set.source), ctx.eval_set.n_samples,
                             same_as_calibration=ctx.eval_set is ctx.cset),
         options={"calib_method": opts.calib_method.value, "activations": _value(opts.activations),
+                 "activations_source": ctx.activations_source,
                  "weights": "int8 per-channel symmetric", "profile": str(opts.profile) if opts.profile else None,
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},

@@ -19,9 +19,12 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
+from quantscan.diagnose import human
+from quantscan.graph.index import GraphIndex
 from quantscan.model import LoadedModel, PreparedModel
 from quantscan.records import Placement, Severity, severity_rank
 from quantscan.scanning.calibrate import CalibStats
+from quantscan.scanning.diagnosis import diagnosis_columns, run_rules
 from quantscan.scanning.evaluate import Evaluation
 from quantscan.scanning.prepare import Probe, ScanContext
 from quantscan.sites import Site
@@ -70,6 +73,7 @@ def build_tables(
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     rows = []
     channel_rows = []
+    index = GraphIndex(prepared.proto.graph)
     for k, site in enumerate(sites):
         cum = ev.cumulative.get(site.output)
         iso = ev.isolated.get(k)
@@ -101,6 +105,10 @@ def build_tables(
         row["act_scale"] = float(qp.scale) if qp is not None else math.nan
         row["act_zero_point"] = int(qp.zero_point) if qp is not None else 0
         row["cause"], row["reason"] = classify(row)
+        findings = run_rules(site, row, plan, calib_stats, index)
+        row.update(diagnosis_columns(findings))
+        if findings and findings[0].tier < 2:  # figures meaningless or scale absurd: the site's own fault
+            row["cause"], row["reason"] = "intrinsic", findings[0].reason
         rows.append(row)
         if ch_range is not None:
             lo, hi = ch_range.ranges()
@@ -191,6 +199,10 @@ def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.D
         })
     if cpu_rows:
         layers = pd.concat([layers, pd.DataFrame(cpu_rows)], ignore_index=True)
+        if "diagnosis_tier" in layers.columns:  # CPU rows run float: no quantization cause to name
+            layers["diagnosis_tier"] = layers["diagnosis_tier"].fillna(2).astype(int)
+            for column in ("diagnosis", "diagnosis_cause", "diagnosis_fix"):
+                layers[column] = layers[column].fillna("")
     tier = []
     for r in layers.to_dict("records"):
         if r.get("compat_severity") == Severity.ERROR:
@@ -199,9 +211,11 @@ def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.D
             tier.append(1)
         else:
             tier.append(2)
-    key = layers.assign(_tier=tier)[["_tier", "isolated_sqnr_db", "cumulative_sqnr_db"]]
+    columns = ["_tier", *RANK_TIERS, "isolated_sqnr_db", "cumulative_sqnr_db"]
+    key = layers.assign(_tier=tier).reindex(columns=columns)
+    key["diagnosis_tier"] = key["diagnosis_tier"].fillna(2)
     key = key.replace([np.inf], 1e9).fillna(1e12)
-    ordered = key.sort_values(["_tier", "isolated_sqnr_db", "cumulative_sqnr_db"], kind="mergesort").index
+    ordered = key.sort_values(columns, kind="mergesort").index
     layers = layers.copy()
     layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
     layers["rank"] = layers["rank"].astype(int)
@@ -225,7 +239,7 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
     reasons = []
     if _lt(worst_ch, WORST_CHANNEL_SQNR_DB) and _gt(spread, 10):
         reasons.append(
-            f"activation channel ranges span {spread:.0f}x: "
+            f"activation channel ranges span {human(spread)}x: "
             f"per-tensor int8 leaves {worst_ch:.1f} dB on the worst channel"
         )
     if _lt(wworst, WEIGHT_WORST_CHANNEL_SQNR_DB):
@@ -256,13 +270,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not math.isnan(value)
 
 
+RANK_TIERS: tuple[str, ...] = ("diagnosis_tier",)
+"""Rank keys sorted before the measured figures: 0 = the site's own figures are not finite (a finding
+in itself), 1 = an absurd scale, 2 = the rest. A measured output-gain key belongs right after it."""
+
+
 def rank_sites(layers: pd.DataFrame) -> pd.DataFrame:
     """`rank` (summary.md's RANK_DOC), rank 1 first; rows arrive classified (`cause`, `reason`)."""
-    key = layers[["isolated_sqnr_db", "act_worst_channel_sqnr_db", "cumulative_sqnr_db"]].copy()
+    columns = [*RANK_TIERS, "isolated_sqnr_db", "act_worst_channel_sqnr_db", "cumulative_sqnr_db"]
+    key = layers.reindex(columns=columns).copy()
+    key["diagnosis_tier"] = key["diagnosis_tier"].fillna(2)
     key = key.replace([np.inf], 1e9).fillna(1e12)
-    ordered = key.sort_values(
-        ["isolated_sqnr_db", "act_worst_channel_sqnr_db", "cumulative_sqnr_db"], kind="mergesort"
-    ).index
+    ordered = key.sort_values(columns, kind="mergesort").index
     layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
     layers["rank"] = layers["rank"].astype(int)
     return layers.sort_values("rank").reset_index(drop=True)

@@ -1,0 +1,44 @@
+"""Root causes with names and fixes: one rule per module, each `check(SiteFacts) -> Finding | None`.
+
+`diagnose(facts)` runs every rule on one site and returns its findings, most urgent first (by tier,
+then rule order). The scan gathers the facts (scanning/diagnosis.py), puts the first finding in
+layers.csv (`diagnosis`, `diagnosis_cause`, `diagnosis_fix`, `diagnosis_tier`) and lists them in
+summary.md. Pure numpy: no graph, no runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from quantscan.diagnose import (
+    absurd_scale,
+    code_waste,
+    dead_channels,
+    nonfinite,
+    outlier_channels,
+    range_mismatch,
+    saturated_channels,
+)
+from quantscan.diagnose.base import Cause, Finding, Fix, FixKind, SiteFacts, human
+
+Rule = Callable[[SiteFacts], Finding | None]
+
+RULES: tuple[Rule, ...] = (
+    absurd_scale.check,
+    nonfinite.check,
+    outlier_channels.check,
+    range_mismatch.check,
+    saturated_channels.check,
+    code_waste.check,
+    dead_channels.check,
+)
+"""Every cause rule, most fundamental first: an absurd scale explains the non-finite figures it causes."""
+
+
+def diagnose(facts: SiteFacts) -> list[Finding]:
+    """Every rule's finding for one site, lowest tier first (stable in rule order)."""
+    found = [f for f in (rule(facts) for rule in RULES) if f is not None]
+    return sorted(found, key=lambda f: f.tier)
+
+
+__all__ = ["RULES", "Cause", "Finding", "Fix", "FixKind", "SiteFacts", "diagnose", "human"]

@@ -1,0 +1,36 @@
+"""Rule: outlier channels: one or a few channels whose range is far beyond the rest (robust z-score of
+channel widths), so a per-tensor scale leaves the others a handful of codes.
+
+Fix: int16 at this site (or per-channel activations where the chip has them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantscan.diagnose.base import SENTINEL, Cause, Finding, Fix, FixKind, SiteFacts, human
+
+Z_LIMIT = 8.0
+"""Robust z-score (median/MAD) of the widest channel beyond which it is an outlier."""
+MIN_RATIO = 8.0
+"""...and it must be this many times the median width (3 bits lost), or the spread is harmless."""
+MIN_CHANNELS = 4
+
+
+def check(facts: SiteFacts) -> Finding | None:
+    widths = facts.ch_hi - facts.ch_lo
+    widths = widths[np.isfinite(widths) & (widths > 0) & (widths < SENTINEL)]
+    if widths.size < MIN_CHANNELS:
+        return None
+    med = float(np.median(widths))
+    mad = float(np.median(np.abs(widths - med))) * 1.4826
+    top = float(widths.max())
+    z = (top - med) / mad if mad > 0 else (np.inf if top > med else 0.0)
+    if z <= Z_LIMIT or top / med <= MIN_RATIO:
+        return None
+    n_out = int(np.count_nonzero((widths - med) > Z_LIMIT * max(mad, 1e-30)))
+    reason = (f"{n_out} channel(s) up to {human(top / med)}x the median channel range "
+              f"(robust z {human(float(z))}): the other channels get {human(255 * med / top)} of 255 codes")
+    fix = Fix(FixKind.INT16, "int16", "int16 activations at this site (or per-channel activation scales)")
+    return Finding(facts.node, Cause.OUTLIER_CHANNELS, {"z": float(z), "ratio": top / med, "channels": n_out},
+                   reason, fix)

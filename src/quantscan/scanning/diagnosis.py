@@ -1,0 +1,101 @@
+"""Gather each site's facts for the cause rules (quantscan.diagnose) and run them.
+
+Why here and not in the rules: the facts come from the scan's own measurements (calibration ranges,
+per-channel ranges, the plan's scales, the figures in the layers row) and from the graph (does the
+output reach a Softmax?); the rules stay pure numpy and testable on hand-built facts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from quantscan import graph as qgraph
+from quantscan.diagnose import Finding, SiteFacts, diagnose
+from quantscan.graph.index import GraphIndex
+from quantscan.scanning.calibrate import CalibStats
+from quantscan.sites import Site
+
+SOFTMAX_DEPTH = 4
+"""How many nodes after a site its output may pass through and still count as feeding a Softmax."""
+FIGURES = ("isolated_sqnr_db", "isolated_cosine", "cumulative_sqnr_db", "cumulative_cosine")
+
+
+def feeds_softmax(index: GraphIndex, tensor: str, depth: int = SOFTMAX_DEPTH) -> bool:
+    """Whether `tensor` reaches a Softmax/LogSoftmax within `depth` nodes."""
+    queue: deque[tuple[str, int]] = deque([(tensor, 0)])
+    seen: set[str] = set()
+    while queue:
+        name, d = queue.popleft()
+        if name in seen or d >= depth:
+            continue
+        seen.add(name)
+        for user in index.users(name):
+            if user.op_type in ("Softmax", "LogSoftmax"):
+                return True
+            queue.extend((o, d + 1) for o in user.output if o)
+    return False
+
+
+def _implied_range(plan: qgraph.QuantPlan, tensor: str) -> tuple[float, float] | None:
+    """The range a tensor's quantization covers (what calibration settled on)."""
+    qp = plan.activations.get(tensor)
+    if qp is None:
+        return None
+    scale, zp = float(np.ravel(qp.scale)[0]), int(np.ravel(qp.zero_point)[0])
+    return (qp.qmin - zp) * scale, (qp.qmax - zp) * scale
+
+
+def site_facts(
+    site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex
+) -> SiteFacts:
+    """One site's facts: measured ranges first, the plan's implied range where none was measured."""
+    ch = calib.channel_ranges.get(site.output)
+    ch_lo, ch_hi = ch.ranges() if ch is not None else (np.zeros(0), np.zeros(0))
+    finite = np.isfinite(ch_lo) & np.isfinite(ch_hi)
+    implied = _implied_range(plan, site.output) or (math.nan, math.nan)
+    lo, hi = (float(ch_lo[finite].min()), float(ch_hi[finite].max())) if finite.any() else implied
+    qp = plan.activations.get(site.output)
+    inputs = {}
+    for t in site.inputs:
+        r = _implied_range(plan, t)
+        if r is not None:
+            inputs[t] = r
+    return SiteFacts(
+        node=site.node, op_type=site.op_type, output=site.output, lo=lo, hi=hi,
+        scale=float(np.ravel(qp.scale)[0]) if qp is not None else math.nan,
+        zero_point=int(np.ravel(qp.zero_point)[0]) if qp is not None else 0,
+        qmin=qp.qmin if qp is not None else 0, qmax=qp.qmax if qp is not None else 255,
+        ch_lo=np.asarray(ch_lo, dtype=np.float64), ch_hi=np.asarray(ch_hi, dtype=np.float64),
+        input_ranges=inputs,
+        figures={k: float(row[k]) for k in FIGURES if k in row},
+        feeds_softmax=feeds_softmax(index, site.output),
+    )
+
+
+def diagnosis_columns(findings: list[Finding]) -> dict[str, Any]:
+    """The layers.csv cells for one site: the first (most urgent) finding, the others counted."""
+    if not findings:
+        return {"diagnosis": "", "diagnosis_cause": "", "diagnosis_fix": "", "diagnosis_tier": 2}
+    first = findings[0]
+    others = ", ".join(f.cause.value for f in findings[1:])
+    more = f" (+{len(findings) - 1} more: {others})" if others else ""
+    return {"diagnosis": first.text() + more, "diagnosis_cause": first.cause.value,
+            "diagnosis_fix": _fix_label(first), "diagnosis_tier": first.tier}
+
+
+def _fix_label(finding: Finding) -> str:
+    """`rewrite clamp-mask`, `calibration percentile`, `int16` (the kind alone when it says it all)."""
+    kind, value = finding.fix.kind.value, finding.fix.value
+    return kind if kind == value else f"{kind} {value}"
+
+
+def run_rules(
+    site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex
+) -> list[Finding]:
+    """Every cause rule's finding for one site, most urgent first."""
+    return diagnose(site_facts(site, row, plan, calib, index))

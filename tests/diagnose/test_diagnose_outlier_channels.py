@@ -1,0 +1,24 @@
+"""outlier_channels: one channel 50x the others fires (robust z-score); an even spread does not."""
+
+from __future__ import annotations
+
+import numpy as np
+from diag_facts import facts
+
+from quantscan.diagnose import Cause, FixKind, outlier_channels
+
+RNG = np.random.default_rng(0)
+WIDTHS = RNG.uniform(0.8, 1.2, 32)
+
+
+def test_one_wide_channel_fires() -> None:
+    hi = WIDTHS.copy()
+    hi[7] = 50.0
+    f = outlier_channels.check(facts(list(-0 * hi), list(hi)))
+    assert f is not None and f.cause is Cause.OUTLIER_CHANNELS and f.fix.kind is FixKind.INT16
+    assert f.evidence["channels"] == 1 and 40 < f.evidence["ratio"] < 60
+
+
+def test_even_channels_stay_silent() -> None:
+    assert outlier_channels.check(facts(list(-WIDTHS), list(WIDTHS))) is None
+    assert outlier_channels.check(facts([-1.0, -1.0], [1.0, 30.0])) is None  # too few channels to judge
