@@ -4,10 +4,11 @@ Why: a site's own error (isolated SQNR) says little about what reaches the outpu
 30 dB can matter less than a Conv at 40 dB whose error every later layer amplifies, and a site
 whose figures are not finite (a float-min attention mask) ranks nowhere by SQNR yet ruins the
 output. The scan therefore takes its strongest candidates (the top N by isolated error, by worst
-channel, by the cumulative SQNR a site loses, plus every site whose figures are not finite or that
-a finding names) and measures their `gain_if_float` with bisect's gain graph (`gain.compute_gain`:
-one session, one run per batch, only the branches downstream of each candidate). `gain_if_float`
-keeps bisect's meaning: the headline metric with that one site float, minus the all-int8 metric.
+channel, by the cumulative SQNR a site loses, plus every site whose figures are not finite, that
+a finding names, or that writes a headline output) and measures their `gain_if_float` with
+bisect's gain graph (`gain.compute_gain`: one session, one run per batch, only the branches
+downstream of each candidate). `gain_if_float` keeps bisect's meaning: the headline metric with
+that one site float, minus the all-int8 metric.
 `rank_by_gain` then puts measured sites first, most helpful first, and the rest in the old order.
 """
 
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from quantscan.gain import MixedBuilder, compute_gain
 from quantscan.records import Severity
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
@@ -102,8 +102,14 @@ def measure_impact(
     progress: ProgressFactory = no_progress,
 ) -> Impact:
     """gain_if_float of the candidates, in one gain-graph session over the evaluation set."""
+    # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
+    # run -> this module: a module-level import here would meet a half-initialised gain.
+    from quantscan.gain import MixedBuilder, compute_gain
+
     started = time.perf_counter()
-    candidates = gain_candidates(layers, n, (s.node for s in ctx.sites), named)
+    heads = set(ctx.headline_outputs())
+    at_output = [s.node for s in ctx.sites if s.output in heads]  # one-node branches: nearly free
+    candidates = gain_candidates(layers, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
     if not candidates:
         return Impact({}, [], 0.0)
     result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, only=set(candidates), progress=progress)
