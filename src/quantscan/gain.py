@@ -405,11 +405,11 @@ def compute_gain(
     loss_if_only: bool = False,
     progress: ProgressFactory = no_progress,
     runner: Runner | None = None,
-    only: Collection[str] | None = None,
+    subset: Collection[str] | None = None,
 ) -> GainResult:
     """gain_if_float (and loss_if_only) of every site in one pass over the evaluation set.
 
-    `only` (site node names) limits the branches to those sites: the scan measures its strongest
+    `subset` (site node names) limits the branches to those sites: the scan measures its strongest
     candidates this way, in the same single session, and the table then has their rows only.
     """
     started = time.perf_counter()
@@ -432,7 +432,7 @@ def compute_gain(
     branch_nodes: dict[str, int] = {}
     changed: dict[tuple[int, str], set[str]] = {}
     for k, site in enumerate(builder.sites):
-        if only is not None and site.node not in only:
+        if subset is not None and site.node not in subset:
             continue
         variants = [(GAIN_TAG, builder.precisions([site.node]), gg.base, gg.in_int8)]
         if loss_if_only:

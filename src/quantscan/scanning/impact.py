@@ -112,7 +112,7 @@ def measure_impact(
     candidates = gain_candidates(layers, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
     if not candidates:
         return Impact({}, [], 0.0)
-    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, only=set(candidates), progress=progress)
+    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress)
     gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
     return Impact(gains, candidates, time.perf_counter() - started)
 
