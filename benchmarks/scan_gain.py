@@ -71,7 +71,10 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=DEFAULT_GAIN_CANDIDATES)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
-    rows = [row(m, args.candidates, args.limit, args.threads) for m in args.models]
+    rows = []
+    for m in args.models:
+        rows.append(row(m, args.candidates, args.limit, args.threads))
+        print(" | ".join(rows[-1]), file=sys.stderr, flush=True)  # progress: each row as it is measured
     print(f"scan time with and without the output-gain measurement ({code_state(REPO)}; {cpu_note()})")
     print(f"gain candidates per ordering: {args.candidates}; samples: {args.limit or 'whole calibration set'}")
     print()
