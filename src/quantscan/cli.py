@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("model")
     _data_options(scan)
     _common(scan)
+    scan.add_argument("--gain-candidates", type=int, default=None, metavar="N",
+                      help="sites per ordering whose output gain is measured to rank by impact (default 16)")
+    scan.add_argument("--no-gain", action="store_true", help="skip the output-gain measurement (= --gain-candidates 0)")
     check = sub.add_parser("check", help="structural compatibility with chip profiles")
     check.add_argument("model")
     check.add_argument("--profile", action="append", default=[])
@@ -261,6 +264,17 @@ def default_out(model: str) -> Path:
 # --- commands ------------------------------------------------------------------------------------------
 
 
+def _gain_option(args: argparse.Namespace) -> dict[str, int]:
+    """--no-gain / --gain-candidates N as the scan's `gain_candidates` option (absent: the default)."""
+    if args.no_gain:
+        return {"gain_candidates": 0}
+    if args.gain_candidates is None:
+        return {}
+    if args.gain_candidates < 0:
+        raise UsageError(f"--gain-candidates: expected a non-negative integer, found {args.gain_candidates}")
+    return {"gain_candidates": args.gain_candidates}
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     from quantscan.scanning import scan
 
@@ -291,6 +305,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "profile": args.profile[0] if args.profile else None,
         "no_report": args.no_report,
         "tensors": args.tensors,
+        **_gain_option(args),
     }
     if len(args.profile) > 1:
         raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
@@ -309,8 +324,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
           + (f", top-1 agreement {top1:.3f}" if top1 is not None else "")
           + f" (deployed ORT_ENABLE_ALL cosine {deployed:.5f})")
     for r in top.to_dict("records"):
+        gain = float(r.get("gain_if_float", math.nan))
         print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
-              f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}")
+              f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}"
+              + (f", gain if float {gain:+.4g}" if math.isfinite(gain) else ""))
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
     extra += "" if args.no_report else ", report.html"
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -405,8 +405,13 @@ def compute_gain(
     loss_if_only: bool = False,
     progress: ProgressFactory = no_progress,
     runner: Runner | None = None,
+    subset: Collection[str] | None = None,
 ) -> GainResult:
-    """gain_if_float (and loss_if_only) of every site in one pass over the evaluation set."""
+    """gain_if_float (and loss_if_only) of every site in one pass over the evaluation set.
+
+    `subset` (site node names) limits the branches to those sites: the scan measures its strongest
+    candidates this way, in the same single session, and the table then has their rows only.
+    """
     started = time.perf_counter()
     runner = runner or ctx.runner
     n = len(builder.sites)
@@ -427,6 +432,8 @@ def compute_gain(
     branch_nodes: dict[str, int] = {}
     changed: dict[tuple[int, str], set[str]] = {}
     for k, site in enumerate(builder.sites):
+        if subset is not None and site.node not in subset:
+            continue
         variants = [(GAIN_TAG, builder.precisions([site.node]), gg.base, gg.in_int8)]
         if loss_if_only:
             only = ["float"] * n
@@ -511,6 +518,8 @@ def _gain_table(
     base_worst = {m: headline(base_rows, m)[1][m] for m, _ in _GAIN_KEYS if _has(base_rows, m)}
     rows = []
     for k, site in enumerate(builder.sites):
+        if (k, GAIN_TAG) not in changed:
+            continue
         tag = f"{GAIN_TAG}{k}"
         variant = _variant_rows(pairs, changed[(k, GAIN_TAG)], tag, base_rows, outputs)
         row: dict[str, Any] = {

@@ -20,6 +20,7 @@ from quantscan.bisect.session import Session
 from quantscan.bisect.state import Bisector, Step, Target
 from quantscan.gain import MixedBuilder
 from quantscan.records import Metrics, Plan, PlanSite, Precision
+from quantscan.report.diagnosis import with_plan_block
 from quantscan.runfolder import atomic_write_text, write_json
 from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
@@ -138,6 +139,10 @@ def write_plan(plan: Plan, session: Session, out: Path, exports: Sequence[str] |
         atomic_write_text(files["gain.csv"], gains.to_csv(index=False))
         files["layers.csv"] = out / "layers.csv"
         atomic_write_text(files["layers.csv"], _layers_with_gain(out / "layers.csv", gains).to_csv(index=False))
+    if (out / "summary.md").is_file():  # a scan's folder: its diagnosis shows the plan on the first screen
+        files["summary.md"] = out / "summary.md"
+        text = files["summary.md"].read_text(encoding="utf-8")
+        atomic_write_text(files["summary.md"], with_plan_block(text, plan.to_json()))
     files.update(qexports.write_exports(plan, out, exports))
     return files
 

@@ -8,6 +8,7 @@ the metrics and the rank live here because summary.md is where users read them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
+from quantscan.report.diagnosis import diagnosis_lines, rank_doc_gain
 
 
 class _Model(Protocol):
@@ -83,13 +85,15 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def summary_markdown(result: SummarySource) -> str:
-    """summary.md's text: setup, output metrics, headline, top sites, causes, the profile, the docs."""
+def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = None) -> str:
+    """summary.md's text: the diagnosis (with `plan`, a bisect plan.json's content, when one is in the
+    run folder), setup, output metrics, headline, top sites, causes, the profile, the docs."""
     info = result.run_info
     head = result.headline
     lines = [
         f"# quantscan: {result.model.path.name}",
         "",
+        *diagnosis_lines(head, result.output_metrics, result.layers, plan),
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
@@ -148,6 +152,9 @@ def summary_markdown(result: SummarySource) -> str:
         lines.append(f"  - `{r['node']}` ({r['kernel']}): {r['reason']}")
     lines += _profile_section(result)
     rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
+    measured = int(info.options.get("gain_measured") or 0)
+    if measured:
+        rank_doc = rank_doc_gain(measured, info.sites, int(info.options.get("gain_candidates") or 0))
     lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
@@ -162,7 +169,7 @@ def _diagnosis_section(layers: pd.DataFrame) -> list[str]:
     if "diagnosis" not in layers.columns:
         return []
     found = layers[layers["diagnosis"].fillna("").astype(str) != ""]
-    lines = ["", "## Diagnosis: root causes and fixes", ""]
+    lines = ["", "## Root causes and fixes", ""]
     if found.empty:
         return lines + ["No cause rule fired (absurd scales, outlier channels, mismatched join inputs, "
                         "wasted codes, dead or clipped channels, non-finite figures)."]

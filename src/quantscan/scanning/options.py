@@ -17,6 +17,8 @@ from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
 
 TENSOR_SETS = ("all", "sites")
+DEFAULT_GAIN_CANDIDATES = 16
+"""Sites taken from each ordering (isolated, worst channel, cumulative drop) for the gain measurement."""
 
 
 class ProgressBar(Protocol):
@@ -76,6 +78,10 @@ class ScanOptions:
     "sites" (quantization points and graph outputs only: several times less reduction work on
     models whose kernels hide many internal tensors, e.g. decomposed HardSwish/LayerNorm)."""
 
+    gain_candidates: int = DEFAULT_GAIN_CANDIDATES
+    """How many sites per ordering get their output gain measured (scanning.impact); 0 turns it off
+    (`--no-gain`) and `rank` is then the isolated-error order alone."""
+
     def validate(self) -> ScanOptions:
         """Refuse bad values with the CLI flag's name; return the options with the enums parsed."""
         methods = [m.value for m in CalibMethod]
@@ -85,6 +91,8 @@ class ScanOptions:
             raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
         if self.tensors not in TENSOR_SETS:
             raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
+        if not isinstance(self.gain_candidates, int) or self.gain_candidates < 0:
+            raise UsageError(f"--gain-candidates: expected a non-negative integer, found {self.gain_candidates!r}")
         if self.batch_size <= 0:
             raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)

@@ -29,9 +29,10 @@ from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunI
 from quantscan.report.summary import summary_markdown
 from quantscan.runner import Runner
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
+from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
-from quantscan.scanning.tables import build_tables, with_profile
+from quantscan.scanning.tables import build_tables, ops_table, with_profile
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")
@@ -77,7 +78,8 @@ class ScanResult:
                 frame = self.compat.findings if name == "compat" else self.compat.partitions
                 runfolder.write_csv(folder / f"{name}.csv", frame)
                 written.append(folder / f"{name}.csv")
-        runfolder.atomic_write_text(folder / "summary.md", summary_markdown(self))
+        plan = runfolder.read_plan(folder / "plan.json")  # a bisect run into this folder before the scan
+        runfolder.atomic_write_text(folder / "summary.md", summary_markdown(self, plan))
         written.append(folder / "summary.md")
         writing = time.perf_counter() - t0
         times = self.run_info.times_s
@@ -157,8 +159,12 @@ def measure(
     if ctx.compat is not None and ctx.profile is not None:
         tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
+    impact = rank_by_impact(ctx, tables, progress)
+    times["impact"] = impact.seconds
     head = headline(evaluation)
     info = run_info(ctx, qdq, head, evaluation)
+    info.options["gain_candidates"] = opts.gain_candidates
+    info.options["gain_measured"] = len(impact.gains)
     info.times_s = {k: round(v, 4) for k, v in times.items()}
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
@@ -178,6 +184,17 @@ def measure(
         profile=ctx.profile,
         no_report=opts.no_report,
     )
+
+
+def rank_by_impact(ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory) -> Impact:
+    """Measure the candidates' output gain and re-rank layers (and ops' best rank) by it, in place."""
+    impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, progress=progress)
+    if impact.gains:
+        tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
+        layers = tables["layers"]
+        on_chip = layers[layers["placement"] != "cpu"] if "placement" in layers else layers
+        tables["ops"] = ops_table(on_chip)  # as build_tables made it: site rows only, best rank updated
+    return impact
 
 
 def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation: Evaluation) -> RunInfo:

@@ -1,0 +1,201 @@
+"""summary.md's first screen, as a diagnosis: what is wrong, where, why, the first thing to try.
+
+Why a section of its own: the tables further down answer "which figures", users open summary.md to
+learn "what do I change". The diagnosis reads the ranked layers table (rank 1 is the site whose
+float version helps the output most, measured: scanning.impact), the fake-quant vs deployed
+figures (a gap means the integer kernels do something the simulation does not), and a bisect
+plan written into the same folder. Formatting only, like report.summary: no measurement here.
+
+The plan block sits between HTML comment markers so `quantscan bisect` run into a scan's folder
+can put its plan on the first screen without rewriting the rest (`with_plan_block`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from quantscan.records import Headline, OutputMetrics
+
+DEPLOYED_GAP = 0.01
+"""Fake-quant and deployed (ORT_ENABLE_ALL) output cosine further apart than this are flagged."""
+CLOSE_COSINE = 0.999
+"""An all-int8 output cosine at or above this is called close to FP32."""
+NOTABLE_GAIN = 1e-4
+"""A measured output gain below this is noise, not a reason to keep a site float."""
+PLAN_BEGIN = "<!-- quantscan:bisect-plan -->"
+PLAN_END = "<!-- /quantscan:bisect-plan -->"
+NEXT_SITES = 3
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _g(value: Any, digits: int = 4) -> str:
+    f = _num(value)
+    if math.isnan(f):
+        return "–"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    return f"{f:.{digits}g}"
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.4g}"
+
+
+def rank_doc_gain(measured: int, sites: int, candidates: int) -> str:
+    """How `rank` is computed when the output gain was measured (summary.md's 'How rank is computed')."""
+    return (
+        f"`rank` orders sites by what keeping each one float does to the model output: `gain_if_float` "
+        f"(the headline output cosine with only that site float, minus the all-int8 cosine; the same "
+        f"measurement and meaning as `quantscan bisect`), largest first. It was measured for {measured} of "
+        f"{sites} sites: the union of the {candidates} lowest by `isolated_sqnr_db`, the {candidates} lowest by "
+        f"`act_worst_channel_sqnr_db`, the {candidates} that lose the most cumulative SQNR between their "
+        "inputs and their output, every site whose figures are not finite and every site writing a headline "
+        "output. Sites without a measured gain "
+        "follow in the old order (ascending isolated SQNR, then worst-channel SQNR, then cumulative SQNR). "
+        "With a chip profile, kernels the converter rejects stay first; then sites a cause rule puts in "
+        "`diagnosis_tier` 0 or 1 (non-finite figures, absurd scales such as a float-min mask), whose gain "
+        "often cannot be measured and which are the root cause to fix first. `--gain-candidates N` sets the count, "
+        "`--no-gain` turns the measurement off."
+    )
+
+
+def _measured(layers: pd.DataFrame) -> pd.DataFrame:
+    if "gain_if_float" not in layers:
+        return layers.iloc[0:0]
+    gain = pd.to_numeric(layers["gain_if_float"], errors="coerce")
+    return layers[gain.notna()]
+
+
+def _fix(row: Mapping[str, Any], cosine: float) -> str:
+    """The first thing to try for this site: a named fix when a finding gave one, else from its figures."""
+    for column in ("diagnosis_fix", "fix", "compat_fix"):
+        text = row.get(column)
+        if isinstance(text, str) and text.strip():
+            return text.strip()
+    node = f"`{row['node']}`"
+    gain = _num(row.get("gain_if_float"))
+    expected = f" (expected output cosine {_g(cosine + gain, 5)}, {_signed(gain)}, measured)" if math.isfinite(
+        gain) else ""
+    worst_ch, spread = _num(row.get("act_worst_channel_sqnr_db")), _num(row.get("act_channel_range_spread"))
+    if worst_ch < 12 and spread > 10:
+        return (f"its activation channels span {_g(spread, 3)}x under one per-tensor scale: equalize the "
+                f"channel ranges (cross-layer equalization) or keep {node} int16{expected}")
+    return f"keep {node} float (or int16){expected}; `quantscan bisect` finds the fewest such sites"
+
+
+def _deployed_gap(head: Headline) -> list[str]:
+    dep = head.deployed
+    if dep is None or not (math.isfinite(dep.cosine) and math.isfinite(head.cosine)):
+        return []
+    gap = dep.cosine - head.cosine
+    if abs(gap) <= DEPLOYED_GAP:
+        return []
+    return [
+        f"- **Deployed differs from the simulation**: onnxruntime's integer kernels (ORT_ENABLE_ALL) give output "
+        f"cosine {_g(dep.cosine, 5)} against fake-quant {_g(head.cosine, 5)} ({_signed(gap)}). The fake-quant "
+        "figures below do not describe the deployed model; likely reasons: requantization inside fused "
+        "integer kernels, int32 bias saturation, or a kernel the runtime runs differently (see `compare`).",
+    ]
+
+
+def _verdict(head: Headline, metrics: Mapping[str, OutputMetrics]) -> str:
+    m = metrics.get(head.output)
+    sqnr = f", SQNR {_g(m.sqnr_db)} dB" if m is not None else ""
+    if _num(head.cosine) >= CLOSE_COSINE:
+        return (f"- **What**: all-int8 output `{head.output}` stays close to FP32 (cosine {_g(head.cosine, 5)}"
+                f"{sqnr}).")
+    return (f"- **What is wrong**: all-int8 output `{head.output}` loses precision: cosine {_g(head.cosine, 5)}"
+            f"{sqnr} against FP32.")
+
+
+def diagnosis_lines(
+    head: Headline, metrics: Mapping[str, OutputMetrics], layers: pd.DataFrame, plan: Mapping[str, Any] | None
+) -> list[str]:
+    """The `## Diagnosis` section: verdict, deployed gap, where/why/first fix, next sites, the bisect plan."""
+    lines = ["## Diagnosis", "", _verdict(head, metrics), *_deployed_gap(head)]
+    measured = _measured(layers)
+    cosine = _num(head.cosine)
+    if layers.empty:
+        lines.append("- No quantization sites.")
+    elif measured.empty:
+        top = layers.iloc[0].to_dict()
+        lines += [
+            f"- **Where** (output gain not measured, rank by isolated error): `{top['node']}` ({top['kernel']}).",
+            f"- **Why**: {top.get('cause', '')}: {top.get('reason', '')}.",
+            f"- **First thing to try**: {_fix(top, cosine)}.",
+        ]
+    else:
+        lines += _where(layers, measured, cosine)
+    lines += ["", PLAN_BEGIN, *plan_lines(plan), PLAN_END, ""]
+    return lines
+
+
+def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[str]:
+    top = layers.iloc[0].to_dict()
+    gain = _num(top.get("gain_if_float"))
+    if not gain >= NOTABLE_GAIN:
+        best = pd.to_numeric(measured["gain_if_float"], errors="coerce").max()
+        return [
+            f"- **Where**: nowhere in particular: keeping any one of the {len(measured)} measured sites float "
+            f"lifts the output cosine by at most {_g(best)}; the loss is spread over many sites.",
+            "- **First thing to try**: a better calibration method (`--calib-method percentile` or `entropy`), "
+            "then `quantscan bisect` to find the fewest sites to keep float together.",
+        ]
+    lines = [
+        f"- **Where**: `{top['node']}` ({top['kernel']}): keeping it float takes the output cosine from "
+        f"{_g(cosine, 5)} to {_g(cosine + gain, 5)} ({_signed(gain)}, measured).",
+        f"- **Why**: {top.get('cause', '')}: {top.get('reason', '')}.",
+        f"- **First thing to try**: {_fix(top, cosine)}.",
+    ]
+    nexts = []
+    for r in layers.iloc[1: 1 + NEXT_SITES].to_dict("records"):
+        g = _num(r.get("gain_if_float"))
+        if math.isfinite(g) and g >= NOTABLE_GAIN:
+            nexts.append(f"`{r['node']}` ({r['kernel']}, {_signed(g)})")
+    if nexts:
+        lines.append("- **Next**: " + ", ".join(nexts) + " (output cosine gain of keeping each float alone).")
+    return lines
+
+
+def _metric(value: Any, metric: str) -> float:
+    if isinstance(value, Mapping):
+        return _num(value.get(metric, math.nan))
+    return _num(value)
+
+
+def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
+    """A bisect plan (plan.json's content) in one paragraph, or nothing without one."""
+    if not plan:
+        return []
+    target = plan.get("target") or {}
+    metric = str(target.get("metric", "cosine"))
+    sites: Sequence[Mapping[str, Any]] = plan.get("sites") or []
+    names = ", ".join(f"`{s.get('node')}` ({s.get('precision')})" for s in sites[:8])
+    more = f" and {len(sites) - 8} more (plan.csv)" if len(sites) > 8 else ""
+    reached = "reached" if plan.get("reached") else "not reached"
+    return [
+        f"- **Bisect plan** (plan.json, status {plan.get('status', '?')}): target {metric} >= "
+        f"{_g(target.get('value'))} {reached}; keep {len(sites)} site(s) at higher precision: "
+        f"{names or 'none'}{more}; {metric} {_g(_metric(plan.get('all_int8'), metric), 5)} all-int8 -> "
+        f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan.",
+    ]
+
+
+def with_plan_block(text: str, plan: Mapping[str, Any] | None) -> str:
+    """summary.md's text with the bisect-plan block replaced (or added after the title when absent)."""
+    block = "\n".join([PLAN_BEGIN, *plan_lines(plan), PLAN_END])
+    start, end = text.find(PLAN_BEGIN), text.find(PLAN_END)
+    if start >= 0 and end > start:
+        return text[:start] + block + text[end + len(PLAN_END):]
+    title, sep, rest = text.partition("\n")
+    return f"{title}{sep}\n{block}\n{rest}"

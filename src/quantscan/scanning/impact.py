@@ -1,0 +1,143 @@
+"""Rank by output impact: measure what keeping a strong candidate float does to the model output.
+
+Why: a site's own error (isolated SQNR) says little about what reaches the output. A Softmax at
+30 dB can matter less than a Conv at 40 dB whose error every later layer amplifies, and a site
+whose figures are not finite (a float-min attention mask) ranks nowhere by SQNR yet ruins the
+output. The scan therefore takes its strongest candidates (the top N by isolated error, by worst
+channel, by the cumulative SQNR a site loses, plus every site whose figures are not finite, that
+a finding names, or that writes a headline output) and measures their `gain_if_float` with
+bisect's gain graph (`gain.compute_gain`: one session, one run per batch, only the branches
+downstream of each candidate). `gain_if_float` keeps bisect's meaning: the headline metric with
+that one site float, minus the all-int8 metric.
+`rank_by_gain` then puts measured sites first, most helpful first, and the rest in the old order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from quantscan.records import Severity
+from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, ProgressFactory, no_progress
+from quantscan.scanning.prepare import ScanContext
+
+SQNR_CAP_DB = 120.0
+"""Cumulative drops are taken between capped figures: an exact (inf dB) input is not an infinite drop."""
+GAIN_KEY = "cosine"
+"""The scan's headline metric, the one `gain_if_float` is measured in (bisect's default target)."""
+
+
+@dataclass
+class Impact:
+    """The measured gains (node -> gain_if_float), which sites were candidates, and the time taken."""
+
+    gains: dict[str, float]
+    candidates: list[str]
+    seconds: float
+    key: str = GAIN_KEY
+
+
+def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
+    values = pd.to_numeric(frame[column], errors="coerce") if column in frame else pd.Series(np.nan, frame.index)
+    return values.astype(float)
+
+
+def _lowest(frame: pd.DataFrame, values: pd.Series, n: int) -> list[str]:
+    """The n sites with the lowest finite value (stable: graph order breaks ties)."""
+    usable = values[np.isfinite(values)]
+    return [str(frame.loc[i, "node"]) for i in usable.sort_values(kind="mergesort").index[:n]]
+
+
+def cumulative_drop(layers: pd.DataFrame) -> pd.Series:
+    """SQNR a site loses between its inputs and its output (dB, capped figures; larger is worse)."""
+    cum = _finite(layers, "cumulative_sqnr_db").clip(upper=SQNR_CAP_DB)
+    inputs = _finite(layers, "cumulative_input_sqnr_db").clip(upper=SQNR_CAP_DB)
+    return inputs - cum
+
+
+def nonfinite_sites(layers: pd.DataFrame) -> list[str]:
+    """Sites whose isolated or cumulative figures are not finite: a finding in itself, always measured."""
+    found = []
+    for r in layers.to_dict("records"):
+        figures = [r.get("isolated_sqnr_db"), r.get("isolated_cosine"), r.get("cumulative_cosine")]
+        if any(isinstance(v, float) and math.isnan(v) for v in figures):
+            found.append(str(r["node"]))
+    return found
+
+
+def gain_candidates(
+    layers: pd.DataFrame, n: int, site_nodes: Iterable[str], named: Iterable[str] = ()
+) -> list[str]:
+    """The sites worth a gain measurement, strongest orderings first, each site once.
+
+    The top `n` by isolated SQNR, by worst-channel SQNR and by cumulative drop, plus every site
+    with non-finite figures and every site in `named` (what findings point at). Only real sites
+    (not CPU-placed rows) can be measured. `n` <= 0 means none.
+    """
+    if n <= 0:
+        return []
+    sites = set(site_nodes)
+    frame = layers[layers["node"].isin(sites)].reset_index(drop=True)
+    picked = [
+        *_lowest(frame, _finite(frame, "isolated_sqnr_db"), n),
+        *_lowest(frame, _finite(frame, "act_worst_channel_sqnr_db"), n),
+        *_lowest(frame, -cumulative_drop(frame), n),
+        *nonfinite_sites(frame),
+        *[s for s in named if s in sites],
+    ]
+    return list(dict.fromkeys(picked))
+
+
+def measure_impact(
+    ctx: ScanContext,
+    layers: pd.DataFrame,
+    n: int = DEFAULT_GAIN_CANDIDATES,
+    *,
+    named: Iterable[str] = (),
+    progress: ProgressFactory = no_progress,
+) -> Impact:
+    """gain_if_float of the candidates, in one gain-graph session over the evaluation set."""
+    # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
+    # run -> this module: a module-level import here would meet a half-initialised gain.
+    from quantscan.gain import MixedBuilder, compute_gain
+
+    started = time.perf_counter()
+    heads = set(ctx.headline_outputs())
+    at_output = [s.node for s in ctx.sites if s.output in heads]  # one-node branches: nearly free
+    candidates = gain_candidates(layers, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
+    if not candidates:
+        return Impact({}, [], 0.0)
+    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress)
+    gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
+    return Impact(gains, candidates, time.perf_counter() - started)
+
+
+def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
+    """`gain_if_float` where measured; rank: measured (finite) gains first, largest first, then the old rank.
+
+    With a chip profile, kernels the converter rejects (an `error` finding) stay ahead of everything,
+    as in the tiered rank: nothing else matters until they convert. Next come the sites a diagnosis
+    rule puts in tier 0/1 (non-finite figures, absurd scales): their gain is often not measurable
+    (the figures overflow), and they are the root cause the engineer must see first.
+    """
+    layers = layers.copy()
+    layers["gain_if_float"] = [gains.get(str(n), math.nan) for n in layers["node"]]
+    gain = layers["gain_if_float"].astype(float)
+    measured = np.isfinite(gain)
+    rejected = layers["compat_severity"].eq(Severity.ERROR.value) if "compat_severity" in layers else False
+    key = pd.DataFrame({
+        "tier": np.where(rejected, 0, 1),
+        "diagnosis": layers["diagnosis_tier"].fillna(2).astype(int) if "diagnosis_tier" in layers else 2,
+        "unmeasured": np.where(measured, 0, 1),
+        "gain": np.where(measured, -gain, 0.0),
+        "old": layers["rank"].astype(int),
+    })
+    ordered = key.sort_values(["tier", "diagnosis", "unmeasured", "gain", "old"], kind="mergesort").index
+    layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
+    layers["rank"] = layers["rank"].astype(int)
+    return layers.sort_values("rank").reset_index(drop=True)

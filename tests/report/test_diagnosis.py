@@ -1,0 +1,77 @@
+"""summary.md's diagnosis: what is wrong, where, why, the first fix with its expected gain, the deployed
+gap, and a bisect plan block that `quantscan bisect` can replace in place.
+
+The expected cosine is checked against the arithmetic written out here (all-int8 cosine + the
+measured gain), the gap against the 0.01 threshold on both sides.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from quantscan.records import Headline, OutputMetrics
+from quantscan.report.diagnosis import PLAN_BEGIN, PLAN_END, diagnosis_lines, with_plan_block
+
+
+def _metrics(cosine: float) -> OutputMetrics:
+    return OutputMetrics(cosine, 12.0, 0.1, 1.0, 0.2, cosine - 0.1, cosine)
+
+
+def _head(cosine: float, deployed: float | None) -> Headline:
+    return Headline("y", _metrics(cosine), None if deployed is None else _metrics(deployed), ["y"])
+
+
+LAYERS = pd.DataFrame({
+    "rank": [1, 2, 3],
+    "node": ["mask_add", "softmax", "conv"],
+    "kernel": ["Add", "Softmax", "Conv"],
+    "cause": ["intrinsic", "intrinsic", "ok"],
+    "reason": ["scale 1.3e36", "isolated SQNR 20 dB", "fine"],
+    "act_worst_channel_sqnr_db": [40.0, 40.0, 40.0],
+    "act_channel_range_spread": [1.0, 1.0, 1.0],
+    "gain_if_float": [0.39, 0.002, math.nan],
+})
+
+
+def test_where_why_and_first_fix_with_the_expected_gain() -> None:
+    text = "\n".join(diagnosis_lines(_head(0.30, 0.301), {"y": _metrics(0.30)}, LAYERS, None))
+    assert "**What is wrong**" in text and "cosine 0.3, SQNR 12 dB" in text
+    assert "**Where**: `mask_add` (Add): keeping it float takes the output cosine from 0.3 to 0.69 (+0.39" in text
+    assert "**Why**: intrinsic: scale 1.3e36" in text
+    assert "**First thing to try**: keep `mask_add` float (or int16) (expected output cosine 0.69, +0.39" in text
+    assert "`softmax` (Softmax, +0.002)" in text and "`conv`" not in text
+    assert "Deployed" not in text  # 0.001 apart: no gap
+
+
+def test_a_named_fix_wins_and_the_deployed_gap_is_flagged() -> None:
+    layers = LAYERS.assign(fix=["clamp-mask rewrite", "", ""])
+    text = "\n".join(diagnosis_lines(_head(0.998, 0.688), {"y": _metrics(0.998)}, layers, None))
+    assert "**First thing to try**: clamp-mask rewrite." in text
+    assert "**Deployed differs from the simulation**" in text and "-0.31" in text
+
+
+def test_spread_loss_and_unmeasured_rank_say_so() -> None:
+    flat = LAYERS.assign(gain_if_float=[1e-6, 0.0, math.nan])
+    text = "\n".join(diagnosis_lines(_head(0.98, None), {}, flat, None))
+    assert "nowhere in particular" in text and "bisect" in text
+    off = LAYERS.drop(columns=["gain_if_float"])
+    text = "\n".join(diagnosis_lines(_head(0.9999, None), {}, off, None))
+    assert "stays close to FP32" in text and "output gain not measured" in text
+
+
+def test_plan_block_is_replaced_in_place() -> None:
+    summary = "\n".join(["# quantscan: m.onnx", "", *diagnosis_lines(_head(0.3, None), {}, LAYERS, None),
+                         "## Model output", "rest"]) + "\n"
+    assert summary.count(PLAN_BEGIN) == 1 and "**Bisect plan**" not in summary
+    plan = {"status": "reached", "reached": True, "target": {"metric": "cosine", "value": 0.99},
+            "sites": [{"node": "mask_add", "precision": "float"}], "all_int8": {"cosine": 0.3},
+            "achieved": {"cosine": 0.995}}
+    once = with_plan_block(summary, plan)
+    twice = with_plan_block(once, plan)
+    assert once == twice and once.count(PLAN_BEGIN) == 1 and once.count(PLAN_END) == 1
+    assert "keep 1 site(s) at higher precision: `mask_add` (float); cosine 0.3 all-int8 -> 0.995" in once
+    assert once.endswith("## Model output\nrest\n")
+    bare = with_plan_block("# quantscan: old.onnx\nold text\n", plan)
+    assert bare.startswith("# quantscan: old.onnx\n\n" + PLAN_BEGIN) and bare.endswith("old text\n")

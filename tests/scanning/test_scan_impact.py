@@ -1,0 +1,187 @@
+"""Rank by output impact (scanning.impact): the scan's rank follows the measured output gain.
+
+Oracle: the gain of keeping site k float is measured here independently, by running the whole
+mixed-precision model of each variant (`gain.Evaluator`, one full network per variant, no branch
+sharing), and the scan's `gain_if_float` and rank must agree with it. The tiny model is a
+MatMul+Add+Relu chain with one outlier bias channel, so the sites differ clearly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+from onnx import helper, numpy_helper
+
+import quantscan
+from quantscan.cli import main
+from quantscan.errors import UsageError
+from quantscan.gain import Evaluator, MixedBuilder
+from quantscan.scanning.impact import cumulative_drop, gain_candidates, rank_by_gain
+from quantscan.scanning.prepare import prepare_scan
+
+WIDTH = 8
+
+
+def _chain(tmp: Path, layers: int = 6, outlier: int = 3) -> tuple[Path, Path]:
+    """x[N,8] -> (MatMul, Add, Relu) x layers -> MatMul -> y[N,5]. Layer `outlier`'s weights have a row
+    of 20s on an input channel that is always 0: harmless in float, but its per-channel int8 scale
+    rounds every other weight of that layer away, so keeping that site float helps the output most."""
+    rng = np.random.default_rng(3)
+    nodes, inits, prev = [], [], "x"
+    for i in range(layers):
+        w = rng.normal(0, 0.5, (WIDTH, WIDTH)).astype(np.float32)
+        b = rng.normal(0, 0.1, WIDTH).astype(np.float32)
+        if i == outlier - 1:
+            w[:, 0], b[0] = 0.0, 0.0  # channel 0 of this layer's output is always 0
+        if i == outlier:
+            w[0] = 20.0
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"mm{i}"], name=f"mm{i}"),
+                  helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"add{i}"], name=f"add{i}"),
+                  helper.make_node("Relu", [f"add{i}"], [f"h{i}"], name=f"relu{i}")]
+        prev = f"h{i}"
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (WIDTH, 5)).astype(np.float32), "whead"))
+    nodes.append(helper.make_node("MatMul", [prev, "whead"], ["y"], name="head"))
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", WIDTH])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 5])
+    graph = helper.make_graph(nodes, "chain", [x], [y], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp / "chain.onnx"
+    onnx.save(model, path)
+    calib = tmp / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", np.random.default_rng(1).normal(0, 1, (24, WIDTH)).astype(np.float32))
+    return path, calib
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _chain(tmp_path_factory.mktemp("impact"))
+
+
+def _whole_variant_gains(model: Path, calib: Path) -> dict[str, float]:
+    """The oracle: each variant run as a whole model, its headline cosine minus the all-int8 one."""
+    ctx = prepare_scan(model, calib, threads=1)
+    builder = MixedBuilder(ctx)
+    evaluator = Evaluator(ctx, builder, "cosine")
+    base = evaluator.evaluate(builder.precisions([])).worst["cosine"]
+    return {s.node: evaluator.evaluate(builder.precisions([s.node])).worst["cosine"] - base for s in ctx.sites}
+
+
+def test_ranks_follow_the_measured_gains(chain: tuple[Path, Path]) -> None:
+    model, calib = chain
+    result = quantscan.scan(model, calib, threads=1, gain_candidates=100)
+    oracle = _whole_variant_gains(model, calib)
+    layers = result.layers
+    assert result.run_info.options["gain_measured"] == len(oracle) == len(layers)
+    for r in layers.to_dict("records"):
+        assert r["gain_if_float"] == pytest.approx(oracle[r["node"]], abs=1e-7)
+    expected = sorted(oracle, key=lambda n: -oracle[n])
+    assert max(oracle.values()) > 1e-3  # the chain really has a site worth keeping float
+    assert list(layers["node"])[:3] == expected[:3]
+    assert expected[0] == "mm3"
+    gains = layers["gain_if_float"].to_numpy()
+    assert np.all(np.diff(gains) <= 1e-12)  # rank 1..n: gains never increase
+    assert list(layers["rank"]) == list(range(1, len(layers) + 1))
+
+
+def test_few_candidates_measured_first_then_the_old_order(chain: tuple[Path, Path]) -> None:
+    model, calib = chain
+    off = quantscan.scan(model, calib, threads=1, gain_candidates=0)
+    some = quantscan.scan(model, calib, threads=1, gain_candidates=1)
+    assert "gain_if_float" not in off.layers and off.run_info.options["gain_measured"] == 0
+    measured = some.layers["gain_if_float"].notna()
+    n = int(measured.sum())
+    assert 1 <= n <= 4  # the top 1 of three orderings (possibly one site), and the head (writes y)
+    assert "head" in set(some.layers["node"][:n])
+    assert measured.iloc[:n].all() and not measured.iloc[n:].any()
+    old_order = [x for x in off.layers["node"] if x not in set(some.layers["node"][:n])]
+    assert list(some.layers["node"][n:]) == old_order
+    other = [c for c in off.layers.columns if c != "rank"]
+    merged = off.layers.set_index("node")[other[1:]].sort_index()
+    kept = some.layers.set_index("node")[other[1:]].sort_index()
+    pd.testing.assert_frame_equal(merged, kept)  # every other column is the same
+
+
+def test_candidates_take_each_ordering_and_non_finite_sites() -> None:
+    layers = pd.DataFrame({
+        "node": ["a", "b", "c", "d", "e"],
+        "isolated_sqnr_db": [10.0, 40.0, 30.0, math.nan, 50.0],
+        "isolated_cosine": [0.9, 0.99, 0.98, math.nan, 1.0],
+        "cumulative_cosine": [0.9, 0.99, 0.98, 0.5, 1.0],
+        "act_worst_channel_sqnr_db": [30.0, 5.0, 30.0, 30.0, 30.0],
+        "cumulative_sqnr_db": [10.0, 20.0, 30.0, 30.0, 12.0],
+        "cumulative_input_sqnr_db": [math.inf, 10.0, 20.0, 30.0, 50.0],
+    })
+    assert list(cumulative_drop(layers)) == [110.0, -10.0, -10.0, 0.0, 38.0]
+    assert gain_candidates(layers, 1, layers["node"]) == ["a", "b", "d"]
+    assert gain_candidates(layers, 1, layers["node"], named=["c", "zz"]) == ["a", "b", "d", "c"]
+    assert gain_candidates(layers, 2, ["a", "b", "c", "e"]) == ["a", "c", "b", "e"]
+    assert gain_candidates(layers, 0, layers["node"]) == []
+
+
+def test_rank_by_gain_keeps_rejected_kernels_first() -> None:
+    layers = pd.DataFrame({"node": ["a", "b", "c", "d"], "rank": [1, 2, 3, 4],
+                           "compat_severity": ["", "", "", "error"]})
+    ranked = rank_by_gain(layers, {"c": 0.2, "b": 0.05, "a": math.nan})
+    assert list(ranked["node"]) == ["d", "c", "b", "a"]
+    assert list(ranked["rank"]) == [1, 2, 3, 4]
+    assert math.isnan(ranked.loc[3, "gain_if_float"]) and ranked.loc[1, "gain_if_float"] == 0.2
+
+
+def test_bad_gain_candidates_is_a_usage_error(chain: tuple[Path, Path]) -> None:
+    with pytest.raises(UsageError, match="--gain-candidates"):
+        quantscan.scan(*chain, gain_candidates=-1)
+
+
+def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    model, calib = chain
+    out = tmp_path / "run"
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(out), "--quiet", "--no-report",
+                 "--gain-candidates", "2"]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["options"]["gain_candidates"] == 2 and 2 <= info["options"]["gain_measured"] <= 7
+    layers = pd.read_csv(out / "layers.csv")
+    assert layers["gain_if_float"].notna().sum() == info["options"]["gain_measured"]
+    summary = (out / "summary.md").read_text()
+    assert summary.index("## Diagnosis") < summary.index("## Model output")
+    assert f"measured for {info['options']['gain_measured']} of {len(layers)} sites" in summary
+    top = layers.iloc[0]
+    assert f"**Where**: `{top['node']}`" in summary
+    off = tmp_path / "off"
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--quiet", "--no-report",
+                 "--no-gain"]) == 0
+    assert json.loads((off / "run.json").read_text())["options"]["gain_measured"] == 0
+    assert "gain_if_float" not in pd.read_csv(off / "layers.csv").columns
+    assert "output gain not measured" in (off / "summary.md").read_text()
+    capsys.readouterr()
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--gain-candidates", "-3"]) == 2
+    assert capsys.readouterr().err.strip().startswith("quantscan: error: --gain-candidates")
+
+
+def test_bisect_into_the_scan_folder_puts_its_plan_on_the_first_screen(
+    chain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model, calib = chain
+    out = tmp_path / "run"
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(out), "--quiet", "--no-report"]) == 0
+    before = (out / "summary.md").read_text()
+    assert "**Bisect plan**" not in before
+    assert main(["bisect", str(model), "--calib", str(calib), "--target-cosine", "0.9999", "--out", str(out),
+                 "--quiet"]) == 0
+    after = (out / "summary.md").read_text()
+    plan = json.loads((out / "plan.json").read_text())
+    assert "**Bisect plan**" in after and after.index("**Bisect plan**") < after.index("## Model output")
+    for site in plan["sites"]:
+        assert f"`{site['node']}`" in after.split("## Model output")[0]
+    # a scan re-run into the folder keeps showing the plan
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(out), "--quiet", "--no-report"]) == 0
+    assert "**Bisect plan**" in (out / "summary.md").read_text()
