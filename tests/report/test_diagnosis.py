@@ -75,3 +75,21 @@ def test_plan_block_is_replaced_in_place() -> None:
     assert once.endswith("## Model output\nrest\n")
     bare = with_plan_block("# quantscan: old.onnx\nold text\n", plan)
     assert bare.startswith("# quantscan: old.onnx\n\n" + PLAN_BEGIN) and bare.endswith("old text\n")
+
+
+def test_a_root_cause_rule_leads_even_when_single_site_gains_are_flat() -> None:
+    """A float-min mask per attention layer: keeping one mask Add float barely helps (the others remain),
+    so the measured gains say "spread"; the cause rule's finding must still lead the diagnosis."""
+    layers = LAYERS.assign(
+        node=["mask_add0", "mask_add1", "conv"],
+        gain_if_float=[0.0, 0.0, 1e-6],
+        diagnosis_tier=[0, 0, 2],
+        diagnosis_cause=["absurd-scale", "absurd-scale", ""],
+        diagnosis=["range reaches 3.4e38 (a float-min/max sentinel)", "range reaches 3.4e38", ""],
+        diagnosis_fix=["rewrite clamp-mask", "rewrite clamp-mask", ""],
+    )
+    text = "\n".join(diagnosis_lines(_head(0.43, None), {"y": _metrics(0.43)}, layers, None))
+    assert "nowhere in particular" not in text
+    assert "**Where**: `mask_add0` (Add) and 1 more site(s) with the same cause." in text
+    assert "**Why** (absurd-scale): range reaches 3.4e38 (a float-min/max sentinel)." in text
+    assert "**First thing to try**: rewrite clamp-mask." in text

@@ -134,10 +134,31 @@ def diagnosis_lines(
             f"- **Why**: {top.get('cause', '')}: {top.get('reason', '')}.",
             f"- **First thing to try**: {_fix(top, cosine)}.",
         ]
+    elif _root_cause(layers.iloc[0].to_dict()):
+        lines += _root_cause_lines(layers)
     else:
         lines += _where(layers, measured, cosine)
     lines += ["", PLAN_BEGIN, *plan_lines(plan), PLAN_END, ""]
     return lines
+
+
+def _root_cause(row: Mapping[str, Any]) -> bool:
+    """Rank 1 carries a cause rule's tier 0/1 finding (non-finite figures, an absurd scale)."""
+    return _num(row.get("diagnosis_tier", 2)) < 2 and bool(str(row.get("diagnosis_cause") or "").strip())
+
+
+def _root_cause_lines(layers: pd.DataFrame) -> list[str]:
+    """Where/why/fix from the cause rule: its gain is often not measurable (the figures overflow), and
+    a single-site gain would mislead anyway when the same cause repeats (one mask per attention layer)."""
+    top = layers.iloc[0].to_dict()
+    cause = str(top["diagnosis_cause"])
+    same = [str(n) for n in layers.loc[layers.get("diagnosis_cause", "") == cause, "node"]]
+    also = f" and {len(same) - 1} more site(s) with the same cause" if len(same) > 1 else ""
+    return [
+        f"- **Where**: `{top['node']}` ({top['kernel']}){also}.",
+        f"- **Why** ({cause}): {top.get('diagnosis') or top.get('reason', '')}.",
+        f"- **First thing to try**: {_fix(top, math.nan)}.",
+    ]
 
 
 def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[str]:
