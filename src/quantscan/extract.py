@@ -433,7 +433,7 @@ def capture(
     """(inputs, expected outputs) of the subgraph on calibration sample `sample`, from one full run."""
     source = data_source(calib, graph_inputs(result.source), consts=consts)
     if sample < 0 or (source.count is not None and sample >= source.count):
-        raise UsageError(f"--sample: expected 0 <= sample < {source.count}, found {sample}")
+        raise UsageError(f"sample: expected 0 <= sample < {source.count}, found {sample}")
     feeds = next(s for i, s in enumerate(source.samples()) if i == sample)
     produced = {o for n in result.source.graph.node for o in n.output}
     wanted = [n for n in [*result.inputs, *result.outputs] if n in produced]

@@ -78,8 +78,8 @@ def preprocess_keys(folder: Path, preprocess: str | Path | None, overrides: Mapp
             return PreprocessKeys({}, None, flags)
         raise CalibrationError(
             f"{folder} holds images but no {PREPROCESS_NAME}: expected preprocessing keys "
-            "(give --preprocess FILE or the keys as flags: --input, --shape, --layout, --channel-order, "
-            "--scale, --mean, --std)"
+            "(give --preprocess FILE, or the keys as flags: --layout, --channel-order, --scale, --mean, --std, "
+            "--resize; the input and its shape come from the model, --input-shape NAME:D0,D1,... fixes free dims)"
         )
     return PreprocessKeys(_read_json_object(path), str(path), flags)
 
