@@ -351,3 +351,30 @@ def test_images_without_preprocess_hint_names_real_flags(tmp_path: Path, capfd: 
     line = assert_one_line(code, err, 2, "preprocess")
     named = re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line)
     assert named and set(named) <= _parser_flags(), named
+
+
+# --- limits on what a file can make us do --------------------------------------------------------------
+
+
+def test_file_content_never_appears_in_a_message(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """numpy quotes a bad file's first bytes; a symlink could point the message at any readable file."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-CONTENT " * 10)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    (calib / "x.npy").symlink_to(secret)
+    path = save(conv_model(), tmp_path / "m.onnx")
+    code, _, err = main(capfd, "scan", path, "--calib", calib, "--out", tmp_path / "o")
+    assert_one_line(code, err, 2, "x.npy")
+    assert "SECRET" not in err
+
+
+def test_folder_listing_is_truncated(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(200):
+        (calib / f"file_{i:03d}.pb").write_bytes(b"")
+    path = save(conv_model(), tmp_path / "m.onnx")
+    code, _, err = main(capfd, "scan", path, "--calib", calib, "--out", tmp_path / "o")
+    line = assert_one_line(code, err, 2, "and 192 more")
+    assert "file_199" not in line
