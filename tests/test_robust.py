@@ -378,3 +378,78 @@ def test_folder_listing_is_truncated(tmp_path: Path, capfd: pytest.CaptureFixtur
     code, _, err = main(capfd, "scan", path, "--calib", calib, "--out", tmp_path / "o")
     line = assert_one_line(code, err, 2, "and 192 more")
     assert "file_199" not in line
+
+
+# --- nothing the user had is lost ----------------------------------------------------------------------
+
+
+def test_out_equal_to_or_inside_the_calibration_folder_is_refused(
+        tmp_path: Path, conv_calib: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = save(conv_model(), tmp_path / "m.onnx")
+    before = sorted(p.name for p in conv_calib.iterdir())
+    for out in (conv_calib, conv_calib / "run"):
+        code, _, err = main(capfd, "scan", path, "--calib", conv_calib, "--out", out)
+        assert_one_line(code, err, 2, "outside the data folder")
+    assert sorted(p.name for p in conv_calib.iterdir()) == before
+
+
+def test_bisect_out_that_is_a_file_is_bad_input(tmp_path: Path, conv_calib: Path,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    path = save(conv_model(), tmp_path / "m.onnx")
+    (tmp_path / "file").write_text("mine")
+    code, _, err = main(capfd, "bisect", path, "--calib", conv_calib, "--target-cosine", "0.99",
+                        "--out", tmp_path / "file")
+    assert_one_line(code, err, 2, "expected a folder")
+
+
+def _run_folder(tmp_path: Path, calib: Path, capfd: pytest.CaptureFixture[str]) -> tuple[Path, Path]:
+    path = save(conv_model(), tmp_path / "m.onnx")
+    out = tmp_path / "run"
+    code, _, err = main(capfd, "scan", path, "--calib", calib, "--out", out, "--no-report", "--quiet")
+    assert code == 0, err
+    return path, out
+
+
+def test_bundle_and_extract_never_overwrite_a_foreign_file_without_force(
+        tmp_path: Path, conv_calib: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    model, run_dir = _run_folder(tmp_path, conv_calib, capfd)
+    for argv in (["bundle", run_dir, "-o"], ["extract", model, "--node", "conv", "-o"]):
+        mine = tmp_path / "mine.bin"
+        mine.write_bytes(b"the user's own file")
+        code, _, err = main(capfd, *argv, mine)
+        assert_one_line(code, err, 2, "not written by quantscan", "--force")
+        assert mine.read_bytes() == b"the user's own file"
+        code, _, err = main(capfd, *argv, mine)  # still refused: nothing was written
+        assert code == 2
+        ours = tmp_path / f"ours_{argv[0]}.out"
+        assert main(capfd, *argv, ours)[0] == 0
+        assert main(capfd, *argv, ours)[0] == 0, "a file quantscan wrote may be replaced"
+        assert main(capfd, *argv, mine, "--force")[0] == 0
+        assert mine.read_bytes() != b"the user's own file"
+
+
+def test_bundle_entries_are_unique_and_relative(tmp_path: Path, conv_calib: Path,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    import zipfile
+
+    model, run_dir = _run_folder(tmp_path, conv_calib, capfd)
+    a, b = tmp_path / "a" / "cut.onnx", tmp_path / "b" / "cut.onnx"
+    for target in (a, b):
+        target.parent.mkdir()
+        assert main(capfd, "extract", model, "--node", "conv", "-o", target)[0] == 0
+    assert main(capfd, "bundle", run_dir, "--include", a, b, a, "-o", tmp_path / "x.zip")[0] == 0
+    names = zipfile.ZipFile(tmp_path / "x.zip").namelist()
+    assert len(names) == len(set(names))
+    assert {"models/cut.onnx", "models/2/cut.onnx"} <= set(names)
+    assert all(not n.startswith("/") and ".." not in n.split("/") for n in names)
+
+
+def test_output_files_get_the_users_umask(tmp_path: Path, conv_calib: Path,
+                                          capfd: pytest.CaptureFixture[str]) -> None:
+    old = os.umask(0o022)
+    try:
+        _model, run_dir = _run_folder(tmp_path, conv_calib, capfd)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in run_dir.iterdir() if p.is_file()}
+    assert modes and all(m == 0o644 for m in modes.values()), modes

@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("--include", nargs="+", default=[], metavar="FILE",
                         help="models to add (their .rewrite.json / .inputs.npz / .expected.npz come along)")
     bundle.add_argument("-o", "--output", dest="bundle_out", required=True)
+    bundle.add_argument("--force", action="store_true", help="replace an existing -o file quantscan did not write")
     bundle.add_argument("--debug", action="store_true")
     return parser
 
@@ -247,6 +248,7 @@ def _extract_parser(sub: Any) -> None:
     p.add_argument("--fail-regex", default=None, help="with --until-fails: output must also match this")
     p.add_argument("--timeout", type=_positive_float, default=None, help="with --until-fails: seconds per try")
     p.add_argument("-o", "--output-model", dest="output_model", required=True)
+    p.add_argument("--force", action="store_true", help="replace an existing -o file quantscan did not write")
     _common(p)
 
 
@@ -308,6 +310,15 @@ def _progress_factory(quiet: bool) -> Any:
     return factory
 
 
+def _refuse_out_in_data(out: Path, *data: str | None) -> None:
+    """Our files written into a calibration folder would mix with the data (and be read as data next run)."""
+    from quantscan.runfolder import out_inside_data
+
+    for folder in data:
+        if folder and out_inside_data(out, Path(folder)):
+            raise UsageError(f"--out: expected a run folder outside the data folder {folder}, found {out}")
+
+
 def default_out(model: str) -> Path:
     return Path("reports") / Path(model).stem
 
@@ -351,6 +362,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
                          "compare several with `quantscan check MODEL --profile A --profile B`")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
+    _refuse_out_in_data(out, args.calib, args.eval)
     result = scan(args.model, args.calib, out=out, progress=_progress_factory(args.quiet), **options)
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
@@ -503,7 +515,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
             raise UsageError("extract: expected --node NAME (or --until-fails CMD), found neither")
         result = extract(args.model, args.node, context=args.context, calib=args.calib, consts=consts,
                          input_shapes=shapes, seed=args.seed)
-        result.save(out)
+        result.save(out, force=args.force)
         print(f"wrote {out} ({len(result.model.graph.node)} nodes)")
         if args.calib:
             written = save_inputs(result, args.calib, out, consts=consts)
@@ -518,7 +530,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     shrunk = until_fails(args.model, predicate, nodes=start, progress=show, calib=args.calib, consts=consts,
                          input_shapes=shapes, seed=args.seed)
-    shrunk.save(out)
+    shrunk.save(out, force=args.force)
     from quantscan.runfolder import atomic_write_text
 
     atomic_write_text(Path(str(out) + ".log"), "\n".join(shrunk.log_lines()) + "\n")
@@ -538,6 +550,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if model is None and args.resume is None:
         raise UsageError("bisect: expected MODEL --calib DIR --target-cosine X, or --resume FILE / --show FILE")
     out = Path(args.out) if args.out else (default_out(model) if model else Path(args.resume).parent)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    _refuse_out_in_data(out, args.calib, args.eval)
     overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
                  "mean": _floats(args.mean, "--mean"), "std": _floats(args.std, "--std"), "resize": args.resize}
     options: dict[str, Any] = {"threads": args.threads, "seed": args.seed}
@@ -609,7 +624,7 @@ def _show_session(path: Path) -> int:
 def cmd_bundle(args: argparse.Namespace) -> int:
     from quantscan.bundle import make_bundle
 
-    bundle = make_bundle(args.run_dir, args.bundle_out, include=args.include)
+    bundle = make_bundle(args.run_dir, args.bundle_out, include=args.include, force=args.force)
     print(f"wrote {bundle.path} ({len(bundle.members)} files)")
     return EXIT_OK
 
