@@ -453,3 +453,20 @@ def test_output_files_get_the_users_umask(tmp_path: Path, conv_calib: Path,
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in run_dir.iterdir() if p.is_file()}
     assert modes and all(m == 0o644 for m in modes.values()), modes
+
+
+def test_interrupted_bisect_names_only_a_session_that_exists(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import quantscan.bisect
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quantscan.bisect, "run_bisect", interrupted)
+    argv = ["bisect", tmp_path / "m.onnx", "--calib", tmp_path, "--target-cosine", "0.99", "--out", tmp_path / "o"]
+    code, _, err = main(capfd, *argv)
+    assert code == 130 and "nothing to resume" in err and "--resume" not in err
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "session.json").write_text("{}")
+    code, _, err = main(capfd, *argv)
+    assert code == 130 and f"--resume {tmp_path / 'o' / 'session.json'}" in err

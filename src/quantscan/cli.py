@@ -580,8 +580,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             progress=_progress_factory(args.quiet), on_step=on_step, **options,
         )
     except KeyboardInterrupt:
-        where = args.session or args.resume or out / "session.json"
-        print(f"quantscan: interrupted; resume with: quantscan bisect --resume {where}", file=sys.stderr)
+        where = Path(args.session or args.resume or out / "session.json")
+        if where.is_file():
+            print(f"quantscan: interrupted; resume with: quantscan bisect --resume {where}", file=sys.stderr)
+        else:  # interrupted before the first step was saved: naming a file that does not exist misleads
+            print("quantscan: interrupted before the first step was saved; nothing to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
