@@ -293,7 +293,7 @@ def test_a_real_file_named_like_a_typo_is_still_scanned(tmp_path: Path, capfd: p
     (["bisect", "m.onnx", "--target-top1", "1.5"], "[0, 1]"),
     (["scan", "m.onnx", "--calib", "d", "--limit", "0"], "positive integer"),
     (["scan", "m.onnx", "--calib", "d", "--batch-size", "-1"], "positive integer"),
-    (["scan", "m.onnx", "--calib", "d", "--fail-below-cosine", "2"], "[-1, 1]"),
+    (["scan", "m.onnx", "--calib", "d", "--fail-below-cosine", "nan"], "finite number"),
     (["scan", "m.onnx", "--calib", "d", "--threads", "0"], "positive integer"),
     (["rewrite", "m.onnx", "--fold-bn", "--tolerance", "-1"], "> 0"),
     (["extract", "m.onnx", "--node", "n", "--context", "-1", "-o", "x.onnx"], ">= 0"),
@@ -463,7 +463,7 @@ def test_interrupted_bisect_names_only_a_session_that_exists(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(quantscan.bisect, "run_bisect", interrupted)
-    argv = ["bisect", tmp_path / "m.onnx", "--calib", tmp_path, "--target-cosine", "0.99", "--out", tmp_path / "o"]
+    argv = ["bisect", tmp_path / "m.onnx", "--calib", tmp_path / "data", "--target-cosine", "0.99", "--out", tmp_path / "o"]
     code, _, err = main(capfd, *argv)
     assert code == 130 and "nothing to resume" in err and "--resume" not in err
     (tmp_path / "o").mkdir()

@@ -82,14 +82,6 @@ def _cosine_target(raw: str) -> float:
     return value
 
 
-def _cosine_gate(raw: str) -> float:
-    """`--fail-below-cosine`: any cosine value, [-1, 1]."""
-    value = _finite(raw)
-    if not -1 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a cosine in [-1, 1], found {raw!r}")
-    return value
-
-
 def _fraction(raw: str) -> float:
     """`--target-top1`: an agreement rate in [0, 1]."""
     value = _finite(raw)
@@ -154,7 +146,7 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", action="append", default=[], help="graph output for the headline metric")
     p.add_argument("--save-qdq", default=None, help="write the fake-quant model here")
     p.add_argument("--profile", action="append", default=[], help="chip profile name or TOML path")
-    p.add_argument("--fail-below-cosine", type=_cosine_gate, default=None)
+    p.add_argument("--fail-below-cosine", type=_finite, default=None)
     p.add_argument("--batch-size", type=_positive_int, default=8, help="samples per run when the batch dim is free")
     p.add_argument("--preprocess", default=None, help="preprocess.json for an image folder")
     p.add_argument("--layout", default=None)
@@ -231,7 +223,7 @@ def _compare_parser(sub: Any) -> None:
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     p.add_argument("--limit", type=_positive_int, default=None)
-    p.add_argument("--fail-below-cosine", type=_cosine_gate, default=None)
+    p.add_argument("--fail-below-cosine", type=_finite, default=None)
     _common(p)
 
 
