@@ -463,7 +463,8 @@ def test_interrupted_bisect_names_only_a_session_that_exists(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(quantscan.bisect, "run_bisect", interrupted)
-    argv = ["bisect", tmp_path / "m.onnx", "--calib", tmp_path / "data", "--target-cosine", "0.99", "--out", tmp_path / "o"]
+    argv = ["bisect", tmp_path / "m.onnx", "--calib", tmp_path / "data", "--target-cosine", "0.99",
+            "--out", tmp_path / "o"]
     code, _, err = main(capfd, *argv)
     assert code == 130 and "nothing to resume" in err and "--resume" not in err
     (tmp_path / "o").mkdir()
