@@ -20,15 +20,21 @@ def _assets_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "assets"
 
 
-@pytest.fixture
-def assets(request: pytest.FixtureRequest) -> Path:
-    """The real assets folder; a test that asks for it must carry `@pytest.mark.real`.
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that reads the assets (directly or through a module-scoped fixture) must be marked real.
 
     The marker is what `-m "not real"` deselects on a user's clone without `../shared`, so a test that
     reads the assets unmarked would be skipped silently there; failing here keeps the marker honest.
+    Checked per test item (its fixture closure), not inside the fixture: module-scoped fixtures that
+    build on `assets` (a scan shared by a module's tests) would otherwise be a ScopeMismatch.
     """
-    if request.node.get_closest_marker("real") is None:
-        pytest.fail(f"{request.node.nodeid} reads ../shared/assets but is not marked @pytest.mark.real")
+    if "assets" in getattr(item, "fixturenames", ()) and item.get_closest_marker("real") is None:
+        pytest.fail(f"{item.nodeid} reads ../shared/assets but is not marked @pytest.mark.real")
+
+
+@pytest.fixture(scope="session")
+def assets() -> Path:
+    """The real assets folder; a test that asks for it must carry `@pytest.mark.real` (see above)."""
     path = _assets_dir()
     if not (path / "models").is_dir():
         pytest.skip(f"real assets not found at {path}")
