@@ -306,8 +306,12 @@ def test_bisect_command_writes_a_plan_and_show_reads_the_session(tiny: tuple[Pat
     assert (out / "plan.json").is_file() and (out / "session.json").is_file()
     shown = run("bisect", "--show", out / "session.json")
     assert shown.returncode == 0 and "evaluations" in shown.stdout
-    unreachable = run("bisect", model, "--calib", calib, "--target-cosine", "1.5", "--out", tmp_path / "u", "--quiet")
-    assert unreachable.returncode == 1
+    unreachable = run("bisect", model, "--calib", calib, "--target-cosine", "1", "--fallback", "int16",
+                      "--out", tmp_path / "u", "--quiet")
+    assert unreachable.returncode == 1, unreachable.stderr
+    # a cosine above 1 is a slip (issue 14), refused before any work rather than run to "unreachable"
+    assert_bad_input(run("bisect", model, "--calib", calib, "--target-cosine", "1.5", "--out", tmp_path / "v"),
+                     "(0, 1]")
 
 
 def test_bundle_zips_the_run_and_added_models_with_a_manifest(tiny: tuple[Path, Path], tmp_path: Path) -> None:

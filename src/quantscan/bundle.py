@@ -35,22 +35,39 @@ def _members(run_dir: Path, extras: Sequence[Path]) -> list[tuple[str, Path]]:
     if not (run_dir / runfolder.RUN_JSON).is_file():
         raise UsageError(f"bundle: expected a quantscan run folder (with run.json), found none in {run_dir}")
     items = [(f"run/{p.name}", p) for p in runfolder.run_members(run_dir)]
+    seen: set[Path] = set()
     for extra in extras:
         if not extra.is_file():
             raise UsageError(f"bundle: expected a file to include, found nothing at {extra}")
-        items.append((f"models/{extra.name}", extra))
+        if extra.resolve() in seen:  # the same file twice: one entry
+            continue
+        seen.add(extra.resolve())
+        folder = _free_folder({name for name, _ in items}, extra.name)
+        items.append((f"{folder}{extra.name}", extra))
         sides = [extra.with_name(extra.name + s) for s in APPENDED_SIDECARS]
         sides += [extra.with_suffix(s) for s in REPLACED_SIDECARS]
-        items += [(f"models/{side.name}", side) for side in sides if side.is_file()]
+        items += [(f"{folder}{side.name}", side) for side in sides if side.is_file()]
     return items
 
 
-def make_bundle(run_dir: str | Path, out: str | Path, *, include: Sequence[str | Path] = ()) -> Bundle:
-    """Write `out` (a .zip) atomically; refuses to write over a file that is part of the bundle."""
+def _free_folder(used: set[str], name: str) -> str:
+    """`models/`, else `models/2/`, `models/3/`...: two includes with one basename stay two entries."""
+    folder, k = "models/", 1
+    while f"{folder}{name}" in used:
+        k += 1
+        folder = f"models/{k}/"
+    return folder
+
+
+def make_bundle(run_dir: str | Path, out: str | Path, *, include: Sequence[str | Path] = (),
+                force: bool = False) -> Bundle:
+    """Write `out` (a .zip) atomically; refuses to write over a file that is part of the bundle, or
+    over an existing file that is not a quantscan bundle unless `force`."""
     run, target = Path(run_dir), Path(out)
     items = _members(run, [Path(p) for p in include])
     if any(target.exists() and src.resolve() == target.resolve() for _, src in items):
         raise UsageError(f"bundle: expected an output path outside the bundled files, found {target}")
+    runfolder.refuse_foreign_overwrite(target, "-o", runfolder.is_quantscan_zip, force)
     manifest = {"format": 1, "tool": "quantscan", "members": {}}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:

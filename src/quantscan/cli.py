@@ -2,15 +2,20 @@
 
 Every command builds API objects and renders what they return. Exit codes (CONTRACT.md): 0 done,
 1 a user threshold failed, 2 bad input or usage (one line on stderr, no traceback unless --debug),
-130 interrupted.
+3 an internal error (a quantscan bug: one line naming the file that holds the traceback), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import difflib
 import math
 import os
 import sys
+import tempfile
+import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,7 @@ from typing import Any
 from quantscan.errors import QuantscanError, UsageError
 
 COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle")
-EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,6 +34,60 @@ class _Parser(argparse.ArgumentParser):
 
 
 # --- flag parsing --------------------------------------------------------------------------------------
+
+
+def _positive_int(raw: str) -> int:
+    """`--limit`, `--batch-size`, `--threads`, `--opset`: a count, so at least 1."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {raw!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {raw!r}")
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {raw!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {raw!r}")
+    return value
+
+
+def _finite(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, found {raw!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, found {raw!r}")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = _finite(raw)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, found {raw!r}")
+    return value
+
+
+def _cosine_target(raw: str) -> float:
+    """A cosine target a plan can reach: in (0, 1] (`--target-cosine 99` is a slip for 0.99)."""
+    value = _finite(raw)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a cosine in (0, 1], found {raw!r}")
+    return value
+
+
+def _fraction(raw: str) -> float:
+    """`--target-top1`: an agreement rate in [0, 1]."""
+    value = _finite(raw)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], found {raw!r}")
+    return value
 
 
 def split_input_shapes(values: Sequence[str]) -> tuple[dict[str, list[int]], list[str]]:
@@ -71,7 +130,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run folder (default reports/<model stem>/)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    p.add_argument("--threads", type=_positive_int, default=None, help="onnxruntime intra-op threads")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -80,7 +139,7 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,... | INPUT:AXIS=V | batch=V",
                    help="full shape, or a dim setting in the contract's syntax (repeatable)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--limit", type=int, default=None, help="use the first N samples")
+    p.add_argument("--limit", type=_positive_int, default=None, help="use the first N samples")
     p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
     p.add_argument("--calib-method", default="minmax")
     p.add_argument("--activations", default=None, metavar="uint8|int8",
@@ -88,12 +147,12 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", action="append", default=[], help="graph output for the headline metric")
     p.add_argument("--save-qdq", default=None, help="write the fake-quant model here")
     p.add_argument("--profile", action="append", default=[], help="chip profile name or TOML path")
-    p.add_argument("--fail-below-cosine", type=float, default=None)
-    p.add_argument("--batch-size", type=int, default=8, help="samples per run when the batch dim is free")
+    p.add_argument("--fail-below-cosine", type=_finite, default=None)
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="samples per run when the batch dim is free")
     p.add_argument("--preprocess", default=None, help="preprocess.json for an image folder")
     p.add_argument("--layout", default=None)
     p.add_argument("--channel-order", default=None)
-    p.add_argument("--scale", type=float, default=None)
+    p.add_argument("--scale", type=_positive_float, default=None)
     p.add_argument("--mean", default=None, help="comma-separated per-channel mean")
     p.add_argument("--std", default=None, help="comma-separated per-channel std")
     p.add_argument("--resize", default=None)
@@ -131,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("--include", nargs="+", default=[], metavar="FILE",
                         help="models to add (their .rewrite.json / .inputs.npz / .expected.npz come along)")
     bundle.add_argument("-o", "--output", dest="bundle_out", required=True)
+    bundle.add_argument("--force", action="store_true", help="replace an existing -o file quantscan did not write")
     bundle.add_argument("--debug", action="store_true")
     return parser
 
@@ -143,9 +203,9 @@ def _bisect_parser(sub: Any) -> None:
     for action in p._actions:
         if action.dest == "calib":
             action.required = False
-    p.add_argument("--target-cosine", type=float, default=None)
-    p.add_argument("--target-sqnr", type=float, default=None)
-    p.add_argument("--target-top1", type=float, default=None)
+    p.add_argument("--target-cosine", type=_cosine_target, default=None, help="in (0, 1]")
+    p.add_argument("--target-sqnr", type=_finite, default=None, help="dB")
+    p.add_argument("--target-top1", type=_fraction, default=None, help="in [0, 1]")
     p.add_argument("--fallback", default="float", choices=["float", "int16"])
     p.add_argument("--first-bad", action="store_true", help="find the first site (in topological order) that breaks it")
     p.add_argument("--session", default=None, help="session file (default <out>/session.json)")
@@ -166,8 +226,8 @@ def _compare_parser(sub: Any) -> None:
     p.add_argument("--calib", default=None, help="data folder (default: 8 seeded random samples)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--fail-below-cosine", type=float, default=None)
+    p.add_argument("--limit", type=_positive_int, default=None)
+    p.add_argument("--fail-below-cosine", type=_finite, default=None)
     _common(p)
 
 
@@ -175,15 +235,16 @@ def _extract_parser(sub: Any) -> None:
     p = sub.add_parser("extract", help="minimal subgraph around a node, with its real inputs")
     p.add_argument("model")
     p.add_argument("--node", default=None, help="node (or tensor) name; optional with --until-fails")
-    p.add_argument("--context", type=int, default=1, help="producer depth")
+    p.add_argument("--context", type=_non_negative_int, default=1, help="producer depth")
     p.add_argument("--calib", default=None, help="data: saves the subgraph's real inputs beside it")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     p.add_argument("--until-fails", default=None, metavar="CMD",
                    help="shrink while CMD (with {model} replaced) keeps failing (exit != 0)")
     p.add_argument("--fail-regex", default=None, help="with --until-fails: output must also match this")
-    p.add_argument("--timeout", type=float, default=None, help="with --until-fails: seconds per try")
+    p.add_argument("--timeout", type=_positive_float, default=None, help="with --until-fails: seconds per try")
     p.add_argument("-o", "--output-model", dest="output_model", required=True)
+    p.add_argument("--force", action="store_true", help="replace an existing -o file quantscan did not write")
     _common(p)
 
 
@@ -222,12 +283,12 @@ def _rewrite_parser(sub: Any) -> None:
                         "masked Add's int8 range close to the scores')")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
-    p.add_argument("--opset", type=int, default=None, help="convert to this opset first")
+    p.add_argument("--opset", type=_positive_int, default=None, help="convert to this opset first")
     p.add_argument("-o", "--output-model", dest="output_model", default=None)
     p.add_argument("--calib", default=None, help="data for the numeric proof (default: seeded random)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max_abs / output range for exact rewrites")
+    p.add_argument("--limit", type=_positive_int, default=None)
+    p.add_argument("--tolerance", type=_positive_float, default=1e-4, help="max_abs / output range for exact rewrites")
     p.add_argument("--force", action="store_true", help="write even when the proof fails")
     p.add_argument("--all-for-profile", default=None, metavar="PROFILE",
                    help="apply every rewrite the compat findings for PROFILE suggest")
@@ -255,6 +316,15 @@ def _progress_factory(quiet: bool) -> Any:
         return tqdm(total=total, desc=desc, unit="batch", leave=False, file=sys.stderr)
 
     return factory
+
+
+def _refuse_out_in_data(out: Path, *data: str | None) -> None:
+    """Our files written into a calibration folder would mix with the data (and be read as data next run)."""
+    from quantscan.runfolder import out_inside_data
+
+    for folder in data:
+        if folder and out_inside_data(out, Path(folder)):
+            raise UsageError(f"--out: expected a run folder outside the data folder {folder}, found {out}")
 
 
 def default_out(model: str) -> Path:
@@ -312,6 +382,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
                          "compare several with `quantscan check MODEL --profile A --profile B`")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
+    _refuse_out_in_data(out, args.calib, args.eval)
     result = scan(args.model, args.calib, out=out, progress=_progress_factory(args.quiet), **options)
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
@@ -468,7 +539,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
             raise UsageError("extract: expected --node NAME (or --until-fails CMD), found neither")
         result = extract(args.model, args.node, context=args.context, calib=args.calib, consts=consts,
                          input_shapes=shapes, seed=args.seed)
-        result.save(out)
+        result.save(out, force=args.force)
         print(f"wrote {out} ({len(result.model.graph.node)} nodes)")
         if args.calib:
             written = save_inputs(result, args.calib, out, consts=consts)
@@ -483,7 +554,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     shrunk = until_fails(args.model, predicate, nodes=start, progress=show, calib=args.calib, consts=consts,
                          input_shapes=shapes, seed=args.seed)
-    shrunk.save(out)
+    shrunk.save(out, force=args.force)
     from quantscan.runfolder import atomic_write_text
 
     atomic_write_text(Path(str(out) + ".log"), "\n".join(shrunk.log_lines()) + "\n")
@@ -503,6 +574,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if model is None and args.resume is None:
         raise UsageError("bisect: expected MODEL --calib DIR --target-cosine X, or --resume FILE / --show FILE")
     out = Path(args.out) if args.out else (default_out(model) if model else Path(args.resume).parent)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    _refuse_out_in_data(out, args.calib, args.eval)
     overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
                  "mean": _floats(args.mean, "--mean"), "std": _floats(args.std, "--std"), "resize": args.resize}
     options: dict[str, Any] = {"threads": args.threads, "seed": args.seed}
@@ -530,8 +604,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             progress=_progress_factory(args.quiet), on_step=on_step, **options,
         )
     except KeyboardInterrupt:
-        where = args.session or args.resume or out / "session.json"
-        print(f"quantscan: interrupted; resume with: quantscan bisect --resume {where}", file=sys.stderr)
+        where = Path(args.session or args.resume or out / "session.json")
+        if where.is_file():
+            print(f"quantscan: interrupted; resume with: quantscan bisect --resume {where}", file=sys.stderr)
+        else:  # interrupted before the first step was saved: naming a file that does not exist misleads
+            print("quantscan: interrupted before the first step was saved; nothing to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
@@ -574,7 +651,7 @@ def _show_session(path: Path) -> int:
 def cmd_bundle(args: argparse.Namespace) -> int:
     from quantscan.bundle import make_bundle
 
-    bundle = make_bundle(args.run_dir, args.bundle_out, include=args.include)
+    bundle = make_bundle(args.run_dir, args.bundle_out, include=args.include, force=args.force)
     print(f"wrote {bundle.path} ({len(bundle.members)} files)")
     return EXIT_OK
 
@@ -609,7 +686,45 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     args = list(argv)
     if not args or args[0] in ("-h", "--help") or args[0] in COMMANDS:
         return args
+    _refuse_typo(args[0])
     return ["scan", *args]
+
+
+def _refuse_typo(word: str) -> None:
+    """`quantscan chek MODEL` is a slip for `check`, not a scan of a model named "chek".
+
+    Only a word that names no existing file and is close to a command is refused, so a real model
+    file keeps the short `quantscan MODEL` form.
+    """
+    if word.startswith("-") or os.path.exists(word):
+        return
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    if close:
+        raise UsageError(f"unknown command {word!r} (and no file of that name); did you mean {close[0]!r}?")
+
+
+def _crash_report(exc: BaseException, raw: Sequence[str]) -> str:
+    """Write the traceback of a quantscan bug to a file and return its path (the one line names it).
+
+    The temp dir, not the run folder: a crash may come from the run folder itself, and the file must
+    exist whatever state the out dir is in.
+    """
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    fd, name = tempfile.mkstemp(prefix=f"quantscan-crash-{stamp}-", suffix=".txt")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write("quantscan " + " ".join(raw) + "\n\n")
+        fh.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    return name
+
+
+def _internal_error_line(exc: BaseException, raw: Sequence[str]) -> str:
+    try:
+        where = f"the full traceback is in {_crash_report(exc, raw)}"
+    except OSError:
+        where = "the traceback could not be written to the temp dir"
+    what = " ".join(str(exc).split())[:200] or "no message"
+    return (f"quantscan: internal error ({type(exc).__name__}: {what}); this is a quantscan bug, please report "
+            f"it; {where}; rerun with --debug to see it here")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -623,15 +738,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = HANDLERS.get(args.command)
         if handler is None:
             raise UsageError(f"'{args.command}' is not available in this version")
-        return handler(args)
+        with warnings.catch_warnings():
+            if not debug:  # numpy/onnx warnings would add lines around the contract's one-line error
+                warnings.simplefilter("ignore")
+            return handler(args)
     except KeyboardInterrupt:
         print("quantscan: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except QuantscanError as exc:
         if debug:
             raise
-        print(f"quantscan: error: {exc}", file=sys.stderr)
+        print("quantscan: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except Exception as exc:  # every other exception is a quantscan bug: exit 3, never a bare traceback
+        if debug:
+            raise
+        print(_internal_error_line(exc, raw), file=sys.stderr)
+        return EXIT_INTERNAL

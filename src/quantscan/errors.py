@@ -29,3 +29,10 @@ class SessionError(QuantscanError):
 
 class UsageError(QuantscanError):
     """A flag value is malformed (e.g. `--input-shape x:1,3`), or flags contradict each other."""
+
+
+class InternalError(Exception):
+    """A quantscan bug detected as such (e.g. onnxruntime rejects a graph quantscan built): exit 3, not 2.
+
+    Deliberately not a `QuantscanError`: the user's input is not at fault, so it must not read as bad input.
+    """

@@ -46,6 +46,7 @@ from quantscan.calib.source import data_source
 from quantscan.compare import ModelArg, load_side
 from quantscan.errors import UsageError
 from quantscan.model import graph_inputs
+from quantscan.runfolder import PRODUCER, is_quantscan_onnx, refuse_foreign_overwrite
 from quantscan.runfolder import atomic_write_bytes as write_atomic
 from quantscan.runner import Runner
 from quantscan.specs import InputSpec
@@ -79,12 +80,9 @@ class ExtractResult:
     source: onnx.ModelProto = field(repr=False)
     source_path: Path | None = None
 
-    def save(self, out: str | Path) -> Path:
-        """Write the model atomically; refuses the source model's own path."""
-        target = Path(out)
-        _refuse_source(target, self.source_path)
-        write_atomic(target, self.model.SerializeToString())
-        return target
+    def save(self, out: str | Path, *, force: bool = False) -> Path:
+        """Write the model atomically; refuses the source model's own path and files quantscan did not write."""
+        return _save(self.model, Path(out), self.source_path, force)
 
 
 @dataclass(frozen=True)
@@ -119,12 +117,9 @@ class ShrinkResult:
     def n_tries(self) -> int:
         return len(self.tries)
 
-    def save(self, out: str | Path) -> Path:
-        """Write the model atomically; refuses the source model's own path."""
-        target = Path(out)
-        _refuse_source(target, self.source_path)
-        write_atomic(target, self.model.SerializeToString())
-        return target
+    def save(self, out: str | Path, *, force: bool = False) -> Path:
+        """Write the model atomically; refuses the source model's own path and files quantscan did not write."""
+        return _save(self.model, Path(out), self.source_path, force)
 
     def log_lines(self) -> list[str]:
         """The try log as text lines (for a `.log` file beside the model)."""
@@ -133,6 +128,14 @@ class ShrinkResult:
             + (f": {t.note}" if t.note else "")
             for t in self.tries
         ]
+
+
+def _save(model: onnx.ModelProto, target: Path, source: Path | None, force: bool) -> Path:
+    _refuse_source(target, source)
+    refuse_foreign_overwrite(target, "-o", is_quantscan_onnx, force)
+    model.producer_name = PRODUCER  # marks it ours: a rerun may replace it without --force
+    write_atomic(target, model.SerializeToString())
+    return target
 
 
 def _refuse_source(target: Path, source: Path | None) -> None:
@@ -433,7 +436,7 @@ def capture(
     """(inputs, expected outputs) of the subgraph on calibration sample `sample`, from one full run."""
     source = data_source(calib, graph_inputs(result.source), consts=consts)
     if sample < 0 or (source.count is not None and sample >= source.count):
-        raise UsageError(f"--sample: expected 0 <= sample < {source.count}, found {sample}")
+        raise UsageError(f"sample: expected 0 <= sample < {source.count}, found {sample}")
     feeds = next(s for i, s in enumerate(source.samples()) if i == sample)
     produced = {o for n in result.source.graph.node for o in n.output}
     wanted = [n for n in [*result.inputs, *result.outputs] if n in produced]

@@ -228,7 +228,7 @@ class Evaluator:
             test = o + qgraph.CUMULATIVE_SUFFIX
             pairs.add((o, "q"), o, test, o, o in self.classifiers)
             refs[(o, "q")] = (o, test)
-        session = self.runner.session(pairs.reducer.attach(combined, pairs.outputs()))
+        session = self.runner.session(pairs.reducer.attach(combined, pairs.outputs()), built=True)
         for feeds in self.ctx.eval_set.batches(self.ctx.batch_size):
             pairs.update(session.run(feeds), refs)
         rows = {o: pairs.row((o, "q")) for o in self.outputs}
@@ -447,7 +447,7 @@ def compute_gain(
             changed[(k, tag)] = set(reached)
             for o, test in reached.items():
                 measure((o, f"{tag}{k}"), o, test)
-    session = runner.session(pairs.reducer.attach(gg.model, pairs.outputs()))
+    session = runner.session(pairs.reducer.attach(gg.model, pairs.outputs()), built=True)
     per_run = len(gg.model.graph.node) + len(pairs.reducer.nodes)
     executions, batches = 0, 0
     bar = progress("output gain", None)

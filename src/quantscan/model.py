@@ -23,6 +23,7 @@ from onnx import numpy_helper, version_converter
 from quantscan.errors import ModelError
 from quantscan.graph.index import constant_node_value
 from quantscan.specs import Dim, InputSpec
+from quantscan.validate import check_finite_weights, validate_model
 
 QUANTIZED_OPS = frozenset(
     {
@@ -110,6 +111,7 @@ def load_model(path: str | Path) -> LoadedModel:
     proto = read_model_file(p)
     if not proto.graph.node:
         raise ModelError(f"expected an ONNX model with a graph, found no nodes in {p} (is it an ONNX file?)")
+    validate_model(proto, str(p))
     _check(proto, p)
     name_unnamed_nodes(proto)
     inputs = graph_inputs(proto)
@@ -191,6 +193,7 @@ def ensure_float_model(model: LoadedModel) -> None:
             f"expected a float model, found an already-quantized one ({', '.join(found)} in {model.path.name}); "
             "give quantscan the FP32 model it came from"
         )
+    check_finite_weights(model.proto, model.path.name)
 
 
 # --- preparation -------------------------------------------------------------------------------------
@@ -256,6 +259,7 @@ def prepare_for_analysis(
     model: LoadedModel, input_dims: dict[str, tuple[Dim, ...]], *, min_opset: int = MIN_ANALYSIS_OPSET
 ) -> PreparedModel:
     """The copy quantscan measures: what the chip's compiler would run, in float."""
+    from quantscan.graph.float32 import float64_to_float32, has_float64
     from quantscan.rewrites.cleanup import cleanup
     from quantscan.rewrites.fold_bn import fold_batchnorm
 
@@ -277,6 +281,9 @@ def prepare_for_analysis(
     opset_to = onnx_opset(proto)
     if opset_to != opset_from:
         changes.append(f"opset raised from {opset_from} to {opset_to} with onnx.version_converter")
+    if has_float64(proto):  # QuantizeLinear takes no double: measure as the int8 chip computes, in float32
+        changed = float64_to_float32(proto)
+        changes.append(f"float64 computed as float32 ({changed} initializers, attributes and edge Casts)")
     forget_declared_shapes(proto)
     set_input_dims(proto, input_dims)
     name_unnamed_nodes(proto)  # the opset converter and the folds may add unnamed nodes

@@ -21,7 +21,7 @@ import math
 import os
 import tempfile
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,12 +47,28 @@ class ReportError(QuantscanError):
 # ----------------------------------------------------------------------------------------- writing
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (/proc), else set-and-restore."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temp file in the same folder, then os.replace."""
+    """Write `data` to `path` through a temp file in the same folder, then os.replace.
+
+    mkstemp creates the temp file 0600; the result gets 0666 minus the user's umask, as `open()` would
+    give it (output files shared with a team or a vendor were unreadable to them).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -66,6 +82,45 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def refuse_foreign_overwrite(path: Path, flag: str, ours: Callable[[Path], bool], force: bool) -> None:
+    """An existing file quantscan did not write is the user's: never replaced without --force."""
+    if force or not path.exists():
+        return
+    if path.is_dir():
+        raise UsageError(f"{flag}: expected a file path, found a folder at {path}")
+    if not ours(path):
+        raise UsageError(f"{flag}: {path} exists and was not written by quantscan; "
+                         "choose another path or add --force to replace it")
+
+
+def is_quantscan_zip(path: Path) -> bool:
+    """A bundle quantscan wrote: a zip whose MANIFEST.json says `"tool": "quantscan"`."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return bool(json.loads(zf.read("MANIFEST.json")).get("tool") == "quantscan")
+    except Exception:  # not a zip, no manifest, not JSON: not ours
+        return False
+
+
+def is_quantscan_onnx(path: Path) -> bool:
+    """A model quantscan wrote (extract marks its outputs with producer_name "quantscan")."""
+    import onnx
+
+    try:
+        return bool(onnx.load(str(path), load_external_data=False).producer_name == PRODUCER)
+    except Exception:  # not ONNX: not ours
+        return False
+
+
+PRODUCER = "quantscan"
+
+
+def out_inside_data(out: Path, data: Path) -> bool:
+    """True when the run folder `out` is the data folder or inside it (our files would mix with the data)."""
+    o, d = out.resolve(), data.resolve()
+    return d.is_dir() and (o == d or d in o.parents)
 
 
 def ensure_out_dir(out: Path) -> Path:

@@ -17,7 +17,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quantscan.errors import SessionError
+from quantscan.errors import InternalError, SessionError
+
+SILENT = 4
+"""onnxruntime's FATAL-only log severity: its own `[E:onnxruntime ...]` lines would print before our
+one-line error (severity 3 still prints errors); the runner turns its exceptions into our message."""
 
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -74,7 +78,7 @@ class Session:
         try:
             values = self._inner.run(names, used)
         except Exception as exc:  # onnxruntime raises its own untyped exceptions
-            raise SessionError(f"onnxruntime could not run the model: {_first_line(exc)}") from exc
+            raise SessionError(f"onnxruntime could not run the model: {_one_line(exc)}") from exc
         return dict(zip(names, values, strict=True))
 
 
@@ -82,6 +86,7 @@ class Runner:
     """Builds sessions with one policy (threads, optimisation level, CPU provider)."""
 
     def __init__(self, *, threads: int | None = None, opt_level: str = "basic") -> None:
+        ort.set_default_logger_severity(SILENT)
         if opt_level not in _LEVELS:
             raise ValueError(f"opt_level must be one of {sorted(_LEVELS)}, not {opt_level!r}")
         self.threads = threads
@@ -92,11 +97,17 @@ class Runner:
     def level_name(self) -> str:
         return ORT_LEVEL_NAMES[self.opt_level]
 
-    def session(self, model: onnx.ModelProto | bytes | str | Path, *, opt_level: str | None = None) -> Session:
-        """Build a session; `opt_level` overrides the runner's level for this one session."""
+    def session(self, model: onnx.ModelProto | bytes | str | Path, *, opt_level: str | None = None,
+                built: bool = False) -> Session:
+        """Build a session; `opt_level` overrides the runner's level for this one session.
+
+        `built=True` says quantscan made this graph (a QDQ or instrumented copy of a model onnxruntime
+        already loaded): if onnxruntime rejects it, that is a quantscan bug (`InternalError`, exit 3),
+        not bad input.
+        """
         options = ort.SessionOptions()
         options.graph_optimization_level = _LEVELS[opt_level or self.opt_level]
-        options.log_severity_level = 3
+        options.log_severity_level = SILENT
         if self.threads:
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
@@ -108,7 +119,9 @@ class Runner:
                 source, options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
             )
         except Exception as exc:
-            raise SessionError(f"onnxruntime could not load the model: {_first_line(exc)}") from exc
+            if built:
+                raise InternalError(f"onnxruntime rejected a graph quantscan built: {_one_line(exc)}") from exc
+            raise SessionError(f"onnxruntime could not load the model: {_one_line(exc)}") from exc
         self.stats.sessions_created += 1
         return Session(inner, self.stats)
 
@@ -128,9 +141,19 @@ def _session_source(model: onnx.ModelProto | bytes | str | Path) -> bytes | str:
     return model
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+MESSAGE_LIMIT = 600
+"""Longest onnxruntime message we repeat; longer ones are cut at a sentence end, never mid-sentence."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """onnxruntime's message, whole, on one line (its multi-line messages joined; the contract is one line)."""
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    if not text:
+        return type(exc).__name__
+    if len(text) <= MESSAGE_LIMIT:
+        return text
+    cut = max(text.rfind(". ", 0, MESSAGE_LIMIT), text.rfind(": ", 0, MESSAGE_LIMIT))
+    return text[: cut + 1] + " (message shortened)" if cut > 0 else text[:MESSAGE_LIMIT] + " (message shortened)"
 
 
 def onnxruntime_version() -> str:

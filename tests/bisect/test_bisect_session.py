@@ -91,3 +91,48 @@ def test_calibration_identity_changes_with_the_file_list(tmp_path: Path) -> None
     assert a["files_sha256"] != calibration_identity(tmp_path, files[:2], 2)["files_sha256"]
     files[0].write_bytes(b"longer")
     assert a["files_sha256"] != calibration_identity(tmp_path, files, 3)["files_sha256"]
+
+
+def _saved(tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    path = tmp_path / "s.json"
+    machine = Bisector(SITES, Target("cosine", 0.99))
+    run(machine, additive({"s2": 0.05}))
+    make_session(machine.events).save(path)
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda raw: raw["model"].update(sha256="00" * 32), "was edited"),
+    (lambda raw: raw["events"][0].update(value=0.5), "was edited"),
+    (lambda raw: raw["options"].update(target_value=0.5), "was edited"),
+    (lambda raw: raw.update(extra=1), "unknown extra"),
+    (lambda raw: raw.pop("order"), "expected keys order"),
+    (lambda raw: raw.pop("digest"), "expected keys digest"),
+    (lambda raw: raw.update(sites="all"), "expected sites to be a list"),
+    (lambda raw: raw.update(model=None), "expected model to be a dict"),
+])
+def test_edited_or_malformed_sessions_are_one_line_refusals(tmp_path: Path, edit: object, pattern: str) -> None:
+    """Hand edits gave seven tracebacks and an edited sha256 was accepted: the digest covers everything."""
+    path, raw = _saved(tmp_path)
+    assert Session.load(path).events  # the untouched file loads
+    edit(raw)  # type: ignore[operator]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(SessionFileError, match=pattern) as info:
+        Session.load(path)
+    assert "\n" not in str(info.value)
+
+
+def test_format_1_sessions_without_a_digest_still_load(tmp_path: Path) -> None:
+    path, raw = _saved(tmp_path)
+    raw.pop("digest")
+    raw["format"] = 1
+    path.write_text(json.dumps(raw))
+    assert Session.load(path).events
+
+
+def test_a_session_the_machine_cannot_replay_is_one_line(tmp_path: Path) -> None:
+    session = make_session()
+    session.options["target_metric"] = "no-such-metric"
+    session.order = ["s0", "s0"]
+    with pytest.raises(SessionFileError):
+        machine_for(session)

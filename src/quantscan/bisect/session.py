@@ -19,11 +19,44 @@ from pathlib import Path
 from typing import Any
 
 from quantscan.bisect.state import Bisector, Event, SessionFileError, Step, Target, event_from_dict
+from quantscan.errors import UsageError
 from quantscan.runfolder import jsonable, write_json
 
-FORMAT = 1
-"""Session file format version; a newer one is refused, never guessed at."""
+FORMAT = 2
+"""Session file format version; a newer one is refused, never guessed at. Format 2 adds `digest`."""
 TOOL = "quantscan-bisect"
+KNOWN_KEYS = frozenset({"format", "tool", "status", "created", "updated", "model", "calibration", "options",
+                        "sites", "order", "gain", "events", "digest"})
+REQUIRED_KEYS = ("model", "calibration", "options", "sites", "order")
+SHAPES: dict[str, type] = {"model": dict, "calibration": dict, "options": dict, "sites": list, "order": list,
+                           "gain": list, "events": list, "status": str}
+
+
+def content_digest(raw: Mapping[str, Any]) -> str:
+    """sha256 over the whole session content (every key but `digest`, canonical JSON).
+
+    Why the whole content: the model and data identities alone would let an edited event, option or
+    ordering through, and resuming would then replay a search that never ran.
+    """
+    body = {k: v for k, v in raw.items() if k != "digest"}
+    text = json.dumps(jsonable(body), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_schema(raw: Mapping[str, Any], path: Path, fmt: int) -> None:
+    unknown = sorted(set(raw) - KNOWN_KEYS)
+    if unknown:
+        raise SessionFileError(f"session {path}: expected only quantscan's keys, found unknown {', '.join(unknown)}")
+    missing = [k for k in (*REQUIRED_KEYS, *(("digest",) if fmt >= 2 else ())) if k not in raw]
+    if missing:
+        raise SessionFileError(f"session {path} is incomplete: expected keys {', '.join(missing)}, found none")
+    wrong = [k for k, kind in SHAPES.items() if k in raw and not isinstance(raw[k], kind)]
+    if wrong:
+        raise SessionFileError(f"session {path} is damaged: expected {wrong[0]} to be a {SHAPES[wrong[0]].__name__}, "
+                               f"found {type(raw[wrong[0]]).__name__}")
+    if fmt >= 2 and raw.get("digest") != content_digest(raw):
+        raise SessionFileError(f"session {path} was edited after quantscan wrote it (its digest does not match "
+                               "its content); start a new session")
 
 
 def calibration_identity(folder: str | Path, files: Sequence[str | Path], samples: int) -> dict[str, Any]:
@@ -81,6 +114,7 @@ class Session:
             raise SessionFileError(
                 f"session {path} has format {fmt}, this quantscan reads format {FORMAT} and older: upgrade quantscan"
             )
+        _check_schema(raw, path, fmt)
         try:
             return cls(
                 model_path=str(raw["model"]["path"]),
@@ -95,12 +129,15 @@ class Session:
                 format=fmt,
                 created=float(raw.get("created", 0.0)),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SessionFileError(f"session {path} is incomplete or damaged (bad field: {exc})") from None
 
     def save(self, path: str | Path) -> None:
         """Atomic: a temp file in the same folder, fsync'd, then os.replace (a kill leaves old or new)."""
-        write_json(Path(path), self.to_json(), indent=1)
+        raw = jsonable(self.to_json())
+        raw["format"] = FORMAT
+        raw["digest"] = content_digest(raw)
+        write_json(Path(path), raw, indent=1)
 
     @classmethod
     def load(cls, path: str | Path) -> Session:
@@ -141,7 +178,21 @@ class Session:
 
 
 def machine_for(session: Session) -> Bisector:
-    """Rebuild the machine a session describes and replay its events (no evaluation is repeated)."""
+    """Rebuild the machine a session describes and replay its events (no evaluation is repeated).
+
+    A session that passed its digest can still hold values the machine refuses (an older format, or
+    one written by a buggy version): those are one `SessionFileError` line, never a traceback.
+    """
+    try:
+        return _machine_for(session)
+    except SessionFileError:
+        raise
+    except (UsageError, KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise SessionFileError(f"session for {session.model_path} is damaged: {type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:200]}") from None
+
+
+def _machine_for(session: Session) -> Bisector:
     opts = session.options
     target = Target(str(opts["target_metric"]), float(opts["target_value"]), opts.get("output"))
     topo = [s["node"] for s in sorted(session.sites, key=lambda s: int(s["order"]))]

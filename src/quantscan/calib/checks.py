@@ -7,6 +7,7 @@ unless it is a fixed size > 1) with the same wording in the errors that name the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,7 +73,25 @@ def fmt(shape: Sequence[Any]) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+_BYTES = re.compile(r"""b(['"]).*?(?<!\\)\1""")
+
+LISTING_LIMIT = 8
+"""Most file names one message lists: a folder of 100,000 files must not become a 100,000-name line."""
+
+
 def short(exc: BaseException) -> str:
-    """An exception as one short line (error messages must stay on one line)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """An exception as one short line (error messages must stay on one line).
+
+    Byte strings are dropped: numpy and PIL quote a file's first bytes ("got b'...'"), and a file a
+    symlink points at must not have its content shown in our message.
+    """
+    text = _BYTES.sub("<bytes>", " ".join(str(exc).split())) or type(exc).__name__
     return text[:200]
+
+
+def listing(names: Sequence[str], limit: int = LISTING_LIMIT) -> str:
+    """`a, b, c and 97 more`: names for a message, truncated."""
+    names = list(names)
+    if len(names) <= limit:
+        return ", ".join(names)
+    return ", ".join(names[:limit]) + f" and {len(names) - limit} more"

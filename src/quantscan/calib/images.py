@@ -85,6 +85,10 @@ def _image_list(folder: Path, files: list[Path], pre: Preprocess, warnings: Warn
         warnings.add(f"ignored {p} (not an image; {folder} is an image folder)")
     if pre.files is None:
         return images
+    for name in pre.files:
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise CalibrationError(f"preprocessing 'files': expected plain file names in {folder}, found "
+                                   f"{name[:80]!r} (entries may not leave the folder)")
     chosen = [folder / name for name in pre.files]
     for p in chosen:
         if not p.is_file():

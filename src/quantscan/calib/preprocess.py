@@ -24,6 +24,9 @@ from quantscan.specs import InputSpec
 LAYOUTS = ("NCHW", "NHWC")
 CHANNEL_ORDERS = ("RGB", "BGR", "GRAY")
 RESIZE_MODES = ("stretch", "keep_ratio_pad")
+MAX_IMAGE_SIDE = 8192
+"""Largest height or width an image is resized to (README, CONTRACT): a preprocess.json asking for a
+100000x100000 resize would allocate ~120 GB per image; 8192² RGB float32 is 0.8 GB, already a lot."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,8 @@ def preprocess_keys(folder: Path, preprocess: str | Path | None, overrides: Mapp
             return PreprocessKeys({}, None, flags)
         raise CalibrationError(
             f"{folder} holds images but no {PREPROCESS_NAME}: expected preprocessing keys "
-            "(give --preprocess FILE or the keys as flags: --input, --shape, --layout, --channel-order, "
-            "--scale, --mean, --std)"
+            "(give --preprocess FILE, or the keys as flags: --layout, --channel-order, --scale, --mean, --std, "
+            "--resize; the input and its shape come from the model, --input-shape NAME:D0,D1,... fixes free dims)"
         )
     return PreprocessKeys(_read_json_object(path), str(path), flags)
 
@@ -176,6 +179,8 @@ def _image_dims(keys: PreprocessKeys, spec: InputSpec) -> list[int | None]:
         if own is not None and fixed is not None and own != fixed:
             raise keys.bad("shape", f"a shape fitting input '{spec.name}' {fmt(spec.shape)}", raw)
         merged.append(own if own is not None else fixed)
+    if any(d is not None and d > MAX_IMAGE_SIDE for d in merged[1:]):
+        raise keys.bad("shape", f"image sides of at most {MAX_IMAGE_SIDE} pixels (the documented limit)", raw)
     return merged
 
 
@@ -189,6 +194,8 @@ def _parse_shape(keys: PreprocessKeys, raw: Any) -> list[int | None]:
             item = int(item)
         if isinstance(item, bool) or isinstance(item, float):
             raise keys.bad("shape", 'integer or free ("H", "W", null) dims', raw)
+        if isinstance(item, int) and (item == 0 or item < -1):
+            raise keys.bad("shape", 'positive dims (or free: "H", "W", null, -1)', raw)
         dims.append(item if isinstance(item, int) and item > 0 else None)
     return dims
 
@@ -231,8 +238,9 @@ def _per_channel(keys: PreprocessKeys, key: str, channels: int, default: float) 
 
 
 def _nonzero(keys: PreprocessKeys, std: tuple[float, ...]) -> tuple[float, ...]:
-    if any(s == 0 for s in std):
-        raise keys.bad("std", "non-zero values (dividing by 0 gives Inf)", keys.get("std"))
+    """A standard deviation is positive: 0 divides to Inf, a negative one silently flips the image."""
+    if any(s <= 0 for s in std):
+        raise keys.bad("std", "positive values (a standard deviation is > 0)", keys.get("std"))
     return std
 
 

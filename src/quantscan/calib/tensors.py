@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from quantscan.calib.calibset import CalibSet, Sample
-from quantscan.calib.checks import batched_map, cast_checked, dims_fit, fmt, is_batch_axis
+from quantscan.calib.checks import batched_map, cast_checked, dims_fit, fmt, is_batch_axis, listing
 from quantscan.calib.folder import PREPROCESS_NAME, TENSOR_SUFFIXES, other_files
 from quantscan.calib.npyfile import load_array, npy_header, npz_headers
 from quantscan.errors import CalibrationError
@@ -93,7 +93,7 @@ def _plan_streams(
         _plan_npz(p, specs, consts, streams, warnings)
     _plan_npy(npy, specs, consts, streams, warnings)
     if not any(streams.values()):
-        found = ", ".join(p.name for p in files if p.name != PREPROCESS_NAME)
+        found = listing([p.name for p in files if p.name != PREPROCESS_NAME])
         raise CalibrationError(
             f"nothing in {folder} matches a model input: expected .npz keys or .npy files named after "
             f"{', '.join(wanted) or '(every input is a --const)'}, found {found}"
@@ -162,7 +162,7 @@ def _plan_npy(
     else:
         raise CalibrationError(
             f"cannot tell which of inputs {', '.join(left)} the .npy files feed: expected files named after "
-            f"an input (e.g. {left[0]}.npy), found {', '.join(p.name for p in npy)}"
+            f"an input (e.g. {left[0]}.npy), found {listing([p.name for p in npy])}"
         )
 
 

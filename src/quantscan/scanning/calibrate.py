@@ -19,6 +19,7 @@ from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
 from quantscan.calib import CalibSet
+from quantscan.errors import ModelError
 from quantscan.model import PreparedModel
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
@@ -85,7 +86,7 @@ def calibrate(
             whole.append(t)
     channel_ranges = {t: quant.ChannelRangeObserver(1) for t in channel_axis_of}  # fed [mins; maxs] rows
     outputs = [*whole, *(n for pair in [*partials.values(), *explicit.values()] for n in pair)]
-    session = runner.session(reducer.attach(prepared.proto, outputs))
+    session = runner.session(reducer.attach(prepared.proto, outputs), built=True)
     bar = progress("calibrating", n_batches(cset.n_samples, batch_size))
     try:
         for feeds in cset.batches(batch_size):
@@ -137,6 +138,9 @@ def make_plan(
             w = onnx.numpy_helper.to_array(inits[name]).astype(np.float32)
             if w.ndim <= axis:
                 continue
+            if not np.all(np.isfinite(w)):  # e.g. a BatchNormalization with a NaN epsilon folded into it
+                raise ModelError(f"expected finite weights, found NaN/Inf in weight {name!r} of node "
+                                 f"{site.node!r} after preparation (check the BatchNormalization folded into it)")
             qp = quant.weight_qparams(w, axis)
             plan.weights[name] = qgraph.WeightQuant(name, qp, quant.quantize(w, qp))
         if site.bias and site.weight in plan.weights and site.inputs and site.inputs[0] in plan.activations:

@@ -19,6 +19,7 @@ import onnx
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet
+from quantscan.errors import ModelError
 from quantscan.model import PreparedModel
 from quantscan.records import Headline, OutputMetrics
 from quantscan.runner import Runner
@@ -88,8 +89,8 @@ def evaluate(
     outputs += [n for pair in channel_pairs.values() for n in pair]
     outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
-    session = runner.session(reducer.attach(combined, outputs + hist_outputs))
-    deployed = runner.session(qdq, opt_level="all")
+    session = runner.session(reducer.attach(combined, outputs + hist_outputs), built=True)
+    deployed = runner.session(qdq, opt_level="all", built=True)
     hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
     cumulative = {t: qm.ErrorAccumulator() for t in pairs}
     isolated = {k: qm.ErrorAccumulator() for k in iso_pairs}
@@ -104,7 +105,8 @@ def evaluate(
         for feeds in eval_set.batches(batch_size):
             want_hist = seen < HIST_SAMPLES
             values = session.run(feeds, outputs + hist_outputs if want_hist else outputs)
-            n = next(iter(feeds.values())).shape[0] if feeds else 1
+            first = next(iter(feeds.values()), None)
+            n = int(first.shape[0]) if first is not None and first.ndim else 1  # rank-0 inputs: one sample
             batch_labels = labels[seen: seen + n] if labels else None
             seen += n
             if want_hist:
@@ -201,6 +203,9 @@ def output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dic
 
 def headline(evaluation: Evaluation) -> Headline:
     """The worst headline output counts (contract), for the fake-quant and the deployed model."""
+    if not evaluation.output_metrics:
+        raise ModelError("expected a float graph output to measure int8 error on, found none "
+                         "(every output is an integer, boolean or empty tensor)")
     worst = min(evaluation.output_metrics, key=lambda o: _nan_last(evaluation.output_metrics[o].cosine))
     return Headline(
         output=worst,

@@ -21,7 +21,7 @@ import onnx
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
-from quantscan.errors import CalibrationError, UsageError
+from quantscan.errors import CalibrationError, ModelError, UsageError
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
 from quantscan.records import ActivationScheme
 from quantscan.runner import Runner
@@ -141,11 +141,11 @@ def probe_model(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, ba
     """Pass 0: run the prepared model once with every tensor exposed; compare its outputs with the original."""
     names = [o for n in prepared.proto.graph.node for o in n.output if o]
     exposed = qgraph.expose(prepared.proto, names)
-    session = runner.session(exposed)
     feeds = next(iter(cset.batches(batch_size)))
+    original = runner.session(loaded.proto).run(feeds)  # the user's model first: its faults are bad input
+    session = runner.session(exposed, built=True)
     values = session.run(feeds)
     floats = {k for k, v in {**feeds, **values}.items() if np.issubdtype(v.dtype, np.floating)}
-    original = runner.session(loaded.proto).run(feeds)
     check: dict[str, float] = {}
     warnings: list[str] = []
     for name, ref in original.items():
@@ -368,7 +368,11 @@ def headline_outputs(probe: Probe, requested: Sequence[str]) -> list[str]:
         o for o in probe.outputs
         if o in probe.float_tensors and not is_state_output(o, probe.shapes.get(o, ()), probe.input_shapes)
     ]
-    return chosen or [o for o in probe.outputs if o in probe.float_tensors]
+    chosen = chosen or [o for o in probe.outputs if o in probe.float_tensors]
+    if not chosen:
+        raise ModelError(f"expected a float graph output to measure int8 error on, found none among "
+                         f"{', '.join(probe.outputs[:8]) or 'the outputs'} (integer, boolean or non-tensor outputs)")
+    return chosen
 
 
 def classifier_outputs(prepared: PreparedModel, outputs: Sequence[str], probe: Probe) -> set[str]:

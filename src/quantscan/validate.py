@@ -1,0 +1,146 @@
+"""Validation before work: what a model file may hold before onnx, onnxruntime or numpy see it.
+
+Why a module of its own: onnx.checker accepts things that later crash quantscan or the libraries it
+calls (an element type outside the ONNX enum is a `KeyError` in numpy conversion, a name that is not
+valid UTF-8 comes back from protobuf as `bytes`, a LayerNormalization `axis` of 2**31 segfaults onnx's
+shape inference). Each check here turns one of those into one `ModelError` line that names the
+node or tensor, before any of that code runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from quantscan.errors import ModelError
+
+MAX_AXIS = 64
+"""Largest |axis| quantscan accepts in an axis-like attribute: no real tensor has more dimensions,
+and far larger values crash onnx's shape inference (seen with LayerNormalization axis = 2**31)."""
+
+AXIS_ATTRIBUTES = frozenset({"axis", "axes", "perm", "batch_axis", "time_axis"})
+"""Integer attributes used as dimension indices."""
+
+_VALID_ELEM_TYPES = frozenset(int(v) for v in onnx.TensorProto.DataType.values())
+
+
+def validate_model(proto: onnx.ModelProto, where: str) -> None:
+    """Raise one `ModelError` for the first thing in `proto` that would crash a later stage."""
+    for graph in _graphs(proto.graph):
+        _check_names(graph, where)
+        _check_elem_types(graph, where)
+        _check_attributes(graph, where)
+        _check_initializers(graph, where)
+
+
+def check_finite_weights(proto: onnx.ModelProto, where: str) -> None:
+    """Scan and bisect compute scales from weights: NaN or Inf weights give no scale, so name the tensor."""
+    for graph in _graphs(proto.graph):
+        for tensor in graph.initializer:
+            if tensor.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+                continue
+            try:
+                values = numpy_helper.to_array(tensor)
+            except Exception:  # a broken initializer: onnxruntime will name it when it loads the model
+                continue
+            if values.size and not np.all(np.isfinite(values)):
+                bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
+                raise ModelError(f"expected finite weights in {where}, found {bad} NaN/Inf values in "
+                                 f"initializer {tensor.name!r}")
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The main graph and every subgraph (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _graphs(sub)
+
+
+def _check_names(graph: onnx.GraphProto, where: str) -> None:
+    """protobuf hands back a string field that is not valid UTF-8 as `bytes`; nothing downstream expects it."""
+    for index, node in enumerate(graph.node):
+        for name in _node_names(node):
+            if not isinstance(name, str):
+                raise ModelError(f"expected UTF-8 names in {where}, found node #{index} ({node.op_type}) with the "
+                                 f"name or tensor name {_show(name)} that is not valid UTF-8")
+    for kind, names in (("initializer", (t.name for t in graph.initializer)),
+                        ("input", (v.name for v in graph.input)),
+                        ("output", (v.name for v in graph.output)),
+                        ("value_info", (v.name for v in graph.value_info))):
+        for name in names:
+            if not isinstance(name, str):
+                raise ModelError(f"expected UTF-8 names in {where}, found a graph {kind} named {_show(name)} "
+                                 "that is not valid UTF-8")
+
+
+def _node_names(node: onnx.NodeProto) -> Iterable[object]:
+    yield node.name
+    yield node.op_type
+    yield node.domain
+    yield from node.input
+    yield from node.output
+
+
+def _show(name: object) -> str:
+    raw = name if isinstance(name, bytes) else str(name).encode("utf-8", "replace")
+    return repr(raw.decode("utf-8", "replace")[:60])
+
+
+def _check_elem_types(graph: onnx.GraphProto, where: str) -> None:
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type"):
+            _elem_type(vi.type.tensor_type.elem_type, f"tensor {vi.name!r}", where)
+    for tensor in graph.initializer:
+        _elem_type(tensor.data_type, f"initializer {tensor.name!r}", where)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                _elem_type(attr.t.data_type, f"attribute {attr.name!r} of node {node.name!r}", where)
+
+
+def _elem_type(value: int, what: str, where: str) -> None:
+    if value not in _VALID_ELEM_TYPES:
+        raise ModelError(f"expected an ONNX element type for {what} in {where}, found {value} "
+                         "(outside the TensorProto.DataType enum)")
+
+
+_PACKED = frozenset(int(getattr(onnx.TensorProto, n)) for n in ("INT4", "UINT4", "FLOAT4E2M1", "STRING")
+                    if hasattr(onnx.TensorProto, n))
+
+
+def _check_initializers(graph: onnx.GraphProto, where: str) -> None:
+    """Dims that are non-negative and raw bytes that match them: numpy reshapes fail on anything else."""
+    for t in graph.initializer:
+        if any(d < 0 for d in t.dims):
+            raise ModelError(f"expected non-negative dims for initializer {t.name!r} in {where}, found {list(t.dims)}")
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type in _PACKED or not t.HasField("raw_data"):
+            continue
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        expected = int(np.prod(t.dims, dtype=np.float64)) * itemsize
+        if expected != len(t.raw_data):
+            raise ModelError(f"expected {expected} bytes of data for initializer {t.name!r} "
+                             f"({onnx.TensorProto.DataType.Name(t.data_type)} {list(t.dims)}) in {where}, "
+                             f"found {len(t.raw_data)}")
+
+
+def _check_attributes(graph: onnx.GraphProto, where: str) -> None:
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.name not in AXIS_ATTRIBUTES:
+                continue
+            values = [attr.i] if attr.type == onnx.AttributeProto.INT else list(attr.ints)
+            if attr.name == "perm":
+                bad = [v for v in values if v < 0 or v > MAX_AXIS]
+            else:
+                bad = [v for v in values if abs(v) > MAX_AXIS]
+            if bad:
+                raise ModelError(f"expected attribute {attr.name!r} of node {node.name!r} ({node.op_type}) in "
+                                 f"{where} within [-{MAX_AXIS}, {MAX_AXIS}], found {bad[0]}")
