@@ -101,12 +101,24 @@ def _data_options(p: argparse.ArgumentParser) -> None:
                    help="tensors.csv rows: every float tensor (default) or quantization points only (faster)")
 
 
+def _task_options(p: argparse.ArgumentParser) -> None:
+    """Task metrics beside cosine (quantscan.taskmetrics)."""
+    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "none"],
+                   help="task metrics on the outputs (default: detected from output shape and files)")
+    p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
+    p.add_argument("--charset", default=None,
+                   help="CTC charset (.json list or PP-OCR .txt keys); default charset.json/.txt beside the data")
+    p.add_argument("--mask-threshold", type=float, default=0.5, help="score-map threshold for --task mask IoU")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="quantscan", description="int8 sensitivity and NPU compatibility for ONNX models")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     scan = sub.add_parser("scan", help="per-layer int8 sensitivity (the default command)")
     scan.add_argument("model")
     _data_options(scan)
+    _task_options(scan)
     _common(scan)
     check = sub.add_parser("check", help="structural compatibility with chip profiles")
     check.add_argument("model")
@@ -278,6 +290,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "profile": args.profile[0] if args.profile else None,
         "no_report": args.no_report,
         "tensors": args.tensors,
+        "task": args.task,
+        "metric": args.metric,
+        "charset": args.charset,
+        "mask_threshold": args.mask_threshold,
     }
     if len(args.profile) > 1:
         raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
@@ -295,6 +311,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
           f"cosine {head.cosine:.5f}, SQNR {head.sqnr_db:.2f} dB"
           + (f", top-1 agreement {top1:.3f}" if top1 is not None else "")
           + f" (deployed ORT_ENABLE_ALL cosine {deployed:.5f})")
+    if head.metrics.task:
+        print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
     for r in top.to_dict("records"):
         print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
               f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}")

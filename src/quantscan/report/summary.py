@@ -115,6 +115,7 @@ def summary_markdown(result: SummarySource) -> str:
         "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
         "",
+        *_task_section(result.output_metrics),
         "## Top sites",
         "",
         "| rank | node | kernel | isolated SQNR dB | cumulative SQNR dB | worst channel dB | cause | why |",
@@ -147,6 +148,17 @@ def summary_markdown(result: SummarySource) -> str:
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
+
+
+def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
+    """Task metrics (FP32 vs int8 decode/argmax/mask), one line per output that has any; task.csv has them too."""
+    rows = [(name, m.task) for name, m in metrics.items() if m.task]
+    if not rows:
+        return []
+    lines = ["## Task metrics (FP32 vs int8, evaluation set)", ""]
+    for name, figures in rows:
+        lines.append(f"- `{name}`: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
+    return [*lines, ""]
 
 
 def _profile_section(result: SummarySource) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from quantscan.errors import UsageError
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
+from quantscan.taskmetrics import TASKS
 
 TENSOR_SETS = ("all", "sites")
 
@@ -75,6 +76,14 @@ class ScanOptions:
     """Which tensors get cumulative figures in tensors.csv: "all" float tensors (the contract), or
     "sites" (quantization points and graph outputs only: several times less reduction work on
     models whose kernels hide many internal tensors, e.g. decomposed HardSwish/LayerNorm)."""
+    task: str = "auto"
+    """Task metrics on the headline outputs: auto|classify|ctc|mask|none (see quantscan.taskmetrics)."""
+    metric: Sequence[str] = ()
+    """`module:function` plugins called with the FP32 and int8 outputs per batch, returning named sums."""
+    charset: str | Path | None = None
+    """CTC class table; default charset.json/.txt beside the evaluation data, else the model's metadata."""
+    mask_threshold: float = 0.5
+    """Score-map threshold for `--task mask` IoU."""
 
     def validate(self) -> ScanOptions:
         """Refuse bad values with the CLI flag's name; return the options with the enums parsed."""
@@ -85,6 +94,8 @@ class ScanOptions:
             raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
         if self.tensors not in TENSOR_SETS:
             raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
+        if self.task not in TASKS:
+            raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {self.task!r}")
         if self.batch_size <= 0:
             raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)
