@@ -17,7 +17,8 @@ from typing import Any
 
 from quantscan.errors import QuantscanError, UsageError
 
-COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle")
+COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle",
+            "overlay")
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -140,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="models to add (their .rewrite.json / .inputs.npz / .expected.npz come along)")
     bundle.add_argument("-o", "--output", dest="bundle_out", required=True)
     bundle.add_argument("--debug", action="store_true")
+    overlay = sub.add_parser("overlay", help="per-node SQNR/gain/findings as Model Explorer node data")
+    overlay.add_argument("run_dir")
+    overlay.add_argument("-o", "--output", dest="overlay_out", default="nodes.json",
+                         help="main node-data file (cumulative SQNR); other metrics go beside it")
+    overlay.add_argument("--debug", action="store_true")
     return parser
 
 
@@ -565,6 +571,14 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_overlay(args: argparse.Namespace) -> int:
+    from quantscan.overlay import write_overlay
+
+    paths = write_overlay(Path(args.run_dir), Path(args.overlay_out))
+    print(f"wrote {', '.join(str(p) for p in paths)} (Model Explorer node data: load beside the model)")
+    return EXIT_OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from quantscan.report.html import write_report
 
@@ -583,6 +597,7 @@ HANDLERS = {
     "extract": cmd_extract,
     "bisect": cmd_bisect,
     "bundle": cmd_bundle,
+    "overlay": cmd_overlay,
 }
 
 
