@@ -40,7 +40,8 @@ def task_accumulators(
     opts: ScanOptions,
 ) -> dict[str, list[tm.TaskAccumulator]]:
     """Per headline output: the chosen (or auto-detected) task's accumulator, then any --metric plugins."""
-    if opts.task == "none" and not opts.metric:
+    plugins = [opts.metric] if isinstance(opts.metric, str) else list(opts.metric)  # API: one spec or many
+    if opts.task == "none" and not plugins:
         return {}
     needs_charset = opts.task in ("auto", "ctc")
     charset = resolve_charset(proto, eval_set, opts) if needs_charset else None
@@ -52,7 +53,7 @@ def task_accumulators(
         built = tm.make_accumulator(task, charset, opts.mask_threshold)
         if built is not None:
             accs.append(built)
-        accs.extend(tm.load_plugin(spec) for spec in opts.metric)
+        accs.extend(tm.load_plugin(spec) for spec in plugins)
         if accs:
             found[name] = accs
     return found
