@@ -20,19 +20,27 @@ def _assets_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "assets"
 
 
-@pytest.fixture
-def assets(request: pytest.FixtureRequest) -> Path:
-    """The real assets folder; a test that asks for it must carry `@pytest.mark.real`.
-
-    The marker is what `-m "not real"` deselects on a user's clone without `../shared`, so a test that
-    reads the assets unmarked would be skipped silently there; failing here keeps the marker honest.
-    """
-    if request.node.get_closest_marker("real") is None:
-        pytest.fail(f"{request.node.nodeid} reads ../shared/assets but is not marked @pytest.mark.real")
+@pytest.fixture(scope="session")
+def assets() -> Path:
     path = _assets_dir()
     if not (path / "models").is_dir():
         pytest.skip(f"real assets not found at {path}")
     return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse to run a test that reads the real assets (directly or through a fixture) unmarked.
+
+    The `real` marker is what `-m "not real"` deselects on a clone without `../shared`; a test that
+    reads the assets unmarked would be skipped silently there, so the marker must be honest.
+    """
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "assets" in getattr(item, "fixturenames", ()) and item.get_closest_marker("real") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests read ../shared/assets without @pytest.mark.real: " + ", ".join(unmarked))
 
 
 def asset_model(assets: Path, name: str) -> Path:

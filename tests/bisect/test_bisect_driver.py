@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from bisect_helpers import chain_model, write_chain
 
+from builders import chain_model, write_chain
 from quantscan.bisect import Session, SessionFileError, run_bisect
 from quantscan.records import Plan
 from quantscan.runner import Runner

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from bisect_helpers import chain_model
 
+from builders import chain_model
 from quantscan.bisect import exports
 from quantscan.errors import UsageError
 from quantscan.records import Plan, PlanSite, PlanTarget, Precision

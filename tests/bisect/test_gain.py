@@ -10,8 +10,8 @@ from pathlib import Path
 
 import onnx
 import pytest
-from bisect_helpers import write_chain
 
+from builders import write_chain
 from conftest import asset_calib, asset_model
 from quantscan.gain import Evaluator, MixedBuilder, compute_gain, diff_branch
 from quantscan.runner import Runner

@@ -7,7 +7,6 @@ One job per module:
 - `driver`: `run_bisect`, the evaluation loop that feeds measured values to the machine;
 - `plan`: the typed `records.Plan` built from a finished search, and plan.json/plan.csv/gain.csv;
 - `exports`: the plan in the formats vendor toolchains read (onnxruntime, RKNN, Horizon, TPU-MLIR, TIDL);
-- `jsonio`: the one JSON helper of the files above.
 
 The output gain of every site (the mixed-precision gain graph) is `quantscan.gain`.
 

@@ -18,7 +18,6 @@ from typing import Any
 import onnx
 import pandas as pd
 
-from quantscan.bisect.jsonio import to_jsonable
 from quantscan.bisect.plan import REACHED, build_plan, write_plan
 from quantscan.bisect.session import Session, calibration_identity, machine_for
 from quantscan.bisect.state import (
@@ -36,7 +35,7 @@ from quantscan.errors import UsageError
 from quantscan.gain import Evaluator, GainResult, MixedBuilder, compute_gain, sensitivity_order
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
-from quantscan.runfolder import atomic_write_bytes
+from quantscan.runfolder import atomic_write_bytes, jsonable
 from quantscan.runner import Runner
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, prepare_scan
@@ -238,7 +237,7 @@ def _new_session(
     gains: GainResult | None,
 ) -> Session:
     outputs = ctx.headline_outputs()
-    scan_opts = {k: to_jsonable(v) for k, v in options.items() if k in SCAN_OPTION_KEYS}
+    scan_opts = {k: jsonable(v) for k, v in options.items() if k in SCAN_OPTION_KEYS}
     sites = [
         {
             "node": s.node,

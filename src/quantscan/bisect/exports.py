@@ -17,10 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantscan.bisect.jsonio import dumps
 from quantscan.errors import UsageError
 from quantscan.records import Plan, Precision
-from quantscan.runfolder import atomic_write_text
+from quantscan.runfolder import atomic_write_text, json_text
 
 
 def _unique(items: Iterable[str]) -> list[str]:
@@ -175,11 +174,11 @@ def tidl_import_config(plan: Plan) -> str:
 
 
 WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
-    "onnxruntime": ("ort_quant_config.json", lambda p: dumps(onnxruntime_config(p))),
+    "onnxruntime": ("ort_quant_config.json", lambda p: json_text(onnxruntime_config(p), indent=1)),
     "rknn": ("rknn_hybrid_quant.cfg", rknn_hybrid_cfg),
     "horizon": ("horizon_node_config.yaml", horizon_yaml),
     "tpu-mlir": ("tpu_mlir.qtable", tpu_mlir_qtable),
-    "tidl": ("tidl_16bit_options.json", lambda p: dumps(tidl_export(p))),
+    "tidl": ("tidl_16bit_options.json", lambda p: json_text(tidl_export(p), indent=1)),
     "tidl-rt": ("tidl_import_16bit.txt", tidl_import_config),
 }
 """Export name -> (file name in the run folder, writer)."""

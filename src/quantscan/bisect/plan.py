@@ -16,12 +16,11 @@ import onnx
 import pandas as pd
 
 from quantscan.bisect import exports as qexports
-from quantscan.bisect.jsonio import write_json
 from quantscan.bisect.session import Session
 from quantscan.bisect.state import Bisector, Step, Target
 from quantscan.gain import MixedBuilder
 from quantscan.records import Metrics, Plan, PlanSite, Precision
-from quantscan.runfolder import atomic_write_text
+from quantscan.runfolder import atomic_write_text, write_json
 from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
 
@@ -130,7 +129,7 @@ def build_plan(
 def write_plan(plan: Plan, session: Session, out: Path, exports: Sequence[str] | None = None) -> dict[str, Path]:
     """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic."""
     out.mkdir(parents=True, exist_ok=True)
-    files = {"plan.json": write_json(out / "plan.json", plan.to_json()), "plan.csv": out / "plan.csv"}
+    files = {"plan.json": _plan_json(out, plan), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
     atomic_write_text(files["plan.csv"], table.to_csv(index=False))
     if session.gain:
@@ -174,3 +173,9 @@ def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
     layers = layers.drop(columns=[c for c in gain_columns if c in layers.columns])
     return layers.merge(gains[["node", *gain_columns]], on="node", how="left")
 
+
+def _plan_json(out: Path, plan: Plan) -> Path:
+    """plan.json, one-space indented like the session file."""
+    path = out / "plan.json"
+    write_json(path, plan.to_json(), indent=1)
+    return path

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantscan.bisect.jsonio import to_jsonable, write_json
 from quantscan.bisect.state import Bisector, Event, SessionFileError, Step, Target, event_from_dict
+from quantscan.runfolder import jsonable, write_json
 
 FORMAT = 1
 """Session file format version; a newer one is refused, never guessed at."""
@@ -68,7 +68,7 @@ class Session:
             "options": self.options,
             "sites": self.sites,
             "order": self.order,
-            "gain": to_jsonable(self.gain),
+            "gain": jsonable(self.gain),
             "events": [e.as_dict() for e in self.events],
         }
 
@@ -100,7 +100,7 @@ class Session:
 
     def save(self, path: str | Path) -> None:
         """Atomic: a temp file in the same folder, fsync'd, then os.replace (a kill leaves old or new)."""
-        write_json(Path(path), self.to_json())
+        write_json(Path(path), self.to_json(), indent=1)
 
     @classmethod
     def load(cls, path: str | Path) -> Session:
