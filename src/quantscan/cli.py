@@ -22,7 +22,8 @@ from typing import Any
 
 from quantscan.errors import QuantscanError, UsageError
 
-COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle")
+COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle",
+            "overlay")
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -161,12 +162,24 @@ def _data_options(p: argparse.ArgumentParser) -> None:
                    help="tensors.csv rows: every float tensor (default) or quantization points only (faster)")
 
 
+def _task_options(p: argparse.ArgumentParser) -> None:
+    """Task metrics beside cosine (quantscan.taskmetrics)."""
+    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "none"],
+                   help="task metrics on the outputs (default: detected from output shape and files)")
+    p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
+    p.add_argument("--charset", default=None,
+                   help="CTC charset (.json list or PP-OCR .txt keys); default charset.json/.txt beside the data")
+    p.add_argument("--mask-threshold", type=float, default=0.5, help="score-map threshold for --task mask IoU")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="quantscan", description="int8 sensitivity and NPU compatibility for ONNX models")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     scan = sub.add_parser("scan", help="per-layer int8 sensitivity (the default command)")
     scan.add_argument("model")
     _data_options(scan)
+    _task_options(scan)
     _common(scan)
     scan.add_argument("--gain-candidates", type=int, default=None, metavar="N",
                       help="sites per ordering whose output gain is measured to rank by impact (default 16)")
@@ -192,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("-o", "--output", dest="bundle_out", required=True)
     bundle.add_argument("--force", action="store_true", help="replace an existing -o file quantscan did not write")
     bundle.add_argument("--debug", action="store_true")
+    overlay = sub.add_parser("overlay", help="per-node SQNR/gain/findings as Model Explorer node data")
+    overlay.add_argument("run_dir")
+    overlay.add_argument("-o", "--output", dest="overlay_out", default="nodes.json",
+                         help="main node-data file (cumulative SQNR); other metrics go beside it")
+    overlay.add_argument("--debug", action="store_true")
     return parser
 
 
@@ -376,6 +394,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "no_report": args.no_report,
         "tensors": args.tensors,
         **_gain_option(args),
+        "task": args.task,
+        "metric": args.metric,
+        "charset": args.charset,
+        "mask_threshold": args.mask_threshold,
     }
     if len(args.profile) > 1:
         raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
@@ -394,6 +416,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
           f"cosine {head.cosine:.5f}, SQNR {head.sqnr_db:.2f} dB"
           + (f", top-1 agreement {top1:.3f}" if top1 is not None else "")
           + f" (deployed ORT_ENABLE_ALL cosine {deployed:.5f})")
+    if head.metrics.task:
+        print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
     for r in top.to_dict("records"):
         gain = float(r.get("gain_if_float", math.nan))
         print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
@@ -656,6 +680,14 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_overlay(args: argparse.Namespace) -> int:
+    from quantscan.overlay import write_overlay
+
+    paths = write_overlay(Path(args.run_dir), Path(args.overlay_out))
+    print(f"wrote {', '.join(str(p) for p in paths)} (Model Explorer node data: load beside the model)")
+    return EXIT_OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from quantscan.report.html import write_report
 
@@ -674,6 +706,7 @@ HANDLERS = {
     "extract": cmd_extract,
     "bisect": cmd_bisect,
     "bundle": cmd_bundle,
+    "overlay": cmd_overlay,
 }
 
 

@@ -123,10 +123,13 @@ class OutputMetrics:
     top1_agreement: float | None = None
     accuracy: float | None = None
     fp32_accuracy: float | None = None
+    task: dict[str, float] = field(default_factory=dict)
+    """Task metrics (quantscan.taskmetrics: top5_agreement, string_agreement, cer, mask_iou, plugins);
+    the JSON form has them under "task", absent when none was measured."""
 
-    def to_json(self) -> dict[str, float]:
+    def to_json(self) -> dict[str, Any]:
         """The run.json / plan.json row: the optional figures only when measured."""
-        row = {
+        base = {
             "cosine": self.cosine,
             "sqnr_db": self.sqnr_db,
             "mse": self.mse,
@@ -135,10 +138,13 @@ class OutputMetrics:
             "worst_sample_cosine": self.worst_sample_cosine,
             "mean_sample_cosine": self.mean_sample_cosine,
         }
+        row: dict[str, Any] = dict(base)
         for key in ("top1_agreement", "accuracy", "fp32_accuracy"):
             value = getattr(self, key)
             if value is not None:
                 row[key] = value
+        if self.task:
+            row["task"] = dict(self.task)
         return row
 
     @classmethod
@@ -155,6 +161,7 @@ class OutputMetrics:
             top1_agreement=_opt_float(data, "top1_agreement"),
             accuracy=_opt_float(data, "accuracy"),
             fp32_accuracy=_opt_float(data, "fp32_accuracy"),
+            task={str(k): _float(v) for k, v in (data.get("task") or {}).items()},
         )
 
 

@@ -45,3 +45,16 @@ def test_labels_exposed_on_calibset(tmp_path: Path) -> None:
     (tmp_path / "n").mkdir()
     no_labels = load_calibration(image_folder(tmp_path / "n", n=1, pre=BASE_PRE), [IMG_SPEC])
     assert no_labels.labels is None and no_labels.label_names is None
+
+
+def test_labels_json_beside_the_data_class_list_and_per_file(tmp_path: Path) -> None:
+    """labels.json: a class-name list matched in file names, or an explicit per-file table."""
+    from quantscan.calib.labels import labels_from_json
+
+    names = ["a_cat.png", "b_dog.png", "c.png"]
+    assert labels_from_json(tmp_path, names) is None
+    (tmp_path / "labels.json").write_text('["cat", "dog"]', encoding="utf-8")
+    assert labels_from_json(tmp_path, names) == (["cat", "dog"], [0, 1, None])
+    (tmp_path / "labels.json").write_text('{"classes": ["cat", "dog"], "files": {"c.png": "dog", "a_cat.png": 0}}',
+                                          encoding="utf-8")
+    assert labels_from_json(tmp_path, names) == (["cat", "dog"], [0, None, 1])

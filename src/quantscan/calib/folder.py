@@ -39,9 +39,13 @@ def is_image_folder(files: list[Path]) -> bool:
     return any(p.suffix.lower() in IMAGE_SUFFIXES for p in files)
 
 
+SIDE_FILES = frozenset({PREPROCESS_NAME, "labels.json", "charset.json", "charset.txt"})
+"""Files beside the data that describe it (preprocessing, class labels, a CTC charset): read, not warned."""
+
+
 def other_files(files: list[Path], suffixes: Collection[str]) -> list[Path]:
     """Files a reader ignores: not of its kind, and not the preprocessing file; in folder order."""
-    return [p for p in files if p.suffix.lower() not in suffixes and p.name != PREPROCESS_NAME]
+    return [p for p in files if p.suffix.lower() not in suffixes and p.name not in SIDE_FILES]
 
 
 def _check_folder(folder: Path) -> Path:

@@ -17,7 +17,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from quantscan.calib.calibset import CalibSet, Sample
 from quantscan.calib.checks import batched_map, cast_checked, short
 from quantscan.calib.folder import IMAGE_SUFFIXES, other_files
-from quantscan.calib.labels import derive_labels
+from quantscan.calib.labels import derive_labels, labels_from_json
 from quantscan.calib.preprocess import Preprocess, parse_preprocess, preprocess_keys
 from quantscan.errors import CalibrationError
 from quantscan.specs import InputSpec, Warnings
@@ -46,6 +46,9 @@ def load_images(
     first = preprocess_image(images[0], pre, spec)
     label_names = list(pre.labels) if pre.labels is not None else None
     labels = derive_labels([p.name for p in images], label_names) if label_names else None
+    beside = labels_from_json(folder, [p.name for p in images]) if label_names is None else None
+    if beside is not None:
+        label_names, labels = beside
     shapes = {pre.input: tuple(first.shape)} | {n: tuple(a.shape) for n, a in consts.items()}
 
     def read(n: int) -> Iterator[tuple[Sample, Path]]:

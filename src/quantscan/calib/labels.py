@@ -6,9 +6,16 @@ alone, and they let compare and the scan report top-1 accuracy.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from quantscan.errors import CalibrationError
+
+LABELS_NAME = "labels.json"
+"""Beside the data: a list of class names (matched in file names as above), or
+`{"classes": [...], "files": {FILE_NAME: CLASS_NAME_OR_INDEX}}` for labels that are not in the names."""
 
 _TOKEN_SPLIT = re.compile(r"[_\-\s]+")
 
@@ -47,3 +54,31 @@ def _named_classes(file_name: str, lookup: Mapping[str, int]) -> set[int]:
 def _rot_tokens(file_name: str) -> set[str]:
     return {t[3:] for t in _tokens(file_name) if t.startswith("rot") and len(t) > 3}
 
+
+
+def labels_from_json(folder: Path, names: Sequence[str]) -> tuple[list[str], list[int | None] | None] | None:
+    """labels.json beside the data: (class names, per-file labels); None when the folder has none."""
+    path = folder / LABELS_NAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CalibrationError(f"expected {LABELS_NAME} to be JSON, found unreadable {path} ({exc})") from None
+    classes = data.get("classes") if isinstance(data, dict) else data
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise CalibrationError(f'expected {path} to hold a list of class names or {{"classes": [...]}}')
+    by_file = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(by_file, dict):
+        return classes, derive_labels(names, classes)
+    lookup = {c: i for i, c in enumerate(classes)}
+    labels = [_file_label(by_file.get(n), lookup, len(classes)) for n in names]
+    return classes, labels if any(lab is not None for lab in labels) else None
+
+
+def _file_label(value: object, lookup: Mapping[str, int], n: int) -> int | None:
+    if isinstance(value, str):
+        return lookup.get(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n:
+        return value
+    return None

@@ -123,6 +123,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
         "",
+        *_task_section(result.output_metrics),
         "## Top sites",
         "",
         "| rank | node | kernel | isolated SQNR dB | cumulative SQNR dB | worst channel dB | cause | why |",
@@ -177,6 +178,17 @@ def _diagnosis_section(layers: pd.DataFrame) -> list[str]:
     for r in found.head(DIAGNOSIS_LIMIT).to_dict("records"):
         lines.append(f"- rank {r['rank']} `{r['node']}` ({r['kernel']}): {r['diagnosis']}")
     return lines
+
+
+def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
+    """Task metrics (FP32 vs int8 decode/argmax/mask), one line per output that has any; task.csv has them too."""
+    rows = [(name, m.task) for name, m in metrics.items() if m.task]
+    if not rows:
+        return []
+    lines = ["## Task metrics (FP32 vs int8, evaluation set)", ""]
+    for name, figures in rows:
+        lines.append(f"- `{name}`: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
+    return [*lines, ""]
 
 
 def _profile_section(result: SummarySource) -> list[str]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -26,7 +27,9 @@ from quantscan.runner import Runner
 from quantscan.scanning.calibrate import channel_axis_for
 from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches
 from quantscan.scanning.prepare import Probe, classifier_outputs, headline_outputs
+from quantscan.scanning.tasks import task_accumulators, task_results
 from quantscan.sites import Site
+from quantscan.taskmetrics import TaskAccumulator
 
 HIST_BINS = 64
 HIST_SAMPLES = 16
@@ -46,6 +49,8 @@ class Evaluation:
     headline_outputs: list[str]
     warnings: list[str]
     n_samples: int
+    task: dict[str, list[TaskAccumulator]] = field(default_factory=dict)
+    """Task metric accumulators per headline output (FP32 vs the cumulative int8 output)."""
 
 
 def evaluate(
@@ -98,6 +103,7 @@ def evaluate(
     top1 = {o: qm.Top1Accumulator() for o in classifiers}
     deployed_acc = {o: qm.ErrorAccumulator() for o in headline}
     deployed_top1 = {o: qm.Top1Accumulator() for o in classifiers}
+    task = task_accumulators(prepared.proto, headline, probe.shapes, classifiers, eval_set, opts)
     labels = eval_set.labels
     seen = 0
     bar = progress("measuring", n_batches(eval_set.n_samples, batch_size))
@@ -119,6 +125,9 @@ def evaluate(
                 ch.update_sums(values[channel_pairs[k][0]], values[channel_pairs[k][1]])
             for o, t1 in top1.items():
                 t1.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
+            for o, accs in task.items():
+                for tacc in accs:
+                    tacc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
             dep = deployed.run(feeds, headline)
             for o, acc in deployed_acc.items():
                 acc.update(values[o], dep[o])
@@ -140,13 +149,15 @@ def evaluate(
     ]
     output_metrics: dict[str, OutputMetrics] = {}
     deployed_metrics: dict[str, OutputMetrics] = {}
+    figures = task_results(task)
     for o in headline:
         if o in cumulative:
             output_metrics[o] = measure_output(cumulative[o], top1.get(o))
+            output_metrics[o].task = figures.get(o, {})
         deployed_metrics[o] = measure_output(deployed_acc[o], deployed_top1.get(o))
     hist = _histograms(sites, plan, hist_counts)
     return Evaluation(
-        cumulative, isolated, act_channel, hist, output_metrics, deployed_metrics, headline, warnings, seen
+        cumulative, isolated, act_channel, hist, output_metrics, deployed_metrics, headline, warnings, seen, task
     )
 
 
@@ -196,7 +207,7 @@ def measure_output(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) ->
     return metrics
 
 
-def output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dict[str, float]:
+def output_row(acc: qm.ErrorAccumulator, top1: qm.Top1Accumulator | None) -> dict[str, Any]:
     """`measure_output` in its JSON form: the row bisection compares against its target."""
     return measure_output(acc, top1).to_json()
 

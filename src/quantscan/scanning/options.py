@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from quantscan.errors import UsageError
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
+from quantscan.taskmetrics import TASKS
 
 TENSOR_SETS = ("all", "sites")
 DEFAULT_GAIN_CANDIDATES = 16
@@ -77,6 +78,14 @@ class ScanOptions:
     """Which tensors get cumulative figures in tensors.csv: "all" float tensors (the contract), or
     "sites" (quantization points and graph outputs only: several times less reduction work on
     models whose kernels hide many internal tensors, e.g. decomposed HardSwish/LayerNorm)."""
+    task: str = "auto"
+    """Task metrics on the headline outputs: auto|classify|ctc|mask|none (see quantscan.taskmetrics)."""
+    metric: Sequence[str] = ()
+    """`module:function` plugins called with the FP32 and int8 outputs per batch, returning named sums."""
+    charset: str | Path | None = None
+    """CTC class table; default charset.json/.txt beside the evaluation data, else the model's metadata."""
+    mask_threshold: float = 0.5
+    """Score-map threshold for `--task mask` IoU."""
 
     gain_candidates: int = DEFAULT_GAIN_CANDIDATES
     """How many sites per ordering get their output gain measured (scanning.impact); 0 turns it off
@@ -93,6 +102,8 @@ class ScanOptions:
             raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
         if not isinstance(self.gain_candidates, int) or self.gain_candidates < 0:
             raise UsageError(f"--gain-candidates: expected a non-negative integer, found {self.gain_candidates!r}")
+        if self.task not in TASKS:
+            raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {self.task!r}")
         if self.batch_size <= 0:
             raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)

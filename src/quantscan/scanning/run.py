@@ -33,6 +33,7 @@ from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
+from quantscan.scanning.tasks import task_table
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")
@@ -62,6 +63,8 @@ class ScanResult:
     """Leave report.html out of `save` (the `--no-report` flag)."""
     files: list[Path] = field(default_factory=list)
     """What `save` / `save_qdq` wrote, in order."""
+    task: pd.DataFrame | None = None
+    """task.csv (output, task, metric, value) when any task metric was measured."""
 
     def save(self, out: str | Path) -> list[Path]:
         """Write the run folder: layers/tensors/ops/channels.csv, hist.npz, [compat/partitions.csv],
@@ -78,6 +81,9 @@ class ScanResult:
                 frame = self.compat.findings if name == "compat" else self.compat.partitions
                 runfolder.write_csv(folder / f"{name}.csv", frame)
                 written.append(folder / f"{name}.csv")
+        if self.task is not None and not self.task.empty:
+            runfolder.write_csv(folder / "task.csv", self.task)
+            written.append(folder / "task.csv")
         plan = runfolder.read_plan(folder / "plan.json")  # a bisect run into this folder before the scan
         runfolder.atomic_write_text(folder / "summary.md", summary_markdown(self, plan))
         written.append(folder / "summary.md")
@@ -183,6 +189,7 @@ def measure(
         compat=ctx.compat,
         profile=ctx.profile,
         no_report=opts.no_report,
+        task=task_table(evaluation.task),
     )
 
 

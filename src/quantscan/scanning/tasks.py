@@ -1,0 +1,82 @@
+"""Which task metrics each headline output gets, and their table (task.csv).
+
+Why its own module: choosing the task needs the options, the output shapes, the files beside the
+evaluation data and the model's metadata; evaluate only feeds the accumulators this returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import onnx
+import pandas as pd
+
+from quantscan import taskmetrics as tm
+from quantscan.calib import CalibSet
+from quantscan.scanning.options import ScanOptions
+
+CHARSET_METADATA_KEY = "character"
+"""PP-OCR exports carry their CTC dictionary in metadata_props['character'] (one character per line)."""
+
+
+def resolve_charset(proto: onnx.ModelProto, eval_set: CalibSet, opts: ScanOptions) -> tm.Charset | None:
+    """--charset, else charset.json/.txt beside the evaluation data, else the model's own metadata."""
+    if opts.charset is not None:
+        return tm.load_charset(Path(opts.charset))
+    beside = tm.find_charset(Path(eval_set.source) if eval_set.source else None)
+    if beside is not None:
+        return tm.load_charset(beside)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    return tm.charset_from_text(meta[CHARSET_METADATA_KEY]) if CHARSET_METADATA_KEY in meta else None
+
+
+def task_accumulators(
+    proto: onnx.ModelProto,
+    outputs: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    classifiers: set[str],
+    eval_set: CalibSet,
+    opts: ScanOptions,
+) -> dict[str, list[tm.TaskAccumulator]]:
+    """Per headline output: the chosen (or auto-detected) task's accumulator, then any --metric plugins."""
+    plugins = [opts.metric] if isinstance(opts.metric, str) else list(opts.metric)  # API: one spec or many
+    if opts.task == "none" and not plugins:
+        return {}
+    needs_charset = opts.task in ("auto", "ctc")
+    charset = resolve_charset(proto, eval_set, opts) if needs_charset else None
+    found: dict[str, list[tm.TaskAccumulator]] = {}
+    for name in outputs:
+        shape = list(shapes.get(name, ()))
+        task = tm.detect_task(shape, charset, name in classifiers) if opts.task == "auto" else opts.task
+        accs: list[tm.TaskAccumulator] = []
+        built = tm.make_accumulator(task, charset, opts.mask_threshold)
+        if built is not None:
+            accs.append(built)
+        accs.extend(tm.load_plugin(spec) for spec in plugins)
+        if accs:
+            found[name] = accs
+    return found
+
+
+def task_results(accs: Mapping[str, Sequence[tm.TaskAccumulator]]) -> dict[str, dict[str, float]]:
+    """Per output, every figure its accumulators give (plugins prefixed by their spec)."""
+    results: dict[str, dict[str, float]] = {}
+    for name, items in accs.items():
+        row: dict[str, float] = {}
+        for acc in items:
+            prefix = f"{getattr(acc, 'name', 'plugin')}:" if acc.kind == "plugin" else ""
+            row.update({prefix + k: v for k, v in acc.results().items()})
+        results[name] = row
+    return results
+
+
+def task_table(accs: Mapping[str, Sequence[tm.TaskAccumulator]]) -> pd.DataFrame:
+    """task.csv: one row per (output, task, metric) so any task's figures fit one table."""
+    rows = [
+        {"output": name, "task": acc.kind, "metric": key, "value": value}
+        for name, items in accs.items()
+        for acc in items
+        for key, value in acc.results().items()
+    ]
+    return pd.DataFrame(rows, columns=["output", "task", "metric", "value"])

@@ -1,0 +1,334 @@
+"""Task metrics beside cosine: does the product still work after int8, not only how close the numbers are.
+
+Why its own pure-numpy module: a score map at cosine 0.74 says nothing about whether a class, a string
+or a mask survives; these figures do. Every accumulator keeps plain sums (`sums()`), so two of them
+built on different batches or worker processes combine exactly with `merge()`, and the figures
+(`results()`) are ratios of those sums. Reference (`ref`) is the FP32 output, `test` the int8 one.
+
+Tasks: `classify` (top-1 / top-5 agreement, accuracy when labels exist), `ctc` (greedy-decoded string
+agreement and character error rate for recognisers), `mask` (IoU of the thresholded score map for
+segmentation and DB-style text detectors), `none`; `--metric module:function` adds a plugin that
+returns named sums per batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from quantscan.errors import UsageError
+
+TASKS = ("auto", "classify", "ctc", "mask", "none")
+DEFAULT_MASK_THRESHOLD = 0.5
+CHARSET_FILES = ("charset.json", "charset.txt")
+LABEL_FILE = "labels.json"
+
+
+class TaskAccumulator(Protocol):
+    """What evaluate feeds per batch and reads at the end; `merge` adds another's sums exactly."""
+
+    kind: str
+
+    def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None: ...
+    def merge(self, other: Any) -> None: ...
+    def sums(self) -> dict[str, float]: ...
+    def results(self) -> dict[str, float]: ...
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else math.nan
+
+
+def _add_sums(into: dict[str, float], other: Mapping[str, float]) -> None:
+    for key, value in other.items():
+        into[key] = into.get(key, 0.0) + float(value)
+
+
+# --- classification ----------------------------------------------------------------------------------
+
+
+def class_scores(a: np.ndarray) -> np.ndarray:
+    """[N, C] from [N, C] or [N, C, 1, 1]: the layout classifiers emit."""
+    arr = np.asarray(a)
+    return arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(1, -1)
+
+
+def _topk(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores per row (order within the k does not matter here)."""
+    k = min(k, scores.shape[1])
+    return np.argpartition(-scores, k - 1, axis=1)[:, :k]
+
+
+@dataclass
+class ClassifyAccumulator:
+    """Top-1 / top-5 agreement (FP32's top-1 among int8's top-k) and accuracy against labels."""
+
+    kind: str = "classify"
+    _s: dict[str, float] = field(default_factory=dict)
+
+    def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
+        r, t = class_scores(ref).astype(np.float64), class_scores(test).astype(np.float64)
+        r1, t1 = np.argmax(r, axis=1), np.argmax(t, axis=1)
+        t5 = _topk(t, 5)
+        r5 = _topk(r, 5)
+        sums = {"samples": r1.size, "top1_agree": np.count_nonzero(r1 == t1),
+                "top5_agree": np.count_nonzero((t5 == r1[:, None]).any(axis=1))}
+        if labels is not None:
+            known = np.array([lab is not None for lab in labels], dtype=bool)
+            truth = np.array([-1 if lab is None else int(lab) for lab in labels], dtype=np.int64)
+            sums.update({
+                "labelled": np.count_nonzero(known),
+                "top1_correct": np.count_nonzero(known & (t1 == truth)),
+                "fp32_top1_correct": np.count_nonzero(known & (r1 == truth)),
+                "top5_correct": np.count_nonzero(known & (t5 == truth[:, None]).any(axis=1)),
+                "fp32_top5_correct": np.count_nonzero(known & (r5 == truth[:, None]).any(axis=1)),
+            })
+        _add_sums(self._s, {k: float(v) for k, v in sums.items()})
+
+    def merge(self, other: ClassifyAccumulator) -> None:
+        _add_sums(self._s, other._s)
+
+    def sums(self) -> dict[str, float]:
+        return dict(self._s)
+
+    def results(self) -> dict[str, float]:
+        s = self._s
+        out = {"top1_agreement": _ratio(s.get("top1_agree", 0), s.get("samples", 0)),
+               "top5_agreement": _ratio(s.get("top5_agree", 0), s.get("samples", 0))}
+        if s.get("labelled"):
+            for key in ("top1", "top5"):
+                out[f"{key}_accuracy"] = _ratio(s[f"{key}_correct"], s["labelled"])
+                out[f"fp32_{key}_accuracy"] = _ratio(s[f"fp32_{key}_correct"], s["labelled"])
+        return out
+
+
+# --- CTC recognisers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Charset:
+    """The class table of a CTC head: `symbols[i]` is class i's text, `blank` the class that emits nothing."""
+
+    symbols: tuple[str, ...]
+    blank: int = 0
+
+    def fitted(self, classes: int) -> Charset:
+        """PP-OCR keys files omit the trailing space class their models add (use_space_char)."""
+        if len(self.symbols) + 1 == classes:
+            return Charset((*self.symbols, " "), self.blank)
+        return self
+
+
+def greedy_decode(logits: np.ndarray, charset: Charset) -> list[str]:
+    """[N, T, C] (or [T, C]) → strings: argmax per step, collapse repeats, drop blanks."""
+    arr = np.asarray(logits)
+    arr = arr[None] if arr.ndim == 2 else arr
+    best = np.argmax(arr, axis=-1)
+    texts = []
+    for row in best:
+        keep = np.ones(row.shape, dtype=bool)
+        keep[1:] = row[1:] != row[:-1]
+        keep &= row != charset.blank
+        texts.append("".join(charset.symbols[i] if i < len(charset.symbols) else "\ufffd" for i in row[keep]))
+    return texts
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insert, delete, substitute all cost 1), one row at a time."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+@dataclass
+class CtcAccumulator:
+    """String agreement and character error rate of the int8 decode against the FP32 decode."""
+
+    charset: Charset
+    kind: str = "ctc"
+    _s: dict[str, float] = field(default_factory=dict)
+
+    def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
+        charset = self.charset.fitted(np.shape(ref)[-1])
+        r, t = greedy_decode(ref, charset), greedy_decode(test, charset)
+        _add_sums(self._s, {
+            "samples": float(len(r)),
+            "string_agree": float(sum(a == b for a, b in zip(r, t, strict=True))),
+            "char_errors": float(sum(edit_distance(a, b) for a, b in zip(r, t, strict=True))),
+            "ref_chars": float(sum(len(a) for a in r)),
+        })
+
+    def merge(self, other: CtcAccumulator) -> None:
+        _add_sums(self._s, other._s)
+
+    def sums(self) -> dict[str, float]:
+        return dict(self._s)
+
+    def results(self) -> dict[str, float]:
+        s = self._s
+        return {"string_agreement": _ratio(s.get("string_agree", 0), s.get("samples", 0)),
+                "cer": _ratio(s.get("char_errors", 0), s.get("ref_chars", 0))}
+
+
+# --- masks / score maps ------------------------------------------------------------------------------
+
+
+@dataclass
+class MaskIouAccumulator:
+    """IoU of `ref > threshold` and `test > threshold`: mean per sample (empty/empty counts 1) and pooled."""
+
+    threshold: float = DEFAULT_MASK_THRESHOLD
+    kind: str = "mask"
+    _s: dict[str, float] = field(default_factory=dict)
+
+    def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
+        r = np.asarray(ref).reshape(np.shape(ref)[0], -1) > self.threshold
+        t = np.asarray(test).reshape(np.shape(test)[0], -1) > self.threshold
+        inter = np.count_nonzero(r & t, axis=1).astype(np.float64)
+        union = np.count_nonzero(r | t, axis=1).astype(np.float64)
+        per_sample = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+        _add_sums(self._s, {"samples": float(r.shape[0]), "iou_sum": float(per_sample.sum()),
+                            "intersection": float(inter.sum()), "union": float(union.sum())})
+
+    def merge(self, other: MaskIouAccumulator) -> None:
+        _add_sums(self._s, other._s)
+
+    def sums(self) -> dict[str, float]:
+        return dict(self._s)
+
+    def results(self) -> dict[str, float]:
+        s = self._s
+        pooled = _ratio(s.get("intersection", 0), s.get("union", 0)) if s.get("union") else 1.0
+        return {"mask_iou": _ratio(s.get("iou_sum", 0), s.get("samples", 0)), "mask_iou_pooled": pooled,
+                "mask_threshold": self.threshold}
+
+
+# --- plugins -----------------------------------------------------------------------------------------
+
+MetricFunction = Callable[[np.ndarray, np.ndarray], Mapping[str, float]]
+
+
+@dataclass
+class PluginAccumulator:
+    """`--metric module:function`: the function returns named sums per batch; results are those sums."""
+
+    function: MetricFunction
+    name: str
+    kind: str = "plugin"
+    _s: dict[str, float] = field(default_factory=dict)
+
+    def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
+        got = self.function(np.asarray(ref), np.asarray(test))
+        if not isinstance(got, Mapping) or not all(isinstance(k, str) for k in got):
+            raise UsageError(f"--metric {self.name}: expected a dict of named sums, found {type(got).__name__}")
+        _add_sums(self._s, got)
+
+    def merge(self, other: PluginAccumulator) -> None:
+        _add_sums(self._s, other._s)
+
+    def sums(self) -> dict[str, float]:
+        return dict(self._s)
+
+    def results(self) -> dict[str, float]:
+        return dict(self._s)
+
+
+def load_plugin(spec: str) -> PluginAccumulator:
+    """`module:function` → an accumulator; a bad spec is a usage error, not a traceback."""
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise UsageError(f"--metric: expected module:function, found {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"--metric: cannot import module {module_name!r} ({exc})") from None
+    function = getattr(module, func_name, None)
+    if not callable(function):
+        raise UsageError(f"--metric: expected a function {func_name!r} in {module_name}, found none")
+    return PluginAccumulator(function, spec)
+
+
+# --- files beside the data and auto-detection --------------------------------------------------------
+
+
+def load_charset(path: Path) -> Charset:
+    """charset.json (a list of characters for classes 1.., or {"characters": [...], "blank": k}) or a
+    PP-OCR style .txt (one character per line, blank 0 before them)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--charset: cannot read {path} ({exc})") from None
+    if Path(path).suffix.lower() != ".json":
+        return _with_blank([line.rstrip("\r\n") for line in text.splitlines()], 0)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise UsageError(f"--charset: expected JSON in {path}") from None
+    if isinstance(data, Mapping):
+        chars, blank = data.get("characters"), data.get("blank", 0)
+    else:
+        chars, blank = data, 0
+    if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars) or not isinstance(blank, int):
+        raise UsageError(f'--charset: expected a list of strings or {{"characters": [...], "blank": 0}} in {path}')
+    return _with_blank(chars, blank)
+
+
+def charset_from_text(text: str) -> Charset:
+    """A model's own `character` metadata (PP-OCR exports): one character per line, blank 0 before them."""
+    return _with_blank(text.splitlines(), 0)
+
+
+def _with_blank(chars: Sequence[str], blank: int) -> Charset:
+    symbols = list(chars)
+    symbols.insert(min(max(blank, 0), len(symbols)), "")
+    return Charset(tuple(symbols), blank)
+
+
+def find_charset(data_dir: Path | None) -> Path | None:
+    """charset.json / charset.txt beside the evaluation data, if any."""
+    if data_dir is None or not data_dir.is_dir():
+        return None
+    return next((data_dir / n for n in CHARSET_FILES if (data_dir / n).is_file()), None)
+
+
+def detect_task(shape: Sequence[int], charset: Charset | None, classifier: bool) -> str:
+    """The task an output's shape and the files make clear; `none` when they do not."""
+    dims = [int(d) for d in shape]
+    if charset is not None and len(dims) == 3 and dims[-1] in (len(charset.symbols), len(charset.symbols) + 1):
+        return "ctc"
+    if classifier:
+        return "classify"
+    if len(dims) == 4 and dims[1] == 1 and dims[2] > 1 and dims[3] > 1:
+        return "mask"
+    return "none"
+
+
+def make_accumulator(task: str, charset: Charset | None, threshold: float) -> TaskAccumulator | None:
+    """One fresh accumulator for `task`; usage error when the task needs a file that is missing."""
+    if task == "classify":
+        return ClassifyAccumulator()
+    if task == "ctc":
+        if charset is None:
+            raise UsageError("--task ctc: expected a charset (charset.json/.txt beside the data, --charset, "
+                             "or the model's 'character' metadata), found none")
+        return CtcAccumulator(charset)
+    if task == "mask":
+        return MaskIouAccumulator(threshold)
+    return None
+
+
+def check_task(task: str) -> str:
+    if task not in TASKS:
+        raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {task!r}")
+    return task

@@ -1,0 +1,187 @@
+"""Task metrics against oracles written out here: argmax loops, hand-made CTC logits, hand-made masks.
+
+Each oracle is computed a second way (plain Python loops or numbers worked by hand), never by calling
+the module under test; merging two halves must give the same figures as one pass.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx.version_converter
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from quantscan import taskmetrics as tm
+from quantscan.errors import UsageError
+
+
+def _argmax_loop(row: np.ndarray) -> int:
+    best = 0
+    for i, v in enumerate(row):
+        if v > row[best]:
+            best = i
+    return best
+
+
+def test_top1_agreement_and_accuracy_match_a_written_out_argmax() -> None:
+    rng = np.random.default_rng(3)
+    ref = rng.normal(size=(20, 10)).astype(np.float32)
+    test = ref + rng.normal(scale=0.6, size=ref.shape).astype(np.float32)
+    labels: list[int | None] = [int(v) for v in rng.integers(0, 10, 20)]
+    labels[3] = None
+    acc = tm.ClassifyAccumulator()
+    acc.update(ref, test, labels)
+    r = [_argmax_loop(row) for row in ref]
+    t = [_argmax_loop(row) for row in test]
+    agree = sum(a == b for a, b in zip(r, t, strict=True)) / 20
+    known = [(lab, a, b) for lab, a, b in zip(labels, r, t, strict=True) if lab is not None]
+    got = acc.results()
+    assert got["top1_agreement"] == pytest.approx(agree)
+    assert got["top1_accuracy"] == pytest.approx(sum(lab == b for lab, _, b in known) / len(known))
+    assert got["fp32_top1_accuracy"] == pytest.approx(sum(lab == a for lab, a, _ in known) / len(known))
+    top5 = [sorted(range(10), key=lambda i, row=row: -row[i])[:5] for row in test]  # type: ignore[misc]
+    assert got["top5_agreement"] == pytest.approx(sum(a in s for a, s in zip(r, top5, strict=True)) / 20)
+
+
+def test_classify_merge_equals_one_pass() -> None:
+    rng = np.random.default_rng(4)
+    ref, test = rng.normal(size=(12, 7)), rng.normal(size=(12, 7))
+    labels: list[int | None] = [i % 7 for i in range(12)]
+    whole, a, b = tm.ClassifyAccumulator(), tm.ClassifyAccumulator(), tm.ClassifyAccumulator()
+    whole.update(ref, test, labels)
+    a.update(ref[:5], test[:5], labels[:5])
+    b.update(ref[5:], test[5:], labels[5:])
+    a.merge(b)
+    assert a.sums() == whole.sums()
+    assert a.results() == whole.results()
+
+
+def _logits(steps: list[int], classes: int) -> np.ndarray:
+    """A [T, C] one-hot-ish logit sequence: class steps[t] wins at step t."""
+    out = np.full((len(steps), classes), -5.0, np.float32)
+    out[np.arange(len(steps)), steps] = 5.0
+    return out
+
+
+def test_ctc_greedy_decode_and_agreement_on_hand_made_logits() -> None:
+    charset = tm.Charset(("", "a", "b", "c"))
+    # "a a _ a b b" decodes to "aab" (repeat collapsed, blank separates the second a)
+    ref = np.stack([_logits([1, 1, 0, 1, 2, 2], 4), _logits([3, 0, 3, 3, 0, 0], 4)])
+    test = np.stack([_logits([1, 1, 1, 1, 2, 2], 4), _logits([3, 0, 3, 3, 0, 0], 4)])
+    assert tm.greedy_decode(ref, charset) == ["aab", "cc"]
+    assert tm.greedy_decode(test, charset) == ["ab", "cc"]
+    acc = tm.CtcAccumulator(charset)
+    acc.update(ref, test, None)
+    got = acc.results()
+    assert got["string_agreement"] == 0.5
+    assert got["cer"] == pytest.approx(1 / 5)  # one deletion over "aab"+"cc" = 5 reference characters
+
+
+def test_ctc_blank_index_from_charset_json_and_ppocr_space(tmp_path: Path) -> None:
+    (tmp_path / "charset.json").write_text('{"characters": ["x", "y"], "blank": 2}', encoding="utf-8")
+    cs = tm.load_charset(tmp_path / "charset.json")
+    assert cs.symbols == ("x", "y", "") and cs.blank == 2
+    assert tm.greedy_decode(_logits([0, 2, 0, 1], 3), cs) == ["xxy"]
+    (tmp_path / "keys.txt").write_text("x\ny\n", encoding="utf-8")
+    keys = tm.load_charset(tmp_path / "keys.txt").fitted(4)  # PP-OCR: blank, keys, then a space class
+    assert tm.greedy_decode(_logits([1, 3, 2], 4), keys) == ["x y"]
+
+
+def test_edit_distance_worked_by_hand() -> None:
+    assert tm.edit_distance("kitten", "sitting") == 3
+    assert tm.edit_distance("", "abc") == 3
+    assert tm.edit_distance("abc", "abc") == 0
+
+
+def test_mask_iou_on_hand_made_masks() -> None:
+    ref = np.zeros((2, 1, 4, 4), np.float32)
+    test = np.zeros((2, 1, 4, 4), np.float32)
+    ref[0, 0, :2, :2] = 0.9  # 4 pixels
+    test[0, 0, :2, :3] = 0.8  # 6 pixels, 4 shared: IoU 4/6
+    test[1, 0, 0, 0] = 0.4  # below the threshold: both empty, IoU 1
+    acc = tm.MaskIouAccumulator(threshold=0.5)
+    acc.update(ref, test, None)
+    got = acc.results()
+    assert got["mask_iou"] == pytest.approx((4 / 6 + 1.0) / 2)
+    assert got["mask_iou_pooled"] == pytest.approx(4 / 6)
+
+
+def test_detect_task_from_shapes_and_files() -> None:
+    cs = tm.Charset(("", "a", "b"))
+    assert tm.detect_task([1, 40, 3], cs, False) == "ctc"
+    assert tm.detect_task([1, 40, 4], cs, False) == "ctc"  # PP-OCR's extra space class
+    assert tm.detect_task([1, 4], None, True) == "classify"
+    assert tm.detect_task([1, 1, 64, 64], None, False) == "mask"
+    assert tm.detect_task([1, 40, 3], None, False) == "none"
+
+
+def test_plugin_sums_merge_and_bad_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_metric.py").write_text(
+        "import numpy as np\n"
+        "def sign_flips(ref, test):\n"
+        "    return {'flips': float(np.count_nonzero(np.sign(ref) != np.sign(test))), 'n': float(ref.size)}\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    acc = tm.load_plugin("my_metric:sign_flips")
+    other = tm.load_plugin("my_metric:sign_flips")
+    acc.update(np.array([1.0, -1.0, 2.0]), np.array([1.0, 1.0, -2.0]), None)
+    other.update(np.array([-1.0]), np.array([-1.0]), None)
+    acc.merge(other)
+    assert acc.results() == {"flips": 2.0, "n": 4.0}
+    sys.modules.pop("my_metric", None)
+    for bad in ("nocolon", "no_such_module_qs:f", "my_metric:missing"):
+        with pytest.raises(UsageError):
+            tm.load_plugin(bad)
+
+
+def test_scan_reports_task_metrics_and_plugin_on_a_tiny_classifier(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: a Gemm+Softmax classifier; top-1 agreement equals a written-out argmax over onnx's
+    ReferenceEvaluator running the FP32 and the saved QDQ model; figures reach run.json, task.csv, summary.md."""
+    from quantscan.scanning import scan
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[N, 6] x) => (float[N, 5] y) {
+      h = Gemm <transB = 1> (x, w, b)
+      y = Softmax <axis = 1> (h)
+    }
+    """)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend([
+        onnx.numpy_helper.from_array(rng.normal(size=(5, 6)).astype(np.float32), "w"),
+        onnx.numpy_helper.from_array(rng.normal(size=5).astype(np.float32), "b"),
+    ])
+    path = tmp_path / "clf.onnx"
+    onnx.save(model, path)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(6):
+        np.savez(calib / f"{i:03d}.npz", x=rng.normal(size=(1, 6)).astype(np.float32))
+    (tmp_path / "plug_metric.py").write_text(
+        "def count(ref, test):\n    return {'samples_seen': float(ref.shape[0])}\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = scan(path, calib, out=tmp_path / "run", no_report=True, metric=["plug_metric:count"],
+                  save_qdq=tmp_path / "q.onnx")
+    figures = result.output_metrics["y"].task
+    xs = np.concatenate([np.load(calib / f"{i:03d}.npz")["x"] for i in range(6)])
+    fp32 = ReferenceEvaluator(onnx.version_converter.convert_version(onnx.load(path), 21)).run(None, {"x": xs})[0]
+    int8 = ReferenceEvaluator(onnx.version_converter.convert_version(onnx.load(tmp_path / "q.onnx"), 21)).run(
+        None, {"x": xs})[0]
+    agree = sum(_argmax_loop(a) == _argmax_loop(b) for a, b in zip(fp32, int8, strict=True)) / 6
+    assert figures["top1_agreement"] == pytest.approx(agree)
+    assert figures["plug_metric:count:samples_seen"] == 6.0
+    run = (tmp_path / "run" / "run.json").read_text(encoding="utf-8")
+    assert '"top5_agreement"' in run
+    table = (tmp_path / "run" / "task.csv").read_text(encoding="utf-8")
+    assert "classify,top1_agreement" in table and "plugin,samples_seen,6.0" in table
+    assert "## Task metrics" in (tmp_path / "run" / "summary.md").read_text(encoding="utf-8")
+    sys.modules.pop("plug_metric", None)
+    assert not math.isnan(figures["top5_agreement"])
