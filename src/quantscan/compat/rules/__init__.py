@@ -19,6 +19,7 @@ from quantscan.compat.rules import (
     rank_size,
     shape_chains,
     unsupported_op,
+    weights,
 )
 from quantscan.records import Finding
 
@@ -28,6 +29,7 @@ RULES: tuple[tuple[str, Rule], ...] = tuple(
     (m.RULE_ID, m.run)
     for m in (
         opset,
+        weights,
         dynamic_inputs,
         shape_chains,
         control_flow,
