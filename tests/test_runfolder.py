@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,16 @@ def test_save_model_refuses_the_input(tmp_path: Path) -> None:
         runfolder.save_model(model, path, protect=[path])
     with pytest.raises(UsageError, match="folder"):
         runfolder.save_model(model, tmp_path)
+
+
+def test_a_mistyped_run_json_key_is_one_line(tmp_path: Path) -> None:
+    """A hand-edited run.json whose "headline" is not an object: one ReportError line, not a traceback later."""
+    from quantscan.runfolder import ReportError, read_run_json
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"format": 1, "headline": [1, 2], "sites": 3}))
+    with pytest.raises(ReportError, match=r'expected run.json "headline" to be a JSON object, found list'):
+        read_run_json(path)
+    path.write_text(json.dumps({"format": 1, "sites": True}))
+    with pytest.raises(ReportError, match=r'"sites" to be a JSON integer, found bool'):
+        read_run_json(path)

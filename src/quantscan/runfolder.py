@@ -255,7 +255,42 @@ def read_run_json(path: Path) -> dict[str, Any]:
             f"expected a run folder of format <= {SUPPORTED_FORMAT}, found format {fmt} in {path}: "
             "it was written by a newer quantscan; upgrade quantscan to rebuild its report"
         )
+    _check_run_schema(run, path)
     return run
+
+
+RUN_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "versions": dict,
+    "model": dict,
+    "inputs": list,
+    "options": dict,
+    "sites": int,
+    "headline": dict,
+    "output_metrics": dict,
+    "times_s": dict,
+    "warnings": list,
+}
+"""The run.json keys the report, bundle and overlay read, with their JSON types (others are free;
+any of these may be absent)."""
+
+
+def _check_run_schema(run: Mapping[str, Any], path: Path) -> None:
+    """One line naming the first mistyped key a reader relies on (a hand-edited file).
+
+    A missing key is allowed: the readers render what is there (older and partial run folders)."""
+    for key, kind in RUN_SCHEMA.items():
+        if key not in run:
+            continue
+        value = run[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            want = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            raise ReportError(
+                f'expected run.json "{key}" to be a JSON {_json_kind(want)}, found {type(value).__name__} in {path}'
+            )
+
+
+def _json_kind(python_type: str) -> str:
+    return {"dict": "object", "list": "array", "int": "integer", "str": "string"}.get(python_type, python_type)
 
 
 def read_csv(path: Path) -> pd.DataFrame:
