@@ -629,6 +629,7 @@ class RewriteId(StrEnum):
     DECOMPOSE_LAYERNORM = "decompose-layernorm"
     FUSE_LAYERNORM = "fuse-layernorm"
     GELU_TANH = "gelu-tanh"
+    DIV_TO_MUL = "div-to-mul"
     FIX_DIM = "fix-dim"
 
 

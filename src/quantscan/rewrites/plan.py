@@ -27,6 +27,7 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.DECOMPOSE_LAYERNORM,
     RewriteId.FUSE_LAYERNORM,
     RewriteId.GELU_TANH,
+    RewriteId.DIV_TO_MUL,
     RewriteId.CLEANUP,
 )
 """The order suggested rewrites apply in: dims fixed first, folds before decompositions before fusions."""

@@ -39,6 +39,7 @@ from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
 from quantscan.rewrites.decompose_layernorm import decompose_layernorm
+from quantscan.rewrites.div_to_mul import div_to_mul
 from quantscan.rewrites.fix_dim import fix_dim as fix_dims
 from quantscan.rewrites.fix_dim import parse_dim_spec
 from quantscan.rewrites.fold_bn import fold_batchnorm
@@ -60,6 +61,7 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.DECOMPOSE_LAYERNORM: decompose_layernorm,
     RewriteId.FUSE_LAYERNORM: fuse_layernorm,
     RewriteId.GELU_TANH: gelu_tanh,
+    RewriteId.DIV_TO_MUL: div_to_mul,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
