@@ -206,6 +206,8 @@ def _rewrite_parser(sub: Any) -> None:
     p.add_argument("--gelu-tanh", nargs=0, action=_StepAction, const="gelu-tanh", dest="gelu_tanh")
     p.add_argument("--div-to-mul", nargs=0, action=_StepAction, const="div-to-mul", dest="div_to_mul",
                    help="Div by a constant -> Mul by its reciprocal")
+    p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",
+                   help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
     p.add_argument("--opset", type=int, default=None, help="convert to this opset first")
@@ -375,7 +377,7 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         steps.insert(0, "fix-dim")
     if not steps:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
-                         "--gelu-tanh, --div-to-mul, --all-for-profile; found none that applies")
+                         "--gelu-tanh, --div-to-mul, --fix-ceil-mode, --all-for-profile; found none that applies")
     calib = None
     if args.calib:
         loaded = load_model(args.model)

@@ -630,6 +630,7 @@ class RewriteId(StrEnum):
     FUSE_LAYERNORM = "fuse-layernorm"
     GELU_TANH = "gelu-tanh"
     DIV_TO_MUL = "div-to-mul"
+    FIX_CEIL_MODE = "fix-ceil-mode"
     FIX_DIM = "fix-dim"
 
 

@@ -20,6 +20,7 @@ from quantscan.rewrites.runner import REWRITES
 
 REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FIX_DIM,
+    RewriteId.FIX_CEIL_MODE,
     RewriteId.FOLD_BN,
     RewriteId.DECOMPOSE_HARDSWISH,
     RewriteId.DECOMPOSE_HARDSIGMOID,
