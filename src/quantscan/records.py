@@ -631,6 +631,7 @@ class RewriteId(StrEnum):
     GELU_TANH = "gelu-tanh"
     DIV_TO_MUL = "div-to-mul"
     FIX_CEIL_MODE = "fix-ceil-mode"
+    OPSET_DOWN = "opset-down"
     FIX_DIM = "fix-dim"
 
 
