@@ -46,6 +46,9 @@ _UNBLOCKS: dict[str, RewriteId] = {
 }
 """Ops that keep a model from an older opset, and the decomposition that removes them first."""
 
+_NEEDS_OPSET: dict[RewriteId, int] = {RewriteId.FUSE_HARDSWISH: 14, RewriteId.FUSE_LAYERNORM: 17}
+"""Fusions that create an op newer than a lowered target would undo the decomposition it needed."""
+
 MAX_ROUNDS = 4
 
 
@@ -71,7 +74,8 @@ def plan_for_profile(model: ModelArg, profile: str | Path) -> ProfilePlan:
     fix-dim settings keep the findings' order (worst first, then graph order); a fix-dim finding
     without settings (a shape chain that folds once dims are fixed) adds none.
     """
-    current = model if isinstance(model, onnx.ModelProto) else load_model(model).proto
+    original = model if isinstance(model, onnx.ModelProto) else load_model(model).proto
+    current = original
     ids: set[RewriteId] = set()
     dims: list[str] = []
     opset: int | None = None
@@ -84,7 +88,15 @@ def plan_for_profile(model: ModelArg, profile: str | Path) -> ProfilePlan:
             break
         ids |= fresh
         current = _apply(current, [r for r in REWRITE_ORDER if r in fresh], dims)
-    return ProfilePlan([r for r in REWRITE_ORDER if r in ids], dims, opset)
+    if opset is not None:
+        ids = {r for r in ids if _NEEDS_OPSET.get(r, 0) <= opset}
+    return ProfilePlan([r for r in REWRITE_ORDER if r in ids], _applicable_dims(original, dims), opset)
+
+
+def _applicable_dims(model: onnx.ModelProto, dims: list[str]) -> list[str]:
+    """The fix-dim settings that change something (a batch limit on an input with a static batch, e.g.
+    a time-major LSTM state, names no symbolic dim: fix-dim would fail the whole run)."""
+    return [d for d in dims if fix_dim(model, [d]).changes]
 
 
 def _suggested(model: onnx.ModelProto, profile: str | Path) -> tuple[set[RewriteId], list[str], int | None]:
@@ -98,6 +110,8 @@ def _suggested(model: onnx.ModelProto, profile: str | Path) -> tuple[set[Rewrite
         elif finding.rewrite is RewriteId.OPSET_DOWN:
             opset = int(finding.rewrite_args[0])
             ids |= {_UNBLOCKS[op] for op in blocking_ops(model, opset) if op in _UNBLOCKS}
+        elif finding.rule == "opset" and finding.rewrite_args:
+            opset = int(finding.rewrite_args[0])  # raised first by the runner (version_converter)
         elif finding.rewrite is not None:
             ids.add(finding.rewrite)
     return ids, dims, opset

@@ -1,7 +1,8 @@
 """Rule `opset`: the model's default-domain opset outside the range the converter accepts.
 
 A model-level finding (node and op_type empty): converters check the opset before anything else. Above
-the range, the fix is the `opset-down` rewrite, naming the ops that must be rewritten first.
+the range, the fix is the `opset-down` rewrite, naming the ops that must be rewritten first; below it,
+`--opset` (onnx.version_converter). Either way `rewrite_args` holds the target for the planner.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def run(ctx: RuleContext) -> list[Finding]:
         return []
     down = hi is not None and version > hi
     target = hi if down else lo
-    fix, rewrite = f"convert the model to opset {target} (onnx.version_converter) and re-check", None
+    fix, rewrite = f"rewrite --opset {target} (onnx.version_converter raises it) and re-check", None
     if down and ctx.view.model is not None:
         blockers = blocking_ops(ctx.view.model, int(target))  # type: ignore[arg-type]
         blocked = f" after rewriting {', '.join(blockers)} (no spelling at opset {target})" if blockers else ""
@@ -37,7 +38,7 @@ def run(ctx: RuleContext) -> list[Finding]:
             limit=f"[{lo}, {hi}]",
             fix=fix,
             rewrite=rewrite,
-            rewrite_args=(str(target),) if rewrite else (),
+            rewrite_args=(str(target),),
             source=p.opset.source,
             unverified=p.opset.unverified,
         )
