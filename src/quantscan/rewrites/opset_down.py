@@ -283,6 +283,10 @@ _ADAPTERS: dict[tuple[str, int], Adapter] = {
     ("Pad", 19): lambda node, ctx: _pad_mode(node, ctx),
     ("Resize", 11): _refuse("Resize before opset 11 is a different op (scales only, no modes)"),
     ("Resize", 13): _resize_13,
+    ("Resize", 18): _all(
+        _drop_default("antialias", 0), _drop_default("axes", None), _drop_default("keep_aspect_ratio_policy", None)
+    ),
+    ("Resize", 19): lambda node, ctx: _resize_19(node, ctx),
     ("Reshape", 14): _drop_default("allowzero", 0),
     ("BatchNormalization", 14): _all(_drop_default("training_mode", 0), _max_inputs(5, "training outputs")),
     ("LSTM", 14): _drop_default("layout", 0),
@@ -301,4 +305,11 @@ def _pad_mode(node: onnx.NodeProto, ctx: _Ctx) -> str | None:
     mode = get_attr(node, "mode", b"constant")
     if mode in (b"wrap", "wrap"):
         return f"mode=wrap has no spelling at opset {ctx.target}"
+    return None
+
+
+def _resize_19(node: onnx.NodeProto, ctx: _Ctx) -> str | None:
+    mode = get_attr(node, "coordinate_transformation_mode", b"half_pixel")
+    if mode in (b"half_pixel_symmetric", "half_pixel_symmetric"):
+        return f"coordinate_transformation_mode=half_pixel_symmetric has no spelling at opset {ctx.target}"
     return None

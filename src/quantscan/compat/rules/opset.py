@@ -24,7 +24,7 @@ def run(ctx: RuleContext) -> list[Finding]:
     fix, rewrite = f"rewrite --opset {target} (onnx.version_converter raises it) and re-check", None
     if down and ctx.view.model is not None:
         blockers = blocking_ops(ctx.view.model, int(target))  # type: ignore[arg-type]
-        blocked = f" after rewriting {', '.join(blockers)} (no spelling at opset {target})" if blockers else ""
+        blocked = f" after rewriting {', '.join(blockers)} (they block opset {target})" if blockers else ""
         fix, rewrite = f"opset-down {target} (rewrite --opset {target}){blocked}", RewriteId.OPSET_DOWN
     return [
         Finding(
