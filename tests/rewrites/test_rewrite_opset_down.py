@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-from builders import assert_same_outputs, build
+from builders import assert_same_outputs, build, run
 from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.compat.check import check
@@ -55,6 +55,22 @@ def test_respelled_ops_keep_their_numbers(target: int) -> None:
     assert_same_outputs(m, res.model, {"x": X})
 
 
+@pytest.mark.parametrize("axis", [1, -3, 3])
+def test_softmax_on_another_axis_is_swapped_to_the_last(axis: int) -> None:
+    m = build(
+        f"""<ir_version: 8, opset_import: ["" : 13]>
+        g (float[1,2,3,4] x) => (float[1,2,3,4] y) {{ y = Softmax <axis = {axis}> (x) }}"""
+    )
+    res = opset_down(m, 11)
+    ops = [n.op_type for n in res.model.graph.node]
+    assert ops == (["Softmax"] if axis == 3 else ["Transpose", "Softmax", "Transpose"])
+    onnx.checker.check_model(res.model, full_check=True)
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    assert_same_outputs(m, res.model, {"x": x})
+    e = np.exp(x - x.max(axis=axis, keepdims=True))  # the oracle written out
+    np.testing.assert_allclose(run(res.model, {"x": x})[0], e / e.sum(axis=axis, keepdims=True), rtol=1e-5)
+
+
 def test_pad_inputs_back_to_attributes_for_10() -> None:
     m = build(
         """<ir_version: 8, opset_import: ["" : 11]>
@@ -71,7 +87,8 @@ def test_pad_inputs_back_to_attributes_for_10() -> None:
     "text, blocker",
     [
         ('g (float[4] x) => (float[4] y) { y = HardSwish (x) }', "HardSwish: does not exist at opset 11"),
-        ("g (float[1,2,3,3] x) => (float[1,2,3,3] y) { y = Softmax <axis = 1> (x) }", "axis=1 is not the last axis"),
+        ("g (float[2,3] x, int64[n] s) => (float[a,b] y) { r = Reshape (x, s)\n y = Softmax <axis = 0> (r) }",
+         "axis=0 on an input of unknown rank"),
         ("g (float[4] x, int64[1] a) => (float[1,4] y) { y = Unsqueeze (x, a) }", "axes input 'a' is computed"),
     ],
 )
@@ -118,7 +135,7 @@ def test_cli_nothing_to_rewrite_is_exit_0(tmp_path: Path) -> None:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("name", ["mtcnn_onet", "mtcnn_rnet"])
+@pytest.mark.parametrize("name", ["mtcnn_onet", "mtcnn_rnet", "mtcnn_pnet"])  # pnet: Softmax on axis 1
 def test_mtcnn_down_to_11_and_10(assets, name: str) -> None:  # type: ignore[no-untyped-def]
     path = asset_model(assets, name)
     calib = load_calibration(asset_calib(assets, name), graph_inputs(onnx.load(path)), limit=4)

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from quantscan.graph.edit import copy_model, get_attr, node_label, prune_unused
+from quantscan.graph.edit import copy_model, get_attr, node_label, prune_unused, unique_name
 from quantscan.graph.index import GraphIndex, opset_version
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
@@ -58,6 +58,15 @@ class _Ctx:
             inferred = model
         self.ranks = {n: len(i.shape) for n, i in GraphIndex.of(inferred).tensors.items() if i.shape is not None}
         self.orphaned: list[str] = []
+        # Transposes around a node, keyed by the node's (renamed) output
+        self.wrap: dict[str, tuple[onnx.NodeProto, onnx.NodeProto]] = {}
+        self.taken = self.index.taken_names()
+
+    def fresh(self, base: str) -> str:
+        """A tensor/node name no other uses (Transposes an adapter adds)."""
+        name = unique_name(base, self.taken)
+        self.taken.add(name)
+        return name
 
     def const_ints(self, name: str) -> list[int] | None:
         value = self.index.constant(name)
@@ -85,6 +94,13 @@ def opset_down(model: onnx.ModelProto, target: int) -> RewriteResult:
     if result.refusals:
         result.model = copy_model(model)
         return result
+    if ctx.wrap:
+        nodes: list[onnx.NodeProto] = []
+        for node in out.graph.node:
+            before, after = ctx.wrap.get(node.output[0] if node.output else "", (None, None))
+            nodes += [n for n in (before, node, after) if n is not None]
+        del out.graph.node[:]
+        out.graph.node.extend(nodes)
     prune_unused(out.graph, ctx.orphaned)
     for imp in out.opset_import:
         if imp.domain in _DEFAULT_DOMAINS:
@@ -189,15 +205,32 @@ def _max_inputs(n: int, what: str) -> Adapter:
 
 
 def _softmax_13(node: onnx.NodeProto, ctx: _Ctx) -> str | None:
-    """Before 13 Softmax flattened from `axis` to 2-D: the same as per-axis only for the last axis."""
+    """Before 13 Softmax flattened from `axis` to 2-D: the same as per-axis only for the last axis, so
+    another axis is swapped to the end and back (Transpose, Softmax on the last axis, Transpose)."""
     axis = int(get_attr(node, "axis", -1))  # type: ignore[call-overload]
     rank = ctx.ranks.get(node.input[0])
-    if axis != -1 and (rank is None or axis != rank - 1):
-        return f"axis={axis} is not the last axis: before opset 13 it meant flatten-to-2D, not one axis"
+    if axis != -1 and rank is None:
+        return f"axis={axis} on an input of unknown rank: before opset 13 it meant flatten-to-2D"
+    if rank is not None and axis % rank != rank - 1:
+        _swap_to_last(node, axis % rank, rank, ctx)
     kept = [a for a in node.attribute if a.name != "axis"]
     del node.attribute[:]
     node.attribute.extend([*kept, onnx.helper.make_attribute("axis", -1 if rank is None else rank - 1)])
     return None
+
+
+def _swap_to_last(node: onnx.NodeProto, axis: int, rank: int, ctx: _Ctx) -> None:
+    """Wrap `node` in Transposes that move `axis` to the end and back (the swap is its own inverse)."""
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    base = node.name or node.output[0]
+    inner_in, inner_out = ctx.fresh(f"{base}/to_last"), ctx.fresh(f"{base}/last")
+    before = onnx.helper.make_node("Transpose", [node.input[0]], [inner_in], name=ctx.fresh(f"{base}/Transpose"),
+                                   perm=perm)
+    after = onnx.helper.make_node("Transpose", [inner_out], [node.output[0]], name=ctx.fresh(f"{base}/Transpose"),
+                                  perm=perm)
+    node.input[0], node.output[0] = inner_in, inner_out
+    ctx.wrap[inner_out] = (before, after)
 
 
 def _constant_12(node: onnx.NodeProto, ctx: _Ctx) -> str | None:
