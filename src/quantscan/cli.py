@@ -299,9 +299,14 @@ def _rewrite_parser(sub: Any) -> None:
     p.add_argument("--clamp-mask-value", type=float, default=None, metavar="V",
                    help="the finite mask value --clamp-mask writes (default -1e4; e.g. -200 keeps the "
                         "masked Add's int8 range close to the scores')")
+    p.add_argument("--div-to-mul", nargs=0, action=_StepAction, const="div-to-mul", dest="div_to_mul",
+                   help="Div by a constant -> Mul by its reciprocal")
+    p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",
+                   help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
-    p.add_argument("--opset", type=_positive_int, default=None, help="convert to this opset first")
+    p.add_argument("--opset", type=_positive_int, default=None,
+                   help="convert to this opset: up first, down last (opset-down)")
     p.add_argument("-o", "--output-model", dest="output_model", default=None)
     p.add_argument("--calib", default=None, help="data for the numeric proof (default: seeded random)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
@@ -476,6 +481,15 @@ def _profile_label(profile: str, findings: Any) -> str:
     return Path(profile).stem
 
 
+def _print_before_after(before: Any, after: Any, profile: str) -> None:
+    """`--all-for-profile`: the check run again on the rewritten model, counts side by side."""
+    from quantscan.compat.check import check
+
+    rows = [check(m, [profile]).summary_rows()[0] for m in (before, after)]
+    print(f"check {profile}: " + ", ".join(
+        f"{key} {rows[0][key]} -> {rows[1][key]}" for key in ("errors", "warnings", "cpu_islands")))
+
+
 def cmd_rewrite(args: argparse.Namespace) -> int:
     from quantscan.calib import load_calibration
     from quantscan.model import load_model
@@ -488,19 +502,26 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         plan = plan_for_profile(args.model, args.all_for_profile)
         steps += [s.value for s in plan.rewrites if s not in steps]
         fix_dims += [d for d in plan.fix_dims if d not in fix_dims]
-        named = [r.value for r in plan.rewrites] + [f"fix-dim {d}" for d in plan.fix_dims]
+        if args.opset is None and plan.opset is not None:
+            args.opset = plan.opset
+        named = ([r.value for r in plan.rewrites] + [f"fix-dim {d}" for d in plan.fix_dims]
+                 + ([f"opset-down {plan.opset}"] if plan.opset is not None else []))
         print(f"{args.all_for_profile} suggests: {', '.join(named) or 'nothing'}")
         steps, skipped = split_applicable(args.model, steps)
         for name in skipped:
             print(f"  {name}: applies nowhere in this model, skipped")
+        if not steps and not fix_dims and args.opset is None:
+            print(f"nothing to rewrite for {args.all_for_profile}: no finding names a rewrite that applies")
+            return EXIT_OK
     args.fix_dim = fix_dims
     if args.fix_dim and "fix-dim" not in steps:
         steps.insert(0, "fix-dim")
     if args.clamp_mask_value is not None and "clamp-mask" not in steps:
         steps.append("clamp-mask")
-    if not steps:
+    if not steps and args.opset is None:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
-                         "--gelu-tanh, --clamp-mask, --all-for-profile; found none that applies")
+                         "--gelu-tanh, --clamp-mask, --div-to-mul, --fix-ceil-mode, --opset, --all-for-profile; "
+                         "found none that applies")
     calib = None
     if args.calib:
         loaded = load_model(args.model)
@@ -519,6 +540,8 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     print(f"proof data: {report.proof.data}")
     if report.written:
         print(f"wrote {report.out} and {report.out}.rewrite.json" if report.out else "wrote the model")
+    if args.all_for_profile:
+        _print_before_after(args.model, report.model, args.all_for_profile)
     if not report.passed:
         print("quantscan: the numeric proof failed its threshold"
               + ("; written anyway (--force)" if report.written else "; nothing written (use --force)"),

@@ -636,6 +636,9 @@ class RewriteId(StrEnum):
     DECOMPOSE_LAYERNORM = "decompose-layernorm"
     FUSE_LAYERNORM = "fuse-layernorm"
     GELU_TANH = "gelu-tanh"
+    DIV_TO_MUL = "div-to-mul"
+    FIX_CEIL_MODE = "fix-ceil-mode"
+    OPSET_DOWN = "opset-down"
     FIX_DIM = "fix-dim"
     CLAMP_MASK = "clamp-mask"
 

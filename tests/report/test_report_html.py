@@ -431,7 +431,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 # ------------------------------------------------------------------------------ real-model page
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # function scope: the `assets` fixture it reads checks the test's real marker
 def real_run(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real scan (limit 8 samples) plus what check and bisect would add: compat.csv, partitions.csv,
     a placement column, and a plan.json, so every section of the page is exercised."""

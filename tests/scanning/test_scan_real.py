@@ -47,7 +47,9 @@ KEY_COLUMNS = [
 
 
 @pytest.fixture(scope="module")
-def scans(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def scans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A per-module cache of scans; the tests that fill it ask for `assets` themselves (a module-scoped
+    fixture cannot read the function-scoped `assets`, which checks each test's real marker)."""
     return {"root": tmp_path_factory.mktemp("scans"), "done": {}}
 
 

@@ -92,7 +92,6 @@ _LIMIT_FIXES: dict[str, str] = {
     "resize_mode": "use nearest or linear resize",
     "axis": "Transpose so the reduced/softmax axis is the one the chip supports",
     "axis_is_last": "Transpose so the axis is the last one",
-    "ceil_mode": "set ceil_mode=0 and pad explicitly",
     "rank": "Reshape to the rank the chip supports",
 }
 
@@ -103,6 +102,8 @@ def limit_fix(attribute: str, op: str, value: object) -> Fix:
         return Fix("reshape the signal into frames and use a stride-1 Conv (or a MatMul on frames)")
     if attribute == "batch":
         return rewrite_fix(RewriteId.FIX_DIM, "batch=1")
+    if attribute == "ceil_mode" and op in ("MaxPool", "AveragePool"):
+        return rewrite_fix(RewriteId.FIX_CEIL_MODE)
     return Fix(_LIMIT_FIXES.get(attribute, "change the parameter to a supported value, or keep the layer on CPU"))
 
 

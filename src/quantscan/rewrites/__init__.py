@@ -13,6 +13,8 @@ from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
 from quantscan.rewrites.decompose_layernorm import decompose_layernorm
+from quantscan.rewrites.div_to_mul import div_to_mul
+from quantscan.rewrites.fix_ceil_mode import fix_ceil_mode
 from quantscan.rewrites.fix_dim import DimSetting, fix_dim, parse_dim_spec
 from quantscan.rewrites.fold_bn import fold_batchnorm
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
@@ -29,6 +31,8 @@ __all__ = [
     "decompose_hardsigmoid",
     "decompose_hardswish",
     "decompose_layernorm",
+    "div_to_mul",
+    "fix_ceil_mode",
     "fix_dim",
     "fold_batchnorm",
     "fuse_hardswish",

@@ -16,10 +16,13 @@ import onnx
 from quantscan.compat.check import check
 from quantscan.model import load_model
 from quantscan.records import RewriteId
+from quantscan.rewrites.fix_dim import fix_dim
+from quantscan.rewrites.opset_down import blocking_ops
 from quantscan.rewrites.runner import REWRITES
 
 REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FIX_DIM,
+    RewriteId.FIX_CEIL_MODE,
     RewriteId.FOLD_BN,
     RewriteId.DECOMPOSE_HARDSWISH,
     RewriteId.DECOMPOSE_HARDSIGMOID,
@@ -28,38 +31,100 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FUSE_LAYERNORM,
     RewriteId.GELU_TANH,
     RewriteId.CLAMP_MASK,
+    RewriteId.DIV_TO_MUL,
     RewriteId.CLEANUP,
+    RewriteId.OPSET_DOWN,
 )
-"""The order suggested rewrites apply in: dims fixed first, folds before decompositions before fusions."""
+"""The order suggested rewrites apply in: dims fixed first, folds before decompositions before fusions,
+the opset lowered last (the plan carries it as `ProfilePlan.opset`, the runner's `opset=`)."""
 
 ModelArg = str | Path | onnx.ModelProto
 
 
+_UNBLOCKS: dict[str, RewriteId] = {
+    "HardSwish": RewriteId.DECOMPOSE_HARDSWISH,
+    "LayerNormalization": RewriteId.DECOMPOSE_LAYERNORM,
+}
+"""Ops that keep a model from an older opset, and the decomposition that removes them first."""
+
+_NEEDS_OPSET: dict[RewriteId, int] = {RewriteId.FUSE_HARDSWISH: 14, RewriteId.FUSE_LAYERNORM: 17}
+"""Fusions that create an op newer than a lowered target would undo the decomposition it needed."""
+
+MAX_ROUNDS = 4
+
+
 @dataclass(frozen=True)
 class ProfilePlan:
-    """What a profile's findings suggest: plain rewrites (in `REWRITE_ORDER`) and fix-dim settings."""
+    """What a profile's findings suggest: plain rewrites (in `REWRITE_ORDER`), fix-dim settings, and the
+    opset to lower to last (None when the opset is in range or cannot be lowered by `opset-down`)."""
 
     rewrites: list[RewriteId] = field(default_factory=list)
     fix_dims: list[str] = field(default_factory=list)
+    opset: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rewrites or self.fix_dims or self.opset)
 
 
 def plan_for_profile(model: ModelArg, profile: str | Path) -> ProfilePlan:
-    """Check `model` against `profile` and collect the rewrites its findings name, deduplicated.
+    """Check `model` against `profile`, collect the rewrites its findings name, apply them in memory and
+    check again until no new rewrite appears: a decomposition can expose a Div that `div-to-mul` then
+    removes, and `opset-down` asks for the decompositions of the ops that have no older spelling.
 
     fix-dim settings keep the findings' order (worst first, then graph order); a fix-dim finding
     without settings (a shape chain that folds once dims are fixed) adds none.
     """
-    result = check(model, [profile])
+    original = model if isinstance(model, onnx.ModelProto) else load_model(model).proto
+    current = original
     ids: set[RewriteId] = set()
     dims: list[str] = []
-    for finding in result.records:
-        if finding.rewrite is None:
-            continue
+    opset: int | None = None
+    for _ in range(MAX_ROUNDS):
+        new_ids, new_dims, target = _suggested(current, profile)
+        opset = target if target is not None else opset
+        fresh = new_ids - ids
+        dims += [d for d in new_dims if d not in dims]
+        if not fresh:
+            break
+        ids |= fresh
+        current = _apply(current, [r for r in REWRITE_ORDER if r in fresh], dims)
+    if opset is not None:
+        ids = {r for r in ids if _NEEDS_OPSET.get(r, 0) <= opset}
+    return ProfilePlan([r for r in REWRITE_ORDER if r in ids], _applicable_dims(original, dims), opset)
+
+
+def _applicable_dims(model: onnx.ModelProto, dims: list[str]) -> list[str]:
+    """The fix-dim settings that change something (a batch limit on an input with a static batch, e.g.
+    a time-major LSTM state, names no symbolic dim: fix-dim would fail the whole run)."""
+    return [d for d in dims if fix_dim(model, [d]).changes]
+
+
+def _suggested(model: onnx.ModelProto, profile: str | Path) -> tuple[set[RewriteId], list[str], int | None]:
+    """The ids, fix-dim settings and opset target `model`'s findings for `profile` name."""
+    ids: set[RewriteId] = set()
+    dims: list[str] = []
+    opset: int | None = None
+    for finding in check(model, [profile]).records:
         if finding.rewrite is RewriteId.FIX_DIM:
             dims += [d for d in finding.rewrite_args if d not in dims]
-        else:
+        elif finding.rewrite is RewriteId.OPSET_DOWN:
+            opset = int(finding.rewrite_args[0])
+            ids |= {_UNBLOCKS[op] for op in blocking_ops(model, opset) if op in _UNBLOCKS}
+        elif finding.rule == "opset" and finding.rewrite_args:
+            opset = int(finding.rewrite_args[0])  # raised first by the runner (version_converter)
+        elif finding.rewrite is not None:
             ids.add(finding.rewrite)
-    return ProfilePlan([r for r in REWRITE_ORDER if r in ids], dims)
+    return ids, dims, opset
+
+
+def _apply(model: onnx.ModelProto, ids: Sequence[RewriteId], dims: Sequence[str]) -> onnx.ModelProto:
+    """The planned passes applied in memory (no proof: only to see which findings remain)."""
+    current = fix_dim(model, list(dims)).model if dims else model
+    for rid in ids:
+        if rid in REWRITES:
+            current = REWRITES[rid](current).model
+    return current
 
 
 def rewrites_for_profile(model: ModelArg, profile: str | Path) -> list[RewriteId]:
@@ -68,14 +133,20 @@ def rewrites_for_profile(model: ModelArg, profile: str | Path) -> list[RewriteId
 
 
 def split_applicable(model: ModelArg, steps: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(kept, skipped): a step whose pass changes nothing in `model` (e.g. a fuse below its opset) is
-    skipped rather than failing the run; fix-dim and unknown ids are kept for `rewrite()` to judge."""
-    proto = model if isinstance(model, onnx.ModelProto) else load_model(model).proto
+    """(kept, skipped): a step whose pass changes nothing in the model as the steps before it left it
+    (e.g. a fuse below its opset) is skipped rather than failing the run; fix-dim and unknown ids are
+    kept for `rewrite()` to judge."""
+    current = model if isinstance(model, onnx.ModelProto) else load_model(model).proto
     kept: list[str] = []
     skipped: list[str] = []
     for step in steps:
-        if step in REWRITES and not REWRITES[RewriteId(step)](proto).changes:
-            skipped.append(step)
-        else:
+        if step not in REWRITES:
             kept.append(step)
+            continue
+        result = REWRITES[RewriteId(step)](current)
+        if result.changes:
+            kept.append(step)
+            current = result.model
+        else:
+            skipped.append(step)
     return kept, skipped

@@ -40,12 +40,15 @@ from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
 from quantscan.rewrites.decompose_layernorm import decompose_layernorm
+from quantscan.rewrites.div_to_mul import div_to_mul
+from quantscan.rewrites.fix_ceil_mode import fix_ceil_mode
 from quantscan.rewrites.fix_dim import fix_dim as fix_dims
 from quantscan.rewrites.fix_dim import parse_dim_spec
 from quantscan.rewrites.fold_bn import fold_batchnorm
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
+from quantscan.rewrites.opset_down import opset_down
 from quantscan.runfolder import atomic_write_bytes
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
@@ -62,6 +65,8 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.FUSE_LAYERNORM: fuse_layernorm,
     RewriteId.GELU_TANH: gelu_tanh,
     RewriteId.CLAMP_MASK: clamp_mask,
+    RewriteId.DIV_TO_MUL: div_to_mul,
+    RewriteId.FIX_CEIL_MODE: fix_ceil_mode,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
@@ -191,22 +196,22 @@ def rewrite(
     """Apply `rewrites` (ids from `rewrite_ids()`) in order, prove the result, write it when it passes.
 
     `fix_dim` holds the dimension settings of `fix-dim` (contract syntax); giving them without listing
-    `fix-dim` applies it first. `opset` converts the model first (the only way a rewrite changes the
-    opset). Without `out`, a model given by path is written beside itself as `<stem>.rewritten.onnx`
-    (then `.rewritten.1.onnx`, ...); `write=False` only proves. Raises UsageError for unknown ids, bad
-    dimension syntax, `out` equal to the input, and a requested rewrite that applied nowhere (the error
-    lists why, from the refusals). `clamp_mask_value` is the finite value `clamp-mask` writes.
+    `fix-dim` applies it first. An `opset` above the model's converts it first (fusions may need
+    the newer ops); one below lowers it last with `opset-down` (decompositions must run while their ops
+    exist), refusing with the ops that block it. Without `out`, a model given by path is written beside
+    itself as `<stem>.rewritten.onnx` (then `.rewritten.1.onnx`, ...); `write=False` only proves.
+    Raises UsageError for unknown ids, bad dimension syntax, `out` equal to the input, a requested
+    rewrite that applied nowhere (the error lists why, from the refusals) and an opset it cannot lower.
+    `clamp_mask_value` is the finite value `clamp-mask` writes.
     """
-    steps_wanted = _steps(rewrites, fix_dim)
+    steps_wanted = _steps(rewrites, fix_dim, opset_only=opset is not None)
     source, original = _load(model)
     out_path = _out_path(model, out) if write else None
 
     current = original
     steps: list[StepReport] = []
     opset_before = onnx_opset(original)
-    if opset is not None and opset != opset_before:
-        if opset < opset_before:
-            raise UsageError(f"--opset: expected a target >= the model's opset {opset_before}, found {opset}")
+    if opset is not None and opset > opset_before:
         current = upgrade_opset(current, opset)
         change = Change("opset", "", f"opset {opset_before} -> {opset} (onnx.version_converter)")
         steps.append(StepReport("opset", True, [change], []))
@@ -221,6 +226,8 @@ def rewrite(
         if not result.changes:
             raise UsageError(_applied_nowhere(rid, result))
         current = result.model
+    if opset is not None and opset < opset_before:
+        current = _opset_down(current, opset, steps)
     onnx.checker.check_model(current)
 
     proof = prove(
@@ -256,7 +263,9 @@ def rewrite(
     return report
 
 
-def _steps(rewrites: Sequence[str], dims: Sequence[str]) -> list[tuple[RewriteId, tuple[str, ...]]]:
+def _steps(
+    rewrites: Sequence[str], dims: Sequence[str], *, opset_only: bool = False
+) -> list[tuple[RewriteId, tuple[str, ...]]]:
     """The requested ids, typed and validated, each with its settings (fix-dim's dims, first if implied)."""
     known = rewrite_ids()
     steps: list[tuple[RewriteId, tuple[str, ...]]] = []
@@ -271,9 +280,20 @@ def _steps(rewrites: Sequence[str], dims: Sequence[str]) -> list[tuple[RewriteId
         steps.insert(0, (RewriteId.FIX_DIM, tuple(dims)))
     if any(rid is RewriteId.FIX_DIM for rid, _ in steps) and not dims:
         raise UsageError("fix-dim: expected at least one dimension (INPUT:AXIS=V, DIMPARAM=V or batch=V)")
-    if not steps:
+    if not steps and not opset_only:
         raise UsageError(f"no rewrite requested: expected one or more of {', '.join(known)}")
     return steps
+
+
+def _opset_down(model: onnx.ModelProto, target: int, steps: list[StepReport]) -> onnx.ModelProto:
+    """Lower the opset last (the other rewrites may need the newer one), or say which ops block it."""
+    result = opset_down(model, target)
+    steps.append(StepReport(RewriteId.OPSET_DOWN.value, result.exact, result.changes, result.refusals))
+    if not result.changes:
+        blockers = sorted({r.reason for r in result.refusals})
+        shown = "; ".join(blockers[:5]) + (f" (and {len(blockers) - 5} more)" if len(blockers) > 5 else "")
+        raise UsageError(f"--opset {target}: cannot lower the model's opset {onnx_opset(model)}: {shown}")
+    return result.model
 
 
 def _applied_nowhere(rid: str, result: RewriteResult) -> str:

@@ -8,9 +8,9 @@ ops are left to the control-flow rule so one node gets one explanation.
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.fixes import unsupported_op_fix
+from quantscan.compat.fixes import Fix, rewrite_fix, unsupported_op_fix
 from quantscan.graph.index import CONTROL_FLOW_OPS, IDENTITY_OPS
-from quantscan.records import Finding, Severity
+from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "unsupported-op"
 
@@ -41,7 +41,7 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
             fix="implement it as a custom CPU op in the vendor runtime, or re-export with standard ops",
             forces_cpu=True,
         )
-    fix = unsupported_op_fix(op, p)
+    fix = _div_by_constant_fix(ctx, i) or unsupported_op_fix(op, p)
     if op in p.cpu_ops or op in p.folded_ops:
         why = "listed as a CPU op" if op in p.cpu_ops else "only removed when constant folding applies"
         return Finding(
@@ -68,3 +68,15 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
         rewrite_args=fix.args,
         forces_cpu=True,
     )
+
+
+def _div_by_constant_fix(ctx: RuleContext, i: int) -> Fix | None:
+    """`div-to-mul` for a Div whose divisor is a float constant on a chip that runs Mul: the node's
+    inputs decide, which is why this sits here and not in the op-name table of `fixes`."""
+    node = ctx.view.nodes[i]
+    if node.op_type != "Div" or "Mul" not in ctx.profile.npu_ops or len(node.input) != 2:
+        return None
+    value = ctx.view.constant(node.input[1])
+    if value is None or value.dtype.kind != "f" or (value == 0).any():
+        return None
+    return rewrite_fix(RewriteId.DIV_TO_MUL)
