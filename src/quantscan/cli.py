@@ -279,11 +279,9 @@ class _StepAction(argparse.Action):
         namespace.steps = steps
 
 
-def _clamp_value(args: argparse.Namespace) -> float:
-    """`--clamp-mask-value`, else the rewrite's own default."""
-    from quantscan.rewrites.clamp_mask import CLAMP_VALUE
-
-    return CLAMP_VALUE if args.clamp_mask_value is None else float(args.clamp_mask_value)
+def _clamp_value(args: argparse.Namespace) -> float | None:
+    """`--clamp-mask-value`, else None: the rewrite picks the smallest value its proof shows exact."""
+    return None if args.clamp_mask_value is None else float(args.clamp_mask_value)
 
 
 def _rewrite_parser(sub: Any) -> None:
@@ -297,8 +295,8 @@ def _rewrite_parser(sub: Any) -> None:
     p.add_argument("--clamp-mask", nargs=0, action=_StepAction, const="clamp-mask", dest="clamp_mask",
                    help="float-min/-inf attention-mask constants -> a finite value (proven on data)")
     p.add_argument("--clamp-mask-value", type=float, default=None, metavar="V",
-                   help="the finite mask value --clamp-mask writes (default -1e4; e.g. -200 keeps the "
-                        "masked Add's int8 range close to the scores')")
+                   help="the finite mask value --clamp-mask writes (default: the smallest of -100, -1000 "
+                        "whose proof is exact on the data, else -1e4)")
     p.add_argument("--div-to-mul", nargs=0, action=_StepAction, const="div-to-mul", dest="div_to_mul",
                    help="Div by a constant -> Mul by its reciprocal")
     p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",

@@ -1,4 +1,5 @@
-"""clamp-mask: a float-min attention mask becomes -1e4, the Softmax output is unchanged (oracle:
+"""clamp-mask: a float-min attention mask becomes a finite value (-1e4 by default in the pass; the runner
+chooses the smallest proven-exact candidate), the Softmax output is unchanged (oracle:
 onnx.reference on the original), the runner's exact proof passes, and a sentinel that reaches no
 Softmax is refused."""
 
@@ -12,7 +13,7 @@ from onnx import helper, numpy_helper
 
 from builders import FLOAT_MIN, attention_model, run
 from quantscan.records import RewriteId
-from quantscan.rewrites.clamp_mask import CLAMP_VALUE, clamp_mask
+from quantscan.rewrites.clamp_mask import CLAMP_CANDIDATES, CLAMP_VALUE, clamp_mask
 from quantscan.rewrites.runner import REWRITES, rewrite
 
 X = np.random.default_rng(1).normal(size=(4, 8, 16)).astype(np.float32)
@@ -40,6 +41,27 @@ def test_runner_proof_passes() -> None:
     report = rewrite(attention_model(), ["clamp-mask"], write=False)
     assert report.passed and report.proof.exact
     assert [s.rewrite for s in report.steps] == ["clamp-mask"]
+
+
+def test_without_a_value_the_smallest_exact_candidate_is_written() -> None:
+    """The runner tries -100 first; on this block it is exact (its scores are small), so it is kept."""
+    report = rewrite(attention_model(), ["clamp-mask"], write=False)
+    assert report.passed and report.proof.exact
+    assert _mask(report.model).min() == CLAMP_CANDIDATES[0] == -100.0
+
+
+def test_a_candidate_that_would_change_the_output_is_skipped() -> None:
+    """Scores scaled so that a -100 mask no longer makes masked positions vanish: -100 fails the proof,
+    so the runner falls through to a larger magnitude, and the written model still proves exact."""
+    model = attention_model()
+    for init in model.graph.initializer:
+        if init.name in ("wq", "wk"):
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 12.0, init.name))
+    report = rewrite(model, ["clamp-mask"], write=False)
+    assert report.passed and report.proof.exact
+    assert _mask(report.model).min() in (CLAMP_CANDIDATES[1], CLAMP_VALUE)
+    (a,), (b,) = run(model, {"x": X}), run(clamp_mask(model, -100.0).model, {"x": X})
+    assert np.abs(a - b).max() > 1e-4 * np.abs(a).max()  # -100 really would have changed the output
 
 
 def test_constant_node_and_minus_inf_are_clamped() -> None:

@@ -35,7 +35,7 @@ from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
 from quantscan.records import RewriteId
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
-from quantscan.rewrites.clamp_mask import CLAMP_VALUE, clamp_mask
+from quantscan.rewrites.clamp_mask import CLAMP_CANDIDATES, CLAMP_VALUE, clamp_mask
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
@@ -191,7 +191,7 @@ def rewrite(
     force: bool = False,
     write: bool = True,
     runner: Runner | None = None,
-    clamp_mask_value: float = CLAMP_VALUE,
+    clamp_mask_value: float | None = None,
 ) -> RewriteReport:
     """Apply `rewrites` (ids from `rewrite_ids()`) in order, prove the result, write it when it passes.
 
@@ -202,7 +202,8 @@ def rewrite(
     itself as `<stem>.rewritten.onnx` (then `.rewritten.1.onnx`, ...); `write=False` only proves.
     Raises UsageError for unknown ids, bad dimension syntax, `out` equal to the input, a requested
     rewrite that applied nowhere (the error lists why, from the refusals) and an opset it cannot lower.
-    `clamp_mask_value` is the finite value `clamp-mask` writes.
+    `clamp_mask_value` is the finite value `clamp-mask` writes; without one, the smallest magnitude of
+    `CLAMP_CANDIDATES` whose proof is exact on the same data is chosen (else `CLAMP_VALUE`).
     """
     steps_wanted = _steps(rewrites, fix_dim, opset_only=opset is not None)
     source, original = _load(model)
@@ -219,7 +220,11 @@ def rewrite(
         if rid is RewriteId.FIX_DIM:
             result = fix_dims(current, args)
         elif rid is RewriteId.CLAMP_MASK:
-            result = clamp_mask(current, clamp_mask_value)
+            value = clamp_mask_value
+            if value is None:
+                value = _smallest_exact_mask(current, calib=calib, seed=seed, limit=limit, tolerance=tolerance,
+                                             runner=runner)
+            result = clamp_mask(current, value)
         else:
             result = REWRITES[rid](current)
         steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals))
@@ -261,6 +266,31 @@ def rewrite(
             (json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n").encode(),
         )
     return report
+
+
+def _smallest_exact_mask(
+    model: onnx.ModelProto,
+    *,
+    calib: CalibSet | None,
+    seed: int,
+    limit: int | None,
+    tolerance: float,
+    runner: Runner | None,
+) -> float:
+    """The clamp value to write: the first candidate whose clamped model proves exact against `model`.
+
+    Proven on the same data as the final proof, so a model whose scores span more than a candidate
+    allows falls through to the next (larger) value, and to `CLAMP_VALUE` last.
+    """
+    for value in CLAMP_CANDIDATES:
+        trial = clamp_mask(model, value)
+        if not trial.changes:
+            return CLAMP_VALUE
+        proof = prove(model, trial.model, calib=calib, seed=seed, limit=limit, tolerance=tolerance,
+                      approximate=[], runner=runner)
+        if proof.passed:
+            return value
+    return CLAMP_VALUE
 
 
 def _steps(
