@@ -11,9 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.parser
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+
+from quantscan.graph.index import GraphIndex
 
 
 def build(text: str, initializers: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
@@ -178,3 +181,19 @@ def attention_model(masked_from: int = 5, tokens: int = 8, dim: int = 16, seed: 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def pattern_index(
+    body: str, *, consts: str = "", inputs: str = "float[4,16] x", output: str = "float[4,16] y", opset: int = 14
+) -> GraphIndex:
+    """The graph index of an ONNX-text `body` that computes `h`, read by a `y = Neg(h)` so that `h` is an
+    inner tensor (what a kernel pattern sees in a real model), with `consts` (Constant nodes) first."""
+    model = onnx.parser.parse_model(
+        f"""<ir_version: 8, opset_import: ["" : {opset}]>
+        g ({inputs}) => ({output}) {{
+            {consts}
+            {body}
+            y = Neg (h)
+        }}"""
+    )
+    return GraphIndex.of(model)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import onnx
-import onnx.parser
 import pytest
 
+from builders import pattern_index
 from quantscan.graph.index import GraphIndex
 from quantscan.patterns import hardswish
 from quantscan.patterns.base import NoMatch
@@ -27,15 +26,7 @@ SPELLINGS = {
 
 
 def index_of(body: str) -> GraphIndex:
-    model = onnx.parser.parse_model(
-        f"""<ir_version: 8, opset_import: ["" : 14]>
-        g (float[4,16] x) => (float[4,16] y) {{
-            {CONSTS}
-            {body}
-            y = Neg (h)
-        }}"""
-    )
-    return GraphIndex.of(model)
+    return pattern_index(body, consts=CONSTS)
 
 
 @pytest.mark.parametrize("name", sorted(SPELLINGS))

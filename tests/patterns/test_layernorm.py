@@ -7,6 +7,7 @@ import onnx
 import onnx.parser
 import pytest
 
+from builders import pattern_index
 from quantscan.graph.index import GraphIndex
 from quantscan.patterns import layernorm
 from quantscan.patterns.base import NoMatch
@@ -22,19 +23,16 @@ LN = """
 """
 
 
+LN_CONSTS = f"""
+    two = Constant <value = float {{2.0}}> ()
+    eps = Constant <value = float {{1e-5}}> ()
+    gamma = Constant <value = float[16] {{{",".join(["1.0"] * 16)}}}> ()
+    beta = Constant <value = float[16] {{{",".join(["0.0"] * 16)}}}> ()
+"""
+
+
 def index_of(body: str, opset: int = 17) -> GraphIndex:
-    model = onnx.parser.parse_model(
-        f"""<ir_version: 8, opset_import: ["" : {opset}]>
-        g (float[2,8,16] x) => (float[2,8,16] y) {{
-            two = Constant <value = float {{2.0}}> ()
-            eps = Constant <value = float {{1e-5}}> ()
-            gamma = Constant <value = float[16] {{{",".join(["1.0"] * 16)}}}> ()
-            beta = Constant <value = float[16] {{{",".join(["0.0"] * 16)}}}> ()
-            {body}
-            y = Neg (h)
-        }}"""
-    )
-    return GraphIndex.of(model)
+    return pattern_index(body, consts=LN_CONSTS, inputs="float[2,8,16] x", output="float[2,8,16] y", opset=opset)
 
 
 @pytest.mark.parametrize("square", ["Pow (d, two)", "Mul (d, d)"])

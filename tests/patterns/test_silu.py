@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import onnx
-import onnx.parser
 import pytest
 
+from builders import pattern_index
 from quantscan.graph.index import GraphIndex
 from quantscan.patterns import silu
 from quantscan.patterns.base import Match, NoMatch
 
 
 def index_of(body: str) -> GraphIndex:
-    model = onnx.parser.parse_model(
-        f"""<ir_version: 8, opset_import: ["" : 14]>
-        g (float[4,16] x, float[4,16] w) => (float[4,16] y) {{
-            beta = Constant <value = float {{1.702}}> ()
-            {body}
-            y = Neg (h)
-        }}"""
-    )
-    return GraphIndex.of(model)
+    return pattern_index(body, consts="beta = Constant <value = float {1.702}> ()",
+                         inputs="float[4,16] x, float[4,16] w")
 
 
 @pytest.mark.parametrize(
