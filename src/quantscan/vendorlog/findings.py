@@ -24,7 +24,7 @@ _INT8_WORDS = frozenset({"int8", "uint8", "int32"})
 # (words in the vendor message, fix text, rewrite id): what quantscan can do about a known refusal.
 _FIXES: tuple[tuple[tuple[str, ...], str, RewriteId | None], ...] = (
     (("opset",), "lower the opset: quantscan rewrite MODEL --opset N (proven)", RewriteId.OPSET_DOWN),
-    (("dynamic graph", "need to be constant", "dynamic shape"),
+    (("dynamic graph", "need to be constant", "dynamic shape", "dimensions of 0", "input-shape"),
      "fix the free dims or fold the constant input: quantscan rewrite MODEL --fix-dim / --freeze-input, "
      "or cut the node out of the graph (post-processing)", RewriteId.FIX_DIM),
 )

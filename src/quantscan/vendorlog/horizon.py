@@ -3,7 +3,9 @@
 What hb_mapper prints (fixtures in tests/fixtures/vendorlog/hb_mapper-*, from published logs):
 - phases as `Start to <phase>.` / `End to <phase>.` (parse/prepare, optimize, calibrate, quantize,
   compile the model with march X): the last phase started and not ended is where a run stopped;
-- `ERROR ...` lines (the older `<time> ERROR <message>` format);
+- `ERROR ...` lines (the older `<time> ERROR <message>` format), or a crash ("core dump") after a
+  `Start to` line, and "Layer `name` will be executed on CPU" notices (as the D-Robotics FAQ
+  documents them);
 - "The converted model node information:" a fixed-width table `Node ON Subgraph Type [Cosine
   Similarity Threshold] [In/Out DataType]`, where ON is BPU or CPU, Subgraph `id(N)` the BPU
   subgraph (`--` on the CPU), and long node names are cut from the left with `...`;
@@ -28,12 +30,21 @@ TOOL = "hb_mapper"
 
 _PHASE = re.compile(r"\b(?P<edge>Start|End) to (?P<phase>[^.\n]+)")
 _ERROR = re.compile(r"\bERROR\b:?\s*(?P<msg>.*)$")
-_NODE_IN_MESSAGE = re.compile(r"[Nn]ode[: ]+['\"]?(?P<name>[^'\"\s,]+)")
+_NODE_IN_MESSAGE = re.compile(r"`(?P<name>[^`]+)`|nodes?:\s*\[?'(?P<listed>[^']+)'")
+_OP_IN_MESSAGE = re.compile(r"cpu operators: (?P<op>\S+)", re.I)
+# Words of a message that say which stage it belongs to, when no "Start to" line says so.
+_MESSAGE_STAGE: tuple[tuple[str, Stage], ...] = (
+    ("hbdk-cc", Stage.COMPILE), ("compile", Stage.COMPILE), ("calibrat", Stage.QUANTIZE),
+    ("quantif", Stage.QUANTIZE), ("error in pass", Stage.BUILD), ("opset", Stage.LOAD),
+    ("shape of model input", Stage.LOAD), ("parse", Stage.LOAD),
+)
 _VERSIONS = (re.compile(r"hb_mapper version (\S+)"), re.compile(r"HorizonNN version:? (\S+)"),
              re.compile(r"horizon_nn version:? (\S+)"))
 _MARCH = re.compile(r"(?:with march|--march|march:)\s*'?(?P<march>[\w-]+)")
 _TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d ")
 _SUBGRAPH = re.compile(r"id\((\d+)\)")
+_CPU_NOTICE = re.compile(r"Layer `(?P<name>[^`]+)` will be executed on CPU")
+_CRASH = re.compile(r"core dump|Segmentation fault", re.I)
 _COLUMNS = ("Node", "ON", "Subgraph", "Type", "Cosine Similarity", "Threshold", "In/Out DataType")
 _PLACES = {"BPU": "npu", "CPU": "cpu"}
 
@@ -50,6 +61,8 @@ def parse_hb_mapper(text: str) -> ParsedLog:
     lines = strip_ansi(text).splitlines()
     failure, reached = _phases(lines)
     layers = _node_table(lines)
+    tabled = {row.layer for row in layers}
+    layers += [row for row in _cpu_notices(lines) if row.layer not in tabled]
     if reached is None and failure is None and layers:
         reached = Stage.COMPILE  # hb_mapper prints the node table once the model is compiled
     similarity = [LayerSimilarity(layer=row.layer, vendor_op=row.vendor_op, entire_cosine=row.cosine,
@@ -88,12 +101,10 @@ def _phases(lines: list[str]) -> tuple[Failure | None, Stage | None]:
     running: Stage | None = None
     reached: Stage | None = None
     for number, line in enumerate(lines, start=1):
-        error = _ERROR.search(line)
+        error = _ERROR.search(line) or _CRASH.search(line)
         if error is not None:
-            message = error.group("msg").strip()
-            node = _NODE_IN_MESSAGE.search(message)
-            layer = node.group("name") if node else ""
-            return Failure(stage=running or _next_stage(reached), message=message, layer=layer, line=number), reached
+            message = (error.groupdict().get("msg") or line).strip()
+            return _failure(message, running or _message_stage(message) or _next_stage(reached), number), reached
         for match in _PHASE.finditer(line):
             stage = _phase_stage(match.group("phase"))
             if stage is None:
@@ -103,6 +114,18 @@ def _phases(lines: list[str]) -> tuple[Failure | None, Stage | None]:
             else:
                 reached, running = stage, None
     return None, reached
+
+
+def _failure(message: str, stage: Stage, line: int) -> Failure:
+    node = _NODE_IN_MESSAGE.search(message)
+    op = _OP_IN_MESSAGE.search(message)
+    layer = (node.group("name") or node.group("listed")) if node else ""
+    return Failure(stage=stage, message=message, layer=layer, vendor_op=op.group("op") if op else "", line=line)
+
+
+def _message_stage(message: str) -> Stage | None:
+    lowered = message.lower()
+    return next((stage for words, stage in _MESSAGE_STAGE if words in lowered), None)
 
 
 def _next_stage(reached: Stage | None) -> Stage:
@@ -128,6 +151,12 @@ def _node_table(lines: list[str]) -> list[VendorLayer]:
             continue
         rows.append(row)
     return rows
+
+
+def _cpu_notices(lines: list[str]) -> list[VendorLayer]:
+    """The "Layer `name` will be executed on CPU" notices (a layer over a BPU limit falls back)."""
+    return [VendorLayer(layer=m.group("name"), vendor_op="", target="cpu", line=number)
+            for number, line in enumerate(lines, start=1) if (m := _CPU_NOTICE.search(line))]
 
 
 def _column_starts(header: str) -> dict[str, int]:
