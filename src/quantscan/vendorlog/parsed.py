@@ -23,6 +23,11 @@ def strip_ansi(text: str) -> str:
     return ANSI.sub("", text)
 
 
+def file_lines(text: str) -> list[str]:
+    """The lines as an editor numbers them ("\n" only; a CRLF log's "\r" dropped), colours stripped."""
+    return [line.rstrip("\r") for line in strip_ansi(text).split("\n")]
+
+
 class Stage(StrEnum):
     """The conversion steps the tools share, in the order a conversion runs them.
 

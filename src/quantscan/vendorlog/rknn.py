@@ -35,6 +35,7 @@ _COMPILER_PREFIX = re.compile(r"^[DIWE] RKNN: \[[^\]]*\] ?")
 _SIM_ROW = re.compile(r"^\[(?P<op>[^\]]+)\]\s+(?P<name>\S+)(?P<rest>.*)$")
 _NUMBER = r"(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)"
 _PAIR = re.compile(_NUMBER + r"\s*\|\s*" + _NUMBER)
+_BAR_END = re.compile(r"(?<=it/s\])(?=[DIWE] [a-z_0-9]+: )")
 _HYBRID = re.compile(r"Meet hybrid type, dtype: (?P<dtype>\w+), tensor: (?P<tensor>\S+)")
 _IO_OPERATORS = frozenset({"InputOperator", "OutputOperator"})
 
@@ -68,19 +69,35 @@ def looks_like_rknn(text: str) -> bool:
 
 def parse_rknn(text: str) -> ParsedLog:
     """The whole console log (or a part of it) as a `ParsedLog`."""
-    lines = strip_ansi(text).splitlines()
+    numbers, lines = _segments(text)
     version = _VERSION.search("\n".join(lines[:50]) if lines else "")
-    failure = _first_failure(lines)
-    stop = failure.line - 1 if failure is not None else len(lines)
+    failure = _first_failure(numbers, lines)
+    stop = numbers.index(failure.line) if failure is not None else len(lines)
     return ParsedLog(
         tool=TOOL,
         version=version.group(1) if version else "",
         stage_reached=_stage_reached(lines[:stop]),
         failure=failure,
-        layers=_layer_table(lines),
+        layers=_layer_table(numbers, lines),
         similarity=parse_accuracy_analysis(text),
         float_tensors=[m.group("tensor") for line in lines if (m := _HYBRID.search(line))],
     )
+
+
+def _segments(text: str) -> tuple[list[int], list[str]]:
+    """The log's messages with the file line each starts on.
+
+    A progress bar redraws itself with carriage returns and the next message follows its last
+    redraw on the same line (`... 0/72 [00:00<?, ?it/s]E build: The input ...`): both split it.
+    """
+    numbers: list[int] = []
+    segments: list[str] = []
+    for number, line in enumerate(strip_ansi(text).split("\n"), start=1):
+        for part in _BAR_END.split(line):
+            for piece in part.split("\r"):
+                numbers.append(number)
+                segments.append(piece)
+    return numbers, segments
 
 
 def parse_accuracy_analysis(text: str) -> list[LayerSimilarity]:
@@ -89,10 +106,10 @@ def parse_accuracy_analysis(text: str) -> list[LayerSimilarity]:
     A row with no figures (a layer RKNN fused into the next one) keeps None; a third and fourth
     figure pair (the on-device runtime_error columns when a target was given) is ignored.
     """
-    lines = strip_ansi(text).splitlines()
+    numbers, lines = _segments(text)
     rows: list[LayerSimilarity] = []
     in_table = False
-    for number, line in enumerate(lines, start=1):
+    for number, line in zip(numbers, lines, strict=True):
         stripped = line.strip()
         if stripped.startswith("layer_name") and "error" in stripped:
             in_table, rows = True, []
@@ -123,7 +140,7 @@ def _num(text: str | None) -> float | None:
     return None if text is None else parse_float(text)
 
 
-def _first_failure(lines: list[str]) -> Failure | None:
+def _first_failure(numbers: list[int], lines: list[str]) -> Failure | None:
     """The first `E <api>: <message>` line (tracebacks and the version echo are not the message)."""
     for index, line in enumerate(lines):
         match = _API_ERROR.match(line)
@@ -136,7 +153,7 @@ def _first_failure(lines: list[str]) -> Failure | None:
             message=message,
             layer=node.group("name") if node else "",
             vendor_op=node.group("op") if node else "",
-            line=index + 1,
+            line=numbers[index],
         )
     return None
 
@@ -176,11 +193,11 @@ def _stage_reached(lines: list[str]) -> Stage | None:
     return reached
 
 
-def _layer_table(lines: list[str]) -> list[VendorLayer]:
+def _layer_table(numbers: list[int], lines: list[str]) -> list[VendorLayer]:
     """The rows of the last "Network Layer Information Table" the compiler printed."""
     layers: list[VendorLayer] = []
     in_table = False
-    for number, raw in enumerate(lines, start=1):
+    for number, raw in zip(numbers, lines, strict=True):
         line = _COMPILER_PREFIX.sub("", raw).strip()
         if "Network Layer Information Table" in line:
             in_table, layers = True, []
