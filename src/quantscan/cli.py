@@ -735,7 +735,12 @@ def cmd_log(args: argparse.Namespace) -> int:
     from quantscan.vendorlog import read_log
 
     reading = read_log(args.log_file, model=args.model)
-    out = ensure_out_dir(Path(args.out) if args.out else default_out(args.log_file))
+    out = Path(args.out) if args.out else default_out(args.log_file)
+    inputs = {Path(p).resolve() for p in (args.log_file, args.model) if p}
+    for name in ("compat.csv", "log_layers.csv"):
+        if (out / name).resolve() in inputs:
+            raise UsageError(f"--out: expected a folder where {name} is not an input, found the input {out / name}")
+    out = ensure_out_dir(out)
     write_csv(out / "compat.csv", reading.findings)
     write_csv(out / "log_layers.csv", reading.layers)
     for line in reading.summary_lines():

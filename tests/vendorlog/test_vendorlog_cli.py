@@ -18,7 +18,7 @@ def refused(capsys: pytest.CaptureFixture[str], code: int, *needles: str) -> Non
     """Exit 2 and exactly one line on stderr, the contract's prefix first."""
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert len(err) == 1 and err[0].startswith("quantscan: error: expected"), err
+    assert len(err) == 1 and err[0].startswith("quantscan: error: ") and "expected" in err[0], err
     for needle in needles:
         assert needle in err[0]
 
@@ -85,3 +85,12 @@ def test_missing_model_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixtur
     log = FIXTURES / "rknn-2.5.0" / "einsum_cpu_fallback.log"
     refused(capsys, main(["log", str(log), "--model", str(tmp_path / "none.onnx"), "--out", str(tmp_path)]),
             "ONNX model")
+
+
+def test_an_input_named_like_an_output_is_never_overwritten(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "compat.csv"
+    original = (FIXTURES / "hb_mapper-bernoulli2" / "x3_checker_cpu.log").read_bytes()
+    log.write_bytes(original)
+    refused(capsys, main(["log", str(log), "--out", str(tmp_path)]), "not an input")
+    assert log.read_bytes() == original

@@ -110,3 +110,22 @@ def test_a_truncated_name_with_several_candidates_stays_unmapped() -> None:
 def test_a_name_no_rule_explains_stays_unmapped() -> None:
     match = NameMapper(GraphIndex.of(repvgg_names())).match("fc_output/sqrt")
     assert (match.mapped, match.node, match.mapped_by) == (False, "", "unmapped")
+
+
+def test_hb_mapper_renaming_of_yolov5_nodes() -> None:
+    # Names from the published yolov5n makertbin log (hb_mapper-bayes-e/yolov5n_makertbin.log).
+    nodes = [
+        helper.make_node("Mul", ["a", "a"], ["/model.2/m/m.0/cv2/act/Mul_output_0"], name="/model.2/m/m.0/cv2/act/Mul"),
+        helper.make_node("Add", ["a", "/model.2/m/m.0/cv2/act/Mul_output_0"], ["/model.2/m/m.0/Add_output_0"],
+                         name="/model.2/m/m.0/Add"),
+    ]
+    out = "/model.2/m/m.0/Add_output_0"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, [1])])
+    mapper = NameMapper(GraphIndex.of(helper.make_model(graph)))
+    unit = mapper.match("UNIT_CONV_FOR_/model.2/m/m.0/Add")
+    assert (unit.node, unit.op_type, unit.mapped_by) == ("/model.2/m/m.0/Add", "Add",
+                                                        "node; hb_mapper UNIT_CONV_FOR_ prefix")
+    requant = mapper.match("/model.2/m/m.0/Add_output_0_calibrated_Requantize")
+    assert (requant.node, requant.tensor) == ("/model.2/m/m.0/Add", "/model.2/m/m.0/Add_output_0")
+    assert mapper.match("HZ_PREPROCESS_FOR_a").mapped_by == "input; hb_mapper HZ_PREPROCESS_FOR_ prefix"
