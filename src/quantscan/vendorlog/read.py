@@ -16,7 +16,7 @@ import pandas as pd
 from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.records import FINDING_COLUMNS, FINDING_DETAIL_COLUMNS, Finding
-from quantscan.vendorlog.findings import RULE_PRECISION, log_findings
+from quantscan.vendorlog.findings import RULE_MISMATCH, RULE_PRECISION, log_findings, placement_mismatches
 from quantscan.vendorlog.horizon import looks_like_hb_mapper, parse_hb_mapper
 from quantscan.vendorlog.mapping import NameMapper, NameMatch
 from quantscan.vendorlog.parsed import ParsedLog
@@ -25,9 +25,10 @@ from quantscan.vendorlog.rknn import looks_like_rknn, parse_rknn
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """A conversion log is megabytes; a bigger file is not one run's log (and would be read whole)."""
 
-LAYER_COLUMNS = ("layer", "vendor_op", "node", "op_type", "tensor", "mapped_by", "placement", "dtype",
-                 "partition", "entire_cosine", "single_cosine", "is_output", "line")
-"""log_layers.csv: one row per vendor name, placement-table names first, then similarity-only names."""
+LAYER_COLUMNS = ("layer", "vendor_op", "node", "op_type", "tensor", "mapped_by", "placement", "check_placement",
+                 "dtype", "partition", "entire_cosine", "single_cosine", "is_output", "line")
+"""log_layers.csv: one row per vendor name, placement-table names first, then similarity-only names.
+`check_placement` is where `check --profile P` puts the mapped node (only with a model and a profile)."""
 
 _TPU_MLIR_MARKERS = ("model_transform", "model_deploy", "tpu-mlir", "tpuc-opt", "run_calibration")
 
@@ -43,6 +44,8 @@ class LogReading:
     layers: pd.DataFrame
     matches: dict[str, NameMatch] = field(default_factory=dict)
     model_given: bool = False
+    profile: str = ""
+    """The `check` profile the vendor's placements were compared with ("" when none was given)."""
 
     @property
     def unmapped(self) -> list[str]:
@@ -64,6 +67,11 @@ class LogReading:
         lowest = _lowest_cosine(parsed)
         if lowest:
             lines.append(lowest)
+        if self.profile:
+            mismatches = self.findings[self.findings["rule"] == RULE_MISMATCH]
+            nodes = ", ".join(mismatches["node"].tolist()[:8])
+            lines.append(f"check --profile {self.profile}: {len(mismatches)} placement mismatches"
+                         + (f" ({nodes})" if nodes else ""))
         if self.model_given:
             unmapped = self.unmapped
             names = f"; unmapped: {', '.join(unmapped[:8])}{' ...' if len(unmapped) > 8 else ''}" if unmapped else ""
@@ -83,24 +91,42 @@ def _lowest_cosine(parsed: ParsedLog) -> str:
     return f"similarity table: {len(rows)} rows with figures, lowest {kind} {value:.5f} at {worst.layer}"
 
 
-def read_log(path: str | Path, model: str | Path | None = None) -> LogReading:
-    """Parse the log at `path`; with `model`, name the ONNX node behind each vendor layer."""
+def read_log(path: str | Path, model: str | Path | None = None, profile: str | Path | None = None) -> LogReading:
+    """Parse the log at `path`; with `model`, name the ONNX node behind each vendor layer; with `profile`
+    too, put each vendor placement beside the one `check --profile` predicts (a mismatch is a finding)."""
+    if profile is not None and model is None:
+        raise UsageError("--profile: expected --model too (check places the model's nodes), found no --model")
     text = read_log_text(Path(path))
     parsed = parse_log_text(text, str(path))
     matches: dict[str, NameMatch] = {}
+    predicted: dict[str, str] = {}
+    profile_name = ""
     if model is not None:
         matches = map_names(parsed, _model_index(model))
+    if model is not None and profile is not None:
+        profile_name, predicted = check_placements(model, profile)
     records = log_findings(parsed, matches)
+    records += placement_mismatches(parsed, matches, predicted, profile_name)
     rows = [f.to_row() for f in records]
     return LogReading(
         parsed=parsed,
         records=records,
         findings=pd.DataFrame(rows, columns=list(FINDING_COLUMNS)),
         details=pd.DataFrame(rows, columns=list(FINDING_DETAIL_COLUMNS)),
-        layers=layer_table(parsed, matches),
+        layers=layer_table(parsed, matches, predicted),
         matches=matches,
         model_given=model is not None,
+        profile=profile_name,
     )
+
+
+def check_placements(model: str | Path, profile: str | Path) -> tuple[str, dict[str, str]]:
+    """The profile's name and where `check` places each node of the model (npu/cpu)."""
+    from quantscan.compat.check import check
+
+    result = check(model, [profile])
+    name = result.profiles[0]
+    return name, dict(result.node_placement.get(name, {}))
 
 
 def read_log_text(path: Path) -> str:
@@ -149,15 +175,19 @@ def map_names(parsed: ParsedLog, index: GraphIndex) -> dict[str, NameMatch]:
     return {name: mapper.match(name) for name in dict.fromkeys(names)}
 
 
-def layer_table(parsed: ParsedLog, matches: dict[str, NameMatch]) -> pd.DataFrame:
+def layer_table(parsed: ParsedLog, matches: dict[str, NameMatch],
+                predicted: dict[str, str] | None = None) -> pd.DataFrame:
     """log_layers.csv: placement rows (with their cosine when the tool prints one), then similarity rows."""
+    predicted = predicted or {}
     rows: list[dict[str, object]] = []
     for layer in parsed.layers:
         if layer.io_operator:
             continue
-        rows.append({**_mapped(matches.get(layer.layer)), "layer": layer.layer, "vendor_op": layer.vendor_op,
-                     "placement": layer.target, "dtype": layer.dtype, "partition": layer.partition,
-                     "entire_cosine": layer.cosine, "line": layer.line})
+        match = matches.get(layer.layer)
+        rows.append({**_mapped(match), "layer": layer.layer, "vendor_op": layer.vendor_op,
+                     "placement": layer.target, "check_placement": predicted.get(match.node, "") if match else "",
+                     "dtype": layer.dtype, "partition": layer.partition, "entire_cosine": layer.cosine,
+                     "line": layer.line})
     placed = {layer.layer for layer in parsed.layers}
     for sim in parsed.similarity:
         if sim.layer in placed and not sim.is_output:
