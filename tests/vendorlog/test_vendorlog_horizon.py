@@ -96,3 +96,5 @@ def test_documented_cpu_notice_is_a_placement() -> None:
     log = parse_hb_mapper(line)
     assert log.failure is None
     assert [(row.layer, row.target) for row in log.layers] == [("{op_name}", "cpu")]
+    # Braces in a vendor name are text, not a format field.
+    assert [(f.node, f.rule) for f in log_findings(log)] == [("{op_name}", "vendor-cpu")]

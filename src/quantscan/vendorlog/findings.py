@@ -93,46 +93,45 @@ def _fix_for(message: str) -> tuple[str, RewriteId | None]:
     return "read the vendor message; extract the node (quantscan extract MODEL --node NAME) to reproduce it", None
 
 
-def _cpu_finding(parsed: ParsedLog, layer: VendorLayer, match: NameMatch | None) -> Finding:
+def _layer_finding(parsed: ParsedLog, layer: VendorLayer, match: NameMatch | None, *, rule: str,
+                   severity: Severity, what: str, attribute: str, value: str, limit: str, fix: str,
+                   forces_cpu: bool = False) -> Finding:
+    """A finding about one row of the vendor's placement table; `what` completes "<tool> <what>"."""
     node, op_type, note = _where(layer.layer, layer.vendor_op, match)
-    dtype = f" in {layer.dtype}" if layer.dtype else ""
     return Finding(
         node=node,
         op_type=op_type,
-        rule=RULE_CPU,
-        severity=Severity.WARN,
-        reason=f"{parsed.tool} runs {layer.vendor_op} {layer.layer} on the CPU{dtype}{note}",
-        attribute="placement",
-        value=_value("cpu", layer, node),
-        limit="npu",
-        fix="move it into pre/post-processing or replace it with an op the NPU runs; if check --profile "
-            "placed it on the NPU, the profile needs this fact",
+        rule=rule,
+        severity=severity,
+        reason=f"{parsed.tool} {what}{note}",
+        attribute=attribute,
+        value=_value(value, layer, node),
+        limit=limit,
+        fix=fix,
         source=f"{parsed.label} log line {layer.line}",
-        forces_cpu=True,
-        placement=Placement.CPU,
+        forces_cpu=forces_cpu,
+        placement=Placement(layer.target),
         partition=layer.partition,
         profile=parsed.label,
     )
+
+
+def _cpu_finding(parsed: ParsedLog, layer: VendorLayer, match: NameMatch | None) -> Finding:
+    dtype = f" in {layer.dtype}" if layer.dtype else ""
+    return _layer_finding(
+        parsed, layer, match, rule=RULE_CPU, severity=Severity.WARN, forces_cpu=True,
+        what=f"runs {layer.vendor_op} {layer.layer} on the CPU{dtype}", attribute="placement", value="cpu",
+        limit="npu", fix="move it into pre/post-processing or replace it with an op the NPU runs; if check "
+                         "--profile placed it on the NPU, the profile needs this fact")
 
 
 def _precision_finding(parsed: ParsedLog, layer: VendorLayer, match: NameMatch | None) -> Finding:
-    node, op_type, note = _where(layer.layer, layer.vendor_op, match)
-    return Finding(
-        node=node,
-        op_type=op_type,
-        rule=RULE_PRECISION,
-        severity=Severity.INFO,
-        reason=f"{parsed.tool} keeps {layer.vendor_op} {layer.layer} in {layer.dtype} on the NPU{note}",
-        attribute="dtype",
-        value=_value(layer.dtype, layer, node),
-        limit="int8",
+    return _layer_finding(
+        parsed, layer, match, rule=RULE_PRECISION, severity=Severity.INFO,
+        what=f"keeps {layer.vendor_op} {layer.layer} in {layer.dtype} on the NPU", attribute="dtype",
+        value=layer.dtype, limit="int8",
         fix="not an error: the tool keeps a wider type here, so quantscan's int8 figure for this site is "
-            "pessimistic; to simulate it, keep the site float or int16 (bisect --keep-float NAME, --fallback int16)",
-        source=f"{parsed.label} log line {layer.line}",
-        placement=Placement.NPU,
-        partition=layer.partition,
-        profile=parsed.label,
-    )
+            "pessimistic; to simulate it, keep the site float or int16 (bisect --keep-float NAME, --fallback int16)")
 
 
 def placement_mismatches(parsed: ParsedLog, matches: Mapping[str, NameMatch], predicted: Mapping[str, str],
@@ -148,23 +147,11 @@ def placement_mismatches(parsed: ParsedLog, matches: Mapping[str, NameMatch], pr
         if layer.io_operator or match is None or not match.node or match.node not in predicted:
             continue
         expected = predicted[match.node]
-        if layer.target == expected:
-            continue
-        node, op_type, note = _where(layer.layer, layer.vendor_op, match)
-        rows.append(Finding(
-            node=node,
-            op_type=op_type,
-            rule=RULE_MISMATCH,
-            severity=Severity.WARN,
-            reason=f"{parsed.tool} runs {layer.vendor_op} {layer.layer} on the {layer.target.upper()}, check "
-                   f"--profile {profile} places {node} on the {expected.upper()}{note}",
-            attribute="placement",
-            value=_value(layer.target, layer, node),
-            limit=f"{expected} (check --profile {profile})",
-            fix=f"if the vendor is right (it has the last word), add this fact to the {profile} profile",
-            source=f"{parsed.label} log line {layer.line}",
-            placement=Placement(layer.target),
-            partition=layer.partition,
-            profile=parsed.label,
-        ))
+        if layer.target != expected:
+            rows.append(_layer_finding(
+                parsed, layer, match, rule=RULE_MISMATCH, severity=Severity.WARN,
+                what=f"runs {layer.vendor_op} {layer.layer} on the {layer.target.upper()}, check --profile "
+                     f"{profile} places {match.node} on the {expected.upper()}",
+                attribute="placement", value=layer.target, limit=f"{expected} (check --profile {profile})",
+                fix=f"if the vendor is right (it has the last word), add this fact to the {profile} profile"))
     return rows
