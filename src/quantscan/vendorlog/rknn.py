@@ -22,6 +22,7 @@ from quantscan.vendorlog.parsed import (
     ParsedLog,
     Stage,
     VendorLayer,
+    WeightOutlier,
     parse_float,
     strip_ansi,
 )
@@ -36,6 +37,7 @@ _SIM_ROW = re.compile(r"^\[(?P<op>[^\]]+)\]\s+(?P<name>\S+)(?P<rest>.*)$")
 _NUMBER = r"(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)"
 _PAIR = re.compile(_NUMBER + r"\s*\|\s*" + _NUMBER)
 _BAR_END = re.compile(r"(?<=it/s\])(?=[DIWE] [a-z_0-9]+: )")
+_OUTLIER_ROW = re.compile(r"^\s+(?P<name>\S+)\s+(?P<mean>[-\d.]+)\s+(?P<std>[-\d.]+)\s+(?P<values>[-\d., ]+?)\s*$")
 _HYBRID = re.compile(r"Meet hybrid type, dtype: (?P<dtype>\w+), tensor: (?P<tensor>\S+)")
 _IO_OPERATORS = frozenset({"InputOperator", "OutputOperator"})
 
@@ -81,6 +83,7 @@ def parse_rknn(text: str) -> ParsedLog:
         layers=_layer_table(numbers, lines),
         similarity=parse_accuracy_analysis(text),
         float_tensors=[m.group("tensor") for line in lines if (m := _HYBRID.search(line))],
+        weight_outliers=_weight_outliers(numbers, lines),
     )
 
 
@@ -191,6 +194,26 @@ def _stage_reached(lines: list[str]) -> Stage | None:
             if marker in line and (reached is None or order.index(stage) > order.index(reached)):
                 reached = stage
     return reached
+
+
+def _weight_outliers(numbers: list[int], lines: list[str]) -> list[WeightOutlier]:
+    """The `W build: found outlier value` table: const name, abs_mean, abs_std, outlier value(s)."""
+    rows: list[WeightOutlier] = []
+    in_table = False
+    for number, line in zip(numbers, lines, strict=True):
+        if "found outlier value" in line:
+            in_table = True
+            continue
+        if not in_table or line.strip().startswith("const name"):
+            continue
+        match = _OUTLIER_ROW.match(line)
+        if match is None:
+            in_table = False
+            continue
+        values = tuple(v for v in (parse_float(t) for t in match.group("values").split(",")) if v is not None)
+        rows.append(WeightOutlier(tensor=match.group("name"), abs_mean=parse_float(match.group("mean")),
+                                  abs_std=parse_float(match.group("std")), values=values, line=number))
+    return rows
 
 
 def _layer_table(numbers: list[int], lines: list[str]) -> list[VendorLayer]:
