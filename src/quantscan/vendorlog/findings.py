@@ -27,8 +27,8 @@ _INT8_WORDS = frozenset({"int8", "uint8", "int32"})
 _FIXES: tuple[tuple[tuple[str, ...], str, RewriteId | None], ...] = (
     (("opset",), "lower the opset: quantscan rewrite MODEL --opset N (proven)", RewriteId.OPSET_DOWN),
     (("dynamic graph", "need to be constant", "dynamic shape", "dimensions of 0", "input-shape"),
-     "fix the free dims or fold the constant input: quantscan rewrite MODEL --fix-dim / --freeze-input, "
-     "or cut the node out of the graph (post-processing)", RewriteId.FIX_DIM),
+     "fix the free dims (quantscan rewrite MODEL --fix-dim batch=1 -o OUT, proven), or cut the node out "
+     "of the graph into post-processing", RewriteId.FIX_DIM),
 )
 
 

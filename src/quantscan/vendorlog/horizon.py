@@ -40,7 +40,7 @@ _MESSAGE_STAGE: tuple[tuple[str, Stage], ...] = (
 )
 _VERSIONS = (re.compile(r"hb_mapper version (\S+)"), re.compile(r"HorizonNN version:? (\S+)"),
              re.compile(r"horizon_nn version:? (\S+)"))
-_MARCH = re.compile(r"(?:with march|--march|march:)\s*'?(?P<march>[\w-]+)")
+_MARCH = re.compile(r"(?:with march|-{2}march|march:)\s*'?(?P<march>[\w-]+)")  # -{2}: hb_mapper's flag
 _TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d ")
 _SUBGRAPH = re.compile(r"id\((\d+)\)")
 _CPU_NOTICE = re.compile(r"Layer `(?P<name>[^`]+)` will be executed on CPU")
