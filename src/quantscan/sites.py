@@ -35,7 +35,8 @@ DEFAULT_FUSED_ACTIVATIONS = frozenset(
     {"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish", "HardSigmoid", "Sigmoid", "SiLU"}
 )
 """Activations joined to their producer when no chip profile says otherwise (CONTRACT.md's list).
-`SiLU` and `HardSwish` also name the decomposed patterns x·sigmoid(x) and x·Clip(x+3,0,6)/6."""
+`SiLU` and `HardSwish` also name the decomposed patterns x·sigmoid(x), x·Clip(x+3,0,6)/6 and
+x·HardSigmoid(x)."""
 PASS_THROUGH_OPS = frozenset(
     {
         "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "MaxPool",
