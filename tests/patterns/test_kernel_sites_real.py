@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from conftest import asset_calib, asset_model
 from quantscan.graph.index import GraphIndex
-from quantscan.patterns import layernorm
+from quantscan.patterns import hardswish, layernorm
 from quantscan.runner import Runner
 from quantscan.scanning.prepare import prepare_scan
 from quantscan.sites import Site
@@ -127,3 +127,41 @@ def test_respelled_layernorms_and_softmaxes_are_the_same_kernels(assets: Path, t
     assert [s.kernel for s in softmax_sites] == ["Softmax[ReduceMax+Sub+Exp+ReduceSum+Div]"] * 3
     assert all(s.sensitive and len(s.inputs) == 1 for s in softmax_sites)
     assert [s.inputs for s in softmax_sites] == softmax_inputs  # quantized at what the Softmax read
+
+
+def test_hardswish_respelled_as_x_times_hardsigmoid_keeps_the_sites(assets: Path, tmp_path: Path) -> None:
+    """ppocr_mobile_v2_cls writes HardSwish as x·Clip(x+3, 0, 6)/6 after its Convs; written as
+    x·HardSigmoid(x; 1/6, 1/2) instead (as other exporters do), every one is still fused into its Conv."""
+    name = "ppocr_mobile_v2_cls"
+    model = onnx.load(asset_model(assets, name))
+    index = GraphIndex.of(model)
+    found = [m for n in index.nodes
+             if isinstance(m := hardswish.match_at(index, n), hardswish.HardSwishMatch)
+             and m.spelling is hardswish.Spelling.CLIP]
+    assert len(found) >= 5
+    for k, match in enumerate(found):
+        hs = f"respell/hs{k}"
+        _replace(model.graph, match.nodes[-1], [
+            helper.make_node("HardSigmoid", [match.x], [hs], name=hs, alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", [match.x, hs], [match.output], name=f"{hs}/mul"),
+        ])
+        for node in match.nodes[:-1]:
+            _replace(model.graph, node, [])
+    path = tmp_path / "respelled.onnx"
+    onnx.save(model, path)
+    x = {"x": np.random.default_rng(0).uniform(-1, 1, (1, 3, 48, 192)).astype(np.float32)}
+    runner = Runner(threads=1)
+    want, got = runner.session(asset_model(assets, name)).run(x), runner.session(path).run(x)
+    for out, value in want.items():
+        np.testing.assert_allclose(got[out], value, rtol=1e-4, atol=1e-5, err_msg=out)
+    calib = asset_calib(assets, name)
+    before = prepare_scan(asset_model(assets, name), calib, limit=1).sites
+    after = prepare_scan(path, calib, limit=1).sites
+    def where(sites: list[Site]) -> list[tuple[str, str, list[str]]]:
+        """Node, output and inputs of each site; `_v_*` names are the opset upgrade's own, numbered by it."""
+        return [(s.node, s.output, ["_v_" if i.startswith("_v_") else i for i in s.inputs]) for s in sites]
+
+    assert where(after) == where(before)
+    relabelled = [s.kernel for s in after if "HardSigmoid+Mul" in s.kernel]
+    assert len(relabelled) == len(found)
+    assert all(k.startswith("Conv+") and k.endswith("HardSwish[HardSigmoid+Mul]") for k in relabelled)
