@@ -227,18 +227,17 @@ def _pattern_kernel(index: GraphIndex, node: onnx.NodeProto) -> Match | None:
     """The multi-node kernel (LayerNorm, GELU, Softmax, SiLU, HardSwish) that starts at `node`, if any.
 
     "Starts" is graph order, not the pattern's listing order: an exporter may write (0.5·x) of a GELU
-    before or after its Erf branch, and the site is met at whichever comes first.
+    before or after its Erf branch, and the site is met at whichever comes first. That first node may
+    read x as any operand (`Mul(0.5, x)`), so every computed input is tried as the kernel's x.
     """
-    x = node.input[0] if node.input else ""
-    if not x:
-        return None
-    for found in (layernorm.match_from(index, x), gelu.match_from(index, x), softmax.match_from(index, x)):
-        if isinstance(found, Match) and not found.shared(index) and _first_in_graph(index, found) is node:
-            return found
-    for kernel in (silu.KERNEL, hardswish.KERNEL):
-        found = fused_activation.decomposed(kernel, index, x)
-        if isinstance(found, Match) and _first_in_graph(index, found) is node:
-            return found
+    for x in dict.fromkeys(i for i in node.input if i and not index.is_const(i)):
+        for found in (layernorm.match_from(index, x), gelu.match_from(index, x), softmax.match_from(index, x)):
+            if isinstance(found, Match) and not found.shared(index) and _first_in_graph(index, found) is node:
+                return found
+        for kernel in (silu.KERNEL, hardswish.KERNEL):
+            found = fused_activation.decomposed(kernel, index, x)
+            if isinstance(found, Match) and _first_in_graph(index, found) is node:
+                return found
     return None
 
 

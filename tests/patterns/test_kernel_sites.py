@@ -54,6 +54,11 @@ KERNELS = {
         " th = Tanh (w)\n a = Add (one, th)\n g = Mul (t, a)\n h = Mul (g, half)",
         "GELU[Mul+Mul+Mul+Add+Mul+Tanh+Add+Mul+Mul]",
     ),
+    "gelu tanh, 0.5·x first": (
+        "hx = Mul (half, t)\n c = Pow (t, three)\n kc = Mul (c, cubic)\n u = Add (t, kc)\n w = Mul (k, u)\n"
+        " th = Tanh (w)\n a = Add (th, one)\n h = Mul (hx, a)",
+        "GELU[Mul+Pow+Mul+Add+Mul+Tanh+Add+Mul]",
+    ),
     "hardswish, x·hardsigmoid": (
         "s = HardSigmoid <alpha = 0.16666667, beta = 0.5> (t)\n h = Mul (t, s)",
         "HardSwish[HardSigmoid+Mul]",
@@ -118,7 +123,7 @@ def test_each_spelling_is_one_site_quantized_at_its_input_and_output(name: str) 
     assert (neg.kernel, absolute.kernel) == ("Neg", "Abs")
     assert kernel.kernel == label and kernel.sensitive
     assert kernel.inputs == ["t"] and kernel.output == "h" and absolute.inputs == ["h"]
-    assert kernel.node == next(n.name for n in model.graph.node if "t" in n.input)
+    assert kernel.node == next(n.name for n in model.graph.node if "t" in n.input)  # its first node
 
 
 def test_hardsigmoid_hardswish_is_one_activation_its_producer_absorbs() -> None:
