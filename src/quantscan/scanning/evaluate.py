@@ -103,7 +103,7 @@ def evaluate(
     top1 = {o: qm.Top1Accumulator() for o in classifiers}
     deployed_acc = {o: qm.ErrorAccumulator() for o in headline}
     deployed_top1 = {o: qm.Top1Accumulator() for o in classifiers}
-    task = task_accumulators(prepared.proto, headline, probe.shapes, classifiers, eval_set, opts)
+    task = task_accumulators(prepared.proto, headline, probe.shapes, classifiers, eval_set, opts, probe.input_shapes)
     labels = eval_set.labels
     seen = 0
     bar = progress("measuring", n_batches(eval_set.n_samples, batch_size))
