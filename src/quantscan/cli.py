@@ -162,12 +162,13 @@ def _data_options(p: argparse.ArgumentParser) -> None:
                    help="tensors.csv rows: every float tensor (default) or quantization points only (faster)")
 
 
-def _task_options(p: argparse.ArgumentParser) -> None:
-    """Task metrics beside cosine (quantscan.taskmetrics)."""
-    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "none"],
+def _task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
+    """Task metrics beside cosine (quantscan.taskmetrics); bisect takes no plugins (it cannot target them)."""
+    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "box", "none"],
                    help="task metrics on the outputs (default: detected from output shape and files)")
-    p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
-                   help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
+    if plugins:
+        p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
+                       help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
     p.add_argument("--charset", default=None,
                    help="CTC charset (.json list or PP-OCR .txt keys); default charset.json/.txt beside the data")
     p.add_argument("--mask-threshold", type=float, default=0.5, help="score-map threshold for --task mask IoU")
@@ -221,6 +222,8 @@ def _bisect_parser(sub: Any) -> None:
     for action in p._actions:
         if action.dest == "calib":
             action.required = False
+    p.add_argument("--target", default=None, metavar="METRIC=VALUE",
+                   help="e.g. top1=0.99, box=0.9, string=0.95, mask_iou=0.9, top5=0.99, cosine=0.995, sqnr=30")
     p.add_argument("--target-cosine", type=_cosine_target, default=None, help="in (0, 1]")
     p.add_argument("--target-sqnr", type=_finite, default=None, help="dB")
     p.add_argument("--target-top1", type=_fraction, default=None, help="in [0, 1]")
@@ -234,6 +237,7 @@ def _bisect_parser(sub: Any) -> None:
     p.add_argument("--loss-if-only", action="store_true")
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
                    help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
+    _task_options(p, plugins=False)
     _common(p)
 
 
@@ -632,6 +636,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             "input_dims": dims, "const": parse_const(args.const), "limit": args.limit, "eval": args.eval,
             "output": args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
             "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
+            "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,
         })
 
     def on_step(step: Any, machine: Any) -> None:
@@ -643,7 +648,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     try:
         result = run_bisect(
             model, args.calib, target_cosine=args.target_cosine, target_sqnr=args.target_sqnr,
-            target_top1=args.target_top1, fallback=args.fallback, mode="first_bad" if args.first_bad else "search",
+            target_top1=args.target_top1, target=args.target, fallback=args.fallback,
+            mode="first_bad" if args.first_bad else "search",
             session=args.session, resume=args.resume, keep_float=args.keep_float, force_quant=args.force_quant,
             loss_if_only=args.loss_if_only, out=out, save_qdq=args.save_qdq, exports=args.export,
             progress=_progress_factory(args.quiet), on_step=on_step, **options,
@@ -657,11 +663,13 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
+    from quantscan.bisect.state import METRICS
+
     plan = result.plan
     metric = plan.target.metric
 
     def value(metrics: dict[str, float] | None) -> str:
-        got = (metrics or {}).get(metric)
+        got = (metrics or {}).get(METRICS.get(metric, metric))
         return f"{got:.5f}" if isinstance(got, float) else str(got)
 
     print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)} "
