@@ -285,6 +285,9 @@ class RunInfo:
     preprocessing: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per input, the preprocessing as applied to the calibration data (resize mode and sizes, mean,
     std, channel order, layout, dtype, scale): the rest of the input contract beside the shapes."""
+    worst_samples: list[dict[str, Any]] = field(default_factory=list)
+    """The evaluation samples with the lowest output cosine (index, file, output, cosine), worst first:
+    what `extract --worst RUN_DIR` feeds the minimal model."""
     format: int = 1
     tool: str = "quantscan"
 
@@ -297,6 +300,7 @@ class RunInfo:
             "model": self.model.to_json(),
             "input_contract": {k: list(v) for k, v in self.input_contract.items()},
             "preprocessing": {k: dict(v) for k, v in self.preprocessing.items()},
+            "worst_samples": [dict(w) for w in self.worst_samples],
             "inputs": [dict(i) for i in self.inputs],
             "calibration": self.calibration.to_json(),
             "evaluation": self.evaluation.to_json(),
@@ -351,6 +355,7 @@ class RunInfo:
                               (data.get("deployed_metrics") or {}).items()},
             warnings=[str(w) for w in data.get("warnings") or []],
             preprocessing={str(k): dict(v) for k, v in (data.get("preprocessing") or {}).items()},
+            worst_samples=[dict(w) for w in data.get("worst_samples") or []],
             format=int(data.get("format", 1)),
             tool=str(data.get("tool", "quantscan")),
         )

@@ -227,6 +227,7 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
         model=ModelInfo(str(loaded.path), loaded.sha256, loaded.opset, len(loaded.proto.graph.node)),
         input_contract={k: list(v) for k, v in ctx.probe.input_shapes.items()},
         preprocessing=_preprocessing(ctx),
+        worst_samples=list(evaluation.worst_samples),
         inputs=[{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in loaded.inputs],
         calibration=DataInfo(str(ctx.cset.source), ctx.cset.n_samples, kind=ctx.cset.kind),
         evaluation=DataInfo(str(ctx.eval_set.source), ctx.eval_set.n_samples,
