@@ -259,6 +259,12 @@ def _extract_parser(sub: Any) -> None:
     p.add_argument("--node", default=None, help="node (or tensor) name; optional with --until-fails")
     p.add_argument("--context", type=_non_negative_int, default=1, help="producer depth")
     p.add_argument("--calib", default=None, help="data: saves the subgraph's real inputs beside it")
+    p.add_argument("--samples", type=_positive_int, default=8,
+                   help="how many samples' inputs to keep beside the model (default 8)")
+    p.add_argument("--run", default=None, metavar="RUN_DIR",
+                   help="a scan's run folder: the sidecar .extract.json records the kernel's finding there")
+    p.add_argument("--worst", default=None, metavar="RUN_DIR",
+                   help="keep the samples that scan found worst by output cosine (implies --run RUN_DIR)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     p.add_argument("--until-fails", default=None, metavar="CMD",
@@ -579,7 +585,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from quantscan.extract import command_predicate, extract, save_inputs, until_fails
+    from quantscan.extract import (
+        command_predicate,
+        extract,
+        save_inputs,
+        save_samples,
+        until_fails,
+        worst_sample_indices,
+        write_record,
+    )
 
     consts, shapes = parse_const(args.const), parse_input_shape(args.input_shape)
     out = Path(args.output_model)
@@ -589,10 +603,17 @@ def cmd_extract(args: argparse.Namespace) -> int:
         result = extract(args.model, args.node, context=args.context, calib=args.calib, consts=consts,
                          input_shapes=shapes, seed=args.seed)
         result.save(out, force=args.force)
-        print(f"wrote {out} ({len(result.model.graph.node)} nodes)")
+        print(f"wrote {out} ({len(result.model.graph.node)} nodes, kernel {result.kernel_name})")
+        if args.worst and not args.calib:
+            raise UsageError("--worst: expected --calib DIR (the data the scan evaluated), found none")
+        saved = None
         if args.calib:
-            written = save_inputs(result, args.calib, out, consts=consts)
-            print("wrote " + " and ".join(str(p) for p in written))
+            picked = worst_sample_indices(args.worst) if args.worst else None
+            saved = save_samples(result, args.calib, out, samples=picked, count=args.samples, consts=consts)
+            note = f" ({saved.note})" if saved.note else ""
+            print(f"wrote {saved.inputs_path} and {saved.expected_path}: {len(saved.indices)} sample(s){note}")
+        record = write_record(result, out, saved, run_dir=args.worst or args.run)
+        print(f"wrote {record}")
         return EXIT_OK
     start = extract(args.model, args.node, context=args.context).nodes if args.node else None
     predicate = command_predicate(args.until_fails, timeout=args.timeout, fail_regex=args.fail_regex)
