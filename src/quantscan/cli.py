@@ -23,7 +23,7 @@ from typing import Any
 from quantscan.errors import QuantscanError, UsageError
 
 COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle",
-            "overlay")
+            "overlay", "case")
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -181,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("model")
     _data_options(scan)
     _task_options(scan)
+    scan.add_argument("--cases", default=None, metavar="DIR", help="case library matched when --profile is given")
     _common(scan)
     scan.add_argument("--gain-candidates", type=int, default=None, metavar="N",
                       help="sites per ordering whose output gain is measured to rank by impact (default 16)")
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--profile", action="append", default=[])
     check.add_argument("--fail-on", choices=["error", "warn"], default=None)
     check.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    check.add_argument("--cases", default=None, metavar="DIR", help="case library (default ~/.quantscan/cases)")
     _common(check)
     sub.add_parser("profiles", help="list shipped chip profiles")
     report = sub.add_parser("report", help="rebuild report.html from a run folder")
@@ -211,7 +213,26 @@ def build_parser() -> argparse.ArgumentParser:
     overlay.add_argument("-o", "--output", dest="overlay_out", default="nodes.json",
                          help="main node-data file (cumulative SQNR); other metrics go beside it")
     overlay.add_argument("--debug", action="store_true")
+    _case_parser(sub)
     return parser
+
+
+def _case_parser(sub: Any) -> None:
+    case = sub.add_parser("case", help="the case library: rewrite recipes with their proofs, reused across models")
+    actions = case.add_subparsers(dest="case_action", parser_class=_Parser, required=True)
+    save = actions.add_parser("save", help="record a run (a scan of the rewritten model) as a case")
+    save.add_argument("run_dir")
+    save.add_argument("--note", required=True, help="what the problem was and why the recipe fixes it")
+    save.add_argument("--rewrite", action="append", default=[], metavar="FILE",
+                      help="rewrite record(s) (default: <model>.rewrite.json beside the run's model)")
+    save.add_argument("--profile", default=None, help="chip profile (default: the run's --profile)")
+    listing = actions.add_parser("list", help="the library's cases, one per line, id first")
+    show = actions.add_parser("show", help="one case as JSON")
+    show.add_argument("case_id")
+    for p in (save, listing, show):
+        p.add_argument("--cases", default=None, metavar="DIR",
+                       help="library folder (default $QUANTSCAN_CASES or ~/.quantscan/cases)")
+        p.add_argument("--debug", action="store_true")
 
 
 def _bisect_parser(sub: Any) -> None:
@@ -323,6 +344,8 @@ def _rewrite_parser(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="write even when the proof fails")
     p.add_argument("--all-for-profile", default=None, metavar="PROFILE",
                    help="apply every rewrite the compat findings for PROFILE suggest")
+    p.add_argument("--case", default=None, metavar="ID", help="replay a library case's recipe (fresh proof)")
+    p.add_argument("--cases", default=None, metavar="DIR", help="case library (default ~/.quantscan/cases)")
     p.set_defaults(steps=[])
     _common(p)
 
@@ -439,6 +462,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
     extra += "" if args.no_report else ", report.html"
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
+    if result.compat is not None:
+        _print_case_matches(result.compat.findings, args.cases)
     if args.fail_below_cosine is not None and not head.cosine >= args.fail_below_cosine:
         print(f"quantscan: output cosine {head.cosine:.5f} is below --fail-below-cosine "
               f"{args.fail_below_cosine}", file=sys.stderr)
@@ -478,8 +503,39 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{profile}: {counts.get('error', 0)} errors, {counts.get('warn', 0)} warnings, "
               f"{counts.get('info', 0)} notes")
     print(f"wrote {out}/compat.csv and partitions.csv")
+    _print_case_matches(findings, args.cases)
     if args.fail_on and result.fails(args.fail_on):
         return EXIT_THRESHOLD
+    return EXIT_OK
+
+
+def _print_case_matches(findings: Any, cases: str | None) -> None:
+    """Library cases whose pattern this model's findings contain: the recipe that fixed it before."""
+    from quantscan.cases import match_cases
+
+    for match in match_cases(findings, cases):
+        print(match.line())
+        print(f"  replay: quantscan rewrite MODEL --case {match.case_id} -o OUT.onnx")
+
+
+def cmd_case(args: argparse.Namespace) -> int:
+    import json as _json
+
+    from quantscan.cases import list_cases, load_case, save_case
+
+    if args.case_action == "save":
+        folder = save_case(args.run_dir, args.note, cases=args.cases, rewrite_records=args.rewrite,
+                           profile=args.profile)
+        case = load_case(folder.name, args.cases)
+        print(f"saved case {case['id']} in {folder} (pattern: {len(case['pattern'])} finding kind(s), "
+              f"recipe: {' + '.join(case['recipe'])})")
+        return EXIT_OK
+    if args.case_action == "list":
+        for case in list_cases(args.cases):
+            print(f"{case['id']}  {case.get('profile', '')}  {' + '.join(case.get('recipe', []))}  "
+                  f"{case.get('note', '')}")
+        return EXIT_OK
+    print(_json.dumps(load_case(args.case_id, args.cases), indent=1))
     return EXIT_OK
 
 
@@ -506,6 +562,17 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
 
     steps = list(args.steps)
     fix_dims = list(args.fix_dim)
+    if args.case:
+        from quantscan.cases import recipe
+
+        replay, case_opset = recipe(args.case, args.cases)
+        steps += [s for s in replay if s not in steps]
+        if args.opset is None and case_opset is not None:
+            args.opset = case_opset
+        print(f"case {args.case}: replaying {' + '.join(replay) or 'nothing'} with a fresh proof")
+        steps, skipped = split_applicable(args.model, steps)
+        for name in skipped:
+            print(f"  {name}: applies nowhere in this model, skipped")
     if args.all_for_profile:
         plan = plan_for_profile(args.model, args.all_for_profile)
         steps += [s.value for s in plan.rewrites if s not in steps]
@@ -755,6 +822,7 @@ HANDLERS = {
     "compare": cmd_compare,
     "extract": cmd_extract,
     "bisect": cmd_bisect,
+    "case": cmd_case,
     "bundle": cmd_bundle,
     "overlay": cmd_overlay,
 }
