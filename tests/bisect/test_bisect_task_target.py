@@ -97,3 +97,19 @@ def test_bisect_cli_target_flag(detector: tuple[Path, Path], tmp_path: Path) -> 
     assert both.returncode == 2 and "exactly one of --target" in both.stderr
     bad = run("bisect", model, "--calib", calib, "--target", "f1=0.9", "--out", tmp_path / "run3")
     assert bad.returncode == 2 and "quantscan: error: --target" in bad.stderr
+
+
+@pytest.mark.real
+def test_detector_first_bad_site_for_box_agreement(assets: Path, tmp_path: Path) -> None:
+    """ddddocr_common_det (YOLOX) on three images: every step measures box agreement on the decoded,
+    NMS-filtered detections; all-float agrees exactly, all-int8 loses boxes, and the search names a
+    measured boundary (first_bad mode: no gain pass, ~8 evaluations)."""
+    result = run_bisect(assets / "models/ddddocr_common_det.onnx", assets / "calib/ddddocr_common_det",
+                        target="box=0.99", mode="first_bad", limit=3, threads=2, out=tmp_path / "run")
+    plan = result.plan
+    assert plan.target.metric == "box" and plan.status == "found" and plan.first_bad
+    assert plan.all_float is not None and plan.all_float["box_agreement"] == 1.0
+    assert plan.all_int8 is not None and plan.all_int8["box_agreement"] < 0.99
+    assert all("box_agreement" in s.metrics and s.value == s.metrics["box_agreement"] for s in result.steps)
+    stored = json.loads((tmp_path / "run" / "plan.json").read_text(encoding="utf-8"))
+    assert stored["target"] == {"metric": "box", "value": 0.99, "output": "output"}
