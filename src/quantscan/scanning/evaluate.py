@@ -100,7 +100,8 @@ def evaluate(
     outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in p.names()]
     outputs += [n for pair in channel_pairs.values() for n in pair]
     outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
-    clip_names = {site.output: reducer.outside(site.output, *clip_range(plan.activations[site.output]))
+    clip_names = {site.output: reducer.outside(site.output, *clip_range(plan.activations[site.output]),
+                                               rank.get(site.output, 0))
                   for site in sites if site.output in plan.activations and site.output in pairs}
     outputs += [n for pair in clip_names.values() for n in pair]
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
@@ -127,7 +128,7 @@ def evaluate(
             n = int(first.shape[0]) if first is not None and first.ndim else 1  # rank-0 inputs: one sample
             batch_labels = labels[seen: seen + n] if labels else None
             for t, (outside, size) in clip_names.items():
-                clip_counts[t][0] += float(values[outside])
+                clip_counts[t][0] += float(np.sum(values[outside], dtype=np.float64))
                 clip_counts[t][1] += float(values[size])
             sample_cosines.extend(_sample_cosines(values, headline, seen, n))
             seen += n
