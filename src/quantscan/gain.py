@@ -52,12 +52,16 @@ from quantscan.runner import Runner
 from quantscan.scanning.evaluate import output_row
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
+from quantscan.scanning.tasks import task_results
 from quantscan.sites import Site
+from quantscan.taskmetrics import TaskAccumulator
 
 INT16_OPSET = 21
 GAIN_TAG = "@g"
 LOSS_TAG = "@l"
 REF_SUFFIX = "@ref"
+TaskFactory = Callable[[], dict[str, list[TaskAccumulator]]]
+"""Fresh task-metric accumulators per headline output, one set per evaluated configuration."""
 
 
 # --- mixed-precision models ----------------------------------------------------------------------------
@@ -208,12 +212,20 @@ class Evaluator:
     """Runs one precision assignment on the evaluation set: FP32 and the mixed copy in one session."""
 
     def __init__(
-        self, ctx: ScanContext, builder: MixedBuilder, key: str, runner: Runner | None = None
+        self,
+        ctx: ScanContext,
+        builder: MixedBuilder,
+        key: str,
+        runner: Runner | None = None,
+        tasks: TaskFactory | None = None,
     ) -> None:
         self.ctx = ctx
         self.builder = builder
         self.key = key
         self.runner = runner or ctx.runner
+        self.tasks = tasks
+        """Fresh task-metric accumulators per headline output (bisect/targets.py), fed the raw FP32 and
+        mixed outputs so a bisection can target top-5, CTC strings, mask IoU or boxes."""
         self.outputs = ctx.headline_outputs()
         self.classifiers = ctx.classifier_outputs(self.outputs)
         self.rank = {o: len(ctx.probe.shapes.get(o, ())) for o in self.outputs}
@@ -228,10 +240,18 @@ class Evaluator:
             test = o + qgraph.CUMULATIVE_SUFFIX
             pairs.add((o, "q"), o, test, o, o in self.classifiers)
             refs[(o, "q")] = (o, test)
-        session = self.runner.session(pairs.reducer.attach(combined, pairs.outputs()), built=True)
+        tasks = self.tasks() if self.tasks is not None else {}
+        raw = [n for o in tasks for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
+        names = list(dict.fromkeys([*pairs.outputs(), *raw]))
+        session = self.runner.session(pairs.reducer.attach(combined, names), built=True)
         for feeds in self.ctx.eval_set.batches(self.ctx.batch_size):
-            pairs.update(session.run(feeds), refs)
-        rows = {o: pairs.row((o, "q")) for o in self.outputs}
+            values = session.run(feeds)
+            pairs.update(values, refs)
+            for o, accs in tasks.items():
+                for acc in accs:
+                    acc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], None)
+        figures = task_results(tasks)
+        rows = {o: {**pairs.row((o, "q")), **figures.get(o, {})} for o in self.outputs}
         output, worst = headline(rows, self.key)
         return Measured(rows, output, worst)
 

@@ -282,6 +282,12 @@ class RunInfo:
     output_metrics: dict[str, OutputMetrics] = field(default_factory=dict)
     deployed_metrics: dict[str, OutputMetrics] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    preprocessing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per input, the preprocessing as applied to the calibration data (resize mode and sizes, mean,
+    std, channel order, layout, dtype, scale): the rest of the input contract beside the shapes."""
+    worst_samples: list[dict[str, Any]] = field(default_factory=list)
+    """The evaluation samples with the lowest output cosine (index, file, output, cosine), worst first:
+    what `extract --worst RUN_DIR` feeds the minimal model."""
     format: int = 1
     tool: str = "quantscan"
 
@@ -293,6 +299,8 @@ class RunInfo:
             "versions": dict(self.versions),
             "model": self.model.to_json(),
             "input_contract": {k: list(v) for k, v in self.input_contract.items()},
+            "preprocessing": {k: dict(v) for k, v in self.preprocessing.items()},
+            "worst_samples": [dict(w) for w in self.worst_samples],
             "inputs": [dict(i) for i in self.inputs],
             "calibration": self.calibration.to_json(),
             "evaluation": self.evaluation.to_json(),
@@ -346,6 +354,8 @@ class RunInfo:
             deployed_metrics={str(k): OutputMetrics.from_json(v) for k, v in
                               (data.get("deployed_metrics") or {}).items()},
             warnings=[str(w) for w in data.get("warnings") or []],
+            preprocessing={str(k): dict(v) for k, v in (data.get("preprocessing") or {}).items()},
+            worst_samples=[dict(w) for w in data.get("worst_samples") or []],
             format=int(data.get("format", 1)),
             tool=str(data.get("tool", "quantscan")),
         )

@@ -124,6 +124,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "the fake-quant figure, never mixed into it.",
         "",
         *_task_section(result.output_metrics),
+        *_coverage_section(result.layers, info.worst_samples, bool(info.evaluation.same_as_calibration)),
         "## Top sites",
         "",
         "| rank | node | kernel | isolated SQNR dB | cumulative SQNR dB | worst channel dB | cause | why |",
@@ -178,6 +179,39 @@ def _diagnosis_section(layers: pd.DataFrame) -> list[str]:
     for r in found.head(DIAGNOSIS_LIMIT).to_dict("records"):
         lines.append(f"- rank {r['rank']} `{r['node']}` ({r['kernel']}): {r['diagnosis']}")
     return lines
+
+
+CLIP_FLAG = 0.001
+"""A site clipping more than this fraction of its evaluation values is flagged: the calibration range
+does not cover what the model meets. 0.1% is five times the tail a 99.99-percentile calibration cuts on
+its own data (0.01% per side); ddddocr_common_det calibrated on document scans clips up to 0.45% of a
+site's values on photographs."""
+
+
+def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: bool) -> list[str]:
+    """Calibration vs evaluation: sites whose evaluation values fall outside the calibrated range, and the
+    evaluation samples with the largest output error (run.json `worst_samples`, for `extract --worst`)."""
+    lines = ["## Calibration vs evaluation", ""]
+    clip = layers["eval_clip_fraction"] if "eval_clip_fraction" in layers.columns else pd.Series(dtype=float)
+    flagged = layers[clip > CLIP_FLAG].sort_values("eval_clip_fraction", ascending=False) if len(clip) else clip
+    if len(flagged):
+        top = flagged.iloc[0]
+        lines.append(
+            f"- **flag**: {len(flagged)} site(s) clip more than {CLIP_FLAG:.1%} of their evaluation values "
+            f"(worst `{top['node']}`: {top['eval_clip_fraction']:.2%}); "
+            + ("the evaluation set is the calibration set, so the calibration method itself cuts this much."
+               if same else "the calibration set does not cover the evaluation data: calibrate on data like it.")
+        )
+    elif len(clip):
+        lines.append(f"- evaluation values outside the calibrated range: at most {_fmt(float(clip.max()))} of a "
+                     f"site's values (no site above {CLIP_FLAG:.1%}); column `eval_clip_fraction` in layers.csv")
+    if worst:
+        lines += ["", "Worst evaluation samples by output cosine (saved in run.json `worst_samples`, "
+                  "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
+        for w in worst:
+            where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"
+            lines.append(f"- {where} (index {w['index']}): `{w['output']}` cosine {_fmt(float(w['cosine']), 5)}")
+    return [*lines, ""]
 
 
 def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:

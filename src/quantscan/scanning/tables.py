@@ -96,6 +96,7 @@ def build_tables(
             "cumulative_max_abs": cum.max_abs if cum else math.nan,
             "cumulative_worst_sample_cosine": cum.worst_sample_cosine if cum else math.nan,
             "cumulative_input_sqnr_db": _input_sqnr(site, ev, producers),
+            "eval_clip_fraction": ev.clip_fraction.get(site.output, math.nan),
         }
         act = ev.act_channel.get(k)
         row["act_worst_channel_sqnr_db"] = act.worst_channel_sqnr_db if act else math.nan
@@ -327,6 +328,7 @@ def tensor_table(
             "cumulative_worst_sample_cosine": acc.worst_sample_cosine,
             "nonfinite_fp32": acc.nonfinite_ref,
             "nonfinite_int8": acc.nonfinite_test,
+            "eval_clip_fraction": ev.clip_fraction.get(name, math.nan),
         })
     return pd.DataFrame(rows)
 
