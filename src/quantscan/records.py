@@ -641,6 +641,7 @@ class RewriteId(StrEnum):
     OPSET_DOWN = "opset-down"
     FIX_DIM = "fix-dim"
     CLAMP_MASK = "clamp-mask"
+    FREEZE_INPUT = "freeze-input"
 
 
 FINDING_COLUMNS: tuple[str, ...] = (

@@ -16,7 +16,8 @@ import onnx
 
 from quantscan.compat.loader import LoadedModel, load
 from quantscan.compat.params import Params, node_params
-from quantscan.graph.index import SHAPE_SOURCE_OPS, GraphIndex
+from quantscan.graph.index import SHAPE_SOURCE_OPS, GraphIndex, subgraph_inputs
+from quantscan.graph.subgraphs import subgraph_defined
 
 NONDETERMINISTIC = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -103,7 +104,9 @@ def _shape_nodes(view: GraphIndex, foldable: frozenset[int]) -> set[int]:
     for i, node in enumerate(view.nodes):
         if i in foldable:
             continue
-        inputs = [t for t in view.node_inputs(i) if t not in const]
+        # A control-flow node's body reads data too: its outputs are shape values only if those are.
+        reads = [*view.node_inputs(i), *sorted(subgraph_inputs(node) - subgraph_defined(node))]
+        inputs = [t for t in reads if t not in const]
         if node.op_type in SHAPE_SOURCE_OPS or (inputs and all(t in derived for t in inputs)):
             members.add(i)
             derived.update(view.node_outputs(i))
