@@ -303,6 +303,8 @@ def _rewrite_parser(sub: Any) -> None:
                    help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
+    p.add_argument("--freeze-input", action="append", default=[], metavar="NAME=VALUE",
+                   help="make input NAME the constant VALUE and fold what it decides (If, Shape, Where); repeatable")
     p.add_argument("--opset", type=_positive_int, default=None,
                    help="convert to this opset: up first, down last (opset-down)")
     p.add_argument("-o", "--output-model", dest="output_model", default=None)
@@ -505,10 +507,13 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         named = ([r.value for r in plan.rewrites] + [f"fix-dim {d}" for d in plan.fix_dims]
                  + ([f"opset-down {plan.opset}"] if plan.opset is not None else []))
         print(f"{args.all_for_profile} suggests: {', '.join(named) or 'nothing'}")
+        for needed in plan.needs_value:
+            if not any(needed.split()[1].startswith(f.split("=")[0] + "=") for f in args.freeze_input):
+                print(f"  {needed}: give --freeze-input with the value you deploy with to fold it")
         steps, skipped = split_applicable(args.model, steps)
         for name in skipped:
             print(f"  {name}: applies nowhere in this model, skipped")
-        if not steps and not fix_dims and args.opset is None:
+        if not steps and not fix_dims and args.opset is None and not args.freeze_input:
             print(f"nothing to rewrite for {args.all_for_profile}: no finding names a rewrite that applies")
             return EXIT_OK
     args.fix_dim = fix_dims
@@ -516,17 +521,18 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         steps.insert(0, "fix-dim")
     if args.clamp_mask_value is not None and "clamp-mask" not in steps:
         steps.append("clamp-mask")
-    if not steps and args.opset is None:
+    if not steps and args.opset is None and not args.freeze_input:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
                          "--gelu-tanh, --clamp-mask, --div-to-mul, --fix-ceil-mode, --opset, --all-for-profile; "
                          "found none that applies")
     calib = None
     if args.calib:
         loaded = load_model(args.model)
-        calib = load_calibration(args.calib, loaded.inputs, consts=parse_const(args.const), limit=args.limit)
+        consts = {**parse_const(args.freeze_input), **parse_const(args.const)}  # a frozen input needs no data
+        calib = load_calibration(args.calib, loaded.inputs, consts=consts, limit=args.limit)
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
-                     runner=None, clamp_mask_value=_clamp_value(args))
+                     runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input)
     for step in report.steps:
         print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
               + ("" if step.exact else " (approximate)"))
