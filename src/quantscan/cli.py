@@ -140,6 +140,8 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,... | INPUT:AXIS=V | batch=V",
                    help="full shape, or a dim setting in the contract's syntax (repeatable)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--state", action="append", default=[], metavar="OUT=IN",
+                   help="feed output OUT back as input IN of the next sample, in file order (recurrent models)")
     p.add_argument("--limit", type=_positive_int, default=None, help="use the first N samples")
     p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
     p.add_argument("--calib-method", default="minmax")
@@ -369,6 +371,7 @@ def _gain_option(args: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    from quantscan.calib.state import parse_state
     from quantscan.scanning import scan
 
     out = Path(args.out) if args.out else default_out(args.model)
@@ -386,6 +389,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "input_shape": split_input_shapes(args.input_shape)[0],
         "input_dims": split_input_shapes(args.input_shape)[1],
         "const": parse_const(args.const),
+        "state": parse_state(args.state),
         "limit": args.limit,
         "eval": args.eval,
         "output": args.output,
@@ -620,6 +624,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.show:
         return _show_session(Path(args.show))
     from quantscan.bisect import run_bisect
+    from quantscan.calib.state import parse_state
 
     model = args.model
     if model is None and args.resume is None:
@@ -635,7 +640,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         shapes, dims = split_input_shapes(args.input_shape)
         options.update({
             "calib_method": args.calib_method, "activations": args.activations, "input_shape": shapes,
-            "input_dims": dims, "const": parse_const(args.const), "limit": args.limit, "eval": args.eval,
+            "input_dims": dims, "const": parse_const(args.const), "state": parse_state(args.state),
+            "limit": args.limit, "eval": args.eval,
             "output": args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
             "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
         })

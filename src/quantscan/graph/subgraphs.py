@@ -148,3 +148,41 @@ def body_model(model: onnx.ModelProto, body: Body, scope: Scope) -> onnx.ModelPr
     standalone = onnx.helper.make_model(graph, opset_imports=list(model.opset_import))
     standalone.ir_version = model.ir_version
     return standalone
+
+
+NOT_KERNELS = frozenset({"Constant", "Identity"})
+
+
+def body_node_count(node: onnx.NodeProto) -> int:
+    """Nodes that compute something (not Constant/Identity) inside the node's bodies, at any depth."""
+    n = 0
+    for _, g in node_bodies(node):
+        for inner in g.node:
+            n += inner.op_type not in NOT_KERNELS
+            n += body_node_count(inner)
+    return n
+
+
+def unquantized_bodies(model: onnx.ModelProto) -> list[tuple[str, int]]:
+    """(node name, nodes inside) for every top-level If/Loop/Scan whose bodies compute something: the
+    scan places fake quantization in the top-level graph only, so those nodes are not analysed."""
+    names = stable_node_names(list(model.graph.node))
+    out = []
+    for node, name in zip(model.graph.node, names, strict=True):
+        count = body_node_count(node)
+        if count:
+            out.append((name, count))
+    return out
+
+
+def unquantized_warning(model: onnx.ModelProto) -> str | None:
+    """One line naming the control-flow nodes whose bodies the scan does not quantize, and the way out."""
+    found = unquantized_bodies(model)
+    if not found:
+        return None
+    listed = ", ".join(f"{name} ({count} nodes)" for name, count in found[:5])
+    return (
+        f"not analysed: the nodes inside {listed} stay float (quantscan quantizes the top-level graph, "
+        "not If/Loop/Scan bodies); fold an If on a setting input first with "
+        "`quantscan rewrite MODEL --freeze-input NAME=VALUE`"
+    )
