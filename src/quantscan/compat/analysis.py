@@ -71,8 +71,18 @@ def analyse(
     view = loaded.original
     foldable = _foldable(view)
     chains = _chains(view, loaded.fixed, foldable)
-    params = tuple(_safe_params(loaded.fixed, i) for i in range(len(view.nodes)))
+    params = tuple(_given_params(loaded, i) for i in range(len(view.nodes)))
     return ModelAnalysis(loaded, foldable, chains, params)
+
+
+def _given_params(loaded: LoadedModel, i: int) -> Params:
+    """Node i's parameters minus those resting on a guessed input dim (a global pool's kernel over an
+    unsized H x W): a limit finding on a number nobody gave would be invented."""
+    params = _safe_params(loaded.fixed, i)
+    if loaded.moved is None:
+        return params
+    moved = _safe_params(loaded.moved, i)
+    return {k: v for k, v in params.items() if moved.get(k) == v}
 
 
 def _safe_params(view: GraphIndex, i: int) -> Params:
