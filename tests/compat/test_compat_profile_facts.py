@@ -66,3 +66,23 @@ UNARY = frozenset({"Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Log", "Sqrt"
 
 def _unary(op: str) -> bool:
     return op in UNARY and op != "Not"
+
+
+def test_a_reshape_the_profile_folds_is_not_a_cpu_finding() -> None:
+    """horizon-x3 lists Reshape as folded: to a constant shape it is removed (no finding, on the NPU
+    island); to a shape computed from data at run time it is still reported."""
+    const = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 13]>
+    g (float[1,4,8,8] x) => (float[1,256] y) {
+        shape = Constant <value = int64[2] {1, 256}> ()
+        r = Relu (x)
+        y = Reshape (r, shape)
+    }""")
+    result = check(const, ["horizon-x3"])
+    assert not [f for f in result.records if f.op_type == "Reshape"]
+    assert result.node_placement["horizon-x3"]["Reshape_2"] == "npu"
+    dynamic = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 13]>
+    g (float[1,4,8,8] x, int64[2] shape) => (float[1,256] y) {
+        r = Relu (x)
+        y = Reshape (r, shape)
+    }""")
+    assert [f.rule for f in check(dynamic, ["horizon-x3"]).records if f.op_type == "Reshape"] == ["unsupported-op"]
