@@ -301,6 +301,8 @@ def _rewrite_parser(sub: Any) -> None:
                         "whose proof is exact on the data, else -1e4)")
     p.add_argument("--div-to-mul", nargs=0, action=_StepAction, const="div-to-mul", dest="div_to_mul",
                    help="Div by a constant -> Mul by its reciprocal")
+    p.add_argument("--reciprocal", nargs=0, action=_StepAction, const="reciprocal", dest="reciprocal",
+                   help="Reciprocal(x) -> Div(1, x) for chips that run Div but not Reciprocal")
     p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",
                    help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
@@ -527,7 +529,8 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         steps.append("clamp-mask")
     if not steps and args.opset is None and not args.freeze_input:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
-                         "--gelu-tanh, --clamp-mask, --div-to-mul, --fix-ceil-mode, --opset, --all-for-profile; "
+                         "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --freeze-input, "
+                         "--opset, --all-for-profile; "
                          "found none that applies")
     calib = None
     if args.calib:

@@ -642,6 +642,7 @@ class RewriteId(StrEnum):
     FIX_DIM = "fix-dim"
     CLAMP_MASK = "clamp-mask"
     FREEZE_INPUT = "freeze-input"
+    RECIPROCAL = "reciprocal"
 
 
 FINDING_COLUMNS: tuple[str, ...] = (

@@ -32,6 +32,7 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FUSE_LAYERNORM,
     RewriteId.GELU_TANH,
     RewriteId.CLAMP_MASK,
+    RewriteId.RECIPROCAL,
     RewriteId.DIV_TO_MUL,
     RewriteId.CLEANUP,
     RewriteId.OPSET_DOWN,

@@ -51,6 +51,7 @@ from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
 from quantscan.rewrites.opset_down import opset_down
+from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
 from quantscan.runfolder import atomic_write_bytes
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
@@ -69,6 +70,7 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.CLAMP_MASK: clamp_mask,
     RewriteId.DIV_TO_MUL: div_to_mul,
     RewriteId.FIX_CEIL_MODE: fix_ceil_mode,
+    RewriteId.RECIPROCAL: reciprocal_to_div,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
