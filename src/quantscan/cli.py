@@ -140,6 +140,8 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,... | INPUT:AXIS=V | batch=V",
                    help="full shape, or a dim setting in the contract's syntax (repeatable)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--state", action="append", default=[], metavar="OUT=IN",
+                   help="feed output OUT back as input IN of the next sample, in file order (recurrent models)")
     p.add_argument("--limit", type=_positive_int, default=None, help="use the first N samples")
     p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
     p.add_argument("--calib-method", default="minmax")
@@ -331,10 +333,14 @@ def _rewrite_parser(sub: Any) -> None:
                         "whose proof is exact on the data, else -1e4)")
     p.add_argument("--div-to-mul", nargs=0, action=_StepAction, const="div-to-mul", dest="div_to_mul",
                    help="Div by a constant -> Mul by its reciprocal")
+    p.add_argument("--reciprocal", nargs=0, action=_StepAction, const="reciprocal", dest="reciprocal",
+                   help="Reciprocal(x) -> Div(1, x) for chips that run Div but not Reciprocal")
     p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",
                    help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
+    p.add_argument("--freeze-input", action="append", default=[], metavar="NAME=VALUE",
+                   help="make input NAME the constant VALUE and fold what it decides (If, Shape, Where); repeatable")
     p.add_argument("--opset", type=_positive_int, default=None,
                    help="convert to this opset: up first, down last (opset-down)")
     p.add_argument("-o", "--output-model", dest="output_model", default=None)
@@ -401,6 +407,7 @@ def _gain_option(args: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    from quantscan.calib.state import parse_state
     from quantscan.scanning import scan
 
     out = Path(args.out) if args.out else default_out(args.model)
@@ -418,6 +425,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "input_shape": split_input_shapes(args.input_shape)[0],
         "input_dims": split_input_shapes(args.input_shape)[1],
         "const": parse_const(args.const),
+        "state": parse_state(args.state),
         "limit": args.limit,
         "eval": args.eval,
         "output": args.output,
@@ -583,10 +591,13 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         named = ([r.value for r in plan.rewrites] + [f"fix-dim {d}" for d in plan.fix_dims]
                  + ([f"opset-down {plan.opset}"] if plan.opset is not None else []))
         print(f"{args.all_for_profile} suggests: {', '.join(named) or 'nothing'}")
+        for needed in plan.needs_value:
+            if not any(needed.split()[1].startswith(f.split("=")[0] + "=") for f in args.freeze_input):
+                print(f"  {needed}: give --freeze-input with the value you deploy with to fold it")
         steps, skipped = split_applicable(args.model, steps)
         for name in skipped:
             print(f"  {name}: applies nowhere in this model, skipped")
-        if not steps and not fix_dims and args.opset is None:
+        if not steps and not fix_dims and args.opset is None and not args.freeze_input:
             print(f"nothing to rewrite for {args.all_for_profile}: no finding names a rewrite that applies")
             return EXIT_OK
     args.fix_dim = fix_dims
@@ -594,17 +605,19 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         steps.insert(0, "fix-dim")
     if args.clamp_mask_value is not None and "clamp-mask" not in steps:
         steps.append("clamp-mask")
-    if not steps and args.opset is None:
+    if not steps and args.opset is None and not args.freeze_input:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
-                         "--gelu-tanh, --clamp-mask, --div-to-mul, --fix-ceil-mode, --opset, --all-for-profile; "
+                         "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --freeze-input, "
+                         "--opset, --all-for-profile; "
                          "found none that applies")
     calib = None
     if args.calib:
         loaded = load_model(args.model)
-        calib = load_calibration(args.calib, loaded.inputs, consts=parse_const(args.const), limit=args.limit)
+        consts = {**parse_const(args.freeze_input), **parse_const(args.const)}  # a frozen input needs no data
+        calib = load_calibration(args.calib, loaded.inputs, consts=consts, limit=args.limit)
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
-                     runner=None, clamp_mask_value=_clamp_value(args))
+                     runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input)
     for step in report.steps:
         print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
               + ("" if step.exact else " (approximate)"))
@@ -707,6 +720,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.show:
         return _show_session(Path(args.show))
     from quantscan.bisect import run_bisect
+    from quantscan.calib.state import parse_state
 
     model = args.model
     if model is None and args.resume is None:
@@ -722,7 +736,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         shapes, dims = split_input_shapes(args.input_shape)
         options.update({
             "calib_method": args.calib_method, "activations": args.activations, "input_shape": shapes,
-            "input_dims": dims, "const": parse_const(args.const), "limit": args.limit, "eval": args.eval,
+            "input_dims": dims, "const": parse_const(args.const), "state": parse_state(args.state),
+            "limit": args.limit, "eval": args.eval,
             "output": args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
             "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
             "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,

@@ -651,6 +651,8 @@ class RewriteId(StrEnum):
     OPSET_DOWN = "opset-down"
     FIX_DIM = "fix-dim"
     CLAMP_MASK = "clamp-mask"
+    FREEZE_INPUT = "freeze-input"
+    RECIPROCAL = "reciprocal"
 
 
 FINDING_COLUMNS: tuple[str, ...] = (

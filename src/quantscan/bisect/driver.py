@@ -32,8 +32,10 @@ from quantscan.bisect.state import (
 )
 from quantscan.bisect.targets import gain_key, make_evaluator, parse_target
 from quantscan.calib import CalibSet, load_calibration
+from quantscan.calib.state import state_consts
 from quantscan.errors import UsageError
 from quantscan.gain import Evaluator, GainResult, MixedBuilder, compute_gain, sensitivity_order
+from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import atomic_write_bytes, jsonable
@@ -149,6 +151,7 @@ def run_bisect(
         )
     loaded, cset, identity = _load_inputs(model, calib, options, stored)
     ctx = prepare_scan(loaded, cset, progress=progress, runner=runner, **options)
+    _refuse_unanalysed_bodies(ctx)
     aim = (
         Target(
             str(stored.options["target_metric"]),
@@ -211,6 +214,14 @@ def _open_session(
     return None, path
 
 
+def _refuse_unanalysed_bodies(ctx: ScanContext) -> None:
+    """A model with float nodes inside If/Loop/Scan bodies cannot be bisected honestly: all-int8 would
+    leave them float and could report the target "already met" with nothing quantized."""
+    warning = unquantized_warning(ctx.prepared.proto)
+    if warning is not None:
+        raise UsageError(f"bisect: expected every quantization site analysed, found {warning}")
+
+
 def _load_inputs(
     model: str | Path, calib: str | Path, options: Mapping[str, Any], stored: Session | None
 ) -> tuple[LoadedModel, CalibSet, dict[str, Any]]:
@@ -223,7 +234,7 @@ def _load_inputs(
         loaded.inputs,
         preprocess=options.get("preprocess"),
         overrides=options.get("preprocess_overrides") or {},
-        consts=options.get("const") or {},
+        consts=state_consts(options.get("state") or {}, options.get("const") or {}),
         limit=options.get("limit"),
     )
     identity = calibration_identity(cset.source, cset.files, cset.n_samples)

@@ -254,21 +254,27 @@ def _profile_section(result: SummarySource) -> list[str]:
 
 
 def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
-    """The table engineers hand to their team: node, limit, strategy, numeric check, latency note.
+    """The table engineers hand to their team: nodes, limit, strategy, numeric check, latency note.
 
-    Rows: every error/warn finding on a node, plus the five worst intrinsic sites. The numeric check
-    is the scan's own figure for that node; latency is left for the user to fill from the board.
+    One row per distinct cause (same rule, op, value, limit and fix), errors first, then in the order of
+    the findings, with the count and the nodes it covers (a transformer's hundred Softmax/Div rows are a
+    few lines), plus the five worst intrinsic sites. The numeric check is the scan's own figure (the worst
+    of the group's nodes); latency is left for the user to fill from the board.
     """
     layers = result.layers.set_index("node") if "node" in result.layers.columns else result.layers
     rows: list[str] = []
     seen: set[str] = set()
+    groups: dict[tuple[str, ...], list[str]] = {}
     for r in findings[findings["severity"].isin(["error", "warn"])].to_dict("records"):
         node = str(r["node"])
         if not node or node in seen:
             continue
         seen.add(node)
-        limit = f"{r['rule']}: {r['value']} vs {r['limit']}"
-        rows.append(f"| `{node}` | {limit} | {r['fix']} | {_check_text(layers, node)} | |")
+        key = tuple(str(r[k]) for k in ("severity", "rule", "op_type", "value", "limit", "fix"))
+        groups.setdefault(key, []).append(node)
+    for (severity, rule, _op, value, limit, fix), nodes in groups.items():
+        rows.append(f"| {_nodes_text(nodes)} | {severity} {rule}: {value} vs {limit} | {fix} | "
+                    f"{_group_check_text(layers, nodes)} | |")
     intrinsic = result.layers[result.layers["cause"] == "intrinsic"].head(5)
     for r in intrinsic.to_dict("records"):
         if r["node"] in seen:
@@ -277,9 +283,40 @@ def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
                     f"rescale channels | {_check_text(layers, r['node'])} | |")
     if not rows:
         return []
-    head = ["", "### Hand-off: node — limit — strategy — numeric check — latency", "",
-            "| node | limit | strategy | numeric check | latency note |", "|---|---|---|---|---|"]
+    head = ["", "### Hand-off: nodes — limit — strategy — numeric check — latency", "",
+            "| nodes | limit | strategy | numeric check | latency note |", "|---|---|---|---|---|"]
     return head + rows
+
+
+HANDOFF_NODES_SHOWN = 3
+
+
+def _nodes_text(nodes: list[str]) -> str:
+    """`A` alone, or `A`, `B`, `C` … (N nodes) for a group."""
+    shown = ", ".join(f"`{n}`" for n in nodes[:HANDOFF_NODES_SHOWN])
+    if len(nodes) == 1:
+        return shown
+    more = " …" if len(nodes) > HANDOFF_NODES_SHOWN else ""
+    return f"{shown}{more} ({len(nodes)} nodes)"
+
+
+def _group_check_text(layers: pd.DataFrame, nodes: list[str]) -> str:
+    """The check text of the group's node with the lowest isolated SQNR (the one to look at first)."""
+    sites = [n for n in nodes if n in layers.index]
+    if not sites:
+        return "not a quantization site"
+
+    def sqnr(node: str) -> float:
+        row = layers.loc[node]
+        value = row.iloc[0]["isolated_sqnr_db"] if isinstance(row, pd.DataFrame) else row.get("isolated_sqnr_db")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return float("inf")
+
+    worst = min(sites, key=sqnr)
+    text = _check_text(layers, worst)
+    return text if len(nodes) == 1 else f"worst `{worst}`: {text}"
 
 
 def _check_text(layers: pd.DataFrame, node: str) -> str:

@@ -59,6 +59,8 @@ class ScanOptions:
     input_dims: Sequence[str] = ()
     """Dimension settings in the contract's syntax (`INPUT:AXIS=V`, `DIMPARAM=V`, `batch=V`)."""
     const: Mapping[str, float] = field(default_factory=dict)
+    state: Mapping[str, str] = field(default_factory=dict)
+    """`--state OUT=IN` as {OUT: IN}: output OUT of sample k is input IN of sample k+1 (calib.state)."""
     limit: int | None = None
     eval: str | Path | None = None
     output: Sequence[str] = ()

@@ -21,7 +21,9 @@ import onnx
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
+from quantscan.calib.state import check_state, state_consts, with_state
 from quantscan.errors import CalibrationError, ModelError, UsageError
+from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
 from quantscan.records import ActivationScheme
 from quantscan.runner import Runner
@@ -251,6 +253,9 @@ def prepare_timed(
     opts = replace(opts, activations=opts.activations or ActivationScheme.UINT8)
     prepared = prepare_for_analysis(loaded, dims)
     runner = runner or Runner(threads=opts.threads, opt_level="basic")
+    if opts.state:
+        cset, eval_set = _stateful_sets(loaded, cset, eval_set, opts.state, runner)
+        batch_size = 1
     times["load"] = time.perf_counter() - started
 
     t0 = time.perf_counter()
@@ -258,6 +263,7 @@ def prepare_timed(
     warnings.extend(probe.warnings)
     order = {n.name: i for i, n in enumerate(loaded.proto.graph.node)}
     sites, origins = _sites(loaded, prepared, probe, order, opts)
+    warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
     times["probe"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -278,6 +284,20 @@ def prepare_timed(
     return ctx, times
 
 
+def _stateful_sets(
+    loaded: LoadedModel, cset: CalibSet, eval_set: CalibSet, pairs: Mapping[str, str], runner: Runner
+) -> tuple[CalibSet, CalibSet]:
+    """Both sample sets with the recurrent state carried by the FP32 model (`--state`, calib.state)."""
+    check_state(pairs, loaded.inputs, [o.name for o in loaded.proto.graph.output])
+    session = runner.session(loaded.proto)
+
+    def step(sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return session.run(sample, list(pairs))
+
+    stateful = with_state(cset, pairs, step)
+    return stateful, stateful if eval_set is cset else with_state(eval_set, pairs, step)
+
+
 def activations_source(explicit: bool, profile: str | None) -> str:
     """Why the activation scheme is what it is, as run.json and summary.md say it: an explicit
     option wins over the profile, the profile over the uint8 default."""
@@ -288,15 +308,16 @@ def activations_source(explicit: bool, profile: str | None) -> str:
 
 def _sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOptions) -> tuple[CalibSet, CalibSet]:
     """The calibration set and the evaluation set (`--eval`, else the same object)."""
+    consts = state_consts(opts.state, opts.const)
     cset = calib if isinstance(calib, CalibSet) else load_calibration(
         calib, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
-        consts=opts.const, limit=opts.limit,
+        consts=consts, limit=opts.limit,
     )
     if opts.eval is None:
         return cset, cset
     eval_set = load_calibration(
         opts.eval, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
-        consts=opts.const, limit=opts.limit,
+        consts=consts, limit=opts.limit,
     )
     return cset, eval_set
 
