@@ -196,6 +196,14 @@ def quantize_static_model(
         logging.disable(previous)
 
 
+def quantize_static_op_types() -> frozenset[str]:
+    """The op types quantize_static quantizes by default (`op_types_to_quantize` empty): the keys of
+    onnxruntime.quantization.registry's QLinearOpsRegistry and QDQRegistry (quantize.py, quantize_static)."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return frozenset(QLinearOpsRegistry) | frozenset(QDQRegistry)
+
+
 def quantize_static_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """JSON-style quantize_static arguments -> the enums onnxruntime takes (QuantType[name], ...)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType

@@ -96,17 +96,22 @@ class RecipeResult:
     call: dict[str, Any]
 
 
-def sites_from_placement(
-    fp32: onnx.ModelProto, placement: Placement, original_order: Mapping[str, int]
-) -> list[Site]:
-    """One site per node quantize_static quantizes, in graph order (the order its rules depend on)."""
+def sites_from_placement(fp32: onnx.ModelProto, placement: Placement, op_types: frozenset[str]) -> list[Site]:
+    """One site per node quantize_static quantizes, in graph order (the order its rules depend on).
+
+    `op_types` are the ones quantize_static quantizes (runner.quantize_static_op_types): a node of
+    another type (HardSwish, HardSigmoid) reads a DequantizeLinear output only because a neighbour
+    asked for the pair, and excluding it changes nothing, so it is no site.
+    """
     sites: list[Site] = []
     removed = set(placement.removed)
     for node in fp32.graph.node:
         place = placement.nodes.get(node.name)
         if node.name in removed:
             sites.append(_removed_site(node))
-        elif place is not None and (place.inputs or place.outputs or place.weights or place.bias):
+        elif place is not None and node.op_type in op_types and (
+            place.inputs or place.outputs or place.weights or place.bias
+        ):
             sites.append(_node_site(node, place))
     return sites
 
@@ -144,13 +149,10 @@ def _removed_site(node: onnx.NodeProto) -> Site:
 
 
 def recipe_sites(
-    prepared: PreparedModel,
-    qdq: onnx.ModelProto,
-    original_order: Mapping[str, int],
-    call: Mapping[str, Any],
+    prepared: PreparedModel, qdq: onnx.ModelProto, op_types: frozenset[str], call: Mapping[str, Any]
 ) -> RecipeResult:
     """Read quantize_static's model back into sites, origins (every tensor its own) and the plan."""
     placement = read_placement(qdq, prepared.proto)
-    sites = sites_from_placement(prepared.proto, placement, original_order)
+    sites = sites_from_placement(prepared.proto, placement, op_types)
     origins = {t: t for t in placement.plan.activations}
     return RecipeResult(sites, origins, placement.plan, qdq, dict(call))

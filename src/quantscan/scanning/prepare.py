@@ -24,7 +24,7 @@ from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import CalibrationError, ModelError, UsageError
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
 from quantscan.records import ActivationScheme
-from quantscan.runner import Runner, quantize_static_model
+from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
 from quantscan.scanning.ort_recipe import RECIPE, prepare_unfolded, quantize_static_call, recipe_sites
@@ -266,7 +266,7 @@ def prepare_timed(
         t_q = time.perf_counter()
         call = quantize_static_call(opts.activations or ActivationScheme.UINT8)
         qdq = quantize_static_model(prepared.proto, cset.batches(batch_size), call)
-        recipe_result = recipe_sites(prepared, qdq, order, call)
+        recipe_result = recipe_sites(prepared, qdq, quantize_static_op_types(), call)
         sites, origins = recipe_result.sites, recipe_result.origins
         times["quantize_static"] = time.perf_counter() - t_q
     else:
