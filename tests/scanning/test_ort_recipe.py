@@ -173,3 +173,12 @@ def test_real_simulated_qdq_model_is_quantize_statics(assets: Path, tmp_path: Pa
     scan(model, calib, profile="onnxruntime", save_qdq=tmp_path / "ours.onnx", gain_candidates=0, threads=2)
     theirs = oracle_quantize_static(model, calib, tmp_path / "theirs.onnx")
     assert_same_qdq_model(onnx.load(str(tmp_path / "ours.onnx")), theirs, calib, model)
+
+
+def test_check_with_onnxruntime_profile_reports_no_fusion(tmp_path: Path) -> None:
+    """quantize_static fuses nothing: an activation outside a kernel is no finding for this profile."""
+    from quantscan.compat.check import check
+
+    records = check(placement_model(), ["onnxruntime"]).records
+    assert not [f for f in records if f.rule == "fusion"]
+    assert not [f for f in records if f.severity == "error"]
