@@ -99,12 +99,18 @@ def applied_cosine(model: Path, calib: Path, config: dict[str, Any], out: Path, 
     return sxy / np.sqrt(sxx * syy)
 
 
-def test_tiny_plan_applied_with_quantize_static_gives_the_reported_cosine(tmp_path: Path) -> None:
+def write_outlier_chain(tmp_path: Path) -> tuple[Path, Path]:
+    """The outlier chain and a calibration folder of 32 rows for input x."""
     model = tmp_path / "chain.onnx"
     onnx.save(outlier_chain(), model)
     calib = tmp_path / "calib"
     calib.mkdir()
     np.save(calib / "x.npy", np.random.default_rng(1).normal(0, 1, (32, 16)).astype(np.float32))
+    return model, calib
+
+
+def test_tiny_plan_applied_with_quantize_static_gives_the_reported_cosine(tmp_path: Path) -> None:
+    model, calib = write_outlier_chain(tmp_path)
     result = run_bisect(model, calib, target_cosine=0.99, profile="onnxruntime", out=tmp_path / "run")
     plan = result.plan
     assert plan.all_int8 is not None and plan.achieved is not None
@@ -118,11 +124,7 @@ def test_tiny_plan_applied_with_quantize_static_gives_the_reported_cosine(tmp_pa
 
 
 def test_kernel_plan_export_says_it_does_not_transfer(tmp_path: Path) -> None:
-    model = tmp_path / "chain.onnx"
-    onnx.save(outlier_chain(), model)
-    calib = tmp_path / "calib"
-    calib.mkdir()
-    np.save(calib / "x.npy", np.random.default_rng(1).normal(0, 1, (32, 16)).astype(np.float32))
+    model, calib = write_outlier_chain(tmp_path)
     run_bisect(model, calib, target_cosine=0.99, out=tmp_path / "run")
     config = json.loads((tmp_path / "run" / "ort_quant_config.json").read_text())
     assert "kernel sites" in config["note"] and "--profile onnxruntime for a plan that transfers" in config["note"]
