@@ -3,7 +3,8 @@ onnxruntime's quantize_static writes for the same model and samples.
 
 The oracle is quantize_static itself, called here with its arguments written out (QDQ, QUInt8
 activations, QInt8 per-channel weights, MinMax), fed sample by sample (quantscan feeds batches):
-same tensors quantized, scales and zero points within 1e-6 relative, outputs within 1e-5, on a tiny
+same tensors quantized, scales within 1e-6 relative, same zero points and int8 weights (int32 biases
+within one step), outputs within 1e-5, on a tiny
 graph that has every placement rule in it (unfused BN, a removed Relu, shared-scale MaxPool and
 Flatten, an op quantize_static leaves float) and on the public assets.
 """
@@ -81,7 +82,12 @@ def assert_same_qdq_model(ours: onnx.ModelProto, theirs: onnx.ModelProto, calib:
     for key, (scale, ints) in ref.items():
         my_scale, my_ints = mine[key]
         rel = max(rel, float(np.max(np.abs(my_scale.astype(np.float64) - scale) / np.abs(scale))))
-        assert my_ints.dtype == ints.dtype and np.array_equal(my_ints, ints), key
+        assert my_ints.dtype == ints.dtype, key
+        if ints.dtype == np.int32:  # a bias at s_in*s_w: a range that differs in the last ulp (batched
+            # calibration computes a Conv output in another summation order) may move a value by one step
+            assert np.max(np.abs(my_ints.astype(np.int64) - ints)) <= 1, key
+        else:
+            assert np.array_equal(my_ints, ints), key
     assert rel <= 1e-6
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
