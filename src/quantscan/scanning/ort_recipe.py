@@ -56,6 +56,9 @@ node: QDQDirect8BitOp / QDQResize / QDQMaxPool (operators/direct_q8.py, resize.p
 QDQRemovableActivation (operators/activation.py), QDQGather on a non-weight input (operators/gather.py)."""
 
 
+REMOVABLE_OPS = frozenset({"Relu", "Clip"})
+"""The activations quantize_static removes after a quantized output (QDQRemovableActivation)."""
+
 ORT_CALIBRATORS = {CalibMethod.MINMAX: "MinMax", CalibMethod.ENTROPY: "Entropy", CalibMethod.PERCENTILE: "Percentile"}
 """quantscan's --calib-method -> quantize_static's CalibrationMethod name (it has no MSE calibrator)."""
 
@@ -121,7 +124,7 @@ def sites_from_placement(fp32: onnx.ModelProto, placement: Placement, op_types: 
     removed = set(placement.removed)
     for node in fp32.graph.node:
         place = placement.nodes.get(node.name)
-        if node.name in removed:
+        if node.name in removed and node.op_type in REMOVABLE_OPS:
             sites.append(_removed_site(node))
         elif place is not None and node.op_type in op_types and (
             place.inputs or place.outputs or place.weights or place.bias
