@@ -551,6 +551,9 @@ class Plan:
     steps: tuple[PlanStep, ...]
     format: int = PLAN_FORMAT
     tool: str = PLAN_TOOL
+    recipe: dict[str, Any] | None = None
+    """How the plan was measured, for the exports: `profile`, `recipe` (kernels|onnxruntime) and the
+    `quantize_static` keyword arguments of its activation scheme (None in older plan files)."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -588,6 +591,7 @@ class Plan:
             "last_phase": self.last_phase,
             "phases": list(self.phases),
             "steps": [s.to_json() for s in self.steps],
+            **({"recipe": dict(self.recipe)} if self.recipe is not None else {}),
         }
 
     @classmethod
@@ -624,6 +628,7 @@ class Plan:
             steps=tuple(PlanStep.from_json(s) for s in raw.get("steps", ())),
             format=int(raw.get("format", PLAN_FORMAT)),
             tool=str(raw.get("tool", PLAN_TOOL)),
+            recipe=dict(raw["recipe"]) if isinstance(raw.get("recipe"), dict) else None,
         )
 
 

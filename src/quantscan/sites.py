@@ -113,6 +113,9 @@ class Site:
     extra_weights: list[tuple[str, int]] = field(default_factory=list)
     conv_like: bool = False
     sensitive: bool = False
+    quantized_if: str | None = None
+    """A recipe where this kernel quantizes only when an earlier quantized kernel already quantized
+    this tensor (onnxruntime's Reshape/MaxPool/Relu...: `is_tensor_quantized(input)`); None: always."""
 
     @property
     def fused(self) -> bool:

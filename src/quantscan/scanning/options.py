@@ -72,6 +72,8 @@ class ScanOptions:
     save_qdq: str | Path | None = None
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     cpu_nodes: frozenset[str] = frozenset()
+    recipe: str = "kernels"
+    """Set by the profile: "kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     quiet: bool = False
     """Accepted for symmetry with the CLI; progress is whatever `progress=` renders (nothing by default)."""
     no_report: bool = False
