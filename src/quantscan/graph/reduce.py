@@ -177,8 +177,13 @@ class Reducer:
         Why in the graph: the clipping an evaluation set suffers is a count over every activation;
         a few numbers per batch leave the runtime instead of the tensor."""
         dtype = np.float32
-        below = self._node("Less", [x, self._const(x + "_clip_lo", np.array(lo, dtype))], x + "_below")
-        above = self._node("Greater", [x, self._const(x + "_clip_hi", np.array(hi, dtype))], x + "_above")
+        # a quantizer range beyond float32 (a float-min mask's scale x -128) bounds nothing: clip it
+        # to float32's extremes rather than cast it to -inf with a warning
+        top = float(np.finfo(dtype).max)
+        lo_c = np.array(min(max(lo, -top), top), dtype)
+        hi_c = np.array(min(max(hi, -top), top), dtype)
+        below = self._node("Less", [x, self._const(x + "_clip_lo", lo_c)], x + "_below")
+        above = self._node("Greater", [x, self._const(x + "_clip_hi", hi_c)], x + "_above")
         hits = self._node("Cast", [self._node("Or", [below, above], x + "_outside")], x + "_outf",
                           to=onnx.TensorProto.FLOAT)
         v, axes = self.view(hits, rank)
