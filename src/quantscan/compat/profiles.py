@@ -90,6 +90,9 @@ class Profile:
     static_shapes: bool
     tensor: Sourced
     limits: tuple[Limit, ...]
+    float16_ops: frozenset[str] = frozenset()
+    """Ops the toolkit runs in float16 on the NPU (int8 model): a recorded vendor run says so."""
+    float16: Sourced | None = None
 
     def supports(self, op_type: str) -> bool:
         return op_type in self.npu_ops or op_type in self.cpu_ops or op_type in self.folded_ops
@@ -296,4 +299,6 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         static_shapes=tensor.get("static_shapes", True),
         tensor=_sourced(tensor),
         limits=tuple(_limit(t, on_violation) for t in d.get("limit", [])),
+        float16_ops=_ops(d.get("float16", {}).get("ops")),
+        float16=_sourced(d.get("float16", {})),
     )

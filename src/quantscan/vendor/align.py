@@ -146,6 +146,8 @@ def check_placements(findings: pd.DataFrame, float16_rule: str = "float16") -> d
         return out
     for row in findings.to_dict("records"):
         node, where = str(row["node"]), str(row.get("placement") or "npu")
+        if not node:
+            continue  # model-level findings (opset) place nothing
         base = out.get(node, "npu")
         base_where = base.split("-")[0]
         where = "cpu" if "cpu" in (where, base_where) else "npu"
