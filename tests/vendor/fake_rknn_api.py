@@ -25,12 +25,14 @@ class RKNN:
     def __init__(self, verbose: bool = False, verbose_file: str | None = None) -> None:
         sys.stdout.write("I rknn-toolkit2 version: 0.0.0-fake\n")
         self.model: onnx.ModelProto | None = None
+        self.path = ""
         self.stem = ""
 
     def config(self, **kwargs: Any) -> int:
         return 0
 
     def load_onnx(self, model: str, inputs: Any = None, input_size_list: Any = None) -> int:
+        self.path = model
         self.model = onnx.load(model)
         self.stem = Path(model).stem
         return 0
@@ -48,14 +50,18 @@ class RKNN:
         return 0
 
     def hybrid_quantization_step1(self, dataset: str = "", **kwargs: Any) -> int:
-        Path(f"{self.stem}.quantization.cfg").write_text(
-            "custom_quantize_layers: {}\nquantize_parameters:\n    x:\n        qtype: asymmetric_quantized-8\n")
-        Path(f"{self.stem}.model").write_text("fake")
+        assert self.model is not None
+        tensors = [n.output[0] for n in self.model.graph.node if n.op_type != "Add"]  # Add folds into MatMul
+        Path(f"{self.stem}.quantization.cfg").write_text("custom_quantize_layers: {}\nquantize_parameters:\n" + "".join(
+            f"    {t}:\n        qtype: asym\n" for t in ["x", *tensors]))
+        Path(f"{self.stem}.model").write_text(self.path)
         Path(f"{self.stem}.data").write_text("fake")
         return 0
 
     def hybrid_quantization_step2(self, model_input: str, data_input: str, model_quantization_cfg: str) -> int:
+        assert self.model is None, "step 2 on an RKNN object that loaded a model fails in 2.5.0"
         assert "custom_quantize_layers:\n" in Path(model_quantization_cfg).read_text()
+        self.model = onnx.load(Path(model_input).read_text())
         return 0
 
     def init_runtime(self, **kwargs: Any) -> int:

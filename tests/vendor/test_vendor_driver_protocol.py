@@ -109,7 +109,9 @@ def test_plan_goes_through_hybrid_quantization(tmp_path: Path) -> None:
     assert got.plan is not None and got.plan["error"] is None
     assert got.plan["quantscan_claimed_cosine"] == 0.9991 and "y" in got.plan["vendor_output_cosine"]
     applied = (tmp_path / "out" / "rknn" / "hybrid" / "applied.quantization.cfg").read_text()
-    assert '"h1": float16' in applied
+    # every tensor of the float kernel the toolkit knows (not only its output); the folded Add is dropped
+    assert '"mm1": float16' in applied and '"h1": float16' in applied and '"add1"' not in applied
+    assert '"add1": float16' in (tmp_path / "out" / "rknn" / "hybrid" / "dropped_layers.txt").read_text()
 
 
 def test_find_python_refuses_one_without_the_toolkit(tmp_path: Path) -> None:

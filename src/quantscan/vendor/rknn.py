@@ -165,6 +165,8 @@ def run_driver(python: Path, job: dict[str, Any], work: Path, log: Path) -> dict
                                   timeout=TIMEOUT_S, check=False, cwd=work)
         except subprocess.TimeoutExpired:
             return {"stages": [], "error": {"stage": "timeout", "message": f"no result after {TIMEOUT_S} s"}}
+    for copy in [*work.glob("check*.onnx"), *work.glob("*.model"), *work.glob("*.data")]:
+        copy.unlink()  # the toolkit's model copies (MBs each); the log and the cfg say what they held
     result_path = work / "result.json"
     if not result_path.exists():
         return {"stages": [], "error": {"stage": "driver", "message": f"the driver exited {done.returncode} "
@@ -286,7 +288,9 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     hybrid_work = work / "hybrid"
     hybrid_work.mkdir(parents=True, exist_ok=True)
     cfg = hybrid_work / "rknn_hybrid_quant.cfg"
-    cfg.write_text(rknn_hybrid_cfg(plan), encoding="utf-8")
+    model = onnx.load(str(job["model"]))
+    node_outputs = {n.name: [o for o in n.output if o] for n in model.graph.node}
+    cfg.write_text(rknn_hybrid_cfg(plan, node_outputs), encoding="utf-8")
     hybrid_job = {**job, "work": str(hybrid_work.resolve()), "analysis": 0, "hybrid_cfg": str(cfg.resolve())}
     t0 = time.perf_counter()
     result = run_driver(python, hybrid_job, hybrid_work, out / "rknn_hybrid.log")

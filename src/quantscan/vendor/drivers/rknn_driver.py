@@ -69,9 +69,18 @@ def _add_sums(sums: dict[str, list[float]], snapshot: Path) -> None:
         acc[4] += float(x.size)
 
 
-def _hybrid_build(rknn: Any, job: dict[str, Any], work: Path) -> None:
+def _config(rknn: Any, job: dict[str, Any]) -> None:
+    _check(rknn.config(target_platform=job["target"], quantized_dtype="w8a8",
+                       quantized_algorithm=job.get("quantized_algorithm", "normal")), "config")
+
+
+def _hybrid_build(rknn: Any, job: dict[str, Any], work: Path) -> Any:
     """Hybrid quantization: step 1 writes <model>.quantization.cfg, our layers go into its
-    custom_quantize_layers, step 2 builds from it (RKNN-Toolkit2 User Guide, hybrid quantization)."""
+    custom_quantize_layers, step 2 builds from it (RKNN-Toolkit2 User Guide, hybrid quantization).
+    Step 2 refuses an RKNN object that loaded a model ("Do not call 'load_onnx' before executing
+    'hybrid_quantization_step2'", 2.5.0), so it runs on a fresh one, which is returned."""
+    from rknn.api import RKNN
+
     cwd = os.getcwd()
     os.chdir(work)
     try:
@@ -80,18 +89,27 @@ def _hybrid_build(rknn: Any, job: dict[str, Any], work: Path) -> None:
         cfg = work / f"{stem}.quantization.cfg"
         text = cfg.read_text(encoding="utf-8")
         custom = Path(job["hybrid_cfg"]).read_text(encoding="utf-8")
-        lines = [ln for ln in custom.splitlines() if ln.startswith("    ")]
+        known = {ln.strip().rstrip(":") for ln in text.splitlines() if ln.startswith("    ") and ln.endswith(":")}
+        lines = [ln for ln in custom.splitlines()
+                 if ln.startswith("    ") and json.loads(ln.strip().rsplit(":", 1)[0]) in known]
+        (work / "dropped_layers.txt").write_text(
+            "\n".join(ln for ln in custom.splitlines() if ln.startswith("    ") and ln not in lines) + "\n",
+            encoding="utf-8")
         if "custom_quantize_layers: {}" in text:
             text = text.replace("custom_quantize_layers: {}", "custom_quantize_layers:\n" + "\n".join(lines))
         else:
             text = text.replace("custom_quantize_layers:", "custom_quantize_layers:\n" + "\n".join(lines), 1)
         cfg.write_text(text, encoding="utf-8")
         shutil.copy(cfg, work / "applied.quantization.cfg")
+        rknn.release()
+        rknn = RKNN(verbose=True)
+        _config(rknn, job)
         _check(rknn.hybrid_quantization_step2(
             model_input=f"{stem}.model", data_input=f"{stem}.data", model_quantization_cfg=str(cfg)
         ), "hybrid_quantization_step2")
     finally:
         os.chdir(cwd)
+    return rknn
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
@@ -110,15 +128,14 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     stage = "config"
     try:
         t0 = time.perf_counter()
-        _check(rknn.config(target_platform=job["target"], quantized_dtype="w8a8",
-                           quantized_algorithm=job.get("quantized_algorithm", "normal")), stage)
+        _config(rknn, job)
         stage = "load_onnx"
         _check(rknn.load_onnx(job["model"], inputs=job["inputs"], input_size_list=job["input_shapes"]), stage)
         result["stages"].append(stage)
         stage = "build"
         t1 = time.perf_counter()
         if job.get("hybrid_cfg"):
-            _hybrid_build(rknn, job, work)
+            rknn = _hybrid_build(rknn, job, work)
         else:
             _check(rknn.build(do_quantization=True, dataset=job["dataset"]), stage)
         result["times"]["build_s"] = time.perf_counter() - t1
