@@ -193,8 +193,11 @@ WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
 """Export name -> (file name in the run folder, writer)."""
 
 
-def write_exports(plan: Plan, out: Path, names: Sequence[str] | None = None) -> dict[str, Path]:
-    """Write the chosen exports (default: all) into `out`, each atomically; returns name -> path."""
+def write_exports(
+    plan: Plan, out: Path, names: Sequence[str] | None = None, node_outputs: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, Path]:
+    """Write the chosen exports (default: all) into `out`, each atomically; returns name -> path.
+    `node_outputs` (the user's model: node -> output tensors) lets the RKNN cfg list whole kernels."""
     chosen = list(WRITERS) if names is None else list(names)
     unknown = [n for n in chosen if n not in WRITERS]
     if unknown:
@@ -203,6 +206,6 @@ def write_exports(plan: Plan, out: Path, names: Sequence[str] | None = None) -> 
     for name in chosen:
         file_name, writer = WRITERS[name]
         path = out / file_name
-        atomic_write_text(path, writer(plan))
+        atomic_write_text(path, rknn_hybrid_cfg(plan, node_outputs) if name == "rknn" else writer(plan))
         written[name] = path
     return written
