@@ -23,7 +23,7 @@ from typing import Any
 from quantscan.errors import QuantscanError, UsageError
 
 COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle",
-            "overlay", "vendor")
+            "overlay", "log", "vendor")
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -211,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     overlay.add_argument("-o", "--output", dest="overlay_out", default="nodes.json",
                          help="main node-data file (cumulative SQNR); other metrics go beside it")
     overlay.add_argument("--debug", action="store_true")
+    _log_parser(sub)
     return parser
 
 
@@ -768,6 +769,39 @@ def cmd_vendor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- log: a vendor conversion log read into findings -------------------------------------------------
+
+
+def _log_parser(sub: Any) -> None:
+    p = sub.add_parser("log", help="read a vendor conversion log (RKNN-Toolkit2, hb_mapper) into findings")
+    p.add_argument("log_file", metavar="FILE")
+    p.add_argument("--model", default=None, help="the ONNX model that was converted: map vendor names to its nodes")
+    p.add_argument("--profile", default=None, metavar="NAME|PATH",
+                   help="with --model: the vendor's placements beside check --profile's (mismatches are findings)")
+    p.add_argument("--out", help="folder for compat.csv and log_layers.csv (default reports/<log stem>/)")
+    p.add_argument("--quiet", action="store_true", help="accepted for symmetry; log prints no progress")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from quantscan.runfolder import ensure_out_dir, write_csv
+    from quantscan.vendorlog import read_log
+
+    reading = read_log(args.log_file, model=args.model, profile=args.profile)
+    out = Path(args.out) if args.out else default_out(args.log_file)
+    inputs = {Path(p).resolve() for p in (args.log_file, args.model) if p}
+    for name in ("compat.csv", "log_layers.csv"):
+        if (out / name).resolve() in inputs:
+            raise UsageError(f"--out: expected a folder where {name} is not an input, found the input {out / name}")
+    out = ensure_out_dir(out)
+    write_csv(out / "compat.csv", reading.findings)
+    write_csv(out / "log_layers.csv", reading.layers)
+    for line in reading.summary_lines():
+        print(line)
+    print(f"wrote {out}/compat.csv and log_layers.csv")
+    return EXIT_OK
+
+
 HANDLERS = {
     "scan": cmd_scan,
     "check": cmd_check,
@@ -779,6 +813,7 @@ HANDLERS = {
     "bisect": cmd_bisect,
     "bundle": cmd_bundle,
     "overlay": cmd_overlay,
+    "log": cmd_log,
     "vendor": cmd_vendor,
 }
 
