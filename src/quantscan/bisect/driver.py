@@ -349,7 +349,7 @@ def _finish(
     if save_qdq is not None:
         files["qdq"] = save_model(qdq, Path(save_qdq))
     if out is not None:
-        files.update(write_plan(plan, session, Path(out), exports))
+        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto))
     return BisectResult(
         plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, list(ctx.warnings)
     )

@@ -13,7 +13,7 @@ the document cited in the writer's docstring describes it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,7 @@ _DOES_NOT_TRANSFER = (
 # --- RKNN-Toolkit2 -------------------------------------------------------------------------------------
 
 
-def rknn_hybrid_cfg(plan: Plan) -> str:
+def rknn_hybrid_cfg(plan: Plan, node_outputs: Mapping[str, Sequence[str]] | None = None) -> str:
     """The `custom_quantize_layers` block of RKNN-Toolkit2's `<model>.quantization.cfg`.
 
     Format: RKNN-Toolkit2 hybrid quantization (rknn-toolkit2 v1.x/v2.x, examples/functions/hybrid_quant
@@ -103,13 +103,22 @@ def rknn_hybrid_cfg(plan: Plan) -> str:
     writes `<model>.quantization.cfg` (YAML); the user fills `custom_quantize_layers:` with
     `<layer output name>: <dtype>` lines, dtype one of int8, int16, float16, then runs step 2.
     RKNN keys layers by output tensor name. Float sites map to float16 (the NPU's float type).
+    With `node_outputs` (ONNX node -> its output tensors), every tensor of a site's kernel is listed,
+    not only the site's output: rknn-toolkit2 2.5.0 given only a fused Conv+BN+HardSwish's output
+    ran the HardSwish in float16 and kept the Conv int8, with a new int8 point between them (output
+    cosine 0.972, below all-int8's 0.977; tests/fixtures/vendor/rknn-toolkit2-2.5.0). The toolkit's
+    own cfg lists the tensors it kept; the driver drops names it does not know (folded BN inputs).
     """
     lines = [
         "# quantscan plan: paste into the custom_quantize_layers section of <model>.quantization.cfg",
         f"# model sha256 {plan.model_sha256}",
         "custom_quantize_layers:",
     ]
-    entries = [(s.output, "int16" if s.precision == Precision.INT16 else "float16") for s in plan.sites]
+    entries = []
+    for site in plan.sites:
+        dtype = "int16" if site.precision == Precision.INT16 else "float16"
+        kernel = [t for n in site.node_names for t in (node_outputs or {}).get(n, ())]
+        entries += [(name, dtype) for name in _unique([*kernel, site.output])]
     if not entries:
         return "\n".join([*lines[:2], "custom_quantize_layers: {}"]) + "\n"
     lines += [f"    {json.dumps(name)}: {dtype}" for name, dtype in entries]
@@ -218,8 +227,11 @@ WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
 """Export name -> (file name in the run folder, writer)."""
 
 
-def write_exports(plan: Plan, out: Path, names: Sequence[str] | None = None) -> dict[str, Path]:
-    """Write the chosen exports (default: all) into `out`, each atomically; returns name -> path."""
+def write_exports(
+    plan: Plan, out: Path, names: Sequence[str] | None = None, node_outputs: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, Path]:
+    """Write the chosen exports (default: all) into `out`, each atomically; returns name -> path.
+    `node_outputs` (the user's model: node -> output tensors) lets the RKNN cfg list whole kernels."""
     chosen = list(WRITERS) if names is None else list(names)
     unknown = [n for n in chosen if n not in WRITERS]
     if unknown:
@@ -228,6 +240,6 @@ def write_exports(plan: Plan, out: Path, names: Sequence[str] | None = None) -> 
     for name in chosen:
         file_name, writer = WRITERS[name]
         path = out / file_name
-        atomic_write_text(path, writer(plan))
+        atomic_write_text(path, rknn_hybrid_cfg(plan, node_outputs) if name == "rknn" else writer(plan))
         written[name] = path
     return written

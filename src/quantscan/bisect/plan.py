@@ -139,8 +139,12 @@ def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
     return {"profile": ctx.profile, "recipe": ctx.opts.recipe, "quantize_static": call}
 
 
-def write_plan(plan: Plan, session: Session, out: Path, exports: Sequence[str] | None = None) -> dict[str, Path]:
-    """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic."""
+def write_plan(
+    plan: Plan, session: Session, out: Path, exports: Sequence[str] | None = None,
+    model: onnx.ModelProto | None = None,
+) -> dict[str, Path]:
+    """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic;
+    `model` (the user's) names every tensor of a kernel where an export needs them (RKNN)."""
     out.mkdir(parents=True, exist_ok=True)
     files = {"plan.json": _plan_json(out, plan), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
@@ -155,7 +159,8 @@ def write_plan(plan: Plan, session: Session, out: Path, exports: Sequence[str] |
         files["summary.md"] = out / "summary.md"
         text = files["summary.md"].read_text(encoding="utf-8")
         atomic_write_text(files["summary.md"], with_plan_block(text, plan.to_json()))
-    files.update(qexports.write_exports(plan, out, exports))
+    node_outputs = {n.name: list(n.output) for n in model.graph.node} if model is not None else None
+    files.update(qexports.write_exports(plan, out, exports, node_outputs))
     return files
 
 

@@ -46,7 +46,7 @@ def node_params(view: GraphIndex, i: int) -> Params:
     elif op in POOL_OPS:
         p.update(_window(view, i, _ints(view.attr(i, "kernel_shape", []))))
         p["ceil_mode"] = int(view.attr(i, "ceil_mode", 0) or 0)
-        if op == "AveragePool":
+        if op == "AveragePool" and _pads(view, i, p):
             p["count_include_pad"] = int(view.attr(i, "count_include_pad", 0) or 0)
     elif op in GLOBAL_POOL_OPS:
         shape = view.info(view.node_inputs(i)[0]).shape if view.node_inputs(i) else None
@@ -157,6 +157,14 @@ def _window(view: GraphIndex, i: int, kernel: list[int]) -> Params:
     p["dilated_kernel_area"] = int(np.prod(dilated))
     p["kernel_stride"] = kernel_stride_text(kernel, stride)
     return p
+
+
+def _pads(view: GraphIndex, i: int, p: Params) -> bool:
+    """Whether a pooling window ever covers padding: without it, count_include_pad changes nothing
+    (rknn-toolkit2 2.5.0 ran ppocrv4_rec's unpadded count_include_pad=0 AveragePool on the NPU while a
+    limit on the attribute alone sent it to the CPU)."""
+    auto_pad = _text(view.attr(i, "auto_pad", "NOTSET"))
+    return auto_pad in ("SAME_UPPER", "SAME_LOWER") or any(int(v) != 0 for v in p.get("pads", []))
 
 
 def kernel_stride_text(kernel: list[int], stride: list[int]) -> str:

@@ -98,6 +98,9 @@ class Profile:
     recipe: str = "kernels"
     """Where quantization goes: "kernels" (the chip's fused kernels, CONTRACT "Quantization sites") or
     "onnxruntime" (quantize_static's QDQ placement, scanning/ort_recipe.py)."""
+    float16_ops: frozenset[str] = frozenset()
+    """Ops the toolkit runs in float16 on the NPU (int8 model): a recorded vendor run says so."""
+    float16: Sourced | None = None
 
     def supports(self, op_type: str) -> bool:
         return op_type in self.npu_ops or op_type in self.cpu_ops or op_type in self.folded_ops
@@ -305,4 +308,6 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         tensor=_sourced(tensor),
         limits=tuple(_limit(t, on_violation) for t in d.get("limit", [])),
         recipe=q.get("recipe", "kernels"),
+        float16_ops=_ops(d.get("float16", {}).get("ops")),
+        float16=_sourced(d.get("float16", {})),
     )

@@ -12,6 +12,7 @@ from quantscan.compat.rules import (
     control_flow,
     dtype,
     dynamic_inputs,
+    float16,
     fusion,
     opset,
     param_limits,
@@ -38,6 +39,7 @@ RULES: tuple[tuple[str, Rule], ...] = tuple(
         dtype,
         rank_size,
         fusion,
+        float16,
         precision,
     )
 )

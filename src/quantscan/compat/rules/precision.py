@@ -45,7 +45,7 @@ def run(ctx: RuleContext) -> list[Finding]:
                 in_pattern.update(members)
                 out.append(_layernorm_finding(ctx, i, members))
     for i in live:
-        if i not in in_pattern:
+        if i not in in_pattern and ctx.op(i) not in ctx.profile.float16_ops:  # rule `float16` says it
             reason = _reason(ctx, i)
             if reason:
                 out.append(_finding(ctx, i, reason, "op_type", ctx.op(i), _fix(ctx, ctx.op(i))))

@@ -1,0 +1,40 @@
+"""Rule `float16`: ops the toolkit runs in float16 inside an int8 model (info); where (NPU or CPU)
+is the check's placement, as for every finding.
+
+Why a rule of its own: a profile learns this from a recorded vendor run (`[float16] ops`, e.g.
+rknn-toolkit2 2.5.0 ran Softmax as exSoftmax13 FLOAT16: on the NPU for rk3588, on the CPU for
+rk3568), not from an op list. Such a node is not an int8 precision risk (the `precision` rule leaves
+it out) but a mixed-precision boundary the user should know about: DataConvert layers around it, and
+float16 figures in the vendor's analysis. `quantscan vendor` compares this prediction with the vendor's placement.
+"""
+
+from __future__ import annotations
+
+from quantscan.compat.context import RuleContext
+from quantscan.records import Finding, Severity
+
+RULE_ID = "float16"
+
+
+def run(ctx: RuleContext) -> list[Finding]:
+    p = ctx.profile
+    if not p.float16_ops:
+        return []
+    origin = p.float16
+    return [
+        Finding(
+            node=ctx.name(i),
+            op_type=ctx.op(i),
+            rule=RULE_ID,
+            severity=Severity.INFO,
+            reason=f"{p.name} runs {ctx.op(i)} in float16 (int8 around it, converted at both ends)",
+            attribute="dtype",
+            value="float16",
+            limit=f"{p.activations} activations",
+            fix="none needed: the toolkit keeps it in float16; its loss is the int8 input it is fed",
+            source=origin.source if origin else "",
+            unverified=origin.unverified if origin else False,
+        )
+        for i in ctx.analysis.live()
+        if ctx.op(i) in p.float16_ops
+    ]

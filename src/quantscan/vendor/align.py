@@ -1,0 +1,285 @@
+"""Lining a vendor's per-layer figures up with quantscan's, and its placement with `check`'s.
+
+Why its own module: the join is the whole point of `quantscan vendor` (is the simulation of the chip
+faithful, and where is it not), and it is pure table work, tested on recorded real runs in CI.
+
+* Names. A vendor names a layer by the tensor it writes (RKNN, TPU-MLIR) or by the node; where the
+  toolkit rewrote the graph it derives a name from the original one (`MatMul.0#2`, `x_int8`,
+  `Add.9-rs_sw`). :func:`onnx_name` strips such suffixes until an ONNX tensor or node name is left.
+* Loss. Per layer, e_q = 1 - quantscan's isolated cosine and e_v = 1 - the vendor's single-layer
+  cosine (both: this layer alone quantized, fed float inputs). `none` when both are below
+  `NEGLIGIBLE`; `lowering` when the vendor loses much more than quantscan's simulation of the same
+  quantization (e_v > `LOWERING_RATIO` * e_q + `NEGLIGIBLE`): the kernel or the graph lowering adds
+  error that int8 rounding alone does not explain; `quantization` otherwise (they agree: int8 is the
+  cause, and a mixed-precision plan is the fix).
+* Placement. Where the vendor ran a node (npu, cpu, with `-float16` when not int8) beside where
+  `check` predicted it; a difference is a finding. A layout node the toolkit inserted itself
+  (a Reshape/Transpose with no ONNX node of its own) is explained, not a profile error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+NEGLIGIBLE = 1e-3
+"""1 - cosine below which a layer loses nothing worth a row in a plan (both sides)."""
+LOWERING_RATIO = 3.0
+"""How many times quantscan's error the vendor's must exceed to be called lowering/kernel loss."""
+LAYOUT_OPS = ("Reshape", "Transpose", "exDataConvert", "DataConvert", "InputOperator", "OutputOperator")
+"""Ops a toolkit inserts to move between its own layout/dtype and the model's; not ONNX nodes."""
+
+_SUFFIX = re.compile(r"(__cvt_[A-Za-z0-9_]+|__float16|_int8|_float16|_rs_sw|_sw|_rs|-rs|_tp|_mm|#\d+|_2conv\d+|_i\d+)$")
+
+VENDOR_COLUMNS = [
+    "layer", "node", "tensor", "is_output", "qs_isolated_cosine", "qs_cumulative_cosine",
+    "vendor_single_cosine", "vendor_entire_cosine", "loss", "vendor_placement", "check_placement",
+]
+"""vendor.csv columns, in the contract's order."""
+
+
+@dataclass(frozen=True)
+class GraphNames:
+    """The names of the ONNX model the vendor converted: tensor -> producer node, node -> op type."""
+
+    producer: Mapping[str, str]
+    op_type: Mapping[str, str]
+    outputs: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """Where a vendor name lands in the ONNX graph; `derived` when suffixes had to be stripped."""
+
+    node: str
+    tensor: str
+    derived: bool
+
+
+@dataclass(frozen=True)
+class VendorLayer:
+    """One vendor layer with its figures over all analysed samples."""
+
+    layer: str
+    op_type: str
+    single_cosine: float
+    entire_cosine: float
+
+
+@dataclass(frozen=True)
+class VendorPlace:
+    """Where the vendor put one of its layers (`placement`: npu, cpu, npu-float16, cpu-float16)."""
+
+    name: str
+    op_type: str
+    placement: str
+
+
+@dataclass
+class Alignment:
+    """vendor.csv as a table plus the placement findings (compat.csv columns) and their counts."""
+
+    table: pd.DataFrame
+    findings: pd.DataFrame
+    unexplained: int
+    explained: int
+    notes: list[str] = field(default_factory=list)
+
+
+def onnx_name(name: str, graph: GraphNames) -> Mapped | None:
+    """The ONNX tensor/node a vendor name stands for, stripping derived-name suffixes one at a time."""
+    current, derived = name, False
+    while current:
+        if current in graph.producer:
+            return Mapped(graph.producer[current], current, derived)
+        if current in graph.op_type:
+            return Mapped(current, "", derived)
+        stripped = _SUFFIX.sub("", current)
+        if stripped == current:
+            return None
+        current, derived = stripped, True
+    return None
+
+
+def classify_loss(qs_isolated: float, vendor_single: float) -> str:
+    """none | lowering | quantization (module docstring); "" when either figure is missing."""
+    if not (math.isfinite(qs_isolated) and math.isfinite(vendor_single)):
+        return ""
+    e_q, e_v = max(0.0, 1.0 - qs_isolated), max(0.0, 1.0 - vendor_single)
+    if e_q < NEGLIGIBLE and e_v < NEGLIGIBLE:
+        return "none"
+    if e_v > LOWERING_RATIO * e_q + NEGLIGIBLE:
+        return "lowering"
+    return "quantization"
+
+
+def same_values(mapped: Mapped, vendor_op: str, graph: GraphNames) -> bool:
+    """Whether the vendor layer holds the values of the ONNX tensor it was mapped to.
+
+    An exact name does. A derived name does when the vendor op is a copy in another layout or dtype
+    (Reshape, DataConvert: cosine ignores layout), or is the same op as the ONNX producer (MatMul and
+    GlobalAveragePool become Conv in RKNN); RKNN names a swapped Softmax after its *input* (`Add.9-rs_sw`),
+    which must not be compared with that input's figures.
+    """
+    if not mapped.tensor:
+        return False
+    if not mapped.derived:
+        return True
+    op = vendor_op.lower()
+    if op in ("reshape", "transpose") or op.endswith("dataconvert"):
+        return True
+    onnx_op = graph.op_type.get(mapped.node, "").lower()
+    if op.startswith("conv") and onnx_op in ("conv", "matmul", "gemm", "globalaveragepool"):
+        return True
+    return bool(onnx_op) and onnx_op in re.sub(r"^ex|\d+$", "", op)
+
+
+def check_placements(findings: pd.DataFrame, float16_rule: str = "float16") -> dict[str, str]:
+    """Node -> `check`'s predicted placement: cpu when any finding puts it there, `-float16` when the
+    profile says the toolkit runs that op in float16; nodes without findings are npu (not listed)."""
+    out: dict[str, str] = {}
+    if findings.empty:
+        return out
+    for row in findings.to_dict("records"):
+        node, where = str(row["node"]), str(row.get("placement") or "npu")
+        if not node:
+            continue  # model-level findings (opset) place nothing
+        base = out.get(node, "npu")
+        base_where = base.split("-")[0]
+        where = "cpu" if "cpu" in (where, base_where) else "npu"
+        float16 = base.endswith("-float16") or row.get("rule") == float16_rule
+        out[node] = f"{where}-float16" if float16 else where
+    return out
+
+
+def _vendor_placement_by_node(places: Sequence[VendorPlace], graph: GraphNames) -> dict[str, str]:
+    """Node -> the placement of the vendor layer that is that node: same name first, then a name
+    derived from the node's name, then one derived from its output tensor's name."""
+    ranked: dict[str, tuple[int, str]] = {}
+    for place in places:
+        mapped = onnx_name(place.name, graph)
+        if mapped is None or not mapped.node:
+            continue
+        rank = 0 if not mapped.derived else (1 if not mapped.tensor else 2)
+        if mapped.node not in ranked or rank < ranked[mapped.node][0]:
+            ranked[mapped.node] = (rank, place.placement)
+    return {node: placement for node, (_, placement) in ranked.items()}
+
+
+def align_layers(
+    layers: Iterable[VendorLayer],
+    graph: GraphNames,
+    qs_layers: pd.DataFrame,
+    qs_tensors: pd.DataFrame,
+    vendor_places: Sequence[VendorPlace],
+    predicted: Mapping[str, str],
+) -> pd.DataFrame:
+    """vendor.csv: one row per vendor layer, quantscan's figures for the same tensor beside it."""
+    isolated = _by(qs_layers, "output", "isolated_cosine")
+    cumulative = _by(qs_tensors, "tensor", "cumulative_cosine")
+    placed = _vendor_placement_by_node(vendor_places, graph)
+    kernel_of = _site_nodes(qs_layers)
+    rows = []
+    for layer in layers:
+        mapped = onnx_name(layer.layer, graph)
+        node = mapped.node if mapped else ""
+        tensor = mapped.tensor if mapped else ""
+        same = mapped is not None and same_values(mapped, layer.op_type, graph)
+        iso = isolated.get(tensor, math.nan) if same else math.nan
+        cum = cumulative.get(tensor, math.nan) if same else math.nan
+        rows.append({
+            "layer": layer.layer,
+            "node": node,
+            "tensor": tensor,
+            "is_output": tensor in graph.outputs,
+            "qs_isolated_cosine": iso,
+            "qs_cumulative_cosine": cum,
+            "vendor_single_cosine": layer.single_cosine,
+            "vendor_entire_cosine": layer.entire_cosine,
+            "loss": classify_loss(iso, layer.single_cosine),
+            "vendor_placement": placed.get(node) or placed.get(kernel_of.get(tensor, ""), ""),
+            "check_placement": _predicted(predicted, node, kernel_of.get(tensor, "")) if node else "",
+        })
+    return pd.DataFrame(rows, columns=VENDOR_COLUMNS)
+
+
+def placement_findings(
+    places: Sequence[VendorPlace], graph: GraphNames, predicted: Mapping[str, str], tool: str, profile: str
+) -> tuple[pd.DataFrame, int, int]:
+    """Every vendor layer placed other than `check` predicted, as compat.csv rows (rule
+    `vendor-placement`); returns (rows, unexplained count, explained count)."""
+    rows, unexplained, explained = [], 0, 0
+    for place in places:
+        if place.op_type in ("InputOperator", "OutputOperator") or place.op_type.endswith("DataConvert"):
+            continue
+        mapped = onnx_name(place.name, graph)
+        if mapped is None:
+            continue
+        expected = predicted.get(mapped.node, "npu")
+        if place.placement == expected:
+            continue
+        inserted = mapped.derived and bool(mapped.tensor) and place.op_type in LAYOUT_OPS
+        if inserted:
+            explained += 1
+            why = (f"{tool} inserted {place.op_type} '{place.name}' (from tensor {mapped.tensor}) to leave its "
+                   f"4-D layout; no ONNX node of its own, so check cannot place it")
+            fix = "none needed (a layout copy); to avoid it, give the graph output the rank the toolkit keeps"
+            severity = "info"
+        else:
+            unexplained += 1
+            why = f"{tool} ran it on {place.placement}, check --profile {profile} predicted {expected}"
+            fix = f"profile {profile}: record this placement (a recorded {tool} run has the last word)"
+            severity = "warn"
+        rows.append({
+            "node": mapped.node, "op_type": graph.op_type.get(mapped.node, place.op_type),
+            "rule": "vendor-placement", "attribute": "placement", "value": place.placement,
+            "limit": expected, "severity": severity, "placement": place.placement.split("-")[0],
+            "partition": "", "fix": fix, "profile": profile, "vendor_layer": place.name, "reason": why,
+        })
+    return pd.DataFrame(rows), unexplained, explained
+
+
+def _site_nodes(qs_layers: pd.DataFrame) -> dict[str, str]:
+    """Site output tensor -> the site's first node: a vendor names a fused kernel (Conv+BN+HardSwish)
+    by its first node and its output by the last node's tensor, as quantscan's sites do."""
+    if qs_layers is None or qs_layers.empty or "output" not in qs_layers or "node" not in qs_layers:
+        return {}
+    return {str(t): str(n) for t, n in zip(qs_layers["output"], qs_layers["node"], strict=True)}
+
+
+def _predicted(predicted: Mapping[str, str], node: str, kernel: str) -> str:
+    """check's placement of a node, or of the kernel it belongs to when that one has a finding."""
+    return predicted.get(node) or predicted.get(kernel) or "npu"
+
+
+def _by(frame: pd.DataFrame, key: str, value: str) -> dict[str, float]:
+    if frame is None or frame.empty or key not in frame or value not in frame:
+        return {}
+    return {str(k): float(v) for k, v in zip(frame[key], frame[value], strict=True)}
+
+
+def agreement(table: pd.DataFrame, top: int = 5) -> dict[str, float | int]:
+    """How well quantscan ranks layers the way the vendor does, over the layers both measured:
+    Spearman of isolated vs single and cumulative vs entire cosine, and how many of each side's
+    `top` worst layers (lowest cosine) the other side also has in its `top`."""
+    out: dict[str, float | int] = {}
+    pairs = (("isolated", "qs_isolated_cosine", "vendor_single_cosine"),
+             ("cumulative", "qs_cumulative_cosine", "vendor_entire_cosine"))
+    for name, ours, theirs in pairs:
+        both = table[[ours, theirs, "layer"]].dropna() if not table.empty else table
+        out[f"{name}_layers"] = int(len(both))
+        if len(both) < 3:
+            out[f"spearman_{name}"] = math.nan
+            out[f"top{top}_overlap_{name}"] = 0
+            continue
+        out[f"spearman_{name}"] = float(both[ours].astype(float).corr(both[theirs].astype(float), method="spearman"))
+        worst_ours = set(both.nsmallest(top, ours)["layer"])
+        worst_theirs = set(both.nsmallest(top, theirs)["layer"])
+        out[f"top{top}_overlap_{name}"] = len(worst_ours & worst_theirs)
+        errors = (both[ours].astype(float) - both[theirs].astype(float)).abs()
+        out[f"mean_abs_delta_{name}"] = float(errors.mean())
+    return out

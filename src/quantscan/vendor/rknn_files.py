@@ -1,0 +1,82 @@
+"""Reading what RKNN-Toolkit2 writes: `error_analysis.txt` and the build log's layer table.
+
+Pure text parsing (no rknn, no onnxruntime), so CI tests run on recorded real outputs. The parsing
+itself is `quantscan.vendorlog.rknn`'s (the `quantscan log` reader); this module keeps the two views
+`quantscan vendor` aligns: per-layer figures with NaN for "no figure", placements with their index.
+Formats as rknn-toolkit2 2.5.0 writes them (recorded under tests/fixtures/vendor/rknn-toolkit2-2.5.0):
+
+* `error_analysis.txt` (from `accuracy_analysis`): one row per layer, `[OpType] layer_name` then
+  `entire cos | euc   single cos | euc`; a layer fused into the next one (Conv before its HardSwish)
+  has a row without figures. Layer names are the tensor names RKNN gives a layer's output: the ONNX
+  tensor name where the layer is an ONNX node, otherwise a name RKNN derived from one (`_rs`, `_sw`,
+  `__float16`, `_int8` suffixes).
+* the verbose log's "Network Layer Information Table": `ID OpType DataType Target InputShape
+  OutputShape Cycles RW FullName`, FullName being `OpType:node name` (ONNX node names, or names RKNN
+  derived from them: `GlobalAveragePool.0_2conv0`, `MatMul.0#2`). Target CPU/NPU and DataType
+  INT8/FLOAT16 are where and how the toolkit placed the layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from quantscan.vendorlog.rknn import parse_accuracy_analysis, parse_rknn
+
+
+@dataclass(frozen=True)
+class AnalysisRow:
+    """One layer of `error_analysis.txt`; NaN where RKNN printed no figure (a fused layer)."""
+
+    layer: str
+    op_type: str
+    entire_cosine: float
+    entire_euclid: float
+    single_cosine: float
+    single_euclid: float
+
+
+@dataclass(frozen=True)
+class LayerPlacement:
+    """One row of the build log's Network Layer Information Table."""
+
+    index: int
+    op_type: str
+    dtype: str
+    target: str
+    name: str
+    """The node name after `OpType:` in FullName."""
+
+    @property
+    def placement(self) -> str:
+        """quantscan's word for it: npu, cpu, npu-float16, cpu-float16 (int8 needs no suffix)."""
+        where = self.target.lower()
+        return f"{where}-float16" if self.dtype.upper() in ("FLOAT16", "FP16") else where
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def parse_error_analysis(text: str) -> list[AnalysisRow]:
+    """Rows of RKNN's `error_analysis.txt` (simulator_error: entire and single cos/euc)."""
+    return [
+        AnalysisRow(layer=r.layer, op_type=r.vendor_op, entire_cosine=_number(r.entire_cosine),
+                    entire_euclid=_number(r.entire_euclidean), single_cosine=_number(r.single_cosine),
+                    single_euclid=_number(r.single_euclidean))
+        for r in parse_accuracy_analysis(text)
+    ]
+
+
+def parse_layer_table(log: str) -> list[LayerPlacement]:
+    """The last "Network Layer Information Table" in an RKNN verbose log (one per build)."""
+    return [
+        LayerPlacement(index=i, op_type=layer.vendor_op, dtype=layer.dtype.upper(), target=layer.target.upper(),
+                       name=layer.layer)
+        for i, layer in enumerate(parse_rknn(log).layers)
+    ]
+
+
+def toolkit_version(log: str) -> str | None:
+    """`I rknn-toolkit2 version: 2.5.0` at the top of every log."""
+    return parse_rknn(log).version or None
