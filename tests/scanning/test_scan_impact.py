@@ -77,7 +77,7 @@ def _whole_variant_gains(model: Path, calib: Path) -> dict[str, float]:
 
 def test_ranks_follow_the_measured_gains(chain: tuple[Path, Path]) -> None:
     model, calib = chain
-    result = quantscan.scan(model, calib, threads=1, gain_candidates=100)
+    result = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0)
     oracle = _whole_variant_gains(model, calib)
     layers = result.layers
     assert result.run_info.options["gain_measured"] == len(oracle) == len(layers)
@@ -90,6 +90,22 @@ def test_ranks_follow_the_measured_gains(chain: tuple[Path, Path]) -> None:
     gains = layers["gain_if_float"].to_numpy()
     assert np.all(np.diff(gains) <= 1e-12)  # rank 1..n: gains never increase
     assert list(layers["rank"]) == list(range(1, len(layers) + 1))
+
+
+def test_gain_is_measured_on_the_first_gain_samples(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    """`gain_samples=N`: the gains are those of a scan whose evaluation set is the first N samples
+    (same calibration: `eval=` a folder holding those samples)."""
+    model, calib = chain
+    first = tmp_path / "first8"
+    first.mkdir()
+    np.save(first / "x.npy", np.load(calib / "x.npy")[:8])
+    capped = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=8)
+    oracle = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0, eval=first)
+    assert capped.run_info.evaluation.samples == 24 and capped.run_info.options["gain_samples"] == 8
+    mine = capped.layers.set_index("node")["gain_if_float"]
+    theirs = oracle.layers.set_index("node")["gain_if_float"]
+    assert len(theirs) == len(mine)
+    assert max(abs(mine[n] - theirs[n]) for n in theirs.index) < 1e-9
 
 
 def test_few_candidates_measured_first_then_the_old_order(chain: tuple[Path, Path]) -> None:

@@ -51,13 +51,17 @@ def _signed(value: float) -> str:
     return f"{value:+.4g}"
 
 
-def rank_doc_gain(measured: int, sites: int, candidates: int) -> str:
+def rank_doc_gain(measured: int, sites: int, candidates: int, samples: int = 0, evaluation: int = 0) -> str:
     """How `rank` is computed when the output gain was measured (summary.md's 'How rank is computed')."""
+    on = (f" on the first {samples} of the {evaluation} evaluation samples (`--gain-samples N` sets how many, "
+          "0 all: each measured site re-runs everything downstream of it, so the gain costs tens of network "
+          "passes per sample, and the order it gives is settled on a few samples)"
+          if 0 < samples < evaluation else "")
     return (
         f"`rank` orders sites by what keeping each one float does to the model output: `gain_if_float` "
         f"(the headline output cosine with only that site float, minus the all-int8 cosine; the same "
         f"measurement and meaning as `quantscan bisect`), largest first. It was measured for {measured} of "
-        f"{sites} sites: the union of the {candidates} lowest by `isolated_sqnr_db`, the {candidates} lowest by "
+        f"{sites} sites{on}: the union of the {candidates} lowest by `isolated_sqnr_db`, the {candidates} lowest by "
         f"`act_worst_channel_sqnr_db`, the {candidates} that lose the most cumulative SQNR between their "
         "inputs and their output, every site whose figures are not finite and every site writing a headline "
         "output. Sites without a measured gain "

@@ -7,8 +7,10 @@ output. The scan therefore takes its strongest candidates (the top N by isolated
 channel, by the cumulative SQNR a site loses, plus every site whose figures are not finite, that
 a finding names, or that writes a headline output) and measures their `gain_if_float` with
 bisect's gain graph (`gain.compute_gain`: one session, one run per batch, only the branches
-downstream of each candidate). `gain_if_float` keeps bisect's meaning: the headline metric with
-that one site float, minus the all-int8 metric.
+downstream of each candidate) on the first `gain_samples` evaluation samples (8 by default: each
+branch re-runs everything downstream of its site, so the measurement costs tens of network passes
+per sample, and the ranking is settled on a few samples). `gain_if_float` keeps bisect's meaning:
+the headline metric with that one site float, minus the all-int8 metric.
 `rank_by_gain` then puts measured sites first, most helpful first, and the rest in the old order.
 """
 
@@ -17,13 +19,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
+from quantscan.calib import CalibSet
 from quantscan.records import Severity
-from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, ProgressFactory, no_progress
+from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
 
 SQNR_CAP_DB = 120.0
@@ -40,6 +43,8 @@ class Impact:
     candidates: list[str]
     seconds: float
     key: str = GAIN_KEY
+    samples: int = 0
+    """Evaluation samples the gains were measured on (the first ones)."""
 
 
 def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -93,15 +98,22 @@ def gain_candidates(
     return list(dict.fromkeys(picked))
 
 
+def first_samples(cset: CalibSet, n: int) -> CalibSet:
+    """The first `n` samples of a set (all of them when `n` is 0 or not smaller)."""
+    return replace(cset, n_samples=n) if 0 < n < cset.n_samples else cset
+
+
 def measure_impact(
     ctx: ScanContext,
     layers: pd.DataFrame,
     n: int = DEFAULT_GAIN_CANDIDATES,
     *,
     named: Iterable[str] = (),
+    samples: int = DEFAULT_GAIN_SAMPLES,
     progress: ProgressFactory = no_progress,
 ) -> Impact:
-    """gain_if_float of the candidates, in one gain-graph session over the evaluation set."""
+    """gain_if_float of the candidates, in one gain-graph session over the first `samples` evaluation
+    samples (0: all)."""
     # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
     # run -> this module: a module-level import here would meet a half-initialised gain.
     from quantscan.gain import MixedBuilder, compute_gain
@@ -112,9 +124,11 @@ def measure_impact(
     candidates = gain_candidates(layers, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
     if not candidates:
         return Impact({}, [], 0.0)
-    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress)
+    subset = first_samples(ctx.eval_set, samples)
+    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
+                          samples=subset)
     gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
-    return Impact(gains, candidates, time.perf_counter() - started)
+    return Impact(gains, candidates, time.perf_counter() - started, samples=subset.n_samples)
 
 
 def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:

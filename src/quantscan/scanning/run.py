@@ -171,6 +171,7 @@ def measure(
     info = run_info(ctx, qdq, head, evaluation)
     info.options["gain_candidates"] = opts.gain_candidates
     info.options["gain_measured"] = len(impact.gains)
+    info.options["gain_samples"] = impact.samples
     info.times_s = {k: round(v, 4) for k, v in times.items()}
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
@@ -195,7 +196,8 @@ def measure(
 
 def rank_by_impact(ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory) -> Impact:
     """Measure the candidates' output gain and re-rank layers (and ops' best rank) by it, in place."""
-    impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, progress=progress)
+    impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, samples=ctx.opts.gain_samples,
+                            progress=progress)
     if impact.gains:
         tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
         layers = tables["layers"]
