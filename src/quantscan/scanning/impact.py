@@ -45,6 +45,8 @@ class Impact:
     key: str = GAIN_KEY
     samples: int = 0
     """Evaluation samples the gains were measured on (the first ones)."""
+    ort_level: str = ""
+    """The gain session's onnxruntime level (run.json `gain_ort_level`)."""
 
 
 def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -54,8 +56,10 @@ def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def _lowest(frame: pd.DataFrame, values: pd.Series, n: int) -> list[str]:
     """The n sites with the lowest finite value (stable: graph order breaks ties)."""
-    usable = values[np.isfinite(values)]
-    return [str(frame.loc[i, "node"]) for i in usable.sort_values(kind="mergesort").index[:n]]
+    v = values.to_numpy(dtype=float)
+    usable = np.flatnonzero(np.isfinite(v))
+    order = usable[np.argsort(v[usable], kind="stable")[:n]]
+    return [str(x) for x in frame["node"].to_numpy()[order]]
 
 
 def cumulative_drop(layers: pd.DataFrame) -> pd.Series:
@@ -67,12 +71,14 @@ def cumulative_drop(layers: pd.DataFrame) -> pd.Series:
 
 def nonfinite_sites(layers: pd.DataFrame) -> list[str]:
     """Sites whose isolated or cumulative figures are not finite: a finding in itself, always measured."""
-    found = []
-    for r in layers.to_dict("records"):
-        figures = [r.get("isolated_sqnr_db"), r.get("isolated_cosine"), r.get("cumulative_cosine")]
-        if any(isinstance(v, float) and math.isnan(v) for v in figures):
-            found.append(str(r["node"]))
-    return found
+    nan = np.zeros(len(layers), dtype=bool)
+    for column in ("isolated_sqnr_db", "isolated_cosine", "cumulative_cosine"):
+        if column in layers:
+            values = layers[column]
+            is_nan = values.isna() if values.dtype.kind == "f" else values.map(
+                lambda v: isinstance(v, float) and math.isnan(v))
+            nan |= is_nan.to_numpy(dtype=bool)
+    return [str(x) for x in layers["node"].to_numpy()[nan]]
 
 
 def gain_candidates(
@@ -116,7 +122,8 @@ def measure_impact(
     samples (0: all)."""
     # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
     # run -> this module: a module-level import here would meet a half-initialised gain.
-    from quantscan.gain import MixedBuilder, compute_gain
+    from quantscan.gain import GAIN_ORT_LEVEL, MixedBuilder, compute_gain
+    from quantscan.runner import ORT_LEVEL_NAMES
 
     started = time.perf_counter()
     heads = set(ctx.headline_outputs())
@@ -128,7 +135,8 @@ def measure_impact(
     result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
                           samples=subset)
     gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
-    return Impact(gains, candidates, time.perf_counter() - started, samples=subset.n_samples)
+    return Impact(gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
+                  ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL])
 
 
 def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:

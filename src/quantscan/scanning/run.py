@@ -172,6 +172,8 @@ def measure(
     info.options["gain_candidates"] = opts.gain_candidates
     info.options["gain_measured"] = len(impact.gains)
     info.options["gain_samples"] = impact.samples
+    if impact.ort_level:
+        info.options["gain_ort_level"] = impact.ort_level
     info.times_s = {k: round(v, 4) for k, v in times.items()}
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
