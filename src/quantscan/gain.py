@@ -34,9 +34,9 @@ from __future__ import annotations
 import copy
 import math
 import time
-from functools import partial
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -376,7 +376,8 @@ class FloatSiteBranches:
         for t in lost:
             seeds += self.readers.get(qgraph.input_alias(t) if t in self.graph_inputs else t, [])
         dirty = self._downstream(seeds, removed)
-        nodes, produced = [], set()
+        nodes: list[onnx.NodeProto] = []
+        produced: set[str] = set()
         for i in sorted(dirty):
             node = onnx.NodeProto()
             node.CopyFrom(self.nodes[i])

@@ -24,10 +24,12 @@ from quantscan import graph as qgraph
 from quantscan import runfolder
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
+from quantscan.graph.index import GraphIndex
 from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.report.summary import summary_markdown
 from quantscan.runner import Runner
+from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
 from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
 from quantscan.scanning.options import ProgressFactory, no_progress
@@ -197,11 +199,14 @@ def measure(
 
 
 def rank_by_impact(ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory) -> Impact:
-    """Measure the candidates' output gain and re-rank layers (and ops' best rank) by it, in place."""
+    """Measure the candidates' output gain, re-rank layers (and ops' best rank) by it and let the
+    inherited-error rule name the upstream site it measured as the cause, in place."""
     impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, samples=ctx.opts.gain_samples,
                             progress=progress)
     if impact.gains:
         tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
+        tables["layers"] = with_inherited(tables["layers"], ctx.sites, ctx.plan, ctx.calib_stats,
+                                          GraphIndex(ctx.prepared.proto.graph), impact.gains)
         layers = tables["layers"]
         on_chip = layers[layers["placement"] != "cpu"] if "placement" in layers else layers
         tables["ops"] = ops_table(on_chip)  # as build_tables made it: site rows only, best rank updated
