@@ -67,6 +67,11 @@ def activation_qdq_names(tensor: str) -> tuple[str, str]:
     return f"{tag}__Q", f"{tag}__DQ"
 
 
+def activation_codes(tensor: str) -> str:
+    """The QuantizeLinear output (the integer codes) of an activation (see `qdq_nodes`)."""
+    return f"{activation_tag(tensor)}__q"
+
+
 def input_alias(tensor: str) -> str:
     """What consumers of a quantized graph input read: the DequantizeLinear output beside the input."""
     return f"{tensor}__qdq"

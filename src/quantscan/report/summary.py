@@ -93,7 +93,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     lines = [
         f"# quantscan: {result.model.path.name}",
         "",
-        *diagnosis_lines(head, result.output_metrics, result.layers, plan),
+        *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites),
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "

@@ -29,6 +29,7 @@ from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.report.summary import summary_markdown
 from quantscan.runner import Runner
+from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
 from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
@@ -170,7 +171,12 @@ def measure(
     impact = rank_by_impact(ctx, tables, progress)
     times["impact"] = impact.seconds
     head = headline(evaluation)
+    t0 = time.perf_counter()
+    gap_sites = deployed_gap_sites(ctx, qdq, head)
+    if gap_sites:
+        times["deployed_gap"] = time.perf_counter() - t0
     info = run_info(ctx, qdq, head, evaluation)
+    info.deployed_gap_sites = [g.to_json() for g in gap_sites]
     info.options["gain_candidates"] = opts.gain_candidates
     info.options["gain_measured"] = len(impact.gains)
     info.options["gain_samples"] = impact.samples
