@@ -120,6 +120,7 @@ def main() -> None:
             print(" | ".join(times[limit][-1]), file=sys.stderr, flush=True)  # progress, row by row
             if limit == limits[0]:
                 ranks.append(rank_row(name, m))
+                print("rank | " + " | ".join(ranks[-1]), file=sys.stderr, flush=True)
     print(f"scan time without and with the output-gain measurement ({code_state(REPO)}; {cpu_note()}; "
           f"threads {args.threads}; fastest of {args.repeats} after a warm-up)")
     for limit in limits:

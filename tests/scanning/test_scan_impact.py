@@ -170,14 +170,15 @@ def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
     model, calib = chain
     out = tmp_path / "run"
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(out), "--quiet", "--no-report",
-                 "--gain-candidates", "2"]) == 0
+                 "--gain-candidates", "2", "--gain-samples", "4"]) == 0
     info = json.loads((out / "run.json").read_text())
     assert info["options"]["gain_candidates"] == 2 and 2 <= info["options"]["gain_measured"] <= 7
+    assert info["options"]["gain_samples"] == 4 and info["options"]["gain_ort_level"] == "ORT_DISABLE_ALL"
     layers = pd.read_csv(out / "layers.csv")
     assert layers["gain_if_float"].notna().sum() == info["options"]["gain_measured"]
     summary = (out / "summary.md").read_text()
     assert summary.index("## Diagnosis") < summary.index("## Model output")
-    assert f"measured for {info['options']['gain_measured']} of {len(layers)} sites" in summary
+    assert f"measured for {info['options']['gain_measured']} of {len(layers)} sites on the first 4 of the 24" in summary
     top = layers.iloc[0]
     assert f"**Where**: `{top['node']}`" in summary
     off = tmp_path / "off"
@@ -189,6 +190,8 @@ def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
     capsys.readouterr()
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--gain-candidates", "-3"]) == 2
     assert capsys.readouterr().err.strip().startswith("quantscan: error: --gain-candidates")
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--gain-samples", "-1"]) == 2
+    assert capsys.readouterr().err.strip().startswith("quantscan: error: --gain-samples")
 
 
 def test_bisect_into_the_scan_folder_puts_its_plan_on_the_first_screen(
