@@ -41,6 +41,8 @@ def test_silent_when_the_site_is_bad_itself_or_nothing_upstream_helps() -> None:
                                  upstream_gains=gains)) is None  # cumulative error is not large
     assert inherited.check(facts(figures=FIGURES)) is None  # no gain measured yet
     assert inherited.check(facts(figures=FIGURES, upstream_gains={"conv_a": 2e-5})) is None  # noise
+    own = {**FIGURES, "gain_if_float": 0.5}
+    assert inherited.check(facts(figures=own, upstream_gains=gains)) is None  # keeping it float helps more
 
 
 CHAIN = """

@@ -38,8 +38,8 @@ def check(facts: SiteFacts) -> Finding | None:
     if not measured:
         return None
     upstream, gain = max(measured.items(), key=lambda item: item[1])
-    if gain < MIN_GAIN:
-        return None
+    if gain < MIN_GAIN or gain < facts.figures.get("gain_if_float", -math.inf):
+        return None  # nothing upstream worth naming, or keeping this site float helps more itself
     reason = (f"isolated {human(iso)} dB is fine, cumulative {human(cum)} dB is inherited: keeping upstream "
               f"`{upstream}` float lifts the output cosine by {human(gain)} (measured), the most of "
               f"{len(measured)} measured upstream site(s)")

@@ -142,7 +142,9 @@ def with_inherited(
         if site is None or not inherited.looks_inherited(*figures):
             continue
         ups = {u: gains[u] for u in upstream_sites(index, site, site_of) if u in gains}
-        findings = diagnose(replace(site_facts(site, row, plan, calib, index), upstream_gains=ups))
+        facts = site_facts(site, row, plan, calib, index)
+        own = {"gain_if_float": float(gains[site.node])} if site.node in gains else {}
+        findings = diagnose(replace(facts, upstream_gains=ups, figures={**facts.figures, **own}))
         named = [f for f in findings if f.cause is Cause.INHERITED]
         if not named:
             continue
