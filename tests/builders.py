@@ -197,3 +197,48 @@ def pattern_index(
         }}"""
     )
     return GraphIndex.of(model)
+
+
+def if_wrapped(model: onnx.ModelProto, setting: str = "sr", value: int = 16000) -> onnx.ModelProto:
+    """`model` behind an If on `setting == value`, as silero-vad's shipped model is built: the then
+    branch is the model's graph, the else branch a copy whose first output is negated (so the branch
+    taken is visible in the outputs). Branch tensors are prefixed `then/`, `else/`; initializers stay in
+    the outer graph and both branches read them from there."""
+    graph = model.graph
+    outer = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+
+    def branch(prefix: str, negate: bool) -> onnx.GraphProto:
+        def name(t: str) -> str:
+            return t if not t or t in outer else f"{prefix}/{t}"
+
+        nodes = []
+        for n in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.name = f"{prefix}/{n.name}" if n.name else ""
+            copy.input[:] = [name(t) for t in n.input]
+            copy.output[:] = [name(t) for t in n.output]
+            nodes.append(copy)
+        outputs = []
+        for k, o in enumerate(graph.output):
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(o)
+            vi.name = name(o.name)
+            if negate and k == 0:
+                nodes.append(helper.make_node("Neg", [vi.name], [vi.name + "_neg"], name=f"{prefix}/neg"))
+                vi.name += "_neg"
+            outputs.append(vi)
+        return helper.make_graph(nodes, prefix, [], outputs)
+
+    nodes = [
+        helper.make_node("Constant", [], ["setting_value"], value=numpy_helper.from_array(np.array(value, np.int64))),
+        helper.make_node("Equal", [setting, "setting_value"], ["is_setting"]),
+        helper.make_node("If", ["is_setting"], [o.name for o in graph.output], name="If_0",
+                         then_branch=branch("then", False), else_branch=branch("else", True)),
+    ]
+    inputs = [*graph.input, helper.make_tensor_value_info(setting, TensorProto.INT64, [])]
+    wrapped = helper.make_graph(nodes, "wrapped", inputs, list(graph.output), list(graph.initializer))
+    out = helper.make_model(wrapped, opset_imports=list(model.opset_import))
+    out.ir_version = model.ir_version
+    onnx.checker.check_model(out)
+    return out

@@ -185,3 +185,74 @@ def test_scan_reports_task_metrics_and_plugin_on_a_tiny_classifier(tmp_path: Pat
     assert "## Task metrics" in (tmp_path / "run" / "summary.md").read_text(encoding="utf-8")
     sys.modules.pop("plug_metric", None)
     assert not math.isnan(figures["top5_agreement"])
+
+
+# --- detection boxes: oracles worked by hand ---------------------------------------------------------
+
+
+def test_box_iou_worked_by_hand() -> None:
+    a = np.array([[0, 0, 2, 2]], np.float64)  # area 4
+    b = np.array([[1, 1, 3, 3], [0, 0, 2, 2], [5, 5, 6, 6]], np.float64)  # overlap 1, 4, 0
+    assert tm.box_iou(a, b)[0].tolist() == pytest.approx([1 / 7, 1.0, 0.0])
+
+
+def test_nms_keeps_the_best_of_overlapping_boxes_per_class() -> None:
+    boxes = np.array([[0, 0, 10, 10], [1, 0, 11, 10], [0, 0, 10, 10], [50, 50, 60, 60]], np.float64)
+    scores = np.array([0.9, 0.8, 0.7, 0.6])
+    classes = np.array([0, 0, 1, 0])
+    # box 1 overlaps box 0 by 90/110 > 0.45 (same class): gone; box 2 is another class: stays
+    assert sorted(tm.nms(boxes, scores, classes, 0.45).tolist()) == [0, 2, 3]
+
+
+def _yolox_head(boxes: list[tuple[float, float, float, float, float]], side: int = 64) -> np.ndarray:
+    """A raw [A, 6] YOLOX head for a square input: each (cx, cy, w, h, score) encoded at stride 8
+    (cell = centre // 8, offset = centre / 8 - cell, log size = ln(size / 8)); every other cell 0."""
+    cells = [(side // s) ** 2 for s in (8, 16, 32)]
+    head = np.zeros((sum(cells), 6), np.float32)
+    head[:, 2:4] = np.log(1 / 8)
+    g = side // 8
+    for cx, cy, w, h, score in boxes:
+        col, row = int(cx // 8), int(cy // 8)
+        head[row * g + col] = [cx / 8 - col, cy / 8 - row, math.log(w / 8), math.log(h / 8), score, 1.0]
+    return head
+
+
+def test_yolox_decode_reads_back_hand_encoded_boxes() -> None:
+    head = _yolox_head([(20.0, 36.0, 16.0, 8.0, 0.9)])
+    grid = tm.yolox_grid(head.shape[0], None)
+    assert grid is not None
+    boxes, scores, _ = tm.decode_yolox(head, *grid)
+    best = int(np.argmax(scores))
+    assert boxes[best].tolist() == pytest.approx([12.0, 32.0, 28.0, 40.0], abs=1e-5)
+    assert tm.yolox_grid(100, None) is None
+
+
+def test_box_agreement_counts_matched_missing_and_extra_boxes() -> None:
+    # FP32 sees two boxes; int8 moves one slightly (IoU > 0.5), loses the other, invents a third far away
+    ref = _yolox_head([(20, 20, 16, 16, 0.9), (44, 44, 12, 12, 0.8)])
+    test = _yolox_head([(21, 20, 16, 16, 0.85), (12, 52, 8, 8, 0.7)])
+    acc = tm.BoxAccumulator(input_hw=(64, 64))
+    acc.update(ref[None], test[None], None)
+    got = acc.results()
+    # matched 1 of 2 FP32 boxes, 1 of 2 int8 boxes: F1 = 2·1/(2+2)
+    assert got["box_agreement"] == pytest.approx(0.5)
+    assert got["box_recall"] == pytest.approx(0.5) and got["box_precision"] == pytest.approx(0.5)
+    assert got["box_matched_iou"] == pytest.approx((15 * 16) / (17 * 16))  # shifted by 1 px of 16
+    assert got["box_sample_agreement"] == 0.0
+    empty = tm.BoxAccumulator(input_hw=(64, 64))
+    empty.update(_yolox_head([])[None], _yolox_head([])[None], None)
+    assert empty.results()["box_agreement"] == 1.0
+
+
+def test_box_merge_equals_one_pass_and_detection_is_by_grid() -> None:
+    heads = np.stack([_yolox_head([(20, 20, 16, 16, 0.9)]), _yolox_head([(44, 44, 12, 12, 0.8)])])
+    moved = np.stack([_yolox_head([(30, 20, 16, 16, 0.9)]), _yolox_head([(44, 44, 12, 12, 0.8)])])
+    whole, a, b = (tm.BoxAccumulator(input_hw=(64, 64)) for _ in range(3))
+    whole.update(heads, moved, None)
+    a.update(heads[:1], moved[:1], None)
+    b.update(heads[1:], moved[1:], None)
+    a.merge(b)
+    assert a.sums() == whole.sums()
+    assert tm.detect_task([1, 84, 6], None, False, (64, 64)) == "box"
+    assert tm.detect_task([1, 84, 6], None, False, None) == "none"  # no input size: not sure enough
+    assert tm.detect_task([1, 85, 6], None, False, (64, 64)) == "none"

@@ -23,7 +23,7 @@ from typing import Any
 from quantscan.errors import QuantscanError, UsageError
 
 COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle",
-            "overlay")
+            "overlay", "log", "case")
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -140,6 +140,8 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,... | INPUT:AXIS=V | batch=V",
                    help="full shape, or a dim setting in the contract's syntax (repeatable)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--state", action="append", default=[], metavar="OUT=IN",
+                   help="feed output OUT back as input IN of the next sample, in file order (recurrent models)")
     p.add_argument("--limit", type=_positive_int, default=None, help="use the first N samples")
     p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
     p.add_argument("--calib-method", default="minmax")
@@ -162,12 +164,13 @@ def _data_options(p: argparse.ArgumentParser) -> None:
                    help="tensors.csv rows: every float tensor (default) or quantization points only (faster)")
 
 
-def _task_options(p: argparse.ArgumentParser) -> None:
-    """Task metrics beside cosine (quantscan.taskmetrics)."""
-    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "none"],
+def _task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
+    """Task metrics beside cosine (quantscan.taskmetrics); bisect takes no plugins (it cannot target them)."""
+    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "box", "none"],
                    help="task metrics on the outputs (default: detected from output shape and files)")
-    p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
-                   help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
+    if plugins:
+        p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
+                       help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
     p.add_argument("--charset", default=None,
                    help="CTC charset (.json list or PP-OCR .txt keys); default charset.json/.txt beside the data")
     p.add_argument("--mask-threshold", type=float, default=0.5, help="score-map threshold for --task mask IoU")
@@ -180,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("model")
     _data_options(scan)
     _task_options(scan)
+    scan.add_argument("--cases", default=None, metavar="DIR", help="case library matched when --profile is given")
     _common(scan)
     scan.add_argument("--gain-candidates", type=int, default=None, metavar="N",
                       help="sites per ordering whose output gain is measured to rank by impact (default 16)")
@@ -191,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--profile", action="append", default=[])
     check.add_argument("--fail-on", choices=["error", "warn"], default=None)
     check.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    check.add_argument("--cases", default=None, metavar="DIR", help="case library (default ~/.quantscan/cases)")
     _common(check)
     sub.add_parser("profiles", help="list shipped chip profiles")
     report = sub.add_parser("report", help="rebuild report.html from a run folder")
@@ -212,7 +217,27 @@ def build_parser() -> argparse.ArgumentParser:
     overlay.add_argument("-o", "--output", dest="overlay_out", default="nodes.json",
                          help="main node-data file (cumulative SQNR); other metrics go beside it")
     overlay.add_argument("--debug", action="store_true")
+    _case_parser(sub)
+    _log_parser(sub)
     return parser
+
+
+def _case_parser(sub: Any) -> None:
+    case = sub.add_parser("case", help="the case library: rewrite recipes with their proofs, reused across models")
+    actions = case.add_subparsers(dest="case_action", parser_class=_Parser, required=True)
+    save = actions.add_parser("save", help="record a run (a scan of the rewritten model) as a case")
+    save.add_argument("run_dir")
+    save.add_argument("--note", required=True, help="what the problem was and why the recipe fixes it")
+    save.add_argument("--rewrite", action="append", default=[], metavar="FILE",
+                      help="rewrite record(s) (default: <model>.rewrite.json beside the run's model)")
+    save.add_argument("--profile", default=None, help="chip profile (default: the run's --profile)")
+    listing = actions.add_parser("list", help="the library's cases, one per line, id first")
+    show = actions.add_parser("show", help="one case as JSON")
+    show.add_argument("case_id")
+    for p in (save, listing, show):
+        p.add_argument("--cases", default=None, metavar="DIR",
+                       help="library folder (default $QUANTSCAN_CASES or ~/.quantscan/cases)")
+        p.add_argument("--debug", action="store_true")
 
 
 def _bisect_parser(sub: Any) -> None:
@@ -223,6 +248,8 @@ def _bisect_parser(sub: Any) -> None:
     for action in p._actions:
         if action.dest == "calib":
             action.required = False
+    p.add_argument("--target", default=None, metavar="METRIC=VALUE",
+                   help="e.g. top1=0.99, box=0.9, string=0.95, mask_iou=0.9, top5=0.99, cosine=0.995, sqnr=30")
     p.add_argument("--target-cosine", type=_cosine_target, default=None, help="in (0, 1]")
     p.add_argument("--target-sqnr", type=_finite, default=None, help="dB")
     p.add_argument("--target-top1", type=_fraction, default=None, help="in [0, 1]")
@@ -236,6 +263,7 @@ def _bisect_parser(sub: Any) -> None:
     p.add_argument("--loss-if-only", action="store_true")
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
                    help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
+    _task_options(p, plugins=False)
     _common(p)
 
 
@@ -257,6 +285,12 @@ def _extract_parser(sub: Any) -> None:
     p.add_argument("--node", default=None, help="node (or tensor) name; optional with --until-fails")
     p.add_argument("--context", type=_non_negative_int, default=1, help="producer depth")
     p.add_argument("--calib", default=None, help="data: saves the subgraph's real inputs beside it")
+    p.add_argument("--samples", type=_positive_int, default=8,
+                   help="how many samples' inputs to keep beside the model (default 8)")
+    p.add_argument("--run", default=None, metavar="RUN_DIR",
+                   help="a scan's run folder: the sidecar .extract.json records the kernel's finding there")
+    p.add_argument("--worst", default=None, metavar="RUN_DIR",
+                   help="keep the samples that scan found worst by output cosine (implies --run RUN_DIR)")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     p.add_argument("--until-fails", default=None, metavar="CMD",
@@ -301,10 +335,14 @@ def _rewrite_parser(sub: Any) -> None:
                         "whose proof is exact on the data, else -1e4)")
     p.add_argument("--div-to-mul", nargs=0, action=_StepAction, const="div-to-mul", dest="div_to_mul",
                    help="Div by a constant -> Mul by its reciprocal")
+    p.add_argument("--reciprocal", nargs=0, action=_StepAction, const="reciprocal", dest="reciprocal",
+                   help="Reciprocal(x) -> Div(1, x) for chips that run Div but not Reciprocal")
     p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",
                    help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
+    p.add_argument("--freeze-input", action="append", default=[], metavar="NAME=VALUE",
+                   help="make input NAME the constant VALUE and fold what it decides (If, Shape, Where); repeatable")
     p.add_argument("--opset", type=_positive_int, default=None,
                    help="convert to this opset: up first, down last (opset-down)")
     p.add_argument("-o", "--output-model", dest="output_model", default=None)
@@ -315,6 +353,8 @@ def _rewrite_parser(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="write even when the proof fails")
     p.add_argument("--all-for-profile", default=None, metavar="PROFILE",
                    help="apply every rewrite the compat findings for PROFILE suggest")
+    p.add_argument("--case", default=None, metavar="ID", help="replay a library case's recipe (fresh proof)")
+    p.add_argument("--cases", default=None, metavar="DIR", help="case library (default ~/.quantscan/cases)")
     p.set_defaults(steps=[])
     _common(p)
 
@@ -370,6 +410,7 @@ def _gain_option(args: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    from quantscan.calib.state import parse_state
     from quantscan.scanning import scan
 
     out = Path(args.out) if args.out else default_out(args.model)
@@ -387,6 +428,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "input_shape": split_input_shapes(args.input_shape)[0],
         "input_dims": split_input_shapes(args.input_shape)[1],
         "const": parse_const(args.const),
+        "state": parse_state(args.state),
         "limit": args.limit,
         "eval": args.eval,
         "output": args.output,
@@ -432,6 +474,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
     extra += "" if args.no_report else ", report.html"
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
+    if result.compat is not None:
+        _print_case_matches(result.compat.findings, args.cases)
     if args.fail_below_cosine is not None and not head.cosine >= args.fail_below_cosine:
         print(f"quantscan: output cosine {head.cosine:.5f} is below --fail-below-cosine "
               f"{args.fail_below_cosine}", file=sys.stderr)
@@ -471,8 +515,39 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{profile}: {counts.get('error', 0)} errors, {counts.get('warn', 0)} warnings, "
               f"{counts.get('info', 0)} notes")
     print(f"wrote {out}/compat.csv and partitions.csv")
+    _print_case_matches(findings, args.cases)
     if args.fail_on and result.fails(args.fail_on):
         return EXIT_THRESHOLD
+    return EXIT_OK
+
+
+def _print_case_matches(findings: Any, cases: str | None) -> None:
+    """Library cases whose pattern this model's findings contain: the recipe that fixed it before."""
+    from quantscan.cases import match_cases
+
+    for match in match_cases(findings, cases):
+        print(match.line())
+        print(f"  replay: quantscan rewrite MODEL --case {match.case_id} -o OUT.onnx")
+
+
+def cmd_case(args: argparse.Namespace) -> int:
+    import json as _json
+
+    from quantscan.cases import list_cases, load_case, save_case
+
+    if args.case_action == "save":
+        folder = save_case(args.run_dir, args.note, cases=args.cases, rewrite_records=args.rewrite,
+                           profile=args.profile)
+        case = load_case(folder.name, args.cases)
+        print(f"saved case {case['id']} in {folder} (pattern: {len(case['pattern'])} finding kind(s), "
+              f"recipe: {' + '.join(case['recipe'])})")
+        return EXIT_OK
+    if args.case_action == "list":
+        for case in list_cases(args.cases):
+            print(f"{case['id']}  {case.get('profile', '')}  {' + '.join(case.get('recipe', []))}  "
+                  f"{case.get('note', '')}")
+        return EXIT_OK
+    print(_json.dumps(load_case(args.case_id, args.cases), indent=1))
     return EXIT_OK
 
 
@@ -499,6 +574,17 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
 
     steps = list(args.steps)
     fix_dims = list(args.fix_dim)
+    if args.case:
+        from quantscan.cases import recipe
+
+        replay, case_opset = recipe(args.case, args.cases)
+        steps += [s for s in replay if s not in steps]
+        if args.opset is None and case_opset is not None:
+            args.opset = case_opset
+        print(f"case {args.case}: replaying {' + '.join(replay) or 'nothing'} with a fresh proof")
+        steps, skipped = split_applicable(args.model, steps)
+        for name in skipped:
+            print(f"  {name}: applies nowhere in this model, skipped")
     if args.all_for_profile:
         plan = plan_for_profile(args.model, args.all_for_profile)
         steps += [s.value for s in plan.rewrites if s not in steps]
@@ -508,10 +594,13 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         named = ([r.value for r in plan.rewrites] + [f"fix-dim {d}" for d in plan.fix_dims]
                  + ([f"opset-down {plan.opset}"] if plan.opset is not None else []))
         print(f"{args.all_for_profile} suggests: {', '.join(named) or 'nothing'}")
+        for needed in plan.needs_value:
+            if not any(needed.split()[1].startswith(f.split("=")[0] + "=") for f in args.freeze_input):
+                print(f"  {needed}: give --freeze-input with the value you deploy with to fold it")
         steps, skipped = split_applicable(args.model, steps)
         for name in skipped:
             print(f"  {name}: applies nowhere in this model, skipped")
-        if not steps and not fix_dims and args.opset is None:
+        if not steps and not fix_dims and args.opset is None and not args.freeze_input:
             print(f"nothing to rewrite for {args.all_for_profile}: no finding names a rewrite that applies")
             return EXIT_OK
     args.fix_dim = fix_dims
@@ -519,17 +608,19 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         steps.insert(0, "fix-dim")
     if args.clamp_mask_value is not None and "clamp-mask" not in steps:
         steps.append("clamp-mask")
-    if not steps and args.opset is None:
+    if not steps and args.opset is None and not args.freeze_input:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
-                         "--gelu-tanh, --clamp-mask, --div-to-mul, --fix-ceil-mode, --opset, --all-for-profile; "
+                         "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --freeze-input, "
+                         "--opset, --all-for-profile; "
                          "found none that applies")
     calib = None
     if args.calib:
         loaded = load_model(args.model)
-        calib = load_calibration(args.calib, loaded.inputs, consts=parse_const(args.const), limit=args.limit)
+        consts = {**parse_const(args.freeze_input), **parse_const(args.const)}  # a frozen input needs no data
+        calib = load_calibration(args.calib, loaded.inputs, consts=consts, limit=args.limit)
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
-                     runner=None, clamp_mask_value=_clamp_value(args))
+                     runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input)
     for step in report.steps:
         print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
               + ("" if step.exact else " (approximate)"))
@@ -578,7 +669,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from quantscan.extract import command_predicate, extract, save_inputs, until_fails
+    from quantscan.extract import (
+        command_predicate,
+        extract,
+        save_inputs,
+        save_samples,
+        until_fails,
+        worst_sample_indices,
+        write_record,
+    )
 
     consts, shapes = parse_const(args.const), parse_input_shape(args.input_shape)
     out = Path(args.output_model)
@@ -588,10 +687,17 @@ def cmd_extract(args: argparse.Namespace) -> int:
         result = extract(args.model, args.node, context=args.context, calib=args.calib, consts=consts,
                          input_shapes=shapes, seed=args.seed)
         result.save(out, force=args.force)
-        print(f"wrote {out} ({len(result.model.graph.node)} nodes)")
+        print(f"wrote {out} ({len(result.model.graph.node)} nodes, kernel {result.kernel_name})")
+        if args.worst and not args.calib:
+            raise UsageError("--worst: expected --calib DIR (the data the scan evaluated), found none")
+        saved = None
         if args.calib:
-            written = save_inputs(result, args.calib, out, consts=consts)
-            print("wrote " + " and ".join(str(p) for p in written))
+            picked = worst_sample_indices(args.worst) if args.worst else None
+            saved = save_samples(result, args.calib, out, samples=picked, count=args.samples, consts=consts)
+            note = f" ({saved.note})" if saved.note else ""
+            print(f"wrote {saved.inputs_path} and {saved.expected_path}: {len(saved.indices)} sample(s){note}")
+        record = write_record(result, out, saved, run_dir=args.worst or args.run)
+        print(f"wrote {record}")
         return EXIT_OK
     start = extract(args.model, args.node, context=args.context).nodes if args.node else None
     predicate = command_predicate(args.until_fails, timeout=args.timeout, fail_regex=args.fail_regex)
@@ -617,6 +723,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.show:
         return _show_session(Path(args.show))
     from quantscan.bisect import run_bisect
+    from quantscan.calib.state import parse_state
 
     model = args.model
     if model is None and args.resume is None:
@@ -632,9 +739,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         shapes, dims = split_input_shapes(args.input_shape)
         options.update({
             "calib_method": args.calib_method, "activations": args.activations, "input_shape": shapes,
-            "input_dims": dims, "const": parse_const(args.const), "limit": args.limit, "eval": args.eval,
+            "input_dims": dims, "const": parse_const(args.const), "state": parse_state(args.state),
+            "limit": args.limit, "eval": args.eval,
             "output": args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
             "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
+            "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,
         })
 
     def on_step(step: Any, machine: Any) -> None:
@@ -646,7 +755,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     try:
         result = run_bisect(
             model, args.calib, target_cosine=args.target_cosine, target_sqnr=args.target_sqnr,
-            target_top1=args.target_top1, fallback=args.fallback, mode="first_bad" if args.first_bad else "search",
+            target_top1=args.target_top1, target=args.target, fallback=args.fallback,
+            mode="first_bad" if args.first_bad else "search",
             session=args.session, resume=args.resume, keep_float=args.keep_float, force_quant=args.force_quant,
             loss_if_only=args.loss_if_only, out=out, save_qdq=args.save_qdq, exports=args.export,
             progress=_progress_factory(args.quiet), on_step=on_step, **options,
@@ -660,11 +770,13 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
+    from quantscan.bisect.state import METRICS
+
     plan = result.plan
     metric = plan.target.metric
 
     def value(metrics: dict[str, float] | None) -> str:
-        got = (metrics or {}).get(metric)
+        got = (metrics or {}).get(METRICS.get(metric, metric))
         return f"{got:.5f}" if isinstance(got, float) else str(got)
 
     print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)} "
@@ -720,6 +832,39 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- log: a vendor conversion log read into findings -------------------------------------------------
+
+
+def _log_parser(sub: Any) -> None:
+    p = sub.add_parser("log", help="read a vendor conversion log (RKNN-Toolkit2, hb_mapper) into findings")
+    p.add_argument("log_file", metavar="FILE")
+    p.add_argument("--model", default=None, help="the ONNX model that was converted: map vendor names to its nodes")
+    p.add_argument("--profile", default=None, metavar="NAME|PATH",
+                   help="with --model: the vendor's placements beside check --profile's (mismatches are findings)")
+    p.add_argument("--out", help="folder for compat.csv and log_layers.csv (default reports/<log stem>/)")
+    p.add_argument("--quiet", action="store_true", help="accepted for symmetry; log prints no progress")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from quantscan.runfolder import ensure_out_dir, write_csv
+    from quantscan.vendorlog import read_log
+
+    reading = read_log(args.log_file, model=args.model, profile=args.profile)
+    out = Path(args.out) if args.out else default_out(args.log_file)
+    inputs = {Path(p).resolve() for p in (args.log_file, args.model) if p}
+    for name in ("compat.csv", "log_layers.csv"):
+        if (out / name).resolve() in inputs:
+            raise UsageError(f"--out: expected a folder where {name} is not an input, found the input {out / name}")
+    out = ensure_out_dir(out)
+    write_csv(out / "compat.csv", reading.findings)
+    write_csv(out / "log_layers.csv", reading.layers)
+    for line in reading.summary_lines():
+        print(line)
+    print(f"wrote {out}/compat.csv and log_layers.csv")
+    return EXIT_OK
+
+
 HANDLERS = {
     "scan": cmd_scan,
     "check": cmd_check,
@@ -729,8 +874,10 @@ HANDLERS = {
     "compare": cmd_compare,
     "extract": cmd_extract,
     "bisect": cmd_bisect,
+    "case": cmd_case,
     "bundle": cmd_bundle,
     "overlay": cmd_overlay,
+    "log": cmd_log,
 }
 
 

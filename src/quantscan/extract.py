@@ -3,15 +3,19 @@
 Why: a compiler bug report needs a model the vendor can open and run in seconds, with the real input
 values that trigger the problem, not a 20 MB network and "layer 57 looks wrong". Three tools:
 
-- `extract(model, node, context=K)`: the node, its producers up to depth K and its consumers, as a
-  valid model (checked with `onnx.checker.check_model(full_check=True)`). Cut tensors become typed
+- `extract(model, node, context=K)`: the node, its producers up to depth K and its consumers, widened
+  to whole kernels (sites.py's grouping, a Conv's BatchNormalization included: a cut inside a fused
+  Conv+activation gives a model that no longer fuses, so it no longer reproduces), as a valid model
+  (checked with `onnx.checker.check_model(full_check=True)`). Cut tensors become typed
   graph inputs/outputs (from `onnx.shape_inference` with data propagation; where that leaves a type or
   rank unknown, from one run of the full model on data). Initializers and constant-only producers
   (Constant nodes holding Paddle weights, shape arithmetic on constants) are carried along and never
   count as context.
-- `save_inputs(result, calib, out)`: the subgraph's real input tensors, captured by running the full
-  model once with them exposed, written beside the extracted model as `.npz` (with the full model's
-  values of the subgraph outputs in `.expected.npz`, so "reproduces" can be checked).
+- `save_inputs(result, calib, out, samples=[...])`: the subgraph's real input tensors for up to N
+  samples (the first ones, or a scan's worst ones), captured by running the full model with them
+  exposed, written beside the extracted model as `.npz` (with the full model's values of the subgraph
+  outputs in `.expected.npz`, so "reproduces" can be checked); `write_record` adds `<stem>.extract.json`
+  saying which kernel and which finding of a run the model reproduces.
 - `until_fails(model, predicate)`: shrink a node set while a user predicate keeps failing, by delta
   debugging (Zeller's ddmin). ddmin only ever moves to a set it has seen fail, so it needs no
   monotonicity along the graph (the reason bisection-style reducers stall), and it ends 1-minimal:
@@ -25,6 +29,7 @@ Node names are the loader's: unnamed nodes are called `<op_type>_<index>` as in 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import shlex
 import subprocess
@@ -40,7 +45,7 @@ import onnx
 from onnx import helper
 
 from quantscan import graph as qgraph
-from quantscan.calib import CalibSet
+from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.npyfile import npz_bytes
 from quantscan.calib.source import data_source
 from quantscan.compare import ModelArg, load_side
@@ -49,7 +54,14 @@ from quantscan.model import graph_inputs
 from quantscan.runfolder import PRODUCER, is_quantscan_onnx, refuse_foreign_overwrite
 from quantscan.runfolder import atomic_write_bytes as write_atomic
 from quantscan.runner import Runner
+from quantscan.sites import find_sites
 from quantscan.specs import InputSpec
+
+DEFAULT_SAMPLES = 8
+"""How many samples `save_inputs` keeps by default (`--samples`): a failure seen on one image only
+may be noise; eight show whether it repeats, and stay small enough to mail."""
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                          onnx.TensorProto.BFLOAT16})
 
 _NOT_CONSTANT = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -79,6 +91,10 @@ class ExtractResult:
     outputs: list[str]
     source: onnx.ModelProto = field(repr=False)
     source_path: Path | None = None
+    kernel: list[str] = field(default_factory=list)
+    """The nodes of the centre node's kernel (as the chip fuses them), first node first."""
+    kernel_name: str = ""
+    """The kernel's pattern, e.g. `Conv+BatchNormalization+PRelu`."""
 
     def save(self, out: str | Path, *, force: bool = False) -> Path:
         """Write the model atomically; refuses the source model's own path and files quantscan did not write."""
@@ -199,6 +215,7 @@ class Extractor:
         self._runner = runner
         self._probed = False
         self._probe_error = ""
+        self._kernels: list[tuple[list[int], str]] | None = None
 
     # -- lookups
 
@@ -227,6 +244,34 @@ class Extractor:
                 found.add(i)
                 const.update(o for o in node.output if o)
         return found
+
+    # -- kernels
+
+    def kernels(self) -> list[tuple[list[int], str]]:
+        """(node indices, pattern) of every kernel, as sites.py groups them for the chip; a
+        BatchNormalization right after a Conv/Gemm joins that kernel (the scan folds it first)."""
+        if self._kernels is None:
+            floats = {n for n, t in self.types.items() if t.tensor_type.elem_type in _FLOAT_TYPES}
+            floats |= set(self.inits)
+            sites = find_sites(self.proto, float_tensors=floats, original_order=self.by_name)
+            groups = [([self.by_name[n] for n in s.nodes if n in self.by_name], s.kernel) for s in sites]
+            self._kernels = _fold_batchnorm(groups, self.nodes, self.producer)
+        return self._kernels
+
+    def kernel_of(self, index: int) -> tuple[list[int], str]:
+        """The kernel holding node `index` (a node no kernel claims is its own)."""
+        for members, name in self.kernels():
+            if index in members:
+                return members, name
+        return [index], self.nodes[index].op_type
+
+    def whole_kernels(self, chosen: set[int]) -> set[int]:
+        """`chosen` widened so that no kernel is cut: every kernel touching it comes in whole."""
+        grown = set(chosen)
+        for members, _ in self.kernels():
+            if grown & set(members):
+                grown |= set(members)
+        return grown
 
     # -- regions
 
@@ -389,8 +434,10 @@ def extract(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     runner: Runner | None = None,
+    kernels: bool = True,
 ) -> ExtractResult:
-    """The subgraph around `node`: producers up to depth `context`, direct consumers, constants.
+    """The subgraph around `node`: producers up to depth `context`, direct consumers, constants,
+    widened to whole kernels unless `kernels=False`; the centre kernel's output is an output.
 
     `calib`/`consts`/`input_shapes`/`seed` only matter when shape inference leaves a cut tensor's
     type unknown (the full model is then run once on that data, or on seeded random data). The centre
@@ -403,7 +450,11 @@ def extract(
     )
     centre = ex.index(node)
     chosen = ex.context(centre, context)
-    produced = [o for o in ex.nodes[centre].output if o]
+    members, kernel_name = ex.kernel_of(centre) if kernels else ([centre], ex.nodes[centre].op_type)
+    if kernels:
+        chosen = ex.whole_kernels(chosen)
+    last = members[-1]  # the kernel's output, not a tensor inside it: an output there would stop the fusion
+    produced = [o for o in ex.nodes[last].output if o]
     centre_outputs = [o for o in produced if o in ex.consumers or o in ex.graph_outputs] or produced[:1]
     sub, kept, sub_inputs, sub_outputs = ex.build(chosen, centre_outputs)
     return ExtractResult(
@@ -415,7 +466,30 @@ def extract(
         outputs=sub_outputs,
         source=proto,
         source_path=None if isinstance(model, onnx.ModelProto) else Path(model),
+        kernel=[ex.nodes[i].name for i in members],
+        kernel_name=kernel_name,
     )
+
+
+def _fold_batchnorm(
+    groups: list[tuple[list[int], str]], nodes: Sequence[onnx.NodeProto], producer: Mapping[str, int]
+) -> list[tuple[list[int], str]]:
+    """Join a kernel that starts with BatchNormalization to the Conv/ConvTranspose/Gemm kernel feeding it."""
+    owner = {i: k for k, (members, _) in enumerate(groups) for i in members}
+    merged = [(list(m), name) for m, name in groups]
+    gone: set[int] = set()
+    for k, (members, name) in enumerate(groups):
+        first = nodes[members[0]]
+        if first.op_type != "BatchNormalization" or not first.input:
+            continue
+        up = producer.get(first.input[0])
+        target = owner.get(up) if up is not None else None
+        if target is None or target in gone or nodes[merged[target][0][0]].op_type not in ("Conv", "ConvTranspose",
+                                                                                          "Gemm"):
+            continue
+        merged[target] = (merged[target][0] + members, merged[target][1] + "+" + name)
+        gone.add(k)
+    return [g for k, g in enumerate(merged) if k not in gone]
 
 
 def companion_paths(model_path: str | Path) -> tuple[Path, Path]:
@@ -456,12 +530,156 @@ def save_inputs(
 ) -> tuple[Path, Path]:
     """Write the subgraph's real inputs (`<stem>.inputs.npz`, keys = its input names, a valid tensor
     calibration file) and the full model's values of its outputs (`<stem>.expected.npz`) beside
-    `model_path`, both atomically. One sample: cut tensors need not share a batch axis."""
-    feeds, expected = capture(result, calib, sample=sample, consts=consts, runner=runner)
+    `model_path`, both atomically, for one sample (see `save_samples` for several)."""
+    saved = save_samples(result, calib, model_path, samples=[sample], consts=consts, runner=runner)
+    return saved.inputs_path, saved.expected_path
+
+
+@dataclass(frozen=True)
+class SavedSamples:
+    """What `save_samples` wrote: the two .npz files and which calibration samples they hold."""
+
+    inputs_path: Path
+    expected_path: Path
+    indices: tuple[int, ...]
+    files: tuple[str | None, ...] = ()
+    """The calibration file of each sample, when one file holds one sample."""
+    note: str = ""
+
+
+def save_samples(
+    result: ExtractResult | ShrinkResult,
+    calib: CalibSet | str | Path,
+    model_path: str | Path,
+    *,
+    samples: Sequence[int] | None = None,
+    count: int = DEFAULT_SAMPLES,
+    consts: Mapping[str, float] | None = None,
+    runner: Runner | None = None,
+) -> SavedSamples:
+    """The subgraph's real inputs and the full model's values of its outputs for several samples: the
+    given indices (e.g. a scan's worst samples), else the first `count`. Samples are stacked on axis 0
+    when every cut tensor has a batch axis of 1 (then the file is a tensor calibration file of N
+    samples); a cut tensor without one (a [T, C] state, a scalar) keeps the first sample only, said in
+    `note`."""
+    if count <= 0:
+        raise UsageError(f"--samples: expected a positive number, found {count}")
+    cset = calib if isinstance(calib, CalibSet) else load_calibration(calib, graph_inputs(result.source),
+                                                                       consts=consts)
+    source = data_source(cset, graph_inputs(result.source), consts=consts)
+    total = source.count if source.count is not None else count
+    files = [f.name for f in cset.files] if len(cset.files) == cset.n_samples else []
+    wanted = list(dict.fromkeys(samples)) if samples is not None else list(range(min(count, total)))
+    bad = [i for i in wanted if i < 0 or i >= total]
+    if bad:
+        raise UsageError(f"sample: expected 0 <= sample < {total}, found {bad[0]}")
+    produced = {o for n in result.source.graph.node for o in n.output}
+    names = [n for n in [*result.inputs, *result.outputs] if n in produced]
+    session = (runner or Runner()).session(qgraph.expose(result.source, names))
+    picked = set(wanted[:count])
+    captured: dict[int, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+    for i, feeds in enumerate(source.samples()):
+        if i in picked:
+            values = {**session.run(feeds, names), **feeds}
+            captured[i] = ({n: values[n] for n in result.inputs}, {n: values[n] for n in result.outputs})
+        if len(captured) == len(picked):
+            break
+    order = [i for i in wanted if i in captured]
+    arrays = [a for i in order for part in captured[i] for a in part.values()]
+    stackable = all(np.ndim(a) >= 1 and np.shape(a)[0] == 1 for a in arrays)
+    note = ""
+    if not stackable and len(order) > 1:
+        note = "a cut tensor has no batch axis of 1: only the first sample is kept"
+        order = order[:1]
+    feeds_out = {n: np.concatenate([captured[i][0][n] for i in order]) for n in result.inputs}
+    expected_out = {n: np.concatenate([captured[i][1][n] for i in order]) for n in result.outputs}
+    if len(order) == 1:
+        feeds_out, expected_out = captured[order[0]]
     inputs_path, expected_path = companion_paths(model_path)
-    write_atomic(inputs_path, npz_bytes(feeds))
-    write_atomic(expected_path, npz_bytes(expected))
-    return inputs_path, expected_path
+    write_atomic(inputs_path, npz_bytes(feeds_out))
+    write_atomic(expected_path, npz_bytes(expected_out))
+    names_of = tuple(files[i] if i < len(files) else None for i in order)
+    return SavedSamples(inputs_path, expected_path, tuple(order), names_of, note)
+
+
+def worst_sample_indices(run_dir: str | Path) -> list[int]:
+    """The sample indices a scan listed as worst by output cosine (run.json `worst_samples`)."""
+    from quantscan.runfolder import read_run_json
+
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise UsageError(f"--worst: expected a scan's run folder with run.json, found none at {run_dir}")
+    samples = read_run_json(path).get("worst_samples") or []
+    if not samples:
+        raise UsageError(f"--worst: expected run.json worst_samples in {run_dir} (a scan's run folder), found none")
+    return [int(w["index"]) for w in samples]
+
+
+def finding_for(run_dir: str | Path, kernel: Sequence[str]) -> dict[str, object] | None:
+    """The scan's layers.csv row of the kernel (rank, cause, diagnosis, errors), if the run has one."""
+    import pandas as pd
+
+    path = Path(run_dir) / "layers.csv"
+    if not path.is_file():
+        return None
+    layers = pd.read_csv(path)
+    rows = layers[layers["node"].isin(list(kernel))] if "node" in layers.columns else layers.iloc[0:0]
+    if rows.empty:
+        return None
+    keep = ["node", "kernel", "rank", "cause", "reason", "diagnosis", "isolated_sqnr_db", "cumulative_cosine",
+            "cumulative_sqnr_db", "eval_clip_fraction", "compat_rule", "compat_fix", "gain_if_float"]
+    row = rows.iloc[0].to_dict()
+    return {k: (None if isinstance(row[k], float) and math.isnan(row[k]) else _plain(row[k]))
+            for k in keep if k in row}
+
+
+def _plain(value: object) -> object:
+    """numpy scalars as Python numbers, for JSON."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def write_record(
+    result: ExtractResult,
+    model_path: str | Path,
+    saved: SavedSamples | None = None,
+    *,
+    run_dir: str | Path | None = None,
+) -> Path:
+    """`<stem>.extract.json` beside the model: which source, node and kernel it cuts out, the samples
+    its inputs hold, and the finding of a run it reproduces (relative file names only, so a bundle
+    carries it as it is)."""
+    from quantscan.runfolder import write_json
+
+    model_path = Path(model_path)
+    stem = model_path.name[: -len(model_path.suffix)] if model_path.suffix else model_path.name
+    record: dict[str, object] = {
+        "model": model_path.name,
+        "source": result.source_path.name if result.source_path is not None else None,
+        "source_sha256": _sha256(result),
+        "node": result.node,
+        "kernel": {"name": result.kernel_name, "nodes": list(result.kernel)},
+        "context": result.context,
+        "nodes": list(result.nodes),
+        "inputs": list(result.inputs),
+        "outputs": list(result.outputs),
+        "samples": None if saved is None else {
+            "indices": list(saved.indices),
+            "files": list(saved.files),
+            "inputs": saved.inputs_path.name, "expected": saved.expected_path.name, "note": saved.note},
+        "finding": finding_for(run_dir, result.kernel or [result.node]) if run_dir is not None else None,
+    }
+    path = model_path.with_name(f"{stem}.extract.json")
+    write_json(path, record)
+    return path
+
+
+def _sha256(result: ExtractResult) -> str:
+    """The source file's sha256 (as run.json records it), else the in-memory model's."""
+    import hashlib
+
+    if result.source_path is not None and result.source_path.is_file():
+        return hashlib.sha256(result.source_path.read_bytes()).hexdigest()
+    return hashlib.sha256(result.source.SerializeToString()).hexdigest()
 
 
 # --- shrinking ----------------------------------------------------------------------------------------------

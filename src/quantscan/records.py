@@ -282,6 +282,12 @@ class RunInfo:
     output_metrics: dict[str, OutputMetrics] = field(default_factory=dict)
     deployed_metrics: dict[str, OutputMetrics] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    preprocessing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per input, the preprocessing as applied to the calibration data (resize mode and sizes, mean,
+    std, channel order, layout, dtype, scale): the rest of the input contract beside the shapes."""
+    worst_samples: list[dict[str, Any]] = field(default_factory=list)
+    """The evaluation samples with the lowest output cosine (index, file, output, cosine), worst first:
+    what `extract --worst RUN_DIR` feeds the minimal model."""
     format: int = 1
     tool: str = "quantscan"
     deployed_gap_sites: list[dict[str, Any]] = field(default_factory=list)
@@ -298,6 +304,8 @@ class RunInfo:
             "versions": dict(self.versions),
             "model": self.model.to_json(),
             "input_contract": {k: list(v) for k, v in self.input_contract.items()},
+            "preprocessing": {k: dict(v) for k, v in self.preprocessing.items()},
+            "worst_samples": [dict(w) for w in self.worst_samples],
             "inputs": [dict(i) for i in self.inputs],
             "calibration": self.calibration.to_json(),
             "evaluation": self.evaluation.to_json(),
@@ -352,6 +360,8 @@ class RunInfo:
             deployed_metrics={str(k): OutputMetrics.from_json(v) for k, v in
                               (data.get("deployed_metrics") or {}).items()},
             warnings=[str(w) for w in data.get("warnings") or []],
+            preprocessing={str(k): dict(v) for k, v in (data.get("preprocessing") or {}).items()},
+            worst_samples=[dict(w) for w in data.get("worst_samples") or []],
             format=int(data.get("format", 1)),
             tool=str(data.get("tool", "quantscan")),
             deployed_gap_sites=[dict(s) for s in data.get("deployed_gap_sites") or [] if isinstance(s, Mapping)],
@@ -548,6 +558,9 @@ class Plan:
     steps: tuple[PlanStep, ...]
     format: int = PLAN_FORMAT
     tool: str = PLAN_TOOL
+    recipe: dict[str, Any] | None = None
+    """How the plan was measured, for the exports: `profile`, `recipe` (kernels|onnxruntime) and the
+    `quantize_static` keyword arguments of its activation scheme (None in older plan files)."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -585,6 +598,7 @@ class Plan:
             "last_phase": self.last_phase,
             "phases": list(self.phases),
             "steps": [s.to_json() for s in self.steps],
+            **({"recipe": dict(self.recipe)} if self.recipe is not None else {}),
         }
 
     @classmethod
@@ -621,6 +635,7 @@ class Plan:
             steps=tuple(PlanStep.from_json(s) for s in raw.get("steps", ())),
             format=int(raw.get("format", PLAN_FORMAT)),
             tool=str(raw.get("tool", PLAN_TOOL)),
+            recipe=dict(raw["recipe"]) if isinstance(raw.get("recipe"), dict) else None,
         )
 
 
@@ -648,6 +663,8 @@ class RewriteId(StrEnum):
     OPSET_DOWN = "opset-down"
     FIX_DIM = "fix-dim"
     CLAMP_MASK = "clamp-mask"
+    FREEZE_INPUT = "freeze-input"
+    RECIPROCAL = "reciprocal"
 
 
 FINDING_COLUMNS: tuple[str, ...] = (

@@ -9,9 +9,15 @@ passes, and tests hold them to it through these counters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import copy
+import io
+import logging
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -159,3 +165,85 @@ def _one_line(exc: BaseException) -> str:
 def onnxruntime_version() -> str:
     """The onnxruntime version run.json records (asked here: this module is the only onnxruntime user)."""
     return str(ort.__version__)
+
+
+# --- onnxruntime's own quantizer ------------------------------------------------------------------------
+
+
+def quantize_static_model(
+    model: onnx.ModelProto, batches: Iterable[Mapping[str, np.ndarray]], kwargs: Mapping[str, Any]
+) -> onnx.ModelProto:
+    """The QDQ model `onnxruntime.quantization.quantize_static(model, ..., **kwargs)` writes.
+
+    Why here: onnxruntime.quantization is onnxruntime (it calibrates with its own InferenceSession),
+    and this module is the only onnxruntime user. `kwargs` are JSON-style, as ort_quant_config.json
+    spells them (enum values by name: "QDQ", "QUInt8", "MinMax"); `batches` feed the calibration
+    data reader in order (one sample per batch, as a user's reader gives them: its histogram
+    calibrators need equal shapes). onnxruntime's quantizer logs its advice ("consider pre-processing") on the
+    root logger: silenced for the call, like the runner's sessions.
+    """
+    from onnxruntime.quantization import quantize_static
+
+    calls = quantize_static_kwargs(kwargs)
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:  # its histogram calibrators print progress on stdout, which is the CLI's: kept out of it
+        with tempfile.TemporaryDirectory(prefix="quantscan-ort-") as tmp, contextlib.redirect_stdout(io.StringIO()):
+            out = Path(tmp) / "model.qdq.onnx"
+            # a copy: quantize_static saves its input with external data, which rewrites the proto in place
+            quantize_static(copy.deepcopy(model), out, _DataReader(iter(batches)), **calls)
+            return onnx.load(str(out))
+    except Exception as exc:  # the quantizer raises its own untyped exceptions
+        raise SessionError(f"onnxruntime quantize_static could not quantize the model: {_one_line(exc)}") from exc
+    finally:
+        logging.disable(previous)
+
+
+def quantize_static_op_types() -> frozenset[str]:
+    """The op types quantize_static quantizes by default (`op_types_to_quantize` empty): the keys of
+    onnxruntime.quantization.registry's QLinearOpsRegistry and QDQRegistry (quantize.py, quantize_static)."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return frozenset(QLinearOpsRegistry) | frozenset(QDQRegistry)
+
+
+def quantize_static_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON-style quantize_static arguments -> the enums onnxruntime takes (QuantType[name], ...)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+
+    enums: dict[str, Any] = {
+        "quant_format": QuantFormat,
+        "activation_type": QuantType,
+        "weight_type": QuantType,
+        "calibrate_method": CalibrationMethod,
+    }
+    out = {k: enums[k][v] if k in enums and isinstance(v, str) else v for k, v in kwargs.items()}
+    extra = dict(out.get("extra_options") or {})
+    overrides = extra.get("TensorQuantOverrides")
+    if overrides:
+        extra["TensorQuantOverrides"] = {
+            t: [{k: QuantType[v] if k == "quant_type" else v for k, v in d.items()} for d in ds]
+            for t, ds in overrides.items()
+        }
+        out["extra_options"] = extra
+    return out
+
+
+class _DataReader:
+    """onnxruntime's CalibrationDataReader protocol (`get_next`, None at the end) over our batches."""
+
+    def __init__(self, batches: Iterator[Mapping[str, np.ndarray]]) -> None:
+        self._batches = batches
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        batch = next(self._batches, None)
+        return None if batch is None else dict(batch)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = self.get_next()
+        if batch is None:
+            raise StopIteration
+        return batch

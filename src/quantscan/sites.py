@@ -7,9 +7,11 @@ so this module groups the prepared graph's nodes into kernels first:
 - an *anchor* (Conv, ConvTranspose, Gemm, MatMul) absorbs a following per-channel affine op with a
   constant operand (bias Add, scale Mul) and one fused activation (Relu, Clip, LeakyRelu, PRelu,
   HardSwish, HardSigmoid, Sigmoid, and the SiLU and decomposed-HardSwish patterns);
-- decomposed LayerNorm (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add]), Erf-GELU,
-  x·sigmoid(x) and x·Clip(x+3,0,6)/6 are recognised as one kernel each (`quantscan.patterns`), when
-  their intermediate tensors are read nowhere else;
+- decomposed LayerNorm (mean by ReduceMean or MatMul by 1/C; Sqrt+Div, Reciprocal, 1/Sqrt or
+  Pow -0.5), GELU (Erf and tanh forms), Softmax (Exp/ReduceSum/Div, with or without the ReduceMax/Sub
+  shift), x·sigmoid(x) and HardSwish (x·Clip(x+3,0,6)/6, x·HardSigmoid(x)) are recognised as one kernel
+  each by what they compute (`quantscan.patterns`), when their intermediate tensors are read nowhere
+  else;
 - any other float-producing op is a kernel of its own and may absorb one fused activation;
 - scale-preserving ops (Reshape, Transpose, MaxPool, Concat, ...) are not sites: they pass their
   input's quantization through.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from quantscan.graph.index import GraphIndex, other_input
-from quantscan.patterns import fused_activation, gelu, hardswish, layernorm, silu
+from quantscan.patterns import fused_activation, gelu, hardswish, layernorm, silu, softmax
 from quantscan.patterns.base import Match
 
 ANCHOR_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -33,7 +35,8 @@ DEFAULT_FUSED_ACTIVATIONS = frozenset(
     {"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish", "HardSigmoid", "Sigmoid", "SiLU"}
 )
 """Activations joined to their producer when no chip profile says otherwise (CONTRACT.md's list).
-`SiLU` and `HardSwish` also name the decomposed patterns x·sigmoid(x) and x·Clip(x+3,0,6)/6."""
+`SiLU` and `HardSwish` also name the decomposed patterns x·sigmoid(x), x·Clip(x+3,0,6)/6 and
+x·HardSigmoid(x)."""
 PASS_THROUGH_OPS = frozenset(
     {
         "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "MaxPool",
@@ -88,6 +91,9 @@ SENSITIVE_OPS = frozenset(
 )
 """Ops whose int8 version is fragile on NPUs (contract: `sensitive_op`)."""
 
+SENSITIVE_KERNELS = (layernorm.KERNEL, gelu.KERNEL, softmax.KERNEL)
+"""Decomposed kernels built from sensitive ops (contract: "and kernels built from them")."""
+
 _AFFINE_OPS = frozenset({"Add", "Mul", "Sub", "Div"})
 
 
@@ -107,6 +113,9 @@ class Site:
     extra_weights: list[tuple[str, int]] = field(default_factory=list)
     conv_like: bool = False
     sensitive: bool = False
+    quantized_if: str | None = None
+    """A recipe where this kernel quantizes only when an earlier quantized kernel already quantized
+    this tensor (onnxruntime's Reshape/MaxPool/Relu...: `is_tensor_quantized(input)`); None: always."""
 
     @property
     def fused(self) -> bool:
@@ -191,7 +200,8 @@ def _grow_kernel(
     """Start at `node`, return the kernel's nodes, its output tensor and the parts of its name."""
     kernel = _pattern_kernel(index, node)
     if kernel is not None:
-        return list(kernel.nodes), kernel.output, [f"{kernel.kernel}[{kernel.op_types()}]"]
+        in_order = sorted(kernel.nodes, key=lambda n: _graph_position(index, n))
+        return in_order, kernel.output, [f"{kernel.kernel}[{kernel.op_types()}]"]
     nodes, out, labels = [node], node.output[0], [node.op_type]
     if node.op_type in ANCHOR_OPS and _has_const_weight(index, node):
         for _ in range(2):
@@ -217,18 +227,30 @@ def _grow_kernel(
 
 
 def _pattern_kernel(index: GraphIndex, node: onnx.NodeProto) -> Match | None:
-    """The multi-node kernel (LayerNorm, GELU, SiLU, HardSwish) that starts at `node`, if any."""
-    x = node.input[0] if node.input else ""
-    if not x:
-        return None
-    for found in (layernorm.match_from(index, x), gelu.match_from(index, x)):
-        if isinstance(found, Match) and not found.shared(index) and found.nodes[0] is node:
-            return found
-    for kernel in (silu.KERNEL, hardswish.KERNEL):
-        found = fused_activation.decomposed(kernel, index, x)
-        if isinstance(found, Match) and found.nodes[0] is node:
-            return found
+    """The multi-node kernel (LayerNorm, GELU, Softmax, SiLU, HardSwish) that starts at `node`, if any.
+
+    "Starts" is graph order, not the pattern's listing order: an exporter may write (0.5·x) of a GELU
+    before or after its Erf branch, and the site is met at whichever comes first. That first node may
+    read x as any operand (`Mul(0.5, x)`), so every computed input is tried as the kernel's x.
+    """
+    for x in dict.fromkeys(i for i in node.input if i and not index.is_const(i)):
+        for found in (layernorm.match_from(index, x), gelu.match_from(index, x), softmax.match_from(index, x)):
+            if isinstance(found, Match) and not found.shared(index) and _first_in_graph(index, found) is node:
+                return found
+        for kernel in (silu.KERNEL, hardswish.KERNEL):
+            found = fused_activation.decomposed(kernel, index, x)
+            if isinstance(found, Match) and _first_in_graph(index, found) is node:
+                return found
     return None
+
+
+def _graph_position(index: GraphIndex, node: onnx.NodeProto) -> int:
+    return index.producer.get(node.output[0], len(index.nodes)) if node.output else len(index.nodes)
+
+
+def _first_in_graph(index: GraphIndex, found: Match) -> onnx.NodeProto:
+    """The node of a match that comes first in the (topologically sorted) graph."""
+    return min(found.nodes, key=lambda n: _graph_position(index, n))
 
 
 def _has_const_weight(index: GraphIndex, node: onnx.NodeProto) -> bool:
@@ -278,7 +300,7 @@ def _make_site(
             if name not in data_inputs:
                 data_inputs.append(name)
     op_types = {n.op_type for n in nodes}
-    sensitive = bool(op_types & SENSITIVE_OPS) or any(lbl.startswith(("LayerNorm", "GELU")) for lbl in labels)
+    sensitive = bool(op_types & SENSITIVE_OPS) or any(lbl.startswith(SENSITIVE_KERNELS) for lbl in labels)
     if not sensitive and first.op_type == "Div" and not index.is_const(first.input[1] if len(first.input) > 1 else ""):
         sensitive = True
     if first.op_type in ("ReduceMean", "ReduceSum") and any(

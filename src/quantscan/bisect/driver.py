@@ -30,9 +30,12 @@ from quantscan.bisect.state import (
     StepCallback,
     Target,
 )
+from quantscan.bisect.targets import gain_key, make_evaluator, parse_target
 from quantscan.calib import CalibSet, load_calibration
+from quantscan.calib.state import state_consts
 from quantscan.errors import UsageError
 from quantscan.gain import Evaluator, GainResult, MixedBuilder, compute_gain, sensitivity_order
+from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import atomic_write_bytes, jsonable
@@ -72,24 +75,31 @@ SCAN_OPTION_KEYS = (
     "threads",
     "seed",
     "batch_size",
+    "task",
+    "charset",
+    "mask_threshold",
 )
 """Scan options a session records: a resume must measure exactly what the first run measured."""
 
 
 def target_from_flags(
-    target_cosine: float | None = None, target_sqnr: float | None = None, target_top1: float | None = None
+    target_cosine: float | None = None,
+    target_sqnr: float | None = None,
+    target_top1: float | None = None,
+    target: str | None = None,
 ) -> Target:
+    """One target: `--target METRIC=VALUE` (any metric, bisect/targets.py) or one of the older flags."""
     given = [
         (m, v)
         for m, v in (("cosine", target_cosine), ("sqnr", target_sqnr), ("top1", target_top1))
         if v is not None
     ]
-    if len(given) != 1:
+    if len(given) + (target is not None) != 1:
         raise UsageError(
-            "bisect: expected exactly one of --target-cosine, --target-sqnr, --target-top1, "
-            f"found {len(given) or 'none'}"
+            "bisect: expected exactly one of --target METRIC=VALUE, --target-cosine, --target-sqnr, "
+            f"--target-top1, found {len(given) + (target is not None) or 'none'}"
         )
-    return Target(given[0][0], float(given[0][1]))
+    return parse_target(target) if target is not None else Target(given[0][0], float(given[0][1]))
 
 
 def run_bisect(
@@ -99,6 +109,7 @@ def run_bisect(
     target_cosine: float | None = None,
     target_sqnr: float | None = None,
     target_top1: float | None = None,
+    target: str | None = None,
     fallback: str = "float",
     mode: str = "search",
     session: str | Path | None = None,
@@ -140,28 +151,29 @@ def run_bisect(
         )
     loaded, cset, identity = _load_inputs(model, calib, options, stored)
     ctx = prepare_scan(loaded, cset, progress=progress, runner=runner, **options)
-    target = (
+    _refuse_unanalysed_bodies(ctx)
+    aim = (
         Target(
             str(stored.options["target_metric"]),
             float(stored.options["target_value"]),
             stored.options.get("output"),
         )
         if stored is not None
-        else target_from_flags(target_cosine, target_sqnr, target_top1)
+        else target_from_flags(target_cosine, target_sqnr, target_top1, target)
     )
     builder = MixedBuilder(ctx, fallback)
-    evaluator = Evaluator(ctx, builder, target.key)
+    evaluator = make_evaluator(ctx, builder, aim)
     if stored is None:
         gains = (
             None
             if mode == "first_bad"
-            else compute_gain(ctx, builder, key=target.key, loss_if_only=loss_if_only, progress=progress)
+            else compute_gain(ctx, builder, key=gain_key(aim), loss_if_only=loss_if_only, progress=progress)
         )
         stored = _new_session(
             ctx,
             loaded,
             identity,
-            target,
+            aim,
             fallback,
             mode,
             loss_if_only,
@@ -183,7 +195,7 @@ def run_bisect(
         machine,
         stored,
         session_path,
-        target,
+        aim,
         out,
         save_qdq,
         exports,
@@ -202,6 +214,14 @@ def _open_session(
     return None, path
 
 
+def _refuse_unanalysed_bodies(ctx: ScanContext) -> None:
+    """A model with float nodes inside If/Loop/Scan bodies cannot be bisected honestly: all-int8 would
+    leave them float and could report the target "already met" with nothing quantized."""
+    warning = unquantized_warning(ctx.prepared.proto)
+    if warning is not None:
+        raise UsageError(f"bisect: expected every quantization site analysed, found {warning}")
+
+
 def _load_inputs(
     model: str | Path, calib: str | Path, options: Mapping[str, Any], stored: Session | None
 ) -> tuple[LoadedModel, CalibSet, dict[str, Any]]:
@@ -214,7 +234,7 @@ def _load_inputs(
         loaded.inputs,
         preprocess=options.get("preprocess"),
         overrides=options.get("preprocess_overrides") or {},
-        consts=options.get("const") or {},
+        consts=state_consts(options.get("state") or {}, options.get("const") or {}),
         limit=options.get("limit"),
     )
     identity = calibration_identity(cset.source, cset.files, cset.n_samples)
@@ -249,7 +269,7 @@ def _new_session(
         for k, s in enumerate(ctx.sites)
     ]
     order = (
-        sensitivity_order(gains.table, target.key)
+        sensitivity_order(gains.table, gain_key(target))
         if gains is not None
         else [str(s["node"]) for s in sorted(sites, key=lambda s: int(str(s["order"])))]
     )

@@ -35,7 +35,7 @@ def _float_nodes(plan: Plan) -> list[str]:
 
 
 def onnxruntime_config(plan: Plan) -> dict[str, Any]:
-    """Arguments for `onnxruntime.quantization.quantize_static`.
+    """Arguments for `onnxruntime.quantization.quantize_static`, and how to call it.
 
     Format: onnxruntime `quantize_static` docstring (onnxruntime/python/tools/quantization/quantize.py,
     onnxruntime 1.17+; checked against 1.32): `nodes_to_exclude` is a list of node names left float;
@@ -44,6 +44,13 @@ def onnxruntime_config(plan: Plan) -> dict[str, Any]:
     QuantType values are written by name (JSON has no enums): map them with `QuantType[name]`.
     Int16 tensors follow quantscan's boundary rule (a tensor an int8 kernel touches stays int8), so no
     `convert` entries are needed; ORT raises the opset to 21 itself when 16-bit types appear.
+
+    `quantize_static` holds every keyword argument of the call (CONTRACT: enum values by name),
+    `quant_pre_process` whether to run it first (false: the plan was measured without it), and `note`
+    whether the measured metric transfers: it does for a plan measured with `--profile onnxruntime`
+    (the recipe is quantize_static's own placement); a plan measured on a chip's kernels does not
+    (quantize_static puts QDQ pairs elsewhere). The top-level `nodes_to_exclude`, `per_channel` and
+    `extra_options` are the older spelling of the same values, kept for scripts that read them.
     """
     overrides: dict[str, list[dict[str, Any]]] = {}
     for site in plan.sites_at(Precision.INT16):
@@ -51,11 +58,38 @@ def onnxruntime_config(plan: Plan) -> dict[str, Any]:
             overrides[tensor] = [{"quant_type": "QInt16", "symmetric": True}]
         for weight in site.weights:
             overrides[weight] = [{"quant_type": "QInt16", "symmetric": True, "axis": site.weight_axis}]
+    recipe = plan.recipe or {}
+    call = dict(recipe.get("quantize_static") or _DEFAULT_CALL)
+    extra = {**dict(call.get("extra_options") or {}), "TensorQuantOverrides": overrides}
+    call.update(nodes_to_exclude=_float_nodes(plan), extra_options=extra)
+    transfers = recipe.get("recipe") == "onnxruntime"
     return {
-        "nodes_to_exclude": _float_nodes(plan),
-        "per_channel": True,
-        "extra_options": {"TensorQuantOverrides": overrides},
+        "quantize_static": call,
+        "quant_pre_process": False,
+        "note": _TRANSFERS if transfers else _DOES_NOT_TRANSFER.format(profile=recipe.get("profile") or "none"),
+        "nodes_to_exclude": call["nodes_to_exclude"],
+        "per_channel": call.get("per_channel", True),
+        "extra_options": extra,
     }
+
+
+_DEFAULT_CALL: dict[str, Any] = {
+    "quant_format": "QDQ",
+    "activation_type": "QUInt8",
+    "weight_type": "QInt8",
+    "per_channel": True,
+    "calibrate_method": "MinMax",
+}
+"""A plan file from before the `recipe` key: quantscan's default scheme (uint8 activations)."""
+
+_TRANSFERS = (
+    "measured with --profile onnxruntime: quantize_static(model, out, reader, **quantize_static) on the "
+    "same samples in the same order writes the model bisect measured (its achieved metric)"
+)
+_DOES_NOT_TRANSFER = (
+    "measured on quantscan's kernel sites (profile {profile}): quantize_static places QDQ pairs per node, "
+    "so its metric differs; run bisect with --profile onnxruntime for a plan that transfers"
+)
 
 
 # --- RKNN-Toolkit2 -------------------------------------------------------------------------------------

@@ -19,9 +19,10 @@ from quantscan.bisect import exports as qexports
 from quantscan.bisect.session import Session
 from quantscan.bisect.state import Bisector, Step, Target
 from quantscan.gain import MixedBuilder
-from quantscan.records import Metrics, Plan, PlanSite, Precision
+from quantscan.records import ActivationScheme, Metrics, Plan, PlanSite, Precision
 from quantscan.report.diagnosis import with_plan_block
 from quantscan.runfolder import atomic_write_text, write_json
+from quantscan.scanning.ort_recipe import quantize_static_call
 from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
 
@@ -124,7 +125,18 @@ def build_plan(
         last_phase=steps[-1].phase if steps else None,
         phases=tuple(sorted({s.phase for s in steps})),
         steps=tuple(s.record() for s in steps),
+        recipe=plan_recipe(ctx),
     )
+
+
+def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
+    """What the exports need to say how the plan was measured: the profile, its recipe, and the
+    quantize_static call of its activation scheme (the one the sites were read from, for recipe
+    onnxruntime)."""
+    call = ctx.quantize_static or quantize_static_call(
+        ctx.opts.activations or ActivationScheme.UINT8, ctx.opts.calib_method
+    )
+    return {"profile": ctx.profile, "recipe": ctx.opts.recipe, "quantize_static": call}
 
 
 def write_plan(plan: Plan, session: Session, out: Path, exports: Sequence[str] | None = None) -> dict[str, Path]:

@@ -39,8 +39,17 @@ from typing import Any
 from quantscan.errors import UsageError
 from quantscan.records import ParetoPoint, PlanStep, PlanTarget, Precision
 
-METRICS = {"cosine": "cosine", "sqnr": "sqnr_db", "top1": "top1_agreement"}
-"""Target metric name -> key in an output-metrics row (analyze.output_row spelling)."""
+METRICS = {
+    "cosine": "cosine",
+    "sqnr": "sqnr_db",
+    "top1": "top1_agreement",
+    "top5": "top5_agreement",
+    "string": "string_agreement",
+    "mask_iou": "mask_iou",
+    "box": "box_agreement",
+}
+"""Target metric name -> key in an output-metrics row (analyze.output_row spelling; the last four are
+task metrics, see quantscan.taskmetrics)."""
 FALLBACKS: tuple[str, ...] = tuple(p.value for p in Precision)
 """The precisions a site not kept int8 can get (`--fallback`)."""
 MODES = ("search", "first_bad")
@@ -62,7 +71,8 @@ class SessionFileError(UsageError):
 
 @dataclass(frozen=True)
 class Target:
-    """What the headline output must reach: `metric` ≥ `value` (cosine, SQNR dB, top-1 agreement)."""
+    """What the headline output must reach: `metric` ≥ `value` (cosine, SQNR dB, or a task metric's
+    agreement: top-1/top-5, CTC strings, mask IoU, boxes)."""
 
     metric: str
     value: float

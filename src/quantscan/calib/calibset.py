@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,8 @@ class CalibSet:
     _batched: dict[str, bool] = field(repr=False, compare=False)
     _consts: dict[str, np.ndarray] = field(repr=False, compare=False)
     _read: _Reader = field(repr=False, compare=False)
+    preprocessing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per input, the preprocessing as applied (calib/preprocess.contract_record; tensors: as stored)."""
 
     def sample_shapes(self) -> dict[str, tuple[int, ...]]:
         """Shape of one sample per input (batch dim 1), consts included; images: the first one."""

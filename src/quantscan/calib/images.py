@@ -18,7 +18,14 @@ from quantscan.calib.calibset import CalibSet, Sample
 from quantscan.calib.checks import batched_map, cast_checked, short
 from quantscan.calib.folder import IMAGE_SUFFIXES, other_files
 from quantscan.calib.labels import derive_labels, labels_from_json
-from quantscan.calib.preprocess import Preprocess, parse_preprocess, preprocess_keys
+from quantscan.calib.preprocess import (
+    Preprocess,
+    aspect_warning,
+    contract_record,
+    parse_preprocess,
+    preprocess_keys,
+    resized_size,
+)
 from quantscan.errors import CalibrationError
 from quantscan.specs import InputSpec, Warnings
 
@@ -41,8 +48,10 @@ def load_images(
     images = _image_list(folder, files, pre, warnings)
     if limit is not None:
         images = images[:limit]
-    for image in images:
-        _probe_image(image)
+    sizes = {image.name: _probe_image(image) for image in images}
+    squashed = aspect_warning(sizes, pre)
+    if squashed is not None:
+        warnings.add(squashed)
     first = preprocess_image(images[0], pre, spec)
     label_names = list(pre.labels) if pre.labels is not None else None
     labels = derive_labels([p.name for p in images], label_names) if label_names else None
@@ -67,6 +76,7 @@ def load_images(
         _batched=batched_map(specs),
         _consts=consts,
         _read=read,
+        preprocessing={pre.input: contract_record(pre, str(first.dtype), list(sizes.values()))},
     )
 
 
@@ -105,13 +115,24 @@ def _image_list(folder: Path, files: list[Path], pre: Preprocess, warnings: Warn
     return chosen
 
 
-def _probe_image(path: Path) -> None:
-    """Read the header only: catches unreadable and non-image files before any long run."""
+def _probe_image(path: Path) -> tuple[int, int]:
+    """Read the header only: catches unreadable and non-image files before any long run; returns the
+    (W, H) the image will have once upright (EXIF orientation 5-8 swaps the sides)."""
     try:
         with Image.open(path) as im:
-            im.size  # noqa: B018 - touching the header is the point
+            w, h = im.size
+            return (h, w) if _turned(im) else (w, h)
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
         raise CalibrationError(f"{path}: expected a readable image, found {short(exc)}") from None
+
+
+def _turned(im: Image.Image) -> bool:
+    """EXIF orientation 5-8 (a quarter turn) as far as the header tells; a file truncated past its
+    header is still reported when decoded, naming it, not here."""
+    try:
+        return im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+    except (OSError, SyntaxError, ValueError):
+        return False
 
 
 def preprocess_image(path: Path, pre: Preprocess, spec: InputSpec) -> np.ndarray:
@@ -155,17 +176,8 @@ def _as_mode(im: Image.Image, order: str) -> Image.Image:
 
 def _resize(im: Image.Image, pre: Preprocess) -> Image.Image:
     """Bring the image to the fixed H/W: stretch, or keep the ratio (padding happens later)."""
-    w, h = im.size
-    tw, th = pre.width, pre.height
-    if tw is None and th is None:
-        return im
-    if pre.resize == "stretch":
-        size = (tw or w, th or h)
-    else:
-        ratio = min(r for r in ((tw / w) if tw else None, (th / h) if th else None) if r is not None)
-        size = (max(1, round(w * ratio)), max(1, round(h * ratio)))
-        size = (min(size[0], tw or size[0]), min(size[1], th or size[1]))
-    return im if size == (w, h) else im.resize(size, Image.Resampling.BILINEAR)
+    size = resized_size(*im.size, pre)
+    return im if size == im.size else im.resize(size, Image.Resampling.BILINEAR)
 
 
 def _pad(pixels: np.ndarray, pre: Preprocess) -> np.ndarray:

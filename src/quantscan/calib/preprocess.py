@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,13 @@ RESIZE_MODES = ("stretch", "keep_ratio_pad")
 MAX_IMAGE_SIDE = 8192
 """Largest height or width an image is resized to (README, CONTRACT): a preprocess.json asking for a
 100000x100000 resize would allocate ~120 GB per image; 8192² RGB float32 is 0.8 GB, already a lot."""
+ASPECT_TOLERANCE = 0.10
+"""A resize that changes an image's width/height ratio by more than this squashes what the model sees
+(an OCR line 1365×64 stretched to 256×64 keeps 19% of its width): warned, with the worst file named."""
+INTERPOLATION = "bilinear"
+"""The resampling `preprocess_image` uses (Pillow BILINEAR), recorded in the contract."""
+SIZES_RECORDED = 20
+"""How many distinct source sizes run.json lists (with their image counts) before it only counts them."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,68 @@ class PreprocessKeys:
         kind = UsageError if origin.startswith("--") else CalibrationError
         where = origin if origin.startswith("--") else f"{origin}: '{key}'"
         return kind(f"{where}: expected {expected}, found {found!r}")
+
+
+def resized_size(width: int, height: int, pre: Preprocess) -> tuple[int, int]:
+    """(W, H) an image of `width`×`height` is resized to before padding: the model's fixed sides for
+    `stretch`, the largest size that fits them at the same ratio for `keep_ratio_pad`."""
+    tw, th = pre.width, pre.height
+    if tw is None and th is None:
+        return width, height
+    if pre.resize == "stretch":
+        return tw or width, th or height
+    ratio = min(r for r in ((tw / width) if tw else None, (th / height) if th else None) if r is not None)
+    size = (max(1, round(width * ratio)), max(1, round(height * ratio)))
+    return min(size[0], tw or size[0]), min(size[1], th or size[1])
+
+
+def aspect_change(width: int, height: int, pre: Preprocess) -> float:
+    """Factor (≥ 1) by which resizing changes the width/height ratio: 1 when the ratio is kept."""
+    w2, h2 = resized_size(width, height, pre)
+    change = (w2 / h2) / (width / height)
+    return max(change, 1 / change)
+
+
+def aspect_warning(sizes: Mapping[str, tuple[int, int]], pre: Preprocess) -> str | None:
+    """One warning when resizing changes some images' aspect ratio by more than 10%, naming the worst."""
+    changed = {name: aspect_change(w, h, pre) for name, (w, h) in sizes.items()}
+    bad = {name: c for name, c in changed.items() if c - 1 > ASPECT_TOLERANCE}
+    if not bad:
+        return None
+    worst = max(bad, key=lambda n: bad[n])
+    w, h = sizes[worst]
+    w2, h2 = resized_size(w, h, pre)
+    return (f"resize {pre.resize} changes the aspect ratio of {len(bad)} of {len(sizes)} image(s) by more than "
+            f"{ASPECT_TOLERANCE:.0%} (worst {worst}: {w}x{h} -> {w2}x{h2}, ratio x{(w2 / h2) / (w / h):.2f}): "
+            "the model sees squashed content; use resize keep_ratio_pad or an input size that fits the images")
+
+
+def contract_record(pre: Preprocess, dtype: str, sizes: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """The preprocessing as applied, for run.json: what a deployment must reproduce to feed the model
+    the same numbers (order of operations: decode, channel order, resize, pad, ×scale, −mean, ÷std,
+    layout, dtype)."""
+    counts: dict[tuple[int, int], int] = {}
+    for size in sizes:
+        counts[size] = counts.get(size, 0) + 1
+    common = sorted(counts.items(), key=lambda kv: (-kv[1], kv))[:SIZES_RECORDED]
+    changes = [aspect_change(w, h, pre) for w, h in counts]
+    return {
+        "kind": "images",
+        "layout": pre.layout,
+        "channel_order": pre.channel_order,
+        "resize": pre.resize,
+        "interpolation": INTERPOLATION,
+        "size": {"height": pre.height, "width": pre.width},
+        "pad_value": list(pre.pad_value) if pre.resize == "keep_ratio_pad" else None,
+        "scale": pre.scale,
+        "mean": list(pre.mean),
+        "std": list(pre.std),
+        "dtype": dtype,
+        "source_sizes": [{"width": w, "height": h, "images": n} for (w, h), n in common],
+        "distinct_source_sizes": len(counts),
+        "max_aspect_change": round(max(changes), 4) if changes else 1.0,
+        "formula": "((pixels in channel_order, resized, padded) * scale - mean) / std, laid out as layout",
+    }
 
 
 def preprocess_keys(folder: Path, preprocess: str | Path | None, overrides: Mapping[str, Any]) -> PreprocessKeys:

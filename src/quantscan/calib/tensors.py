@@ -72,6 +72,11 @@ def load_tensors(
         _batched=batched_map(specs),
         _consts=consts,
         _read=read,
+        preprocessing={
+            name: {"kind": "tensors", "dtype": str(specs[name].dtype), "sample_shape": list(shapes[name]),
+                   "applied": "none: arrays fed as stored, cast to the input's dtype"}
+            for name in ordered
+        } | {name: {"kind": "const", "value_shape": list(a.shape)} for name, a in consts.items()},
     )
 
 

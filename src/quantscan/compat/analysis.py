@@ -16,7 +16,8 @@ import onnx
 
 from quantscan.compat.loader import LoadedModel, load
 from quantscan.compat.params import Params, node_params
-from quantscan.graph.index import SHAPE_SOURCE_OPS, GraphIndex
+from quantscan.graph.index import SHAPE_SOURCE_OPS, GraphIndex, subgraph_inputs
+from quantscan.graph.subgraphs import subgraph_defined
 
 NONDETERMINISTIC = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -70,8 +71,18 @@ def analyse(
     view = loaded.original
     foldable = _foldable(view)
     chains = _chains(view, loaded.fixed, foldable)
-    params = tuple(_safe_params(loaded.fixed, i) for i in range(len(view.nodes)))
+    params = tuple(_given_params(loaded, i) for i in range(len(view.nodes)))
     return ModelAnalysis(loaded, foldable, chains, params)
+
+
+def _given_params(loaded: LoadedModel, i: int) -> Params:
+    """Node i's parameters minus those resting on a guessed input dim (a global pool's kernel over an
+    unsized H x W): a limit finding on a number nobody gave would be invented."""
+    params = _safe_params(loaded.fixed, i)
+    if loaded.moved is None:
+        return params
+    moved = _safe_params(loaded.moved, i)
+    return {k: v for k, v in params.items() if moved.get(k) == v}
 
 
 def _safe_params(view: GraphIndex, i: int) -> Params:
@@ -103,7 +114,9 @@ def _shape_nodes(view: GraphIndex, foldable: frozenset[int]) -> set[int]:
     for i, node in enumerate(view.nodes):
         if i in foldable:
             continue
-        inputs = [t for t in view.node_inputs(i) if t not in const]
+        # A control-flow node's body reads data too: its outputs are shape values only if those are.
+        reads = [*view.node_inputs(i), *sorted(subgraph_inputs(node) - subgraph_defined(node))]
+        inputs = [t for t in reads if t not in const]
         if node.op_type in SHAPE_SOURCE_OPS or (inputs and all(t in derived for t in inputs)):
             members.add(i)
             derived.update(view.node_outputs(i))

@@ -2,6 +2,11 @@
 
 No data, no onnxruntime: the model is loaded, shapes inferred (twice if input dims are symbolic),
 then every rule runs per profile, nodes are coloured NPU/CPU and the islands measured.
+
+If/Loop/Scan bodies are checked too (`graph.subgraphs`): each body is analysed as a standalone model
+and the node rules run on it; its findings name the node by path (`If_0/then_branch/LSTM_3`) and take
+the placement and island of the top-level node that owns the body (the body runs where its owner runs).
+Model-level rules (opset, graph inputs) do not apply to a body's formal inputs and are skipped there.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from quantscan.compat.context import RuleContext
 from quantscan.compat.partitions import Partitioning, colour, partition
 from quantscan.compat.profiles import DEFAULT_PROFILE, Profile, load_profile
 from quantscan.compat.result import PARTITION_COLUMNS, CheckResult
-from quantscan.compat.rules import RULES
+from quantscan.compat.rules import BODY_RULES, RULES, Rule
+from quantscan.graph.subgraphs import Body, bodies, body_model, scope_of
 from quantscan.records import FINDING_COLUMNS, FINDING_DETAIL_COLUMNS, Finding, Placement, Severity
 
 
@@ -35,6 +41,7 @@ def check(
     """
     loaded = _profiles(profiles)
     analysis = analyse(model, input_shapes)
+    inner = body_analyses(analysis)
     records: list[Finding] = []
     parts: list[dict[str, object]] = []
     placement: dict[str, dict[str, str]] = {}
@@ -42,6 +49,7 @@ def check(
         found = run_rules(analysis, profile)
         part = partition(analysis, colour(analysis, found))
         records.extend(_placed(analysis, profile, found, part))
+        records.extend(_body_findings(analysis, inner, profile, part))
         parts.extend(_partition_rows(analysis, profile, part))
         placement[profile.name] = _placement(analysis, part)
     rows = [f.to_row() for f in records]
@@ -65,20 +73,56 @@ def _profiles(specs: Sequence[str | Path]) -> list[Profile]:
     return out
 
 
-def run_rules(analysis: ModelAnalysis, profile: Profile) -> list[Finding]:
+def run_rules(
+    analysis: ModelAnalysis, profile: Profile, rules: Sequence[tuple[str, Rule]] = RULES
+) -> list[Finding]:
     """Every rule's findings for one profile, unverified ones capped at warn.
 
     A rule that fails on an odd graph yields an info row saying so instead of aborting the check.
     """
     ctx = RuleContext(analysis, profile)
     out: list[Finding] = []
-    for rule_id, run in RULES:
+    for rule_id, run in rules:
         try:
             out.extend(f.capped() for f in run(ctx))
         except Exception as exc:  # robustness promise: odd graphs are reported, not fatal
             out.append(
                 Finding("", "", rule_id, Severity.INFO, f"rule skipped on this model ({type(exc).__name__}: {exc})")
             )
+    return out
+
+
+def body_analyses(analysis: ModelAnalysis) -> list[tuple[Body, ModelAnalysis]]:
+    """Every If/Loop/Scan body of the model with its own analysis (profile independent, done once).
+
+    A body the loader cannot read as a model is left out here; the owner's control-flow finding
+    still counts its nodes.
+    """
+    proto = analysis.view.model
+    if proto is None:
+        return []
+    scope = scope_of(proto.graph)
+    out: list[tuple[Body, ModelAnalysis]] = []
+    for body in bodies(proto.graph):
+        try:
+            out.append((body, analyse(body_model(proto, body, scope))))
+        except Exception:  # robustness promise: an odd body never aborts the check of the model
+            continue
+    return out
+
+
+def _body_findings(
+    analysis: ModelAnalysis, inner: list[tuple[Body, ModelAnalysis]], profile: Profile, part: Partitioning
+) -> list[Finding]:
+    """The node rules' findings inside every body, named by path, placed where the owning node runs."""
+    index = {n: i for i, n in enumerate(analysis.view.names)}
+    out: list[Finding] = []
+    for body, sub in inner:
+        placement, island = _where(analysis, part, index, body.top_owner)
+        found = sorted(run_rules(sub, profile, BODY_RULES), key=lambda f: -f.severity.rank)
+        for f in found:
+            node = body.node_name(f.node) if f.node else body.path
+            out.append(replace(f, node=node, placement=placement, partition=island, profile=profile.name))
     return out
 
 

@@ -66,6 +66,8 @@ def unsupported_op_fix(op: str, profile: Profile) -> Fix:
         return rewrite_fix(RewriteId.GELU_TANH)
     if op == "BatchNormalization":
         return rewrite_fix(RewriteId.FOLD_BN)
+    if op == "Reciprocal" and "Div" in npu:
+        return rewrite_fix(RewriteId.RECIPROCAL)
     if op == "Gelu":
         return Fix(
             "replace Gelu with an activation the chip runs (e.g. HardSwish/Relu) and re-train, or keep on CPU"

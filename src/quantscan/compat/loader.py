@@ -6,13 +6,16 @@ The check needs two pictures of the graph: the model as shipped (which dims are 
 model once its input dims are fixed, as a converter sees it after `--input-shape`/`fix-dim`. Shape
 chains that are still dynamic in the second picture survive constant folding; the others don't.
 Symbolic dims the caller did not fix are filled with DEFAULT_BATCH on axis 0 and DEFAULT_DIM
-elsewhere, so byte counts and limits have numbers; those numbers are flagged as estimated.
+elsewhere, so shape inference can run and limits that do not depend on those dims have numbers.
+Byte counts do not rest on DEFAULT_DIM: the fixed view is inferred a second time with every guessed
+non-batch dim one larger, and a tensor whose size changes depends on a guess (`LoadedModel.guessed`):
+its bytes are unknown. Batch 1 stays (a count per inference of one sample), flagged as estimated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -41,11 +44,20 @@ class LoadedModel:
     original: GraphIndex
     fixed: GraphIndex
     fills: tuple[DimFill, ...]
+    guessed: frozenset[str] = frozenset()
+    """Tensors whose size in the fixed view depends on a guessed (not given) non-batch dim."""
+    moved: GraphIndex | None = None
+    """The fixed view again with every guessed non-batch dim one larger (None when nothing was guessed):
+    a value that differs between the two views rests on a guess."""
 
     @property
     def estimated(self) -> bool:
-        """True when some symbolic dim was filled with a default rather than a given value."""
-        return any(not f.from_user for f in self.fills)
+        """True when byte counts assume batch 1 on an input whose batch the caller did not give."""
+        return any(not f.from_user and f.axis == 0 for f in self.fills)
+
+    def nbytes(self, tensor: str) -> int | None:
+        """Bytes of `tensor` in the fixed view; None when unknown or resting on a guessed dim."""
+        return None if tensor in self.guessed else self.fixed.info(tensor).nbytes()
 
 
 def read_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
@@ -72,10 +84,31 @@ def load(
     fills = _fills(proto, input_shapes or {})
     if not fills and not input_shapes:
         return LoadedModel(original, original, ())
+    fixed = _fixed_view(proto, fills, input_shapes or {})
+    moved = _moved_view(proto, fills, input_shapes or {})
+    guessed = frozenset() if moved is None else _guessed(fixed, moved)
+    return LoadedModel(original, fixed, tuple(fills), guessed, moved)
+
+
+def _fixed_view(proto: onnx.ModelProto, fills: Sequence[DimFill], shapes: Mapping[str, Sequence[int]]) -> GraphIndex:
     fixed_proto = onnx.ModelProto()
     fixed_proto.CopyFrom(proto)
-    _apply(fixed_proto, fills, input_shapes or {})
-    return LoadedModel(original, GraphIndex.of(infer(fixed_proto), initializers_are_weights=True), tuple(fills))
+    _apply(fixed_proto, list(fills), shapes)
+    return GraphIndex.of(infer(fixed_proto), initializers_are_weights=True)
+
+
+def _moved_view(
+    proto: onnx.ModelProto, fills: Sequence[DimFill], shapes: Mapping[str, Sequence[int]]
+) -> GraphIndex | None:
+    guesses = [f for f in fills if not f.from_user and f.axis != 0]
+    if not guesses:
+        return None
+    return _fixed_view(proto, [replace(f, value=f.value + 1) if f in guesses else f for f in fills], shapes)
+
+
+def _guessed(fixed: GraphIndex, moved: GraphIndex) -> frozenset[str]:
+    """Tensors whose size moves when the guessed non-batch dims move by one: their size is a guess."""
+    return frozenset(t for t, info in fixed.tensors.items() if info.nbytes() != moved.info(t).nbytes())
 
 
 def _check_input_shapes(view: GraphIndex, shapes: Mapping[str, Sequence[int]]) -> None:

@@ -77,6 +77,18 @@ def _first_shape(view: GraphIndex, i: int) -> tuple[Any, ...] | None:
     return view.info(inputs[0]).shape if inputs else None
 
 
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+
+
+def recurrent_batch_axis(view: GraphIndex, i: int) -> int:
+    """Where node i's first input keeps its batch: axis 1 for a time-major recurrent op (LSTM/GRU/RNN
+    with layout 0, X = [seq, batch, input]), axis 0 for everything else."""
+    node = view.nodes[i]
+    if node.op_type in RECURRENT_OPS and int(view.attr(i, "layout", 0) or 0) == 0:
+        return 1
+    return 0
+
+
 def _input_dims(view: GraphIndex, i: int) -> Params:
     shape = _first_shape(view, i)
     p: Params = {}
@@ -84,8 +96,9 @@ def _input_dims(view: GraphIndex, i: int) -> Params:
         return p
     p["rank"] = len(shape)
     dims = [d if isinstance(d, int) else None for d in shape]
-    if dims and dims[0] is not None and len(dims) >= 2:
-        p["batch"] = dims[0]
+    batch_axis = recurrent_batch_axis(view, i)
+    if len(dims) >= 2 and dims[batch_axis] is not None:
+        p["batch"] = dims[batch_axis]
     if len(dims) >= 3 and dims[1] is not None:
         p["channels"] = dims[1]
     if len(dims) == 4:

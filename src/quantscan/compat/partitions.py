@@ -9,7 +9,8 @@ producer's colour.
 Islands are the connected groups of same-colour nodes (edges = tensors). Bytes crossing = size of
 each tensor produced in one island and consumed in another, counted once per consuming island, at
 the element type the ONNX graph gives it (float32 = 4 bytes; an int8 boundary moves a quarter of
-that). Shapes come from the view with input dims fixed; unknown sizes are counted in bytes_unknown.
+that). Shapes come from the view with input dims fixed; a size that is unknown, or that rests on a
+dim nobody gave (`LoadedModel.guessed`), is not counted: such tensors are counted in bytes_unknown.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _island(
     for i in nodes:
         for t in view.node_outputs(i):
             dests = {island_of[c] for c in view.consumers.get(t, []) if c in island_of and c not in members}
-            size = view.info(t).nbytes()
+            size = analysis.loaded.nbytes(t)
             bytes_out += (size or 0) * len(dests)
         for t in view.node_inputs(i):
             j = view.producer.get(t)
@@ -102,7 +103,7 @@ def _island(
                 continue
             seen.add(t)
             sources.add(island_of[j])
-            size = view.info(t).nbytes()
+            size = analysis.loaded.nbytes(t)
             bytes_in += size or 0
             unknown += size is None
     return Island(k, colours[nodes[0]], tuple(nodes), bytes_in, bytes_out, unknown, tuple(sorted(sources)))

@@ -22,6 +22,11 @@ from quantscan.errors import ProfileError
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
 DEFAULT_PROFILE = "generic-npu"
 _ONNX_OPS = frozenset(s.name for s in onnx.defs.get_all_schemas_with_history())
+# `npu = "*"` (the onnxruntime recipe runs every op): the inference domains only, not the training
+# preview ops (Adam, Gradient, ...) no exported model carries.
+_INFERENCE_OPS = frozenset(
+    s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx", "ai.onnx.ml")
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,9 @@ class Profile:
     static_shapes: bool
     tensor: Sourced
     limits: tuple[Limit, ...]
+    recipe: str = "kernels"
+    """Where quantization goes: "kernels" (the chip's fused kernels, CONTRACT "Quantization sites") or
+    "onnxruntime" (quantize_static's QDQ placement, scanning/ort_recipe.py)."""
 
     def supports(self, op_type: str) -> bool:
         return op_type in self.npu_ops or op_type in self.cpu_ops or op_type in self.folded_ops
@@ -278,7 +286,7 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         opset_min=opset.get("min"),
         opset_max=opset.get("max"),
         opset=_sourced(opset),
-        npu_ops=_ops(ops.get("npu")),
+        npu_ops=_INFERENCE_OPS if ops.get("npu") == "*" else _ops(ops.get("npu")),
         cpu_ops=_ops(ops.get("cpu")),
         folded_ops=_ops(ops.get("folded")),
         unsupported=ops.get("unsupported", "reject"),
@@ -296,4 +304,5 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         static_shapes=tensor.get("static_shapes", True),
         tensor=_sourced(tensor),
         limits=tuple(_limit(t, on_violation) for t in d.get("limit", [])),
+        recipe=q.get("recipe", "kernels"),
     )

@@ -170,6 +170,20 @@ class Reducer:
         v, axes = self.view(x, rank)
         return self.reduce("ReduceMin", v, axes, x + "_pmin"), self.reduce("ReduceMax", v, axes, x + "_pmax")
 
+    def outside(self, x: str, lo: float, hi: float, rank: int) -> tuple[str, str]:
+        """(partial counts of elements of x below `lo` or above `hi`, element count of x), per batch;
+        the partials (per sample and channel, the fast ReduceSum path) are summed outside.
+
+        Why in the graph: the clipping an evaluation set suffers is a count over every activation;
+        a few numbers per batch leave the runtime instead of the tensor."""
+        dtype = np.float32
+        below = self._node("Less", [x, self._const(x + "_clip_lo", np.array(lo, dtype))], x + "_below")
+        above = self._node("Greater", [x, self._const(x + "_clip_hi", np.array(hi, dtype))], x + "_above")
+        hits = self._node("Cast", [self._node("Or", [below, above], x + "_outside")], x + "_outf",
+                          to=onnx.TensorProto.FLOAT)
+        v, axes = self.view(hits, rank)
+        return self.reduce("ReduceSum", v, axes, x + "_nout"), self._node("Size", [x], x + "_size")
+
     def quantize(self, x: str, qp: QParams, tag: str) -> tuple[str, str]:
         """(integer codes, dequantized values) of x under `qp`: QuantizeLinear then DequantizeLinear."""
         out = self._name(tag)

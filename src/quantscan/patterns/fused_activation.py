@@ -37,18 +37,19 @@ def match(index: GraphIndex, x: str, fused: frozenset[str]) -> Match | NoMatch:
 
 
 def decomposed(kernel: str, index: GraphIndex, x: str) -> Match | NoMatch:
-    """The private multi-node `kernel` (SiLU, or HardSwish's Add/Clip/Mul/Div spelling) computed from `x`.
+    """The private multi-node `kernel` (SiLU, or HardSwish in its Add/Clip/Mul/Div or x·HardSigmoid(x)
+    spelling) computed from `x`.
 
-    The HardSigmoid·x spelling is left out: a HardSigmoid is itself a fusable activation, and the site
-    grouping has always treated it as one.
+    x·HardSigmoid(x; 1/6, 1/2) is HardSwish by what it computes: a chip runs it as one HardSwish kernel,
+    so it is one site, not a HardSigmoid site and a Mul site with a quantization point between them.
     """
     found: Match | NoMatch
     if kernel == silu.KERNEL:
         found = silu.match_from(index, x)
     else:
         hs = hardswish.match_from(index, x)
-        clip = isinstance(hs, hardswish.HardSwishMatch) and hs.spelling is hardswish.Spelling.CLIP
-        found = hs if clip else NoMatch(f"no Add/Clip/Mul/Div HardSwish reads {x!r}")
+        spelled_out = isinstance(hs, hardswish.HardSwishMatch) and hs.spelling in hardswish.DECOMPOSED
+        found = hs if spelled_out else NoMatch(f"no decomposed HardSwish reads {x!r}")
     if isinstance(found, Match) and found.shared(index):
         return NoMatch(f"{kernel} intermediates {found.shared(index)} are read elsewhere")
     return found

@@ -124,6 +124,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "the fake-quant figure, never mixed into it.",
         "",
         *_task_section(result.output_metrics),
+        *_coverage_section(result.layers, info.worst_samples, bool(info.evaluation.same_as_calibration)),
         "## Top sites",
         "",
         "| rank | node | kernel | isolated SQNR dB | cumulative SQNR dB | worst channel dB | cause | why |",
@@ -181,6 +182,39 @@ def _diagnosis_section(layers: pd.DataFrame) -> list[str]:
     return lines
 
 
+CLIP_FLAG = 0.001
+"""A site clipping more than this fraction of its evaluation values is flagged: the calibration range
+does not cover what the model meets. 0.1% is five times the tail a 99.99-percentile calibration cuts on
+its own data (0.01% per side); ddddocr_common_det calibrated on document scans clips up to 0.45% of a
+site's values on photographs."""
+
+
+def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: bool) -> list[str]:
+    """Calibration vs evaluation: sites whose evaluation values fall outside the calibrated range, and the
+    evaluation samples with the largest output error (run.json `worst_samples`, for `extract --worst`)."""
+    lines = ["## Calibration vs evaluation", ""]
+    clip = layers["eval_clip_fraction"] if "eval_clip_fraction" in layers.columns else pd.Series(dtype=float)
+    flagged = layers[clip > CLIP_FLAG].sort_values("eval_clip_fraction", ascending=False) if len(clip) else clip
+    if len(flagged):
+        top = flagged.iloc[0]
+        lines.append(
+            f"- **flag**: {len(flagged)} site(s) clip more than {CLIP_FLAG:.1%} of their evaluation values "
+            f"(worst `{top['node']}`: {top['eval_clip_fraction']:.2%}); "
+            + ("the evaluation set is the calibration set, so the calibration method itself cuts this much."
+               if same else "the calibration set does not cover the evaluation data: calibrate on data like it.")
+        )
+    elif len(clip):
+        lines.append(f"- evaluation values outside the calibrated range: at most {_fmt(float(clip.max()))} of a "
+                     f"site's values (no site above {CLIP_FLAG:.1%}); column `eval_clip_fraction` in layers.csv")
+    if worst:
+        lines += ["", "Worst evaluation samples by output cosine (saved in run.json `worst_samples`, "
+                  "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
+        for w in worst:
+            where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"
+            lines.append(f"- {where} (index {w['index']}): `{w['output']}` cosine {_fmt(float(w['cosine']), 5)}")
+    return [*lines, ""]
+
+
 def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
     """Task metrics (FP32 vs int8 decode/argmax/mask), one line per output that has any; task.csv has them too."""
     rows = [(name, m.task) for name, m in metrics.items() if m.task]
@@ -221,21 +255,27 @@ def _profile_section(result: SummarySource) -> list[str]:
 
 
 def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
-    """The table engineers hand to their team: node, limit, strategy, numeric check, latency note.
+    """The table engineers hand to their team: nodes, limit, strategy, numeric check, latency note.
 
-    Rows: every error/warn finding on a node, plus the five worst intrinsic sites. The numeric check
-    is the scan's own figure for that node; latency is left for the user to fill from the board.
+    One row per distinct cause (same rule, op, value, limit and fix), errors first, then in the order of
+    the findings, with the count and the nodes it covers (a transformer's hundred Softmax/Div rows are a
+    few lines), plus the five worst intrinsic sites. The numeric check is the scan's own figure (the worst
+    of the group's nodes); latency is left for the user to fill from the board.
     """
     layers = result.layers.set_index("node") if "node" in result.layers.columns else result.layers
     rows: list[str] = []
     seen: set[str] = set()
+    groups: dict[tuple[str, ...], list[str]] = {}
     for r in findings[findings["severity"].isin(["error", "warn"])].to_dict("records"):
         node = str(r["node"])
         if not node or node in seen:
             continue
         seen.add(node)
-        limit = f"{r['rule']}: {r['value']} vs {r['limit']}"
-        rows.append(f"| `{node}` | {limit} | {r['fix']} | {_check_text(layers, node)} | |")
+        key = tuple(str(r[k]) for k in ("severity", "rule", "op_type", "value", "limit", "fix"))
+        groups.setdefault(key, []).append(node)
+    for (severity, rule, _op, value, limit, fix), nodes in groups.items():
+        rows.append(f"| {_nodes_text(nodes)} | {severity} {rule}: {value} vs {limit} | {fix} | "
+                    f"{_group_check_text(layers, nodes)} | |")
     intrinsic = result.layers[result.layers["cause"] == "intrinsic"].head(5)
     for r in intrinsic.to_dict("records"):
         if r["node"] in seen:
@@ -244,9 +284,40 @@ def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
                     f"rescale channels | {_check_text(layers, r['node'])} | |")
     if not rows:
         return []
-    head = ["", "### Hand-off: node — limit — strategy — numeric check — latency", "",
-            "| node | limit | strategy | numeric check | latency note |", "|---|---|---|---|---|"]
+    head = ["", "### Hand-off: nodes — limit — strategy — numeric check — latency", "",
+            "| nodes | limit | strategy | numeric check | latency note |", "|---|---|---|---|---|"]
     return head + rows
+
+
+HANDOFF_NODES_SHOWN = 3
+
+
+def _nodes_text(nodes: list[str]) -> str:
+    """`A` alone, or `A`, `B`, `C` … (N nodes) for a group."""
+    shown = ", ".join(f"`{n}`" for n in nodes[:HANDOFF_NODES_SHOWN])
+    if len(nodes) == 1:
+        return shown
+    more = " …" if len(nodes) > HANDOFF_NODES_SHOWN else ""
+    return f"{shown}{more} ({len(nodes)} nodes)"
+
+
+def _group_check_text(layers: pd.DataFrame, nodes: list[str]) -> str:
+    """The check text of the group's node with the lowest isolated SQNR (the one to look at first)."""
+    sites = [n for n in nodes if n in layers.index]
+    if not sites:
+        return "not a quantization site"
+
+    def sqnr(node: str) -> float:
+        row = layers.loc[node]
+        value = row.iloc[0]["isolated_sqnr_db"] if isinstance(row, pd.DataFrame) else row.get("isolated_sqnr_db")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return float("inf")
+
+    worst = min(sites, key=sqnr)
+    text = _check_text(layers, worst)
+    return text if len(nodes) == 1 else f"worst `{worst}`: {text}"
 
 
 def _check_text(layers: pd.DataFrame, node: str) -> str:

@@ -195,7 +195,12 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 
 
 def _fold_static_shapes(model: onnx.ModelProto, result: RewriteResult) -> None:
-    """Replace Shape/Size of static tensors by constants and fold what follows, until a fixpoint."""
+    fold_static_shapes(model, result, REWRITE_ID)
+
+
+def fold_static_shapes(model: onnx.ModelProto, result: RewriteResult, rewrite_id: str) -> None:
+    """Replace Shape/Size of static tensors by constants and fold what follows, until a fixpoint (in
+    place; changes and the Shape ops left dynamic are recorded in `result` under `rewrite_id`)."""
     opset = opset_version(model)
     for _ in range(MAX_ROUNDS):
         graph = model.graph
@@ -226,19 +231,19 @@ def _fold_static_shapes(model: onnx.ModelProto, result: RewriteResult) -> None:
             remove.add(pos)
             replaced.append(name)
             result.changes.append(
-                Change(REWRITE_ID, node_label(node), f"{node.op_type} of static tensor -> {value.tolist()}")
+                Change(rewrite_id, node_label(node), f"{node.op_type} of static tensor -> {value.tolist()}")
             )
         if remove:
             splice(graph, remove, insert)
             drop_value_info(graph, replaced)
         folded = fold_constants(model)
         for label in folded:
-            result.changes.append(Change(REWRITE_ID, label, "shape computation folded to a constant"))
+            result.changes.append(Change(rewrite_id, label, "shape computation folded to a constant"))
         if not remove and not folded:
             break
     index = GraphIndex(model.graph, ir_version=model.ir_version)
     for node in model.graph.node:
         if node.op_type in ("Shape", "Size") and index.use_count(node.output[0]):
             result.refusals.append(
-                Refusal(REWRITE_ID, node_label(node), f"{node.input[0]!r} still has a dynamic shape")
+                Refusal(rewrite_id, node_label(node), f"{node.input[0]!r} still has a dynamic shape")
             )

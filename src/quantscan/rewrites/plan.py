@@ -22,6 +22,7 @@ from quantscan.rewrites.runner import REWRITES
 
 REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FIX_DIM,
+    RewriteId.FREEZE_INPUT,
     RewriteId.FIX_CEIL_MODE,
     RewriteId.FOLD_BN,
     RewriteId.DECOMPOSE_HARDSWISH,
@@ -31,6 +32,7 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FUSE_LAYERNORM,
     RewriteId.GELU_TANH,
     RewriteId.CLAMP_MASK,
+    RewriteId.RECIPROCAL,
     RewriteId.DIV_TO_MUL,
     RewriteId.CLEANUP,
     RewriteId.OPSET_DOWN,
@@ -61,6 +63,9 @@ class ProfilePlan:
     rewrites: list[RewriteId] = field(default_factory=list)
     fix_dims: list[str] = field(default_factory=list)
     opset: int | None = None
+    needs_value: list[str] = field(default_factory=list)
+    """Rewrites a finding names that only the user can size (`freeze-input sr=VALUE`): never applied by
+    the plan, listed so the CLI can say which flag to add."""
 
     @property
     def empty(self) -> bool:
@@ -80,6 +85,7 @@ def plan_for_profile(model: ModelArg, profile: str | Path) -> ProfilePlan:
     ids: set[RewriteId] = set()
     dims: list[str] = []
     opset: int | None = None
+    needs = _needs_value(original, profile)
     for _ in range(MAX_ROUNDS):
         new_ids, new_dims, target = _suggested(current, profile)
         opset = target if target is not None else opset
@@ -91,7 +97,16 @@ def plan_for_profile(model: ModelArg, profile: str | Path) -> ProfilePlan:
         current = _apply(current, [r for r in REWRITE_ORDER if r in fresh], dims)
     if opset is not None:
         ids = {r for r in ids if _NEEDS_OPSET.get(r, 0) <= opset}
-    return ProfilePlan([r for r in REWRITE_ORDER if r in ids], _applicable_dims(original, dims), opset)
+    return ProfilePlan([r for r in REWRITE_ORDER if r in ids], _applicable_dims(original, dims), opset, needs)
+
+
+def _needs_value(model: onnx.ModelProto, profile: str | Path) -> list[str]:
+    """`freeze-input NAME=VALUE` for every input a finding asks to freeze (the value is the user's)."""
+    out: list[str] = []
+    for finding in check(model, [profile]).records:
+        if finding.rewrite is RewriteId.FREEZE_INPUT:
+            out += [f"freeze-input {a}=VALUE" for a in finding.rewrite_args if f"freeze-input {a}=VALUE" not in out]
+    return out
 
 
 def _applicable_dims(model: onnx.ModelProto, dims: list[str]) -> list[str]:
@@ -113,6 +128,8 @@ def _suggested(model: onnx.ModelProto, profile: str | Path) -> tuple[set[Rewrite
             ids |= {_UNBLOCKS[op] for op in blocking_ops(model, opset) if op in _UNBLOCKS}
         elif finding.rule == "opset" and finding.rewrite_args:
             opset = int(finding.rewrite_args[0])  # raised first by the runner (version_converter)
+        elif finding.rewrite is RewriteId.FREEZE_INPUT:
+            continue  # needs the user's value: ProfilePlan.needs_value
         elif finding.rewrite is not None:
             ids.add(finding.rewrite)
     return ids, dims, opset

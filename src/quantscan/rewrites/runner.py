@@ -45,10 +45,13 @@ from quantscan.rewrites.fix_ceil_mode import fix_ceil_mode
 from quantscan.rewrites.fix_dim import fix_dim as fix_dims
 from quantscan.rewrites.fix_dim import parse_dim_spec
 from quantscan.rewrites.fold_bn import fold_batchnorm
+from quantscan.rewrites.freeze_input import freeze_input as freeze_inputs
+from quantscan.rewrites.freeze_input import frozen_values, parse_freeze_spec
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
 from quantscan.rewrites.opset_down import opset_down
+from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
 from quantscan.runfolder import atomic_write_bytes
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
@@ -67,10 +70,11 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.CLAMP_MASK: clamp_mask,
     RewriteId.DIV_TO_MUL: div_to_mul,
     RewriteId.FIX_CEIL_MODE: fix_ceil_mode,
+    RewriteId.RECIPROCAL: reciprocal_to_div,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
-PARAMETRIZED: tuple[RewriteId, ...] = (RewriteId.FIX_DIM,)
+PARAMETRIZED: tuple[RewriteId, ...] = (RewriteId.FIX_DIM, RewriteId.FREEZE_INPUT)
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_APPROX_MIN_COSINE = 0.999
 RANDOM_SAMPLES = 8
@@ -192,6 +196,7 @@ def rewrite(
     write: bool = True,
     runner: Runner | None = None,
     clamp_mask_value: float | None = None,
+    freeze_input: Sequence[str] = (),
 ) -> RewriteReport:
     """Apply `rewrites` (ids from `rewrite_ids()`) in order, prove the result, write it when it passes.
 
@@ -204,9 +209,12 @@ def rewrite(
     rewrite that applied nowhere (the error lists why, from the refusals) and an opset it cannot lower.
     `clamp_mask_value` is the finite value `clamp-mask` writes; without one, the smallest magnitude of
     `CLAMP_CANDIDATES` whose proof is exact on the same data is chosen (else `CLAMP_VALUE`).
+    `freeze_input` holds `NAME=VALUE` settings (`freeze-input`, applied right after fix-dim); the proof
+    feeds the original model VALUE for NAME on every sample.
     """
-    steps_wanted = _steps(rewrites, fix_dim, opset_only=opset is not None)
+    steps_wanted = _steps(rewrites, fix_dim, opset_only=opset is not None, freeze=freeze_input)
     source, original = _load(model)
+    frozen = frozen_values(original, list(freeze_input)) if freeze_input else {}
     out_path = _out_path(model, out) if write else None
 
     current = original
@@ -219,6 +227,8 @@ def rewrite(
     for rid, args in steps_wanted:
         if rid is RewriteId.FIX_DIM:
             result = fix_dims(current, args)
+        elif rid is RewriteId.FREEZE_INPUT:
+            result = freeze_inputs(current, args)
         elif rid is RewriteId.CLAMP_MASK:
             value = clamp_mask_value
             if value is None:
@@ -245,6 +255,7 @@ def rewrite(
         approx_min_cosine=approx_min_cosine,
         approximate=[s.rewrite for s in steps if not s.exact],
         runner=runner,
+        frozen=frozen,
     )
     report = RewriteReport(
         source=source,
@@ -294,20 +305,29 @@ def _smallest_exact_mask(
 
 
 def _steps(
-    rewrites: Sequence[str], dims: Sequence[str], *, opset_only: bool = False
+    rewrites: Sequence[str], dims: Sequence[str], *, opset_only: bool = False, freeze: Sequence[str] = ()
 ) -> list[tuple[RewriteId, tuple[str, ...]]]:
-    """The requested ids, typed and validated, each with its settings (fix-dim's dims, first if implied)."""
+    """The requested ids, typed and validated, each with its settings (fix-dim's dims first if implied,
+    then freeze-input's settings: folding an If on a shape needs the dims fixed)."""
     known = rewrite_ids()
     steps: list[tuple[RewriteId, tuple[str, ...]]] = []
+    settings = {RewriteId.FIX_DIM: tuple(dims), RewriteId.FREEZE_INPUT: tuple(freeze)}
     for rid in rewrites:
         if rid not in known:
             raise UsageError(f"unknown rewrite {rid!r}: expected one of {', '.join(known)}")
         typed = RewriteId(rid)
-        steps.append((typed, tuple(dims) if typed is RewriteId.FIX_DIM else ()))
+        steps.append((typed, settings.get(typed, ())))
     for d in dims:
         parse_dim_spec(d)  # syntax errors before any work
+    for f in freeze:
+        parse_freeze_spec(f)
     if dims and "fix-dim" not in rewrites:
         steps.insert(0, (RewriteId.FIX_DIM, tuple(dims)))
+    if freeze and "freeze-input" not in rewrites:
+        after_dims = [k + 1 for k, (rid, _) in enumerate(steps) if rid is RewriteId.FIX_DIM]
+        steps.insert(after_dims[0] if after_dims else 0, (RewriteId.FREEZE_INPUT, tuple(freeze)))
+    if any(rid is RewriteId.FREEZE_INPUT for rid, _ in steps) and not freeze:
+        raise UsageError("freeze-input: expected at least one NAME=VALUE")
     if any(rid is RewriteId.FIX_DIM for rid, _ in steps) and not dims:
         raise UsageError("fix-dim: expected at least one dimension (INPUT:AXIS=V, DIMPARAM=V or batch=V)")
     if not steps and not opset_only:
@@ -382,11 +402,16 @@ def prove(
     approx_min_cosine: float = DEFAULT_APPROX_MIN_COSINE,
     approximate: Sequence[str] = (),
     runner: Runner | None = None,
+    frozen: dict[str, np.ndarray] | None = None,
 ) -> Proof:
-    """Run both models on the same samples and hold every output to the exact or approximate criterion."""
+    """Run both models on the same samples and hold every output to the exact or approximate criterion.
+
+    `frozen` inputs (freeze-input) take their frozen value in every sample; the frozen model has no
+    such input and the session drops the feed.
+    """
     runner = runner or Runner()
     a = runner.session(original)
-    b = runner.session(rewritten)
+    b = runner.session(rewritten, built=True)  # a graph quantscan built: rejected = our bug (exit 3)
     names = list(a.output_names)
     b_names = set(b.output_names)
     common = [n for n in names if n in b_names]
@@ -398,6 +423,8 @@ def prove(
         samples: Iterable[dict[str, np.ndarray]] = calib.samples()
     else:
         data = f"seeded random data (seed {seed}): no calibration set given"
+        if frozen:
+            data += f"; frozen inputs fed their value ({', '.join(sorted(frozen))})"
         samples = random_samples(
             graph_inputs(original), graph_inputs(rewritten), seed, limit or RANDOM_SAMPLES
         )
@@ -405,6 +432,7 @@ def prove(
     for sample in samples:
         if limit is not None and count >= limit:
             break
+        sample = {**sample, **(frozen or {})}
         ra = a.run(sample, common)
         rb = b.run(sample, common)
         for n in common:

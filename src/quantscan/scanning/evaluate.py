@@ -19,6 +19,7 @@ import onnx
 
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
+from quantscan import quant
 from quantscan.calib import CalibSet
 from quantscan.errors import ModelError
 from quantscan.model import PreparedModel
@@ -31,6 +32,8 @@ from quantscan.scanning.tasks import task_accumulators, task_results
 from quantscan.sites import Site
 from quantscan.taskmetrics import TaskAccumulator
 
+WORST_SAMPLES = 5
+"""How many evaluation samples summary.md and run.json list by output error (worst first)."""
 HIST_BINS = 64
 HIST_SAMPLES = 16
 """Value histograms (hist.npz) count the integer codes of the first samples only: a shape, not a sum."""
@@ -51,6 +54,10 @@ class Evaluation:
     n_samples: int
     task: dict[str, list[TaskAccumulator]] = field(default_factory=dict)
     """Task metric accumulators per headline output (FP32 vs the cumulative int8 output)."""
+    clip_fraction: dict[str, float] = field(default_factory=dict)
+    """Per quantized site output: the fraction of evaluation values outside its calibrated range."""
+    worst_samples: list[dict[str, Any]] = field(default_factory=list)
+    """The evaluation samples with the lowest headline-output cosine: index, file, cosine, output."""
 
 
 def evaluate(
@@ -93,6 +100,10 @@ def evaluate(
     outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in p.names()]
     outputs += [n for pair in channel_pairs.values() for n in pair]
     outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
+    clip_names = {site.output: reducer.outside(site.output, *clip_range(plan.activations[site.output]),
+                                               rank.get(site.output, 0))
+                  for site in sites if site.output in plan.activations and site.output in pairs}
+    outputs += [n for pair in clip_names.values() for n in pair]
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
     session = runner.session(reducer.attach(combined, outputs + hist_outputs), built=True)
     deployed = runner.session(qdq, opt_level="all", built=True)
@@ -103,8 +114,10 @@ def evaluate(
     top1 = {o: qm.Top1Accumulator() for o in classifiers}
     deployed_acc = {o: qm.ErrorAccumulator() for o in headline}
     deployed_top1 = {o: qm.Top1Accumulator() for o in classifiers}
-    task = task_accumulators(prepared.proto, headline, probe.shapes, classifiers, eval_set, opts)
+    task = task_accumulators(prepared.proto, headline, probe.shapes, classifiers, eval_set, opts, probe.input_shapes)
     labels = eval_set.labels
+    clip_counts = {t: [0.0, 0.0] for t in clip_names}
+    sample_cosines: list[tuple[float, int, str]] = []
     seen = 0
     bar = progress("measuring", n_batches(eval_set.n_samples, batch_size))
     try:
@@ -114,6 +127,10 @@ def evaluate(
             first = next(iter(feeds.values()), None)
             n = int(first.shape[0]) if first is not None and first.ndim else 1  # rank-0 inputs: one sample
             batch_labels = labels[seen: seen + n] if labels else None
+            for t, (outside, size) in clip_names.items():
+                clip_counts[t][0] += float(np.sum(values[outside], dtype=np.float64))
+                clip_counts[t][1] += float(values[size])
+            sample_cosines.extend(_sample_cosines(values, headline, seen, n))
             seen += n
             if want_hist:
                 _count_codes(hist_codes, hist_counts, values)
@@ -156,9 +173,48 @@ def evaluate(
             output_metrics[o].task = figures.get(o, {})
         deployed_metrics[o] = measure_output(deployed_acc[o], deployed_top1.get(o))
     hist = _histograms(sites, plan, hist_counts)
+    clip = {t: (c[0] / c[1] if c[1] else math.nan) for t, c in clip_counts.items()}
     return Evaluation(
-        cumulative, isolated, act_channel, hist, output_metrics, deployed_metrics, headline, warnings, seen, task
+        cumulative, isolated, act_channel, hist, output_metrics, deployed_metrics, headline, warnings, seen, task,
+        clip, worst_samples(sample_cosines, eval_set),
     )
+
+
+def clip_range(qp: quant.QParams) -> tuple[float, float]:
+    """The values a per-tensor quantizer represents without saturating: its code range widened by half
+    a step on each side (anything beyond rounds to qmin/qmax and is clipped)."""
+    scale, zp = float(np.asarray(qp.scale).reshape(-1)[0]), float(np.asarray(qp.zero_point).reshape(-1)[0])
+    return (qp.qmin - zp - 0.5) * scale, (qp.qmax - zp + 0.5) * scale
+
+
+def _sample_cosines(
+    values: Mapping[str, np.ndarray], outputs: Sequence[str], start: int, n: int
+) -> list[tuple[float, int, str]]:
+    """(cosine, sample index, output) per sample of the batch: each sample's worst headline output."""
+    worst: list[tuple[float, int, str]] = []
+    for i in range(n):
+        per_output = []
+        for o in outputs:
+            ref, test = values[o], values[o + qgraph.CUMULATIVE_SUFFIX]
+            if np.ndim(ref) == 0 or ref.shape[0] != n:
+                continue
+            x, y = ref[i].astype(np.float64).ravel(), test[i].astype(np.float64).ravel()
+            if not (np.isfinite(x).all() and np.isfinite(y).all()):
+                continue
+            per_output.append((float(qm.cosine_from_sums(x @ y, x @ x, y @ y)), start + i, o))
+        if per_output:
+            worst.append(min(per_output))
+    return worst
+
+
+def worst_samples(cosines: Sequence[tuple[float, int, str]], eval_set: CalibSet) -> list[dict[str, Any]]:
+    """The WORST_SAMPLES lowest-cosine samples, with their file when one file holds one sample."""
+    files = eval_set.files if len(eval_set.files) == eval_set.n_samples else None
+    rows = []
+    for cosine, index, output in sorted(cosines)[:WORST_SAMPLES]:
+        rows.append({"index": index, "file": files[index].name if files and index < len(files) else None,
+                     "output": output, "cosine": cosine})
+    return rows
 
 
 def _count_codes(

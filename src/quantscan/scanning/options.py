@@ -61,6 +61,8 @@ class ScanOptions:
     input_dims: Sequence[str] = ()
     """Dimension settings in the contract's syntax (`INPUT:AXIS=V`, `DIMPARAM=V`, `batch=V`)."""
     const: Mapping[str, float] = field(default_factory=dict)
+    state: Mapping[str, str] = field(default_factory=dict)
+    """`--state OUT=IN` as {OUT: IN}: output OUT of sample k is input IN of sample k+1 (calib.state)."""
     limit: int | None = None
     eval: str | Path | None = None
     output: Sequence[str] = ()
@@ -72,6 +74,8 @@ class ScanOptions:
     save_qdq: str | Path | None = None
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     cpu_nodes: frozenset[str] = frozenset()
+    recipe: str = "kernels"
+    """Set by the profile: "kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     quiet: bool = False
     """Accepted for symmetry with the CLI; progress is whatever `progress=` renders (nothing by default)."""
     no_report: bool = False

@@ -21,12 +21,21 @@ import onnx
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
+from quantscan.calib.state import check_state, state_consts, with_state
 from quantscan.errors import CalibrationError, ModelError, UsageError
+from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
 from quantscan.records import ActivationScheme
-from quantscan.runner import Runner
+from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
+from quantscan.scanning.ort_recipe import (
+    RECIPE,
+    check_calib_method,
+    prepare_unfolded,
+    quantize_static_call,
+    recipe_sites,
+)
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
 from quantscan.specs import Dim
 
@@ -200,6 +209,8 @@ class ScanContext:
     profile: str | None = None
     activations_source: str = "default"
     """Why `opts.activations` is what it is: "from --activations", "from profile NAME" or "default"."""
+    quantize_static: dict[str, Any] | None = None
+    """Recipe onnxruntime: the quantize_static keyword arguments the sites and plan were read from."""
 
     def classifier_outputs(self, outputs: Sequence[str]) -> set[str]:
         """Which of `outputs` are classifier outputs (top-1 agreement applies)."""
@@ -249,16 +260,33 @@ def prepare_timed(
         compat, profile_name, opts = _apply_profile(loaded, opts, dims)
         source = activations_source(source != "default", profile_name)
     opts = replace(opts, activations=opts.activations or ActivationScheme.UINT8)
-    prepared = prepare_for_analysis(loaded, dims)
+    recipe = opts.recipe == RECIPE
+    if recipe:
+        check_calib_method(opts.calib_method)
+    prepared = prepare_unfolded(loaded, dims) if recipe else prepare_for_analysis(loaded, dims)
     runner = runner or Runner(threads=opts.threads, opt_level="basic")
+    if opts.state:
+        cset, eval_set = _stateful_sets(loaded, cset, eval_set, opts.state, runner)
+        batch_size = 1
     times["load"] = time.perf_counter() - started
 
     t0 = time.perf_counter()
     probe = probe_model(loaded, prepared, cset, batch_size, runner)
     warnings.extend(probe.warnings)
     order = {n.name: i for i, n in enumerate(loaded.proto.graph.node)}
-    sites, origins = _sites(loaded, prepared, probe, order, opts)
-    times["probe"] = time.perf_counter() - t0
+    recipe_result = None
+    if recipe:
+        t_q = time.perf_counter()
+        call = quantize_static_call(opts.activations or ActivationScheme.UINT8, opts.calib_method)
+        # one sample per get_next() as a user's data reader does (a fixed batch stays whole)
+        qdq = quantize_static_model(prepared.proto, cset.batches(fixed_batch or 1), call)
+        recipe_result = recipe_sites(prepared, qdq, quantize_static_op_types(), call)
+        sites, origins = recipe_result.sites, recipe_result.origins
+        times["quantize_static"] = time.perf_counter() - t_q
+    else:
+        sites, origins = _sites(loaded, prepared, probe, order, opts)
+    warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
+    times["probe"] = time.perf_counter() - t0 - times.get("quantize_static", 0.0)
 
     t0 = time.perf_counter()
     calib_stats = calibrate(
@@ -266,16 +294,35 @@ def prepare_timed(
         opts.activations or ActivationScheme.UINT8, progress, probe.shapes, probe.input_shapes,
     )
     times["calibration"] = time.perf_counter() - t0
-    plan, plan_warnings = make_plan(
-        prepared.proto, sites, origins, calib_stats.observers, opts.activations or ActivationScheme.UINT8
-    )
+    plan_warnings: list[str] = []
+    if recipe_result is not None:
+        plan = recipe_result.plan
+    else:
+        plan, plan_warnings = make_plan(
+            prepared.proto, sites, origins, calib_stats.observers, opts.activations or ActivationScheme.UINT8
+        )
     warnings.extend(plan_warnings)
     warnings.extend(calib_stats.warnings)
     ctx = ScanContext(
         loaded, prepared, cset, eval_set, opts, runner, batch_size, probe, sites, origins, calib_stats,
         plan, order, warnings, compat, profile_name, source,
+        recipe_result.call if recipe_result is not None else None,
     )
     return ctx, times
+
+
+def _stateful_sets(
+    loaded: LoadedModel, cset: CalibSet, eval_set: CalibSet, pairs: Mapping[str, str], runner: Runner
+) -> tuple[CalibSet, CalibSet]:
+    """Both sample sets with the recurrent state carried by the FP32 model (`--state`, calib.state)."""
+    check_state(pairs, loaded.inputs, [o.name for o in loaded.proto.graph.output])
+    session = runner.session(loaded.proto)
+
+    def step(sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return session.run(sample, list(pairs))
+
+    stateful = with_state(cset, pairs, step)
+    return stateful, stateful if eval_set is cset else with_state(eval_set, pairs, step)
 
 
 def activations_source(explicit: bool, profile: str | None) -> str:
@@ -288,15 +335,16 @@ def activations_source(explicit: bool, profile: str | None) -> str:
 
 def _sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOptions) -> tuple[CalibSet, CalibSet]:
     """The calibration set and the evaluation set (`--eval`, else the same object)."""
+    consts = state_consts(opts.state, opts.const)
     cset = calib if isinstance(calib, CalibSet) else load_calibration(
         calib, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
-        consts=opts.const, limit=opts.limit,
+        consts=consts, limit=opts.limit,
     )
     if opts.eval is None:
         return cset, cset
     eval_set = load_calibration(
         opts.eval, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
-        consts=opts.const, limit=opts.limit,
+        consts=consts, limit=opts.limit,
     )
     return cset, eval_set
 
@@ -338,7 +386,9 @@ def _apply_profile(
         ActivationScheme.INT8 if profile.activations == "int8" else ActivationScheme.UINT8
     )
     fused = frozenset(profile.fused_activations)
-    return compat, profile.name, replace(opts, activations=scheme, fused_activations=fused, cpu_nodes=cpu)
+    return compat, profile.name, replace(
+        opts, activations=scheme, fused_activations=fused, cpu_nodes=cpu, recipe=profile.recipe
+    )
 
 
 def deployable_qdq(qdq: onnx.ModelProto, loaded: LoadedModel) -> onnx.ModelProto:

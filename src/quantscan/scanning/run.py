@@ -219,6 +219,16 @@ def rank_by_impact(ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: 
     return impact
 
 
+def _preprocessing(ctx: ScanContext) -> dict[str, dict[str, Any]]:
+    """The calibration set's preprocessing as applied; a separate evaluation set's beside it when the
+    two differ (each input's record gains `evaluation` then)."""
+    record = {k: dict(v) for k, v in ctx.cset.preprocessing.items()}
+    if ctx.eval_set is not ctx.cset:
+        for name, applied in ctx.eval_set.preprocessing.items():
+            record.setdefault(name, {})["evaluation"] = dict(applied)
+    return record
+
+
 def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation: Evaluation) -> RunInfo:
     """run.json: versions, the model and data identities, the options as used, the headline."""
     from quantscan import __version__
@@ -231,6 +241,8 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
                   "numpy": np.__version__, "pandas": pd.__version__, "python": platform.python_version()},
         model=ModelInfo(str(loaded.path), loaded.sha256, loaded.opset, len(loaded.proto.graph.node)),
         input_contract={k: list(v) for k, v in ctx.probe.input_shapes.items()},
+        preprocessing=_preprocessing(ctx),
+        worst_samples=list(evaluation.worst_samples),
         inputs=[{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in loaded.inputs],
         calibration=DataInfo(str(ctx.cset.source), ctx.cset.n_samples, kind=ctx.cset.kind),
         evaluation=DataInfo(str(ctx.eval_set.source), ctx.eval_set.n_samples,

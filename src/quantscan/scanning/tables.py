@@ -20,8 +20,10 @@ from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
 from quantscan.diagnose import human
+from quantscan.diagnose.absurd_scale import BOUNDED
 from quantscan.graph.index import GraphIndex
 from quantscan.model import LoadedModel, PreparedModel
+from quantscan.patterns import softmax
 from quantscan.records import Placement, Severity, severity_rank
 from quantscan.scanning.calibrate import CalibStats
 from quantscan.scanning.diagnosis import diagnosis_columns, run_rules
@@ -94,6 +96,7 @@ def build_tables(
             "cumulative_max_abs": cum.max_abs if cum else math.nan,
             "cumulative_worst_sample_cosine": cum.worst_sample_cosine if cum else math.nan,
             "cumulative_input_sqnr_db": _input_sqnr(site, ev, producers),
+            "eval_clip_fraction": ev.clip_fraction.get(site.output, math.nan),
         }
         act = ev.act_channel.get(k)
         row["act_worst_channel_sqnr_db"] = act.worst_channel_sqnr_db if act else math.nan
@@ -229,7 +232,13 @@ def _input_sqnr(site: Site, ev: Evaluation, producers: Mapping[str, onnx.NodePro
 
 
 def classify(row: Mapping[str, Any]) -> tuple[str, str]:
-    """(cause, reason): is the site's error its own, inherited, or small? One line, for summary.md."""
+    """(cause, reason): is the site's error its own, inherited, or small? One line, for summary.md.
+
+    Only measurements make a site intrinsic: `sensitive_op` (an op type that is often fragile in int8)
+    names the op in the reason of a site the figures already condemn, never condemns one by itself. A
+    Softmax at 64 dB isolated SQNR is fine, and labelling it intrinsic put it (tier 1 with a profile)
+    above a 27 dB Gemm that actually loses precision.
+    """
     iso = row["isolated_sqnr_db"]
     worst_ch = row["act_worst_channel_sqnr_db"]
     spread = row["act_channel_range_spread"]
@@ -237,7 +246,7 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
     cum = row["cumulative_sqnr_db"]
     inherited = row["cumulative_input_sqnr_db"]
     reasons = []
-    if _lt(worst_ch, WORST_CHANNEL_SQNR_DB) and _gt(spread, 10):
+    if _lt(worst_ch, WORST_CHANNEL_SQNR_DB) and _gt(spread, 10) and not _bounded(row):
         reasons.append(
             f"activation channel ranges span {human(spread)}x: "
             f"per-tensor int8 leaves {worst_ch:.1f} dB on the worst channel"
@@ -246,7 +255,7 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
         reasons.append(f"weight worst channel {wworst:.1f} dB (outlier weights within a channel)")
     if _lt(iso, INTRINSIC_SQNR_DB):
         reasons.insert(0, f"isolated SQNR {iso:.1f} dB: this kernel alone loses precision")
-    if row.get("sensitive_op"):
+    if reasons and row.get("sensitive_op"):  # a measured problem at an op type known to be fragile
         reasons.append("int8-sensitive op")
     if reasons:
         return "intrinsic", "; ".join(reasons)
@@ -255,6 +264,13 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
             f"isolated {iso:.1f} dB is fine; cumulative {cum:.1f} dB comes from upstream (inputs at {inherited:.1f} dB)"
         )
     return "ok", f"isolated {iso:.1f} dB, cumulative {cum:.1f} dB"
+
+
+def _bounded(row: Mapping[str, Any]) -> bool:
+    """A Softmax/Sigmoid-like output: its range is the op's own ([0, 1]), so channels of near-zero
+    probabilities are small by design, not starved by an outlier channel's scale (see
+    diagnose.absurd_scale.BOUNDED)."""
+    return row.get("op_type") in BOUNDED or str(row.get("kernel", "")).startswith(f"{softmax.KERNEL}[")
 
 
 def _lt(value: Any, limit: float) -> bool:
@@ -312,6 +328,7 @@ def tensor_table(
             "cumulative_worst_sample_cosine": acc.worst_sample_cosine,
             "nonfinite_fp32": acc.nonfinite_ref,
             "nonfinite_int8": acc.nonfinite_test,
+            "eval_clip_fraction": ev.clip_fraction.get(name, math.nan),
         })
     return pd.DataFrame(rows)
 

@@ -31,6 +31,17 @@ def resolve_charset(proto: onnx.ModelProto, eval_set: CalibSet, opts: ScanOption
     return tm.charset_from_text(meta[CHARSET_METADATA_KEY]) if CHARSET_METADATA_KEY in meta else None
 
 
+def image_size(input_shapes: Mapping[str, Sequence[int]]) -> tuple[int, int] | None:
+    """(H, W) of the model's image input, the first rank-4 input (NCHW when axis 1 holds 1-4 channels,
+    else NHWC): what a detection head's grid is laid over. None without an image input."""
+    for dims in input_shapes.values():
+        if len(dims) == 4:
+            nchw = 1 <= int(dims[1]) <= 4
+            h, w = (dims[2], dims[3]) if nchw else (dims[1], dims[2])
+            return int(h), int(w)
+    return None
+
+
 def task_accumulators(
     proto: onnx.ModelProto,
     outputs: Sequence[str],
@@ -38,6 +49,7 @@ def task_accumulators(
     classifiers: set[str],
     eval_set: CalibSet,
     opts: ScanOptions,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, list[tm.TaskAccumulator]]:
     """Per headline output: the chosen (or auto-detected) task's accumulator, then any --metric plugins."""
     plugins = [opts.metric] if isinstance(opts.metric, str) else list(opts.metric)  # API: one spec or many
@@ -45,12 +57,13 @@ def task_accumulators(
         return {}
     needs_charset = opts.task in ("auto", "ctc")
     charset = resolve_charset(proto, eval_set, opts) if needs_charset else None
+    hw = image_size(input_shapes or {})
     found: dict[str, list[tm.TaskAccumulator]] = {}
     for name in outputs:
         shape = list(shapes.get(name, ()))
-        task = tm.detect_task(shape, charset, name in classifiers) if opts.task == "auto" else opts.task
+        task = tm.detect_task(shape, charset, name in classifiers, hw) if opts.task == "auto" else opts.task
         accs: list[tm.TaskAccumulator] = []
-        built = tm.make_accumulator(task, charset, opts.mask_threshold)
+        built = tm.make_accumulator(task, charset, opts.mask_threshold, hw)
         if built is not None:
             accs.append(built)
         accs.extend(tm.load_plugin(spec) for spec in plugins)

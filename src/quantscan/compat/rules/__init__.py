@@ -42,3 +42,9 @@ RULES: tuple[tuple[str, Rule], ...] = tuple(
     )
 )
 """(rule id, run) for every rule, in report order."""
+
+BODY_RULES: tuple[tuple[str, Rule], ...] = tuple(
+    (rule_id, run) for rule_id, run in RULES if rule_id not in (opset.RULE_ID, dynamic_inputs.RULE_ID)
+)
+"""The rules that apply to the nodes of an If/Loop/Scan body: not the model's opset nor its graph inputs
+(a body's formal inputs are the owner's business, not the user's)."""

@@ -38,6 +38,8 @@ ACTIVATIONS = frozenset(
 
 def run(ctx: RuleContext) -> list[Finding]:
     out: list[Finding] = []
+    if ctx.profile.recipe == "onnxruntime":  # quantize_static fuses no kernel: an unfused op costs nothing there
+        return out
     live = ctx.analysis.live()
     hswish_muls = _decomposed_hardswish_muls(ctx) if "HardSwish" in ctx.profile.fused_activations else set()
     for i in live:

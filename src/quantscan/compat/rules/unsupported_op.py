@@ -1,7 +1,9 @@
 """Rule `unsupported-op`: op types the profile does not run on the NPU, and custom-domain ops.
 
 An op listed under `ops.cpu` runs but on the CPU (warn); an op in no list is rejected by the
-converter (error) or left on the CPU (warn), as the profile's `ops.unsupported` says. Control-flow
+converter (error) or left on the CPU (warn), as the profile's `ops.unsupported` says. An op listed
+under `ops.folded` with constant parameters (a Reshape to a constant shape) is removed by the
+converter: no finding; with a run-time parameter it is a CPU op (warn). Control-flow
 ops are left to the control-flow rule so one node gets one explanation.
 """
 
@@ -13,6 +15,9 @@ from quantscan.graph.index import CONTROL_FLOW_OPS, IDENTITY_OPS
 from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "unsupported-op"
+LAYOUT_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "Identity", "Dropout"})
+"""Ops that only relabel or retype a tensor: when a profile lists them as folded, the converter removes
+them (a folded BatchNormalization is not one of these: its fold is the `fold-bn` rewrite's job)."""
 
 
 def run(ctx: RuleContext) -> list[Finding]:
@@ -41,6 +46,8 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
             fix="implement it as a custom CPU op in the vendor runtime, or re-export with standard ops",
             forces_cpu=True,
         )
+    if _folded_away(ctx, i):
+        return None
     fix = _div_by_constant_fix(ctx, i) or unsupported_op_fix(op, p)
     if op in p.cpu_ops or op in p.folded_ops:
         why = "listed as a CPU op" if op in p.cpu_ops else "only removed when constant folding applies"
@@ -68,6 +75,18 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
         rewrite_args=fix.args,
         forces_cpu=True,
     )
+
+
+def _folded_away(ctx: RuleContext, i: int) -> bool:
+    """An op the profile lists as folded (horizon-x3: Reshape/Squeeze/Unsqueeze/Cast) whose parameters
+    (every input after the data) are constants: the converter removes it, so no CPU finding. A Reshape
+    whose target shape is computed at run time still gets one."""
+    op = ctx.op(i)
+    if op not in LAYOUT_OPS or op not in ctx.profile.folded_ops or op in ctx.profile.cpu_ops:
+        return False
+    folded_outputs = {t for j in ctx.analysis.removed() for t in ctx.view.node_outputs(j)}
+    params = ctx.view.node_inputs(i)[1:]
+    return all(ctx.view.is_const(t) or t in folded_outputs for t in params)
 
 
 def _div_by_constant_fix(ctx: RuleContext, i: int) -> Fix | None:
