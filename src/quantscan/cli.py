@@ -188,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--gain-candidates", type=int, default=None, metavar="N",
                       help="sites per ordering whose output gain is measured to rank by impact (default 16)")
     scan.add_argument("--no-gain", action="store_true", help="skip the output-gain measurement (= --gain-candidates 0)")
+    scan.add_argument("--gain-samples", type=int, default=None, metavar="N",
+                      help="evaluation samples the output gain is measured on, the first ones (default 8; 0: all)")
     check = sub.add_parser("check", help="structural compatibility with chip profiles")
     check.add_argument("model")
     check.add_argument("--profile", action="append", default=[])
@@ -397,14 +399,15 @@ def default_out(model: str) -> Path:
 
 
 def _gain_option(args: argparse.Namespace) -> dict[str, int]:
-    """--no-gain / --gain-candidates N as the scan's `gain_candidates` option (absent: the default)."""
+    """--no-gain / --gain-candidates N / --gain-samples N as the scan's options (absent: the defaults)."""
+    samples = {} if args.gain_samples is None else {"gain_samples": args.gain_samples}
     if args.no_gain:
-        return {"gain_candidates": 0}
+        return {"gain_candidates": 0, **samples}
     if args.gain_candidates is None:
-        return {}
+        return samples
     if args.gain_candidates < 0:
         raise UsageError(f"--gain-candidates: expected a non-negative integer, found {args.gain_candidates}")
-    return {"gain_candidates": args.gain_candidates}
+    return {"gain_candidates": args.gain_candidates, **samples}
 
 
 def cmd_scan(args: argparse.Namespace) -> int:

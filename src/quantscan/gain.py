@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
+from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.model import onnx_opset, upgrade_opset
 from quantscan.records import Precision
@@ -62,6 +64,16 @@ LOSS_TAG = "@l"
 REF_SUFFIX = "@ref"
 TaskFactory = Callable[[], dict[str, list[TaskAccumulator]]]
 """Fresh task-metric accumulators per headline output, one set per evaluated configuration."""
+GAIN_ORT_LEVEL = "disable"
+"""The gain graph's session runs with onnxruntime's graph optimizations off (ORT_DISABLE_ALL).
+
+Why: its nodes are mostly branch copies (downstream of each site, tens of times the network), and
+ORT_ENABLE_BASIC's transformers walk all of them several times at session creation: 3x the
+creation time of ORT_DISABLE_ALL, the largest single cost of the scan's gain measurement. They buy
+nothing here: the QDQ pairs stay float fake-quant at both levels (integer kernels come only at
+ORT_ENABLE_ALL), stored weights are already folded to float (graph.build_analysis_model), and the
+gain is a difference between two outputs of the same session. Tests hold the gains equal at both.
+"""
 
 
 # --- mixed-precision models ----------------------------------------------------------------------------
@@ -357,6 +369,87 @@ def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
     return a is b or a.SerializeToString() == b.SerializeToString()
 
 
+class FloatSiteBranches:
+    """The branch of "site k float, every other site int8", read off the all-int8 model directly.
+
+    Why: `diff_branch` needs the whole variant model, built and then compared node by node: per
+    site a deep copy and a full QDQ insertion, O(sites x nodes) in Python, which was a third of the
+    scan's output-gain measurement. With one float site the difference is known in advance: the
+    site's nodes read their float weights, and the activations only that site touched lose their
+    QuantizeLinear/DequantizeLinear pair (their producer writes the tensor itself, so a clean
+    producer becomes an alias of its `__f32` output). The branch is those nodes, the readers of
+    those activations, and everything downstream of them. Same `Branch` as `diff_branch` gives
+    (tests hold the two equal on every site of real models); int16 variants still go through it.
+    """
+
+    def __init__(self, builder: MixedBuilder, base: onnx.ModelProto) -> None:
+        self.builder = builder
+        self.nodes = list(base.graph.node)
+        self.position = {n.name: i for i, n in enumerate(self.nodes)}
+        self.readers: dict[str, list[int]] = {}
+        for i, node in enumerate(self.nodes):
+            for name in dict.fromkeys(node.input):
+                if name:
+                    self.readers.setdefault(name, []).append(i)
+        self.graph_inputs = {i.name for i in base.graph.input}
+        self.inits = {t.name: t for t in base.graph.initializer}
+        self.float_inits = {t.name: t for t in builder.proto.graph.initializer}
+        self.float_weights = {qgraph.weight_dq_output(name): name for name in self.float_inits}
+        """A quantized site reads `w__dq` where the float model reads `w`; a float site reads `w` again."""
+
+    def lost_activations(self, k: int) -> list[str]:
+        """Tensors quantized in the all-int8 model that only site k reads or writes."""
+        return [t for t, ks in self.builder.touch.items() if all(j == k for j in ks)]
+
+    def branch(self, k: int) -> Branch:
+        site = self.builder.sites[k]
+        lost = self.lost_activations(k)
+        removed = {name for t in lost for name in qgraph.activation_qdq_names(t)}
+        inputs_back = {qgraph.input_alias(t): t for t in lost if t in self.graph_inputs}
+        outputs_back = {t + qgraph.F32_SUFFIX: t for t in lost if t not in self.graph_inputs}
+        own = set(site.nodes)
+
+        def variant_inputs(node: onnx.NodeProto) -> list[str]:
+            names = [self.float_weights.get(i, i) for i in node.input] if node.name in own else list(node.input)
+            return [inputs_back.get(i, i) for i in names]
+
+        # Seeds: the site's nodes when they read a float weight now, and the readers of the lost tensors
+        # (a site whose float version changes nothing, e.g. a Mul whose tensors other sites quantize, has none).
+        mine = [self.position[n] for n in site.nodes if n in self.position]
+        seeds = [i for i in mine if variant_inputs(self.nodes[i]) != list(self.nodes[i].input)]
+        for t in lost:
+            seeds += self.readers.get(qgraph.input_alias(t) if t in self.graph_inputs else t, [])
+        dirty = self._downstream(seeds, removed)
+        nodes: list[onnx.NodeProto] = []
+        produced: set[str] = set()
+        for i in sorted(dirty):
+            node = onnx.NodeProto()
+            node.CopyFrom(self.nodes[i])
+            node.input[:] = variant_inputs(node)
+            for pos, name in enumerate(node.output):
+                node.output[pos] = outputs_back.get(name, name)
+            produced.update(o for o in node.output if o)
+            nodes.append(node)
+        alias = {t: f32 for f32, t in outputs_back.items() if t not in produced}
+        used = {i for n in nodes for i in n.input}
+        initializers = {name: t for name, t in self.inits.items() if name in used}
+        initializers.update({w: self.float_inits[w] for w in used if w in self.float_inits and w not in self.inits})
+        return Branch(nodes, produced, alias, initializers)
+
+    def _downstream(self, seeds: Iterable[int], removed: set[str]) -> set[int]:
+        """The seeds and every node reading what they write, skipping the QDQ pairs the variant drops."""
+        dirty: set[int] = set()
+        todo = [i for i in seeds if self.nodes[i].name not in removed]
+        while todo:
+            i = todo.pop()
+            if i in dirty:
+                continue
+            dirty.add(i)
+            for o in self.nodes[i].output:
+                todo += [j for j in self.readers.get(o, []) if self.nodes[j].name not in removed]
+        return dirty
+
+
 class GainGraph:
     """FP32 + all-int8 copy + one branch per site variant, assembled into one model; see module docstring."""
 
@@ -450,11 +543,15 @@ def compute_gain(
     progress: ProgressFactory = no_progress,
     runner: Runner | None = None,
     subset: Collection[str] | None = None,
+    opt_level: str = GAIN_ORT_LEVEL,
+    samples: CalibSet | None = None,
 ) -> GainResult:
     """gain_if_float (and loss_if_only) of every site in one pass over the evaluation set.
 
     `subset` (site node names) limits the branches to those sites: the scan measures its strongest
     candidates this way, in the same single session, and the table then has their rows only.
+    `opt_level` is the session's onnxruntime level (see GAIN_ORT_LEVEL); `samples` replaces the
+    evaluation set (the scan measures its candidates on the first few samples).
     """
     started = time.perf_counter()
     runner = runner or ctx.runner
@@ -475,28 +572,34 @@ def compute_gain(
         measure((o, "int8"), o, o + qgraph.CUMULATIVE_SUFFIX)
     branch_nodes: dict[str, int] = {}
     changed: dict[tuple[int, str], set[str]] = {}
+    # Read off the all-int8 model when one float site changes only that site: not with int16, nor with
+    # the onnxruntime recipe's conditional sites (a float site can make later ones float: `effective`).
+    direct = builder.fallback == Precision.FLOAT.value and not any(s.quantized_if for s in builder.sites)
+    floats = FloatSiteBranches(builder, gg.base) if direct else None
     for k, site in enumerate(builder.sites):
         if subset is not None and site.node not in subset:
             continue
-        variants = [(GAIN_TAG, builder.precisions([site.node]), gg.base, gg.in_int8)]
+        variants: list[tuple[str, Callable[[], Branch], Callable[[str], str]]] = [
+            (GAIN_TAG, _gain_branch(builder, gg, floats, k), gg.in_int8)
+        ]
         if loss_if_only:
             only = ["float"] * n
             only[k] = "int8"
-            variants.append((LOSS_TAG, only, builder.proto, gg.in_fp32))
-        for tag, prec, base_model, locate in variants:
-            branch = diff_branch(base_model, builder.model(prec))
+            variants.append((LOSS_TAG, partial(_diff_to, builder.proto, builder, only), gg.in_fp32))
+        for tag, make_branch, locate in variants:
+            branch = make_branch()
             names = gg.add(branch, f"{tag}{k}", locate)
             branch_nodes[f"{tag}{k}"] = len(branch.nodes)
             reached = _reached_outputs(branch, outputs, names, locate)
             changed[(k, tag)] = set(reached)
             for o, test in reached.items():
                 measure((o, f"{tag}{k}"), o, test)
-    session = runner.session(pairs.reducer.attach(gg.model, pairs.outputs()), built=True)
+    session = runner.session(pairs.reducer.attach(gg.model, pairs.outputs()), opt_level=opt_level, built=True)
     per_run = len(gg.model.graph.node) + len(pairs.reducer.nodes)
     executions, batches = 0, 0
     bar = progress("output gain", None)
     try:
-        for feeds in ctx.eval_set.batches(ctx.batch_size):
+        for feeds in (samples if samples is not None else ctx.eval_set).batches(ctx.batch_size):
             pairs.update(session.run(feeds), refs)
             executions += per_run
             batches += 1
@@ -515,6 +618,19 @@ def compute_gain(
         time.perf_counter() - started,
         branch_nodes,
     )
+
+
+def _gain_branch(
+    builder: MixedBuilder, gg: GainGraph, floats: FloatSiteBranches | None, k: int
+) -> Callable[[], Branch]:
+    """How site k's gain branch is built: read off the all-int8 model (float fallback), else diffed."""
+    if floats is not None:
+        return partial(floats.branch, k)
+    return partial(_diff_to, gg.base, builder, builder.precisions([builder.sites[k].node]))
+
+
+def _diff_to(base: onnx.ModelProto, builder: MixedBuilder, prec: Sequence[str]) -> Branch:
+    return diff_branch(base, builder.model(prec))
 
 
 def _reached_outputs(

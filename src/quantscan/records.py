@@ -290,9 +290,14 @@ class RunInfo:
     what `extract --worst RUN_DIR` feeds the minimal model."""
     format: int = 1
     tool: str = "quantscan"
+    deployed_gap_sites: list[dict[str, Any]] = field(default_factory=list)
+    """Sites where onnxruntime's integer kernels part from the fake-quant simulation (only when the
+    deployed output differs; scanning.deployed): node, kernel, output, sqnr_db, cosine, drop_db, reason."""
 
     def to_json(self) -> dict[str, Any]:
-        """run.json's content, keys in the order the contract has always written them."""
+        """run.json's content, keys in the order the contract has always written them (the deployed-gap
+        sites, when there are any, after them)."""
+        extra = {"deployed_gap_sites": [dict(s) for s in self.deployed_gap_sites]} if self.deployed_gap_sites else {}
         return {
             "format": self.format,
             "tool": self.tool,
@@ -321,6 +326,7 @@ class RunInfo:
             "output_metrics": {k: m.to_json() for k, m in self.output_metrics.items()},
             "deployed_metrics": {k: m.to_json() for k, m in self.deployed_metrics.items()},
             "warnings": list(self.warnings),
+            **extra,
         }
 
     @classmethod
@@ -358,6 +364,7 @@ class RunInfo:
             worst_samples=[dict(w) for w in data.get("worst_samples") or []],
             format=int(data.get("format", 1)),
             tool=str(data.get("tool", "quantscan")),
+            deployed_gap_sites=[dict(s) for s in data.get("deployed_gap_sites") or [] if isinstance(s, Mapping)],
         )
 
 

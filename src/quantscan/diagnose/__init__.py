@@ -14,6 +14,7 @@ from quantscan.diagnose import (
     absurd_scale,
     code_waste,
     dead_channels,
+    inherited,
     nonfinite,
     outlier_channels,
     range_mismatch,
@@ -31,8 +32,10 @@ RULES: tuple[Rule, ...] = (
     saturated_channels.check,
     code_waste.check,
     dead_channels.check,
+    inherited.check,
 )
-"""Every cause rule, most fundamental first: an absurd scale explains the non-finite figures it causes."""
+"""Every cause rule, most fundamental first: an absurd scale explains the non-finite figures it causes;
+a site's own cause comes before the one it inherits."""
 
 
 def diagnose(facts: SiteFacts) -> list[Finding]:

@@ -33,6 +33,7 @@ class Cause(StrEnum):
     CODE_WASTE = "code-waste"
     DEAD_CHANNELS = "dead-channels"
     SATURATED_CHANNELS = "saturated-channels"
+    INHERITED = "inherited-error"
 
 
 class FixKind(StrEnum):
@@ -81,7 +82,8 @@ class SiteFacts:
 
     `lo`/`hi`: the output tensor's range; `ch_lo`/`ch_hi`: per-channel ranges (may be empty);
     `scale`, `zero_point`, `qmin`, `qmax`: its quantization; `input_ranges`: ranges of its data inputs;
-    `figures`: isolated/cumulative SQNR and cosine; `feeds_softmax`: the output reaches a Softmax.
+    `figures`: isolated/cumulative SQNR and cosine; `feeds_softmax`: the output reaches a Softmax;
+    `upstream_gains`: the measured output gain of keeping each upstream site float.
     """
 
     node: str
@@ -98,6 +100,8 @@ class SiteFacts:
     input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)
     feeds_softmax: bool = False
+    upstream_gains: dict[str, float] = field(default_factory=dict)
+    """Measured `gain_if_float` of the sites upstream of this one (empty until the gain is measured)."""
 
     def typical_magnitude(self) -> float:
         """Median per-channel max |value| over channels without sentinels (NaN when unknown): what the

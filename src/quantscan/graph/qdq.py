@@ -56,6 +56,32 @@ def iso_name(tensor: str, k: int) -> str:
     return f"{tensor}@iso{k}"
 
 
+def activation_tag(tensor: str) -> str:
+    """Prefix of the QuantizeLinear/DequantizeLinear pair (and their scale/zero point) of an activation."""
+    return f"{tensor}__act"
+
+
+def activation_qdq_names(tensor: str) -> tuple[str, str]:
+    """Node names of an activation's QuantizeLinear and DequantizeLinear (see `qdq_nodes`)."""
+    tag = activation_tag(tensor)
+    return f"{tag}__Q", f"{tag}__DQ"
+
+
+def activation_codes(tensor: str) -> str:
+    """The QuantizeLinear output (the integer codes) of an activation (see `qdq_nodes`)."""
+    return f"{activation_tag(tensor)}__q"
+
+
+def input_alias(tensor: str) -> str:
+    """What consumers of a quantized graph input read: the DequantizeLinear output beside the input."""
+    return f"{tensor}__qdq"
+
+
+def weight_dq_output(name: str) -> str:
+    """The DequantizeLinear output a quantized site reads in place of its weight/bias initializer."""
+    return f"{name}__dq"
+
+
 @dataclass
 class WeightQuant:
     """A weight initializer and its per-channel int8 (or int16) parameters."""
@@ -107,7 +133,7 @@ def _dq_const_nodes(
     name: str, values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None
 ) -> tuple[onnx.NodeProto, list[onnx.TensorProto], str]:
     """A stored integer initializer and its DequantizeLinear: how QDQ models hold weights."""
-    qname, sname, zname, out = f"{name}__quantized", f"{name}__scale", f"{name}__zp", f"{name}__dq"
+    qname, sname, zname, out = f"{name}__quantized", f"{name}__scale", f"{name}__zp", weight_dq_output(name)
     inits = [_const(qname, values), _const(sname, scale.astype(np.float32)), _const(zname, zero_point)]
     kwargs: dict[str, Any] = {"axis": axis} if axis is not None and np.asarray(scale).ndim == 1 else {}
     node = helper.make_node("DequantizeLinear", [qname, sname, zname], [out], name=f"{name}__DQ", **kwargs)
@@ -154,14 +180,14 @@ def build_qdq_model(model: onnx.ModelProto, sites: Sequence[QuantSite], plan: Qu
             if name in weight_out:
                 node.input[pos] = weight_out[name]
     # Activations: rename the producer's output, the DequantizeLinear takes the original name.
-    input_alias: dict[str, str] = {}
+    aliased: dict[str, str] = {}
     producers = {o: n for n in graph.node for o in n.output}
     for tensor, qp in plan.activations.items():
-        tag = f"{tensor}__act"
+        tag = activation_tag(tensor)
         if tensor in graph_inputs:
-            alias = f"{tensor}__qdq"
+            alias = input_alias(tensor)
             nodes, inits = qdq_nodes(tensor, alias, qp, tag)
-            input_alias[tensor] = alias
+            aliased[tensor] = alias
         else:
             producer = producers.get(tensor)
             if producer is None:
@@ -170,11 +196,11 @@ def build_qdq_model(model: onnx.ModelProto, sites: Sequence[QuantSite], plan: Qu
             nodes, inits = qdq_nodes(tensor + F32_SUFFIX, tensor, qp, tag)
         new_nodes.extend(nodes)
         new_inits.extend(inits)
-    if input_alias:
+    if aliased:
         for node in graph.node:
             for pos, name in enumerate(node.input):
-                if name in input_alias:
-                    node.input[pos] = input_alias[name]
+                if name in aliased:
+                    node.input[pos] = aliased[name]
     graph.node.extend(new_nodes)
     graph.initializer.extend(new_inits)
     _prune_initializers(graph)

@@ -51,13 +51,17 @@ def _signed(value: float) -> str:
     return f"{value:+.4g}"
 
 
-def rank_doc_gain(measured: int, sites: int, candidates: int) -> str:
+def rank_doc_gain(measured: int, sites: int, candidates: int, samples: int = 0, evaluation: int = 0) -> str:
     """How `rank` is computed when the output gain was measured (summary.md's 'How rank is computed')."""
+    on = (f" on the first {samples} of the {evaluation} evaluation samples (`--gain-samples N` sets how many, "
+          "0 all: each measured site re-runs everything downstream of it, so the gain costs tens of network "
+          "passes per sample, and the order it gives is settled on a few samples)"
+          if 0 < samples < evaluation else "")
     return (
         f"`rank` orders sites by what keeping each one float does to the model output: `gain_if_float` "
         f"(the headline output cosine with only that site float, minus the all-int8 cosine; the same "
         f"measurement and meaning as `quantscan bisect`), largest first. It was measured for {measured} of "
-        f"{sites} sites: the union of the {candidates} lowest by `isolated_sqnr_db`, the {candidates} lowest by "
+        f"{sites} sites{on}: the union of the {candidates} lowest by `isolated_sqnr_db`, the {candidates} lowest by "
         f"`act_worst_channel_sqnr_db`, the {candidates} that lose the most cumulative SQNR between their "
         "inputs and their output, every site whose figures are not finite and every site writing a headline "
         "output. Sites without a measured gain "
@@ -93,19 +97,26 @@ def _fix(row: Mapping[str, Any], cosine: float) -> str:
     return f"keep {node} float (or int16){expected}; `quantscan bisect` finds the fewest such sites"
 
 
-def _deployed_gap(head: Headline) -> list[str]:
+def _deployed_gap(head: Headline, sites: Sequence[Mapping[str, Any]] = ()) -> list[str]:
     dep = head.deployed
     if dep is None or not (math.isfinite(dep.cosine) and math.isfinite(head.cosine)):
         return []
     gap = dep.cosine - head.cosine
     if abs(gap) <= DEPLOYED_GAP:
         return []
-    return [
+    lines = [
         f"- **Deployed differs from the simulation**: onnxruntime's integer kernels (ORT_ENABLE_ALL) give output "
         f"cosine {_g(dep.cosine, 5)} against fake-quant {_g(head.cosine, 5)} ({_signed(gap)}). The fake-quant "
         "figures below do not describe the deployed model; likely reasons: requantization inside fused "
         "integer kernels, int32 bias saturation, or a kernel the runtime runs differently (see `compare`).",
     ]
+    if sites:
+        lines.append("  Where the integer kernels part from the simulation (each site's deployed output against its "
+                     "fake-quant output; the drop is what the site adds to the difference of its inputs):")
+    for s in sites:
+        lines.append(f"  - `{s.get('node')}` ({s.get('kernel')}): SQNR {_g(s.get('sqnr_db'))} dB against "
+                     f"fake-quant, {_g(s.get('drop_db'))} dB below its inputs; likely {s.get('reason')}.")
+    return lines
 
 
 def _verdict(head: Headline, metrics: Mapping[str, OutputMetrics]) -> str:
@@ -119,10 +130,15 @@ def _verdict(head: Headline, metrics: Mapping[str, OutputMetrics]) -> str:
 
 
 def diagnosis_lines(
-    head: Headline, metrics: Mapping[str, OutputMetrics], layers: pd.DataFrame, plan: Mapping[str, Any] | None
+    head: Headline,
+    metrics: Mapping[str, OutputMetrics],
+    layers: pd.DataFrame,
+    plan: Mapping[str, Any] | None,
+    gap_sites: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
-    """The `## Diagnosis` section: verdict, deployed gap, where/why/first fix, next sites, the bisect plan."""
-    lines = ["## Diagnosis", "", _verdict(head, metrics), *_deployed_gap(head)]
+    """The `## Diagnosis` section: verdict, deployed gap (and the sites behind it), where/why/first fix,
+    next sites, the bisect plan."""
+    lines = ["## Diagnosis", "", _verdict(head, metrics), *_deployed_gap(head, gap_sites)]
     measured = _measured(layers)
     cosine = _num(head.cosine)
     if layers.empty:

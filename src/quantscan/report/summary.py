@@ -93,7 +93,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     lines = [
         f"# quantscan: {result.model.path.name}",
         "",
-        *diagnosis_lines(head, result.output_metrics, result.layers, plan),
+        *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites),
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
@@ -156,7 +156,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
     measured = int(info.options.get("gain_measured") or 0)
     if measured:
-        rank_doc = rank_doc_gain(measured, info.sites, int(info.options.get("gain_candidates") or 0))
+        rank_doc = rank_doc_gain(measured, info.sites, int(info.options.get("gain_candidates") or 0),
+                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples)
     lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from quantscan import graph as qgraph
-from quantscan.diagnose import Finding, SiteFacts, diagnose
+from quantscan.diagnose import Cause, Finding, SiteFacts, diagnose, inherited
 from quantscan.graph.index import GraphIndex
 from quantscan.scanning.calibrate import CalibStats
 from quantscan.sites import Site
@@ -99,3 +101,55 @@ def run_rules(
 ) -> list[Finding]:
     """Every cause rule's finding for one site, most urgent first."""
     return diagnose(site_facts(site, row, plan, calib, index))
+
+
+def upstream_sites(index: GraphIndex, site: Site, site_of: Mapping[str, str]) -> set[str]:
+    """Sites (by their `node`) whose output reaches this site's inputs, through any path."""
+    found: set[str] = set()
+    seen: set[str] = set()
+    todo = list(site.inputs)
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        producer = index.producer_node(tensor)
+        if producer is None:
+            continue
+        owner = site_of.get(producer.name)
+        if owner is not None and owner != site.node:
+            found.add(owner)
+        todo.extend(i for i in producer.input if i)
+    return found
+
+
+def with_inherited(
+    layers: pd.DataFrame,
+    sites: Sequence[Site],
+    plan: qgraph.QuantPlan,
+    calib: CalibStats,
+    index: GraphIndex,
+    gains: Mapping[str, float],
+) -> pd.DataFrame:
+    """Rerun the cause rules, now with measured gains, on sites whose error looks inherited, so the
+    inherited-error rule can name the upstream site responsible (diagnose.inherited)."""
+    by_node = {s.node: s for s in sites}
+    site_of = {n: s.node for s in sites for n in s.nodes}
+    layers = layers.copy()
+    for i, row in zip(layers.index, layers.to_dict("records"), strict=True):
+        site = by_node.get(str(row["node"]))
+        figures = [float(row.get(k, math.nan)) for k in ("isolated_sqnr_db", "cumulative_sqnr_db")]
+        if site is None or not inherited.looks_inherited(*figures):
+            continue
+        ups = {u: gains[u] for u in upstream_sites(index, site, site_of) if u in gains}
+        facts = site_facts(site, row, plan, calib, index)
+        own = {"gain_if_float": float(gains[site.node])} if site.node in gains else {}
+        findings = diagnose(replace(facts, upstream_gains=ups, figures={**facts.figures, **own}))
+        named = [f for f in findings if f.cause is Cause.INHERITED]
+        if not named:
+            continue
+        for column, value in diagnosis_columns(findings).items():
+            layers.at[i, column] = value
+        if row.get("cause") == "inherited":
+            layers.at[i, "reason"] = named[0].reason
+    return layers

@@ -7,8 +7,10 @@ output. The scan therefore takes its strongest candidates (the top N by isolated
 channel, by the cumulative SQNR a site loses, plus every site whose figures are not finite, that
 a finding names, or that writes a headline output) and measures their `gain_if_float` with
 bisect's gain graph (`gain.compute_gain`: one session, one run per batch, only the branches
-downstream of each candidate). `gain_if_float` keeps bisect's meaning: the headline metric with
-that one site float, minus the all-int8 metric.
+downstream of each candidate) on the first `gain_samples` evaluation samples (8 by default: each
+branch re-runs everything downstream of its site, so the measurement costs tens of network passes
+per sample, and the ranking is settled on a few samples). `gain_if_float` keeps bisect's meaning:
+the headline metric with that one site float, minus the all-int8 metric.
 `rank_by_gain` then puts measured sites first, most helpful first, and the rest in the old order.
 """
 
@@ -17,13 +19,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
+from quantscan.calib import CalibSet
 from quantscan.records import Severity
-from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, ProgressFactory, no_progress
+from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
 
 SQNR_CAP_DB = 120.0
@@ -40,6 +43,10 @@ class Impact:
     candidates: list[str]
     seconds: float
     key: str = GAIN_KEY
+    samples: int = 0
+    """Evaluation samples the gains were measured on (the first ones)."""
+    ort_level: str = ""
+    """The gain session's onnxruntime level (run.json `gain_ort_level`)."""
 
 
 def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -49,8 +56,10 @@ def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def _lowest(frame: pd.DataFrame, values: pd.Series, n: int) -> list[str]:
     """The n sites with the lowest finite value (stable: graph order breaks ties)."""
-    usable = values[np.isfinite(values)]
-    return [str(frame.loc[i, "node"]) for i in usable.sort_values(kind="mergesort").index[:n]]
+    v = values.to_numpy(dtype=float)
+    usable = np.flatnonzero(np.isfinite(v))
+    order = usable[np.argsort(v[usable], kind="stable")[:n]]
+    return [str(x) for x in frame["node"].to_numpy()[order]]
 
 
 def cumulative_drop(layers: pd.DataFrame) -> pd.Series:
@@ -62,12 +71,14 @@ def cumulative_drop(layers: pd.DataFrame) -> pd.Series:
 
 def nonfinite_sites(layers: pd.DataFrame) -> list[str]:
     """Sites whose isolated or cumulative figures are not finite: a finding in itself, always measured."""
-    found = []
-    for r in layers.to_dict("records"):
-        figures = [r.get("isolated_sqnr_db"), r.get("isolated_cosine"), r.get("cumulative_cosine")]
-        if any(isinstance(v, float) and math.isnan(v) for v in figures):
-            found.append(str(r["node"]))
-    return found
+    nan = np.zeros(len(layers), dtype=bool)
+    for column in ("isolated_sqnr_db", "isolated_cosine", "cumulative_cosine"):
+        if column in layers:
+            values = layers[column]
+            is_nan = values.isna() if values.dtype.kind == "f" else values.map(
+                lambda v: isinstance(v, float) and math.isnan(v))
+            nan |= is_nan.to_numpy(dtype=bool)
+    return [str(x) for x in layers["node"].to_numpy()[nan]]
 
 
 def gain_candidates(
@@ -93,18 +104,26 @@ def gain_candidates(
     return list(dict.fromkeys(picked))
 
 
+def first_samples(cset: CalibSet, n: int) -> CalibSet:
+    """The first `n` samples of a set (all of them when `n` is 0 or not smaller)."""
+    return replace(cset, n_samples=n) if 0 < n < cset.n_samples else cset
+
+
 def measure_impact(
     ctx: ScanContext,
     layers: pd.DataFrame,
     n: int = DEFAULT_GAIN_CANDIDATES,
     *,
     named: Iterable[str] = (),
+    samples: int = DEFAULT_GAIN_SAMPLES,
     progress: ProgressFactory = no_progress,
 ) -> Impact:
-    """gain_if_float of the candidates, in one gain-graph session over the evaluation set."""
+    """gain_if_float of the candidates, in one gain-graph session over the first `samples` evaluation
+    samples (0: all)."""
     # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
     # run -> this module: a module-level import here would meet a half-initialised gain.
-    from quantscan.gain import MixedBuilder, compute_gain
+    from quantscan.gain import GAIN_ORT_LEVEL, MixedBuilder, compute_gain
+    from quantscan.runner import ORT_LEVEL_NAMES
 
     started = time.perf_counter()
     heads = set(ctx.headline_outputs())
@@ -112,9 +131,12 @@ def measure_impact(
     candidates = gain_candidates(layers, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
     if not candidates:
         return Impact({}, [], 0.0)
-    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress)
+    subset = first_samples(ctx.eval_set, samples)
+    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
+                          samples=subset)
     gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
-    return Impact(gains, candidates, time.perf_counter() - started)
+    return Impact(gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
+                  ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL])
 
 
 def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:

@@ -20,6 +20,8 @@ from quantscan.taskmetrics import TASKS
 TENSOR_SETS = ("all", "sites")
 DEFAULT_GAIN_CANDIDATES = 16
 """Sites taken from each ordering (isolated, worst channel, cumulative drop) for the gain measurement."""
+DEFAULT_GAIN_SAMPLES = 8
+"""Evaluation samples the gain measurement runs on (the first ones); 0 means all of them."""
 
 
 class ProgressBar(Protocol):
@@ -94,6 +96,10 @@ class ScanOptions:
     gain_candidates: int = DEFAULT_GAIN_CANDIDATES
     """How many sites per ordering get their output gain measured (scanning.impact); 0 turns it off
     (`--no-gain`) and `rank` is then the isolated-error order alone."""
+    gain_samples: int = DEFAULT_GAIN_SAMPLES
+    """How many evaluation samples (the first ones) the gain measurement runs on; 0: all. Why fewer than
+    the evaluation: each candidate's branch re-runs everything downstream of it, tens of network passes
+    per sample, and the ranking it decides is settled on a few samples (benchmarks/RESULTS.md)."""
 
     def validate(self) -> ScanOptions:
         """Refuse bad values with the CLI flag's name; return the options with the enums parsed."""
@@ -106,6 +112,8 @@ class ScanOptions:
             raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
         if not isinstance(self.gain_candidates, int) or self.gain_candidates < 0:
             raise UsageError(f"--gain-candidates: expected a non-negative integer, found {self.gain_candidates!r}")
+        if not isinstance(self.gain_samples, int) or isinstance(self.gain_samples, bool) or self.gain_samples < 0:
+            raise UsageError(f"--gain-samples: expected a non-negative integer, found {self.gain_samples!r}")
         if self.task not in TASKS:
             raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {self.task!r}")
         if self.batch_size <= 0:

@@ -24,10 +24,13 @@ from quantscan import graph as qgraph
 from quantscan import runfolder
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
+from quantscan.graph.index import GraphIndex
 from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.report.summary import summary_markdown
 from quantscan.runner import Runner
+from quantscan.scanning.deployed import deployed_gap_sites
+from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
 from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
 from quantscan.scanning.options import ProgressFactory, no_progress
@@ -168,9 +171,17 @@ def measure(
     impact = rank_by_impact(ctx, tables, progress)
     times["impact"] = impact.seconds
     head = headline(evaluation)
+    t0 = time.perf_counter()
+    gap_sites = deployed_gap_sites(ctx, qdq, head)
+    if gap_sites:
+        times["deployed_gap"] = time.perf_counter() - t0
     info = run_info(ctx, qdq, head, evaluation)
+    info.deployed_gap_sites = [g.to_json() for g in gap_sites]
     info.options["gain_candidates"] = opts.gain_candidates
     info.options["gain_measured"] = len(impact.gains)
+    info.options["gain_samples"] = impact.samples
+    if impact.ort_level:
+        info.options["gain_ort_level"] = impact.ort_level
     info.times_s = {k: round(v, 4) for k, v in times.items()}
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
@@ -194,10 +205,14 @@ def measure(
 
 
 def rank_by_impact(ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory) -> Impact:
-    """Measure the candidates' output gain and re-rank layers (and ops' best rank) by it, in place."""
-    impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, progress=progress)
+    """Measure the candidates' output gain, re-rank layers (and ops' best rank) by it and let the
+    inherited-error rule name the upstream site it measured as the cause, in place."""
+    impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, samples=ctx.opts.gain_samples,
+                            progress=progress)
     if impact.gains:
         tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
+        tables["layers"] = with_inherited(tables["layers"], ctx.sites, ctx.plan, ctx.calib_stats,
+                                          GraphIndex(ctx.prepared.proto.graph), impact.gains)
         layers = tables["layers"]
         on_chip = layers[layers["placement"] != "cpu"] if "placement" in layers else layers
         tables["ops"] = ops_table(on_chip)  # as build_tables made it: site rows only, best rank updated
