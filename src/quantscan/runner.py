@@ -98,15 +98,19 @@ class Runner:
         return ORT_LEVEL_NAMES[self.opt_level]
 
     def session(self, model: onnx.ModelProto | bytes | str | Path, *, opt_level: str | None = None,
-                built: bool = False) -> Session:
+                built: bool = False, ordered: bool = False) -> Session:
         """Build a session; `opt_level` overrides the runner's level for this one session.
 
         `built=True` says quantscan made this graph (a QDQ or instrumented copy of a model onnxruntime
         already loaded): if onnxruntime rejects it, that is a quantscan bug (`InternalError`, exit 3),
-        not bad input.
+        not bad input. `ordered=True` runs the nodes in the model's own order (priority-based order,
+        node index as tie-break) instead of onnxruntime's default: analysis graphs are interleaved
+        (graph/schedule.py) so each activation dies right after its reductions.
         """
         options = ort.SessionOptions()
         options.graph_optimization_level = _LEVELS[opt_level or self.opt_level]
+        if ordered:
+            options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
         options.log_severity_level = SILENT
         if self.threads:
             options.intra_op_num_threads = self.threads

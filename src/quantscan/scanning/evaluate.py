@@ -21,6 +21,7 @@ from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet
 from quantscan.errors import ModelError
+from quantscan.graph.schedule import interleave
 from quantscan.model import PreparedModel
 from quantscan.records import Headline, OutputMetrics
 from quantscan.runner import Runner
@@ -94,7 +95,8 @@ def evaluate(
     outputs += [n for pair in channel_pairs.values() for n in pair]
     outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
-    session = runner.session(reducer.attach(combined, outputs + hist_outputs), built=True)
+    analysis = interleave(reducer.attach(combined, outputs + hist_outputs), [n.name for n in prepared.proto.graph.node])
+    session = runner.session(analysis, built=True, ordered=True)
     deployed = runner.session(qdq, opt_level="all", built=True)
     hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
     cumulative = {t: qm.ErrorAccumulator() for t in pairs}
