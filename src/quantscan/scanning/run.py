@@ -28,6 +28,7 @@ from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.report.summary import summary_markdown
 from quantscan.runner import Runner
+from quantscan.scanning.budget import measured_peak_bytes
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
 from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
 from quantscan.scanning.options import ProgressFactory, no_progress
@@ -171,6 +172,7 @@ def measure(
     info = run_info(ctx, qdq, head, evaluation)
     info.options["gain_candidates"] = opts.gain_candidates
     info.options["gain_measured"] = len(impact.gains)
+    info.memory = memory_record(ctx)
     info.times_s = {k: round(v, 4) for k, v in times.items()}
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
@@ -241,6 +243,14 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
         output_metrics=evaluation.output_metrics,
         deployed_metrics=evaluation.deployed_metrics,
     )
+
+
+def memory_record(ctx: ScanContext) -> dict[str, Any]:
+    """run.json's `memory`: the plan, with the peak this process actually reached (VmHWM) filled in."""
+    if ctx.memory is None:
+        return {}
+    ctx.memory.measured_peak_bytes = measured_peak_bytes()
+    return ctx.memory.to_json()
 
 
 def _value(option: Any) -> Any:
