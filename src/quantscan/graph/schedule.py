@@ -28,12 +28,8 @@ def interleave(model: onnx.ModelProto, fp32_nodes: Iterable[str]) -> onnx.ModelP
     the order topological: a node's producers have smaller keys, or the same key and an earlier
     position in the valid input order.
     """
-    anchor = {name: i for i, name in enumerate(fp32_nodes)}
     nodes = list(model.graph.node)
-    producer = {o: p for p, n in enumerate(nodes) for o in n.output if o}
-    keys: list[int] = []
-    for node in nodes:
-        keys.append(_key(node, anchor, producer, keys))
+    keys = node_keys(model, fp32_nodes)
     order = sorted(range(len(nodes)), key=lambda p: (keys[p], p))
     reordered = [nodes[p] for p in order]
     if not _is_topological(reordered, model):
@@ -41,6 +37,20 @@ def interleave(model: onnx.ModelProto, fp32_nodes: Iterable[str]) -> onnx.ModelP
     del model.graph.node[:]
     model.graph.node.extend(reordered)
     return model
+
+
+def node_keys(model: onnx.ModelProto, fp32_nodes: Iterable[str]) -> list[int]:
+    """Per node of `model` (in a valid topological order): the position of the FP32 node it belongs to.
+
+    -1 for nodes that read only initializers and graph inputs outside any FP32 node (constants).
+    """
+    anchor = {name: i for i, name in enumerate(fp32_nodes)}
+    nodes = list(model.graph.node)
+    producer = {o: p for p, n in enumerate(nodes) for o in n.output if o}
+    keys: list[int] = []
+    for node in nodes:
+        keys.append(_key(node, anchor, producer, keys))
+    return keys
 
 
 def _key(node: onnx.NodeProto, anchor: dict[str, int], producer: dict[str, int], keys: list[int]) -> int:

@@ -161,11 +161,22 @@ def measured_peak_bytes() -> int | None:
     return None
 
 
-def estimate_peak(footprint: Footprint, batch: int) -> int:
-    """Predicted peak resident bytes of a whole scan (probe to gain ranking) at `batch` samples per run."""
+def estimate_peak(footprint: Footprint, batch: int, segments: int = 1) -> int:
+    """Predicted peak resident bytes of a whole scan (probe to gain ranking) at `batch` samples per run,
+    the analysis split into `segments` sessions (each holds about 1/segments of the activations)."""
     fixed = BASE_BYTES + WEIGHT_COPIES * footprint.weight_bytes
-    per_sample = ACTIVATION_FACTOR * footprint.activation_bytes + LARGEST_FACTOR * footprint.largest_bytes
+    per_sample = ACTIVATION_FACTOR * footprint.activation_bytes / max(1, segments)
+    per_sample += LARGEST_FACTOR * footprint.largest_bytes
     return int(fixed + batch * per_sample)
+
+
+def segment_counts(footprint: Footprint) -> list[int]:
+    """Segment counts worth trying, fewest first: 2, 4, 8, ... up to one site per segment."""
+    counts, n = [], 2
+    while n < footprint.sites:
+        counts.append(n)
+        n *= 2
+    return [*counts, footprint.sites] if footprint.sites > 1 else []
 
 
 def plan_memory(
@@ -176,34 +187,55 @@ def plan_memory(
     requested_batch: int | None,
     fixed_batch: int | None,
     n_samples: int,
+    segments: int | None = None,
 ) -> MemoryPlan:
-    """The largest batch ≤ DEFAULT_BATCH that fits `budget`; the batch the model or the user fixed, if
-    it fits. Raises UsageError (exit 2, one line) when it does not, naming the estimate and the
-    smallest budget that works."""
+    """The largest batch ≤ DEFAULT_BATCH that fits `budget` in one session; else batch 1 in the fewest
+    segments that fit; the batch the model or the user fixed, if it fits (in segments if need be).
+    `segments` forces a segment count (tests, the API). Raises UsageError (exit 2, one line) when
+    nothing fits, naming the estimate and the smallest budget that works."""
     if fixed_batch:
-        return _fixed(footprint, budget, budget_source, fixed_batch, "fixed by the model")
+        return _fixed(footprint, budget, budget_source, fixed_batch, "fixed by the model", segments)
     if requested_batch is not None:
-        return _fixed(footprint, budget, budget_source, requested_batch, "--batch-size")
+        return _fixed(footprint, budget, budget_source, requested_batch, "--batch-size", segments)
     ceiling = max(1, min(DEFAULT_BATCH, n_samples))
-    smallest = estimate_peak(footprint, 1)
-    if smallest > budget:
-        raise UsageError(
-            f"--max-memory {format_size(budget)}: expected a budget the scan fits at batch 1, found an "
-            f"estimated peak of {format_size(smallest)}: give at least --max-memory {_round_up(smallest)}"
-        )
+    if segments is not None:
+        fits = [b for b in range(1, ceiling + 1) if estimate_peak(footprint, b, segments) <= budget] or [1]
+        return MemoryPlan(budget, budget_source, fits[-1], "given segments", estimate_peak(footprint, fits[-1],
+                          segments), footprint, segments)
+    if estimate_peak(footprint, 1) > budget:
+        return _segmented(footprint, budget, budget_source, 1, "largest that fits in one session: none")
     batch = max(b for b in range(1, ceiling + 1) if estimate_peak(footprint, b) <= budget)
     source = "default" if batch == ceiling else f"largest that fits {format_size(budget)}"
     return MemoryPlan(budget, budget_source, batch, source, estimate_peak(footprint, batch), footprint)
 
 
-def _fixed(footprint: Footprint, budget: int, budget_source: str, batch: int, why: str) -> MemoryPlan:
-    """A batch the model or the user set: it fits, or a one-line error with the estimate."""
-    peak = estimate_peak(footprint, batch)
-    if peak <= budget:
-        return MemoryPlan(budget, budget_source, batch, why, peak, footprint)
+def _segmented(footprint: Footprint, budget: int, budget_source: str, batch: int, why: str) -> MemoryPlan:
+    """The fewest segments that fit at `batch`, or the one-line error naming the smallest budget that works."""
+    for count in segment_counts(footprint):
+        peak = estimate_peak(footprint, batch, count)
+        if peak <= budget:
+            return MemoryPlan(budget, budget_source, batch, why, peak, footprint, count)
+    finest = max(1, footprint.sites)
+    smallest = estimate_peak(footprint, batch, finest)
+    raise UsageError(
+        f"--max-memory {format_size(budget)}: expected a budget the scan fits at batch {batch} with one site per "
+        f"segment, found an estimated peak of {format_size(smallest)}: give at least --max-memory "
+        f"{_round_up(smallest)}"
+    )
+
+
+def _fixed(footprint: Footprint, budget: int, budget_source: str, batch: int, why: str,
+           segments: int | None = None) -> MemoryPlan:
+    """A batch the model or the user set: it fits (in segments if need be), or a one-line error with the estimate."""
+    peak = estimate_peak(footprint, batch, segments or 1)
+    if peak <= budget or segments is not None:
+        return MemoryPlan(budget, budget_source, batch, why, peak, footprint, segments or 1)
+    if any(estimate_peak(footprint, batch, c) <= budget for c in segment_counts(footprint)):
+        return _segmented(footprint, budget, budget_source, batch, why)
     fitting = [b for b in range(1, batch) if estimate_peak(footprint, b) <= budget]
+    smallest = estimate_peak(footprint, batch, max(1, footprint.sites))
     hint = (f"--batch-size {fitting[-1]} fits" if fitting and why == "--batch-size"
-            else f"give at least --max-memory {_round_up(peak)}")
+            else f"give at least --max-memory {_round_up(smallest)}")
     flag = f"--batch-size {batch}" if why == "--batch-size" else f"the model's fixed batch of {batch}"
     raise UsageError(
         f"--max-memory {format_size(budget)}: expected {flag} to fit, found an estimated peak of "

@@ -71,6 +71,8 @@ class ScanOptions:
     """Samples per run when the batch dim is free; None: the largest (up to 8) that fits `max_memory`."""
     max_memory: str | int | None = None
     """Memory budget (`8G`, `512M`, bytes); None: half the available RAM (scanning/budget.py)."""
+    segments: int | None = None
+    """Split the analysis into this many sessions (API and tests); None: as the memory plan decides."""
     save_qdq: str | Path | None = None
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     cpu_nodes: frozenset[str] = frozenset()
@@ -114,5 +116,7 @@ class ScanOptions:
             raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size!r}")
         if self.max_memory is not None:
             parse_size(self.max_memory)
+        if self.segments is not None and (not isinstance(self.segments, int) or self.segments < 1):
+            raise UsageError(f"segments: expected a positive integer, found {self.segments!r}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)
         return replace(self, calib_method=CalibMethod(self.calib_method), activations=scheme)

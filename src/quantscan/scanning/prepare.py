@@ -318,7 +318,7 @@ def memory_plan(
         available, total = machine_memory()
         budget, source = default_budget(available, total), "half the available RAM"
     return plan_memory(footprint, budget=budget, budget_source=source, requested_batch=opts.batch_size,
-                       fixed_batch=fixed_batch, n_samples=n_samples)
+                       fixed_batch=fixed_batch, n_samples=n_samples, segments=opts.segments)
 
 
 def activations_source(explicit: bool, profile: str | None) -> str:

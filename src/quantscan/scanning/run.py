@@ -156,7 +156,8 @@ def measure(
         points = set(plan.activations) | {s.output for s in sites} | set(probe.outputs)
         compare = [t for t in compare if t in points]
     evaluation = evaluate(
-        ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe, opts
+        ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe, opts,
+        segments=ctx.memory.segments if ctx.memory is not None else 1,
     )
     times["evaluation"] = time.perf_counter() - t0
     warnings.extend(evaluation.warnings)
