@@ -11,8 +11,9 @@ The estimate is linear: a fixed part (the interpreter, onnx and onnxruntime, and
 weights the scan keeps: the user's model, the prepared copy, the QDQ model, the analysis and gain
 graphs) plus, per sample in a batch, a multiple of the sum of all activations (what the
 interleaved analysis session keeps alive, see graph/schedule.py) and of the largest one. The factors
-were fitted on measured peaks (VmHWM) of PP-LCNet, PP-OCRv4, a seeded ResNet-50 and a seeded
-640x640 detector (benchmarks/memory.py) and rounded up, so the estimate errs high.
+were fitted on measured peaks (VmHWM, benchmarks/memory.py --batch-size 1 8) and rounded up, so the
+estimate errs high: PP-LCNet 316/628 MB at batch 1/8 (2.3x its 19 MB of activations per sample),
+PP-OCRv4 870/4340 MB (2.6x its 194 MB), a seeded ResNet-50 2148 MB at batch 1.
 
 Pure code: no onnxruntime. Reading /proc for the machine's memory is the only outside contact.
 """
@@ -30,12 +31,13 @@ from quantscan.errors import UsageError
 DEFAULT_BATCH = 8
 """The batch a scan uses when memory allows and neither the model nor `--batch-size` fixes one."""
 
-BASE_BYTES = 400 * 2**20
+BASE_BYTES = 300 * 2**20
 """Interpreter, numpy/pandas/onnx/onnxruntime, the calibration loader and tables: a scan's floor."""
-WEIGHT_COPIES = 8.0
+WEIGHT_COPIES = 18.0
 """Copies of the weights alive at the peak (user's model, prepared copy, QDQ model, analysis graph
-and its serialized form, the session's own initializers, the gain graph)."""
-ACTIVATION_FACTOR = 4.0
+and its serialized form, the session's own initializers and pre-packed kernels, the deployed-check
+session, the gain graph). Fitted on the seeded ResNet-50 (102 MB of weights, 2.1 GB at batch 1)."""
+ACTIVATION_FACTOR = 3.0
 """Per sample: this many times the sum of all float activations (FP32, cumulative and isolated
 copies near the frontier, reduction temporaries, the arena's rounding)."""
 LARGEST_FACTOR = 8.0
