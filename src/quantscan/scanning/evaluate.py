@@ -106,6 +106,7 @@ def evaluate(
         session = SegmentedSession(runner, split(analysis, fp32_nodes, cuts))
     else:
         session = runner.session(analysis, built=True, ordered=True)
+    del combined, analysis  # two copies of every weight the session (or its segments) no longer needs
     deployed = runner.session(qdq, opt_level="all", built=True)
     hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
     cumulative = {t: qm.ErrorAccumulator() for t in pairs}
