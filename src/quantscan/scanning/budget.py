@@ -205,7 +205,7 @@ def plan_memory(
         return MemoryPlan(budget, budget_source, fits[-1], "given segments", estimate_peak(footprint, fits[-1],
                           segments), footprint, segments)
     if estimate_peak(footprint, 1) > budget:
-        return _segmented(footprint, budget, budget_source, 1, "largest that fits in one session: none")
+        return _segmented(footprint, budget, budget_source, 1, "batch 1 needs segments")
     batch = max(b for b in range(1, ceiling + 1) if estimate_peak(footprint, b) <= budget)
     source = "default" if batch == ceiling else f"largest that fits {format_size(budget)}"
     return MemoryPlan(budget, budget_source, batch, source, estimate_peak(footprint, batch), footprint)
