@@ -125,7 +125,7 @@ def _why_failed(returncode: int, stderr: str) -> str:
 def child_main() -> None:
     """Entry point of a child: run the spec's job, print one MARKER line with its result and peak."""
     spec = json.loads(sys.argv[1])
-    jobs = {"scan": _scan_job, "peer": _peer_job}
+    jobs = {"scan": _scan_job, "peer": _peer_job, "fp32": _fp32_job}
     result: dict[str, Any] = {}
     try:
         result = jobs[spec["kind"]](spec)
@@ -146,10 +146,30 @@ def _scan_job(spec: dict[str, Any]) -> dict[str, Any]:
     """quantscan's Python API, quiet, writing its files to spec['out'] (the writing phase counts)."""
     import quantscan
 
-    options = {k: spec[k] for k in ("threads", "batch_size") if spec.get(k)}
+    options = {k: spec[k] for k in ("threads", "batch_size", "max_memory", "limit") if spec.get(k)}
     result = quantscan.scan(spec["model"], spec["calib"], out=spec["out"], **options)
     info = result.run_info
-    return {"times_s": info.times_s, "sites": len(result.sites), "warnings": len(result.warnings)}
+    return {"times_s": info.times_s, "sites": len(result.sites), "warnings": len(result.warnings),
+            "memory": info.memory}
+
+
+def _fp32_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """A plain onnxruntime FP32 run (default session options) over the spec's .npz samples at its
+    batch: the peak the memory benchmark divides by."""
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if spec.get("threads"):
+        options.intra_op_num_threads = spec["threads"]
+    options.log_severity_level = 3
+    session = ort.InferenceSession(spec["model"], options, providers=["CPUExecutionProvider"])
+    files = sorted(Path(spec["calib"]).glob("*.npz"))[: spec.get("limit") or None]
+    batch = int(spec["batch_size"])
+    for i in range(0, len(files), batch):
+        samples = [dict(np.load(f)) for f in files[i:i + batch]]
+        session.run(None, {k: np.concatenate([s[k] for s in samples]) for k in samples[0]})
+    return {"samples": len(files)}
 
 
 def _peer_job(spec: dict[str, Any]) -> dict[str, Any]:

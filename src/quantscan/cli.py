@@ -151,7 +151,10 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-qdq", default=None, help="write the fake-quant model here")
     p.add_argument("--profile", action="append", default=[], help="chip profile name or TOML path")
     p.add_argument("--fail-below-cosine", type=_finite, default=None)
-    p.add_argument("--batch-size", type=_positive_int, default=8, help="samples per run when the batch dim is free")
+    p.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="samples per run when the batch dim is free (default: largest up to 8 fitting --max-memory)")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="memory budget, e.g. 8G or 512M (default: half the available RAM)")
     p.add_argument("--preprocess", default=None, help="preprocess.json for an image folder")
     p.add_argument("--layout", default=None)
     p.add_argument("--channel-order", default=None)
@@ -438,6 +441,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "seed": args.seed,
         "batch_size": args.batch_size,
+        "max_memory": args.max_memory,
         "save_qdq": args.save_qdq,
         "profile": args.profile[0] if args.profile else None,
         "no_report": args.no_report,
@@ -724,6 +728,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.show:
         return _show_session(Path(args.show))
     from quantscan.bisect import run_bisect
+    from quantscan.bisect.driver import progress_of
     from quantscan.calib.state import parse_state
 
     model = args.model
@@ -743,6 +748,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             "input_dims": dims, "const": parse_const(args.const), "state": parse_state(args.state),
             "limit": args.limit, "eval": args.eval,
             "output": args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
+            "max_memory": args.max_memory,
             "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
             "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,
         })
@@ -750,8 +756,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     def on_step(step: Any, machine: Any) -> None:
         if not args.quiet:
             verdict = "meets" if step.passed else "misses"
-            print(f"  step {step.phase}: {len(step.sites)} float sites -> {step.value:.5f} ({verdict} target)",
-                  file=sys.stderr)
+            print(f"  step {step.phase}: {len(step.sites)} float sites -> {step.value:.5f} ({verdict} target); "
+                  f"{progress_of(machine).line()}", file=sys.stderr)
 
     try:
         result = run_bisect(

@@ -288,6 +288,8 @@ class RunInfo:
     worst_samples: list[dict[str, Any]] = field(default_factory=list)
     """The evaluation samples with the lowest output cosine (index, file, output, cosine), worst first:
     what `extract --worst RUN_DIR` feeds the minimal model."""
+    memory: dict[str, Any] = field(default_factory=dict)
+    """The memory plan (scanning/budget.py): budget, batch, segments, estimated and measured peak."""
     format: int = 1
     tool: str = "quantscan"
     deployed_gap_sites: list[dict[str, Any]] = field(default_factory=list)
@@ -321,6 +323,7 @@ class RunInfo:
             "sites": self.sites,
             "qdq_pairs": self.qdq_pairs,
             "runner": dict(self.runner),
+            "memory": dict(self.memory),
             "headline": self.headline.to_json(),
             "times_s": dict(self.times_s),
             "output_metrics": {k: m.to_json() for k, m in self.output_metrics.items()},
@@ -353,6 +356,7 @@ class RunInfo:
             sites=int(data.get("sites", 0)),
             qdq_pairs=int(data.get("qdq_pairs", 0)),
             runner={str(k): int(v) for k, v in (data.get("runner") or {}).items()},
+            memory=dict(data["memory"]) if isinstance(data.get("memory"), Mapping) else {},
             headline=Headline.from_json(data.get("headline") or {}),
             times_s={str(k): _float(v) for k, v in (data.get("times_s") or {}).items()},
             output_metrics={str(k): OutputMetrics.from_json(v) for k, v in

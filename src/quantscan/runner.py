@@ -24,6 +24,7 @@ import onnx
 import onnxruntime as ort
 
 from quantscan.errors import InternalError, SessionError
+from quantscan.graph.segments import Segment, declare_inputs
 
 SILENT = 4
 """onnxruntime's FATAL-only log severity: its own `[E:onnxruntime ...]` lines would print before our
@@ -104,15 +105,21 @@ class Runner:
         return ORT_LEVEL_NAMES[self.opt_level]
 
     def session(self, model: onnx.ModelProto | bytes | str | Path, *, opt_level: str | None = None,
-                built: bool = False) -> Session:
+                built: bool = False, ordered: bool = False, arena: bool = True) -> Session:
         """Build a session; `opt_level` overrides the runner's level for this one session.
 
         `built=True` says quantscan made this graph (a QDQ or instrumented copy of a model onnxruntime
         already loaded): if onnxruntime rejects it, that is a quantscan bug (`InternalError`, exit 3),
-        not bad input.
+        not bad input. `ordered=True` runs the nodes in the model's own order (priority-based order,
+        node index as tie-break) instead of onnxruntime's default: analysis graphs are interleaved
+        (graph/schedule.py) so each activation dies right after its reductions. `arena=False` returns
+        memory after each run (segmented analyses, where sessions take turns).
         """
         options = ort.SessionOptions()
         options.graph_optimization_level = _LEVELS[opt_level or self.opt_level]
+        if ordered:
+            options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        options.enable_cpu_mem_arena = arena
         options.log_severity_level = SILENT
         if self.threads:
             options.intra_op_num_threads = self.threads
@@ -137,6 +144,43 @@ class Runner:
         """Lazily run a session over batches (the caller streams; nothing is kept)."""
         for feeds in batches:
             yield session.run(feeds, outputs)
+
+
+class SegmentedSession:
+    """Consecutive segments of one analysis graph run as separate sessions, boundary tensors carried.
+
+    Why: when one session cannot hold one sample's analysis within the memory budget, each segment
+    holds a part (graph/segments.py). Sessions are built on the first batch, when the arrays that
+    feed each segment are at hand (their dtypes declare its inputs), without the memory arena, so a
+    segment's working memory is returned before the next one runs. Same `run` as `Session`.
+    """
+
+    def __init__(self, runner: Runner, segments: Sequence[Segment]) -> None:
+        self._runner = runner
+        self._segments = list(segments)
+        self._sessions: list[Session | None] = [None] * len(self._segments)
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run every segment in order on one batch; returns the requested outputs (default: all)."""
+        values: dict[str, np.ndarray] = dict(feeds)
+        wanted = set(outputs) if outputs is not None else None
+        result: dict[str, np.ndarray] = {}
+        for j, segment in enumerate(self._segments):
+            session = self._sessions[j]
+            if session is None:
+                session = self._runner.session(declare_inputs(segment, values), built=True, ordered=True,
+                                               arena=False)
+                self._sessions[j] = session
+            later = {i for s in self._segments[j + 1:] for i in s.inputs}
+            names = [o for o in segment.outputs if o in later or wanted is None or o in wanted]
+            produced = session.run({i: values[i] for i in segment.inputs}, names)
+            values.update(produced)
+            result.update({k: v for k, v in produced.items() if wanted is None or k in wanted})
+            for name in [k for k in values if k not in feeds and k not in later]:
+                del values[name]  # a boundary tensor no later segment reads
+        return result
 
 
 def _session_source(model: onnx.ModelProto | bytes | str | Path) -> bytes | str:

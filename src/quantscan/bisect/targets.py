@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from quantscan.bisect.reference import CachedReferenceEvaluator
 from quantscan.bisect.state import METRICS, Target
 from quantscan.errors import UsageError
 from quantscan.gain import Evaluator, MixedBuilder, TaskFactory
@@ -78,4 +79,8 @@ def task_factory(ctx: ScanContext, target: Target) -> TaskFactory | None:
 
 def make_evaluator(ctx: ScanContext, builder: MixedBuilder, target: Target) -> Evaluator:
     """The per-step evaluator: in-graph sums, plus task accumulators when the target needs them."""
-    return Evaluator(ctx, builder, target.key, tasks=task_factory(ctx, target))
+    tasks = task_factory(ctx, target)
+    if tasks is None:
+        # output metrics only: the FP32 outputs are computed once and fed to every step (bisect/reference.py)
+        return CachedReferenceEvaluator(ctx, builder, target.key)
+    return Evaluator(ctx, builder, target.key, tasks=tasks)

@@ -20,6 +20,7 @@ from quantscan import metrics as qm
 from quantscan import quant
 from quantscan.calib import CalibSet
 from quantscan.errors import ModelError
+from quantscan.graph.schedule import interleave
 from quantscan.model import PreparedModel
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
@@ -86,7 +87,8 @@ def calibrate(
             whole.append(t)
     channel_ranges = {t: quant.ChannelRangeObserver(1) for t in channel_axis_of}  # fed [mins; maxs] rows
     outputs = [*whole, *(n for pair in [*partials.values(), *explicit.values()] for n in pair)]
-    session = runner.session(reducer.attach(prepared.proto, outputs), built=True)
+    fp32_nodes = [n.name for n in prepared.proto.graph.node]
+    session = runner.session(interleave(reducer.attach(prepared.proto, outputs), fp32_nodes), built=True, ordered=True)
     bar = progress("calibrating", n_batches(cset.n_samples, batch_size))
     try:
         for feeds in cset.batches(batch_size):

@@ -22,9 +22,11 @@ from quantscan import metrics as qm
 from quantscan import quant
 from quantscan.calib import CalibSet
 from quantscan.errors import ModelError
+from quantscan.graph.schedule import interleave
+from quantscan.graph.segments import balanced_cuts, split
 from quantscan.model import PreparedModel
 from quantscan.records import Headline, OutputMetrics
-from quantscan.runner import Runner
+from quantscan.runner import Runner, SegmentedSession, Session
 from quantscan.scanning.calibrate import channel_axis_for
 from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches
 from quantscan.scanning.prepare import Probe, classifier_outputs, headline_outputs
@@ -72,8 +74,10 @@ def evaluate(
     progress: ProgressFactory,
     probe: Probe,
     opts: ScanOptions,
+    segments: int = 1,
 ) -> Evaluation:
-    """One pass: cumulative and isolated sums and per-channel sums come out of one session per batch."""
+    """One pass: cumulative and isolated sums and per-channel sums come out of one session per batch
+    (or `segments` sessions taking turns on each batch, when the memory plan says one cannot fit)."""
     isolated_ids = [k for k, s in enumerate(sites) if s.output in plan.activations]
     combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
     reducer = qgraph.Reducer(prepared.opset_to)
@@ -105,7 +109,15 @@ def evaluate(
                   for site in sites if site.output in plan.activations and site.output in pairs}
     outputs += [n for pair in clip_names.values() for n in pair]
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
-    session = runner.session(reducer.attach(combined, outputs + hist_outputs), built=True)
+    fp32_nodes = [n.name for n in prepared.proto.graph.node]
+    analysis = interleave(reducer.attach(combined, outputs + hist_outputs), fp32_nodes)
+    session: Session | SegmentedSession
+    if segments > 1:
+        cuts = balanced_cuts(node_bytes(prepared.proto, probe), segments)
+        session = SegmentedSession(runner, split(analysis, fp32_nodes, cuts))
+    else:
+        session = runner.session(analysis, built=True, ordered=True)
+    del combined, analysis  # two copies of every weight the session (or its segments) no longer needs
     deployed = runner.session(qdq, opt_level="all", built=True)
     hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
     cumulative = {t: qm.ErrorAccumulator() for t in pairs}
@@ -215,6 +227,15 @@ def worst_samples(cosines: Sequence[tuple[float, int, str]], eval_set: CalibSet)
         rows.append({"index": index, "file": files[index].name if files and index < len(files) else None,
                      "output": output, "cosine": cosine})
     return rows
+
+
+def node_bytes(model: onnx.ModelProto, probe: Probe) -> list[int]:
+    """Per FP32 node: bytes per sample of the float tensors it writes (the probe's shapes, float32)."""
+    return [
+        sum(int(np.prod(probe.shapes[o][1:], dtype=np.int64)) * 4 for o in node.output
+            if o in probe.float_tensors and len(probe.shapes.get(o, ())) >= 1)
+        for node in model.graph.node
+    ]
 
 
 def _count_codes(

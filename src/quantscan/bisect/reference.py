@@ -1,0 +1,94 @@
+"""Bisection evaluations against FP32 outputs computed once, not once per evaluation.
+
+Why: gain.Evaluator builds FP32 + the mixed copy into one graph for every candidate, so each of the
+10-40 evaluations of a bisection pays for a whole FP32 pass again (on a 640x640 detector a bisection
+took more than 20 minutes). The FP32 headline outputs do not depend on the candidate: they are
+computed in one pass over the evaluation set and fed back, per batch, as graph inputs next to the
+batch; the evaluation graph is the mixed QDQ model plus the same in-graph reductions, so the figures
+are those of gain.Evaluator (same reduction nodes on the same FP32 values).
+
+Kept in memory only when they fit a fraction of the memory plan's budget (headline outputs are
+usually small: logits, a score map); otherwise every evaluation recomputes them as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from quantscan import graph as qgraph
+from quantscan.gain import Evaluator, Measured, MixedBuilder, _Pairs, headline
+from quantscan.runner import Runner
+from quantscan.scanning.prepare import ScanContext
+
+REF_SUFFIX = "@fp32ref"
+CACHE_SHARE = 8
+"""The cached FP32 outputs may take at most 1/CACHE_SHARE of the memory budget."""
+
+
+class CachedReferenceEvaluator(Evaluator):
+    """gain.Evaluator with the FP32 outputs of every batch computed on first use and reused."""
+
+    def __init__(
+        self, ctx: ScanContext, builder: MixedBuilder, key: str, runner: Runner | None = None
+    ) -> None:
+        super().__init__(ctx, builder, key, runner)
+        self._reference: list[dict[str, np.ndarray]] | None = None
+        self._cache_tried = False
+
+    @property
+    def cached(self) -> bool:
+        """True once the FP32 outputs are held in memory (False: too big for the budget, recomputed)."""
+        return self._reference is not None
+
+    def evaluate(self, prec: Sequence[str]) -> Measured:
+        reference = self._fp32_outputs()
+        if reference is None:
+            return super().evaluate(prec)
+        sites, plan = self.builder.plan(prec)
+        mixed = qgraph.build_qdq_model(self.builder.proto, sites, plan)
+        pairs = _Pairs(qgraph.Reducer(self.builder.opset), self.rank)
+        refs: dict[tuple[str, str], tuple[str, str]] = {}
+        for o in self.outputs:
+            pairs.add((o, "q"), o + REF_SUFFIX, o, o, o in self.classifiers)
+            refs[(o, "q")] = (o + REF_SUFFIX, o)
+        fed = [o + REF_SUFFIX for o in self.outputs]
+        graph = _with_inputs(pairs.reducer.attach(mixed, [n for n in pairs.outputs() if n not in fed]),
+                             reference[0], self.outputs)
+        session = self.runner.session(graph, built=True)
+        for feeds, ref in zip(self.ctx.eval_set.batches(self.ctx.batch_size), reference, strict=True):
+            given = {o + REF_SUFFIX: v for o, v in ref.items()}
+            pairs.update({**given, **session.run({**feeds, **given})}, refs)
+        rows = {o: pairs.row((o, "q")) for o in self.outputs}
+        output, worst = headline(rows, self.key)
+        return Measured(rows, output, worst)
+
+    def _fp32_outputs(self) -> list[dict[str, np.ndarray]] | None:
+        """One FP32 pass over the evaluation set, kept when it fits its share of the budget."""
+        if self._cache_tried:
+            return self._reference
+        self._cache_tried = True
+        memory = self.ctx.memory
+        per_sample = sum(
+            int(np.prod(self.ctx.probe.shapes.get(o, (1,))[1:], dtype=np.int64)) * 4 for o in self.outputs
+        )
+        if memory is None or per_sample * self.ctx.eval_set.n_samples > memory.budget_bytes // CACHE_SHARE:
+            return None
+        session = self.runner.session(qgraph.expose(self.builder.proto, self.outputs), built=True)
+        self._reference = [
+            session.run(feeds, self.outputs) for feeds in self.ctx.eval_set.batches(self.ctx.batch_size)
+        ]
+        return self._reference
+
+
+def _with_inputs(model: onnx.ModelProto, sample: dict[str, np.ndarray], outputs: Sequence[str]) -> onnx.ModelProto:
+    """Declare the fed FP32 outputs as graph inputs, every dim free (a short last batch, varying widths)."""
+    for o in outputs:
+        value = sample[o]
+        dims = [f"{o}_d{i}" for i in range(value.ndim)]
+        elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+        model.graph.input.append(helper.make_tensor_value_info(o + REF_SUFFIX, elem, dims))
+    return model

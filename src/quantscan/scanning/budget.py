@@ -1,0 +1,252 @@
+"""The memory plan of a scan: how much it may use, what it will use, and the batch size that fits.
+
+Why: the analysis session holds the FP32 graph, the cumulative copy, one twin per site and the
+reductions at once, so its peak grows with activation size x batch. A 640x640 detector at the old
+fixed batch of 8 was killed by the kernel on a 24 GB machine. The probe (pass 0, at the smallest
+batch) gives every tensor's true size per sample; from it, `estimate_peak` predicts the peak resident
+memory of a whole scan at a batch size, and `plan_memory` picks the largest batch (up to
+`DEFAULT_BATCH`) whose estimate fits the budget, or says in one line why nothing fits.
+
+The estimate is linear: a fixed part (the interpreter, onnx and onnxruntime, and the copies of the
+weights the scan keeps: the user's model, the prepared copy, the QDQ model, the analysis and gain
+graphs) plus, per sample in a batch, a multiple of the sum of all activations (what the
+interleaved analysis session keeps alive, see graph/schedule.py) and of the largest one. The factors
+were fitted on measured peaks (VmHWM, benchmarks/memory.py --batch-size 1 8) and rounded up, so the
+estimate errs high: PP-LCNet 316/628 MB at batch 1/8 (2.3x its 19 MB of activations per sample),
+PP-OCRv4 870/4340 MB (2.6x its 194 MB), a seeded ResNet-50 2148 MB at batch 1.
+
+Pure code: no onnxruntime. Reading /proc for the machine's memory is the only outside contact.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantscan.errors import UsageError
+
+DEFAULT_BATCH = 8
+"""The batch a scan uses when memory allows and neither the model nor `--batch-size` fixes one."""
+
+BASE_BYTES = 300 * 2**20
+"""Interpreter, numpy/pandas/onnx/onnxruntime, the calibration loader and tables: a scan's floor."""
+WEIGHT_COPIES = 18.0
+"""Copies of the weights alive at the peak (user's model, prepared copy, QDQ model, analysis graph
+and its serialized form, the session's own initializers and pre-packed kernels, the deployed-check
+session, the gain graph). Fitted on the seeded ResNet-50 (102 MB of weights, 2.1 GB at batch 1)."""
+ACTIVATION_FACTOR = 3.0
+"""Per sample: this many times the sum of all float activations (FP32, cumulative and isolated
+copies near the frontier, reduction temporaries, the arena's rounding)."""
+LARGEST_FACTOR = 8.0
+"""Per sample: this many times the largest activation (a handful of whole-tensor temporaries:
+Sub, Mul and the QDQ pair of the biggest tensor exist at once)."""
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one sample costs, from the probe: bytes of every float activation and of the largest one."""
+
+    activation_bytes: int
+    largest_bytes: int
+    weight_bytes: int
+    tensors: int
+    sites: int
+
+
+@dataclass
+class MemoryPlan:
+    """The budget, the batch chosen for it and the estimate; run.json's `memory`."""
+
+    budget_bytes: int
+    budget_source: str
+    batch_size: int
+    batch_source: str
+    estimated_peak_bytes: int
+    footprint: Footprint
+    segments: int = 1
+    measured_peak_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """run.json's `memory` object (bytes, plus MiB figures a person can read)."""
+        return {
+            "budget_bytes": self.budget_bytes,
+            "budget": format_size(self.budget_bytes),
+            "budget_source": self.budget_source,
+            "batch_size": self.batch_size,
+            "batch_source": self.batch_source,
+            "segments": self.segments,
+            "estimated_peak_bytes": self.estimated_peak_bytes,
+            "estimated_peak": format_size(self.estimated_peak_bytes),
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "measured_peak": format_size(self.measured_peak_bytes) if self.measured_peak_bytes else None,
+            "activation_bytes_per_sample": self.footprint.activation_bytes,
+            "largest_activation_bytes_per_sample": self.footprint.largest_bytes,
+            "weight_bytes": self.footprint.weight_bytes,
+        }
+
+
+def parse_size(text: str | int) -> int:
+    """`8G`, `512M`, `1.5GiB`, `2048K` or a plain byte count -> bytes (binary units, as `free -h`)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise UsageError(f"--max-memory: expected a positive size such as 8G or 512M, found {text}")
+        return text
+    found = _SIZE.match(str(text))
+    if not found:
+        raise UsageError(f"--max-memory: expected a size such as 8G, 512M or 1.5G, found {text!r}")
+    value = float(found.group("num")) * _UNITS[found.group("unit").upper()]
+    if value < 1:
+        raise UsageError(f"--max-memory: expected a positive size such as 8G or 512M, found {text!r}")
+    return int(value)
+
+
+def format_size(n: int) -> str:
+    """Bytes as the largest binary unit that keeps one decimal meaningful: `3.2G`, `512M`."""
+    for unit in ("T", "G", "M", "K"):
+        if n >= _UNITS[unit]:
+            value = n / _UNITS[unit]
+            return f"{value:.1f}{unit}" if value < 100 else f"{value:.0f}{unit}"
+    return f"{n}B"
+
+
+def machine_memory(meminfo: str | None = None) -> tuple[int, int]:
+    """(available, total) bytes: /proc/meminfo, capped by the cgroup limit when one is set."""
+    text = meminfo if meminfo is not None else _read("/proc/meminfo")
+    fields = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            fields[key] = int(parts[0]) * 1024
+    total = fields.get("MemTotal", 0)
+    available = fields.get("MemAvailable", total)
+    limit = _cgroup_limit()
+    if limit is not None:
+        total = min(total, limit) if total else limit
+        available = min(available, limit) if available else limit
+    return available, total
+
+
+def _cgroup_limit() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        raw = _read(path).strip()
+        if raw.isdigit() and int(raw) < 2**60:
+            return int(raw)
+    return None
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def default_budget(available: int, total: int) -> int:
+    """Half the available RAM, never more than the machine has (contract's default)."""
+    half = available // 2 if available else total // 2
+    return min(half, total) if total else half
+
+
+def measured_peak_bytes() -> int | None:
+    """This process's peak resident memory so far (VmHWM), or None where /proc is missing."""
+    for line in _read("/proc/self/status").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def estimate_peak(footprint: Footprint, batch: int, segments: int = 1) -> int:
+    """Predicted peak resident bytes of a whole scan (probe to gain ranking) at `batch` samples per run,
+    the analysis split into `segments` sessions (each holds about 1/segments of the activations)."""
+    fixed = BASE_BYTES + WEIGHT_COPIES * footprint.weight_bytes
+    per_sample = ACTIVATION_FACTOR * footprint.activation_bytes / max(1, segments)
+    per_sample += LARGEST_FACTOR * footprint.largest_bytes
+    return int(fixed + batch * per_sample)
+
+
+def segment_counts(footprint: Footprint) -> list[int]:
+    """Segment counts worth trying, fewest first: 2, 4, 8, ... up to one site per segment."""
+    counts, n = [], 2
+    while n < footprint.sites:
+        counts.append(n)
+        n *= 2
+    return [*counts, footprint.sites] if footprint.sites > 1 else []
+
+
+def plan_memory(
+    footprint: Footprint,
+    *,
+    budget: int,
+    budget_source: str,
+    requested_batch: int | None,
+    fixed_batch: int | None,
+    n_samples: int,
+    segments: int | None = None,
+) -> MemoryPlan:
+    """The largest batch ≤ DEFAULT_BATCH that fits `budget` in one session; else batch 1 in the fewest
+    segments that fit; the batch the model or the user fixed, if it fits (in segments if need be).
+    `segments` forces a segment count (tests, the API). Raises UsageError (exit 2, one line) when
+    nothing fits, naming the estimate and the smallest budget that works."""
+    if fixed_batch:
+        return _fixed(footprint, budget, budget_source, fixed_batch, "fixed by the model", segments)
+    if requested_batch is not None:
+        return _fixed(footprint, budget, budget_source, requested_batch, "--batch-size", segments)
+    ceiling = max(1, min(DEFAULT_BATCH, n_samples))
+    if segments is not None:
+        fits = [b for b in range(1, ceiling + 1) if estimate_peak(footprint, b, segments) <= budget] or [1]
+        return MemoryPlan(budget, budget_source, fits[-1], "given segments", estimate_peak(footprint, fits[-1],
+                          segments), footprint, segments)
+    if estimate_peak(footprint, 1) > budget:
+        return _segmented(footprint, budget, budget_source, 1, "batch 1 needs segments")
+    batch = max(b for b in range(1, ceiling + 1) if estimate_peak(footprint, b) <= budget)
+    source = "default" if batch == ceiling else f"largest that fits {format_size(budget)}"
+    return MemoryPlan(budget, budget_source, batch, source, estimate_peak(footprint, batch), footprint)
+
+
+def _segmented(footprint: Footprint, budget: int, budget_source: str, batch: int, why: str) -> MemoryPlan:
+    """The fewest segments that fit at `batch`, or the one-line error naming the smallest budget that works."""
+    for count in segment_counts(footprint):
+        peak = estimate_peak(footprint, batch, count)
+        if peak <= budget:
+            return MemoryPlan(budget, budget_source, batch, why, peak, footprint, count)
+    finest = max(1, footprint.sites)
+    smallest = estimate_peak(footprint, batch, finest)
+    raise UsageError(
+        f"--max-memory {format_size(budget)}: expected a budget the scan fits at batch {batch} with one site per "
+        f"segment, found an estimated peak of {format_size(smallest)}: give at least --max-memory "
+        f"{_round_up(smallest)}"
+    )
+
+
+def _fixed(footprint: Footprint, budget: int, budget_source: str, batch: int, why: str,
+           segments: int | None = None) -> MemoryPlan:
+    """A batch the model or the user set: it fits (in segments if need be), or a one-line error with the estimate."""
+    peak = estimate_peak(footprint, batch, segments or 1)
+    if peak <= budget or segments is not None:
+        return MemoryPlan(budget, budget_source, batch, why, peak, footprint, segments or 1)
+    if any(estimate_peak(footprint, batch, c) <= budget for c in segment_counts(footprint)):
+        return _segmented(footprint, budget, budget_source, batch, why)
+    fitting = [b for b in range(1, batch) if estimate_peak(footprint, b) <= budget]
+    smallest = estimate_peak(footprint, batch, max(1, footprint.sites))
+    hint = (f"--batch-size {fitting[-1]} fits" if fitting and why == "--batch-size"
+            else f"give at least --max-memory {_round_up(smallest)}")
+    flag = f"--batch-size {batch}" if why == "--batch-size" else f"the model's fixed batch of {batch}"
+    raise UsageError(
+        f"--max-memory {format_size(budget)}: expected {flag} to fit, found an estimated peak of "
+        f"{format_size(peak)}: {hint}"
+    )
+
+
+def _round_up(n: int) -> str:
+    """A budget a user can type that is at least `n`: whole GiB above 1 GiB, else whole 64 MiB steps."""
+    if n > 2**30:
+        return f"{math.ceil(n / 2**30)}G"
+    return f"{math.ceil(n / (64 * 2**20)) * 64}M"

@@ -1,0 +1,54 @@
+"""Bisection evaluations against FP32 outputs computed once: same figures as gain.Evaluator, fewer runs,
+and the progress line's arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from bisect_helpers import SITES, additive
+
+from builders import write_chain
+from quantscan.bisect import Bisector, Target
+from quantscan.bisect.driver import progress_of
+from quantscan.bisect.reference import CachedReferenceEvaluator
+from quantscan.gain import Evaluator, MixedBuilder
+from quantscan.runner import Runner
+from quantscan.scanning.prepare import ScanContext, prepare_scan
+
+
+@pytest.fixture(scope="module")
+def chain_ctx(tmp_path_factory: pytest.TempPathFactory) -> ScanContext:
+    model, calib = write_chain(tmp_path_factory.mktemp("chain"), samples=20)
+    return prepare_scan(model, calib, threads=1, batch_size=8)
+
+
+def test_cached_reference_gives_the_evaluator_figures_with_one_fp32_pass(chain_ctx: ScanContext) -> None:
+    builder = MixedBuilder(chain_ctx)
+    plain = Evaluator(chain_ctx, builder, "cosine", runner=Runner(threads=1))
+    runner = Runner(threads=1)
+    cached = CachedReferenceEvaluator(chain_ctx, builder, "cosine", runner=runner)
+    configs = [builder.precisions([]), builder.precisions([chain_ctx.sites[2].node]),
+               builder.precisions([s.node for s in chain_ctx.sites[:3]])]
+    for prec in configs:
+        want, got = plain.evaluate(prec), cached.evaluate(prec)
+        for key in ("cosine", "sqnr_db", "mse", "max_abs"):
+            assert got.worst[key] == pytest.approx(want.worst[key], rel=1e-9, abs=1e-12), key
+    assert cached.cached
+    batches = math.ceil(chain_ctx.eval_set.n_samples / chain_ctx.batch_size)
+    assert runner.stats.runs == batches * (1 + len(configs))  # the FP32 pass once, then one run per batch each
+
+
+def test_progress_counts_evaluations_best_set_and_an_estimate_that_shrinks() -> None:
+    weights = {n: 0.01 for n in SITES[:5]}
+    machine = Bisector(SITES, Target("cosine", 0.945))
+    value = additive(weights)
+    lefts = []
+    while (cand := machine.next()) is not None:
+        machine.record(value(frozenset(cand.sites)), seconds=2.0)
+        lefts.append(progress_of(machine))
+    final = lefts[-1]
+    assert final.evaluations == len(machine.steps) and final.left == 0
+    assert final.best_sites is not None and final.best_sites == len(machine.outcome.sites)  # type: ignore[union-attr]
+    assert lefts[0].left >= 1 and lefts[0].seconds_left == pytest.approx(2.0 * lefts[0].left)
+    assert "evaluations done" in lefts[0].line()
