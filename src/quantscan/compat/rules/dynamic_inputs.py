@@ -2,7 +2,7 @@
 
 NPU converters compile for one static shape. A symbolic dim the caller fixed (input_shapes) is an
 info note; one left open is an error on profiles with `tensor.static_shapes` (warn otherwise), with
-the exact `fix-dim` spelling that fixes it. The row names the graph input (op_type `graph-input`).
+the exact `fix-dim` spelling that fixes it. A profile without static shapes (onnxruntime) gets no row. The row names the graph input (op_type `graph-input`).
 
 No guessed sizes in the suggestion: a dim's value is named only when it came from the user
 (`--input-shape`) or is the batch axis (batch 1, the inference batch every profile's limit admits);
@@ -22,6 +22,8 @@ RULE_ID = "dynamic-input"
 
 
 def run(ctx: RuleContext) -> list[Finding]:
+    if not ctx.profile.static_shapes:
+        return []  # a runtime that runs dynamic shapes (profile onnxruntime) has nothing to fix here
     by_input: dict[str, list[DimFill]] = {}
     for fill in ctx.analysis.loaded.fills:
         by_input.setdefault(fill.input, []).append(fill)
