@@ -2,7 +2,8 @@
 
 NPU converters compile for one static shape. A symbolic dim the caller fixed (input_shapes) is an
 info note; one left open is an error on profiles with `tensor.static_shapes` (warn otherwise), with
-the exact `fix-dim` spelling that fixes it. A profile without static shapes (onnxruntime) gets no row. The row names the graph input (op_type `graph-input`).
+the exact `fix-dim` spelling that fixes it. A profile without static shapes (onnxruntime) gets no
+row. The row names the graph input (op_type `graph-input`).
 
 No guessed sizes in the suggestion: a dim's value is named only when it came from the user
 (`--input-shape`) or is the batch axis (batch 1, the inference batch every profile's limit admits);
