@@ -178,3 +178,32 @@ def test_recorded_plan_holds_in_rknn_hybrid_quantization() -> None:
     assert places["Conv.2"].placement == "npu"
     applied = (PLAN / "rknn" / "hybrid" / "applied.quantization.cfg").read_text(encoding="utf-8")
     assert '"p2o.pd_op.batch_norm_.0.0": float16' in applied and '"p2o.pd_op.hardswish.0.0": float16' in applied
+
+
+DDDDOCR = RECORDED / "ddddocr_common_det-rk3588"
+
+
+def test_recorded_ddddocr_placements_are_the_profile_facts() -> None:
+    """The recorded layer table: the four step-2 Focus Slices and Reshape_323 on the CPU, Reshape_315
+    (the 52x52 plane) on the NPU: what rk3588.toml's slice_step and merged_row_alignment limits say."""
+    places = {p.name: p for p in _places(DDDDOCR)}
+    for name in ("Slice_4", "Slice_14", "Slice_24", "Slice_34", "Reshape_323"):
+        assert places[name].placement == "cpu", name
+    assert places["Reshape_315"].placement == "npu"
+    attributes = {lim.attribute for lim in load_profile("rk3588").limits if DDDDOCR.name in lim.origin.source}
+    assert attributes == {"slice_step", "merged_row_alignment"}
+
+
+@pytest.mark.real
+def test_check_predicts_the_recorded_ddddocr_placements(assets: Path) -> None:
+    """Before the two limits, 5 unexplained mismatches (Slice_4/14/24/34, Reshape_323); now none. The two
+    explained ones are RKNN's own layout Reshapes (875_rs, output-rs)."""
+    import onnx
+
+    model = onnx.load(str(assets / "models" / "ddddocr_common_det.onnx"))
+    predicted = align.check_placements(check(model, ["rk3588"]).findings)
+    places = [align.VendorPlace(p.name, p.op_type, p.placement) for p in _places(DDDDOCR)]
+    rows, unexplained, explained = align.placement_findings(places, graph_names(model), predicted,
+                                                            "rknn-toolkit2", "rk3588")
+    assert (unexplained, explained) == (0, 2), rows.to_dict("records")
+    assert predicted.get("Reshape_315", "npu") == "npu" and predicted["Reshape_323"] == "cpu"
