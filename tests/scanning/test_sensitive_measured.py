@@ -58,8 +58,8 @@ def rows(layers: pd.DataFrame) -> tuple[dict[str, object], dict[str, object]]:
     return by_op["Gemm"], by_op["Softmax"]
 
 
-@pytest.mark.parametrize(("profile", "gain"), [(None, 0), ("rk3588", 0), (None, 16)],
-                         ids=["no profile", "rk3588 tiers", "gain measured"])
+@pytest.mark.parametrize(("profile", "gain"), [(None, 0), ("ethos-u", 0), (None, 16)],
+                         ids=["no profile", "profile tiers", "gain measured"])
 def test_a_well_quantized_softmax_is_not_intrinsic_nor_ranked_above_a_worse_gemm(
     tmp_path: Path, profile: str | None, gain: int
 ) -> None:
@@ -72,6 +72,23 @@ def test_a_well_quantized_softmax_is_not_intrinsic_nor_ranked_above_a_worse_gemm
     assert int(gemm["rank"]) < int(soft["rank"])  # type: ignore[call-overload]
     if profile is not None:
         assert soft["placement"] == "npu"
+
+
+def test_a_softmax_the_profile_runs_in_float16_is_not_an_int8_site(tmp_path: Path) -> None:
+    """rk3588 runs Softmax in float16 (rknn-toolkit2 2.5.0's recorded run): scan keeps it float, so the
+    Softmax branch (fed by a graph input, nothing else quantized) matches FP32, where the same scan
+    without the profile quantizes its output to 1/255 steps; run.json and summary.md name the node."""
+    model, calib = write_case(tmp_path)
+    plain = quantscan.scan(model, calib, gain_candidates=0)
+    chip = quantscan.scan(model, calib, profile="rk3588", gain_candidates=0)
+    assert "Softmax" in set(plain.layers["op_type"]) and "Softmax" not in set(chip.layers["op_type"])
+    (softmax,) = plain.layers.loc[plain.layers["op_type"] == "Softmax", "node"]
+    assert chip.run_info.options["float16_nodes"] == [softmax]
+    after, before = chip.output_metrics["p"].cosine, plain.output_metrics["p"].cosine
+    assert after == pytest.approx(1.0, abs=1e-7) and before < after
+    out = tmp_path / "run"
+    chip.save(out)
+    assert f"`{softmax}` kept float, not int8 sites" in (out / "summary.md").read_text(encoding="utf-8")
 
 
 def test_a_softmax_that_measures_badly_is_intrinsic_and_named_sensitive(tmp_path: Path) -> None:

@@ -114,3 +114,18 @@ def test_agreement_counts_rank_correlation_and_top_overlap() -> None:
     assert got["spearman_isolated"] == pytest.approx(1 - 6 * 4 / (8 * 63))  # two swapped pairs: sum d^2 = 4
     assert got["top5_overlap_isolated"] == 5 and got["isolated_layers"] == 8
     assert got["cumulative_layers"] == 0 and math.isnan(float(got["spearman_cumulative"]))
+
+
+def test_agreement_per_site_collapses_vendor_layers_that_share_one_quantscan_figure() -> None:
+    """RKNN splits one Gemm site into out0_mm, out0_int8, out0: the same quantscan figure three times
+    against three vendor figures. Per site, the vendor's worst of them stands for the site."""
+    table = pd.DataFrame({
+        "layer": ["a", "b", "c", "out0_mm", "out0_int8", "out0"],
+        "qs_isolated_cosine": [0.990, 0.995, 0.999, 0.980, 0.980, 0.980],
+        "vendor_single_cosine": [0.991, 0.996, 0.9995, 0.985, 0.9999, 0.9999],
+        "qs_cumulative_cosine": [math.nan] * 6,
+        "vendor_entire_cosine": [math.nan] * 6,
+    })
+    got = align.agreement(table)
+    assert got["spearman_isolated"] < 0.9 and got["isolated_sites"] == 4
+    assert got["spearman_isolated_sites"] == pytest.approx(1.0)  # a < b < c and out0 worst on both sides

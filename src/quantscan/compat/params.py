@@ -7,6 +7,7 @@ simply absent: the limit rule then skips it rather than guess.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,10 @@ def node_params(view: GraphIndex, i: int) -> Params:
         p.update(_resize(view, i))
     elif op == "Pad":
         p["pad_mode"] = _text(view.attr(i, "mode", "constant"))
+    elif op == "Slice":
+        p.update(_slice_steps(view, i))
+    elif op == "Reshape":
+        p.update(_merged_row(view, i))
     if op in AXIS_OPS or op in REDUCE_OPS:
         p.update(_axes(view, i))
     return p
@@ -185,6 +190,37 @@ def _resize(view: GraphIndex, i: int) -> Params:
         if len(ins) == len(outs) == len(in_shape) - 2:
             p["resize_scale"] = [round(o / n, 4) for n, o in zip(ins, outs, strict=True)]
     return p
+
+
+def _slice_steps(view: GraphIndex, i: int) -> Params:
+    """`slice_step`: each step of a Slice (opset >= 10 `steps` input; absent means 1). rknn-toolkit2
+    2.5.0 ran the step-2 Slices of a YOLOX Focus on the CPU; a step the graph computes is left out."""
+    inputs = view.nodes[i].input
+    if len(inputs) < 5 or not inputs[4]:  # opset < 10 has no steps input: every step is 1
+        return {"slice_step": [1]}
+    steps = view.const_value(inputs[4])
+    return {} if steps is None else {"slice_step": [int(v) for v in steps.reshape(-1)]}
+
+
+ROW_ALIGNMENT = 16
+"""The largest alignment `merged_row_alignment` reports (elements of the merged innermost row)."""
+
+
+def _merged_row(view: GraphIndex, i: int) -> Params:
+    """`merged_row_alignment`: for a Reshape that merges its input's last two dims into one innermost
+    row (N, C, H, W) -> (N, C, H*W), the largest power of two up to 16 dividing H*W. rknn-toolkit2
+    2.5.0 rewrote such Reshapes to 4-D rows and ran 26x26 (676 = 4 x 169) on the CPU, 52x52 (2704 =
+    16 x 169) on the NPU. Other reshapes (innermost dim kept, shapes not static) have no value."""
+    inputs, outputs = view.node_inputs(i), view.nodes[i].output
+    in_shape = view.info(inputs[0]).shape if inputs else None
+    out_shape = view.info(outputs[0]).shape if outputs else None
+    if not in_shape or not out_shape or len(in_shape) < 2:
+        return {}
+    dims = [d if isinstance(d, int) and d > 0 else 0 for d in (in_shape[-2], in_shape[-1], out_shape[-1])]
+    h, w, row = dims
+    if not all(dims) or w == row or row != h * w:
+        return {}
+    return {"merged_row_alignment": math.gcd(row, ROW_ALIGNMENT)}
 
 
 def _axes(view: GraphIndex, i: int) -> Params:

@@ -27,6 +27,8 @@ ATTRIBUTES: dict[str, str] = {
     "axis": "Softmax/LogSoftmax/Concat/Reduce axes, as non-negative indices",
     "axis_is_last": "true when the (single) axis is the last one",
     "pad_mode": "Pad mode",
+    "slice_step": "each step of a Slice (1 when it has no steps input)",
+    "merged_row_alignment": "Reshape (N, C, H, W) -> (N, C, H*W): largest power of two <= 16 dividing H*W",
     "batch": "dim 0 of the first input",
     "channels": "dim 1 of the first input (rank >= 3)",
     "height": "dim -2 of the first input (rank 4)",

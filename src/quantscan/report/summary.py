@@ -100,6 +100,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor "
         f"({info.options.get('activations_source', 'default')}), "
         "weights int8 per output channel (symmetric), bias int32",
+        *_float16_lines(info.options),
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
                                 else f"`{info.evaluation.path}` ({info.evaluation.samples} samples)"),
         f"- analysis sessions: onnxruntime {info.ort_level} (QDQ kept as float fake-quant)",
@@ -224,6 +225,15 @@ def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
     for name, figures in rows:
         lines.append(f"- `{name}`: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
     return [*lines, ""]
+
+
+def _float16_lines(options: dict[str, Any]) -> list[str]:
+    """Nodes the profile's toolkit runs in float16: kept float in the simulation, not int8 sites."""
+    nodes = list(options.get("float16_nodes") or [])
+    if not nodes:
+        return []
+    shown = ", ".join(f"`{n}`" for n in nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
+    return [f"- float16 on the chip (profile {options.get('profile')}): {shown} kept float, not int8 sites"]
 
 
 def _profile_section(result: SummarySource) -> list[str]:

@@ -80,6 +80,8 @@ class ScanOptions:
     save_qdq: str | Path | None = None
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     cpu_nodes: frozenset[str] = frozenset()
+    float16_nodes: frozenset[str] = frozenset()
+    """Set by the profile: nodes its toolkit runs in float16 (`[float16] ops`), kept float, not int8 sites."""
     recipe: str = "kernels"
     """Set by the profile: "kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     quiet: bool = False

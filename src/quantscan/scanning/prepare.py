@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import pandas as pd
 
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
@@ -402,7 +403,7 @@ def _sites(
         original_order=order,
         bn_folded_into=prepared.bn_folded_into,
         fused_activations=opts.fused_activations,
-        cpu_nodes=opts.cpu_nodes,
+        cpu_nodes=opts.cpu_nodes | opts.float16_nodes,
     )
     if not sites:
         raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")
@@ -425,13 +426,26 @@ def _apply_profile(
     compat = check(loaded.proto, [opts.profile], input_shapes=shapes)
     placement = compat.node_placement.get(profile.name, {})
     cpu = frozenset(n for n, where in placement.items() if where == "cpu")
+    float16 = float16_nodes(compat.findings, profile.name)
     scheme = opts.activations or (
         ActivationScheme.INT8 if profile.activations == "int8" else ActivationScheme.UINT8
     )
     fused = frozenset(profile.fused_activations)
     return compat, profile.name, replace(
-        opts, activations=scheme, fused_activations=fused, cpu_nodes=cpu, recipe=profile.recipe
+        opts, activations=scheme, fused_activations=fused, cpu_nodes=cpu, float16_nodes=float16,
+        recipe=profile.recipe,
     )
+
+
+def float16_nodes(findings: pd.DataFrame | None, profile: str) -> frozenset[str]:
+    """The nodes `check`'s float16 rule names for `profile`: the toolkit runs them in float16 between
+    int8 layers (rknn-toolkit2's Softmax), so simulating their output on the int8 grid (a 0..1 Softmax
+    in 1/255 steps) would charge the model a loss the chip does not have. float16's own rounding
+    (<= 2^-11 relative, 1-cos ~1e-7 on a Softmax output) is left out: they are kept float32."""
+    if findings is None or findings.empty:
+        return frozenset()
+    rows = findings[(findings["rule"] == "float16") & (findings["profile"] == profile)]
+    return frozenset(str(n) for n in rows["node"] if n)
 
 
 def deployable_qdq(qdq: onnx.ModelProto, loaded: LoadedModel) -> onnx.ModelProto:

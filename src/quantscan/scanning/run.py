@@ -253,6 +253,7 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
         options={"calib_method": opts.calib_method.value, "activations": _value(opts.activations),
                  "activations_source": ctx.activations_source,
                  "weights": "int8 per-channel symmetric", "profile": str(opts.profile) if opts.profile else None,
+                 "float16_nodes": sorted(opts.float16_nodes),
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
                  "output": list(opts.output)},

@@ -31,7 +31,8 @@ def run(ctx: RuleContext) -> list[Finding]:
             attribute="dtype",
             value="float16",
             limit=f"{p.activations} activations",
-            fix="none needed: the toolkit keeps it in float16; its loss is the int8 input it is fed",
+            fix="none needed: the toolkit keeps it in float16 (scan keeps it float, not an int8 site); "
+                "its loss is the int8 input it is fed",
             source=origin.source if origin else "",
             unverified=origin.unverified if origin else False,
         )
