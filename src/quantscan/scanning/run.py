@@ -38,6 +38,7 @@ from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import task_table
+from quantscan.scanning.workers import evaluate_in_workers, worker_count
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")
@@ -158,10 +159,14 @@ def measure(
     if opts.tensors == "sites":
         points = set(plan.activations) | {s.output for s in sites} | set(probe.outputs)
         compare = [t for t in compare if t in points]
-    evaluation = evaluate(
-        ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe, opts,
-        segments=ctx.memory.segments if ctx.memory is not None else 1,
-    )
+    workers = worker_count(opts.workers)
+    if workers > 1:
+        evaluation = evaluate_in_workers(ctx, calib, qdq, compare, workers, progress)
+    else:
+        evaluation = evaluate(
+            ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe,
+            opts, segments=ctx.memory.segments if ctx.memory is not None else 1,
+        )
     times["evaluation"] = time.perf_counter() - t0
     warnings.extend(evaluation.warnings)
 
@@ -255,7 +260,7 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
                  "weights": "int8 per-channel symmetric", "profile": str(opts.profile) if opts.profile else None,
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
-                 "output": list(opts.output)},
+                 "output": list(opts.output), "workers": worker_count(opts.workers)},
         opset_used=prepared.opset_to,
         opset_original=prepared.opset_from,
         preparation=copy.copy(prepared.changes),
