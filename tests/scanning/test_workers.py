@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pandas as pd
 import pytest
 
@@ -23,6 +24,7 @@ from quantscan import metrics as qm
 from quantscan.calib import load_calibration
 from quantscan.errors import UsageError
 from quantscan.model import load_model
+from quantscan.scanning import ScanResult
 from quantscan.scanning.workers import shard_bounds, threads_per_worker, worker_count
 
 REL = 1e-9
@@ -92,9 +94,11 @@ def test_a_shard_reads_exactly_its_samples(tmp_path: Path) -> None:
     assert len(got) == 4 and all(np.array_equal(a, b) for a, b in zip(got, whole[3:7], strict=True))
 
 
-def test_two_workers_equal_one_on_a_tiny_graph(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["minmax", "percentile"])
+def test_two_workers_equal_one_on_a_tiny_graph(tmp_path: Path, method: str) -> None:
+    """minmax ranges are calibrated in shards and merged; percentile's histograms stay in one process."""
     model_path, calib = write_chain(tmp_path, samples=37)
-    runs = {w: quantscan.scan(model_path, calib, batch_size=4, workers=w) for w in (1, 2)}
+    runs = {w: quantscan.scan(model_path, calib, batch_size=4, workers=w, calib_method=method) for w in (1, 2)}
     one, two = runs[1], runs[2]
     for table in ("layers", "tensors", "channels"):
         assert_same_numbers(getattr(one, table), getattr(two, table), table)
@@ -103,6 +107,15 @@ def test_two_workers_equal_one_on_a_tiny_graph(tmp_path: Path) -> None:
     assert one.run_info.worst_samples == two.run_info.worst_samples
     assert one.headline.metrics.top1_agreement == two.headline.metrics.top1_agreement
     assert two.run_info.options["workers"] == min(2, os.cpu_count() or 1)
+    for tensor, qp in _activation_scales(one).items():
+        assert _activation_scales(two)[tensor] == qp
+
+
+def _activation_scales(result: ScanResult) -> dict[str, float]:
+    """The calibrated activation scales, as the QDQ model carries them (the plan every shard shares)."""
+    inits = {t.name: t for t in result.qdq_model.graph.initializer}
+    return {n.input[0]: float(onnx.numpy_helper.to_array(inits[n.input[1]]).reshape(-1)[0])
+            for n in result.qdq_model.graph.node if n.op_type == "QuantizeLinear" and n.input[1] in inits}
 
 
 def test_bad_worker_counts_are_usage_errors(tmp_path: Path) -> None:

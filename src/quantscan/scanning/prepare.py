@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -260,9 +260,11 @@ def prepare_timed(
     *,
     progress: ProgressFactory = no_progress,
     runner: Runner | None = None,
+    calibrate_with: Callable[..., CalibStats | None] | None = None,
     **options: Any,
 ) -> tuple[ScanContext, dict[str, float]]:
-    """`prepare_scan`, plus the seconds each phase took (run.json's `times_s`)."""
+    """`prepare_scan`, plus the seconds each phase took (run.json's `times_s`). `calibrate_with` may
+    take pass 1 elsewhere (`--workers`: scanning.workers.ShardedCalibration); None from it: here."""
     opts = ScanOptions(**options).validate()
     started = time.perf_counter()
     times: dict[str, float] = {}
@@ -311,10 +313,14 @@ def prepare_timed(
     times["probe"] = time.perf_counter() - t0 - times.get("quantize_static", 0.0)
 
     t0 = time.perf_counter()
-    calib_stats = calibrate(
-        prepared, sites, origins, cset, batch_size, runner, opts.calib_method,
-        opts.activations or ActivationScheme.UINT8, progress, probe.shapes, probe.input_shapes,
-    )
+    calib_stats = None
+    if calibrate_with is not None:
+        calib_stats = calibrate_with(prepared, sites, origins, cset, batch_size, runner, opts, probe, loaded.inputs)
+    if calib_stats is None:
+        calib_stats = calibrate(
+            prepared, sites, origins, cset, batch_size, runner, opts.calib_method,
+            opts.activations or ActivationScheme.UINT8, progress, probe.shapes, probe.input_shapes,
+        )
     times["calibration"] = time.perf_counter() - t0
     plan_warnings: list[str] = []
     if recipe_result is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import platform
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,11 @@ from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
 from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
-from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import task_table
-from quantscan.scanning.workers import evaluate_in_workers, worker_count
+from quantscan.scanning.workers import ShardedCalibration, evaluate_in_workers, process_pool, worker_count
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")
@@ -149,7 +150,25 @@ def measure(
 ) -> ScanResult:
     """The scan itself: prepare, evaluate, tables. Writes nothing."""
     started = time.perf_counter()
-    ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, **options)
+    workers = worker_count(ScanOptions(**options).validate().workers)
+    if workers == 1:
+        return _measure(model, calib, progress, runner, None, options, started)
+    with process_pool(workers) as pool:  # spawned now: the workers import while this process loads
+        return _measure(model, calib, progress, runner, pool, options, started)
+
+
+def _measure(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    progress: ProgressFactory,
+    runner: Runner | None,
+    pool: Executor | None,
+    options: dict[str, Any],
+    started: float,
+) -> ScanResult:
+    """`measure` with its worker pool (None: everything in this process)."""
+    sharded = ShardedCalibration(pool, worker_count(options.get("workers", 1)), calib) if pool else None
+    ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, calibrate_with=sharded, **options)
     qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
     probe, opts, plan, sites = ctx.probe, ctx.opts, ctx.plan, ctx.sites
     warnings = ctx.warnings
@@ -159,9 +178,8 @@ def measure(
     if opts.tensors == "sites":
         points = set(plan.activations) | {s.output for s in sites} | set(probe.outputs)
         compare = [t for t in compare if t in points]
-    workers = worker_count(opts.workers)
-    if workers > 1:
-        evaluation = evaluate_in_workers(ctx, calib, qdq, compare, workers, progress)
+    if pool is not None:
+        evaluation = evaluate_in_workers(pool, ctx, calib, qdq, compare, worker_count(opts.workers), progress)
     else:
         evaluation = evaluate(
             ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe,

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,9 @@ from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.state import state_consts
 from quantscan.errors import UsageError
 from quantscan.model import PreparedModel
+from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
+from quantscan.scanning.calibrate import CalibStats, calibrate, merge_calib_stats
 from quantscan.scanning.evaluate import EvalSums, Evaluation, accumulate_evaluation, finish_evaluation
 from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches, no_progress
 from quantscan.scanning.prepare import Probe, ScanContext
@@ -108,18 +111,86 @@ def shard_bounds(n_samples: int, batch_size: int, workers: int) -> list[tuple[in
     return bounds
 
 
-def sample_source(ctx: ScanContext, calib: str | Path | CalibSet) -> SampleSource:
-    """The evaluation set as a worker can reopen it; a set passed in as an object has no such recipe."""
-    opts = ctx.opts
-    path = opts.eval if opts.eval is not None else calib
+def sample_source(path: str | Path | CalibSet, inputs: Sequence[InputSpec], opts: ScanOptions) -> SampleSource:
+    """A sample set as a worker can reopen it; a set passed in as an object has no such recipe."""
     if isinstance(path, CalibSet):
         raise UsageError("--workers: expected a calibration folder path (workers reopen it), "
                          "found a CalibSet object; pass the folder or use workers=1")
-    return SampleSource(Path(path), list(ctx.loaded.inputs), opts.preprocess, dict(opts.preprocess_overrides),
+    return SampleSource(Path(path), list(inputs), opts.preprocess, dict(opts.preprocess_overrides),
                         state_consts(opts.state, opts.const), opts.limit)
 
 
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` spawned processes (fork would copy onnxruntime's threads and locks mid-use), started
+    at once: each imports quantscan and onnxruntime while the parent loads and probes the model."""
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    for _ in range(workers):
+        pool.submit(_started)
+    return pool
+
+
+def _started() -> None:
+    """A warm-up task: unpickling it imports this module (onnxruntime, numpy, onnx) in the worker; the
+    pause lets the next warm-up task reach the other process."""
+    time.sleep(0.3)
+
+
+@dataclass
+class CalibShard:
+    """One worker's share of pass 1 (min/max calibration)."""
+
+    prepared: PreparedModel
+    sites: list[Site]
+    origins: dict[str, str]
+    batch_size: int
+    method: CalibMethod
+    scheme: ActivationScheme
+    shapes: dict[str, tuple[int, ...]]
+    input_shapes: dict[str, tuple[int, ...]]
+    threads: int
+    opt_level: str
+    source: SampleSource
+    start: int
+    stop: int
+
+
+class ShardedCalibration:
+    """Pass 1 over sample shards in the pool, for the calibration methods whose ranges merge exactly
+    (minmax); `None` from a call means "calibrate in this process" (histogram methods)."""
+
+    def __init__(self, pool: Executor, workers: int, calib: str | Path | CalibSet) -> None:
+        self.pool, self.workers, self.calib = pool, workers, calib
+
+    def __call__(self, prepared: PreparedModel, sites: Sequence[Site], origins: Mapping[str, str], cset: CalibSet,
+                 batch_size: int, runner: Runner, opts: ScanOptions, probe: Probe,
+                 inputs: Sequence[InputSpec]) -> CalibStats | None:
+        if opts.calib_method != CalibMethod.MINMAX:
+            return None
+        source = sample_source(self.calib, inputs, opts)
+        bounds = shard_bounds(cset.n_samples, batch_size, self.workers)
+        threads = threads_per_worker(opts.threads, len(bounds))
+        scheme = opts.activations or ActivationScheme.UINT8
+        jobs = [CalibShard(prepared, list(sites), dict(origins), batch_size, opts.calib_method, scheme,
+                           dict(probe.shapes), dict(probe.input_shapes), threads, runner.opt_level, source, a, b)
+                for a, b in bounds]
+        results = list(self.pool.map(run_calib_shard, jobs))
+        for _, sessions, runs in results:
+            runner.stats.sessions_created += sessions
+            runner.stats.runs += runs
+        return merge_calib_stats([stats for stats, _, _ in results])
+
+
+def run_calib_shard(job: CalibShard) -> tuple[CalibStats, int, int]:
+    """In the worker: this shard's ranges, from this process' own FP32 session."""
+    cset = job.source.open().shard(job.start, job.stop)
+    runner = Runner(threads=job.threads, opt_level=job.opt_level)
+    stats = calibrate(job.prepared, job.sites, job.origins, cset, job.batch_size, runner, job.method, job.scheme,
+                      no_progress, job.shapes, job.input_shapes)
+    return stats, runner.stats.sessions_created, runner.stats.runs
+
+
 def evaluate_in_workers(
+    pool: Executor,
     ctx: ScanContext,
     calib: str | Path | CalibSet,
     qdq: onnx.ModelProto,
@@ -129,7 +200,7 @@ def evaluate_in_workers(
 ) -> Evaluation:
     """Pass 2 over `workers` shards in spawned processes, merged in shard order; the parent's runner
     counters gain the workers' sessions and runs."""
-    source = sample_source(ctx, calib)
+    source = sample_source(ctx.opts.eval if ctx.opts.eval is not None else calib, ctx.loaded.inputs, ctx.opts)
     bounds = shard_bounds(ctx.eval_set.n_samples, ctx.batch_size, workers)
     threads = threads_per_worker(ctx.opts.threads, len(bounds))
     segments = ctx.memory.segments if ctx.memory is not None else 1
@@ -140,12 +211,11 @@ def evaluate_in_workers(
         for start, stop in bounds
     ]
     bar = progress("measuring", len(jobs))
+    results = []
     try:
-        with ProcessPoolExecutor(max_workers=len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = []
-            for result in pool.map(run_eval_shard, jobs):
-                results.append(result)
-                bar.update(1)
+        for result in pool.map(run_eval_shard, jobs):
+            results.append(result)
+            bar.update(1)
     finally:
         bar.close()
     merged = results[0].sums
