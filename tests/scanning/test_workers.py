@@ -25,7 +25,8 @@ from quantscan.calib import load_calibration
 from quantscan.errors import UsageError
 from quantscan.model import load_model
 from quantscan.scanning import ScanResult
-from quantscan.scanning.workers import shard_bounds, threads_per_worker, worker_count
+from quantscan.scanning.options import worker_count
+from quantscan.scanning.workers import shard_bounds, threads_per_worker
 
 REL = 1e-9
 

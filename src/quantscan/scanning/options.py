@@ -7,6 +7,7 @@ never each other's entry points, so the package has no import cycle.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,6 +45,11 @@ class _NoProgress:
 def no_progress(desc: str, total: int | None) -> ProgressBar:
     """The default: the library renders no progress (the CLI passes a tqdm factory)."""
     return _NoProgress()
+
+
+def worker_count(requested: int, cpus: int | None = None) -> int:
+    """The processes actually started: at most one per CPU (more would only take turns on the cores)."""
+    return max(1, min(requested, cpus or os.cpu_count() or 1))
 
 
 def n_batches(n_samples: int, batch_size: int) -> int:

@@ -29,7 +29,7 @@ from quantscan.records import ActivationScheme
 from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
 from quantscan.scanning.budget import Footprint, MemoryPlan, default_budget, machine_memory, parse_size, plan_memory
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
-from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
+from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.ort_recipe import (
     RECIPE,
     check_calib_method,
@@ -370,6 +370,9 @@ def memory_plan(
     else:
         available, total = machine_memory()
         budget, source = default_budget(available, total), "half the available RAM"
+    workers = worker_count(opts.workers)
+    if workers > 1:  # each worker holds its own analysis session: the budget is shared between them
+        budget, source = budget // workers, f"{source}, split between {workers} workers"
     return plan_memory(footprint, budget=budget, budget_source=source, requested_batch=opts.batch_size,
                        fixed_batch=fixed_batch, n_samples=n_samples, segments=opts.segments)
 

@@ -35,11 +35,11 @@ from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
 from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
-from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
+from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import task_table
-from quantscan.scanning.workers import ShardedCalibration, evaluate_in_workers, process_pool, worker_count
+from quantscan.scanning.workers import ShardedCalibration, evaluate_in_workers, process_pool
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")

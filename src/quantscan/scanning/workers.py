@@ -86,11 +86,6 @@ class ShardResult:
     samples: int = 0
 
 
-def worker_count(requested: int, cpus: int | None = None) -> int:
-    """The processes actually started: at most one per CPU (more would only take turns on the cores)."""
-    return max(1, min(requested, cpus or os.cpu_count() or 1))
-
-
 def threads_per_worker(total: int | None, workers: int, cpus: int | None = None) -> int:
     """onnxruntime threads each worker's sessions get: the run's thread total split evenly."""
     return max(1, (total or cpus or os.cpu_count() or 1) // workers)
