@@ -2,8 +2,9 @@
 
 Prints one table: wall time of the whole CLI run (fresh process: spawn and imports included) and of the
 calibration, evaluation and gain phases (run.json times_s), for 1 and 2 workers, and their ratios;
-both runs of a size are measured back to back in this one run. 256 samples are the 28 calibration images repeated (renumbered
-copies, labels kept) in a temporary folder. Nothing here is asserted: the machine may be shared.
+both runs of a size are measured back to back in this one run. 256 samples are the 28 calibration
+images repeated (renumbered copies, labels kept) in a temporary folder. Nothing here is asserted:
+the machine may be shared.
 
     python benchmarks/workers.py [--sizes 32 256] [--repeats 1]
 """
