@@ -126,6 +126,10 @@ def test_bad_worker_counts_are_usage_errors(tmp_path: Path) -> None:
             quantscan.scan(model_path, calib, workers=bad)
     with pytest.raises(UsageError, match="--workers: expected 1 with --state"):
         quantscan.scan(model_path, calib, workers=2, state={"y": "x"})
+    if (os.cpu_count() or 1) > 1:
+        opened = load_calibration(calib, load_model(model_path).inputs)
+        with pytest.raises(UsageError, match="--workers: expected a calibration folder path"):
+            quantscan.scan(model_path, opened, workers=2)
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])

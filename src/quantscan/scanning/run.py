@@ -39,7 +39,7 @@ from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import task_table
-from quantscan.scanning.workers import ShardedCalibration, evaluate_in_workers, process_pool
+from quantscan.scanning.workers import ShardedCalibration, evaluate_in_workers, process_pool, reopenable
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")
@@ -153,6 +153,7 @@ def measure(
     workers = worker_count(ScanOptions(**options).validate().workers)
     if workers == 1:
         return _measure(model, calib, progress, runner, None, options, started)
+    reopenable(calib)
     with process_pool(workers) as pool:  # spawned now: the workers import while this process loads
         return _measure(model, calib, progress, runner, pool, options, started)
 

@@ -106,11 +106,17 @@ def shard_bounds(n_samples: int, batch_size: int, workers: int) -> list[tuple[in
     return bounds
 
 
-def sample_source(path: str | Path | CalibSet, inputs: Sequence[InputSpec], opts: ScanOptions) -> SampleSource:
-    """A sample set as a worker can reopen it; a set passed in as an object has no such recipe."""
-    if isinstance(path, CalibSet):
+def reopenable(calib: str | Path | CalibSet) -> str | Path:
+    """The calibration argument as workers can reopen it: a path; a set passed in as an object streams
+    through closures, which do not cross a process boundary."""
+    if isinstance(calib, CalibSet):
         raise UsageError("--workers: expected a calibration folder path (workers reopen it), "
                          "found a CalibSet object; pass the folder or use workers=1")
+    return calib
+
+
+def sample_source(path: str | Path, inputs: Sequence[InputSpec], opts: ScanOptions) -> SampleSource:
+    """A sample set as a worker can reopen it."""
     return SampleSource(Path(path), list(inputs), opts.preprocess, dict(opts.preprocess_overrides),
                         state_consts(opts.state, opts.const), opts.limit)
 
@@ -161,7 +167,7 @@ class ShardedCalibration:
                  inputs: Sequence[InputSpec]) -> CalibStats | None:
         if opts.calib_method != CalibMethod.MINMAX:
             return None
-        source = sample_source(self.calib, inputs, opts)
+        source = sample_source(reopenable(self.calib), inputs, opts)
         bounds = shard_bounds(cset.n_samples, batch_size, self.workers)
         threads = threads_per_worker(opts.threads, len(bounds))
         scheme = opts.activations or ActivationScheme.UINT8
@@ -195,7 +201,8 @@ def evaluate_in_workers(
 ) -> Evaluation:
     """Pass 2 over `workers` shards in spawned processes, merged in shard order; the parent's runner
     counters gain the workers' sessions and runs."""
-    source = sample_source(ctx.opts.eval if ctx.opts.eval is not None else calib, ctx.loaded.inputs, ctx.opts)
+    source = sample_source(ctx.opts.eval if ctx.opts.eval is not None else reopenable(calib), ctx.loaded.inputs,
+                           ctx.opts)
     bounds = shard_bounds(ctx.eval_set.n_samples, ctx.batch_size, workers)
     threads = threads_per_worker(ctx.opts.threads, len(bounds))
     segments = ctx.memory.segments if ctx.memory is not None else 1
