@@ -112,6 +112,18 @@ def test_two_workers_equal_one_on_a_tiny_graph(tmp_path: Path, method: str) -> N
         assert _activation_scales(two)[tensor] == qp
 
 
+def test_two_workers_equal_one_with_a_separate_evaluation_set(tmp_path: Path) -> None:
+    """Calibration shards read --calib, evaluation shards read --eval."""
+    model_path, calib = write_chain(tmp_path, samples=20)
+    evaluation = tmp_path / "eval"
+    evaluation.mkdir()
+    np.save(evaluation / "x.npy", np.random.default_rng(7).normal(0, 2, (13, 16)).astype(np.float32))
+    one, two = (quantscan.scan(model_path, calib, batch_size=2, workers=w, eval=evaluation) for w in (1, 2))
+    assert two.run_info.evaluation.samples == 13
+    for table in ("layers", "tensors", "channels"):
+        assert_same_numbers(getattr(one, table), getattr(two, table), table)
+
+
 def _activation_scales(result: ScanResult) -> dict[str, float]:
     """The calibrated activation scales, as the QDQ model carries them (the plan every shard shares)."""
     inits = {t.name: t for t in result.qdq_model.graph.initializer}
