@@ -193,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--no-gain", action="store_true", help="skip the output-gain measurement (= --gain-candidates 0)")
     scan.add_argument("--gain-samples", type=int, default=None, metavar="N",
                       help="evaluation samples the output gain is measured on, the first ones (default 8; 0: all)")
+    scan.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                      help="measure in N local processes over disjoint samples, merged exactly (capped by the CPUs)")
     check = sub.add_parser("check", help="structural compatibility with chip profiles")
     check.add_argument("model")
     check.add_argument("--profile", action="append", default=[])
@@ -442,6 +444,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "batch_size": args.batch_size,
         "max_memory": args.max_memory,
+        "workers": args.workers,
         "save_qdq": args.save_qdq,
         "profile": args.profile[0] if args.profile else None,
         "no_report": args.no_report,

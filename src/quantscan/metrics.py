@@ -217,6 +217,23 @@ class ErrorAccumulator:
         self._worst_cos = min(self._worst_cos, float(cos.min()))
         self._worst_sqnr = min(self._worst_sqnr, float(sqnr.min()))
 
+    def merge(self, other: ErrorAccumulator) -> None:
+        """Add another accumulator's samples (a disjoint shard, `--workers`): every figure is a sum,
+        a count, a max or a min, so the merge equals one pass over both up to float64 rounding."""
+        self.count += other.count
+        self.nonfinite_ref += other.nonfinite_ref
+        self.nonfinite_test += other.nonfinite_test
+        self.overflow += other.overflow
+        self.samples += other.samples
+        self._sxy += other._sxy
+        self._sxx += other._sxx
+        self._syy += other._syy
+        self._sdd += other._sdd
+        self._max_abs = max(self._max_abs, other._max_abs)
+        self._worst_cos = min(self._worst_cos, other._worst_cos)
+        self._sum_cos += other._sum_cos
+        self._worst_sqnr = min(self._worst_sqnr, other._worst_sqnr)
+
     def _or_nan(self, value: float) -> float:
         return value if self.count > 0 else math.nan
 
@@ -324,6 +341,12 @@ class ChannelErrorAccumulator:
         self._sxx += a_xx
         self._sdd += a_dd
 
+    def merge(self, other: ChannelErrorAccumulator) -> None:
+        """Add another shard's per-channel sums (`--workers`)."""
+        if other._sxx is None or other._sdd is None:
+            return
+        self.update_sums(other._sxx, other._sdd)
+
     def per_channel_sqnr_db(self) -> F64:
         """SQNR per channel (inf for error-free channels, -inf for all-zero reference with error)."""
         if self._sxx is None or self._sdd is None:
@@ -386,6 +409,14 @@ class Top1Accumulator:
         self.labelled += int(known.sum())
         self._correct += int(np.count_nonzero(known & (test_top == truth)))
         self._ref_correct += int(np.count_nonzero(known & (ref_top == truth)))
+
+    def merge(self, other: Top1Accumulator) -> None:
+        """Add another shard's counts (`--workers`)."""
+        self.samples += other.samples
+        self._agree += other._agree
+        self.labelled += other.labelled
+        self._correct += other._correct
+        self._ref_correct += other._ref_correct
 
     @property
     def agreement(self) -> float:

@@ -235,6 +235,13 @@ class MinMaxObserver:
         self._min = min(self._min, float(finite.min()))
         self._max = max(self._max, float(finite.max()))
 
+    def merge(self, other: MinMaxObserver) -> None:
+        """Add another shard's range (`--workers`): a min and a max, so exact."""
+        self.nonfinite += other.nonfinite
+        self.seen += other.seen
+        self._min = min(self._min, other._min)
+        self._max = max(self._max, other._max)
+
     def range(self) -> tuple[float, float]:
         """(min, max) seen; (0, 0) before any finite value."""
         if not self.seen:
@@ -540,6 +547,17 @@ class ChannelRangeObserver:
             raise ValueError(f"channel count changed from {self._min.size} to {mins.size}")
         self._min = np.minimum(self._min, mins)
         self._max = np.maximum(self._max, maxs)
+
+    def merge(self, other: ChannelRangeObserver) -> None:
+        """Add another shard's per-channel ranges (`--workers`): minimum and maximum, so exact."""
+        self.nonfinite += other.nonfinite
+        if other._min is None or other._max is None:
+            return
+        if self._min is None or self._max is None:
+            self._min, self._max = other._min.copy(), other._max.copy()
+            return
+        self._min = np.minimum(self._min, other._min)
+        self._max = np.maximum(self._max, other._max)
 
     def ranges(self) -> tuple[F64, F64]:
         """Per-channel (min, max); NaN for a channel that never had a finite value."""

@@ -7,7 +7,8 @@ inputs may be stacked on axis 0, which consts pass once) is the same whatever th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,25 @@ class CalibSet:
         """One sample at a time (batch dim 1), every model input present, in file order."""
         for sample, _ in self._samples_with_files():
             yield sample
+
+    def shard(self, start: int, stop: int) -> CalibSet:
+        """Samples [start, stop) as a set of their own (a `--workers` shard), labels and files alike.
+
+        Samples before `start` are read and dropped: readers stream in file order (an .npz holds many
+        samples), and decoding is small beside the analysis each sample then gets.
+        """
+        if not 0 <= start <= stop <= self.n_samples:
+            raise UsageError(f"expected a shard within 0..{self.n_samples}, found {start}..{stop}")
+        read = self._read
+
+        def sharded(n: int) -> Iterator[tuple[Sample, Path]]:
+            return islice(read(start + n), start, start + n)
+
+        one_per_sample = len(self.files) == self.n_samples
+        return replace(
+            self, n_samples=stop - start, labels=self.labels[start:stop] if self.labels else self.labels,
+            files=self.files[start:stop] if one_per_sample else list(self.files), _read=sharded,
+        )
 
     def batches(self, batch_size: int) -> Iterator[Sample]:
         """Consecutive samples concatenated on axis 0; the last batch may be smaller.

@@ -108,11 +108,27 @@ def calibrate(
             bar.update(1)
     finally:
         bar.close()
-    warnings = []
-    for name, obs in observers.items():
-        if obs.nonfinite:
-            warnings.append(f"tensor '{name}': NaN/Inf seen in activations during calibration (left out of its range)")
-    return CalibStats(observers, channel_ranges, warnings)
+    return CalibStats(observers, channel_ranges, calibration_warnings(observers))
+
+
+def calibration_warnings(observers: Mapping[str, quant.Observer]) -> list[str]:
+    """One warning per tensor whose calibration saw NaN/Inf (left out of its range)."""
+    return [f"tensor '{name}': NaN/Inf seen in activations during calibration (left out of its range)"
+            for name, obs in observers.items() if obs.nonfinite]
+
+
+def merge_calib_stats(shards: Sequence[CalibStats]) -> CalibStats:
+    """Min/max calibration of disjoint sample shards (`--workers`) as one: ranges are minima and maxima,
+    so the merge is exact. Histogram observers do not merge (their bins adapt to the data seen)."""
+    merged = shards[0]
+    for other in shards[1:]:
+        for name, obs in merged.observers.items():
+            if not isinstance(obs, quant.MinMaxObserver):
+                raise TypeError(f"only min/max ranges merge exactly, found {type(obs).__name__}")
+            obs.merge(other.observers[name])  # type: ignore[arg-type]
+        for name, ch in merged.channel_ranges.items():
+            ch.merge(other.channel_ranges[name])
+    return CalibStats(merged.observers, merged.channel_ranges, calibration_warnings(merged.observers))
 
 
 def make_plan(

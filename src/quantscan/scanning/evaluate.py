@@ -62,6 +62,49 @@ class Evaluation:
     """The evaluation samples with the lowest headline-output cosine: index, file, cosine, output."""
 
 
+@dataclass
+class EvalSums:
+    """Everything pass 2 adds up over samples, before any ratio is taken: two of these (disjoint sample
+    shards, `--workers`) merge into exactly what one pass over both shards would have summed."""
+
+    headline: list[str]
+    cumulative: dict[str, qm.ErrorAccumulator]
+    isolated: dict[int, qm.ErrorAccumulator]
+    act_channel: dict[int, qm.ChannelErrorAccumulator]
+    top1: dict[str, qm.Top1Accumulator]
+    deployed: dict[str, qm.ErrorAccumulator]
+    deployed_top1: dict[str, qm.Top1Accumulator]
+    task: dict[str, list[TaskAccumulator]]
+    hist_counts: dict[int, list[np.ndarray]]
+    clip_counts: dict[str, list[float]]
+    sample_cosines: list[tuple[float, int, str]]
+    seen: int
+
+    def merge(self, other: EvalSums) -> EvalSums:
+        """Add `other` (the same analysis over other samples) into this one, in place; returns self."""
+        for group, theirs in ((self.cumulative, other.cumulative), (self.isolated, other.isolated),
+                              (self.deployed, other.deployed)):
+            for key, acc in group.items():
+                acc.merge(theirs[key])  # type: ignore[index]
+        for k, ch in self.act_channel.items():
+            ch.merge(other.act_channel[k])
+        for top, theirs_top in ((self.top1, other.top1), (self.deployed_top1, other.deployed_top1)):
+            for o, t1 in top.items():
+                t1.merge(theirs_top[o])
+        for o, accs in self.task.items():
+            for mine, their in zip(accs, other.task[o], strict=True):
+                mine.merge(their)
+        for k, counts in self.hist_counts.items():
+            for slot in range(2):
+                counts[slot] = counts[slot] + other.hist_counts[k][slot]
+        for t, clip in self.clip_counts.items():
+            clip[0] += other.clip_counts[t][0]
+            clip[1] += other.clip_counts[t][1]
+        self.sample_cosines.extend(other.sample_cosines)
+        self.seen += other.seen
+        return self
+
+
 def evaluate(
     prepared: PreparedModel,
     qdq: onnx.ModelProto,
@@ -78,6 +121,28 @@ def evaluate(
 ) -> Evaluation:
     """One pass: cumulative and isolated sums and per-channel sums come out of one session per batch
     (or `segments` sessions taking turns on each batch, when the memory plan says one cannot fit)."""
+    sums = accumulate_evaluation(prepared, qdq, sites, plan, compare, eval_set, batch_size, runner, progress,
+                                 probe, opts, segments=segments)
+    return finish_evaluation(sums, sites, plan, eval_set)
+
+
+def accumulate_evaluation(
+    prepared: PreparedModel,
+    qdq: onnx.ModelProto,
+    sites: Sequence[Site],
+    plan: qgraph.QuantPlan,
+    compare: Sequence[str],
+    eval_set: CalibSet,
+    batch_size: int,
+    runner: Runner,
+    progress: ProgressFactory,
+    probe: Probe,
+    opts: ScanOptions,
+    segments: int = 1,
+    offset: int = 0,
+) -> EvalSums:
+    """Pass 2's sums over `eval_set`, whose first sample is sample `offset` of the whole evaluation set
+    (a `--workers` shard: sample indexes and the hist.npz sample window stay those of the whole set)."""
     isolated_ids = [k for k, s in enumerate(sites) if s.output in plan.activations]
     combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
     reducer = qgraph.Reducer(prepared.opset_to)
@@ -130,7 +195,7 @@ def evaluate(
     labels = eval_set.labels
     clip_counts = {t: [0.0, 0.0] for t in clip_names}
     sample_cosines: list[tuple[float, int, str]] = []
-    seen = 0
+    seen = offset
     bar = progress("measuring", n_batches(eval_set.n_samples, batch_size))
     try:
         for feeds in eval_set.batches(batch_size):
@@ -138,7 +203,7 @@ def evaluate(
             values = session.run(feeds, outputs + hist_outputs if want_hist else outputs)
             first = next(iter(feeds.values()), None)
             n = int(first.shape[0]) if first is not None and first.ndim else 1  # rank-0 inputs: one sample
-            batch_labels = labels[seen: seen + n] if labels else None
+            batch_labels = labels[seen - offset: seen - offset + n] if labels else None
             for t, (outside, size) in clip_names.items():
                 clip_counts[t][0] += float(np.sum(values[outside], dtype=np.float64))
                 clip_counts[t][1] += float(values[size])
@@ -165,6 +230,15 @@ def evaluate(
             bar.update(1)
     finally:
         bar.close()
+    return EvalSums(headline, cumulative, isolated, act_channel, top1, deployed_acc, deployed_top1, task,
+                    hist_counts, clip_counts, sample_cosines, seen - offset)
+
+
+def finish_evaluation(
+    sums: EvalSums, sites: Sequence[Site], plan: qgraph.QuantPlan, eval_set: CalibSet
+) -> Evaluation:
+    """The figures from the (merged) sums: ratios, warnings, histograms, the worst samples."""
+    cumulative, headline = sums.cumulative, sums.headline
     warnings = [
         f"tensor '{name}': NaN/Inf in activations (samples left out: FP32 side {acc.nonfinite_ref}, "
         f"int8 side {acc.nonfinite_test} elements)"
@@ -178,17 +252,17 @@ def evaluate(
     ]
     output_metrics: dict[str, OutputMetrics] = {}
     deployed_metrics: dict[str, OutputMetrics] = {}
-    figures = task_results(task)
+    figures = task_results(sums.task)
     for o in headline:
         if o in cumulative:
-            output_metrics[o] = measure_output(cumulative[o], top1.get(o))
+            output_metrics[o] = measure_output(cumulative[o], sums.top1.get(o))
             output_metrics[o].task = figures.get(o, {})
-        deployed_metrics[o] = measure_output(deployed_acc[o], deployed_top1.get(o))
-    hist = _histograms(sites, plan, hist_counts)
-    clip = {t: (c[0] / c[1] if c[1] else math.nan) for t, c in clip_counts.items()}
+        deployed_metrics[o] = measure_output(sums.deployed[o], sums.deployed_top1.get(o))
+    hist = _histograms(sites, plan, sums.hist_counts)
+    clip = {t: (c[0] / c[1] if c[1] else math.nan) for t, c in sums.clip_counts.items()}
     return Evaluation(
-        cumulative, isolated, act_channel, hist, output_metrics, deployed_metrics, headline, warnings, seen, task,
-        clip, worst_samples(sample_cosines, eval_set),
+        cumulative, sums.isolated, sums.act_channel, hist, output_metrics, deployed_metrics, headline, warnings,
+        sums.seen, sums.task, clip, worst_samples(sums.sample_cosines, eval_set),
     )
 
 

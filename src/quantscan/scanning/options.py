@@ -7,6 +7,7 @@ never each other's entry points, so the package has no import cycle.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +47,11 @@ def no_progress(desc: str, total: int | None) -> ProgressBar:
     return _NoProgress()
 
 
+def worker_count(requested: int, cpus: int | None = None) -> int:
+    """The processes actually started: at most one per CPU (more would only take turns on the cores)."""
+    return max(1, min(requested, cpus or os.cpu_count() or 1))
+
+
 def n_batches(n_samples: int, batch_size: int) -> int:
     return max(1, math.ceil(n_samples / batch_size))
 
@@ -77,6 +83,9 @@ class ScanOptions:
     """Memory budget (`8G`, `512M`, bytes); None: half the available RAM (scanning/budget.py)."""
     segments: int | None = None
     """Split the analysis into this many sessions (API and tests); None: as the memory plan decides."""
+    workers: int = 1
+    """`--workers N`: pass 2 in N local processes over disjoint sample shards (capped by the CPU count),
+    merged exactly (scanning/workers.py)."""
     save_qdq: str | Path | None = None
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     cpu_nodes: frozenset[str] = frozenset()
@@ -130,6 +139,11 @@ class ScanOptions:
             raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size!r}")
         if self.max_memory is not None:
             parse_size(self.max_memory)
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise UsageError(f"--workers: expected a positive integer, found {self.workers!r}")
+        if self.workers > 1 and self.state:
+            raise UsageError(f"--workers: expected 1 with --state (each sample's state is the FP32 output of "
+                             f"the sample before, a sequence one process walks), found {self.workers}")
         if self.segments is not None and (not isinstance(self.segments, int) or self.segments < 1):
             raise UsageError(f"segments: expected a positive integer, found {self.segments!r}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)

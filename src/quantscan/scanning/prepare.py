@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from quantscan.records import ActivationScheme
 from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
 from quantscan.scanning.budget import Footprint, MemoryPlan, default_budget, machine_memory, parse_size, plan_memory
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
-from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
+from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.ort_recipe import (
     RECIPE,
     check_calib_method,
@@ -261,9 +261,11 @@ def prepare_timed(
     *,
     progress: ProgressFactory = no_progress,
     runner: Runner | None = None,
+    calibrate_with: Callable[..., CalibStats | None] | None = None,
     **options: Any,
 ) -> tuple[ScanContext, dict[str, float]]:
-    """`prepare_scan`, plus the seconds each phase took (run.json's `times_s`)."""
+    """`prepare_scan`, plus the seconds each phase took (run.json's `times_s`). `calibrate_with` may
+    take pass 1 elsewhere (`--workers`: scanning.workers.ShardedCalibration); None from it: here."""
     opts = ScanOptions(**options).validate()
     started = time.perf_counter()
     times: dict[str, float] = {}
@@ -312,10 +314,14 @@ def prepare_timed(
     times["probe"] = time.perf_counter() - t0 - times.get("quantize_static", 0.0)
 
     t0 = time.perf_counter()
-    calib_stats = calibrate(
-        prepared, sites, origins, cset, batch_size, runner, opts.calib_method,
-        opts.activations or ActivationScheme.UINT8, progress, probe.shapes, probe.input_shapes,
-    )
+    calib_stats = None
+    if calibrate_with is not None:
+        calib_stats = calibrate_with(prepared, sites, origins, cset, batch_size, runner, opts, probe, loaded.inputs)
+    if calib_stats is None:
+        calib_stats = calibrate(
+            prepared, sites, origins, cset, batch_size, runner, opts.calib_method,
+            opts.activations or ActivationScheme.UINT8, progress, probe.shapes, probe.input_shapes,
+        )
     times["calibration"] = time.perf_counter() - t0
     plan_warnings: list[str] = []
     if recipe_result is not None:
@@ -365,6 +371,9 @@ def memory_plan(
     else:
         available, total = machine_memory()
         budget, source = default_budget(available, total), "half the available RAM"
+    workers = worker_count(opts.workers)
+    if workers > 1:  # each worker holds its own analysis session: the budget is shared between them
+        budget, source = budget // workers, f"{source}, split between {workers} workers"
     return plan_memory(footprint, budget=budget, budget_source=source, requested_batch=opts.batch_size,
                        fixed_batch=fixed_batch, n_samples=n_samples, segments=opts.segments)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import platform
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,11 @@ from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
 from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
-from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import task_table
+from quantscan.scanning.workers import ShardedCalibration, evaluate_in_workers, process_pool, reopenable
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")
@@ -148,7 +150,26 @@ def measure(
 ) -> ScanResult:
     """The scan itself: prepare, evaluate, tables. Writes nothing."""
     started = time.perf_counter()
-    ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, **options)
+    workers = worker_count(ScanOptions(**options).validate().workers)
+    if workers == 1:
+        return _measure(model, calib, progress, runner, None, options, started)
+    reopenable(calib)
+    with process_pool(workers) as pool:  # spawned now: the workers import while this process loads
+        return _measure(model, calib, progress, runner, pool, options, started)
+
+
+def _measure(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    progress: ProgressFactory,
+    runner: Runner | None,
+    pool: Executor | None,
+    options: dict[str, Any],
+    started: float,
+) -> ScanResult:
+    """`measure` with its worker pool (None: everything in this process)."""
+    sharded = ShardedCalibration(pool, worker_count(options.get("workers", 1)), calib) if pool else None
+    ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, calibrate_with=sharded, **options)
     qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
     probe, opts, plan, sites = ctx.probe, ctx.opts, ctx.plan, ctx.sites
     warnings = ctx.warnings
@@ -158,10 +179,13 @@ def measure(
     if opts.tensors == "sites":
         points = set(plan.activations) | {s.output for s in sites} | set(probe.outputs)
         compare = [t for t in compare if t in points]
-    evaluation = evaluate(
-        ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe, opts,
-        segments=ctx.memory.segments if ctx.memory is not None else 1,
-    )
+    if pool is not None:
+        evaluation = evaluate_in_workers(pool, ctx, calib, qdq, compare, worker_count(opts.workers), progress)
+    else:
+        evaluation = evaluate(
+            ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe,
+            opts, segments=ctx.memory.segments if ctx.memory is not None else 1,
+        )
     times["evaluation"] = time.perf_counter() - t0
     warnings.extend(evaluation.warnings)
 
@@ -256,7 +280,7 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
                  "float16_nodes": sorted(opts.float16_nodes),
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
-                 "output": list(opts.output)},
+                 "output": list(opts.output), "workers": worker_count(opts.workers)},
         opset_used=prepared.opset_to,
         opset_original=prepared.opset_from,
         preparation=copy.copy(prepared.changes),
