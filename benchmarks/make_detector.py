@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_resnet import INPUT, OPSET, _Builder  # noqa: E402  (benchmarks/ is not a package)
+from make_resnet import INPUT, _Builder  # noqa: E402  (benchmarks/ is not a package)
 
 OUTPUT = "maps"
 STAGES: tuple[tuple[int, int], ...] = ((64, 1), (128, 2), (256, 2), (512, 2))
@@ -70,17 +70,7 @@ def build_detector(seed: int = 0, size: int = 640) -> onnx.ModelProto:
     y = b.op("Relu", [b.bn(_deconv(b, y, "head.up1", NECK // 4, NECK // 4), "head.bn1", NECK // 4)], "head.relu1")
     y = _deconv(b, y, "head.up2", NECK // 4, 1)
     b.nodes.append(helper.make_node("Sigmoid", [y], [OUTPUT], name="head.sigmoid"))
-    graph = helper.make_graph(
-        b.nodes, "dbnet_random",
-        [helper.make_tensor_value_info(INPUT, TensorProto.FLOAT, ["N", 3, size, size])],
-        [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["N", 1, size, size])],
-        initializer=b.inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="quantscan-benchmarks")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return b.model("dbnet_random", ["N", 3, size, size], OUTPUT, ["N", 1, size, size])
 
 
 def write_detector(path: Path, seed: int = 0, size: int = 640) -> Path:

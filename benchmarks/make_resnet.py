@@ -87,6 +87,21 @@ class _Builder:
         self.nodes.append(helper.make_node("Gemm", [x, w, b], [OUTPUT], name="fc", transB=1))
         return OUTPUT
 
+    def model(self, name: str, input_shape: list[int | str], output: str,
+              output_shape: list[int | str]) -> onnx.ModelProto:
+        """The checked model of the nodes built so far: float input INPUT, one float output."""
+        graph = helper.make_graph(
+            self.nodes, name,
+            [helper.make_tensor_value_info(INPUT, TensorProto.FLOAT, input_shape)],
+            [helper.make_tensor_value_info(output, TensorProto.FLOAT, output_shape)],
+            initializer=self.inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="quantscan-benchmarks")
+        model.ir_version = 8
+        onnx.checker.check_model(model)
+        return model
+
 
 def build_resnet50(seed: int = 0, classes: int = 1000) -> onnx.ModelProto:
     """The whole network; input [N,3,224,224] float32, output [N,classes] logits."""
@@ -101,17 +116,7 @@ def build_resnet50(seed: int = 0, classes: int = 1000) -> onnx.ModelProto:
     x = b.op("GlobalAveragePool", [x], "pool")
     x = b.op("Flatten", [x], "flatten", axis=1)
     b.fc(x, cin, classes)
-    graph = helper.make_graph(
-        b.nodes, "resnet50_random",
-        [helper.make_tensor_value_info(INPUT, TensorProto.FLOAT, ["N", 3, 224, 224])],
-        [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["N", classes])],
-        initializer=b.inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="quantscan-benchmarks")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return b.model("resnet50_random", ["N", 3, 224, 224], OUTPUT, ["N", classes])
 
 
 def write_resnet50(path: Path, seed: int = 0) -> Path:
