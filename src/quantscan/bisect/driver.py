@@ -42,7 +42,7 @@ from quantscan.records import Plan
 from quantscan.runfolder import atomic_write_bytes, jsonable
 from quantscan.runner import Runner
 from quantscan.scanning.options import ProgressFactory, no_progress
-from quantscan.scanning.prepare import ScanContext, prepare_scan
+from quantscan.scanning.prepare import ScanContext, given_input_specs, prepare_scan
 
 
 @dataclass
@@ -233,7 +233,7 @@ def _load_inputs(
         stored.check_model(loaded.sha256, model)
     cset = load_calibration(
         calib,
-        loaded.inputs,
+        given_input_specs(loaded.inputs, options.get("input_shape") or {}, options.get("input_dims") or ()),
         preprocess=options.get("preprocess"),
         overrides=options.get("preprocess_overrides") or {},
         consts=state_consts(options.get("state") or {}, options.get("const") or {}),

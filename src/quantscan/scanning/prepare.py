@@ -39,7 +39,7 @@ from quantscan.scanning.ort_recipe import (
     recipe_sites,
 )
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
-from quantscan.specs import Dim
+from quantscan.specs import Dim, InputSpec
 
 
 def _input_dims(
@@ -386,17 +386,44 @@ def activations_source(explicit: bool, profile: str | None) -> str:
     return f"from profile {profile}" if profile else "default"
 
 
+def given_input_specs(
+    inputs: Sequence[InputSpec], input_shape: Mapping[str, Sequence[int]], input_dims: Sequence[str]
+) -> list[InputSpec]:
+    """The declared inputs with the sizes `--input-shape` gives (whole shapes, and `INPUT:AXIS=V` /
+    `DIMPARAM=V` on axes other than the batch).
+
+    Why: a `--const` input has no data to take its sizes from; without this, the error that asks for
+    `--input-shape state:1=N` came back unchanged when the user gave exactly that.
+    """
+    from quantscan.rewrites.fix_dim import parse_dim_spec
+
+    settings = [parse_dim_spec(text) for text in input_dims]
+    out = []
+    for spec in inputs:
+        if spec.name in input_shape:
+            out.append(replace(spec, shape=tuple(int(v) for v in input_shape[spec.name])))
+            continue
+        shape = list(spec.shape)
+        for axis, dim in enumerate(shape):
+            for st in settings:
+                if axis > 0 and ((st.input == spec.name and st.axis == axis) or (st.param and dim == st.param)):
+                    shape[axis] = st.value
+        out.append(replace(spec, shape=tuple(shape)))
+    return out
+
+
 def _sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOptions) -> tuple[CalibSet, CalibSet]:
     """The calibration set and the evaluation set (`--eval`, else the same object)."""
     consts = state_consts(opts.state, opts.const)
+    specs = given_input_specs(loaded.inputs, opts.input_shape, opts.input_dims)
     cset = calib if isinstance(calib, CalibSet) else load_calibration(
-        calib, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
+        calib, specs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
         consts=consts, limit=opts.limit,
     )
     if opts.eval is None:
         return cset, cset
     eval_set = load_calibration(
-        opts.eval, loaded.inputs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
+        opts.eval, specs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
         consts=consts, limit=opts.limit,
     )
     return cset, eval_set
