@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from tests.builders import build
 
 import quantscan
 from quantscan.errors import UsageError
-from tests.builders import build
 
 MODEL = """
 <ir_version: 8, opset_import: ["" : 13]>
