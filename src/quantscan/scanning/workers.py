@@ -1,14 +1,18 @@
-"""`--workers N`: the evaluation pass (pass 2) over disjoint sample shards in N local processes.
+"""`--workers N`: calibration (pass 1) and evaluation (pass 2) over disjoint sample shards in N local
+processes: this one, which runs the first shard itself, and N-1 spawned ones.
 
 Why processes: the analysis session spends much of each batch outside onnxruntime's thread pool
 (Python folding of the in-graph sums, the deployed check, task metrics), so one process does not fill
 two cores. Every pass-2 figure is a sum, a count, a min or a max (`evaluate.EvalSums`), so the shards'
 sums merge into what one process would have summed, up to float64 rounding of the additions' order.
 
-What stays in the parent: loading, the probe, calibration and the plan (they set the scales every shard
-must share; calibration is one FP32 pass with in-graph reductions, the cheap part of a scan), and the
-gain measurement (on its first few samples). Shards are whole batches of the single-process run, so
-each batch, its sums and the hist.npz window (the first samples) are the same ones.
+Why this process takes a shard: it has onnxruntime imported and the samples open already, while a
+spawned process pays ~2 s importing onnxruntime and reopens the samples; on 2 cores one spawned
+process imports while this one loads and probes the model, where a second would take turns with both.
+Min/max ranges merge exactly too (min of minima), so pass 1 is sharded the same way. What stays here
+alone: loading, the probe, the plan (it sets the scales every shard must share), tables and writing.
+Shards are whole batches of the single-process run, so each batch, its sums and the hist.npz window
+(the first samples) are the same ones.
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import onnx
 
@@ -122,12 +126,32 @@ def sample_source(path: str | Path, inputs: Sequence[InputSpec], opts: ScanOptio
 
 
 def process_pool(workers: int) -> ProcessPoolExecutor:
-    """`workers` spawned processes (fork would copy onnxruntime's threads and locks mid-use), started
-    at once: each imports quantscan and onnxruntime while the parent loads and probes the model."""
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-    for _ in range(workers):
+    """The `workers - 1` spawned processes beside this one (fork would copy onnxruntime's threads and
+    locks mid-use), started at once: each imports quantscan and onnxruntime while this process loads
+    and probes the model."""
+    children = max(1, workers - 1)
+    pool = ProcessPoolExecutor(max_workers=children, mp_context=multiprocessing.get_context("spawn"))
+    for _ in range(children):
         pool.submit(_started)
     return pool
+
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+def run_sharded(pool: Executor, jobs: Sequence[Job], remote: Callable[[Job], Result],
+                local: Callable[[Job], Result]) -> list[Result]:
+    """`jobs[1:]` in the pool (submitted first, so they start at once), `jobs[0]` in this process meanwhile;
+    the results in job order. A failure here cancels the shards not yet started."""
+    futures = [pool.submit(remote, job) for job in jobs[1:]]
+    try:
+        first = local(jobs[0])
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
+    return [first, *(future.result() for future in futures)]
 
 
 def _started() -> None:
@@ -174,16 +198,17 @@ class ShardedCalibration:
         jobs = [CalibShard(prepared, list(sites), dict(origins), batch_size, opts.calib_method, scheme,
                            dict(probe.shapes), dict(probe.input_shapes), threads, runner.opt_level, source, a, b)
                 for a, b in bounds]
-        results = list(self.pool.map(run_calib_shard, jobs))
+        results = run_sharded(self.pool, jobs, run_calib_shard, lambda job: run_calib_shard(job, cset))
         for _, sessions, runs in results:
             runner.stats.sessions_created += sessions
             runner.stats.runs += runs
         return merge_calib_stats([stats for stats, _, _ in results])
 
 
-def run_calib_shard(job: CalibShard) -> tuple[CalibStats, int, int]:
-    """In the worker: this shard's ranges, from this process' own FP32 session."""
-    cset = job.source.open().shard(job.start, job.stop)
+def run_calib_shard(job: CalibShard, opened: CalibSet | None = None) -> tuple[CalibStats, int, int]:
+    """This shard's ranges, from this process' own FP32 session; `opened`: the whole set, already open
+    in this process (else the worker reopens it from `job.source`)."""
+    cset = (opened if opened is not None else job.source.open()).shard(job.start, job.stop)
     runner = Runner(threads=job.threads, opt_level=job.opt_level)
     stats = calibrate(job.prepared, job.sites, job.origins, cset, job.batch_size, runner, job.method, job.scheme,
                       no_progress, job.shapes, job.input_shapes)
@@ -199,8 +224,8 @@ def evaluate_in_workers(
     workers: int,
     progress: ProgressFactory = no_progress,
 ) -> Evaluation:
-    """Pass 2 over `workers` shards in spawned processes, merged in shard order; the parent's runner
-    counters gain the workers' sessions and runs."""
+    """Pass 2 over `workers` shards, the first in this process and the rest in the pool, merged in shard
+    order; the runner counters gain every shard's sessions and runs."""
     source = sample_source(ctx.opts.eval if ctx.opts.eval is not None else reopenable(calib), ctx.loaded.inputs,
                            ctx.opts)
     bounds = shard_bounds(ctx.eval_set.n_samples, ctx.batch_size, workers)
@@ -213,11 +238,9 @@ def evaluate_in_workers(
         for start, stop in bounds
     ]
     bar = progress("measuring", len(jobs))
-    results = []
     try:
-        for result in pool.map(run_eval_shard, jobs):
-            results.append(result)
-            bar.update(1)
+        results = run_sharded(pool, jobs, run_eval_shard, lambda job: run_eval_shard(job, ctx.eval_set))
+        bar.update(len(jobs))
     finally:
         bar.close()
     merged = results[0].sums
@@ -230,9 +253,10 @@ def evaluate_in_workers(
     return finish_evaluation(merged, ctx.sites, ctx.plan, ctx.eval_set)
 
 
-def run_eval_shard(job: EvalShard) -> ShardResult:
-    """In the worker: reopen the samples, build this process' own sessions, sum the shard."""
-    eval_set = job.source.open().shard(job.start, job.stop)
+def run_eval_shard(job: EvalShard, opened: CalibSet | None = None) -> ShardResult:
+    """Build this process' own sessions and sum the shard; `opened`: the whole evaluation set, already
+    open in this process (else the worker reopens it from `job.source`)."""
+    eval_set = (opened if opened is not None else job.source.open()).shard(job.start, job.stop)
     runner = Runner(threads=job.threads, opt_level=job.opt_level)
     sums = accumulate_evaluation(
         job.prepared, onnx.load_from_string(job.qdq), job.sites, job.plan, job.compare, eval_set, job.batch_size,
