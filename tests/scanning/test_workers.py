@@ -7,6 +7,7 @@ numpy written out for the accumulators' merge.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,17 +17,19 @@ import numpy as np
 import onnx
 import pandas as pd
 import pytest
+from PIL import Image
 
 import quantscan
 from builders import write_chain
 from conftest import asset_calib, asset_model
 from quantscan import metrics as qm
 from quantscan.calib import load_calibration
-from quantscan.errors import UsageError
+from quantscan.errors import CalibrationError, UsageError
 from quantscan.model import load_model
 from quantscan.scanning import ScanResult
 from quantscan.scanning.options import worker_count
 from quantscan.scanning.workers import shard_bounds, threads_per_worker
+from quantscan.specs import InputSpec
 
 REL = 1e-9
 
@@ -93,6 +96,30 @@ def test_a_shard_reads_exactly_its_samples(tmp_path: Path) -> None:
     assert part.n_samples == 4
     got = [s["x"] for s in part.samples()]
     assert len(got) == 4 and all(np.array_equal(a, b) for a, b in zip(got, whole[3:7], strict=True))
+
+
+def test_an_image_shard_decodes_only_its_own_images(tmp_path: Path) -> None:
+    """The last shard of every pass used to decode (and drop) every image before it: here one of those
+    is truncated past its header, so only a shard that never decodes it reads through."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (8, 12, 3), dtype=np.uint8)).save(folder / f"{i:03d}_img.png")
+    (folder / "preprocess.json").write_text(json.dumps({"input": "x", "shape": [1, 3, 8, 12], "layout": "NCHW",
+                                                        "channel_order": "RGB", "scale": 1 / 255}))
+    spec = InputSpec("x", np.dtype(np.float32), ("batch", 3, 8, 12))
+    whole = [s["x"] for s in load_calibration(folder, [spec]).samples()]
+    data = (folder / "002_img.png").read_bytes()
+    (folder / "002_img.png").write_bytes(data[: len(data) // 2])
+    cset = load_calibration(folder, [spec])
+    with pytest.raises(CalibrationError, match=r"002_img\.png"):
+        list(cset.samples())
+    part = cset.shard(3, 6)
+    got = [s["x"] for s in part.samples()]
+    assert [p.name for p in part.files] == ["003_img.png", "004_img.png", "005_img.png"]
+    assert len(got) == 3 and all(np.array_equal(a, b) for a, b in zip(got, whole[3:], strict=True))
+    assert [b["x"].shape[0] for b in part.batches(2)] == [2, 1]
 
 
 @pytest.mark.parametrize("method", ["minmax", "percentile"])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,9 @@ from quantscan.calib.checks import fmt
 from quantscan.errors import CalibrationError, UsageError
 
 Sample = dict[str, np.ndarray]
-_Reader = Callable[[int], Iterator[tuple[Sample, Path]]]
-"""Yields (sample, file it came from) for the first n samples; the file names errors in `batches`."""
+_Reader = Callable[[int, int], Iterator[tuple[Sample, Path]]]
+"""(n, start) -> (sample, file it came from) for samples [start, n); the file names errors in `batches`.
+A reader skips the first `start` as cheaply as its format allows (images: without decoding them)."""
 
 
 @dataclass
@@ -52,15 +52,16 @@ class CalibSet:
     def shard(self, start: int, stop: int) -> CalibSet:
         """Samples [start, stop) as a set of their own (a `--workers` shard), labels and files alike.
 
-        Samples before `start` are read and dropped: readers stream in file order (an .npz holds many
-        samples), and decoding is small beside the analysis each sample then gets.
+        Samples before `start` are skipped by the reader: an image folder opens only the shard's files
+        (decoding the ones before it cost the last `--workers` shard ~5 ms an image, every pass);
+        tensor files stream in file order (an .npz holds many samples), so those are read and dropped.
         """
         if not 0 <= start <= stop <= self.n_samples:
             raise UsageError(f"expected a shard within 0..{self.n_samples}, found {start}..{stop}")
         read = self._read
 
-        def sharded(n: int) -> Iterator[tuple[Sample, Path]]:
-            return islice(read(start + n), start, start + n)
+        def sharded(n: int, skip: int) -> Iterator[tuple[Sample, Path]]:
+            return read(start + n, start + skip)
 
         one_per_sample = len(self.files) == self.n_samples
         return replace(
@@ -86,7 +87,7 @@ class CalibSet:
             yield self._stack(group)
 
     def _samples_with_files(self) -> Iterator[tuple[Sample, Path]]:
-        for sample, path in self._read(self.n_samples):
+        for sample, path in self._read(self.n_samples, 0):
             for name, value in self._consts.items():
                 sample[name] = value.copy()
             yield sample, path

@@ -60,8 +60,8 @@ def load_images(
         label_names, labels = beside
     shapes = {pre.input: tuple(first.shape)} | {n: tuple(a.shape) for n, a in consts.items()}
 
-    def read(n: int) -> Iterator[tuple[Sample, Path]]:
-        for image in images[:n]:
+    def read(n: int, start: int) -> Iterator[tuple[Sample, Path]]:
+        for image in images[start:n]:
             yield {pre.input: preprocess_image(image, pre, spec)}, image
 
     return CalibSet(

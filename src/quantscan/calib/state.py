@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -74,9 +75,12 @@ def with_state(calib: CalibSet, pairs: Mapping[str, str], step: Step) -> CalibSe
     carried: list[dict[str, np.ndarray]] = []
     """carried[k]: the state inputs sample k is fed (filled on the first pass, reused after)."""
 
-    def read(n: int) -> Iterator[tuple[Sample, Path]]:
+    def read(n: int, start: int) -> Iterator[tuple[Sample, Path]]:
+        return islice(walk(n), start, None)  # each state is carried from sample 0: no cheaper skip
+
+    def walk(n: int) -> Iterator[tuple[Sample, Path]]:
         previous: Sample = {}
-        for k, (sample, path) in enumerate(calib._read(n)):
+        for k, (sample, path) in enumerate(calib._read(n, 0)):
             if k >= len(carried):
                 if k == 0:
                     carried.append({inp: start[inp] if inp in start else sample[inp] for inp in pairs.values()})

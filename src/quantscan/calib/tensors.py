@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +58,8 @@ def load_tensors(
     shapes |= {name: tuple(a.shape) for name, a in consts.items()}
     ordered = {name: streams[name] for name in specs if name in streams}
 
-    def read(count: int) -> Iterator[tuple[Sample, Path]]:
-        return _read_streams(ordered, specs, count)
+    def read(count: int, start: int) -> Iterator[tuple[Sample, Path]]:
+        return islice(_read_streams(ordered, specs, count), start, None)
 
     return CalibSet(
         source=folder,
