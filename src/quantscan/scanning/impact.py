@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -28,6 +29,9 @@ from quantscan.calib import CalibSet
 from quantscan.records import Severity
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
+
+if TYPE_CHECKING:
+    from quantscan.runner import Runner
 
 SQNR_CAP_DB = 120.0
 """Cumulative drops are taken between capped figures: an exact (inf dB) input is not an infinite drop."""
@@ -109,6 +113,22 @@ def first_samples(cset: CalibSet, n: int) -> CalibSet:
     return replace(cset, n_samples=n) if 0 < n < cset.n_samples else cset
 
 
+def gains_here(ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
+               progress: ProgressFactory = no_progress, runner: Runner | None = None) -> dict[str, float]:
+    """gain_if_float of the candidates (node -> gain), in one gain-graph session in this process."""
+    # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
+    # run -> this module: a module-level import here would meet a half-initialised gain.
+    from quantscan.gain import MixedBuilder, compute_gain
+
+    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
+                          samples=samples, runner=runner)
+    return {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
+
+
+GainMeasure = Callable[[ScanContext, Sequence[str], CalibSet, ProgressFactory], dict[str, float]]
+"""How the candidates' gains get measured: `gains_here`, or split over the `--workers` processes."""
+
+
 def measure_impact(
     ctx: ScanContext,
     layers: pd.DataFrame,
@@ -117,12 +137,11 @@ def measure_impact(
     named: Iterable[str] = (),
     samples: int = DEFAULT_GAIN_SAMPLES,
     progress: ProgressFactory = no_progress,
+    measure: GainMeasure = gains_here,
 ) -> Impact:
     """gain_if_float of the candidates, in one gain-graph session over the first `samples` evaluation
-    samples (0: all)."""
-    # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
-    # run -> this module: a module-level import here would meet a half-initialised gain.
-    from quantscan.gain import GAIN_ORT_LEVEL, MixedBuilder, compute_gain
+    samples (0: all), or as `measure` shares them out."""
+    from quantscan.gain import GAIN_ORT_LEVEL
     from quantscan.runner import ORT_LEVEL_NAMES
 
     started = time.perf_counter()
@@ -132,9 +151,7 @@ def measure_impact(
     if not candidates:
         return Impact({}, [], 0.0)
     subset = first_samples(ctx.eval_set, samples)
-    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
-                          samples=subset)
-    gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
+    gains = measure(ctx, candidates, subset, progress)
     return Impact(gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
                   ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL])
 

@@ -34,12 +34,18 @@ from quantscan.scanning.budget import measured_peak_bytes
 from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
-from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
+from quantscan.scanning.impact import GainMeasure, Impact, gains_here, measure_impact, rank_by_gain
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import task_table
-from quantscan.scanning.workers import ShardedCalibration, evaluate_in_workers, process_pool, reopenable
+from quantscan.scanning.workers import (
+    ShardedCalibration,
+    ShardedGain,
+    evaluate_in_workers,
+    process_pool,
+    reopenable,
+)
 from quantscan.sites import Site
 
 TABLES = ("layers", "tensors", "ops", "channels")
@@ -194,7 +200,8 @@ def _measure(
     if ctx.compat is not None and ctx.profile is not None:
         tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
-    impact = rank_by_impact(ctx, tables, progress)
+    gains_by = ShardedGain(pool, worker_count(opts.workers)) if pool is not None else gains_here
+    impact = rank_by_impact(ctx, tables, progress, gains_by)
     times["impact"] = impact.seconds
     head = headline(evaluation)
     t0 = time.perf_counter()
@@ -231,11 +238,13 @@ def _measure(
     )
 
 
-def rank_by_impact(ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory) -> Impact:
-    """Measure the candidates' output gain, re-rank layers (and ops' best rank) by it and let the
-    inherited-error rule name the upstream site it measured as the cause, in place."""
+def rank_by_impact(ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory,
+                   measure: GainMeasure = gains_here) -> Impact:
+    """Measure the candidates' output gain (`measure`: here, or shared out over the workers), re-rank
+    layers (and ops' best rank) by it and let the inherited-error rule name the upstream site it
+    measured as the cause, in place."""
     impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, samples=ctx.opts.gain_samples,
-                            progress=progress)
+                            progress=progress, measure=measure)
     if impact.gains:
         tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
         tables["layers"] = with_inherited(tables["layers"], ctx.sites, ctx.plan, ctx.calib_stats,

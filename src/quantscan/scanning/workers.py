@@ -9,8 +9,11 @@ sums merge into what one process would have summed, up to float64 rounding of th
 Why this process takes a shard: it has onnxruntime imported and the samples open already, while a
 spawned process pays ~2 s importing onnxruntime and reopens the samples; on 2 cores one spawned
 process imports while this one loads and probes the model, where a second would take turns with both.
-Min/max ranges merge exactly too (min of minima), so pass 1 is sharded the same way. What stays here
-alone: loading, the probe, the plan (it sets the scales every shard must share), tables and writing.
+Min/max ranges merge exactly too (min of minima), so pass 1 is sharded the same way. The gain
+ranking's candidates are shared out instead of its few samples: each process builds a gain graph with
+its part of the branches only (session creation is most of that phase), and every branch is compared
+with the all-int8 model inside its own session, so each gain is the single-process figure. What stays
+here alone: loading, the probe, the plan (it sets the scales every shard must share), tables and writing.
 Shards are whole batches of the single-process run, so each batch, its sums and the hist.npz window
 (the first samples) are the same ones.
 """
@@ -22,7 +25,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +40,7 @@ from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
 from quantscan.scanning.calibrate import CalibStats, calibrate, merge_calib_stats
 from quantscan.scanning.evaluate import EvalSums, Evaluation, accumulate_evaluation, finish_evaluation
+from quantscan.scanning.impact import gains_here
 from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches, no_progress
 from quantscan.scanning.prepare import Probe, ScanContext
 from quantscan.sites import Site
@@ -265,3 +269,53 @@ def run_eval_shard(job: EvalShard, opened: CalibSet | None = None) -> ShardResul
     stats = runner.stats
     return ShardResult(sums, stats.sessions_created, stats.runs, stats.samples)
 
+
+
+@dataclass
+class GainShard:
+    """One worker's share of the gain ranking: its candidates, with the scan's context whose sample sets
+    are the gain's few samples, held in memory (`CalibSet.held`)."""
+
+    ctx: ScanContext
+    candidates: list[str]
+    threads: int
+
+
+class ShardedGain:
+    """`impact.GainMeasure` over the pool: candidates dealt out in graph order (a branch from an early
+    site re-runs most of the network, one near the output almost nothing, so each part gets both)."""
+
+    def __init__(self, pool: Executor, workers: int) -> None:
+        self.pool, self.workers = pool, workers
+
+    def __call__(self, ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
+                 progress: ProgressFactory = no_progress) -> dict[str, float]:
+        parts = deal_in_graph_order(candidates, [s.node for s in ctx.sites], self.workers)
+        threads = threads_per_worker(ctx.opts.threads, len(parts))
+        held = samples.held() if len(parts) > 1 else samples
+        remote = replace(ctx, cset=held, eval_set=held)
+        jobs = [GainShard(remote, part, threads) for part in parts]
+        results = run_sharded(self.pool, jobs, run_gain_shard,
+                              lambda job: run_gain_shard(GainShard(ctx, job.candidates, threads), samples, progress))
+        gains: dict[str, float] = {}
+        for part, sessions, runs in results:
+            gains.update(part)
+            ctx.runner.stats.sessions_created += sessions
+            ctx.runner.stats.runs += runs
+        return gains
+
+
+def deal_in_graph_order(candidates: Sequence[str], order: Sequence[str], parts: int) -> list[list[str]]:
+    """The candidates sorted by graph position and dealt round-robin into at most `parts` non-empty lists."""
+    position = {node: k for k, node in enumerate(order)}
+    ranked = sorted(candidates, key=lambda node: position.get(node, len(position)))
+    return [ranked[k::parts] for k in range(min(parts, len(ranked)))]
+
+
+def run_gain_shard(job: GainShard, samples: CalibSet | None = None,
+                   progress: ProgressFactory = no_progress) -> tuple[dict[str, float], int, int]:
+    """This part's gains, from this process' own gain session over `samples` (default: the job's)."""
+    runner = Runner(threads=job.threads, opt_level=job.ctx.runner.opt_level)
+    gains = gains_here(job.ctx, job.candidates, samples if samples is not None else job.ctx.eval_set, progress,
+                       runner)
+    return gains, runner.stats.sessions_created, runner.stats.runs
