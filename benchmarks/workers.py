@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -50,18 +51,25 @@ PHASES = ("calibration", "evaluation", "impact")
 """run.json phases shown beside the wall time: the two the workers split, and the gain ranking (not split)."""
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every finished child process so far, theirs included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed_scan(model: Path, calib: Path, workers: int, limit: int, out: Path,
                source: str | None = None) -> tuple[float, ...]:
-    """(wall seconds of the CLI process, then the PHASES' seconds from run.json); `source`: the quantscan
-    sources to run (PYTHONPATH), default this environment's."""
+    """(wall seconds of the CLI process, the PHASES' seconds from run.json, then the CPU seconds of the
+    CLI process and its workers); `source`: the quantscan sources to run (PYTHONPATH), default this
+    environment's. CPU time is the load-robust part: what sharding adds in imports and sessions."""
     cmd = [sys.executable, "-m", "quantscan", "scan", str(model), "--calib", str(calib), "--out", str(out),
            "--limit", str(limit), "--workers", str(workers), "--no-report", "--quiet"]
     env = dict(os.environ, PYTHONPATH=source) if source else None
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), children_cpu()
     subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     times = json.loads((out / "run.json").read_text())["times_s"]
-    return (wall, *(float(times.get(phase, 0.0)) for phase in PHASES))
+    return (wall, *(float(times.get(phase, 0.0)) for phase in PHASES), cpu)
 
 
 def main() -> None:
@@ -74,7 +82,7 @@ def main() -> None:
     model = ASSETS / "models" / f"{args.model}.onnx"
     with tempfile.TemporaryDirectory() as tmp:
         calib = repeated_images(ASSETS / "calib" / args.model, Path(tmp) / "calib", max(args.sizes))
-        columns = ("wall", *PHASES)
+        columns = ("wall", *PHASES, "cpu")
         before = " | wall 2w before (s) | 2w before/after" if args.before else ""
         print(f"{args.model}, best of {args.repeats}, load average {load_average()} at the start")
         print("| samples | " + " | ".join(f"{c} 1w / 2w (s)" for c in columns) + " | " +
