@@ -101,6 +101,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         f"({info.options.get('activations_source', 'default')}), "
         "weights int8 per output channel (symmetric), bias int32",
         *_float16_lines(info.options),
+        *_preprocessing_lines(info.preprocessing),
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
                                 else f"`{info.evaluation.path}` ({info.evaluation.samples} samples)"),
         f"- analysis sessions: onnxruntime {info.ort_level} (QDQ kept as float fake-quant)",
@@ -214,6 +215,42 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
             where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"
             lines.append(f"- {where} (index {w['index']}): `{w['output']}` cosine {_fmt(float(w['cosine']), 5)}")
     return [*lines, ""]
+
+
+def _preprocessing_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per input saying how the calibration numbers were made, so the deployment can be
+    checked against it (run.json `preprocessing` holds the full record)."""
+    lines = []
+    for name, entry in record.items():
+        line = f"- preprocessing of `{name}`: {preprocessing_text(entry)}"
+        evaluation = entry.get("evaluation")
+        if isinstance(evaluation, Mapping):
+            line += f"; evaluation set: {preprocessing_text(evaluation)}"
+        lines.append(line)
+    return lines
+
+
+def preprocessing_text(entry: Mapping[str, Any]) -> str:
+    """A preprocessing record (calib: contract_record and the tensor/const records) in one phrase."""
+    kind = entry.get("kind")
+    if kind == "const":
+        return f"a constant (`--const`) of shape {entry.get('value_shape')}"
+    if kind != "images":
+        return f"arrays fed as stored ({entry.get('dtype')}, sample shape {entry.get('sample_shape')})"
+    size = entry.get("size") or {}
+    text = (f"{entry.get('channel_order')} images, resize `{entry.get('resize')}` ({entry.get('interpolation')}) "
+            f"to {size.get('height')}×{size.get('width')}, ×{_fmt(entry.get('scale'))} − mean "
+            f"{_numbers(entry.get('mean'))} ÷ std {_numbers(entry.get('std'))}, {entry.get('layout')} "
+            f"{entry.get('dtype')}")
+    change = float(entry.get("max_aspect_change") or 1.0)
+    if change > 1.0:
+        text += (f"; {entry.get('distinct_source_sizes')} source size(s), aspect ratio changed up to "
+                 f"{_fmt(change, 3)}×")
+    return text
+
+
+def _numbers(values: Any) -> str:
+    return "[" + ", ".join(_fmt(float(v)) for v in (values or [])) + "]"
 
 
 def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
