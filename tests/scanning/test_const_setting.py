@@ -142,3 +142,18 @@ def test_an_if_no_const_decides_stays_float_and_bisect_refuses(tmp_path: Path) -
     assert "If" in warning and "--freeze-input" in warning
     with pytest.raises(UsageError, match=r"not analysed.*If.*--freeze-input"):
         run_bisect(model, calib, target_cosine=0.99)
+
+
+def test_a_state_input_is_never_frozen(tmp_path: Path) -> None:
+    """`--state` carries an input from sample to sample: its const is the first sample's value only, so
+    even when it decides an If it stays an input."""
+    from quantscan.scanning.settings import fold_setting_consts
+
+    model, _ = _setup(tmp_path)
+    loaded = load_model(model)
+    kept = fold_setting_consts(loaded, {"sr": 16000}, {"x": (1, 8)}, carried=["sr"])
+    assert kept.frozen == {} and kept.loaded is loaded
+    folded = fold_setting_consts(loaded, {"sr": 16000}, {"x": (1, 8)})
+    assert folded.frozen == {"sr": 16000.0} and "sr" not in folded.dims
+    assert [n.op_type for n in folded.loaded.proto.graph.node] == ["MatMul", "Relu"]
+    assert [i.name for i in folded.loaded.inputs] == ["x", "sr"]  # the user's input contract

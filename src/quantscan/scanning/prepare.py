@@ -279,7 +279,7 @@ def prepare_timed(
     if opts.state and fixed_batch is None and any(s.shape and not isinstance(s.shape[0], int) for s in loaded.inputs):
         # a stateful set feeds one sample at a time: the batch is 1 (and shapes can fold, settings.py)
         dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, ["batch=1"])
-    settings = fold_setting_consts(loaded, opts.const, dims)  # --const on an If's setting: freeze-input's graph
+    settings = fold_setting_consts(loaded, opts.const, dims, opts.state.values())  # freeze-input's graph
     loaded, dims = settings.loaded, settings.dims
     cset, eval_set = unfed(cset, eval_set, settings.frozen)
     warnings.extend(w for w in [settings.warning] if w)

@@ -17,7 +17,7 @@ const array is still fed and onnxruntime's sessions drop it), only `proto` is th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from quantscan.calib.calibset import CalibSet
@@ -41,16 +41,19 @@ class FoldedSettings:
 
 
 def fold_setting_consts(
-    loaded: LoadedModel, consts: Mapping[str, float], dims: Mapping[str, tuple[Dim, ...]]
+    loaded: LoadedModel, consts: Mapping[str, float], dims: Mapping[str, tuple[Dim, ...]],
+    carried: Iterable[str] = (),
 ) -> FoldedSettings:
     """Freeze the `--const` inputs that decide an If and fold what they decide (rewrites.freeze_input).
+
+    `carried` are the `--state` inputs: their const is only the first sample's value, never frozen.
 
     `dims` are the input dims the scan runs (the data's, `--input-shape`): written on the inputs first,
     as `rewrite --fix-dim` would, so the Ifs nested in the branch taken that test a shape (silero's
     decoder squeezes a time axis of 1, its LSTM tests the state's size) fold as well, and the LSTM inside
     them becomes a top-level node the scan quantizes.
     """
-    names = setting_inputs(loaded, consts)
+    names = [n for n in setting_inputs(loaded, consts) if n not in set(carried)]
     if not names:
         return FoldedSettings(loaded, dict(dims), {}, None)
     frozen = {name: float(consts[name]) for name in names}
