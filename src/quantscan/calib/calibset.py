@@ -6,7 +6,7 @@ inputs may be stacked on axis 0, which consts pass once) is the same whatever th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -48,6 +48,16 @@ class CalibSet:
         """One sample at a time (batch dim 1), every model input present, in file order."""
         for sample, _ in self._samples_with_files():
             yield sample
+
+    def without_consts(self, names: Iterable[str]) -> CalibSet:
+        """The same samples without these `--const` inputs: a scan that froze them into the graph
+        (scanning.settings) must not feed them to a model that no longer takes them."""
+        gone = set(names)
+        return replace(
+            self, _shapes={k: v for k, v in self._shapes.items() if k not in gone},
+            _batched={k: v for k, v in self._batched.items() if k not in gone},
+            _consts={k: v for k, v in self._consts.items() if k not in gone},
+        )
 
     def shard(self, start: int, stop: int) -> CalibSet:
         """Samples [start, stop) as a set of their own (a `--workers` shard), labels and files alike.

@@ -38,6 +38,7 @@ from quantscan.scanning.ort_recipe import (
     quantize_static_call,
     recipe_sites,
 )
+from quantscan.scanning.settings import fold_setting_consts, unfed
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
 from quantscan.specs import Dim, InputSpec
 
@@ -273,8 +274,15 @@ def prepare_timed(
     ensure_float_model(loaded)
     cset, eval_set = _sample_sets(loaded, calib, opts)
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
-    dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, opts.const)
+    dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, state_consts(opts.state, opts.const))
     dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
+    if opts.state and fixed_batch is None and any(s.shape and not isinstance(s.shape[0], int) for s in loaded.inputs):
+        # a stateful set feeds one sample at a time: the batch is 1 (and shapes can fold, settings.py)
+        dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, ["batch=1"])
+    settings = fold_setting_consts(loaded, opts.const, dims, opts.state.values())  # freeze-input's graph
+    loaded, dims = settings.loaded, settings.dims
+    cset, eval_set = unfed(cset, eval_set, settings.frozen)
+    warnings.extend(w for w in [settings.warning] if w)
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
     compat, profile_name = None, None
