@@ -8,7 +8,7 @@ the other also has, placement mismatches (unexplained/explained), and the time o
 Spearman is given per quantscan site first (the headline) and per vendor layer after it: RKNN reports
 one site as several layers (a Gemm's `out0_mm`, then its Reshape `out0_int8` and DataConvert `out0`)
 that repeat one quantscan figure against the copies' ~1.0, ties that rank correlation counts as
-disagreement (MTCNN ONet: 0.72 over 12 layers, 1.00 over its 7 sites; see `align.by_site`).
+disagreement (MTCNN ONet: 0.71 over 13 layers, 0.98 over its 8 sites; see `align.by_site`).
 Goals (issue 12): |delta output cosine| <= 0.01, Spearman >= 0.9, zero unexplained mismatches.
 
 Run: python benchmarks/vendor.py --python /path/to/venv-rknn/bin/python [--target rk3588]
