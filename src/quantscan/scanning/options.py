@@ -91,6 +91,9 @@ class ScanOptions:
     cpu_nodes: frozenset[str] = frozenset()
     float16_nodes: frozenset[str] = frozenset()
     """Set by the profile: nodes its toolkit runs in float16 (`[float16] ops`), kept float, not int8 sites."""
+    consumer_range_ops: frozenset[str] = frozenset()
+    """Set by the profile (`[consumer_range] ops`): a kernel whose output only feeds these pass-through ops
+    takes the range at their output (scanning/prepare.py consumer_range_origins)."""
     recipe: str = "kernels"
     """Set by the profile: "kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     quiet: bool = False
