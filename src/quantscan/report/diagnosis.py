@@ -20,6 +20,8 @@ import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics
 
+WHOLE_SET_COLUMN = "gain_if_float_whole_set"
+"""layers.csv column: rank 1's gain re-measured on every evaluation sample (scanning.impact writes it)."""
 DEPLOYED_GAP = 0.01
 """Fake-quant and deployed (ORT_ENABLE_ALL) output cosine further apart than this are flagged."""
 CLOSE_COSINE = 0.999
@@ -51,11 +53,17 @@ def _signed(value: float) -> str:
     return f"{value:+.4g}"
 
 
-def rank_doc_gain(measured: int, sites: int, candidates: int, samples: int = 0, evaluation: int = 0) -> str:
+def rank_doc_gain(
+    measured: int, sites: int, candidates: int, samples: int = 0, evaluation: int = 0,
+    indices: Sequence[int] = (),
+) -> str:
     """How `rank` is computed when the output gain was measured (summary.md's 'How rank is computed')."""
-    on = (f" on the first {samples} of the {evaluation} evaluation samples (`--gain-samples N` sets how many, "
-          "0 all: each measured site re-runs everything downstream of it, so the gain costs tens of network "
-          "passes per sample, and the order it gives is settled on a few samples)"
+    which = f" (indices {', '.join(str(i) for i in indices)})" if indices else ""
+    on = (f" on the {samples} of the {evaluation} evaluation samples with the lowest all-int8 output cosine"
+          f"{which}, where keeping a site float shows most (`--gain-samples N` sets how many, 0 all: each "
+          "measured site re-runs everything downstream of it, so the gain costs tens of network passes per "
+          "sample). The expected output cosine the diagnosis gives for its first site is re-measured on all "
+          f"{evaluation} samples (`{WHOLE_SET_COLUMN}` in layers.csv)"
           if 0 < samples < evaluation else "")
     return (
         f"`rank` orders sites by what keeping each one float does to the model output: `gain_if_float` "
@@ -87,14 +95,23 @@ def _fix(row: Mapping[str, Any], cosine: float) -> str:
         if isinstance(text, str) and text.strip():
             return text.strip()
     node = f"`{row['node']}`"
-    gain = _num(row.get("gain_if_float"))
-    expected = f" (expected output cosine {_g(cosine + gain, 5)}, {_signed(gain)}, measured)" if math.isfinite(
+    gain, on = _promised_gain(row)
+    expected = f" (expected output cosine {_g(cosine + gain, 5)}, {_signed(gain)}, measured{on})" if math.isfinite(
         gain) else ""
     worst_ch, spread = _num(row.get("act_worst_channel_sqnr_db")), _num(row.get("act_channel_range_spread"))
     if worst_ch < 12 and spread > 10:
         return (f"its activation channels span {_g(spread, 3)}x under one per-tensor scale: equalize the "
                 f"channel ranges (cross-layer equalization) or keep {node} int16{expected}")
     return f"keep {node} float (or int16){expected}; `quantscan bisect` finds the fewest such sites"
+
+
+def _promised_gain(row: Mapping[str, Any]) -> tuple[float, str]:
+    """The gain to promise for this site, and on which samples: the whole-set re-measurement when there is
+    one (the figure the all-int8 cosine beside it is measured on), else the ranking's own figure."""
+    whole = _num(row.get(WHOLE_SET_COLUMN))
+    if math.isfinite(whole):
+        return whole, " on every evaluation sample"
+    return _num(row.get("gain_if_float")), ""
 
 
 def _deployed_gap(head: Headline, sites: Sequence[Mapping[str, Any]] = ()) -> list[str]:
@@ -199,9 +216,10 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[
             "- **First thing to try**: a better calibration method (`--calib-method percentile` or `entropy`), "
             "then `quantscan bisect` to find the fewest sites to keep float together.",
         ]
+    promised, on = _promised_gain(top)
     lines = [
         f"- **Where**: `{top['node']}` ({top['kernel']}): keeping it float takes the output cosine from "
-        f"{_g(cosine, 5)} to {_g(cosine + gain, 5)} ({_signed(gain)}, measured).",
+        f"{_g(cosine, 5)} to {_g(cosine + promised, 5)} ({_signed(promised)}, measured{on}).",
         _why_measured(top),
         f"- **First thing to try**: {_fix(top, cosine)}.",
     ]
@@ -211,7 +229,8 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[
         if math.isfinite(g) and g >= NOTABLE_GAIN:
             nexts.append(f"`{r['node']}` ({r['kernel']}, {_signed(g)})")
     if nexts:
-        lines.append("- **Next**: " + ", ".join(nexts) + " (output cosine gain of keeping each float alone).")
+        ranked_on = " on the gain samples" if math.isfinite(_num(top.get(WHOLE_SET_COLUMN))) else ""
+        lines.append(f"- **Next**: {', '.join(nexts)} (output cosine gain of keeping each float alone{ranked_on}).")
     return lines
 
 

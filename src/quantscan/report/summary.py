@@ -158,7 +158,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     measured = int(info.options.get("gain_measured") or 0)
     if measured:
         rank_doc = rank_doc_gain(measured, info.sites, int(info.options.get("gain_candidates") or 0),
-                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples)
+                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples,
+                                 list(info.options.get("gain_sample_indices") or []))
     lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
