@@ -8,7 +8,13 @@ seconds (this process, every onnxruntime thread included) are the figure to read
 machine: wall seconds move with other people's load, CPU seconds much less. Run with `--threads 1`
 (the default here) so onnxruntime's spinning worker threads do not count as work.
 
-The second table is the closing note of issue 10: summary.md's top 3 before (no measured gain, the
+The agreement table (`--reference`, on by default) checks what measuring on few samples costs in
+ranking: one more scan measures the same candidates on ALL evaluation samples (`gain_samples=0`, the
+reference ordering), and the top 3 by `gain_if_float` on the default gain samples (the lowest-cosine
+ones) is compared with the reference's top 3: how many of the three agree, and where the reference's
+#1 lands. Its CPU time is the cost of measuring on every sample.
+
+The last table is the closing note of issue 10: summary.md's top 3 before (no measured gain, the
 isolated-error order) and after (ranked by measured gain), and the first thing summary.md tells
 the user to try. Nothing is asserted.
 
@@ -67,6 +73,33 @@ def measure(name: str, limit: int | None, repeats: int, threads: int) -> dict[st
     return {"best": best, **results}
 
 
+def _by_gain(layers: Any) -> list[tuple[str, float]]:
+    """Measured sites, largest gain first (graph order breaks ties, as rank does)."""
+    measured = layers.dropna(subset=["gain_if_float"])
+    rows = sorted(measured.to_dict("records"), key=lambda r: (-float(r["gain_if_float"]), int(r["order"])))
+    return [(str(r["node"]), float(r["gain_if_float"])) for r in rows]
+
+
+def agreement_row(name: str, m: dict[str, Any], ref: Any, ref_cpu: float) -> list[str]:
+    """Top 3 by gain on the gain samples vs on all evaluation samples; a tie at the reference's third
+    figure counts as agreement (a saturated classifier where every gain is 0 agrees trivially)."""
+    mine, theirs = _by_gain(m["on"].layers), _by_gain(ref.layers)
+    top, ref_top = [n for n, _ in mine[:3]], [n for n, _ in theirs[:3]]
+    cut = theirs[min(2, len(theirs) - 1)][1] if theirs else 0.0
+    ref_gain = dict(theirs)
+    agree = sum(1 for n in top if n in ref_top or ref_gain.get(n, -1.0) >= cut - 1e-9)
+    where = [n for n, _ in mine].index(ref_top[0]) + 1 if ref_top and ref_top[0] in dict(mine) else 0
+    options = m["on"].run_info.options
+    whole = m["on"].layers.get("gain_if_float_whole_set")
+    whole_1 = float(whole.iloc[0]) if whole is not None else float("nan")
+    off_cpu = m["best"]["off"][0]
+    return [name, str(options.get("gain_samples")), str(options.get("gain_sample_indices")),
+            ", ".join(f"`{n}` ({g:+.2g})" for n, g in mine[:3]),
+            ", ".join(f"`{n}` ({g:+.2g})" for n, g in theirs[:3]), f"{agree}/3", f"#{where}" if where else "–",
+            f"{whole_1:+.2g} / {ref_gain.get(top[0], float('nan')):+.2g}" if top else "–",
+            f"{100 * (ref_cpu - off_cpu) / off_cpu:+.0f}%"]
+
+
 def time_row(name: str, limit: int | None, m: dict[str, Any]) -> list[str]:
     (off_cpu, off_wall, _), (on_cpu, on_wall, impact) = m["best"]["off"], m["best"]["on"]
     on = m["on"]
@@ -109,10 +142,13 @@ def main() -> None:
                         help="sample counts: 'default' (the whole calibration set) and/or numbers")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-reference", dest="reference", action="store_false",
+                        help="skip the scan on all evaluation samples (the agreement table)")
     args = parser.parse_args()
     limits = [None if x == "default" else int(x) for x in args.limits]
     times: dict[int | None, list[list[str]]] = {limit: [] for limit in limits}
-    ranks = []
+    ranks: list[list[str]] = []
+    agreements: list[list[str]] = []
     for name in args.models:
         for limit in limits:
             m = measure(name, limit, args.repeats, args.threads)
@@ -121,6 +157,12 @@ def main() -> None:
             if limit == limits[0]:
                 ranks.append(rank_row(name, m))
                 print("rank | " + " | ".join(ranks[-1]), file=sys.stderr, flush=True)
+                if args.reference:
+                    c0 = time.process_time()
+                    ref = quantscan.scan(ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name,
+                                         limit=limit, threads=args.threads, gain_samples=0, **MODELS[name])
+                    agreements.append(agreement_row(name, m, ref, time.process_time() - c0))
+                    print("agree | " + " | ".join(agreements[-1]) + f" | {cpu_note()}", file=sys.stderr, flush=True)
     print(f"scan time without and with the output-gain measurement ({code_state(REPO)}; {cpu_note()}; "
           f"threads {args.threads}; fastest of {args.repeats} after a warm-up)")
     for limit in limits:
@@ -128,6 +170,11 @@ def main() -> None:
         print(markdown_table(
             ["model", "samples", "gain samples", "sites", "measured", "CPU s off", "CPU s on", "CPU added",
              "wall s off", "wall s on", "wall added", "impact wall s"], times[limit]))
+    if agreements:
+        print(f"\ntop 3 by gain on the gain samples vs on all evaluation samples ({cpu_note()})\n")
+        print(markdown_table(["model", "gain samples", "which", "top 3 (gain samples)", "top 3 (all samples)",
+                              "agree", "ref #1 at", "#1's gain: whole-set re-measure / all-samples scan",
+                              "CPU added, all samples"], agreements))
     print(f"\nsummary.md before (--no-gain) and after (default), samples: "
           f"{'whole calibration set' if limits[0] is None else limits[0]}\n")
     print(markdown_table(["model", "all-int8 cosine", "top 3 before", "top 3 after (measured gain)",
