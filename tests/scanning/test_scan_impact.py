@@ -94,16 +94,14 @@ def test_ranks_follow_the_measured_gains(chain: tuple[Path, Path]) -> None:
     assert list(layers["rank"]) == list(range(1, len(layers) + 1))
 
 
-def _per_sample_cosines(fp32: onnx.ModelProto, qdq: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+def _outputs(fp32: onnx.ModelProto, qdq: onnx.ModelProto, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The oracle for "which samples int8 hurts most": onnx's ReferenceEvaluator runs the FP32 model and
-    the scan's all-int8 QDQ model, and each sample's output cosine is written out in numpy."""
+    the scan's all-int8 QDQ model; cosines are then written out in numpy."""
     def run(model: onnx.ModelProto) -> np.ndarray:
         raised = onnx.version_converter.convert_version(model, 21)  # the evaluator's QDQ kernels start at 19
         return np.asarray(ReferenceEvaluator(raised).run(None, {"x": x})[0], dtype=np.float64)
 
-    ref, test = run(fp32), run(qdq)
-    dot = np.sum(ref * test, axis=1)
-    return dot / (np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1))
+    return run(fp32), run(qdq)
 
 
 def test_gain_is_measured_on_the_lowest_cosine_samples(chain: tuple[Path, Path], tmp_path: Path) -> None:
@@ -114,7 +112,8 @@ def test_gain_is_measured_on_the_lowest_cosine_samples(chain: tuple[Path, Path],
     x = np.load(calib / "x.npy")
     k = 5
     capped = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=k)
-    cosines = _per_sample_cosines(onnx.load(model), capped.qdq_model, x)
+    ref, test = _outputs(onnx.load(model), capped.qdq_model, x)
+    cosines = np.sum(ref * test, axis=1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1))
     order = np.argsort(cosines, kind="stable")
     assert cosines[order[k]] - cosines[order[k - 1]] > 1e-6  # the choice is not decided by rounding
     expected = sorted(int(i) for i in order[:k])
@@ -129,10 +128,14 @@ def test_gain_is_measured_on_the_lowest_cosine_samples(chain: tuple[Path, Path],
     theirs = oracle.layers.set_index("node")["gain_if_float"]
     assert len(theirs) == len(mine)
     assert max(abs(mine[n] - theirs[n]) for n in theirs.index) < 1e-9
+    on_them = np.sum(ref[expected] * test[expected]) / (np.linalg.norm(ref[expected]) * np.linalg.norm(test[expected]))
+    assert capped.run_info.options["gain_samples_cosine"] == pytest.approx(on_them, abs=1e-5)
+    assert WHOLE_SET_COLUMN not in capped.layers.columns  # the whole-set re-measure is opt-in (its cost)
     whole = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0).layers.set_index("node")
-    top = str(capped.layers["node"].iloc[0])
-    assert capped.layers[WHOLE_SET_COLUMN].iloc[0] == pytest.approx(whole.loc[top, "gain_if_float"], abs=1e-9)
-    assert capped.layers[WHOLE_SET_COLUMN].iloc[1:].isna().all()
+    again = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=k, gain_whole_set=True)
+    top = str(again.layers["node"].iloc[0])
+    assert again.layers[WHOLE_SET_COLUMN].iloc[0] == pytest.approx(whole.loc[top, "gain_if_float"], abs=1e-9)
+    assert again.layers[WHOLE_SET_COLUMN].iloc[1:].isna().all()
     assert WHOLE_SET_COLUMN not in whole.columns  # all samples measured: nothing to re-measure
 
 
@@ -218,6 +221,7 @@ def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
             f"samples with the lowest all-int8 output cosine (indices {indices})") in summary
     top = layers.iloc[0]
     assert f"**Where**: `{top['node']}`" in summary
+    assert "on the 4 of 24 evaluation samples with the lowest all-int8 output cosine, where it is" in summary
     off = tmp_path / "off"
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--quiet", "--no-report",
                  "--no-gain"]) == 0

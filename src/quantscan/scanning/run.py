@@ -208,6 +208,8 @@ def _measure(
     info.options["gain_measured"] = len(impact.gains)
     info.options["gain_samples"] = impact.samples
     info.options["gain_sample_indices"] = list(impact.sample_indices)
+    if impact.sample_indices:
+        info.options["gain_samples_cosine"] = impact.base
     if impact.ort_level:
         info.options["gain_ort_level"] = impact.ort_level
     info.memory = memory_record(ctx)
@@ -244,7 +246,7 @@ def rank_by_impact(
                             sample_order=sample_order, progress=progress)
     if impact.gains:
         tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
-        if impact.sample_indices:
+        if impact.sample_indices and ctx.opts.gain_whole_set:
             tables["layers"] = with_whole_set_gain(ctx, tables["layers"], progress)
         tables["layers"] = with_inherited(tables["layers"], ctx.sites, ctx.plan, ctx.calib_stats,
                                           GraphIndex(ctx.prepared.proto.graph), impact.gains)
