@@ -127,7 +127,8 @@ def gain_sample_indices(order: Sequence[int], n_samples: int, k: int) -> list[in
     if k <= 0 or k >= n_samples:
         return []
     listed = [i for i in order if 0 <= i < n_samples]
-    unlisted = [i for i in range(n_samples) if i not in set(listed)]
+    seen = set(listed)
+    unlisted = [i for i in range(n_samples) if i not in seen]
     return sorted(list(dict.fromkeys([*listed, *unlisted]))[:k])
 
 
@@ -202,8 +203,6 @@ def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
     layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
     layers["rank"] = layers["rank"].astype(int)
     return layers.sort_values("rank").reset_index(drop=True)
-
-
 
 
 def with_whole_set_gain(

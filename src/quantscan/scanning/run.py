@@ -239,8 +239,9 @@ def rank_by_impact(
     ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory, sample_order: Sequence[int] = ()
 ) -> Impact:
     """Measure the candidates' output gain (on the lowest-cosine samples of `sample_order`), re-rank layers
-    (and ops' best rank) by it, re-measure rank 1 on the whole evaluation set when the gains were taken on
-    fewer samples, and let the inherited-error rule name the upstream site it measured as the cause, in place."""
+    (and ops' best rank) by it, re-measure rank 1 on the whole evaluation set when asked (`gain_whole_set`)
+    and the gains were taken on fewer samples, and let the inherited-error rule name the upstream site it
+    measured as the cause, in place."""
     started = time.perf_counter()
     impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, samples=ctx.opts.gain_samples,
                             sample_order=sample_order, progress=progress)
