@@ -78,6 +78,28 @@ class CalibSet:
             files=self.files[start:stop] if one_per_sample else list(self.files), _read=sharded,
         )
 
+    def select(self, indices: Iterable[int]) -> CalibSet:
+        """The samples at `indices` (in file order, each once) as a set of their own, labels and files alike.
+
+        Why: the scan measures output gain on the evaluation samples that carry the most error, wherever
+        they sit in the set. Samples before the last one chosen are read and dropped, as in `shard`.
+        """
+        chosen = sorted(set(indices))
+        if chosen and not 0 <= chosen[0] <= chosen[-1] < self.n_samples:
+            raise UsageError(f"expected sample indices within 0..{self.n_samples - 1}, found {chosen}")
+        read, wanted = self._read, set(chosen)
+        stop = chosen[-1] + 1 if chosen else 0
+
+        def selected(n: int) -> Iterator[tuple[Sample, Path]]:
+            picked = (item for i, item in enumerate(read(stop)) if i in wanted)
+            return islice(picked, n)
+
+        one_per_sample = len(self.files) == self.n_samples
+        return replace(
+            self, n_samples=len(chosen), labels=[self.labels[i] for i in chosen] if self.labels else self.labels,
+            files=[self.files[i] for i in chosen] if one_per_sample else list(self.files), _read=selected,
+        )
+
     def batches(self, batch_size: int) -> Iterator[Sample]:
         """Consecutive samples concatenated on axis 0; the last batch may be smaller.
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
-from quantscan.report.diagnosis import diagnosis_lines, rank_doc_gain
+from quantscan.report.diagnosis import GainSamples, diagnosis_lines, rank_doc_gain
 
 
 class _Model(Protocol):
@@ -85,6 +85,14 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def gain_basis(options: Mapping[str, Any], evaluation: int) -> GainSamples | None:
+    """The samples the output gain was measured on, when fewer than the evaluation set (run.json options)."""
+    count, cosine = int(options.get("gain_samples") or 0), options.get("gain_samples_cosine")
+    if not 0 < count < evaluation or cosine is None:
+        return None
+    return GainSamples(count, evaluation, float(cosine))
+
+
 def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = None) -> str:
     """summary.md's text: the diagnosis (with `plan`, a bisect plan.json's content, when one is in the
     run folder), setup, output metrics, headline, top sites, causes, the profile, the docs."""
@@ -93,7 +101,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     lines = [
         f"# quantscan: {result.model.path.name}",
         "",
-        *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites),
+        *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites,
+                         gain_basis(info.options, info.evaluation.samples)),
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
@@ -159,7 +168,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     measured = int(info.options.get("gain_measured") or 0)
     if measured:
         rank_doc = rank_doc_gain(measured, info.sites, int(info.options.get("gain_candidates") or 0),
-                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples)
+                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples,
+                                 list(info.options.get("gain_sample_indices") or []))
     lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
