@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--no-gain", action="store_true", help="skip the output-gain measurement (= --gain-candidates 0)")
     scan.add_argument("--gain-samples", type=int, default=None, metavar="N",
                       help="evaluation samples the output gain is measured on: those with the lowest all-int8 output "
-                           "cosine (default 4; 0: all)")
+                           "cosine (default 8; 0: all)")
     scan.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                       help="measure in N local processes over disjoint samples, merged exactly (capped by the CPUs)")
     check = sub.add_parser("check", help="structural compatibility with chip profiles")
