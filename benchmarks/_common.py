@@ -147,11 +147,14 @@ def _scan_job(spec: dict[str, Any]) -> dict[str, Any]:
     import quantscan
 
     options = {k: spec[k] for k in ("threads", "batch_size", "max_memory", "limit") if spec.get(k)}
+    cpu = time.process_time()
     result = quantscan.scan(spec["model"], spec["calib"], out=spec["out"], **options)
+    cpu = time.process_time() - cpu
     info = result.run_info
     gain = {k: info.options.get(k) for k in ("gain_measured", "gain_samples", "gain_ort_level")}
     return {"times_s": info.times_s, "sites": len(result.sites), "warnings": len(result.warnings),
-            "memory": info.memory, "samples": info.evaluation.samples, "gain": gain}
+            "memory": info.memory, "samples": info.evaluation.samples, "gain": gain,
+            "cpu_s": round(cpu, 3)}
 
 
 def _fp32_job(spec: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +162,8 @@ def _fp32_job(spec: dict[str, Any]) -> dict[str, Any]:
     the peak the memory benchmark divides by. With `timed_budget_s`, the passes are then repeated on
     batches already in memory (up to `timed_repeats`, within that budget) and their seconds returned,
     with the peak as it was after the first, file-reading pass (`fp32_peak_mb`): the time floor and
-    the memory floor come from one session."""
+    the memory floor come from one session. `pass_cpu_s` is the CPU seconds of a pass (this process,
+    every thread, the in-memory batches built once included), the figure that moves least with load."""
     import numpy as np
     import onnxruntime as ort
 
@@ -175,8 +179,10 @@ def _fp32_job(spec: dict[str, Any]) -> dict[str, Any]:
         session.run(None, {k: np.concatenate([s[k] for s in loaded]) for k in loaded[0]})
     result: dict[str, Any] = {"samples": len(samples), "fp32_peak_mb": round(peak_rss_mb(), 1)}
     if spec.get("timed_budget_s"):
+        cpu = time.process_time()
         result["pass_s"] = _timed_fp32(session, samples, batch, float(spec["timed_budget_s"]),
                                        int(spec.get("timed_repeats", 3)))
+        result["pass_cpu_s"] = round((time.process_time() - cpu) / len(result["pass_s"]), 4)
     return result
 
 

@@ -10,6 +10,8 @@ Columns, and the goal printed beside each:
   samples (median of up to 3 passes, arrays in memory); goal ≤ 8x at 256 samples.
 - marginal ÷ FP32: (wall at 256 − wall at 32) / 224 ÷ FP32 seconds per sample (from the 256 row's
   floor); goal ≤ 6x.
+- the same two in CPU seconds (the scan call's process CPU time ÷ one FP32 pass's, every thread
+  counted in both): on a shared machine wall seconds move with other people's load, CPU much less.
 - peak ÷ FP32 peak: the scan child's VmHWM ÷ the FP32 child's VmHWM after its file-reading pass;
   goal ≤ 3x FP32 + 1 GB.
 - batch / segments: run.json `memory` (the plan the budget chose).
@@ -81,6 +83,16 @@ class Row:
     @property
     def wall_s(self) -> float | None:
         return self.scan.get("times_s", {}).get("total") if self.scan_error is None else None
+
+    @property
+    def cpu_s(self) -> float | None:
+        """CPU seconds of the scan call (every thread of its process)."""
+        return self.scan.get("cpu_s") if self.scan_error is None else None
+
+    @property
+    def fp32_cpu_s(self) -> float | None:
+        """CPU seconds of one FP32 pass over the same samples."""
+        return self.fp32.get("pass_cpu_s")
 
 
 # --- workloads ------------------------------------------------------------------------------------
@@ -179,12 +191,16 @@ def _ratio(value: float | None, floor: float | None, goal: float | None = None) 
     return f"{r:.1f}x" + ("" if goal is None else (" ok" if r <= goal else " NO"))
 
 
-def marginal(small: Row | None, large: Row) -> float | None:
-    """Scan seconds per extra sample between the two rows, ÷ FP32 seconds per sample (large row's floor)."""
-    if small is None or small.wall_s is None or large.wall_s is None or not large.fp32_per_sample:
+def marginal(small: Row | None, large: Row, cpu: bool = False) -> float | None:
+    """Scan seconds per extra sample between the two rows, ÷ FP32 seconds per sample (large row's floor);
+    `cpu`: the same in CPU seconds."""
+    if small is None:
         return None
-    per_sample = (large.wall_s - small.wall_s) / (large.samples - small.samples)
-    return per_sample / large.fp32_per_sample
+    lo, hi = (small.cpu_s, large.cpu_s) if cpu else (small.wall_s, large.wall_s)
+    floor = large.fp32_cpu_s if cpu else large.fp32_s
+    if lo is None or hi is None or not floor:
+        return None
+    return (hi - lo) / (large.samples - small.samples) / (floor / large.samples)
 
 
 def peak_cell(r: Row) -> str:
@@ -215,12 +231,16 @@ def table_row(r: Row, small: Row | None) -> list[str]:
     memory = r.scan.get("memory") or {}
     gain = r.scan.get("gain") or {}
     g = gain_cost(r)
-    m = marginal(small, r) if small is not None and r.samples > small.samples else None
+    larger = small is not None and r.samples > small.samples
+    m = marginal(small, r) if larger else None
+    mc = marginal(small, r, cpu=True) if larger else None
     return [
         r.model, str(r.samples), f"{r.fp32_s:.2f}" if r.fp32_s else "-",
         f"{r.wall_s:.1f}" if r.wall_s is not None else "-",
         _ratio(r.wall_s, r.fp32_s, GOAL_WALL if r.samples >= 256 else None),
         "-" if m is None else f"{m:.1f}x {'ok' if m <= GOAL_MARGINAL else 'NO'}",
+        _ratio(r.cpu_s, r.fp32_cpu_s, GOAL_WALL if r.samples >= 256 else None),
+        "-" if mc is None else f"{mc:.1f}x {'ok' if mc <= GOAL_MARGINAL else 'NO'}",
         fmt_mb(r.scan_peak_mb), fmt_mb(r.fp32.get("fp32_peak_mb")), peak_cell(r),
         f"{memory.get('batch_size', '-')} / {memory.get('segments', '-')}",
         f"{r.scan.get('sites', '-')} / {gain.get('gain_measured', '-')}",
@@ -230,9 +250,9 @@ def table_row(r: Row, small: Row | None) -> list[str]:
 
 
 HEADERS = ("model", "samples", "FP32 pass s", "scan wall s", "wall ÷ FP32 (≤8x at 256)",
-           "marginal ÷ FP32/sample (≤6x)", "scan peak MB", "FP32 peak MB", "peak ÷ FP32 (≤3x+1GB)",
-           "batch / segments", "sites / gain measured", "gain ÷ site passes (≤0.3)", "completes (defaults)",
-           "load avg")
+           "marginal ÷ FP32/sample (≤6x)", "CPU ÷ FP32 CPU", "marginal, CPU", "scan peak MB", "FP32 peak MB",
+           "peak ÷ FP32 (≤3x+1GB)", "batch / segments", "sites / gain measured", "gain ÷ site passes (≤0.3)",
+           "completes (defaults)", "load avg")
 
 
 def phase_note(r: Row) -> str | None:
