@@ -70,6 +70,8 @@ class Row:
     fp32: dict[str, Any]
     fp32_error: str | None
     load_avg: float
+    max_memory: str | None = None
+    """`--max-memory` given to the scan; None: the default budget (half the available RAM)."""
 
     @property
     def fp32_s(self) -> float | None:
@@ -160,21 +162,22 @@ def measure(name: str, n: int, work: Path, args: argparse.Namespace, timeout_s: 
     model, calib = workload(name, n, work, args.cache)
     out = work / f"out_{name}_{n}"
     _say(f"{name} at {n}: default scan (timeout {timeout_s:.0f} s)")
-    scan = run_child({"kind": "scan", "model": str(model), "calib": str(calib), "out": str(out)}, timeout_s=timeout_s)
+    scan = run_child({"kind": "scan", "model": str(model), "calib": str(calib), "out": str(out),
+                      "max_memory": args.max_memory}, timeout_s=timeout_s)
     shutil.rmtree(out, ignore_errors=True)
     batch = (scan.data.get("memory") or {}).get("batch_size") or 1
     _say(f"{name} at {n}: FP32 run at batch {batch} ({'scan ok' if scan.ok else scan.error})")
     fp32 = run_child({"kind": "fp32", "model": str(model), "calib": str(calib), "batch_size": batch,
                       "timed_budget_s": args.floor_budget}, timeout_s=args.timeout)
     shutil.rmtree(calib, ignore_errors=True)
-    return _row(name, n, scan, fp32)
+    return _row(name, n, scan, fp32, args.max_memory)
 
 
-def _row(name: str, n: int, scan: ChildOutcome, fp32: ChildOutcome) -> Row:
+def _row(name: str, n: int, scan: ChildOutcome, fp32: ChildOutcome, max_memory: str | None) -> Row:
     import os
 
     return Row(name, n, scan.data, scan.error, scan.peak_mb, round(scan.wall_s, 2), fp32.data, fp32.error,
-               round(os.getloadavg()[0], 1))
+               round(os.getloadavg()[0], 1), max_memory)
 
 
 def _say(text: str) -> None:
@@ -223,7 +226,7 @@ def gain_cost(r: Row) -> float | None:
 
 def completes(r: Row) -> str:
     if r.scan_error is None:
-        return "yes"
+        return "yes" if r.max_memory is None else f"with --max-memory {r.max_memory}"
     return f"no: {r.scan_error} (peak {fmt_mb(r.scan_peak_mb)} MB, after {r.scan_child_s:.0f} s)"
 
 
@@ -265,9 +268,9 @@ def phase_note(r: Row) -> str | None:
 
 
 def report(rows: Sequence[Row], header: str) -> str:
-    by_model: dict[str, list[Row]] = {}
+    by_model: dict[tuple[str, str | None], list[Row]] = {}
     for r in rows:
-        by_model.setdefault(r.model, []).append(r)
+        by_model.setdefault((r.model, r.max_memory), []).append(r)
     lines = []
     for model_rows in by_model.values():
         model_rows.sort(key=lambda r: r.samples)
@@ -308,6 +311,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--floor-budget", type=float, default=3.0, help="seconds of repeated FP32 passes (>= 1 pass)")
     ap.add_argument("--cache", type=Path, default=Path("/tmp/quantscan-bench-models"),
                     help="where the seeded models are written once (the BERT export takes a minute)")
+    ap.add_argument("--max-memory", default=None, help="budget given to every scan (default: the scan's own)")
     ap.add_argument("--record", type=Path, default=None, help="append each row as a JSON line")
     ap.add_argument("--table-only", action="store_true", help="print the table from --record, run nothing")
     return ap.parse_args(argv)
@@ -322,7 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.table_only:
         if args.record is None or not args.record.exists():
             raise SystemExit("--table-only needs an existing --record file")
-        rows = [Row(**json.loads(line)) for line in args.record.read_text().splitlines() if line.strip()]
+        recorded = [Row(**json.loads(line)) for line in args.record.read_text().splitlines() if line.strip()]
+        # a re-measured row replaces its first; one with --max-memory goes beside the default one
+        rows = list({(r.model, r.samples, r.max_memory): r for r in recorded}.values())
         print(report(rows, header))
         return 0
     rows = []
