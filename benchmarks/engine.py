@@ -208,7 +208,7 @@ def marginal(small: Row | None, large: Row, cpu: bool = False) -> float | None:
 
 def peak_cell(r: Row) -> str:
     fp32_mb = r.fp32.get("fp32_peak_mb")
-    if r.scan_peak_mb is None or not fp32_mb:
+    if r.scan_error is not None or r.scan_peak_mb is None or not fp32_mb:
         return "-"
     ok = r.scan_peak_mb <= GOAL_PEAK_FACTOR * fp32_mb + GOAL_PEAK_EXTRA_MB
     return f"{r.scan_peak_mb / fp32_mb:.1f}x {'ok' if ok else 'NO'}"
@@ -227,7 +227,7 @@ def gain_cost(r: Row) -> float | None:
 def completes(r: Row) -> str:
     if r.scan_error is None:
         return "yes" if r.max_memory is None else f"with --max-memory {r.max_memory}"
-    return f"no: {r.scan_error} (peak {fmt_mb(r.scan_peak_mb)} MB, after {r.scan_child_s:.0f} s)"
+    return f"no: {r.scan_error.split(':')[0]} (peak {fmt_mb(r.scan_peak_mb)} MB, after {r.scan_child_s:.0f} s)"
 
 
 def table_row(r: Row, small: Row | None) -> list[str]:
@@ -280,7 +280,8 @@ def report(rows: Sequence[Row], header: str) -> str:
     mem = [f"{r.model} at {r.samples}: estimated {fmt_mb(_mib(r, 'estimated_peak_bytes'))} MB, measured in-scan "
            f"{fmt_mb(_mib(r, 'measured_peak_bytes'))} MB, budget {fmt_mb(_mib(r, 'budget_bytes'))} MB "
            f"({(r.scan.get('memory') or {}).get('batch_source', '-')})" for r in rows if r.scan.get("memory")]
-    return "\n".join([header, "", markdown_table(HEADERS, lines), "",
+    errors = [f"{r.model} at {r.samples}: {r.scan_error}" for r in rows if r.scan_error]
+    return "\n".join([header, "", markdown_table(HEADERS, lines), "", *[f"- {e}" for e in errors], "",
                       "Phases of each scan ÷ its FP32 pass (run.json times_s):", *[f"- {n}" for n in notes], "",
                       "Memory plan (run.json memory):", *[f"- {n}" for n in mem]])
 
