@@ -289,7 +289,7 @@ class ShardedGain:
         self.pool, self.workers = pool, workers
 
     def __call__(self, ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
-                 progress: ProgressFactory = no_progress) -> dict[str, float]:
+                 progress: ProgressFactory = no_progress) -> tuple[dict[str, float], float]:
         parts = deal_in_graph_order(candidates, [s.node for s in ctx.sites], self.workers)
         threads = threads_per_worker(ctx.opts.threads, len(parts))
         held = samples.held() if len(parts) > 1 else samples
@@ -298,11 +298,11 @@ class ShardedGain:
         results = run_sharded(self.pool, jobs, run_gain_shard,
                               lambda job: run_gain_shard(GainShard(ctx, job.candidates, threads), samples, progress))
         gains: dict[str, float] = {}
-        for part, sessions, runs in results:
+        for part, _, sessions, runs in results:
             gains.update(part)
             ctx.runner.stats.sessions_created += sessions
             ctx.runner.stats.runs += runs
-        return gains
+        return gains, results[0][1]  # every part measured the same all-int8 model on the same samples
 
 
 def deal_in_graph_order(candidates: Sequence[str], order: Sequence[str], parts: int) -> list[list[str]]:
@@ -313,9 +313,10 @@ def deal_in_graph_order(candidates: Sequence[str], order: Sequence[str], parts: 
 
 
 def run_gain_shard(job: GainShard, samples: CalibSet | None = None,
-                   progress: ProgressFactory = no_progress) -> tuple[dict[str, float], int, int]:
-    """This part's gains, from this process' own gain session over `samples` (default: the job's)."""
+                   progress: ProgressFactory = no_progress) -> tuple[dict[str, float], float, int, int]:
+    """This part's gains and the all-int8 figure, from this process' own gain session over `samples`
+    (default: the job's)."""
     runner = Runner(threads=job.threads, opt_level=job.ctx.runner.opt_level)
-    gains = gains_here(job.ctx, job.candidates, samples if samples is not None else job.ctx.eval_set, progress,
-                       runner)
-    return gains, runner.stats.sessions_created, runner.stats.runs
+    gains, base = gains_here(job.ctx, job.candidates, samples if samples is not None else job.ctx.eval_set,
+                             progress, runner)
+    return gains, base, runner.stats.sessions_created, runner.stats.runs
