@@ -35,12 +35,12 @@ DEFAULT_BATCH = 8
 
 BASE_BYTES = 300 * 2**20
 """Interpreter, numpy/pandas/onnx/onnxruntime, the calibration loader and tables: a scan's floor."""
-WEIGHT_COPIES = 12.0
+WEIGHT_COPIES = 12.5
 """Copies of the weights alive at the peak, which is the gain ranking's session build: the user's
 model, the prepared copy, the analysis graph's FP32 and fake-quant weights (twice: the graph and its
 reduced copy), the arrays handed to onnxruntime and its own tensors, the deployed-check session.
-Fitted on the seeded ResNet-50 (102 MB of weights, 1801 MB at batch 1; 18 before sessions stopped
-keeping their serialized model and took weights as arrays)."""
+Fitted on the seeded ResNet-50 (102 MB of weights, 1603-1801 MB at batch 1, rounded up; 18 before
+sessions stopped keeping their serialized model and took weights as arrays)."""
 ACTIVATION_FACTOR = 3.0
 """Per sample: this many times the sum of all float activations (FP32, cumulative and isolated
 copies near the frontier, reduction temporaries, the arena's rounding)."""
@@ -222,7 +222,7 @@ def plan_memory(
     """The largest batch ≤ DEFAULT_BATCH that fits `budget` in one session; else batch 1 in the fewest
     segments that fit; the batch the model or the user fixed, if it fits (in segments if need be).
     `segments` forces a segment count (tests, the API). `aim` (the default plan, see `default_aim`)
-    lowers the budget to it where batch 1, in segments if need be, can get under it. Raises
+    lowers the budget to it; batch 1 when nothing gets under it. Raises
     UsageError (exit 2, one line) when nothing fits, naming the estimate and the smallest budget that works."""
     if fixed_batch:
         return _fixed(footprint, budget, budget_source, fixed_batch, "fixed by the model", segments)
@@ -246,7 +246,8 @@ def plan_memory(
 
 def _aimed(footprint: Footprint, budget: int, budget_source: str, ceiling: int, aim: int) -> MemoryPlan | None:
     """The largest batch whose estimate is under `aim` in one session, else batch 1 in the fewest
-    segments under it; None when even that misses (the plain budget rule decides then).
+    segments under it, else batch 1 in one session when the budget holds it (closest to the aim);
+    None when it does not (the budget rule picks the segments then).
 
     Why: under half the machine's memory the largest batch fits almost any model, and its peak grows
     with the batch (ResNet-50: 4.3 GB at batch 8, 2 GB at batch 1) while the scan's time per sample
@@ -262,6 +263,10 @@ def _aimed(footprint: Footprint, budget: int, budget_source: str, ceiling: int, 
         if peak <= aim:
             return MemoryPlan(budget, budget_source, 1, f"batch 1 in segments under the aim of {format_size(aim)}",
                               peak, footprint, count, aim_bytes=aim)
+    peak = estimate_peak(footprint, 1)
+    if peak <= budget:
+        return MemoryPlan(budget, budget_source, 1, f"batch 1, closest to the aim of {format_size(aim)}", peak,
+                          footprint, aim_bytes=aim)
     return None
 
 
