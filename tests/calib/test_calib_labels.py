@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
 from calib_helpers import BASE_PRE, IMG_SPEC, image_folder, rgb, write_json, write_png
 
 from quantscan.calib import load_calibration
 from quantscan.calib.labels import derive_labels
+from quantscan.errors import UsageError
 
 # --- labels ------------------------------------------------------------------------------------------
 
@@ -58,3 +61,23 @@ def test_labels_json_beside_the_data_class_list_and_per_file(tmp_path: Path) -> 
     (tmp_path / "labels.json").write_text('{"classes": ["cat", "dog"], "files": {"c.png": "dog", "a_cat.png": 0}}',
                                           encoding="utf-8")
     assert labels_from_json(tmp_path, names) == (["cat", "dog"], [0, None, 1])
+
+
+def test_select_keeps_the_chosen_samples_with_their_labels_and_files(tmp_path: Path) -> None:
+    """CalibSet.select (the samples the scan measures output gain on): the chosen samples, in file order,
+    each with its own label and file; the pixels are those the whole set yields at the same index."""
+    folder = tmp_path / "s"
+    folder.mkdir()
+    for i, name in enumerate(["a_rot180.png", "b.png", "c_rot180.png", "d.png"]):
+        write_png(folder / name, rgb(8, 12, seed=i))
+    write_json(folder / "preprocess.json", BASE_PRE | {"labels": ["0", "180"]})
+    cs = load_calibration(folder, [IMG_SPEC])
+    whole = [next(iter(s.values())) for s in cs.samples()]
+    picked = cs.select([3, 0, 3])
+    assert picked.n_samples == 2 and picked.labels == [1, 0]
+    assert [f.name for f in picked.files] == ["a_rot180.png", "d.png"]
+    got = [next(iter(s.values())) for s in picked.samples()]
+    assert np.array_equal(got[0], whole[0]) and np.array_equal(got[1], whole[3])
+    assert cs.select([]).n_samples == 0
+    with pytest.raises(UsageError):
+        cs.select([4])

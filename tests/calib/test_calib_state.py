@@ -144,24 +144,24 @@ def test_silero_frozen_scans_with_its_state_and_measures_the_lstm(assets: Path, 
 
 
 @pytest.mark.real
-def test_silero_with_its_if_says_what_the_scan_left_float(assets: Path, tmp_path: Path) -> None:
+def test_silero_with_its_if_and_const_sr_scans_as_frozen_first(assets: Path, tmp_path: Path) -> None:
+    """silero-vad as shipped (If on sr) scanned with --const sr=16000 --state stateN=state gives the
+    layers.csv of the two-step route (rewrite --freeze-input sr=16000, then scan): the If is folded
+    as freeze-input folds it, the LSTM inside is measured, and nothing is left float."""
     wrapped = if_wrapped(onnx.load(asset_model(assets, "silero_vad_openvino_16k")))
     path = tmp_path / "silero_if.onnx"
     onnx.save(wrapped, path)
-    result = scan(path, asset_calib(assets, "silero_vad_openvino_16k"), const={"sr": 16000},
-                  state={"stateN": "state"}, limit=4, gain_candidates=0)
-    (warning,) = [w for w in result.warnings if "not analysed" in w]
-    assert "If_0" in warning and "--freeze-input" in warning
+    frozen = tmp_path / "silero_16k.onnx"
+    assert rewrite(path, [], freeze_input=["sr=16000"], out=frozen).written
+    calib = asset_calib(assets, "silero_vad_openvino_16k")
+    result = scan(path, calib, const={"sr": 16000}, state={"stateN": "state"}, limit=12, gain_candidates=0,
+                  out=tmp_path / "unfrozen")
+    scan(frozen, calib, state={"stateN": "state"}, limit=12, gain_candidates=0, out=tmp_path / "frozen")
+    import pandas as pd
 
-
-@pytest.mark.real
-def test_bisect_refuses_a_model_whose_if_bodies_stay_float(assets: Path, tmp_path: Path) -> None:
-    """all-int8 of a model whose network sits inside an If quantizes nothing: bisect must not report the
-    target "already met"; it says what is left float and names freeze-input."""
-    from quantscan.bisect import run_bisect
-
-    path = tmp_path / "silero_if.onnx"
-    onnx.save(if_wrapped(onnx.load(asset_model(assets, "silero_vad_openvino_16k"))), path)
-    with pytest.raises(UsageError, match=r"not analysed.*If_0.*--freeze-input"):
-        run_bisect(path, asset_calib(assets, "silero_vad_openvino_16k"), target_cosine=0.99,
-                   const={"sr": 16000}, state={"stateN": "state"}, limit=4)
+    unfrozen_layers = pd.read_csv(tmp_path / "unfrozen" / "layers.csv")
+    assert "LSTM" in set(unfrozen_layers["op_type"])
+    pd.testing.assert_frame_equal(unfrozen_layers, pd.read_csv(tmp_path / "frozen" / "layers.csv"),
+                                  check_exact=False, rtol=0, atol=1e-9)
+    assert not any("not analysed" in w for w in result.warnings)
+    assert any("If_0" in w and "--freeze-input sr=16000" in w for w in result.warnings)

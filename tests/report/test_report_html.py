@@ -459,6 +459,8 @@ def test_real_report_in_headless_chromium(real_run: Path, browser: Browser) -> N
     path = write_report(real_run)
     page = path.read_text(encoding="utf-8")
     assert path.stat().st_size < 2_000_000
+    std = json.loads((real_run / "run.json").read_text())["preprocessing"]["x"]["std"]
+    assert "<th>preprocessing</th>" in page and f"{std[0]:.4g}" in page  # how the calibration numbers were made
     layers = pd.read_csv(real_run / "layers.csv")
     url = path.resolve().as_uri()
     browser.load(url)

@@ -17,12 +17,14 @@ import onnx
 import pandas as pd
 import pytest
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 import quantscan
 from quantscan.cli import main
 from quantscan.errors import UsageError
 from quantscan.gain import Evaluator, MixedBuilder
-from quantscan.scanning.impact import cumulative_drop, gain_candidates, rank_by_gain
+from quantscan.report.diagnosis import WHOLE_SET_COLUMN
+from quantscan.scanning.impact import cumulative_drop, gain_candidates, gain_sample_indices, rank_by_gain
 from quantscan.scanning.prepare import prepare_scan
 
 WIDTH = 8
@@ -92,20 +94,55 @@ def test_ranks_follow_the_measured_gains(chain: tuple[Path, Path]) -> None:
     assert list(layers["rank"]) == list(range(1, len(layers) + 1))
 
 
-def test_gain_is_measured_on_the_first_gain_samples(chain: tuple[Path, Path], tmp_path: Path) -> None:
-    """`gain_samples=N`: the gains are those of a scan whose evaluation set is the first N samples
-    (same calibration: `eval=` a folder holding those samples)."""
+def _outputs(fp32: onnx.ModelProto, qdq: onnx.ModelProto, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The oracle for "which samples int8 hurts most": onnx's ReferenceEvaluator runs the FP32 model and
+    the scan's all-int8 QDQ model; cosines are then written out in numpy."""
+    def run(model: onnx.ModelProto) -> np.ndarray:
+        raised = onnx.version_converter.convert_version(model, 21)  # the evaluator's QDQ kernels start at 19
+        return np.asarray(ReferenceEvaluator(raised).run(None, {"x": x})[0], dtype=np.float64)
+
+    return run(fp32), run(qdq)
+
+
+def test_gain_is_measured_on_the_lowest_cosine_samples(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    """`gain_samples=N`: the gain is measured on the N evaluation samples whose all-int8 output cosine is
+    lowest, and its figures are those of a scan whose evaluation set is exactly those samples (same
+    calibration: `eval=` a folder holding them); rank 1 is re-measured on all samples."""
     model, calib = chain
-    first = tmp_path / "first8"
-    first.mkdir()
-    np.save(first / "x.npy", np.load(calib / "x.npy")[:8])
-    capped = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=8)
-    oracle = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0, eval=first)
-    assert capped.run_info.evaluation.samples == 24 and capped.run_info.options["gain_samples"] == 8
+    x = np.load(calib / "x.npy")
+    k = 5
+    capped = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=k)
+    ref, test = _outputs(onnx.load(model), capped.qdq_model, x)
+    cosines = np.sum(ref * test, axis=1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1))
+    order = np.argsort(cosines, kind="stable")
+    assert cosines[order[k]] - cosines[order[k - 1]] > 1e-6  # the choice is not decided by rounding
+    expected = sorted(int(i) for i in order[:k])
+    assert expected != list(range(k))  # the first samples would be a different choice
+    assert capped.run_info.evaluation.samples == 24 and capped.run_info.options["gain_samples"] == k
+    assert capped.run_info.options["gain_sample_indices"] == expected
+    chosen = tmp_path / "worst"
+    chosen.mkdir()
+    np.save(chosen / "x.npy", x[expected])
+    oracle = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0, eval=chosen)
     mine = capped.layers.set_index("node")["gain_if_float"]
     theirs = oracle.layers.set_index("node")["gain_if_float"]
     assert len(theirs) == len(mine)
     assert max(abs(mine[n] - theirs[n]) for n in theirs.index) < 1e-9
+    on_them = np.sum(ref[expected] * test[expected]) / (np.linalg.norm(ref[expected]) * np.linalg.norm(test[expected]))
+    assert capped.run_info.options["gain_samples_cosine"] == pytest.approx(on_them, abs=1e-5)
+    assert WHOLE_SET_COLUMN not in capped.layers.columns  # the whole-set re-measure is opt-in (its cost)
+    whole = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0).layers.set_index("node")
+    again = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=k, gain_whole_set=True)
+    top = str(again.layers["node"].iloc[0])
+    assert again.layers[WHOLE_SET_COLUMN].iloc[0] == pytest.approx(whole.loc[top, "gain_if_float"], abs=1e-9)
+    assert again.layers[WHOLE_SET_COLUMN].iloc[1:].isna().all()
+    assert WHOLE_SET_COLUMN not in whole.columns  # all samples measured: nothing to re-measure
+
+
+def test_gain_sample_indices_take_the_order_then_unlisted_samples() -> None:
+    assert gain_sample_indices([7, 2, 9, 0], 10, 3) == [2, 7, 9]
+    assert gain_sample_indices([7, 2], 10, 4) == [0, 1, 2, 7]  # samples the order lacks (non-finite) fill up
+    assert gain_sample_indices([7, 2], 10, 0) == [] and gain_sample_indices([7, 2], 10, 10) == []
 
 
 def test_few_candidates_measured_first_then_the_old_order(chain: tuple[Path, Path]) -> None:
@@ -178,9 +215,13 @@ def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
     assert layers["gain_if_float"].notna().sum() == info["options"]["gain_measured"]
     summary = (out / "summary.md").read_text()
     assert summary.index("## Diagnosis") < summary.index("## Model output")
-    assert f"measured for {info['options']['gain_measured']} of {len(layers)} sites on the first 4 of the 24" in summary
+    indices = ", ".join(str(i) for i in info["options"]["gain_sample_indices"])
+    assert len(info["options"]["gain_sample_indices"]) == 4
+    assert (f"measured for {info['options']['gain_measured']} of {len(layers)} sites on the 4 of the 24 evaluation "
+            f"samples with the lowest all-int8 output cosine (indices {indices})") in summary
     top = layers.iloc[0]
     assert f"**Where**: `{top['node']}`" in summary
+    assert "on the 4 of 24 evaluation samples with the lowest all-int8 output cosine, where it is" in summary
     off = tmp_path / "off"
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--quiet", "--no-report",
                  "--no-gain"]) == 0

@@ -51,3 +51,13 @@ def test_largest_measured_gain_is_in_the_top_3(assets: Path, name: str) -> None:
     measured = result.layers.dropna(subset=["gain_if_float"]).set_index("node")["gain_if_float"]
     for node, gain in measured.items():  # the scan's figures are the oracle's (same samples, same graph)
         assert gain == pytest.approx(float(oracle[node]), abs=1e-6)
+
+
+def test_gain_samples_are_the_lowest_cosine_evaluation_samples(assets: Path) -> None:
+    """On a real classifier, the gain is measured on the evaluation samples the scan itself lists as worst
+    by output cosine (run.json worst_samples), not on the first ones."""
+    name = "ppocr_mobile_v2_cls"
+    result = quantscan.scan(asset_model(assets, name), asset_calib(assets, name), limit=8, threads=1, gain_samples=3)
+    worst = [int(w["index"]) for w in result.run_info.worst_samples[:3]]
+    assert result.run_info.options["gain_sample_indices"] == sorted(worst)
+    assert result.run_info.options["gain_samples"] == 3 and result.run_info.evaluation.samples == 8

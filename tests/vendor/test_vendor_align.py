@@ -51,6 +51,30 @@ def test_same_values_rejects_a_layer_named_after_its_input() -> None:
     assert align.same_values(reshaped, "Conv", GRAPH)  # MatMul lowered to a 1x1 Conv: same values
 
 
+def test_a_swapped_layer_is_the_op_that_reads_the_tensor_it_is_named_after() -> None:
+    """RKNN's swap_reshape_prelu (MTCNN RNet): `/dense4/Gemm_output_0_sw` is /prelu4/PRelu moved above a
+    Reshape, named after the Gemm output it reads; it is compared with the PReLU's figures, not the Gemm's."""
+    graph = align.GraphNames(
+        producer={"x": "", "gemm_out": "Gemm.0", "act": "PRelu.0"},
+        op_type={"Gemm.0": "Gemm", "PRelu.0": "PRelu"},
+        outputs=frozenset({"act"}),
+        readers={"x": (("Gemm.0", "gemm_out"),), "gemm_out": (("PRelu.0", "act"),)},
+    )
+    layers = [align.VendorLayer("gemm_out_sw", "PRelu", 0.9995, 0.999),
+              align.VendorLayer("gemm_out_mm", "Conv", 0.9999, 0.9999)]
+    qs_layers = pd.DataFrame({"node": ["Gemm.0"], "output": ["act"], "isolated_cosine": [0.9994]})
+    qs_tensors = pd.DataFrame({"tensor": ["gemm_out", "act"], "cumulative_cosine": [0.9998, 0.9991]})
+    table = align.align_layers(layers, graph, qs_layers, qs_tensors, [], {}).set_index("layer")
+    assert (table.loc["gemm_out_sw", "node"], table.loc["gemm_out_sw", "tensor"]) == ("PRelu.0", "act")
+    assert table.loc["gemm_out_sw", "qs_isolated_cosine"] == 0.9994
+    assert table.loc["gemm_out_sw", "qs_cumulative_cosine"] == 0.9991
+    assert table.loc["gemm_out_mm", "tensor"] == "gemm_out"  # the Gemm's own output stays the Gemm's
+    two_readers = align.GraphNames(graph.producer, graph.op_type, graph.outputs,
+                                   {"gemm_out": (("PRelu.0", "act"), ("Add.0", "sum"))})
+    mapped = align.onnx_name("gemm_out_sw", two_readers)
+    assert mapped is not None and align.swapped("gemm_out_sw", "PRelu", mapped, two_readers) is None
+
+
 def test_check_placements_combines_cpu_and_float16_findings() -> None:
     findings = pd.DataFrame([
         {"node": "Softmax.0", "rule": "float16", "placement": "npu"},

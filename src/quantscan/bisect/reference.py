@@ -7,6 +7,9 @@ computed in one pass over the evaluation set and fed back, per batch, as graph i
 batch; the evaluation graph is the mixed QDQ model plus the same in-graph reductions, so the figures
 are those of gain.Evaluator (same reduction nodes on the same FP32 values).
 
+That FP32 pass runs at ORT_ENABLE_ALL (runner.FP32_LEVEL): the graph has no Q/DQ node, so the
+level only changes float32 rounding, and the figures equal gain.Evaluator's within it.
+
 Kept in memory only when they fit a fraction of the memory plan's budget (headline outputs are
 usually small: logits, a score map); otherwise every evaluation recomputes them as before.
 """
@@ -21,7 +24,7 @@ from onnx import helper
 
 from quantscan import graph as qgraph
 from quantscan.gain import Evaluator, Measured, MixedBuilder, _Pairs, headline
-from quantscan.runner import Runner
+from quantscan.runner import FP32_LEVEL, Runner
 from quantscan.scanning.prepare import ScanContext
 
 REF_SUFFIX = "@fp32ref"
@@ -77,7 +80,8 @@ class CachedReferenceEvaluator(Evaluator):
         )
         if memory is None or per_sample * self.ctx.eval_set.n_samples > memory.budget_bytes // CACHE_SHARE:
             return None
-        session = self.runner.session(qgraph.expose(self.builder.proto, self.outputs), built=True)
+        session = self.runner.session(qgraph.expose(self.builder.proto, self.outputs), built=True,
+                                      opt_level=FP32_LEVEL)  # FP32 only, a few outputs: NCHWc pays here
         self._reference = [
             session.run(feeds, self.outputs) for feeds in self.ctx.eval_set.batches(self.ctx.batch_size)
         ]

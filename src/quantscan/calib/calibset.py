@@ -6,7 +6,7 @@ inputs may be stacked on axis 0, which consts pass once) is the same whatever th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
@@ -49,6 +49,16 @@ class CalibSet:
         for sample, _ in self._samples_with_files():
             yield sample
 
+    def without_consts(self, names: Iterable[str]) -> CalibSet:
+        """The same samples without these `--const` inputs: a scan that froze them into the graph
+        (scanning.settings) must not feed them to a model that no longer takes them."""
+        gone = set(names)
+        return replace(
+            self, _shapes={k: v for k, v in self._shapes.items() if k not in gone},
+            _batched={k: v for k, v in self._batched.items() if k not in gone},
+            _consts={k: v for k, v in self._consts.items() if k not in gone},
+        )
+
     def shard(self, start: int, stop: int) -> CalibSet:
         """Samples [start, stop) as a set of their own (a `--workers` shard), labels and files alike.
 
@@ -66,6 +76,28 @@ class CalibSet:
         return replace(
             self, n_samples=stop - start, labels=self.labels[start:stop] if self.labels else self.labels,
             files=self.files[start:stop] if one_per_sample else list(self.files), _read=sharded,
+        )
+
+    def select(self, indices: Iterable[int]) -> CalibSet:
+        """The samples at `indices` (in file order, each once) as a set of their own, labels and files alike.
+
+        Why: the scan measures output gain on the evaluation samples that carry the most error, wherever
+        they sit in the set. Samples before the last one chosen are read and dropped, as in `shard`.
+        """
+        chosen = sorted(set(indices))
+        if chosen and not 0 <= chosen[0] <= chosen[-1] < self.n_samples:
+            raise UsageError(f"expected sample indices within 0..{self.n_samples - 1}, found {chosen}")
+        read, wanted = self._read, set(chosen)
+        stop = chosen[-1] + 1 if chosen else 0
+
+        def selected(n: int) -> Iterator[tuple[Sample, Path]]:
+            picked = (item for i, item in enumerate(read(stop)) if i in wanted)
+            return islice(picked, n)
+
+        one_per_sample = len(self.files) == self.n_samples
+        return replace(
+            self, n_samples=len(chosen), labels=[self.labels[i] for i in chosen] if self.labels else self.labels,
+            files=[self.files[i] for i in chosen] if one_per_sample else list(self.files), _read=selected,
         )
 
     def batches(self, batch_size: int) -> Iterator[Sample]:

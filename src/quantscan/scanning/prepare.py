@@ -24,6 +24,7 @@ from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.state import check_state, state_consts, with_state
 from quantscan.errors import CalibrationError, ModelError, UsageError
+from quantscan.graph.index import GraphIndex
 from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
 from quantscan.records import ActivationScheme
@@ -46,6 +47,7 @@ from quantscan.scanning.ort_recipe import (
     quantize_static_call,
     recipe_sites,
 )
+from quantscan.scanning.settings import fold_setting_consts, unfed
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
 from quantscan.specs import Dim, InputSpec
 
@@ -138,6 +140,33 @@ def _origin(tensor: str, producers: Mapping[str, onnx.NodeProto], site_outputs: 
             break
         current = node.input[0]
     return current
+
+
+def consumer_range_origins(
+    model: onnx.ModelProto, sites: Sequence[Site], origins: Mapping[str, str], ops: frozenset[str]
+) -> dict[str, str]:
+    """`origins` with each site output that feeds only a chain of `ops` (a profile's `[consumer_range]`)
+    taking its range from the end of that chain, and everything sharing its scale with it.
+
+    Why: rknn-toolkit2 gives a kernel followed by MaxPool the MaxPool's *output* range (its
+    quant_optimizer `adjust_no_change_node`; recorded on the MTCNN nets: /prelu1's int8 min is the pool's
+    -2.28, not the -5.41 the PReLU reaches), so the kernel's output clips where the default walk back to
+    the producer would not. A site output read anywhere else (or a graph output) keeps its own range: no
+    recorded run says which of several readers would win.
+    """
+    if not ops:
+        return dict(origins)
+    index = GraphIndex.of(model)
+    out = dict(origins)
+    for site in sites:
+        end = site.output
+        while (user := index.single_user(end)) is not None and user.op_type in ops and user.input[0] == end:
+            end = user.output[0]
+        if end == site.output:
+            continue
+        shared = [t for t, o in out.items() if o == site.output] + [site.output, end]
+        out.update(dict.fromkeys(shared, end))
+    return out
 
 
 def is_state_output(name: str, shape: tuple[int, ...], inputs: Mapping[str, tuple[int, ...]]) -> bool:
@@ -281,8 +310,15 @@ def prepare_timed(
     ensure_float_model(loaded)
     cset, eval_set = _sample_sets(loaded, calib, opts)
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
-    dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, opts.const)
+    dims, fixed_batch = _input_dims(loaded, cset, opts.input_shape, state_consts(opts.state, opts.const))
     dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
+    if opts.state and fixed_batch is None and any(s.shape and not isinstance(s.shape[0], int) for s in loaded.inputs):
+        # a stateful set feeds one sample at a time: the batch is 1 (and shapes can fold, settings.py)
+        dims, fixed_batch = _apply_dim_settings(loaded, dims, fixed_batch, ["batch=1"])
+    settings = fold_setting_consts(loaded, opts.const, dims, opts.state.values())  # freeze-input's graph
+    loaded, dims = settings.loaded, settings.dims
+    cset, eval_set = unfed(cset, eval_set, settings.frozen)
+    warnings.extend(w for w in [settings.warning] if w)
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
     compat, profile_name = None, None
@@ -457,7 +493,8 @@ def _sites(
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     site_outputs = {s.output for s in sites}
     quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))
-    return sites, {t: _origin(t, producers, site_outputs) for t in quantized}
+    origins = {t: _origin(t, producers, site_outputs) for t in quantized}
+    return sites, consumer_range_origins(prepared.proto, sites, origins, opts.consumer_range_ops)
 
 
 def _apply_profile(
@@ -480,7 +517,7 @@ def _apply_profile(
     fused = frozenset(profile.fused_activations)
     return compat, profile.name, replace(
         opts, activations=scheme, fused_activations=fused, cpu_nodes=cpu, float16_nodes=float16,
-        recipe=profile.recipe,
+        recipe=profile.recipe, consumer_range_ops=profile.consumer_range_ops,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import platform
 import time
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from quantscan.scanning.budget import measured_peak_bytes
 from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, evaluate, headline
-from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain
+from quantscan.scanning.impact import Impact, measure_impact, rank_by_gain, with_whole_set_gain
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
@@ -194,7 +195,7 @@ def _measure(
     if ctx.compat is not None and ctx.profile is not None:
         tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
-    impact = rank_by_impact(ctx, tables, progress)
+    impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order)
     times["impact"] = impact.seconds
     head = headline(evaluation)
     t0 = time.perf_counter()
@@ -206,6 +207,9 @@ def _measure(
     info.options["gain_candidates"] = opts.gain_candidates
     info.options["gain_measured"] = len(impact.gains)
     info.options["gain_samples"] = impact.samples
+    info.options["gain_sample_indices"] = list(impact.sample_indices)
+    if impact.sample_indices:
+        info.options["gain_samples_cosine"] = impact.base
     if impact.ort_level:
         info.options["gain_ort_level"] = impact.ort_level
     info.memory = memory_record(ctx)
@@ -231,18 +235,26 @@ def _measure(
     )
 
 
-def rank_by_impact(ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory) -> Impact:
-    """Measure the candidates' output gain, re-rank layers (and ops' best rank) by it and let the
-    inherited-error rule name the upstream site it measured as the cause, in place."""
+def rank_by_impact(
+    ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory, sample_order: Sequence[int] = ()
+) -> Impact:
+    """Measure the candidates' output gain (on the lowest-cosine samples of `sample_order`), re-rank layers
+    (and ops' best rank) by it, re-measure rank 1 on the whole evaluation set when asked (`gain_whole_set`)
+    and the gains were taken on fewer samples, and let the inherited-error rule name the upstream site it
+    measured as the cause, in place."""
+    started = time.perf_counter()
     impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, samples=ctx.opts.gain_samples,
-                            progress=progress)
+                            sample_order=sample_order, progress=progress)
     if impact.gains:
         tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
+        if impact.sample_indices and ctx.opts.gain_whole_set:
+            tables["layers"] = with_whole_set_gain(ctx, tables["layers"], progress)
         tables["layers"] = with_inherited(tables["layers"], ctx.sites, ctx.plan, ctx.calib_stats,
                                           GraphIndex(ctx.prepared.proto.graph), impact.gains)
         layers = tables["layers"]
         on_chip = layers[layers["placement"] != "cpu"] if "placement" in layers else layers
         tables["ops"] = ops_table(on_chip)  # as build_tables made it: site rows only, best rank updated
+    impact.seconds = time.perf_counter() - started
     return impact
 
 

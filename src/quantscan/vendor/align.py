@@ -5,7 +5,9 @@ faithful, and where is it not), and it is pure table work, tested on recorded re
 
 * Names. A vendor names a layer by the tensor it writes (RKNN, TPU-MLIR) or by the node; where the
   toolkit rewrote the graph it derives a name from the original one (`MatMul.0#2`, `x_int8`,
-  `Add.9-rs_sw`). :func:`onnx_name` strips such suffixes until an ONNX tensor or node name is left.
+  `Add.9-rs_sw`). :func:`onnx_name` strips such suffixes until an ONNX tensor or node name is left;
+  a `_sw` layer that is not a copy of that tensor is the op RKNN moved above a Reshape, which reads it
+  (:func:`swapped`).
 * Loss. Per layer, e_q = 1 - quantscan's isolated cosine and e_v = 1 - the vendor's single-layer
   cosine (both: this layer alone quantized, fed float inputs). `none` when both are below
   `NEGLIGIBLE`; `lowering` when the vendor loses much more than quantscan's simulation of the same
@@ -49,6 +51,8 @@ class GraphNames:
     producer: Mapping[str, str]
     op_type: Mapping[str, str]
     outputs: frozenset[str]
+    readers: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    """Tensor -> (node, its first output) of every node that reads it (`swapped`)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,22 @@ def same_values(mapped: Mapped, vendor_op: str, graph: GraphNames) -> bool:
     return bool(onnx_op) and onnx_op in re.sub(r"^ex|\d+$", "", op)
 
 
+def swapped(layer: str, vendor_op: str, mapped: Mapped, graph: GraphNames) -> Mapped | None:
+    """The ONNX node a `_sw` layer computes: RKNN moves an op above the Reshape it inserted before it
+    (`swap_reshape_prelu` in its log) and names the moved op's output after the op's *input* plus `_sw`
+    (MTCNN RNet `/dense4/Gemm_output_0_sw` is /prelu4/PRelu on the Gemm's output). When the tensor it
+    was named after has exactly one reader and that reader is the vendor's op type, the layer holds that
+    reader's output (in another layout: cosine ignores layout)."""
+    if not layer.endswith("_sw") or not mapped.tensor:
+        return None
+    readers = graph.readers.get(mapped.tensor, ())
+    op = re.sub(r"^ex|\d+$", "", vendor_op).lower()
+    if len(readers) != 1 or graph.op_type.get(readers[0][0], "").lower() != op:
+        return None
+    node, output = readers[0]
+    return Mapped(node, output, True)
+
+
 def check_placements(findings: pd.DataFrame, float16_rule: str = "float16") -> dict[str, str]:
     """Node -> `check`'s predicted placement: cpu when any finding puts it there, `-float16` when the
     profile says the toolkit runs that op in float16; nodes without findings are npu (not listed)."""
@@ -186,9 +206,11 @@ def align_layers(
     rows = []
     for layer in layers:
         mapped = onnx_name(layer.layer, graph)
+        same = mapped is not None and same_values(mapped, layer.op_type, graph)
+        moved = swapped(layer.layer, layer.op_type, mapped, graph) if mapped is not None and not same else None
+        mapped, same = (moved, True) if moved is not None else (mapped, same)
         node = mapped.node if mapped else ""
         tensor = mapped.tensor if mapped else ""
-        same = mapped is not None and same_values(mapped, layer.op_type, graph)
         iso = isolated.get(tensor, math.nan) if same else math.nan
         cum = cumulative.get(tensor, math.nan) if same else math.nan
         rows.append({

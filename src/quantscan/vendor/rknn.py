@@ -37,15 +37,19 @@ Progress = Callable[[str], None]
 
 
 def graph_names(proto: onnx.ModelProto) -> align.GraphNames:
-    """Tensor -> producer node (graph inputs -> ""), node -> op type, and the graph outputs."""
+    """Tensor -> producer node (graph inputs -> ""), node -> op type, the graph outputs, tensor -> readers."""
     producer = {i.name: "" for i in proto.graph.input}
     op_type = {}
+    readers: dict[str, list[tuple[str, str]]] = {}
     for node in proto.graph.node:
         op_type[node.name] = node.op_type
         for out in node.output:
             if out:
                 producer[out] = node.name
-    return align.GraphNames(producer, op_type, frozenset(o.name for o in proto.graph.output))
+        for name in dict.fromkeys(i for i in node.input if i):
+            readers.setdefault(name, []).append((node.name, node.output[0] if node.output else ""))
+    return align.GraphNames(producer, op_type, frozenset(o.name for o in proto.graph.output),
+                            {t: tuple(r) for t, r in readers.items()})
 
 
 def _fixed_shapes(cset: CalibSet) -> dict[str, tuple[int, ...]]:

@@ -14,6 +14,10 @@ Formats as rknn-toolkit2 2.5.0 writes them (recorded under tests/fixtures/vendor
   OutputShape Cycles RW FullName`, FullName being `OpType:node name` (ONNX node names, or names RKNN
   derived from them: `GlobalAveragePool.0_2conv0`, `MatMul.0#2`). Target CPU/NPU and DataType
   INT8/FLOAT16 are where and how the toolkit placed the layer.
+* `<model>.quantization.cfg` (from `hybrid_quantization_step1`): under `quantize_parameters:`, per
+  tensor (4-space indent, name quoted where YAML needs it) the int8 grid the build uses (`min`, `max`,
+  `scale`, `zero_point`, one-item lists, `[]` for a float tensor) and `ori_min`/`ori_max`, the range
+  calibration saw before the toolkit's quant_optimizer adjusted it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,20 @@ class AnalysisRow:
     entire_euclid: float
     single_cosine: float
     single_euclid: float
+
+
+@dataclass(frozen=True)
+class TensorQuant:
+    """One tensor of a quantization.cfg: the range the build quantizes to and the one calibration saw."""
+
+    tensor: str
+    dtype: str
+    min: float
+    max: float
+    scale: float
+    zero_point: int | None
+    ori_min: float
+    ori_max: float
 
 
 @dataclass(frozen=True)
@@ -80,3 +98,55 @@ def parse_layer_table(log: str) -> list[LayerPlacement]:
 def toolkit_version(log: str) -> str | None:
     """`I rknn-toolkit2 version: 2.5.0` at the top of every log."""
     return parse_rknn(log).version or None
+
+
+def parse_quantization_cfg(text: str) -> dict[str, TensorQuant]:
+    """Tensor -> its `quantize_parameters` entry (NaN / None where the cfg gives `[]`: a float tensor).
+
+    The file is YAML, but only a regular subset of it (block lists of one number, `[]`, and the
+    `&id001` / `*id001` anchors PyYAML writes when two tensors share one list): a line-based reader
+    keeps quantscan free of a YAML dependency."""
+    out: dict[str, TensorQuant] = {}
+    fields: dict[str, dict[str, list[str]]] = {}
+    anchors: dict[str, list[str]] = {}
+    tensor, key, inside = "", "", False
+    for line in text.splitlines():
+        if not line.startswith(" "):
+            inside = line.strip() == "quantize_parameters:"
+            continue
+        if not inside or not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        body = line.strip()
+        if indent == 4 and body.endswith(":"):
+            tensor = body[:-1].strip().strip('"').strip("'")
+            fields[tensor] = {}
+        elif indent == 8 and ":" in body and tensor:
+            key, value = (part.strip() for part in body.split(":", 1))
+            if value.startswith("*"):  # a YAML alias: the list an `&anchor` named earlier
+                fields[tensor][key] = anchors.get(value[1:], [])
+                continue
+            values: list[str] = [] if value in ("", "[]") or value.startswith("&") else [value]
+            if value.startswith("&"):
+                anchors[value[1:]] = values
+            fields[tensor][key] = values
+        elif indent == 8 and body.startswith("-") and tensor and key:
+            fields[tensor][key].append(body[1:].strip())
+    for name, f in fields.items():
+        zero_point = _first(f, "zero_point")
+        out[name] = TensorQuant(
+            tensor=name, dtype=_first(f, "dtype") or "", min=_float(f, "min"), max=_float(f, "max"),
+            scale=_float(f, "scale"), zero_point=None if zero_point is None else int(zero_point),
+            ori_min=_float(f, "ori_min"), ori_max=_float(f, "ori_max"),
+        )
+    return out
+
+
+def _first(fields: dict[str, list[str]], key: str) -> str | None:
+    values = fields.get(key) or []
+    return values[0] if values else None
+
+
+def _float(fields: dict[str, list[str]], key: str) -> float:
+    value = _first(fields, key)
+    return math.nan if value is None else float(value)
