@@ -146,6 +146,7 @@ def _scan_job(spec: dict[str, Any]) -> dict[str, Any]:
     """quantscan's Python API, quiet, writing its files to spec['out'] (the writing phase counts)."""
     import quantscan
 
+    phases = _trace_phases() if spec.get("phases") else None
     options = {k: spec[k] for k in ("threads", "batch_size", "max_memory", "limit") if spec.get(k)}
     cpu = time.process_time()
     result = quantscan.scan(spec["model"], spec["calib"], out=spec["out"], **options)
@@ -154,7 +155,59 @@ def _scan_job(spec: dict[str, Any]) -> dict[str, Any]:
     gain = {k: info.options.get(k) for k in ("gain_measured", "gain_samples", "gain_ort_level")}
     return {"times_s": info.times_s, "sites": len(result.sites), "warnings": len(result.warnings),
             "memory": info.memory, "samples": info.evaluation.samples, "gain": gain,
-            "cpu_s": round(cpu, 3)}
+            "cpu_s": round(cpu, 3), "phases": phases}
+
+
+PHASES = (
+    ("quantscan.scanning.prepare", "load_model", "load"),
+    ("quantscan.scanning.prepare", "prepare_for_analysis", "prepare"),
+    ("quantscan.scanning.prepare", "probe_model", "probe"),
+    ("quantscan.scanning.prepare", "calibrate", "calibration"),
+    ("quantscan.graph", "build_qdq_model", "QDQ build"),
+    ("quantscan.graph", "build_analysis_model", "analysis graph"),
+    ("quantscan.runner.Runner", "session", "session"),
+    ("quantscan.scanning.run", "evaluate", "evaluation"),
+    ("quantscan.scanning.run", "build_tables", "tables"),
+    ("quantscan.scanning.run", "rank_by_impact", "gain"),
+    ("quantscan.scanning.run", "deployed_gap_sites", "deployed check"),
+    ("quantscan.scanning.run.ScanResult", "save", "writing"),
+)
+"""(module or class, attribute, label): the scan's phase boundaries `--phases` records RSS at."""
+
+
+def _rss_mb() -> tuple[float, float]:
+    """(VmRSS, VmHWM) of this process in MB."""
+    found = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found[key] = int(rest.split()[0]) / 1024
+    return round(found.get("VmRSS", 0.0), 1), round(found.get("VmHWM", 0.0), 1)
+
+
+def _trace_phases() -> list[list[Any]]:
+    """Wrap the scan's phase functions so each return appends [label, RSS MB, peak so far MB]; the
+    list fills while the scan runs (benchmark-only patching: the package itself is untouched)."""
+    import functools
+    import importlib
+
+    records: list[list[Any]] = [["start", *_rss_mb()]]
+    for owner, attr, label in PHASES:
+        try:
+            target: Any = importlib.import_module(owner)
+        except ModuleNotFoundError:  # module.Class
+            module_name, cls = owner.rsplit(".", 1)
+            target = getattr(importlib.import_module(module_name), cls)
+        original = getattr(target, attr)
+
+        def wrapped(*a: Any, _f: Any = original, _label: str = label, **k: Any) -> Any:
+            out = _f(*a, **k)
+            caller = sys._getframe(1).f_code.co_name
+            records.append([f"{_label} ({caller})" if _label == "session" else _label, *_rss_mb()])
+            return out
+
+        setattr(target, attr, functools.wraps(original)(wrapped))
+    return records
 
 
 def _fp32_job(spec: dict[str, Any]) -> dict[str, Any]:

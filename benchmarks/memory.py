@@ -84,8 +84,11 @@ def workloads(names: Sequence[str], work: Path) -> list[Workload]:
 
 def measure(w: Workload, batch: int | None, args: argparse.Namespace, work: Path) -> list[str]:
     spec = {"kind": "scan", "model": str(w.model), "calib": str(w.samples), "out": str(work / f"out_{w.name}"),
-            "threads": args.threads, "limit": args.limit, "batch_size": batch, "max_memory": args.max_memory}
+            "threads": args.threads, "limit": args.limit, "batch_size": batch, "max_memory": args.max_memory,
+            "phases": args.phases}
     scan = run_child(spec, timeout_s=args.timeout)
+    if args.phases:
+        print(phase_table(w.name, batch, scan), flush=True)
     memory = scan.data.get("memory") or {}
     chosen = memory.get("batch_size") or batch or 1
     fp32 = run_child({"kind": "fp32", "model": str(w.model), "calib": str(w.samples), "threads": args.threads,
@@ -113,6 +116,13 @@ def row(w: Workload, scan: ChildOutcome, fp32: ChildOutcome, memory: dict) -> li
     ]
 
 
+def phase_table(name: str, batch: int | None, scan: ChildOutcome) -> str:
+    """RSS after each phase boundary of one scan (benchmarks/_common.py PHASES): where the peak is."""
+    rows = [[label, fmt_mb(rss), fmt_mb(hwm)] for label, rss, hwm in scan.data.get("phases") or []]
+    title = f"{name} at batch {batch or 'default'}: RSS after each phase"
+    return f"\n{title}\n\n" + markdown_table(("after", "RSS MB", "peak so far MB"), rows) + "\n"
+
+
 HEADERS = ("model", "batch (why)", "segments", "act MB/sample", "estimate MB", "scan peak MB",
            "FP32 peak MB", "scan / FP32", "<= 3x FP32 + 1 GB", "scan wall s")
 
@@ -124,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, nargs="*", default=[], help="fixed batches instead of the plan")
     ap.add_argument("--max-memory", default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--phases", action="store_true", help="also print RSS after each phase of each scan")
     ap.add_argument("--timeout", type=float, default=3600.0)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))

@@ -23,8 +23,10 @@ from quantscan.runner import Runner
 from quantscan.scanning.budget import (
     DEFAULT_BATCH,
     Footprint,
+    default_aim,
     default_budget,
     estimate_peak,
+    fp32_floor,
     machine_memory,
     parse_size,
     plan_memory,
@@ -217,3 +219,23 @@ def test_too_small_a_budget_uses_segments_before_refusing() -> None:
                        n_samples=10)
     assert plan.batch_size == 1 and plan.segments > 1
     assert plan.estimated_peak_bytes <= one - 1
+
+
+def test_the_default_aims_under_a_few_fp32_runs_not_half_the_machine() -> None:
+    aim = default_aim(FOOT)
+    assert aim == int(3 * fp32_floor(FOOT) + GIB)
+    roomy = dict(budget=100 * GIB, budget_source="test", requested_batch=None, fixed_batch=None, n_samples=100)
+    plan = plan_memory(FOOT, **roomy, aim=aim)  # type: ignore[arg-type]
+    assert plan.estimated_peak_bytes <= aim < estimate_peak(FOOT, plan.batch_size + 1)
+    assert plan.aim_bytes == aim and plan.to_json()["aim_bytes"] == aim
+    assert plan_memory(FOOT, **roomy).batch_size == DEFAULT_BATCH  # type: ignore[arg-type]
+
+
+def test_an_aim_batch_1_misses_takes_segments_and_an_unreachable_one_takes_batch_1() -> None:
+    roomy = dict(budget=100 * GIB, budget_source="test", requested_batch=None, fixed_batch=None, n_samples=100)
+    tight = estimate_peak(FOOT, 1) - 1
+    plan = plan_memory(FOOT, **roomy, aim=tight)  # type: ignore[arg-type]
+    assert plan.batch_size == 1 and plan.segments > 1 and plan.estimated_peak_bytes <= tight
+    unreachable = estimate_peak(FOOT, 1, FOOT.sites) - 1
+    plan = plan_memory(FOOT, **roomy, aim=unreachable)  # type: ignore[arg-type]
+    assert plan.batch_size == 1 and plan.segments == 1  # as close to the aim as the plan gets

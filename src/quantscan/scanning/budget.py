@@ -13,7 +13,9 @@ graphs) plus, per sample in a batch, a multiple of the sum of all activations (w
 interleaved analysis session keeps alive, see graph/schedule.py) and of the largest one. The factors
 were fitted on measured peaks (VmHWM, benchmarks/memory.py --batch-size 1 8) and rounded up, so the
 estimate errs high: PP-LCNet 316/628 MB at batch 1/8 (2.3x its 19 MB of activations per sample),
-PP-OCRv4 870/4340 MB (2.6x its 194 MB), a seeded ResNet-50 2148 MB at batch 1.
+PP-OCRv4 870/4340 MB (2.6x its 194 MB), a seeded ResNet-50 1801 MB at batch 1 (2148 before sessions
+took their weights as arrays). The default plan aims lower than the budget (`default_aim`: 3x a plain
+FP32 run + 1 GB, issue 11).
 
 Pure code: no onnxruntime. Reading /proc for the machine's memory is the only outside contact.
 """
@@ -33,16 +35,27 @@ DEFAULT_BATCH = 8
 
 BASE_BYTES = 300 * 2**20
 """Interpreter, numpy/pandas/onnx/onnxruntime, the calibration loader and tables: a scan's floor."""
-WEIGHT_COPIES = 18.0
-"""Copies of the weights alive at the peak (user's model, prepared copy, QDQ model, analysis graph
-and its serialized form, the session's own initializers and pre-packed kernels, the deployed-check
-session, the gain graph). Fitted on the seeded ResNet-50 (102 MB of weights, 2.1 GB at batch 1)."""
+WEIGHT_COPIES = 12.5
+"""Copies of the weights alive at the peak, which is the gain ranking's session build: the user's
+model, the prepared copy, the analysis graph's FP32 and fake-quant weights (twice: the graph and its
+reduced copy), the arrays handed to onnxruntime and its own tensors, the deployed-check session.
+Fitted on the seeded ResNet-50 (102 MB of weights, 1603-1801 MB at batch 1, rounded up; 18 before
+sessions stopped keeping their serialized model and took weights as arrays)."""
 ACTIVATION_FACTOR = 3.0
 """Per sample: this many times the sum of all float activations (FP32, cumulative and isolated
 copies near the frontier, reduction temporaries, the arena's rounding)."""
 LARGEST_FACTOR = 8.0
 """Per sample: this many times the largest activation (a handful of whole-tensor temporaries:
 Sub, Mul and the QDQ pair of the biggest tensor exist at once)."""
+
+GOAL_FACTOR = 3.0
+GOAL_EXTRA_BYTES = 2**30
+"""The default plan aims at a peak of at most GOAL_FACTOR x a plain FP32 run + GOAL_EXTRA_BYTES (issue 11):
+a scan should cost a few FP32 runs' memory, not whatever half the machine allows."""
+FP32_BASE_BYTES = 80 * 2**20
+"""Interpreter, numpy and onnxruntime of a plain FP32 run: its floor (measured 88-90 MB on the small models)."""
+FP32_WEIGHT_COPIES = 2.0
+"""Copies of the weights a plain FP32 session holds (measured 2.2x on a seeded ResNet-50: 325 MB for 102 MB)."""
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -71,6 +84,8 @@ class MemoryPlan:
     footprint: Footprint
     segments: int = 1
     measured_peak_bytes: int | None = None
+    aim_bytes: int | None = None
+    """The default plan's target (`default_aim`); None when the user set the budget or the batch."""
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -89,6 +104,7 @@ class MemoryPlan:
             "activation_bytes_per_sample": self.footprint.activation_bytes,
             "largest_activation_bytes_per_sample": self.footprint.largest_bytes,
             "weight_bytes": self.footprint.weight_bytes,
+            "aim_bytes": self.aim_bytes,
         }
 
 
@@ -172,6 +188,17 @@ def estimate_peak(footprint: Footprint, batch: int, segments: int = 1) -> int:
     return int(fixed + batch * per_sample)
 
 
+def fp32_floor(footprint: Footprint) -> int:
+    """A low estimate of a plain FP32 onnxruntime run's peak: its floor and the session's weights
+    (activations left out, so the aim derived from it errs low)."""
+    return int(FP32_BASE_BYTES + FP32_WEIGHT_COPIES * footprint.weight_bytes)
+
+
+def default_aim(footprint: Footprint) -> int:
+    """The peak the default plan aims under: GOAL_FACTOR x a plain FP32 run's floor + GOAL_EXTRA_BYTES."""
+    return int(GOAL_FACTOR * fp32_floor(footprint) + GOAL_EXTRA_BYTES)
+
+
 def segment_counts(footprint: Footprint) -> list[int]:
     """Segment counts worth trying, fewest first: 2, 4, 8, ... up to one site per segment."""
     counts, n = [], 2
@@ -190,11 +217,13 @@ def plan_memory(
     fixed_batch: int | None,
     n_samples: int,
     segments: int | None = None,
+    aim: int | None = None,
 ) -> MemoryPlan:
     """The largest batch ≤ DEFAULT_BATCH that fits `budget` in one session; else batch 1 in the fewest
     segments that fit; the batch the model or the user fixed, if it fits (in segments if need be).
-    `segments` forces a segment count (tests, the API). Raises UsageError (exit 2, one line) when
-    nothing fits, naming the estimate and the smallest budget that works."""
+    `segments` forces a segment count (tests, the API). `aim` (the default plan, see `default_aim`)
+    lowers the budget to it; batch 1 when nothing gets under it. Raises
+    UsageError (exit 2, one line) when nothing fits, naming the estimate and the smallest budget that works."""
     if fixed_batch:
         return _fixed(footprint, budget, budget_source, fixed_batch, "fixed by the model", segments)
     if requested_batch is not None:
@@ -204,11 +233,41 @@ def plan_memory(
         fits = [b for b in range(1, ceiling + 1) if estimate_peak(footprint, b, segments) <= budget] or [1]
         return MemoryPlan(budget, budget_source, fits[-1], "given segments", estimate_peak(footprint, fits[-1],
                           segments), footprint, segments)
+    if aim is not None and aim < budget:
+        plan = _aimed(footprint, budget, budget_source, ceiling, aim)
+        if plan is not None:
+            return plan
     if estimate_peak(footprint, 1) > budget:
         return _segmented(footprint, budget, budget_source, 1, "batch 1 needs segments")
     batch = max(b for b in range(1, ceiling + 1) if estimate_peak(footprint, b) <= budget)
     source = "default" if batch == ceiling else f"largest that fits {format_size(budget)}"
-    return MemoryPlan(budget, budget_source, batch, source, estimate_peak(footprint, batch), footprint)
+    return MemoryPlan(budget, budget_source, batch, source, estimate_peak(footprint, batch), footprint, aim_bytes=aim)
+
+
+def _aimed(footprint: Footprint, budget: int, budget_source: str, ceiling: int, aim: int) -> MemoryPlan | None:
+    """The largest batch whose estimate is under `aim` in one session, else batch 1 in the fewest
+    segments under it, else batch 1 in one session when the budget holds it (closest to the aim);
+    None when it does not (the budget rule picks the segments then).
+
+    Why: under half the machine's memory the largest batch fits almost any model, and its peak grows
+    with the batch (ResNet-50: 4.3 GB at batch 8, 2 GB at batch 1) while the scan's time per sample
+    barely changes with it (benchmarks/RESULTS.md, memory.py)."""
+    fits = [b for b in range(1, ceiling + 1) if estimate_peak(footprint, b) <= aim]
+    if fits:
+        batch = fits[-1]
+        source = "default" if batch == ceiling else f"largest under the aim of {format_size(aim)}"
+        return MemoryPlan(budget, budget_source, batch, source, estimate_peak(footprint, batch), footprint,
+                          aim_bytes=aim)
+    for count in segment_counts(footprint):
+        peak = estimate_peak(footprint, 1, count)
+        if peak <= aim:
+            return MemoryPlan(budget, budget_source, 1, f"batch 1 in segments under the aim of {format_size(aim)}",
+                              peak, footprint, count, aim_bytes=aim)
+    peak = estimate_peak(footprint, 1)
+    if peak <= budget:
+        return MemoryPlan(budget, budget_source, 1, f"batch 1, closest to the aim of {format_size(aim)}", peak,
+                          footprint, aim_bytes=aim)
+    return None
 
 
 def _segmented(footprint: Footprint, budget: int, budget_source: str, batch: int, why: str) -> MemoryPlan:

@@ -179,13 +179,14 @@ def accumulate_evaluation(
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
     fp32_nodes = [n.name for n in prepared.proto.graph.node]
     analysis = interleave(reducer.attach(combined, outputs + hist_outputs), fp32_nodes)
+    del combined  # attach copied it: two copies of every weight while the session is built otherwise
     session: Session | SegmentedSession
     if segments > 1:
         cuts = balanced_cuts(node_bytes(prepared.proto, probe), segments)
         session = SegmentedSession(runner, split(analysis, fp32_nodes, cuts))
     else:
         session = runner.session(analysis, built=True, ordered=True)
-    del combined, analysis  # two copies of every weight the session (or its segments) no longer needs
+    del analysis  # every weight twice (FP32 and fake-quant) that the session (or its segments) now holds
     deployed = runner.session(qdq, opt_level="all", built=True)
     hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
     cumulative = {t: qm.ErrorAccumulator() for t in pairs}

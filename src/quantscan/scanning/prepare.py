@@ -29,7 +29,15 @@ from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
 from quantscan.records import ActivationScheme
 from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
-from quantscan.scanning.budget import Footprint, MemoryPlan, default_budget, machine_memory, parse_size, plan_memory
+from quantscan.scanning.budget import (
+    Footprint,
+    MemoryPlan,
+    default_aim,
+    default_budget,
+    machine_memory,
+    parse_size,
+    plan_memory,
+)
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.ort_recipe import (
@@ -402,16 +410,19 @@ def memory_plan(
         tensors=len(probe.float_tensors),
         sites=len(sites),
     )
+    aim = None
     if opts.max_memory is not None:
         budget, source = parse_size(opts.max_memory), "--max-memory"
     else:
         available, total = machine_memory()
         budget, source = default_budget(available, total), "half the available RAM"
+        aim = default_aim(footprint)  # the default aims at a few FP32 runs' memory, not half the machine
     workers = worker_count(opts.workers)
     if workers > 1:  # each worker holds its own analysis session: the budget is shared between them
         budget, source = budget // workers, f"{source}, split between {workers} workers"
+        aim = aim // workers if aim is not None else None
     return plan_memory(footprint, budget=budget, budget_source=source, requested_batch=opts.batch_size,
-                       fixed_batch=fixed_batch, n_samples=n_samples, segments=opts.segments)
+                       fixed_batch=fixed_batch, n_samples=n_samples, segments=opts.segments, aim=aim)
 
 
 def activations_source(explicit: bool, profile: str | None) -> str:

