@@ -35,6 +35,8 @@ def test_deploy_compare_failure_is_the_first_error_not_the_traceback_after_it() 
     failure = log.failure
     assert failure is not None
     assert (failure.step, failure.stage, failure.line) == ("model_deploy", Stage.COMPILE, 4)
+    # No -vv rows; the progress bar says one tensor was compared ("1/1"), so that one failed.
+    assert (failure.layer, failure.vendor_op) == ("output0_Concat", "Concat")
     assert failure.message.startswith("npz compare FAILED; min similarity (cosine, euclidean, sqnr) = "
                                       "(0.7610371112823486, -0.6141192159850581, -16.15570902824402)")
     assert log.stage_reached is Stage.LOAD  # model_deploy reads the MLIR model_transform wrote
@@ -52,6 +54,12 @@ def test_not_similar_row_with_its_figures_names_the_failing_tensor() -> None:
                                                                             "model_deploy")
     rules = [f.rule for f in log_findings(log)]
     assert rules == [RULE_FAILED, RULE_NOT_SIMILAR]
+
+
+def test_progress_bar_of_several_tensors_names_no_single_culprit() -> None:
+    text = (FIXTURES / "deploy_compare_failed.log").read_text(encoding="utf-8").replace("1/1 [", "3/3 [")
+    failure = parse_tpu_mlir(text).failure
+    assert failure is not None and failure.layer == ""
 
 
 def test_passed_table_keeps_every_row_and_figures_only_where_printed() -> None:

@@ -53,6 +53,7 @@ _NOT_SUPPORTED = re.compile(r"Op not support:?\s*\{(?P<ops>[^}]*)\}")
 _OPERAND = re.compile(r"operand (?P<name>\S+) not found")
 _CONVERTER_ENTRY = re.compile(r'^\s+"(?P<op>\w+)": lambda node')
 _CRASH = re.compile(r"UNREACHABLE executed at (?P<where>\S+?)!?$|^Stack dump:|Segmentation fault|core dumped")
+_PROGRESS = re.compile(r"^compare (?P<name>\S+?):\s+100%\|.*\|\s*(?P<done>\d+)/(?P<total>\d+)\b")
 _DTYPE_SUFFIX = re.compile(r"_(?:f32|f16|bf16|i8|u8|i32)$")
 _OP_SUFFIX = re.compile(r"_(?P<op>[A-Z][A-Za-z0-9]*)$")
 
@@ -158,7 +159,14 @@ def _compare_failure(lines: list[str], similarity: list[LayerSimilarity]) -> Fai
                                              if minimum else "")
     line = first.line if first else summary
     step = "model_deploy" if _compares_lowered(lines) else ""
-    return _failure_at(lines, line, message, first.layer if first else "", first.vendor_op if first else "", step)
+    layer = first.layer if first else _only_tensor_compared(lines)
+    return _failure_at(lines, line, message, layer, op_of(layer), step)
+
+
+def _only_tensor_compared(lines: list[str]) -> str:
+    """Without -vv rows, the progress bar still names the tensors; when it compared one, that one failed."""
+    bars = [m for line in lines if (m := _PROGRESS.match(line))]
+    return bars[-1].group("name") if bars and bars[-1].group("total") == "1" else ""
 
 
 def _compares_lowered(lines: list[str]) -> bool:
