@@ -101,6 +101,24 @@ def test_tpuc_opt_abort_gives_the_reason_line_and_the_step_from_its_command() ->
     assert log.failure.message == "raw format not support current type (tpuc-opt aborted at Preprocess.cpp:108)"
 
 
+def test_shape_inference_abort_names_the_op_it_was_inferring() -> None:
+    log = parsed("transform_shape_infer_matmul.log")
+    failure = log.failure
+    assert failure is not None
+    assert (failure.step, failure.stage, failure.line) == ("model_transform", Stage.LOAD, 3)
+    assert (failure.layer, failure.vendor_op) == ("/out/MatMul_output_0_MatMul", "MatMul")
+    assert failure.message == "shape is illegal (tpuc-opt aborted at MatMul.cpp:328)"
+
+
+def test_tpuc_opt_assertion_names_the_op_class() -> None:
+    log = parsed("transform_reshape_assertion.log")
+    failure = log.failure
+    assert failure is not None
+    assert (failure.step, failure.vendor_op, failure.line) == ("model_transform", "Reshape", 2)
+    assert failure.message == ("Assertion `num_input == num_output' failed in void "
+                               "tpu_mlir::top::ReshapeOp::shape_inference() (Reshape.cpp:90)")
+
+
 def test_calibration_tuning_abort_is_run_calibration_not_model_deploy() -> None:
     # Both import the calibration table and lower to tpu; only the tuning run writes `*.tune.mlir`.
     log = parsed("calibration_table_missing.log")
@@ -137,6 +155,13 @@ def test_tpu_mlir_names_map_through_their_output_tensor() -> None:
     assert mapper.match("1197_MatMul").node == "/text_projection/MatMul"
     assert mapper.match("output_Greater_f32").mapped_by == "tensor; tpu-mlir dtype suffix"
     assert not mapper.match("1198_MatMul").mapped
+    # The loc() of the op tpuc-opt was inferring when it aborted (transform_shape_infer_matmul.log).
+    out = helper.make_node("MatMul", ["x", "w"], ["/out/MatMul_output_0"], name="/out/MatMul")
+    graph = helper.make_graph([out], "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1])
+                                           for n in ("x", "w")],
+                              [helper.make_tensor_value_info("/out/MatMul_output_0", onnx.TensorProto.FLOAT, [1])])
+    failing = NameMapper(GraphIndex.of(helper.make_model(graph))).match("/out/MatMul_output_0_MatMul")
+    assert (failing.node, failing.op_type) == ("/out/MatMul", "MatMul")
 
 
 @pytest.mark.real

@@ -7,7 +7,7 @@ What tpu-mlir prints (fixtures in tests/fixtures/vendorlog/tpu-mlir, published e
   / `[Success]: cmd` / `[CMD]: cmd` lines;
 - a failure is a Python traceback ending in `XxxError: message` (the converter's
   `KeyError: 'operand NAME not found'`, `Op not support:{'Cos', 'Sin'}`), or tpuc-opt aborting
-  (`UNREACHABLE executed at ...`, `Stack dump:`) after a one-line reason, or the correctness check
+  (`UNREACHABLE executed at ...` after a one-line reason, or `Assertion ... failed.`), or the correctness check
   failing (`npz compare FAILED.`);
 - the correctness check `npz_tool.py compare TARGET REFERENCE -vv` prints one row per tensor,
   `[name] VERDICT [PASSED|FAILED]` followed by `cosine_similarity = c`, `euclidean_similarity = e`,
@@ -54,6 +54,9 @@ _OPERAND = re.compile(r"operand (?P<name>\S+) not found")
 _CONVERTER_ENTRY = re.compile(r'^\s+"(?P<op>\w+)": lambda node')
 _CRASH = re.compile(r"UNREACHABLE executed at (?P<where>\S+?)!?$|^Stack dump:|Segmentation fault|core dumped")
 _PROGRESS = re.compile(r"^compare (?P<name>\S+?):\s+100%\|.*\|\s*(?P<done>\d+)/(?P<total>\d+)\b")
+_ASSERTION = re.compile(r"^tpuc-opt: (?P<file>[^:]+:\d+): (?P<function>.*?): Assertion (?P<condition>.*) failed\.$")
+_TOP_CLASS = re.compile(r"::(?:top|tpu)::(?P<op>\w+?)Op::")
+_DUMPED_OP = re.compile(r'"(?:top|tpu)\.(?P<op>\w+)".*\bloc\("(?P<loc>[^"]+)"\)')
 _DTYPE_SUFFIX = re.compile(r"_(?:f32|f16|bf16|i8|u8|i32)$")
 _OP_SUFFIX = re.compile(r"_(?P<op>[A-Z][A-Za-z0-9]*)$")
 
@@ -195,15 +198,25 @@ def _traceback_failure(lines: list[str]) -> Failure | None:
 
 
 def _crash_failure(lines: list[str]) -> Failure | None:
-    """tpuc-opt aborting: its reason is the line printed just before `UNREACHABLE executed at`."""
+    """tpuc-opt aborting: an assertion names its op class; `UNREACHABLE executed at` follows a one-line
+    reason, and a shape-inference abort prints the op it was inferring with its `loc("name")` first."""
     for number, line in enumerate(lines, start=1):
+        assertion = _ASSERTION.match(line)
+        if assertion:
+            op = _TOP_CLASS.search(assertion.group("function"))
+            message = (f"Assertion {assertion.group('condition')} failed in {assertion.group('function')} "
+                       f"({assertion.group('file').rsplit('/', 1)[-1]})")
+            return _failure_at(lines, number, message, vendor_op=op.group("op") if op else "")
         crash = _CRASH.search(line)
         if crash is None:
             continue
-        reason = lines[number - 2].strip() if number >= 2 else ""
         where = crash.group("where") or ""
-        message = f"{reason} (tpuc-opt aborted at {where.rsplit('/', 1)[-1]})" if where and reason else line.strip()
-        return _failure_at(lines, number - 1 if where and reason else number, message)
+        if not where or number < 2:
+            return _failure_at(lines, number, line.strip())
+        reason = lines[number - 2].strip()
+        dumped = _DUMPED_OP.search(lines[number - 3]) if number >= 3 else None
+        return _failure_at(lines, number - 1, f"{reason} (tpuc-opt aborted at {where.rsplit('/', 1)[-1]})",
+                           layer=dumped.group("loc") if dumped else "", vendor_op=dumped.group("op") if dumped else "")
     return None
 
 
