@@ -137,6 +137,7 @@ def _failure(lines: list[str], similarity: list[LayerSimilarity]) -> Failure | N
 
 def _failure_at(lines: list[str], line: int, message: str, layer: str = "", vendor_op: str = "",
                 step: str = "") -> Failure:
+    """A Failure in the script the line belongs to (compile when no line says which: the last step)."""
     step = step or _step_near(lines, line)
     stage = STEP_STAGES.get(step, Stage.COMPILE)
     return Failure(stage=stage, message=message, layer=layer, vendor_op=vendor_op, line=line, step=step)
@@ -179,7 +180,8 @@ def _compares_lowered(lines: list[str]) -> bool:
 
 
 def _traceback_failure(lines: list[str]) -> Failure | None:
-    start = next((n for n, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), None)
+    # A progress bar without a newline can run into it: "... 2.83it/s]Traceback (most recent call last):".
+    start = next((n for n, line in enumerate(lines) if "Traceback (most recent call last)" in line), None)
     if start is None:
         return None
     step, vendor_op = "", ""
