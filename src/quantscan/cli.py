@@ -897,7 +897,7 @@ def cmd_vendor(args: argparse.Namespace) -> int:
 
 
 def _log_parser(sub: Any) -> None:
-    p = sub.add_parser("log", help="read a vendor conversion log (RKNN-Toolkit2, hb_mapper) into findings")
+    p = sub.add_parser("log", help="read a vendor conversion log (RKNN-Toolkit2, hb_mapper, tpu-mlir) into findings")
     p.add_argument("log_file", metavar="FILE")
     p.add_argument("--model", default=None, help="the ONNX model that was converted: map vendor names to its nodes")
     p.add_argument("--profile", default=None, metavar="NAME|PATH",

@@ -60,7 +60,7 @@ def test_model_maps_every_name(tmp_path: Path, assets: Path, capsys: pytest.Capt
 def test_unknown_format_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     other = tmp_path / "notes.log"
     other.write_text("2024-01-01 12:00:00 INFO training epoch 3 loss 0.12\n")
-    refused(capsys, main(["log", str(other), "--out", str(tmp_path / "o")]), "RKNN-Toolkit2 or hb_mapper")
+    refused(capsys, main(["log", str(other), "--out", str(tmp_path / "o")]), "RKNN-Toolkit2, hb_mapper or tpu-mlir")
     assert not (tmp_path / "o" / "compat.csv").exists()
 
 
@@ -72,13 +72,6 @@ def test_missing_empty_and_binary_files_are_bad_input(tmp_path: Path, capsys: py
     binary = tmp_path / "model.rknn"
     binary.write_bytes(b"RKNN\x00\x00\x01")
     refused(capsys, main(["log", str(binary)]), "binary file")
-
-
-def test_tpu_mlir_log_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Not a real tpu-mlir log (none could be made here): only its command name, to test the refusal.
-    log = tmp_path / "tpu.log"
-    log.write_text("model_transform.py --model_name net --model_def net.onnx --mlir net.mlir\n")
-    refused(capsys, main(["log", str(log)]), "tpu-mlir")
 
 
 def test_missing_model_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
 """Vendor conversion logs read into quantscan's findings (`quantscan log FILE [--model M]`).
 
-One parser per tool (`rknn.py`: RKNN-Toolkit2 2.x; `horizon.py`: hb_mapper), one shared shape
+One parser per tool (`rknn.py`: RKNN-Toolkit2 2.x; `horizon.py`: hb_mapper; `tpumlir.py`: tpu-mlir), one shared shape
 (`parsed.py`), one name mapping back to ONNX (`mapping.py`) and one finding builder
 (`findings.py`) that writes `check`'s own `Finding` records. `read.py` ties them together.
 """

@@ -12,13 +12,15 @@ from collections.abc import Mapping
 
 from quantscan.records import Finding, Placement, RewriteId, Severity
 from quantscan.vendorlog.mapping import NameMatch
-from quantscan.vendorlog.parsed import Failure, ParsedLog, VendorLayer, WeightOutlier
+from quantscan.vendorlog.parsed import Failure, LayerSimilarity, ParsedLog, VendorLayer, WeightOutlier
 
 RULE_FAILED = "vendor-failed"
 RULE_CPU = "vendor-cpu"
 RULE_PRECISION = "vendor-precision"
 RULE_MISMATCH = "vendor-vs-check"
 RULE_OUTLIER = "vendor-weight-outlier"
+RULE_NOT_SIMILAR = "vendor-not-similar"
+RULE_UNSUPPORTED = "vendor-unsupported"
 
 _INT8_WORDS = frozenset({"int8", "uint8", "int32"})
 """int32 is Horizon's high-precision output of a last Conv: still the int8 kernel, not a fallback."""
@@ -46,7 +48,54 @@ def log_findings(parsed: ParsedLog, matches: Mapping[str, NameMatch] | None = No
         elif _not_int8(layer.dtype):
             rows.append(_precision_finding(parsed, layer, matches.get(layer.layer)))
     rows += [_outlier_finding(parsed, outlier, matches.get(outlier.tensor)) for outlier in parsed.weight_outliers]
+    rows += [_not_similar_finding(parsed, row, matches.get(row.layer)) for row in parsed.similarity
+             if row.passed is False]
     return rows
+
+
+def _not_similar_finding(parsed: ParsedLog, row: LayerSimilarity, match: NameMatch | None) -> Finding:
+    """A tensor the tool's own float-vs-quantized comparison failed (tpu-mlir `[name] NOT_SIMLIAR [FAILED]`)."""
+    node, op_type, note = _where(row.layer, row.vendor_op, match)
+    figures = ", ".join(f"{label} {value:g}" for label, value in (("cosine", row.entire_cosine),
+                                                                  ("euclidean", row.entire_euclidean))
+                        if value is not None)
+    return Finding(
+        node=node,
+        op_type=op_type,
+        rule=RULE_NOT_SIMILAR,
+        severity=Severity.WARN,
+        reason=f"{parsed.tool}'s comparison fails tensor {row.layer}" + (f" ({figures})" if figures else "")
+               + note,
+        attribute="cosine",
+        value=f"{row.entire_cosine:g}" if row.entire_cosine is not None else "",
+        fix="compare with quantscan's cumulative cosine at this node (scan layers.csv): if quantscan shows "
+            "the loss too it is quantization (keep the site float or int16 in a bisect plan, export it as "
+            "the tpu-mlir qtable); if not, it is the tool's lowering or kernel",
+        source=f"{parsed.label} log line {row.line}",
+        profile=parsed.label,
+    )
+
+
+def unsupported_findings(parsed: ParsedLog, nodes: Mapping[str, str]) -> list[Finding]:
+    """One error per model node (name -> op type) whose op type the tool said it cannot convert.
+
+    The tool names op types only (tpu-mlir "Op not support:{'Cos', 'Sin'}"), so with the model each
+    node of those types is a row, as `check`'s unsupported-op rule writes them.
+    """
+    line = parsed.failure.line if parsed.failure is not None else 0
+    return [Finding(
+        node=name,
+        op_type=op_type,
+        rule=RULE_UNSUPPORTED,
+        severity=Severity.ERROR,
+        reason=f"{parsed.tool} cannot convert {op_type} nodes",
+        attribute="op_type",
+        value=op_type,
+        fix="replace the op with ones the tool converts, or cut it out of the graph into pre/post-processing",
+        source=f"{parsed.label} log line {line}",
+        forces_cpu=True,
+        profile=parsed.label,
+    ) for name, op_type in nodes.items()]
 
 
 def _outlier_finding(parsed: ParsedLog, outlier: WeightOutlier, match: NameMatch | None) -> Finding:

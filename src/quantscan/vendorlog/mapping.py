@@ -3,11 +3,13 @@
 The tools do not print ONNX node names consistently. RKNN's layer table names the node
 (`Conv:Conv.0`) but its accuracy table names the output tensor, and both carry the names of nodes
 its passes made (`MatMul.0#2`, `GlobalAveragePool.0_2conv0`, `Add.9-rs_sw`, `..._rs`,
-`x_int8`, `..._sw__cvt_int8_float16`). hb_mapper keeps ONNX node names but adds its own
-(`UNIT_CONV_FOR_<Add>`, `HZ_PREPROCESS_FOR_<input>`, `<tensor>_calibrated_Requantize`,
-`<node>_reshape_output`) and cuts long names from the left (`...ge1.0/nonlinearity/Relu`).
-Each renaming is one rule below, so `mapped_by` can say which convention matched, and a name no rule
-explains stays unmapped (and the command says so) instead of being guessed.
+`x_int8`, `..._sw__cvt_int8_float16`). tpu-mlir names each op by its output tensor and op
+type (`/text_model/Flatten_output_0_Flatten`, `1197_MatMul`, outputs `..._f32`). hb_mapper keeps
+ONNX node names but adds its own (`UNIT_CONV_FOR_<Add>`, `HZ_PREPROCESS_FOR_<input>`,
+`<tensor>_calibrated_Requantize`, `<node>_reshape_output`) and cuts long names from the left
+(`...ge1.0/nonlinearity/Relu`). Each renaming is one rule below, so `mapped_by` can say which
+convention matched, and a name no rule explains stays unmapped (and the command says so) instead of
+being guessed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ RENAMES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"_(?:mm_)?tp$"), "RKNN transpose suffix"),
     (re.compile(r"#\d+$"), "RKNN #N suffix"),
     (re.compile(r"_2conv\d*$"), "RKNN _2conv suffix"),
+    (re.compile(r"_(?:f32|f16|bf16)$"), "tpu-mlir dtype suffix"),
+    (re.compile(r"_[A-Z][A-Za-z0-9]*$"), "tpu-mlir _OpType suffix"),
 )
 _MAX_RENAMES = 4
 _FOLDED_INTO = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})

@@ -1,6 +1,6 @@
 """What a vendor conversion log says, in one shape for every tool: stage, failure, placements, cosines.
 
-Each tool's parser (`rknn.py`, `horizon.py`) turns its log text into a `ParsedLog`; the finding
+Each tool's parser (`rknn.py`, `horizon.py`, `tpumlir.py`) turns its log text into a `ParsedLog`; the finding
 builder (`findings.py`) and the name mapping (`mapping.py`) only read this shape, so a new tool is
 one parser file. Vendor names stay as the log spells them (`layer`); mapping them to ONNX nodes is a
 separate step because it needs the model, which the user may not give.
@@ -55,6 +55,9 @@ class Failure:
     vendor_op: str = ""
     line: int = 0
     """1-based line of the log where the error is printed."""
+    step: str = ""
+    """The tool's own name for the step that failed when it has one (tpu-mlir: model_transform,
+    run_calibration, model_deploy); `stage` is the shared word for it."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class LayerSimilarity:
     single_euclidean: float | None = None
     is_output: bool = False
     line: int = 0
+    passed: bool | None = None
+    """The tool's own verdict on the row when it prints one (tpu-mlir's npz compare: PASSED/FAILED)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ class ParsedLog:
     float_tensors: list[str] = field(default_factory=list)
     """Tensors the tool says it keeps in float16 (RKNN "Meet hybrid type")."""
     weight_outliers: list[WeightOutlier] = field(default_factory=list)
+    unsupported_ops: list[str] = field(default_factory=list)
+    """Op types the tool says it cannot convert (tpu-mlir "Op not support:{...}"), as it spells them."""
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -16,11 +16,18 @@ import pandas as pd
 from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.records import FINDING_COLUMNS, FINDING_DETAIL_COLUMNS, Finding
-from quantscan.vendorlog.findings import RULE_MISMATCH, RULE_PRECISION, log_findings, placement_mismatches
+from quantscan.vendorlog.findings import (
+    RULE_MISMATCH,
+    RULE_PRECISION,
+    log_findings,
+    placement_mismatches,
+    unsupported_findings,
+)
 from quantscan.vendorlog.horizon import looks_like_hb_mapper, parse_hb_mapper
 from quantscan.vendorlog.mapping import NameMapper, NameMatch
 from quantscan.vendorlog.parsed import ParsedLog
 from quantscan.vendorlog.rknn import looks_like_rknn, parse_rknn
+from quantscan.vendorlog.tpumlir import looks_like_tpu_mlir, parse_tpu_mlir
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """A conversion log is megabytes; a bigger file is not one run's log (and would be read whole)."""
@@ -29,8 +36,6 @@ LAYER_COLUMNS = ("layer", "vendor_op", "node", "op_type", "tensor", "mapped_by",
                  "dtype", "partition", "entire_cosine", "single_cosine", "is_output", "line")
 """log_layers.csv: one row per vendor name, placement-table names first, then similarity-only names.
 `check_placement` is where `check --profile P` puts the mapped node (only with a model and a profile)."""
-
-_TPU_MLIR_MARKERS = ("model_transform", "model_deploy", "tpu-mlir", "tpuc-opt", "run_calibration")
 
 
 @dataclass
@@ -59,7 +64,8 @@ class LogReading:
         if parsed.failure is not None:
             failure = parsed.failure
             where = f" at {failure.vendor_op} '{failure.layer}'".replace("  ", " ") if failure.layer else ""
-            lines.append(f"failed in {failure.stage}{where}: {failure.message}")
+            step = f" ({failure.step})" if failure.step else ""
+            lines.append(f"failed in {failure.stage}{step}{where}: {failure.message}")
         if parsed.layers:
             cpu = sum(1 for r in parsed.layers if r.target == "cpu" and not r.io_operator)
             wide = int((self.findings["rule"] == RULE_PRECISION).sum())
@@ -101,11 +107,15 @@ def read_log(path: str | Path, model: str | Path | None = None, profile: str | P
     matches: dict[str, NameMatch] = {}
     predicted: dict[str, str] = {}
     profile_name = ""
+    unsupported: dict[str, str] = {}
     if model is not None:
-        matches = map_names(parsed, _model_index(model))
+        index = _model_index(model)
+        matches = map_names(parsed, index)
+        unsupported = nodes_of_types(index, parsed.unsupported_ops)
     if model is not None and profile is not None:
         profile_name, predicted = check_placements(model, profile)
     records = log_findings(parsed, matches)
+    records += unsupported_findings(parsed, unsupported)
     records += placement_mismatches(parsed, matches, predicted, profile_name)
     rows = [f.to_row() for f in records]
     return LogReading(
@@ -153,17 +163,22 @@ def parse_log_text(text: str, where: str = "the log") -> ParsedLog:
         return parse_rknn(text)
     if looks_like_hb_mapper(text):
         return parse_hb_mapper(text)
-    if any(marker in text for marker in _TPU_MLIR_MARKERS):
-        raise UsageError(f"expected an RKNN-Toolkit2 or hb_mapper log, found a tpu-mlir log in {where} "
-                         "(no tpu-mlir parser yet)")
-    raise UsageError(f"expected an RKNN-Toolkit2 or hb_mapper conversion log, found none of their markers "
-                     f"in {where}")
+    if looks_like_tpu_mlir(text):
+        return parse_tpu_mlir(text)
+    raise UsageError(f"expected an RKNN-Toolkit2, hb_mapper or tpu-mlir conversion log, found none of their "
+                     f"markers in {where}")
 
 
 def _model_index(model: str | Path) -> GraphIndex:
     from quantscan.model import load_model
 
     return GraphIndex.of(load_model(model).proto)
+
+
+def nodes_of_types(index: GraphIndex, op_types: list[str]) -> dict[str, str]:
+    """Node name -> op type for every node of the given op types (the tool named types, not nodes)."""
+    wanted = set(op_types)
+    return {index.names[i]: node.op_type for i, node in enumerate(index.nodes) if node.op_type in wanted}
 
 
 def map_names(parsed: ParsedLog, index: GraphIndex) -> dict[str, NameMatch]:
