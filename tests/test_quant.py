@@ -33,6 +33,7 @@ ORT_RANGES: dict[str, tuple[np.ndarray, np.ndarray, bool]] = {
     "uint8": (np.array(0, dtype=np.uint8), np.array(255, dtype=np.uint8), False),
     "int8": (np.array(-127, dtype=np.int8), np.array(127, dtype=np.int8), True),
     "int16": (np.array(-32767, dtype=np.int16), np.array(32767, dtype=np.int16), True),
+    "uint16": (np.array(0, dtype=np.uint16), np.array(65535, dtype=np.uint16), False),
 }
 RANGES = [
     (-1.0, 1.0),
@@ -48,7 +49,7 @@ RANGES = [
 ]
 
 
-@pytest.mark.parametrize("scheme", ["uint8", "int8", "int16"])
+@pytest.mark.parametrize("scheme", ["uint8", "int8", "int16", "uint16"])
 @pytest.mark.parametrize(("rmin", "rmax"), RANGES)
 def test_activation_qparams_match_onnxruntime(scheme: str, rmin: float, rmax: float) -> None:
     qmin, qmax, symmetric = ORT_RANGES[scheme]

@@ -34,6 +34,7 @@ _SCHEMES: dict[str, tuple[type[np.integer], int, int, bool]] = {
     "uint8": (np.uint8, 0, 255, False),
     "int8": (np.int8, -127, 127, True),
     "int16": (np.int16, -32767, 32767, True),
+    "uint16": (np.uint16, 0, 65535, False),
 }
 _WEIGHT_SCHEMES = {8: "int8", 16: "int16"}
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
@@ -79,7 +80,8 @@ def activation_qparams(rmin: float, rmax: float, scheme: str = "uint8") -> QPara
     """Per-tensor activation parameters for a calibrated range, exactly as onnxruntime computes them.
 
     "uint8": asymmetric, range widened to include 0, scale = (rmax - rmin) / 255,
-    zero point = round(-rmin / scale). "int8" / "int16": symmetric, scale = absmax / 127 (/ 32767),
+    zero point = round(-rmin / scale); "uint16" the same over 0..65535 (quantize_static's QUInt16,
+    the onnxruntime recipe's int16 activations). "int8" / "int16": symmetric, scale = absmax / 127 (/ 32767),
     zero point 0. A zero range (rmin == rmax == 0) gets scale 1 and zero point 0: every value
     quantizes to 0, which is exact for a tensor that is always zero; the caller warns about it.
     """
