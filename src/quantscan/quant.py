@@ -190,6 +190,29 @@ def quantize_bias(
     return clamped, np.array(bias_scale, dtype=np.float32), overflowed
 
 
+def widen_weight_scale_for_bias(weight_scale: np.ndarray, input_scale: float, b: np.ndarray) -> F32:
+    """The weight scale onnxruntime's quantize_static uses so that bias / (s_in * s_w) fits int32.
+
+    Same arithmetic as its qdq_quantizer._adjust_weight_scale_for_int32_bias (1.20-1.32): per channel
+    (per tensor for a scalar scale), when s_in * s_w < 1.0001 * 2|b| / (2^32 - 2), s_w grows by the
+    ratio. It matters with 16-bit inputs and weights, whose product scale is ~1e-9.
+    """
+    scale = np.array(weight_scale, dtype=np.float32, copy=True)
+    bias = np.abs(np.asarray(b, dtype=np.float32)).reshape(-1)
+    qrange = np.float64(_INT32.max) - np.float64(_INT32.min + 1)
+    s_in = float(np.float32(input_scale))
+    flat = scale.reshape(-1)
+    per_tensor = flat.size == 1
+    for i in range(flat.size):
+        # onnxruntime's precision: float64 per tensor, float32 up to the division per channel
+        absmax = np.float64(bias.max(initial=0.0)) if per_tensor else bias[i]
+        smallest = float(1.0001 * (2.0 * absmax) / qrange)
+        candidate = s_in * float(flat[i])
+        if 0.0 < candidate < smallest:
+            flat[i] = np.float32(float(flat[i]) * (smallest / candidate))
+    return scale
+
+
 # --------------------------------------------------------------------------------------------------
 # Observers
 

