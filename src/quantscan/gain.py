@@ -12,7 +12,9 @@ int16 activations (quant.activation_qparams(..., "int16"); under the onnxruntime
 16-bit counterpart of the call's activation type, asymmetric uint16 beside uint8: see
 scanning/ort_recipe.INT16_ACTIVATIONS) and per-channel int16 weights; their
 bias stays float (an int16 x int16 kernel accumulates in 48/64 bits, where the bias grid does not
-matter, and s_in·s_w of two int16 scales would overflow an int32 bias). QuantizeLinear with int16
+matter, and s_in·s_w of two int16 scales would overflow an int32 bias); under the onnxruntime recipe
+it is int32 as quantize_static writes it, the weight scale widened where it would overflow
+(MixedBuilder._bias_int16). QuantizeLinear with int16
 needs opset 21: with `fallback="int16"` the prepared copy is raised to opset 21 with
 onnx.version_converter (plan.json says so in `qdq_opset`).
 
