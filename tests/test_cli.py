@@ -309,6 +309,13 @@ def test_bisect_command_writes_a_plan_and_show_reads_the_session(tiny: tuple[Pat
     unreachable = run("bisect", model, "--calib", calib, "--target-cosine", "1", "--fallback", "int16",
                       "--out", tmp_path / "u", "--quiet")
     assert unreachable.returncode == 1, unreachable.stderr
+    import json
+
+    # --profile reaches the bisection (it was parsed and dropped: an onnxruntime plan ran on the kernels)
+    ort = run("bisect", model, "--calib", calib, "--target-cosine", "0.5", "--profile", "onnxruntime",
+              "--out", tmp_path / "o", "--quiet")
+    assert ort.returncode == 0, ort.stderr
+    assert json.loads((tmp_path / "o" / "plan.json").read_text())["recipe"]["recipe"] == "onnxruntime"
     # a cosine above 1 is a slip (issue 14), refused before any work rather than run to "unreachable"
     assert_bad_input(run("bisect", model, "--calib", calib, "--target-cosine", "1.5", "--out", tmp_path / "v"),
                      "(0, 1]")

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnxruntime.quantization import quant_utils
 from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, create_calibrator
@@ -25,6 +26,7 @@ from quantscan.quant import (
     quantize,
     quantize_bias,
     weight_qparams,
+    widen_weight_scale_for_bias,
 )
 
 # ---------------------------------------------------------------------------------------------- qparams
@@ -33,6 +35,7 @@ ORT_RANGES: dict[str, tuple[np.ndarray, np.ndarray, bool]] = {
     "uint8": (np.array(0, dtype=np.uint8), np.array(255, dtype=np.uint8), False),
     "int8": (np.array(-127, dtype=np.int8), np.array(127, dtype=np.int8), True),
     "int16": (np.array(-32767, dtype=np.int16), np.array(32767, dtype=np.int16), True),
+    "uint16": (np.array(0, dtype=np.uint16), np.array(65535, dtype=np.uint16), False),
 }
 RANGES = [
     (-1.0, 1.0),
@@ -48,7 +51,7 @@ RANGES = [
 ]
 
 
-@pytest.mark.parametrize("scheme", ["uint8", "int8", "int16"])
+@pytest.mark.parametrize("scheme", ["uint8", "int8", "int16", "uint16"])
 @pytest.mark.parametrize(("rmin", "rmax"), RANGES)
 def test_activation_qparams_match_onnxruntime(scheme: str, rmin: float, rmax: float) -> None:
     qmin, qmax, symmetric = ORT_RANGES[scheme]
@@ -465,3 +468,23 @@ def test_channel_range_observer_last_axis_nonfinite_and_spread_default() -> None
     assert obs.spread() == 1.0 and obs.dead() == 1
     with pytest.raises(ValueError, match="channel count"):
         obs.update(np.zeros((1, 2, 3)))
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_widen_weight_scale_for_bias_matches_quantize_static(per_channel: bool) -> None:
+    """Oracle: quantize_static's own adjustment (QDQQuantizer._adjust_weight_scale_for_int32_bias uses
+    no state of the quantizer). 16-bit input and weight scales overflow an int32 bias; 8-bit ones don't."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    rng = np.random.default_rng(3)
+    bias = rng.normal(0, 2, 8).astype(np.float32)
+    for input_scale, weight_scale in [(2e-5, rng.uniform(1e-6, 1e-4, 8)), (0.02, rng.uniform(1e-3, 1e-2, 8))]:
+        w_scale = np.asarray(weight_scale if per_channel else weight_scale[:1], np.float32)
+        ours = widen_weight_scale_for_bias(w_scale, input_scale, bias)
+        _, theirs = QDQQuantizer._adjust_weight_scale_for_int32_bias(
+            None,  # type: ignore[arg-type]
+            np.asarray(input_scale, np.float32), w_scale.copy(), "w", numpy_helper.from_array(bias, "b"), per_channel,
+        )
+        assert theirs is not None and ours.dtype == np.float32
+        np.testing.assert_array_equal(ours, theirs)
+    assert (widen_weight_scale_for_bias(np.full(8, 1e-6, np.float32), 2e-5, bias) > 1e-6).any()

@@ -755,7 +755,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             "max_memory": args.max_memory,
             "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
             "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,
+            "profile": args.profile[0] if args.profile else None,
         })
+        if len(args.profile) > 1:
+            raise UsageError(f"bisect: expected one --profile (the chip to simulate), found {len(args.profile)}")
 
     def on_step(step: Any, machine: Any) -> None:
         if not args.quiet:

