@@ -34,12 +34,13 @@ _STEP_ORDER = tuple(STEP_STAGES)
 _MARKERS = ("TPU-MLIR", "tpu_mlir", "tpu-mlir", "model_transform", "model_deploy", "run_calibration",
             "tpuc-opt", "npz_tool.py", "npz compare", "min_similiarity", "Op not support")
 # Words of a line that say which script printed it, most specific first (a tuning run of
-# run_calibration also imports the calibration table and lowers to tpu, like model_deploy).
+# run_calibration also imports the calibration table and lowers to tpu, like model_deploy). tpuc-opt
+# pass names are matched without their leading dashes, so no string here reads as one of our flags.
 _STEP_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run_calibration", ("run_calibration", ".tune.mlir", "tune op:")),
-    ("model_deploy", ("model_deploy", "--convert-top-to-tpu", "_tpu.mlir", "_tpu_outputs.npz", ".bmodel",
-                      ".cvimodel", "--processor-assign", "_final.mlir")),
-    ("model_transform", ("model_transform", "_origin.mlir", "--shape-infer", "Mlir file generated",
+    ("model_deploy", ("model_deploy", "convert-top-to-tpu", "_tpu.mlir", "_tpu_outputs.npz", ".bmodel",
+                      ".cvimodel", "processor-assign", "_final.mlir")),
+    ("model_transform", ("model_transform", "_origin.mlir", "shape-infer", "Mlir file generated",
                          "OnnxConverter", "onnxsim", "Onnxsim")),
 )
 _TRACEBACK_SCRIPT = re.compile(r'File "[^"]*\b(?P<step>model_transform|run_calibration|model_deploy)\.py"')
