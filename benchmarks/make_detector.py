@@ -11,7 +11,6 @@ Run: python benchmarks/make_detector.py OUT.onnx [--seed N] [--size 640]
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import onnx
 from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_resnet import INPUT, _Builder  # noqa: E402  (benchmarks/ is not a package)
+from make_resnet import INPUT, _Builder, builder_main, write_once  # noqa: E402  (benchmarks/ is not a package)
 
 OUTPUT = "maps"
 STAGES: tuple[tuple[int, int], ...] = ((64, 1), (128, 2), (256, 2), (512, 2))
@@ -74,21 +73,11 @@ def build_detector(seed: int = 0, size: int = 640) -> onnx.ModelProto:
 
 
 def write_detector(path: Path, seed: int = 0, size: int = 640) -> Path:
-    """Write the model once; an existing file is reused (the build is deterministic in `seed`)."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        onnx.save(build_detector(seed, size), str(path))
-    return path
+    return write_once(path, lambda: build_detector(seed, size))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--size", type=int, default=640)
-    a = ap.parse_args()
-    onnx.save(build_detector(a.seed, a.size), str(a.out))
-    print(f"wrote {a.out} ({a.out.stat().st_size / 1e6:.1f} MB)")
+    builder_main(__doc__ or "", build_detector, size=640)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Run: python benchmarks/make_resnet.py OUT.onnx [--seed N]
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,21 +121,32 @@ def build_resnet50(seed: int = 0, classes: int = 1000) -> onnx.ModelProto:
     return b.model("resnet50_random", ["N", 3, 224, 224], OUTPUT, ["N", classes])
 
 
-def write_resnet50(path: Path, seed: int = 0) -> Path:
-    """Write the model once; an existing file is reused (the build is deterministic in `seed`)."""
+def write_once(path: Path, build: Callable[[], onnx.ModelProto]) -> Path:
+    """Write the model once; an existing file is reused (every seeded build here is deterministic)."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        onnx.save(build_resnet50(seed), str(path))
+        onnx.save(build(), str(path))
     return path
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def write_resnet50(path: Path, seed: int = 0) -> Path:
+    return write_once(path, lambda: build_resnet50(seed))
+
+
+def builder_main(doc: str, build: Callable[..., onnx.ModelProto], size: int | None = None) -> None:
+    """The command line every make_*.py shares: OUT, --seed, and --size where the model has one."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    if size is not None:
+        ap.add_argument("--size", type=int, default=size)
     a = ap.parse_args()
-    onnx.save(build_resnet50(a.seed), str(a.out))
+    onnx.save(build(a.seed) if size is None else build(a.seed, a.size), str(a.out))
     print(f"wrote {a.out} ({a.out.stat().st_size / 1e6:.1f} MB)")
+
+
+def main() -> None:
+    builder_main(__doc__ or "", build_resnet50)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Run: python benchmarks/make_yolo.py OUT.onnx [--seed N] [--size 640]
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import onnx
 from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_resnet import INPUT, _Builder  # noqa: E402  (benchmarks/ is not a package)
+from make_resnet import INPUT, _Builder, builder_main, write_once  # noqa: E402  (benchmarks/ is not a package)
 
 OUTPUT = "preds"
 WIDTHS = (16, 32, 64, 128, 256)
@@ -116,21 +115,11 @@ def build_yolo(seed: int = 0, size: int = 640) -> onnx.ModelProto:
 
 
 def write_yolo(path: Path, seed: int = 0, size: int = 640) -> Path:
-    """Write the model once; an existing file is reused (the build is deterministic in `seed`)."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        onnx.save(build_yolo(seed, size), str(path))
-    return path
+    return write_once(path, lambda: build_yolo(seed, size))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--size", type=int, default=640)
-    a = ap.parse_args()
-    onnx.save(build_yolo(a.seed, a.size), str(a.out))
-    print(f"wrote {a.out} ({a.out.stat().st_size / 1e6:.1f} MB)")
+    builder_main(__doc__ or "", build_yolo, size=640)
 
 
 if __name__ == "__main__":
