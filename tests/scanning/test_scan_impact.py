@@ -24,6 +24,7 @@ from quantscan.cli import main
 from quantscan.errors import UsageError
 from quantscan.gain import Evaluator, MixedBuilder
 from quantscan.report.diagnosis import WHOLE_SET_COLUMN
+from quantscan.scanning.evaluate import SampleError, largest_error_share_first
 from quantscan.scanning.impact import cumulative_drop, gain_candidates, gain_sample_indices, rank_by_gain
 from quantscan.scanning.prepare import prepare_scan
 
@@ -104,18 +105,19 @@ def _outputs(fp32: onnx.ModelProto, qdq: onnx.ModelProto, x: np.ndarray) -> tupl
     return run(fp32), run(qdq)
 
 
-def test_gain_is_measured_on_the_lowest_cosine_samples(chain: tuple[Path, Path], tmp_path: Path) -> None:
-    """`gain_samples=N`: the gain is measured on the N evaluation samples whose all-int8 output cosine is
-    lowest, and its figures are those of a scan whose evaluation set is exactly those samples (same
-    calibration: `eval=` a folder holding them); rank 1 is re-measured on all samples."""
+def test_gain_is_measured_on_the_samples_with_most_of_the_error(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    """`gain_samples=N`: the gain is measured on the N evaluation samples with the largest ‖FP32 − int8‖²
+    at the output (numpy, written out), and its figures are those of a scan whose evaluation set is
+    exactly those samples (same calibration: `eval=` a folder holding them); rank 1 is re-measured on
+    all samples."""
     model, calib = chain
     x = np.load(calib / "x.npy")
     k = 5
     capped = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=k)
     ref, test = _outputs(onnx.load(model), capped.qdq_model, x)
-    cosines = np.sum(ref * test, axis=1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1))
-    order = np.argsort(cosines, kind="stable")
-    assert cosines[order[k]] - cosines[order[k - 1]] > 1e-6  # the choice is not decided by rounding
+    energy = np.sum((ref - test) ** 2, axis=1)
+    order = np.argsort(-energy, kind="stable")
+    assert energy[order[k - 1]] - energy[order[k]] > 1e-6 * energy[order[0]]  # not decided by rounding
     expected = sorted(int(i) for i in order[:k])
     assert expected != list(range(k))  # the first samples would be a different choice
     assert capped.run_info.evaluation.samples == 24 and capped.run_info.options["gain_samples"] == k
@@ -137,6 +139,18 @@ def test_gain_is_measured_on_the_lowest_cosine_samples(chain: tuple[Path, Path],
     assert again.layers[WHOLE_SET_COLUMN].iloc[0] == pytest.approx(whole.loc[top, "gain_if_float"], abs=1e-9)
     assert again.layers[WHOLE_SET_COLUMN].iloc[1:].isna().all()
     assert WHOLE_SET_COLUMN not in whole.columns  # all samples measured: nothing to re-measure
+
+
+def test_samples_ordered_by_their_share_of_each_outputs_pooled_error() -> None:
+    """A sample counts by its largest share Σd²_i / Σ_j Σx²_j over the headline outputs: output "b" is
+    1000x smaller than "a", so its errors compare against its own total, not a's."""
+    errors = [SampleError(0, "a", 1.0, 1000.0), SampleError(0, "b", 0.0, 1.0),
+              SampleError(1, "a", 5.0, 1000.0), SampleError(1, "b", 0.001, 1.0),
+              SampleError(2, "a", 0.0, 1000.0), SampleError(2, "b", 0.5, 1.0),
+              SampleError(3, "a", 5.0, 1000.0), SampleError(3, "b", 0.0, 1.0)]
+    # shares: 0 -> 1/3000, 1 -> max(5/3000, 0.001/3), 2 -> 0.5/3, 3 -> 5/3000 (ties by index)
+    assert largest_error_share_first(errors) == [2, 1, 3, 0]
+    assert largest_error_share_first([]) == []
 
 
 def test_gain_sample_indices_take_the_order_then_unlisted_samples() -> None:
@@ -218,10 +232,10 @@ def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
     indices = ", ".join(str(i) for i in info["options"]["gain_sample_indices"])
     assert len(info["options"]["gain_sample_indices"]) == 4
     assert (f"measured for {info['options']['gain_measured']} of {len(layers)} sites on the 4 of the 24 evaluation "
-            f"samples with the lowest all-int8 output cosine (indices {indices})") in summary
+            f"samples that carry the most all-int8 output error (indices {indices})") in summary
     top = layers.iloc[0]
     assert f"**Where**: `{top['node']}`" in summary
-    assert "on the 4 of 24 evaluation samples with the lowest all-int8 output cosine, where it is" in summary
+    assert "on the 4 of 24 evaluation samples that carry the most all-int8 output error, where the cosine is" in summary
     off = tmp_path / "off"
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--quiet", "--no-report",
                  "--no-gain"]) == 0

@@ -60,8 +60,9 @@ def rank_doc_gain(
 ) -> str:
     """How `rank` is computed when the output gain was measured (summary.md's 'How rank is computed')."""
     which = f" (indices {', '.join(str(i) for i in indices)})" if indices else ""
-    on = (f" on the {samples} of the {evaluation} evaluation samples with the lowest all-int8 output cosine"
-          f"{which}, where keeping a site float shows most (`--gain-samples N` sets how many, 0 all: each "
+    on = (f" on the {samples} of the {evaluation} evaluation samples that carry the most all-int8 output error"
+          f"{which} (each sample's share of the pooled output error), where keeping a site float shows most "
+          "(`--gain-samples N` sets how many, 0 all: each "
           "measured site re-runs everything downstream of it, so the gain costs tens of network passes per "
           "sample); the diagnosis states its figures on those samples"
           if 0 < samples < evaluation else "")
@@ -125,8 +126,8 @@ def _promised(row: Mapping[str, Any], cosine: float, basis: GainSamples | None) 
         return cosine, whole, " on every evaluation sample"
     gain = _num(row.get("gain_if_float"))
     if basis is not None and math.isfinite(basis.cosine):
-        return basis.cosine, gain, (f" on the {basis.count} of {basis.of} evaluation samples with the lowest "
-                                    f"all-int8 output cosine, where it is {_g(basis.cosine, 5)}")
+        return basis.cosine, gain, (f" on the {basis.count} of {basis.of} evaluation samples that carry "
+                                    f"the most all-int8 output error, where the cosine is {_g(basis.cosine, 5)}")
     return cosine, gain, ""
 
 

