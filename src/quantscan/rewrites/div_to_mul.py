@@ -19,10 +19,9 @@ import onnx
 
 from quantscan.graph.edit import add_initializer, copy_model, elem_types, node_label, unique_name
 from quantscan.graph.index import GraphIndex
-from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.base import FLOAT_TYPES, Change, Refusal, RewriteResult
 
 REWRITE_ID = "div-to-mul"
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
 
 
 def div_to_mul(model: onnx.ModelProto) -> RewriteResult:
@@ -73,7 +72,7 @@ def _refusal(value: np.ndarray | None, etype: int | None, divisor: str) -> str |
     """Why a Div is left alone, or None when its divisor is a float constant with finite reciprocals."""
     if value is None:
         return f"divisor {divisor!r} is computed (or a graph input), not a constant"
-    if not np.issubdtype(value.dtype, np.floating) or (etype is not None and etype not in _FLOAT_TYPES):
+    if not np.issubdtype(value.dtype, np.floating) or (etype is not None and etype not in FLOAT_TYPES):
         return f"integer Div truncates; a Mul by the reciprocal is not the same (divisor dtype {value.dtype})"
     if np.any(value == 0):
         return "divisor contains 0: it has no reciprocal"

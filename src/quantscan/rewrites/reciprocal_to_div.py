@@ -17,10 +17,9 @@ import onnx
 
 from quantscan.graph.edit import copy_model, elem_types, node_label, np_dtype, scalar_input
 from quantscan.graph.index import GraphIndex, is_op
-from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.base import FLOAT_TYPES, Change, Refusal, RewriteResult
 
 REWRITE_ID = "reciprocal"
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
 
 
 def reciprocal_to_div(model: onnx.ModelProto) -> RewriteResult:
@@ -38,7 +37,7 @@ def reciprocal_to_div(model: onnx.ModelProto) -> RewriteResult:
             result.refusals.append(Refusal(REWRITE_ID, label, "input is a constant: constant folding removes it"))
             continue
         etype = types.get(node.input[0])
-        if etype not in _FLOAT_TYPES:
+        if etype not in FLOAT_TYPES:
             result.refusals.append(Refusal(REWRITE_ID, label, f"input type unknown or not float ({etype})"))
             continue
         dtype = np_dtype(etype)
