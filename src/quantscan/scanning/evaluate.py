@@ -111,27 +111,6 @@ class EvalSums:
         return self
 
 
-def evaluate(
-    prepared: PreparedModel,
-    qdq: onnx.ModelProto,
-    sites: Sequence[Site],
-    plan: qgraph.QuantPlan,
-    compare: Sequence[str],
-    eval_set: CalibSet,
-    batch_size: int,
-    runner: Runner,
-    progress: ProgressFactory,
-    probe: Probe,
-    opts: ScanOptions,
-    segments: int = 1,
-) -> Evaluation:
-    """One pass: cumulative and isolated sums and per-channel sums come out of one session per batch
-    (or `segments` sessions taking turns on each batch, when the memory plan says one cannot fit)."""
-    sums = accumulate_evaluation(prepared, qdq, sites, plan, compare, eval_set, batch_size, runner, progress,
-                                 probe, opts, segments=segments)
-    return finish_evaluation(sums, sites, plan, eval_set)
-
-
 def accumulate_evaluation(
     prepared: PreparedModel,
     qdq: onnx.ModelProto,
@@ -148,7 +127,11 @@ def accumulate_evaluation(
     offset: int = 0,
 ) -> EvalSums:
     """Pass 2's sums over `eval_set`, whose first sample is sample `offset` of the whole evaluation set
-    (a `--workers` shard: sample indexes and the hist.npz sample window stay those of the whole set)."""
+    (a `--workers` shard: sample indexes and the hist.npz sample window stay those of the whole set).
+
+    One pass: cumulative, isolated and per-channel sums come out of one session per batch (or
+    `segments` sessions taking turns on each batch, when the memory plan says one cannot fit);
+    `finish_evaluation` turns the (merged) sums into figures."""
     isolated_ids = [k for k, s in enumerate(sites) if s.output in plan.activations]
     combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
     reducer = qgraph.Reducer(prepared.opset_to)

@@ -34,7 +34,7 @@ from quantscan.runner import Runner
 from quantscan.scanning.budget import measured_peak_bytes
 from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.diagnosis import with_inherited
-from quantscan.scanning.evaluate import Evaluation, evaluate, headline
+from quantscan.scanning.evaluate import Evaluation, accumulate_evaluation, finish_evaluation, headline
 from quantscan.scanning.impact import (
     GainMeasure,
     Impact,
@@ -196,10 +196,11 @@ def _measure(
     if pool is not None:
         evaluation = evaluate_in_workers(pool, ctx, calib, qdq, compare, worker_count(opts.workers), progress)
     else:
-        evaluation = evaluate(
+        sums = accumulate_evaluation(
             ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe,
             opts, segments=ctx.memory.segments if ctx.memory is not None else 1,
         )
+        evaluation = finish_evaluation(sums, sites, plan, ctx.eval_set)
     times["evaluation"] = time.perf_counter() - t0
     warnings.extend(evaluation.warnings)
 
