@@ -45,6 +45,17 @@ def test_where_why_and_first_fix_with_the_expected_gain() -> None:
     assert "Deployed" not in text  # 0.001 apart: no gap
 
 
+def test_close_gains_are_called_a_close_call() -> None:
+    """Rank 2 at 0.85 of rank 1's gain is within the 20% margin, rank 3 at 0.75 is not; gains far apart
+    (LAYERS: 0.39 and 0.002) add no such line."""
+    close = LAYERS.assign(gain_if_float=[0.02, 0.017, 0.015])
+    text = "\n".join(diagnosis_lines(_head(0.9, None), {}, close, None))
+    assert "**Close call**: 1 more site was measured within 20% of rank 1's gain" in text and "bisect" in text
+    tied = LAYERS.assign(gain_if_float=[0.02, 0.019, 0.0165])
+    assert "2 more sites were measured within 20%" in "\n".join(diagnosis_lines(_head(0.9, None), {}, tied, None))
+    assert "Close call" not in "\n".join(diagnosis_lines(_head(0.30, None), {}, LAYERS, None))
+
+
 def test_a_named_fix_wins_and_the_deployed_gap_is_flagged() -> None:
     layers = LAYERS.assign(fix=["clamp-mask rewrite", "", ""])
     text = "\n".join(diagnosis_lines(_head(0.998, 0.688), {"y": _metrics(0.998)}, layers, None))

@@ -32,6 +32,10 @@ NOTABLE_GAIN = 1e-4
 PLAN_BEGIN = "<!-- quantscan:bisect-plan -->"
 PLAN_END = "<!-- /quantscan:bisect-plan -->"
 NEXT_SITES = 3
+CLOSE_GAIN = 0.8
+"""A site whose measured gain is at least this fraction of rank 1's is called close to it: on a few gain
+samples their order is not settled (benchmarks/RESULTS.md, scan_gain oracle: ppocrv4_rec's top three
+within 17% on 8 samples, none of them the whole set's best)."""
 
 
 def _num(value: Any) -> float:
@@ -249,7 +253,19 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
     if nexts:
         ranked_on = " on the gain samples" if basis is not None else ""
         lines.append(f"- **Next**: {', '.join(nexts)} (output cosine gain of keeping each float alone{ranked_on}).")
+    close = _close_to_first(layers, gain)
+    if close:
+        lines.append(f"- **Close call**: {close} measured within {_g(100 * (1 - CLOSE_GAIN))}% of rank 1's gain: "
+                     "which of them helps most is not settled by this measurement; `quantscan bisect` chooses "
+                     "among them by the combined effect (`--gain-samples 0` measures them on every sample).")
     return lines
+
+
+def _close_to_first(layers: pd.DataFrame, gain: float) -> str:
+    """How many of the next sites come within CLOSE_GAIN of rank 1's measured gain ("" when none)."""
+    following = pd.to_numeric(layers["gain_if_float"].iloc[1:], errors="coerce")
+    n = int((following >= CLOSE_GAIN * gain).sum())
+    return "" if n == 0 else ("1 more site was" if n == 1 else f"{n} more sites were")
 
 
 def _metric(value: Any, metric: str) -> float:
