@@ -188,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     _task_options(scan)
     scan.add_argument("--cases", default=None, metavar="DIR", help="case library matched when --profile is given")
     _common(scan)
-    scan.add_argument("--gain-candidates", type=int, default=None, metavar="N",
-                      help="sites per ordering whose output gain is measured to rank by impact (default 16)")
+    scan.add_argument("--gain-candidates", default=None, metavar="N|all",
+                      help="sites per ordering whose output gain is measured to rank by impact (default 16; "
+                           "all: every site, the ranking without a candidate rule)")
     scan.add_argument("--no-gain", action="store_true", help="skip the output-gain measurement (= --gain-candidates 0)")
     scan.add_argument("--gain-samples", type=int, default=None, metavar="N",
                       help="evaluation samples the output gain is measured on: those that carry the most all-int8 "
@@ -404,16 +405,22 @@ def default_out(model: str) -> Path:
 # --- commands ------------------------------------------------------------------------------------------
 
 
-def _gain_option(args: argparse.Namespace) -> dict[str, int]:
+def _gain_option(args: argparse.Namespace) -> dict[str, int | str]:
     """--no-gain / --gain-candidates N / --gain-samples N as the scan's options (absent: the defaults)."""
     samples = {} if args.gain_samples is None else {"gain_samples": args.gain_samples}
     if args.no_gain:
         return {"gain_candidates": 0, **samples}
     if args.gain_candidates is None:
         return samples
-    if args.gain_candidates < 0:
-        raise UsageError(f"--gain-candidates: expected a non-negative integer, found {args.gain_candidates}")
-    return {"gain_candidates": args.gain_candidates, **samples}
+    if args.gain_candidates == "all":
+        return {"gain_candidates": "all", **samples}
+    try:
+        count = int(args.gain_candidates)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise UsageError(f"--gain-candidates: expected a non-negative integer or 'all', found {args.gain_candidates}")
+    return {"gain_candidates": count, **samples}
 
 
 def cmd_scan(args: argparse.Namespace) -> int:

@@ -211,6 +211,25 @@ def test_rank_by_gain_keeps_rejected_kernels_first() -> None:
     assert math.isnan(ranked.loc[3, "gain_if_float"]) and ranked.loc[1, "gain_if_float"] == 0.2
 
 
+def test_gain_candidates_all_measures_every_site(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--gain-candidates all`: every site's gain, equal to each variant run as a whole model
+    (`_whole_variant_gains`); summary.md says every site was measured; a word is exit 2."""
+    model, calib = chain
+    out = tmp_path / "all"
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(out), "--quiet", "--no-report",
+                 "--gain-candidates", "all", "--gain-samples", "0"]) == 0
+    info = json.loads((out / "run.json").read_text())
+    layers = pd.read_csv(out / "layers.csv")
+    assert info["options"]["gain_candidates"] == "all" and info["options"]["gain_measured"] == len(layers)
+    oracle = _whole_variant_gains(*chain)
+    for r in layers.to_dict("records"):
+        assert r["gain_if_float"] == pytest.approx(oracle[r["node"]], abs=1e-7)
+    assert f"measured for {len(layers)} of {len(layers)} sites: every site (`--gain-candidates all`)" in (
+        out / "summary.md").read_text()
+    assert main(["scan", str(model), "--calib", str(calib), "--out", str(tmp_path / "bad"), "--quiet",
+                 "--gain-candidates", "many"]) == 2
+
+
 def test_bad_gain_candidates_is_a_usage_error(chain: tuple[Path, Path]) -> None:
     with pytest.raises(UsageError, match="--gain-candidates"):
         quantscan.scan(*chain, gain_candidates=-1)

@@ -58,6 +58,16 @@ def _signed(value: float) -> str:
     return f"{value:+.4g}"
 
 
+def _which_candidates(candidates: int, sites: int) -> str:
+    """Which sites the gain was measured for: all of them, or the candidate rule's union."""
+    if candidates >= sites:
+        return "every site (`--gain-candidates all`)"
+    return (f"the union of the {candidates} lowest by `isolated_sqnr_db`, the {candidates} lowest by "
+            f"`act_worst_channel_sqnr_db`, the {candidates} that lose the most cumulative SQNR between their "
+            "inputs and their output, every site whose figures are not finite and every site writing a headline "
+            "output")
+
+
 def rank_doc_gain(
     measured: int, sites: int, candidates: int, samples: int = 0, evaluation: int = 0,
     indices: Sequence[int] = (),
@@ -74,14 +84,12 @@ def rank_doc_gain(
         f"`rank` orders sites by what keeping each one float does to the model output: `gain_if_float` "
         f"(the headline output cosine with only that site float, minus the all-int8 cosine; the same "
         f"measurement and meaning as `quantscan bisect`), largest first. It was measured for {measured} of "
-        f"{sites} sites{on}: the union of the {candidates} lowest by `isolated_sqnr_db`, the {candidates} lowest by "
-        f"`act_worst_channel_sqnr_db`, the {candidates} that lose the most cumulative SQNR between their "
-        "inputs and their output, every site whose figures are not finite and every site writing a headline "
-        "output. Sites without a measured gain "
+        f"{sites} sites{on}: {_which_candidates(candidates, sites)}. Sites without a measured gain "
         "follow in the old order (ascending isolated SQNR, then worst-channel SQNR, then cumulative SQNR). "
         "With a chip profile, kernels the converter rejects stay first; then sites a cause rule puts in "
         "`diagnosis_tier` 0 or 1 (non-finite figures, absurd scales such as a float-min mask), whose gain "
-        "often cannot be measured and which are the root cause to fix first. `--gain-candidates N` sets the count, "
+        "often cannot be measured and which are the root cause to fix first. `--gain-candidates N` sets the count "
+        "(`all`: every site; no per-site figure predicts the gain, so the candidates can miss the best site), "
         "`--no-gain` turns the measurement off."
     )
 

@@ -167,7 +167,9 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
     measured = int(info.options.get("gain_measured") or 0)
     if measured:
-        rank_doc = rank_doc_gain(measured, info.sites, int(info.options.get("gain_candidates") or 0),
+        per_ordering = info.options.get("gain_candidates")
+        candidates = info.sites if per_ordering == "all" else int(per_ordering or 0)
+        rank_doc = rank_doc_gain(measured, info.sites, candidates,
                                  int(info.options.get("gain_samples") or 0), info.evaluation.samples,
                                  list(info.options.get("gain_sample_indices") or []))
     lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]

@@ -21,6 +21,11 @@ from quantscan.taskmetrics import TASKS
 
 TENSOR_SETS = ("all", "sites")
 DEFAULT_GAIN_CANDIDATES = 16
+ALL_SITES = "all"
+"""`gain_candidates="all"` (`--gain-candidates all`): measure every site's gain, the ranking with no
+candidate rule. Why offered: no per-site figure predicts which site's repair moves the output
+(benchmarks/RESULTS.md, scan_gain oracle: |Spearman| <= 0.18), so the rule can miss the best site; every
+site costs a downstream re-run each, affordable on small models or large evaluation sets."""
 """Sites taken from each ordering (isolated, worst channel, cumulative drop) for the gain measurement."""
 DEFAULT_GAIN_SAMPLES = 8
 """Evaluation samples the gain measurement runs on (those that carry the most all-int8 output error); 0: all.
@@ -118,9 +123,13 @@ class ScanOptions:
     mask_threshold: float = 0.5
     """Score-map threshold for `--task mask` IoU."""
 
-    gain_candidates: int = DEFAULT_GAIN_CANDIDATES
+    gain_candidates: int | str = DEFAULT_GAIN_CANDIDATES
     """How many sites per ordering get their output gain measured (scanning.impact); 0 turns it off
-    (`--no-gain`) and `rank` is then the isolated-error order alone."""
+    (`--no-gain`) and `rank` is then the isolated-error order alone; ALL_SITES measures every site."""
+
+    def candidates_per_ordering(self, n_sites: int) -> int:
+        """`gain_candidates` as a count: every site for ALL_SITES."""
+        return n_sites if self.gain_candidates == ALL_SITES else int(self.gain_candidates)
     gain_samples: int = DEFAULT_GAIN_SAMPLES
     """How many evaluation samples the gain measurement runs on, those that carry the most all-int8 output
     error; 0: all. Why fewer than the evaluation: each candidate's branch re-runs everything downstream
@@ -142,8 +151,9 @@ class ScanOptions:
             raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
         if self.tensors not in TENSOR_SETS:
             raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
-        if not isinstance(self.gain_candidates, int) or self.gain_candidates < 0:
-            raise UsageError(f"--gain-candidates: expected a non-negative integer, found {self.gain_candidates!r}")
+        count = self.gain_candidates
+        if count != ALL_SITES and (not isinstance(count, int) or isinstance(count, bool) or count < 0):
+            raise UsageError(f"--gain-candidates: expected a non-negative integer or 'all', found {count!r}")
         if not isinstance(self.gain_samples, int) or isinstance(self.gain_samples, bool) or self.gain_samples < 0:
             raise UsageError(f"--gain-samples: expected a non-negative integer, found {self.gain_samples!r}")
         if self.task not in TASKS:

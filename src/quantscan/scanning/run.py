@@ -259,7 +259,8 @@ def rank_by_impact(
     and the gains were taken on fewer samples, and let the inherited-error rule name the upstream site it
     measured as the cause, in place."""
     started = time.perf_counter()
-    impact = measure_impact(ctx, tables["layers"], ctx.opts.gain_candidates, samples=ctx.opts.gain_samples,
+    per_ordering = ctx.opts.candidates_per_ordering(len(ctx.sites))
+    impact = measure_impact(ctx, tables["layers"], per_ordering, samples=ctx.opts.gain_samples,
                             sample_order=sample_order, progress=progress, measure=measure)
     if impact.gains:
         tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
