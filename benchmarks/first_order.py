@@ -47,6 +47,7 @@ import argparse  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
+import zlib  # noqa: E402
 from collections.abc import Callable, Iterator, Mapping, Sequence  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
@@ -61,6 +62,7 @@ from _common import markdown_table  # noqa: E402  (benchmarks/ is not a package)
 from onnx import helper, numpy_helper  # noqa: E402
 
 from quantscan.calib import CalibSet  # noqa: E402
+from quantscan.gain import MixedBuilder  # noqa: E402
 from quantscan.graph import build_qdq_model  # noqa: E402
 from quantscan.graph.qdq import input_alias, weight_dq_output  # noqa: E402
 from quantscan.scanning.evaluate import SampleError, largest_error_share_first  # noqa: E402
@@ -112,11 +114,11 @@ def _pool(x: Tensor, a: Mapping[str, Any], kind: str) -> Tensor:
 def _slice(x: Tensor, starts: list[int], ends: list[int], axes: list[int], steps: list[int]) -> Tensor:
     index: list[slice] = [slice(None)] * x.dim()
     for s, e, ax, st in zip(starts, ends, axes, steps, strict=True):
-        if st != 1:
-            raise NotImplementedError("Slice step")
+        if st < 1:
+            raise NotImplementedError("Slice with a negative step")
         n = x.shape[ax]
         s, e = max(min(s if s >= 0 else s + n, n), 0), max(min(e if e >= 0 else e + n, n), 0)
-        index[ax] = slice(s, e)
+        index[ax] = slice(s, e, st)
     return x[tuple(index)]
 
 
@@ -257,6 +259,9 @@ def fake_quant(x: Tensor, scale: float, zero_point: int, qmin: int, qmax: int) -
     return xc + (y - xc).detach()
 
 
+JITTERED = frozenset({"Conv", "Gemm", "MatMul"})
+
+
 @dataclass
 class ActivationPair:
     """One activation QDQ pair: pre-QDQ tensor in, post-QDQ tensor out, per-tensor parameters."""
@@ -280,6 +285,9 @@ class TorchGraph:
     pairs: dict[str, ActivationPair] = field(default_factory=dict)
     """Keyed by the QuantizeLinear node's name."""
     skip: set[str] = field(default_factory=set)
+    jitter: float = 0.0
+    """Relative noise on every Conv/Gemm/MatMul output (0: none), fixed per node name and `seed`: a
+    stand-in for another float32 summation order, to see how much of a figure is rounding."""
 
     def __post_init__(self) -> None:
         inits = {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
@@ -320,7 +328,7 @@ class TorchGraph:
         self.skip.add(users[0].name)
 
     def run(self, feeds: Mapping[str, np.ndarray], keep: Callable[[ActivationPair, Tensor, Tensor], None]
-            | None = None) -> dict[str, Tensor]:
+            | None = None, seed: int = 0) -> dict[str, Tensor]:
         """Every tensor of one batch; `keep(pair, pre, post)` sees each activation pair as it runs."""
         env: dict[str, Tensor] = {**self.consts, **self.leaves}
         env.update({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()})
@@ -336,7 +344,11 @@ class TorchGraph:
                 env[pair.post] = post
                 continue
             ins = [env[t] if t else None for t in node.input]
-            env[node.output[0]] = OPS[node.op_type](ins, _attrs(node))
+            out = OPS[node.op_type](ins, _attrs(node))
+            if self.jitter and node.op_type in JITTERED:
+                gen = torch.Generator().manual_seed(zlib.crc32(node.name.encode()) ^ seed)
+                out = out * (1.0 + self.jitter * torch.randn(out.shape, generator=gen))
+            env[node.output[0]] = out
         return env
 
 
@@ -503,6 +515,54 @@ def _dq_value(ctx: ScanContext, name: str) -> Tensor:
     return torch.from_numpy(((q32 - z32) * s32).astype(np.float32)).double()
 
 
+# --- exact gains in both float paths (how much of the oracle's order is float32 rounding) -----------
+
+
+def headline_cosine(sums: Mapping[str, Sums]) -> float:
+    """The worst output's pooled cosine (gain.headline: the worst output counts)."""
+    return min(s.cosine() for s in sums.values())
+
+
+def exact_gains(ctx: ScanContext, batches: Sequence[Mapping[str, np.ndarray]],
+                reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[str], base: Pass1,
+                jitter: float) -> pd.DataFrame:
+    """Every site's gain_if_float measured exactly three times: the variant QDQ model (gain.MixedBuilder, the
+    oracle's construction) run by onnxruntime (ORT_DISABLE_ALL, as the gain session), by the torch
+    interpreter, and by the interpreter with `jitter` on every Conv/Gemm/MatMul output (the same noise in
+    the all-int8 base and every variant), each against its own all-int8 cosine. The onnxruntime column
+    should reproduce the oracle; the other two differ from it only by float32-sized rounding, so their
+    agreement with the oracle bounds what any estimate computed outside onnxruntime can show."""
+    builder = MixedBuilder(ctx)
+    base_ort, base_torch = headline_cosine(base.ort_sums), headline_cosine(base.sums)
+    base_jit = headline_cosine(_torch_sums(TorchGraph(builder.model(builder.precisions()), jitter=jitter), batches,
+                                           reference, outputs))
+    rows = []
+    for site in ctx.sites:
+        model = builder.model(builder.precisions([site.node]))
+        sess = ort_session(model, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        o_sums = {o: Sums() for o in outputs}
+        for feed, ref in zip(batches, reference, strict=True):
+            for o, y in zip(outputs, sess.run(list(outputs), dict(feed)), strict=True):
+                _sums_of(ref[o], y, o_sums[o])
+        t_sums = _torch_sums(TorchGraph(model), batches, reference, outputs)
+        j_sums = _torch_sums(TorchGraph(model, jitter=jitter), batches, reference, outputs)
+        rows.append({"node": site.node, "exact_ort": headline_cosine(o_sums) - base_ort,
+                     "exact_torch": headline_cosine(t_sums) - base_torch,
+                     "exact_jitter": headline_cosine(j_sums) - base_jit})
+    return pd.DataFrame(rows)
+
+
+def _torch_sums(graph: TorchGraph, batches: Sequence[Mapping[str, np.ndarray]],
+                reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[str]) -> dict[str, Sums]:
+    sums = {o: Sums() for o in outputs}
+    for i, (feed, ref) in enumerate(zip(batches, reference, strict=True)):
+        with torch.no_grad():
+            env = graph.run(feed, seed=i)
+        for o in outputs:
+            _sums_of(ref[o], env[o].numpy(), sums[o])
+    return sums
+
+
 # --- comparison with the oracle ----------------------------------------------------------------------
 
 
@@ -526,7 +586,7 @@ def batches_of(cset: CalibSet, size: int) -> list[dict[str, np.ndarray]]:
     return [dict(b) for b in cset.batches(size)]
 
 
-def run_model(name: str, worst: int) -> Iterator[dict[str, Any]]:
+def run_model(name: str, worst: int, exact: bool, jitter: float) -> Iterator[dict[str, Any]]:
     ctx = prepare_scan(ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name, threads=1)
     qdq = build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
     graph = TorchGraph(qdq)
@@ -537,6 +597,8 @@ def run_model(name: str, worst: int) -> Iterator[dict[str, Any]]:
     head = min(outputs, key=lambda o: p1.sums[o].cosine())
     act, grads, p2_s = gradient_terms(graph, batches, p1.reference, head, p1.sums[head])
     est = site_estimates(ctx, act, grads)
+    if exact:
+        est = est.merge(exact_gains(ctx, batches, p1.reference, outputs, p1, jitter), on="node")
     row = {"model": name, "samples": ctx.eval_set.n_samples, "sites": len(ctx.sites), "head": head,
            "cosine": p1.sums[head].cosine(), "ort_cosine": p1.ort_sums[head].cosine(),
            "fp32_diff": p1.fp32_max_abs, "qdq_diff": p1.qdq_max_abs,
@@ -549,7 +611,10 @@ def run_model(name: str, worst: int) -> Iterator[dict[str, Any]]:
 
 def _scores(est: pd.DataFrame, oracle: pd.DataFrame) -> dict[str, Any]:
     out = {}
-    for column, tag in (("estimate", ""), ("estimate_own", "own_"), ("weights", "w_")):
+    for column, tag in (("estimate", ""), ("estimate_own", "own_"), ("weights", "w_"),
+                        ("exact_ort", "xo_"), ("exact_torch", "xt_"), ("exact_jitter", "xj_")):
+        if column not in est:
+            continue
         out.update({f"{tag}{k}": v for k, v in agreement(est, oracle, column).items()})
     return out
 
@@ -573,11 +638,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=MODELS)
     parser.add_argument("--worst", type=int, default=8, help="also on the N most-error samples (0: skip)")
+    parser.add_argument("--exact", action="store_true",
+                        help="also every site's exact gain in onnxruntime and in torch (slow: a model per site)")
+    parser.add_argument("--jitter", type=float, default=1e-6,
+                        help="relative noise on Conv/Gemm/MatMul outputs for the --exact rounding check")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
     for name in args.models:
-        for row in run_model(name, args.worst):
+        for row in run_model(name, args.worst, args.exact, args.jitter):
             rows.append(row)
             print(row, flush=True)
     print(f"load average {os.getloadavg()}")
@@ -594,6 +663,10 @@ def results_table(rows: Sequence[Mapping[str, Any]]) -> str:
              f"#{r['oracle1_at']}", f"{r['top3_in_8']} / {r['top3_in_16']}", f"{r['own_rho']:+.2f}",
              f"#{r['own_oracle1_at']}", f"{r['own_top3_in_8']} / {r['own_top3_in_16']}", f"{r['w_rho']:+.2f}",
              f"#{r['w_oracle1_at']}", f"{r['pass2_x']:.1f}x", f"{r['pass1_x']:.1f}x"] for r in rows]
+    if all("xo_rho" in r for r in rows):
+        headers += ["exact ort ρ / #1 at", "exact torch ρ / #1 at", "exact jittered ρ / #1 at"]
+        for line, r in zip(body, rows, strict=True):
+            line += [f"{r[t + 'rho']:+.2f} / #{r[t + 'oracle1_at']}" for t in ("xo_", "xt_", "xj_")]
     return markdown_table(headers, body)
 
 
