@@ -178,8 +178,8 @@ def accumulate_evaluation(
     outputs += [n for pair in clip_names.values() for n in pair]
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
     fp32_nodes = [n.name for n in prepared.proto.graph.node]
-    analysis = interleave(reducer.attach(combined, outputs + hist_outputs), fp32_nodes)
-    del combined  # attach copied it: two copies of every weight while the session is built otherwise
+    analysis = interleave(reducer.attach(combined, outputs + hist_outputs, in_place=True), fp32_nodes)
+    del combined  # the same model as `analysis` now
     session: Session | SegmentedSession
     if segments > 1:
         cuts = balanced_cuts(node_bytes(prepared.proto, probe), segments)
