@@ -104,3 +104,22 @@ def test_weights_in_a_mapped_file_stay_available_inside_a_subgraph() -> None:
     want = Runner(threads=1).session(model.SerializeToString()).run(feeds)
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value)
+
+
+def test_no_room_for_the_weights_file_falls_back_to_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temporary folder that cannot take the file (full, read-only) costs a copy, not the scan."""
+    import quantscan.runner as runner_module
+
+    def no_room(model: onnx.ModelProto) -> runner_module.StagedModel:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runner_module, "write_weights_file", no_room)
+    model = chain_model(layers=4)
+    runner = Runner(threads=1, weights_file_bytes=1)
+    staged = runner.stage(model)
+    assert isinstance(staged.source, bytes) and staged.names  # the arrays route
+    x = np.random.default_rng(8).standard_normal((2, 16)).astype(np.float32)
+    got = runner.session(staged).run({"x": x})
+    want = Runner(threads=1).session(model.SerializeToString()).run({"x": x})
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)

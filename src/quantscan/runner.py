@@ -142,7 +142,10 @@ class Runner:
         the staged model's bytes.
         """
         if movable_bytes(model) >= self.weights_file_bytes:
-            return write_weights_file(model)
+            try:
+                return write_weights_file(model)
+            except OSError:
+                pass  # no room for the file (a small temporary folder): the arrays, one copy more while building
         stub, names, values = without_weights(model)
         return StagedModel(stub.SerializeToString(), names, values)
 
@@ -277,7 +280,15 @@ def write_weights_file(model: onnx.ModelProto) -> StagedModel:
     those of the arrays route (bit-identical, tested).
     """
     folder = tempfile.TemporaryDirectory(prefix="quantscan-weights-")
-    root = Path(folder.name)
+    try:
+        return _write_into(model, Path(folder.name), folder)
+    except OSError:
+        folder.cleanup()
+        raise
+
+
+def _write_into(model: onnx.ModelProto, root: Path, folder: tempfile.TemporaryDirectory[str]) -> StagedModel:
+    """`write_weights_file`'s writing, into `root` (the temporary `folder`)."""
     read = _names_read(model.graph)
     stub = copy_without_initializers(model)
     with (root / WEIGHTS_FILE).open("wb") as fh:
