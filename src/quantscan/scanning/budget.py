@@ -46,7 +46,7 @@ MAPPED_WEIGHT_COPIES = 5.0
 weights_mapped`, runner.WEIGHTS_FILE_BYTES): each session's graph is dropped before its session is
 built and no array copy exists beside onnxruntime's, so the peak holds the user's model, the prepared
 copy, the QDQ model and the analysis session's FP32 and fake-quant weights. Fitted on the seeded
-BERT-base (438 MB of weights, 2.8-3.0 GB at batch 1; 5.3 GB and 12.5 copies before), rounded up."""
+BERT-base (438 MB of weights, 2.7-2.8 GB at batch 1; 5.3 GB and 12.5 copies before), rounded up."""
 ACTIVATION_FACTOR = 3.0
 """Per sample: this many times the sum of all float activations (FP32, cumulative and isolated
 copies near the frontier, reduction temporaries, the arena's rounding)."""
