@@ -290,7 +290,8 @@ def write_weights_file(model: onnx.ModelProto) -> StagedModel:
     while this runs; the tensors keep their names, shapes and bytes, so the session's results are
     those of the arrays route (bit-identical, tested).
     """
-    folder = tempfile.TemporaryDirectory(prefix="quantscan-weights-")
+    # a mapped file cannot be removed on Windows: the folder stays there rather than the scan failing
+    folder = tempfile.TemporaryDirectory(prefix="quantscan-weights-", ignore_cleanup_errors=True)
     try:
         return _write_into(model, Path(folder.name), folder)
     except OSError:
