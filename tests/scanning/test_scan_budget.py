@@ -31,7 +31,8 @@ from quantscan.scanning.budget import (
     parse_size,
     plan_memory,
 )
-from quantscan.scanning.prepare import prepare_scan
+from quantscan.scanning.options import ScanOptions
+from quantscan.scanning.prepare import memory_plan, prepare_scan
 
 GIB, MIB = 2**30, 2**20
 FOOT = Footprint(activation_bytes=200 * MIB, largest_bytes=20 * MIB, weight_bytes=50 * MIB, tensors=100, sites=40)
@@ -73,6 +74,24 @@ def test_the_largest_batch_that_fits_is_chosen() -> None:
     few = plan_memory(FOOT, budget=100 * GIB, budget_source="test", requested_batch=None, fixed_batch=None,
                       n_samples=5)
     assert few.batch_size == 5  # a batch larger than the data is never run
+
+
+def test_weights_mapped_from_a_file_count_fewer_copies_and_only_large_models_map_them(tmp_path: Path) -> None:
+    """A model whose analysis graph maps its weights (runner.WEIGHTS_FILE_BYTES) holds fewer copies of
+    them at the peak: the estimate drops by the difference, activations unchanged."""
+    from dataclasses import replace
+
+    from quantscan.scanning.budget import MAPPED_WEIGHT_COPIES, WEIGHT_COPIES
+
+    mapped = replace(FOOT, weights_mapped=True)
+    for batch in (1, 4):
+        saved = estimate_peak(FOOT, batch) - estimate_peak(mapped, batch)
+        assert saved == pytest.approx((WEIGHT_COPIES - MAPPED_WEIGHT_COPIES) * FOOT.weight_bytes, abs=2)
+    opts = ScanOptions(max_memory="8G")
+    ctx = prepare_scan(*write_chain(tmp_path, samples=2))
+    for threshold, expected in ((1, True), (2**40, False), (None, False)):
+        plan = memory_plan(ctx.prepared, ctx.probe, ctx.sites, opts, None, 2, threshold)
+        assert plan.footprint.weights_mapped is expected
 
 
 def test_an_explicit_batch_that_cannot_fit_is_refused_with_the_estimate() -> None:

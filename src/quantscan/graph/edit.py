@@ -8,6 +8,7 @@ the graph (producers, consumers, constants) is `quantscan.graph.index`'s job.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,6 +22,34 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
+
+
+def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every field of `model` copied except the main graph's initializers (left empty).
+
+    Why: a protobuf message frees its memory only as a whole (onnx's upb protobuf allocates a
+    message's fields in one arena), so a deep copy whose initializers are then deleted or pruned
+    keeps every deleted weight alive until the copy itself goes. Graph builders that keep only some
+    initializers copy the rest of the model with this and add the ones they keep.
+    """
+    out = onnx.ModelProto()
+    copy_fields(model, out, skip="graph")
+    copy_fields(model.graph, out.graph, skip="initializer")
+    return out
+
+
+def copy_fields(source: Any, target: Any, *, skip: str) -> None:
+    """Copy every set field of a protobuf message but one (`skip`), without touching that one."""
+    for field_desc, value in source.ListFields():
+        if field_desc.name == skip:
+            continue
+        repeated = getattr(field_desc, "is_repeated", None)  # protobuf >= 5.28; `label` before
+        if repeated if repeated is not None else field_desc.label == field_desc.LABEL_REPEATED:
+            getattr(target, field_desc.name).extend(value)
+        elif field_desc.message_type is not None:
+            getattr(target, field_desc.name).CopyFrom(value)
+        else:
+            setattr(target, field_desc.name, value)
 
 
 def node_label(node: onnx.NodeProto) -> str:

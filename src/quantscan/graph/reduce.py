@@ -197,9 +197,11 @@ class Reducer:
         self.inits.extend(inits)
         return nodes[0].output[0], out
 
-    def attach(self, model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.ModelProto:
-        """Add the reduction nodes and make `outputs` the model's only outputs (new model)."""
-        out = copy.deepcopy(model)
+    def attach(self, model: onnx.ModelProto, outputs: Sequence[str], *, in_place: bool = False) -> onnx.ModelProto:
+        """Add the reduction nodes and make `outputs` the model's only outputs (a new model; `in_place`:
+        `model` itself, for a caller whose graph exists only to be reduced, where a copy would hold every
+        weight twice while the session is built)."""
+        out = model if in_place else copy.deepcopy(model)
         out.graph.node.extend(self.nodes)
         out.graph.initializer.extend(self.inits)
         del out.graph.output[:]

@@ -41,6 +41,12 @@ model, the prepared copy, the analysis graph's FP32 and fake-quant weights (twic
 reduced copy), the arrays handed to onnxruntime and its own tensors, the deployed-check session.
 Fitted on the seeded ResNet-50 (102 MB of weights, 1603-1801 MB at batch 1, rounded up; 18 before
 sessions stopped keeping their serialized model and took weights as arrays)."""
+MAPPED_WEIGHT_COPIES = 5.0
+"""The same when the analysis graph's weights reach onnxruntime through a file it maps (`Footprint.
+weights_mapped`, runner.WEIGHTS_FILE_BYTES): each session's graph is dropped before its session is
+built and no array copy exists beside onnxruntime's, so the peak holds the user's model, the prepared
+copy, the QDQ model and the analysis session's FP32 and fake-quant weights. Fitted on the seeded
+BERT-base (438 MB of weights, 2.7-2.8 GB at batch 1; 5.3 GB and 12.5 copies before), rounded up."""
 ACTIVATION_FACTOR = 3.0
 """Per sample: this many times the sum of all float activations (FP32, cumulative and isolated
 copies near the frontier, reduction temporaries, the arena's rounding)."""
@@ -70,6 +76,9 @@ class Footprint:
     weight_bytes: int
     tensors: int
     sites: int
+    weights_mapped: bool = False
+    """The analysis graph's weights (FP32 and fake-quant, about twice `weight_bytes`) are large enough
+    that onnxruntime maps them from a file (runner.WEIGHTS_FILE_BYTES): fewer copies at the peak."""
 
 
 @dataclass
@@ -182,7 +191,8 @@ def measured_peak_bytes() -> int | None:
 def estimate_peak(footprint: Footprint, batch: int, segments: int = 1) -> int:
     """Predicted peak resident bytes of a whole scan (probe to gain ranking) at `batch` samples per run,
     the analysis split into `segments` sessions (each holds about 1/segments of the activations)."""
-    fixed = BASE_BYTES + WEIGHT_COPIES * footprint.weight_bytes
+    copies = MAPPED_WEIGHT_COPIES if footprint.weights_mapped else WEIGHT_COPIES
+    fixed = BASE_BYTES + copies * footprint.weight_bytes
     per_sample = ACTIVATION_FACTOR * footprint.activation_bytes / max(1, segments)
     per_sample += LARGEST_FACTOR * footprint.largest_bytes
     return int(fixed + batch * per_sample)

@@ -164,15 +164,18 @@ def accumulate_evaluation(
     outputs += [n for pair in clip_names.values() for n in pair]
     hist_outputs = [n for pair in hist_codes.values() for n in pair]
     fp32_nodes = [n.name for n in prepared.proto.graph.node]
-    analysis = interleave(reducer.attach(combined, outputs + hist_outputs), fp32_nodes)
-    del combined  # attach copied it: two copies of every weight while the session is built otherwise
+    analysis = interleave(reducer.attach(combined, outputs + hist_outputs, in_place=True), fp32_nodes)
+    del combined  # the same model as `analysis` now
     session: Session | SegmentedSession
     if segments > 1:
         cuts = balanced_cuts(node_bytes(prepared.proto, probe), segments)
         session = SegmentedSession(runner, split(analysis, fp32_nodes, cuts))
+        del analysis  # every weight twice (FP32 and fake-quant) that the segments now hold
     else:
-        session = runner.session(analysis, built=True, ordered=True)
-    del analysis  # every weight twice (FP32 and fake-quant) that the session (or its segments) now holds
+        staged = runner.stage(analysis)  # the weights leave the proto (as arrays or a mapped file), so
+        del analysis  # the proto goes before onnxruntime builds its copy: one copy of them fewer at the peak
+        session = runner.session(staged, built=True, ordered=True)
+        del staged
     deployed = runner.session(qdq, opt_level="all", built=True)
     hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
     cumulative = {t: qm.ErrorAccumulator() for t in pairs}

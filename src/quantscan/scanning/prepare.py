@@ -353,7 +353,8 @@ def prepare_timed(
     else:
         sites, origins = _sites(loaded, prepared, probe, order, opts)
     warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
-    memory = memory_plan(prepared, probe, sites, opts, fixed_batch, min(cset.n_samples, eval_set.n_samples))
+    memory = memory_plan(prepared, probe, sites, opts, fixed_batch, min(cset.n_samples, eval_set.n_samples),
+                         runner.weights_file_bytes)
     batch_size = 1 if opts.state else memory.batch_size
     times["probe"] = time.perf_counter() - t0 - times.get("quantize_static", 0.0)
 
@@ -400,15 +401,18 @@ def _stateful_sets(
 
 def memory_plan(
     prepared: PreparedModel, probe: Probe, sites: Sequence[Site], opts: ScanOptions, fixed_batch: int | None,
-    n_samples: int,
+    n_samples: int, weights_file_bytes: int | None = None,
 ) -> MemoryPlan:
-    """The batch size from the budget (`--max-memory`, else half the available RAM) and the probe's sizes."""
+    """The batch size from the budget (`--max-memory`, else half the available RAM) and the probe's sizes.
+    `weights_file_bytes`: the runner's threshold for mapping a session's weights from a file (None: never)."""
+    weight_bytes = sum(len(t.raw_data) or t.ByteSize() for t in prepared.proto.graph.initializer)
     footprint = Footprint(
         activation_bytes=probe.activation_bytes,
         largest_bytes=probe.largest_bytes,
-        weight_bytes=sum(len(t.raw_data) or t.ByteSize() for t in prepared.proto.graph.initializer),
+        weight_bytes=weight_bytes,
         tensors=len(probe.float_tensors),
         sites=len(sites),
+        weights_mapped=weights_file_bytes is not None and 2 * weight_bytes >= weights_file_bytes,
     )
     aim = None
     if opts.max_memory is not None:
