@@ -314,7 +314,10 @@ class Evaluator:
         tasks = self.tasks() if self.tasks is not None else {}
         raw = [n for o in tasks for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
         names = list(dict.fromkeys([*pairs.outputs(), *raw]))
-        session = self.runner.session(pairs.reducer.attach(combined, names), built=True)
+        staged = self.runner.stage(pairs.reducer.attach(combined, names, in_place=True))
+        del mixed, combined  # dropped before onnxruntime builds its copy (bisect on BERT-base: 2 weight sets)
+        session = self.runner.session(staged, built=True)
+        del staged
         for feeds in self.ctx.eval_set.batches(self.ctx.batch_size):
             values = session.run(feeds)
             pairs.update(values, refs)

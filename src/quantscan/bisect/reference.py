@@ -59,9 +59,12 @@ class CachedReferenceEvaluator(Evaluator):
             pairs.add((o, "q"), o + REF_SUFFIX, o, o, o in self.classifiers)
             refs[(o, "q")] = (o + REF_SUFFIX, o)
         fed = [o + REF_SUFFIX for o in self.outputs]
-        graph = _with_inputs(pairs.reducer.attach(mixed, [n for n in pairs.outputs() if n not in fed]),
+        graph = _with_inputs(pairs.reducer.attach(mixed, [n for n in pairs.outputs() if n not in fed], in_place=True),
                              reference[0], self.outputs)
-        session = self.runner.session(graph, built=True)
+        staged = self.runner.stage(graph)
+        del mixed, graph  # dropped before onnxruntime builds its copy of the weights (as Evaluator.evaluate)
+        session = self.runner.session(staged, built=True)
+        del staged
         for feeds, ref in zip(self.ctx.eval_set.batches(self.ctx.batch_size), reference, strict=True):
             given = {o + REF_SUFFIX: v for o, v in ref.items()}
             pairs.update({**given, **session.run({**feeds, **given})}, refs)
