@@ -414,13 +414,11 @@ def _gain_option(args: argparse.Namespace) -> dict[str, int | str]:
         return samples
     if args.gain_candidates == "all":
         return {"gain_candidates": "all", **samples}
-    try:
-        count = int(args.gain_candidates)
+    try:  # a negative count is refused with the API's own message (ScanOptions.validate)
+        return {"gain_candidates": int(args.gain_candidates), **samples}
     except ValueError:
-        count = -1
-    if count < 0:
-        raise UsageError(f"--gain-candidates: expected a non-negative integer or 'all', found {args.gain_candidates}")
-    return {"gain_candidates": count, **samples}
+        raise UsageError(f"--gain-candidates: expected a non-negative integer or 'all', found "
+                         f"{args.gain_candidates}") from None
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
