@@ -17,7 +17,10 @@ ones) is compared with the reference's top 3: how many of the three agree, and w
 The oracle table (`--oracle`) is the ground truth the ranking is for: one more scan measures EVERY
 site's gain on EVERY evaluation sample (`gain_candidates` unbounded, `gain_samples=0`), then reads
 where the default scan's top 3 land in that order, whether the oracle's #1 was a candidate at all,
-and what the default #1 would really give: its whole-set gain as a fraction of the best one.
+and what the default #1 would really give: its whole-set gain as a fraction of the best one. It also
+reads whether the oracle's #1 is among rank 1 and the sites summary.md calls a close call to it (less
+than 2 paired jackknife standard errors below it on the gain samples), in the default scan and in a
+scan that measures every site (`--gain-candidates all`, default gain samples).
 
 The last table is the closing note of issue 10: summary.md's top 3 before (no measured gain, the
 isolated-error order) and after (ranked by measured gain), and the first thing summary.md tells
@@ -39,7 +42,7 @@ from _common import ASSET_SCAN_OPTIONS, code_state, cpu_note, markdown_table  # 
 
 import quantscan  # noqa: E402
 import quantscan.scanning.run as scan_run  # noqa: E402
-from quantscan.report.diagnosis import diagnosis_lines  # noqa: E402
+from quantscan.report.diagnosis import CLOSE_Z, GAP_STDERR_COLUMN, diagnosis_lines  # noqa: E402
 from quantscan.report.summary import gain_basis  # noqa: E402
 
 IMPACT_CPU: list[float] = []
@@ -115,8 +118,18 @@ def agreement_row(name: str, m: dict[str, Any], ref: Any, ref_cpu: float) -> lis
             f"{100 * (ref_cpu - off_cpu) / off_cpu:+.0f}%"]
 
 
-def oracle_row(name: str, m: dict[str, Any], oracle: Any, oracle_cpu: float) -> list[str]:
-    """The default scan's top 3 against every site measured on every sample."""
+def _close_set(layers: Any) -> list[str]:
+    """Rank 1 and the sites summary.md calls a close call to it (report.diagnosis.CLOSE_Z paired SEs)."""
+    gains = layers["gain_if_float"].astype(float)
+    gaps = layers[GAP_STDERR_COLUMN].astype(float) if GAP_STDERR_COLUMN in layers else gains * float("nan")
+    first = float(gains.iloc[0])
+    close = (first - gains) < CLOSE_Z * gaps
+    return [str(layers["node"].iloc[0]), *[str(n) for n in layers["node"][1:][close.iloc[1:].to_numpy()]]]
+
+
+def oracle_row(name: str, m: dict[str, Any], oracle: Any, oracle_cpu: float, every: Any) -> list[str]:
+    """The default scan's top 3 against every site measured on every sample; whether the oracle's #1 is
+    among rank 1 and its close calls, in the default scan and with every site measured (`every`)."""
     truth = _by_gain(oracle.layers)
     order = {n: i + 1 for i, (n, _) in enumerate(truth)}
     gains = dict(truth)
@@ -125,9 +138,11 @@ def oracle_row(name: str, m: dict[str, Any], oracle: Any, oracle_cpu: float) -> 
     top = [str(n) for n in layers["node"][:3]]
     measured = set(layers.dropna(subset=["gain_if_float"])["node"])
     share = gains[top[0]] / best if best > 0 else float("nan")
+    close, close_all = _close_set(layers), _close_set(every.layers)
     return [name, f"{len(measured)} of {len(layers)}", f"`{best_node}` ({best:+.2g})",
             "yes" if best_node in measured else "**no**", ", ".join(f"#{order[n]}" for n in top),
-            f"{share:.2f}", f"{oracle_cpu:.1f}"]
+            f"{share:.2f}", f"{len(close)}: {'yes' if best_node in close else '**no**'}",
+            f"{len(close_all)}: {'yes' if best_node in close_all else '**no**'}", f"{oracle_cpu:.1f}"]
 
 
 def time_row(name: str, limit: int | None, m: dict[str, Any]) -> list[str]:
@@ -203,7 +218,10 @@ def main() -> None:
                     truth = quantscan.scan(ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name, limit=limit,
                                            threads=args.threads, gain_samples=0, gain_candidates=10**6,
                                            **MODELS[name])
-                    oracles.append(oracle_row(name, m, truth, time.process_time() - c0))
+                    oracle_cpu = time.process_time() - c0
+                    every = quantscan.scan(ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name, limit=limit,
+                                           threads=args.threads, gain_candidates="all", **MODELS[name])
+                    oracles.append(oracle_row(name, m, truth, oracle_cpu, every))
                     print("oracle | " + " | ".join(oracles[-1]), file=sys.stderr, flush=True)
     print(f"scan time without and with the output-gain measurement ({code_state(REPO)}; {cpu_note()}; "
           f"threads {args.threads}; fastest of {args.repeats} after a warm-up)")
@@ -221,7 +239,9 @@ def main() -> None:
     if oracles:
         print(f"\nthe default scan against every site measured on every evaluation sample ({cpu_note()})\n")
         print(markdown_table(["model", "gain measured", "oracle #1", "oracle #1 measured?",
-                              "default top 3 at oracle rank", "default #1's gain / best", "oracle CPU s"], oracles))
+                              "default top 3 at oracle rank", "default #1's gain / best",
+                              "rank 1 + close calls: how many, oracle #1 in them",
+                              "the same, every site measured", "oracle CPU s"], oracles))
     print(f"\nsummary.md before (--no-gain) and after (default), samples: "
           f"{'whole calibration set' if limits[0] is None else limits[0]}\n")
     print(markdown_table(["model", "all-int8 cosine", "top 3 before", "top 3 after (measured gain)",

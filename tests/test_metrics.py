@@ -15,6 +15,8 @@ from quantscan.metrics import (
     ErrorAccumulator,
     Top1Accumulator,
     channel_axis,
+    jackknife_stderr,
+    leave_one_out_cosine,
     looks_like_classifier,
     summarize,
 )
@@ -360,3 +362,30 @@ def test_update_sums_tells_float32_overflow_from_nan() -> None:
     acc.update_sums([nan], [nan], [1.0], [nan], [0.5], elements_per_sample=4)  # a NaN in x
     acc.update_sums([inf], [1.0], [inf], [inf], [inf], elements_per_sample=4)  # an Inf on the test side
     assert (acc.overflow, acc.nonfinite_ref, acc.nonfinite_test) == (4, 4, 4)
+
+
+def _pooled_cosine(x: np.ndarray, y: np.ndarray) -> float:
+    """The contract's cosine written out on raw arrays: Σxy / √(Σx²·Σy²) over every element."""
+    return float(np.sum(x * y) / math.sqrt(float(np.sum(x * x)) * float(np.sum(y * y))))
+
+
+def test_leave_one_out_cosine_equals_recomputing_without_each_sample() -> None:
+    """The replicates come from per-sample sums; the oracle drops sample i from the raw data and
+    recomputes the pooled cosine, so a wrong sign or a per-sample (not pooled) formula fails."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 40))
+    y = x + rng.normal(scale=[[0.1], [0.5], [0.05], [1.0], [0.2], [0.3]], size=(6, 40))
+    loo = leave_one_out_cosine(np.sum(x * y, 1), np.sum(x * x, 1), np.sum(y * y, 1))
+    expected = [_pooled_cosine(np.delete(x, i, 0), np.delete(y, i, 0)) for i in range(6)]
+    np.testing.assert_allclose(loo, expected, rtol=1e-12)
+    assert np.isnan(leave_one_out_cosine(np.array([1.0, np.inf]), np.ones(2), np.ones(2))).all()
+
+
+def test_jackknife_stderr_of_a_mean_is_the_textbook_standard_error() -> None:
+    """For the mean, the jackknife SE is exactly s/√n (s the sample standard deviation, ddof=1): an
+    independent formula to hold the implementation to."""
+    v = np.array([0.3, -1.2, 2.5, 0.7, 0.1, -0.4, 1.9])
+    replicates = np.array([np.delete(v, i).mean() for i in range(v.size)])
+    assert jackknife_stderr(replicates) == pytest.approx(v.std(ddof=1) / math.sqrt(v.size), rel=1e-12)
+    assert math.isnan(jackknife_stderr(np.array([0.5])))
+    assert jackknife_stderr(np.full(5, 0.25)) == 0.0

@@ -66,6 +66,13 @@ INT16_OPSET = 21
 GAIN_TAG = "@g"
 LOSS_TAG = "@l"
 REF_SUFFIX = "@ref"
+STDERR_COLUMN = "gain_if_float_cosine_stderr"
+"""Jackknife standard error of the cosine gain over the samples it was measured on (metrics.jackknife_stderr).
+
+Why: the gain is a difference of pooled cosines on a few samples, and keeping one site float re-rounds
+every quantizer after it, so part of a small gain is chance (benchmarks/RESULTS.md, gain_noise: null
+branches that change nothing but one float32 rounding step move the output cosine by up to 0.007).
+Leave-one-out replicates see both: on the assets, a null branch's gain is within 1 of its standard error."""
 TaskFactory = Callable[[], dict[str, list[TaskAccumulator]]]
 """Fresh task-metric accumulators per headline output, one set per evaluated configuration."""
 GAIN_ORT_LEVEL = "disable"
@@ -244,6 +251,9 @@ class _Pairs:
         self.acc: dict[tuple[str, str], qm.ErrorAccumulator] = {}
         self.top1: dict[tuple[str, str], qm.Top1Accumulator] = {}
         self.raw: list[str] = []
+        self.per_sample: dict[tuple[str, str], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        """Per-sample (Σxy, Σx², Σy²) of every batch: a few floats per sample and pair, kept for the
+        jackknife (`cosine_replicates`), which needs each sample's share of the pooled sums."""
 
     def add(self, key: tuple[str, str], ref: str, test: str, output: str, classifier: bool) -> None:
         self.sums[key] = self.reducer.pair(ref, test, self.rank.get(output, 2))
@@ -258,13 +268,23 @@ class _Pairs:
 
     def update(self, values: Mapping[str, np.ndarray], refs: Mapping[tuple[str, str], tuple[str, str]]) -> None:
         for key, p in self.sums.items():
-            self.acc[key].update_sums(*p.fold(values))
+            folded = p.fold(values)
+            self.acc[key].update_sums(*folded)
+            self.per_sample.setdefault(key, []).append(folded[:3])
         for key, t1 in self.top1.items():
             ref, test = refs[key]
             t1.update(values[ref], values[test])
 
     def row(self, key: tuple[str, str]) -> dict[str, float]:
         return output_row(self.acc[key], self.top1.get(key))
+
+    def cosine_replicates(self, key: tuple[str, str]) -> np.ndarray:
+        """The pair's pooled cosine with each sample left out in turn (jackknife replicates)."""
+        parts = self.per_sample.get(key, [])
+        if not parts:
+            return np.full(0, np.nan)
+        sxy, sxx, syy = (np.concatenate([np.reshape(p[i], -1) for p in parts]) for i in range(3))
+        return qm.leave_one_out_cosine(sxy, sxx, syy)
 
 
 # --- evaluation of one configuration -------------------------------------------------------------------
@@ -591,6 +611,10 @@ class GainResult:
     batches: int
     seconds: float
     branch_nodes: dict[str, int] = field(default_factory=dict)
+    replicates: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per site, its cosine gain with each evaluation sample left out in turn (jackknife replicates):
+    `STDERR_COLUMN` comes from them, and the standard error of the difference of two sites' gains comes
+    from the differences of theirs (the same samples: paired)."""
 
     @property
     def work_ratio(self) -> float:
@@ -674,7 +698,7 @@ def compute_gain(
     finally:
         bar.close()
     base_rows = {o: pairs.row((o, "int8")) for o in outputs}
-    table = _gain_table(ctx, builder, pairs, changed, base_rows, key, loss_if_only)
+    table, replicates = _gain_table(ctx, builder, pairs, changed, base_rows, key, loss_if_only)
     return GainResult(
         table,
         base_rows,
@@ -684,6 +708,7 @@ def compute_gain(
         batches,
         time.perf_counter() - started,
         branch_nodes,
+        replicates,
     )
 
 
@@ -739,10 +764,13 @@ def _gain_table(
     base_rows: Mapping[str, dict[str, float]],
     key: str,
     loss_if_only: bool,
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """The gain table (one row per measured site) and each site's cosine-gain jackknife replicates."""
     outputs = list(base_rows)
+    replicates: dict[str, np.ndarray] = {}
     fp32_rows = {o: {"cosine": 1.0, "sqnr_db": math.inf, "top1_agreement": 1.0} for o in outputs}
     base_worst = {m: headline(base_rows, m)[1][m] for m, _ in _GAIN_KEYS if _has(base_rows, m)}
+    base_replicates = _cosine_replicates(pairs, set(), "", outputs)
     rows = []
     for k, site in enumerate(builder.sites):
         if (k, GAIN_TAG) not in changed:
@@ -764,6 +792,9 @@ def _gain_table(
             row[f"if_float_{short}"] = value
             row[f"gain_if_float_{short}"] = _minus(value, base_worst[m])
         row["gain_if_float"] = row.get(f"gain_if_float_{_short(key)}", math.nan)
+        gain_replicates = _cosine_replicates(pairs, changed[(k, GAIN_TAG)], tag, outputs) - base_replicates
+        row[STDERR_COLUMN] = qm.jackknife_stderr(gain_replicates)
+        replicates[site.node] = gain_replicates
         if loss_if_only:
             only = _variant_rows(pairs, changed[(k, LOSS_TAG)], f"{LOSS_TAG}{k}", fp32_rows, outputs)
             for m, short in _GAIN_KEYS:
@@ -772,7 +803,14 @@ def _gain_table(
             value = row.get(f"if_only_{_short(key)}", math.nan)
             row["loss_if_only"] = value if key == "sqnr_db" else 1.0 - value
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), replicates
+
+
+def _cosine_replicates(pairs: _Pairs, dirty: Collection[str], tag: str, outputs: Sequence[str]) -> np.ndarray:
+    """The headline cosine's jackknife replicates: per left-out sample, the worst output's pooled cosine
+    (an output the branch does not reach keeps the all-int8 pair's figures, as in `_variant_rows`)."""
+    per_output = [pairs.cosine_replicates((o, tag) if o in dirty else (o, "int8")) for o in outputs]
+    return np.asarray(np.min(np.vstack(per_output), axis=0), dtype=np.float64)
 
 
 def _has(rows: Mapping[str, Mapping[str, float]], key: str) -> bool:

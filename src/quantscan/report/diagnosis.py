@@ -17,12 +17,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics
 
 WHOLE_SET_COLUMN = "gain_if_float_whole_set"
 """layers.csv column: rank 1's gain re-measured on every evaluation sample (scanning.impact writes it)."""
+STDERR_COLUMN = "gain_if_float_stderr"
+"""layers.csv column: jackknife standard error of `gain_if_float` over the gain samples (scanning.impact)."""
+GAP_STDERR_COLUMN = "gain_if_float_gap_stderr"
+"""layers.csv column: standard error of (rank 1's gain − this site's gain), paired on the same samples."""
 DEPLOYED_GAP = 0.01
 """Fake-quant and deployed (ORT_ENABLE_ALL) output cosine further apart than this are flagged."""
 CLOSE_COSINE = 0.999
@@ -32,10 +37,13 @@ NOTABLE_GAIN = 1e-4
 PLAN_BEGIN = "<!-- quantscan:bisect-plan -->"
 PLAN_END = "<!-- /quantscan:bisect-plan -->"
 NEXT_SITES = 3
+CLOSE_Z = 2.0
+"""A site whose gain is less than this many standard errors (GAP_STDERR_COLUMN) below rank 1's is a close
+call: on the gain samples their order could be chance (benchmarks/RESULTS.md, scan_gain oracle: where the
+whole set's best site is not rank 1, it is among the close calls whenever it was measured)."""
 CLOSE_GAIN = 0.8
-"""A site whose measured gain is at least this fraction of rank 1's is called close to it: on a few gain
-samples their order is not settled (benchmarks/RESULTS.md, scan_gain oracle: ppocrv4_rec's top three
-within 17% on 8 samples, none of them the whole set's best)."""
+"""Without standard errors (a gain measured on one sample), the fallback: a site whose gain is at least
+this fraction of rank 1's is called close to it."""
 
 
 def _num(value: Any) -> float:
@@ -247,12 +255,18 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
             "then `quantscan bisect` to find the fewest sites to keep float together.",
         ]
     base, promised, on = _promised(top, cosine, basis)
+    stderr = _num(top.get(STDERR_COLUMN)) if promised == gain else math.nan
+    spread = f" ± {_g(stderr, 2)} standard error" if math.isfinite(stderr) else ""
     lines = [
         f"- **Where**: `{top['node']}` ({top['kernel']}): keeping it float takes the output cosine from "
-        f"{_g(base, 5)} to {_g(base + promised, 5)} ({_signed(promised)}, measured{on}).",
+        f"{_g(base, 5)} to {_g(base + promised, 5)} ({_signed(promised)}{spread}, measured{on}).",
         _why_measured(top),
         f"- **First thing to try**: {_fix(top, cosine, basis)}.",
     ]
+    if promised < CLOSE_Z * stderr:
+        lines.append(f"- **Not settled**: that gain is less than {_g(CLOSE_Z)} standard errors (jackknife over the "
+                     "gain samples) above zero: with one of those samples left out it can vanish, and it may not "
+                     "hold on other data. `--gain-samples 0` measures it on every sample.")
     nexts = []
     for r in layers.iloc[1: 1 + NEXT_SITES].to_dict("records"):
         g = _num(r.get("gain_if_float"))
@@ -261,19 +275,31 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
     if nexts:
         ranked_on = " on the gain samples" if basis is not None else ""
         lines.append(f"- **Next**: {', '.join(nexts)} (output cosine gain of keeping each float alone{ranked_on}).")
-    close = _close_to_first(layers, gain)
+    close, within = _close_to_first(layers, gain)
     if close:
-        lines.append(f"- **Close call**: {close} measured within {_g(100 * (1 - CLOSE_GAIN))}% of rank 1's gain: "
+        lines.append(f"- **Close call**: {close} measured within {within}: "
                      "which of them helps most is not settled by this measurement; `quantscan bisect` chooses "
                      "among them by the combined effect (`--gain-samples 0` measures them on every sample).")
     return lines
 
 
-def _close_to_first(layers: pd.DataFrame, gain: float) -> str:
-    """How many of the next sites come within CLOSE_GAIN of rank 1's measured gain ("" when none)."""
-    following = pd.to_numeric(layers["gain_if_float"].iloc[1:], errors="coerce")
-    n = int((following >= CLOSE_GAIN * gain).sum())
-    return "" if n == 0 else ("1 more site was" if n == 1 else f"{n} more sites were")
+def _column(layers: pd.DataFrame, name: str) -> pd.Series:
+    values = layers[name] if name in layers else pd.Series(math.nan, index=layers.index)
+    return pd.to_numeric(values, errors="coerce").astype(float)
+
+
+def _close_to_first(layers: pd.DataFrame, gain: float) -> tuple[str, str]:
+    """How many of the next sites are a close call to rank 1 ("" when none), and by which criterion:
+    less than CLOSE_Z standard errors of the paired gap below it, or (no standard errors) CLOSE_GAIN of it."""
+    following = _column(layers, "gain_if_float").iloc[1:]
+    gap_stderr = _column(layers, GAP_STDERR_COLUMN).iloc[1:]
+    if np.isfinite(gap_stderr).any():
+        n = int(((gain - following) < CLOSE_Z * gap_stderr).sum())
+        within = f"{_g(CLOSE_Z)} standard errors of rank 1's gain (jackknife over the gain samples, paired)"
+    else:
+        n = int((following >= CLOSE_GAIN * gain).sum())
+        within = f"{_g(100 * (1 - CLOSE_GAIN))}% of rank 1's gain"
+    return ("" if n == 0 else ("1 more site was" if n == 1 else f"{n} more sites were")), within
 
 
 def _metric(value: Any, metric: str) -> float:

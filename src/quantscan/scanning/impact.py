@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -34,8 +34,9 @@ import numpy as np
 import pandas as pd
 
 from quantscan.calib import CalibSet
+from quantscan.metrics import jackknife_stderr
 from quantscan.records import Severity
-from quantscan.report.diagnosis import WHOLE_SET_COLUMN
+from quantscan.report.diagnosis import GAP_STDERR_COLUMN, STDERR_COLUMN, WHOLE_SET_COLUMN
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
 
@@ -64,6 +65,8 @@ class Impact:
     """The all-int8 headline metric on those samples: what each gain is added to."""
     ort_level: str = ""
     """The gain session's onnxruntime level (run.json `gain_ort_level`)."""
+    replicates: dict[str, np.ndarray] = field(default_factory=dict)
+    """node -> the gain's jackknife replicates (`with_gain_stderr` turns them into layers.csv columns)."""
 
 
 def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -143,9 +146,24 @@ def gain_samples(cset: CalibSet, indices: Sequence[int]) -> CalibSet:
     return cset.select(indices) if indices else cset
 
 
+@dataclass
+class MeasuredGains:
+    """What one gain measurement returns: node -> gain_if_float, the all-int8 figure they are added to,
+    and node -> the gain's jackknife replicates (one per sample left out; gain.GainResult.replicates)."""
+
+    gains: dict[str, float]
+    base: float
+    replicates: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def merge(self, other: MeasuredGains) -> None:
+        """Add another part's sites (the same all-int8 model on the same samples), in place."""
+        self.gains.update(other.gains)
+        self.replicates.update(other.replicates)
+
+
 def gains_here(ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
-               progress: ProgressFactory = no_progress, runner: Runner | None = None) -> tuple[dict[str, float], float]:
-    """gain_if_float of the candidates (node -> gain) and the all-int8 figure, in one gain-graph session here."""
+               progress: ProgressFactory = no_progress, runner: Runner | None = None) -> MeasuredGains:
+    """gain_if_float of the candidates and the all-int8 figure, in one gain-graph session here."""
     # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
     # run -> this module: a module-level import here would meet a half-initialised gain.
     from quantscan.gain import MixedBuilder, compute_gain, headline
@@ -153,12 +171,11 @@ def gains_here(ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
     result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
                           samples=samples, runner=runner)
     gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
-    return gains, float(headline(result.all_int8, GAIN_KEY)[1][GAIN_KEY])
+    return MeasuredGains(gains, float(headline(result.all_int8, GAIN_KEY)[1][GAIN_KEY]), dict(result.replicates))
 
 
-GainMeasure = Callable[[ScanContext, Sequence[str], CalibSet, ProgressFactory], tuple[dict[str, float], float]]
-"""How the candidates' gains get measured (node -> gain, and the all-int8 headline figure they are
-measured against): `gains_here`, or split over the `--workers` processes."""
+GainMeasure = Callable[[ScanContext, Sequence[str], CalibSet, ProgressFactory], MeasuredGains]
+"""How the candidates' gains get measured: `gains_here`, or split over the `--workers` processes."""
 
 
 def measure_impact(
@@ -186,9 +203,10 @@ def measure_impact(
         return Impact({}, [], 0.0)
     indices = gain_sample_indices(sample_order, ctx.eval_set.n_samples, samples)
     subset = gain_samples(ctx.eval_set, indices)
-    gains, base = measure(ctx, candidates, subset, progress)
-    return Impact(gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
-                  sample_indices=indices, base=float(base), ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL])
+    measured = measure(ctx, candidates, subset, progress)
+    return Impact(measured.gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
+                  sample_indices=indices, base=float(measured.base), ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL],
+                  replicates=measured.replicates)
 
 
 def measure_whole_set(ctx: ScanContext, node: str, progress: ProgressFactory = no_progress) -> float:
@@ -224,6 +242,24 @@ def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
     layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
     layers["rank"] = layers["rank"].astype(int)
     return layers.sort_values("rank").reset_index(drop=True)
+
+
+def with_gain_stderr(layers: pd.DataFrame, replicates: Mapping[str, np.ndarray]) -> pd.DataFrame:
+    """`layers` (ranked) with each measured gain's jackknife standard error (STDERR_COLUMN) and the
+    standard error of its distance to rank 1's gain (GAP_STDERR_COLUMN, paired: the replicates of the
+    difference, so a sample that lifts both sites alike does not count).
+
+    Why: on 8 gain samples the order of sites whose gains differ by less than about twice the gap's
+    standard error is chance; summary.md calls those a close call (report.diagnosis.CLOSE_Z).
+    """
+    layers = layers.copy()
+    nodes = [str(n) for n in layers["node"]]
+    layers[STDERR_COLUMN] = [jackknife_stderr(replicates[n]) if n in replicates else math.nan for n in nodes]
+    first = replicates.get(nodes[0]) if nodes else None
+    layers[GAP_STDERR_COLUMN] = [
+        jackknife_stderr(first - replicates[n]) if first is not None and n in replicates else math.nan for n in nodes
+    ]
+    return layers
 
 
 def with_whole_set_gain(

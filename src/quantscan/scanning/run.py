@@ -41,6 +41,7 @@ from quantscan.scanning.impact import (
     gains_here,
     measure_impact,
     rank_by_gain,
+    with_gain_stderr,
     with_whole_set_gain,
 )
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
@@ -263,7 +264,7 @@ def rank_by_impact(
     impact = measure_impact(ctx, tables["layers"], per_ordering, samples=ctx.opts.gain_samples,
                             sample_order=sample_order, progress=progress, measure=measure)
     if impact.gains:
-        tables["layers"] = rank_by_gain(tables["layers"], impact.gains)
+        tables["layers"] = with_gain_stderr(rank_by_gain(tables["layers"], impact.gains), impact.replicates)
         if impact.sample_indices and ctx.opts.gain_whole_set:
             tables["layers"] = with_whole_set_gain(ctx, tables["layers"], progress)
         tables["layers"] = with_inherited(tables["layers"], ctx.sites, ctx.plan, ctx.calib_stats,

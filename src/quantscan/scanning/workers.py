@@ -40,7 +40,7 @@ from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
 from quantscan.scanning.calibrate import CalibStats, calibrate, merge_calib_stats
 from quantscan.scanning.evaluate import EvalSums, Evaluation, accumulate_evaluation, finish_evaluation
-from quantscan.scanning.impact import gains_here
+from quantscan.scanning.impact import MeasuredGains, gains_here
 from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches, no_progress
 from quantscan.scanning.prepare import Probe, ScanContext
 from quantscan.sites import Site
@@ -289,7 +289,7 @@ class ShardedGain:
         self.pool, self.workers = pool, workers
 
     def __call__(self, ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
-                 progress: ProgressFactory = no_progress) -> tuple[dict[str, float], float]:
+                 progress: ProgressFactory = no_progress) -> MeasuredGains:
         parts = deal_in_graph_order(candidates, [s.node for s in ctx.sites], self.workers)
         threads = threads_per_worker(ctx.opts.threads, len(parts))
         held = samples.held() if len(parts) > 1 else samples
@@ -297,12 +297,12 @@ class ShardedGain:
         jobs = [GainShard(remote, part, threads) for part in parts]
         results = run_sharded(self.pool, jobs, run_gain_shard,
                               lambda job: run_gain_shard(GainShard(ctx, job.candidates, threads), samples, progress))
-        gains: dict[str, float] = {}
-        for part, _, sessions, runs in results:
-            gains.update(part)
+        merged = MeasuredGains({}, results[0][0].base)  # every part ran the same all-int8 model on the same samples
+        for part, sessions, runs in results:
+            merged.merge(part)
             ctx.runner.stats.sessions_created += sessions
             ctx.runner.stats.runs += runs
-        return gains, results[0][1]  # every part measured the same all-int8 model on the same samples
+        return merged
 
 
 def deal_in_graph_order(candidates: Sequence[str], order: Sequence[str], parts: int) -> list[list[str]]:
@@ -313,10 +313,10 @@ def deal_in_graph_order(candidates: Sequence[str], order: Sequence[str], parts: 
 
 
 def run_gain_shard(job: GainShard, samples: CalibSet | None = None,
-                   progress: ProgressFactory = no_progress) -> tuple[dict[str, float], float, int, int]:
+                   progress: ProgressFactory = no_progress) -> tuple[MeasuredGains, int, int]:
     """This part's gains and the all-int8 figure, from this process' own gain session over `samples`
-    (default: the job's)."""
+    (default: the job's), and the sessions and runs it took."""
     runner = Runner(threads=job.threads, opt_level=job.ctx.runner.opt_level)
-    gains, base = gains_here(job.ctx, job.candidates, samples if samples is not None else job.ctx.eval_set,
-                             progress, runner)
-    return gains, base, runner.stats.sessions_created, runner.stats.runs
+    measured = gains_here(job.ctx, job.candidates, samples if samples is not None else job.ctx.eval_set,
+                          progress, runner)
+    return measured, runner.stats.sessions_created, runner.stats.runs
