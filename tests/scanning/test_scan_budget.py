@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pandas as pd
 import pytest
+from onnx import helper, numpy_helper
 
 import quantscan
 from builders import write_chain
@@ -258,3 +260,41 @@ def test_an_aim_batch_1_misses_takes_segments_and_an_unreachable_one_takes_batch
     unreachable = estimate_peak(FOOT, 1, FOOT.sites) - 1
     plan = plan_memory(FOOT, **roomy, aim=unreachable)  # type: ignore[arg-type]
     assert plan.batch_size == 1 and plan.segments == 1  # as close to the aim as the plan gets
+
+
+def _batch_one_model(tmp: Path) -> tuple[Path, Path]:
+    """x[N, 4] -> Reshape to [1, 4] -> MatMul -> Relu -> y: runs on one sample, fails on two (the
+    Reshape's fixed shape stands in for a recurrent state frozen at batch 1)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["flat"], name="pin"),
+             helper.make_node("MatMul", ["flat", "w"], ["mm"], name="mm"),
+             helper.make_node("Relu", ["mm"], ["y"], name="relu")]
+    inits = [numpy_helper.from_array(np.array([1, 4], np.int64), "shape"),
+             numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w")]
+    graph = helper.make_graph(nodes, "pinned", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])], inits)
+    path = tmp / "pinned.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    calib = tmp / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", rng.normal(size=(6, 4)).astype(np.float32))
+    return path, calib
+
+
+def test_a_model_that_runs_one_sample_at_a_time_falls_back_to_batch_1(tmp_path: Path) -> None:
+    """The probe runs one sample; a model that cannot take the planned batch is scanned one sample per run
+    with a warning (same figures as an explicit --batch-size 1), and an explicit larger --batch-size is a
+    one-line exit 2 that names --batch-size 1."""
+    model, calib = _batch_one_model(tmp_path)
+    fallback = quantscan.scan(model, calib, gain_candidates=0)
+    single = quantscan.scan(model, calib, gain_candidates=0, batch_size=1)
+    assert fallback.run_info.memory["batch_size"] == 1 == fallback.run_info.options["batch_size"]
+    assert any("runs on one sample but not on" in w for w in fallback.warnings)
+    for column in ("isolated_cosine", "cumulative_cosine", "cumulative_mse"):
+        np.testing.assert_allclose(fallback.layers[column], single.layers[column], rtol=1e-9)
+    proc = subprocess.run([sys.executable, "-m", "quantscan", str(model), "--calib", str(calib), "--out",
+                           str(tmp_path / "out"), "--batch-size", "4"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("quantscan: warning:")]
+    assert len(lines) == 1 and lines[0].startswith("quantscan: error: --batch-size 4:") and "--batch-size 1" in lines[0]

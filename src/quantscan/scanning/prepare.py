@@ -23,7 +23,7 @@ from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.state import check_state, state_consts, with_state
-from quantscan.errors import CalibrationError, ModelError, UsageError
+from quantscan.errors import CalibrationError, ModelError, SessionError, UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
@@ -231,6 +231,23 @@ def probe_model(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, ba
     )
 
 
+def batch_refused(loaded: LoadedModel, cset: CalibSet, batch_size: int, runner: Runner) -> str:
+    """"" when the model runs on the first `batch_size` samples at once, else onnxruntime's message.
+
+    Why: the probe runs one sample, and a model can run on one and not on more: an input pinned to batch 1
+    (silero's LSTM state frozen with `--const state=0`: initial_h must be [2, N, 128]). Found here, the
+    scan falls back to one sample per run instead of failing in calibration with onnxruntime's error.
+    """
+    feeds = next(iter(cset.batches(batch_size)))
+    if _samples_in(feeds) <= 1:
+        return ""
+    try:
+        runner.session(loaded.proto).run(feeds)
+    except SessionError as exc:
+        return str(exc).removeprefix("onnxruntime could not run the model: ")
+    return ""
+
+
 def _samples_in(feeds: Mapping[str, np.ndarray]) -> int:
     """Samples in a batch of feeds: the first input's leading dim (rank-0 inputs: one sample)."""
     first = next(iter(feeds.values()), None)
@@ -356,6 +373,17 @@ def prepare_timed(
     memory = memory_plan(prepared, probe, sites, opts, fixed_batch, min(cset.n_samples, eval_set.n_samples),
                          runner.weights_file_bytes)
     batch_size = 1 if opts.state else memory.batch_size
+    refused = "" if fixed_batch or batch_size <= 1 else batch_refused(loaded, cset, batch_size, runner)
+    if refused:
+        if opts.batch_size is not None:
+            raise UsageError(f"--batch-size {batch_size}: expected the model to run on {batch_size} samples at "
+                             f"once, found it runs on one only ({refused}); pass --batch-size 1 (a recurrent "
+                             "state input: --state, see README)")
+        warnings.append(f"the model runs on one sample but not on {batch_size} at once ({refused}): "
+                        "scanning one sample per run")
+        memory = memory_plan(prepared, probe, sites, replace(opts, batch_size=1), fixed_batch,
+                             min(cset.n_samples, eval_set.n_samples), runner.weights_file_bytes)
+        batch_size = memory.batch_size
     times["probe"] = time.perf_counter() - t0 - times.get("quantize_static", 0.0)
 
     t0 = time.perf_counter()
