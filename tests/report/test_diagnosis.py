@@ -82,6 +82,8 @@ def test_spread_loss_and_unmeasured_rank_say_so() -> None:
     flat = LAYERS.assign(gain_if_float=[1e-6, 0.0, math.nan])
     text = "\n".join(diagnosis_lines(_head(0.98, None), {}, flat, None))
     assert "nowhere in particular" in text and "bisect" in text
+    close = "\n".join(diagnosis_lines(_head(0.9995, None), {}, flat, None))  # nothing lost: nothing to spread
+    assert "nothing to repair in the simulation" in close and "calibration method" not in close
     off = LAYERS.drop(columns=["gain_if_float"])
     text = "\n".join(diagnosis_lines(_head(0.9999, None), {}, off, None))
     assert "stays close to FP32" in text and "output gain not measured" in text

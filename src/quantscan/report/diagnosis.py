@@ -248,6 +248,9 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
     gain = _num(top.get("gain_if_float"))
     if not gain >= NOTABLE_GAIN:
         best = pd.to_numeric(measured["gain_if_float"], errors="coerce").max()
+        if cosine >= CLOSE_COSINE:
+            return [f"- **Where**: nothing to repair in the simulation: keeping any one of the {len(measured)} "
+                    f"measured sites float changes the output cosine by at most {_g(best)}."]
         return [
             f"- **Where**: nowhere in particular: keeping any one of the {len(measured)} measured sites float "
             f"lifts the output cosine by at most {_g(best)}; the loss is spread over many sites.",
