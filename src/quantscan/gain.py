@@ -72,7 +72,8 @@ STDERR_COLUMN = "gain_if_float_cosine_stderr"
 Why: the gain is a difference of pooled cosines on a few samples, and keeping one site float re-rounds
 every quantizer after it, so part of a small gain is chance (benchmarks/RESULTS.md, gain_noise: null
 branches that change nothing but one float32 rounding step move the output cosine by up to 0.007).
-Leave-one-out replicates see both: on the assets, a null branch's gain is within 1 of its standard error."""
+Leave-one-out replicates see both: on the assets, a null branch's gain is mostly within 1 standard error
+of zero (at most 2.4 of them; benchmarks/RESULTS.md, "Standard errors of the gain")."""
 TaskFactory = Callable[[], dict[str, list[TaskAccumulator]]]
 """Fresh task-metric accumulators per headline output, one set per evaluated configuration."""
 GAIN_ORT_LEVEL = "disable"
