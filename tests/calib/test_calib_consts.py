@@ -45,3 +45,14 @@ def test_uncovered_input_suggests_const(tmp_path: Path) -> None:
     np.save(tmp_path / "input.npy", np.zeros((2, 4), np.float32))
     with pytest.raises(CalibrationError, match=r"input 'state' has no data.*--const state=VALUE"):
         load_calibration(tmp_path, [spec("input", (1, 4)), spec("state", (2, 1, 4))])
+
+
+def test_every_uncovered_input_is_named_in_one_line(tmp_path: Path) -> None:
+    """silero-vad as shipped has two inputs besides the audio: both are named at once, with both --const
+    flags, rather than one per run."""
+    np.save(tmp_path / "input.npy", np.zeros((2, 4), np.float32))
+    with pytest.raises(CalibrationError) as err:
+        load_calibration(tmp_path, [spec("input", (1, 4)), spec("state", (2, 1, 4)), spec("sr", (), I64)])
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("inputs 'state', 'sr' have no data")
+    assert "--const state=VALUE --const sr=VALUE" in text

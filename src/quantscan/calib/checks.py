@@ -95,3 +95,15 @@ def listing(names: Sequence[str], limit: int = LISTING_LIMIT) -> str:
     if len(names) <= limit:
         return ", ".join(names)
     return ", ".join(names[:limit]) + f" and {len(names) - limit} more"
+
+
+def missing_inputs_error(names: Sequence[str], folder: Any, expected: str) -> CalibrationError:
+    """One line for every model input the folder does not feed, all named at once (fixing them one per
+    run sent silero-vad's users round twice: state, then sr). `expected` says what would feed one
+    input, with NAME standing for its name."""
+    quoted = ", ".join(f"'{n}'" for n in names)
+    subject = f"input {quoted} has" if len(names) == 1 else f"inputs {quoted} have"
+    wanted = " or ".join(expected.replace("NAME", n) for n in names[:3])
+    consts = " ".join(f"--const {n}=VALUE" for n in names)
+    return CalibrationError(f"{subject} no data in {folder}: expected {wanted}, found none (give {consts})")
+

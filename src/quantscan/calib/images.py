@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from quantscan.calib.calibset import CalibSet, Sample
-from quantscan.calib.checks import batched_map, cast_checked, short
+from quantscan.calib.checks import batched_map, cast_checked, missing_inputs_error, short
 from quantscan.calib.folder import IMAGE_SUFFIXES, other_files
 from quantscan.calib.labels import derive_labels, labels_from_json
 from quantscan.calib.preprocess import (
@@ -83,12 +83,9 @@ def load_images(
 def _check_other_inputs_covered(
     specs: Mapping[str, InputSpec], consts: Mapping[str, np.ndarray], fed: set[str], folder: Path
 ) -> None:
-    for name in specs:
-        if name not in fed and name not in consts:
-            raise CalibrationError(
-                f"input '{name}' has no data in {folder}: expected a file feeding it or a value, "
-                f"found none (give --const {name}=VALUE)"
-            )
+    missing = [name for name in specs if name not in fed and name not in consts]
+    if missing:
+        raise missing_inputs_error(missing, folder, "a file feeding 'NAME' or a value")
 
 
 def _image_list(folder: Path, files: list[Path], pre: Preprocess, warnings: Warnings) -> list[Path]:

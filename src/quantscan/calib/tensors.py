@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from quantscan.calib.calibset import CalibSet, Sample
-from quantscan.calib.checks import batched_map, cast_checked, dims_fit, fmt, is_batch_axis, listing
+from quantscan.calib.checks import (
+    batched_map,
+    cast_checked,
+    dims_fit,
+    fmt,
+    is_batch_axis,
+    listing,
+    missing_inputs_error,
+)
 from quantscan.calib.folder import PREPROCESS_NAME, TENSOR_SUFFIXES, other_files
 from quantscan.calib.npyfile import load_array, npy_header, npz_headers
 from quantscan.errors import CalibrationError
@@ -104,12 +112,9 @@ def _plan_streams(
             f"nothing in {folder} matches a model input: expected .npz keys or .npy files named after "
             f"{', '.join(wanted) or '(every input is a --const)'}, found {found}"
         )
-    for name, segs in streams.items():
-        if not segs:
-            raise CalibrationError(
-                f"input '{name}' has no data in {folder}: expected {name}.npy or an .npz key '{name}', "
-                f"found none (give --const {name}=VALUE)"
-            )
+    missing = [name for name, segs in streams.items() if not segs]
+    if missing:
+        raise missing_inputs_error(missing, folder, "NAME.npy or an .npz key 'NAME'")
     return streams
 
 
