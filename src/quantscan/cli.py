@@ -482,9 +482,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
         print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
     for r in top.to_dict("records"):
         gain = float(r.get("gain_if_float", math.nan))
+        stderr = float(r.get("gain_if_float_stderr", math.nan))
+        spread = f" ± {stderr:.2g}" if math.isfinite(stderr) else ""
         print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
               f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}"
-              + (f", gain if float {gain:+.4g}" if math.isfinite(gain) else ""))
+              + (f", gain if float {gain:+.4g}{spread}" if math.isfinite(gain) else ""))
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
     extra += "" if args.no_report else ", report.html"
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")

@@ -255,6 +255,7 @@ def test_cli_gain_options_and_summary(chain: tuple[Path, Path], tmp_path: Path,
             f"samples that carry the most all-int8 output error (indices {indices})") in summary
     top = layers.iloc[0]
     assert f"**Where**: `{top['node']}`" in summary
+    assert f"± {float(top['gain_if_float_stderr']):.2g} standard error, measured on the 4 of 24" in summary
     assert "on the 4 of 24 evaluation samples that carry the most all-int8 output error, where the cosine is" in summary
     off = tmp_path / "off"
     assert main(["scan", str(model), "--calib", str(calib), "--out", str(off), "--quiet", "--no-report",

@@ -406,6 +406,7 @@ _LAYER_COLUMNS: list[tuple[str, str, str, str]] = [
     ("placement", "placement", "s", "npu/cpu for the profile given"),
     ("compat_rule", "compat", "s", "compatibility rule that fired"),
     ("gain_if_float", "gain if float", ".4g", "output metric with this site float, minus all-int8"),
+    ("gain_if_float_stderr", "± gain", ".2g", "jackknife standard error of the gain over the gain samples"),
     ("loss_if_only", "loss if only", ".4g", "output metric with only this site int8, minus all-float"),
     ("order", "order", "d", "topological index in the original graph"),
     ("kernel", "kernel", "s", "the fused pattern quantized as one site"),
