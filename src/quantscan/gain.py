@@ -809,8 +809,13 @@ def _gain_table(
 
 def _cosine_replicates(pairs: _Pairs, dirty: Collection[str], tag: str, outputs: Sequence[str]) -> np.ndarray:
     """The headline cosine's jackknife replicates: per left-out sample, the worst output's pooled cosine
-    (an output the branch does not reach keeps the all-int8 pair's figures, as in `_variant_rows`)."""
+    (an output the branch does not reach keeps the all-int8 pair's figures, as in `_variant_rows`). NaN
+    (no standard error) when the outputs disagree on the sample count: a Loop's output without a batch axis
+    reduces to one value per batch."""
     per_output = [pairs.cosine_replicates((o, tag) if o in dirty else (o, "int8")) for o in outputs]
+    sizes = {r.size for r in per_output}
+    if len(sizes) != 1:  # an output without a sample axis is one "sample" per batch: no per-sample replicates
+        return np.full(max(sizes, default=0), np.nan)
     return np.asarray(np.min(np.vstack(per_output), axis=0), dtype=np.float64)
 
 
