@@ -74,3 +74,26 @@ def test_progress_counts_evaluations_best_set_and_an_estimate_that_shrinks() -> 
     assert final.best_sites is not None and final.best_sites == len(machine.outcome.sites)  # type: ignore[union-attr]
     assert lefts[0].left >= 1 and lefts[0].seconds_left == pytest.approx(2.0 * lefts[0].left)
     assert "evaluations done" in lefts[0].line()
+
+
+def test_prune_estimate_counts_the_members_not_yet_tried_against_the_current_set() -> None:
+    """Prune tries each member of the best set once and starts again after every removal. In its last
+    round (no removal after it) the estimate must equal the evaluations that really follow; counting
+    every prune step so far said "about 1 left" for hundreds of evaluations on MiniLM. The scenario is
+    test_bisect_state's non-monotone one, whose search ends at the full set and prunes down to two."""
+
+    def value(s: frozenset[str]) -> float:
+        v = 0.9 + 0.05 * ("s5" in s) + 0.05 * ("s9" in s) + 0.001 * len(s)
+        return v - (0.2 if {"s0", "s1"} <= s and len(s) < len(SITES) else 0.0)
+
+    machine = Bisector(SITES, Target("cosine", 0.99))
+    estimates = []
+    while (cand := machine.next()) is not None:
+        estimates.append((cand.phase, progress_of(machine).left))
+        machine.record(value(frozenset(cand.sites)), seconds=1.0)
+    steps = machine.steps
+    last_pass = max(i for i, s in enumerate(steps) if s.phase == "prune" and s.passed)
+    final_round = range(last_pass + 1, len(steps))
+    assert len(final_round) >= 2  # the plan's two members are each tried once more
+    for i in final_round:
+        assert estimates[i] == ("prune", len(steps) - i), (i, estimates[i])
