@@ -397,27 +397,12 @@ def progress_of(machine: Bisector) -> Progress:
         "all_int8": 1 + log + size,
         "search": max(1, log - in_phase) + size,
         "reduce": 2 * size,
-        "prune": max(1, size - _failed_since_last_pass(steps, "prune")),
+        "prune": max(1, machine.prune_left),
         "first_bad": max(1, log - in_phase),
     }.get(phase, size)
     timed = [s.seconds for s in steps if s.seconds > 0]
     seconds = left * sum(timed) / len(timed) if timed else None
     return Progress(len(steps), len(best.sites) if best else None, best.value if best else None, left, seconds)
-
-
-def _failed_since_last_pass(steps: Sequence[Any], phase: str) -> int:
-    """Steps of `phase` that missed the target since its last passing one. Prune tries each member of the
-    best set once, and every removal starts that round again: what is left is the members not yet tried
-    against the current set, not the set size minus every prune step so far (which read "about 1 left"
-    for hundreds of evaluations on MiniLM)."""
-    failed = 0
-    for step in reversed(steps):
-        if step.phase != phase:
-            break
-        if step.passed:
-            break
-        failed += 1
-    return failed
 
 
 def _duration(seconds: float) -> str:

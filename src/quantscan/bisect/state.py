@@ -22,8 +22,8 @@ The search (mode "search"):
   4. ``reduce`` (sets of more than REDUCE_MIN sites): QuickXplain's recursive halving finds a small
      passing subset in O(k·log(n/k)) runs, k the sites really needed; kept only if it measures a pass.
   5. ``prune``: drop members one at a time, least helpful first; a drop is kept when the smaller set
-     still meets the target. Repeated until every member has been tried against the final set, so no
-     single site can be dropped from the plan.
+     still meets the target. Passes repeat until one drops nothing, so every member has been tried
+     against the final set and no single site can be dropped from the plan.
 Mode "first_bad" quantizes a growing prefix of the topological order and binary-searches for a
 measured boundary: prefix p−1 meets the target, prefix p does not; site p−1 is "the first bad layer".
 With non-monotone behaviour it is *a* boundary, not necessarily the earliest one.
@@ -209,6 +209,8 @@ class Bisector:
         self.keep_float: set[str] = set()
         self.force_quant: set[str] = set()
         self.known: dict[tuple[str, ...], Step] = {}
+        self.prune_left = 0
+        """Prune evaluations still to come in the current pass (and the next, after a drop)."""
         self.steps: list[Step] = []
         self.events: list[Event] = []
         self.outcome: Outcome | None = None
@@ -403,19 +405,28 @@ class Bisector:
         return need_helpful + need_rest
 
     def _prune(self, best: list[str], free: list[str]) -> Generator[Candidate, float, list[str]]:
+        """Passes over the set, least helpful first, each member dropped when the set without it still meets
+        the target; a pass that dropped anything is followed by another, so every member of the result was
+        tried against the result itself (1-minimal).
+
+        Why passes: retrying every failed member right after each drop cost (drops x set size) evaluations,
+        ~450 on MiniLM (84 -> 69 sites); a drop rarely lets an earlier failure through, and the closing
+        pass still catches it when it does. `prune_left` is what this pass and, after a drop, the next one
+        still have to try (bisect's progress line).
+        """
         current = set(best)
-        tried: set[str] = set()
         while True:
-            members = [n for n in reversed(free) if n in current and n not in tried]
-            if not members:
+            members = [n for n in reversed(free) if n in current]
+            dropped = False
+            for i, m in enumerate(members):
+                self.prune_left = len(members) - i + (len(current) if dropped else 0)
+                value = yield from self._measure(current - {m}, "prune")
+                if self.target.met(value):
+                    current.discard(m)
+                    dropped = True
+            if not dropped:
+                self.prune_left = 0
                 return list(current)
-            m = members[0]
-            value = yield from self._measure(current - {m}, "prune")
-            if self.target.met(value):
-                current.discard(m)
-                tried = set()  # the set changed: every remaining member is tried again against it
-            else:
-                tried.add(m)
 
     def _first_bad(self, ceiling: list[str], top: float) -> Generator[Candidate, float, Outcome]:
         def config(p: int) -> list[str]:
