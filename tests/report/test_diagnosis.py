@@ -71,6 +71,22 @@ def test_close_call_and_an_unsettled_gain_come_from_standard_errors() -> None:
     assert "Not settled" not in "\n".join(diagnosis_lines(_head(0.9, None), {}, settled, None))
 
 
+def test_a_close_call_that_covers_most_sites_says_none_stands_out() -> None:
+    """4 of the 5 other measured sites within 2 gap standard errors of rank 1: the first screen says no
+    site stands out rather than listing a close call; 1 of 5 keeps the ordinary close-call line."""
+    base = pd.DataFrame({"rank": range(1, 7), "node": [f"c{i}" for i in range(6)], "kernel": ["Conv"] * 6,
+                         "cause": ["ok"] * 6, "reason": ["fine"] * 6, "act_worst_channel_sqnr_db": [40.0] * 6,
+                         "act_channel_range_spread": [1.0] * 6,
+                         "gain_if_float": [0.02, 0.019, 0.018, 0.017, 0.016, 0.001],
+                         "gain_if_float_stderr": [0.005] * 6,
+                         "gain_if_float_gap_stderr": [0.0, 0.01, 0.01, 0.01, 0.01, 0.001]})
+    text = "\n".join(diagnosis_lines(_head(0.9, None), {}, base, None))
+    assert "**Close call**: no measured site stands out: 4 of the other 5 measured sites are within 2" in text
+    few = base.assign(gain_if_float_gap_stderr=[0.0, 0.01, 0.001, 0.001, 0.001, 0.001])
+    assert "**Close call**: 1 more site was measured within 2" in "\n".join(diagnosis_lines(_head(0.9, None), {}, few,
+                                                                                             None))
+
+
 def test_a_named_fix_wins_and_the_deployed_gap_is_flagged() -> None:
     layers = LAYERS.assign(fix=["clamp-mask rewrite", "", ""])
     text = "\n".join(diagnosis_lines(_head(0.998, 0.688), {"y": _metrics(0.998)}, layers, None))

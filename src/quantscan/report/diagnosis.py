@@ -279,8 +279,14 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
         ranked_on = " on the gain samples" if basis is not None else ""
         lines.append(f"- **Next**: {', '.join(nexts)} (output cosine gain of keeping each float alone{ranked_on}).")
     close, within = _close_to_first(layers, gain)
-    if close:
-        lines.append(f"- **Close call**: {close} measured within {within}: "
+    others = len(measured) - 1
+    if close and 2 * close >= others >= NEXT_SITES:
+        lines.append(f"- **Close call**: no measured site stands out: {close} of the other {others} measured sites "
+                     f"are within {within}; `quantscan bisect` finds the sites to keep float by their combined "
+                     "effect (`--gain-samples 0` measures each on every sample).")
+    elif close:
+        more = "1 more site was" if close == 1 else f"{close} more sites were"
+        lines.append(f"- **Close call**: {more} measured within {within}: "
                      "which of them helps most is not settled by this measurement; `quantscan bisect` chooses "
                      "among them by the combined effect (`--gain-samples 0` measures them on every sample).")
     return lines
@@ -291,9 +297,9 @@ def _column(layers: pd.DataFrame, name: str) -> pd.Series:
     return pd.to_numeric(values, errors="coerce").astype(float)
 
 
-def _close_to_first(layers: pd.DataFrame, gain: float) -> tuple[str, str]:
-    """How many of the next sites are a close call to rank 1 ("" when none), and by which criterion:
-    less than CLOSE_Z standard errors of the paired gap below it, or (no standard errors) CLOSE_GAIN of it."""
+def _close_to_first(layers: pd.DataFrame, gain: float) -> tuple[int, str]:
+    """How many of the next sites are a close call to rank 1, and by which criterion: less than CLOSE_Z
+    standard errors of the paired gap below it, or (no standard errors) CLOSE_GAIN of it."""
     following = _column(layers, "gain_if_float").iloc[1:]
     gap_stderr = _column(layers, GAP_STDERR_COLUMN).iloc[1:]
     if np.isfinite(gap_stderr).any():
@@ -302,7 +308,7 @@ def _close_to_first(layers: pd.DataFrame, gain: float) -> tuple[str, str]:
     else:
         n = int((following >= CLOSE_GAIN * gain).sum())
         within = f"{_g(100 * (1 - CLOSE_GAIN))}% of rank 1's gain"
-    return ("" if n == 0 else ("1 more site was" if n == 1 else f"{n} more sites were")), within
+    return n, within
 
 
 def _metric(value: Any, metric: str) -> float:
