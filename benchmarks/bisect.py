@@ -38,7 +38,7 @@ MARKER = "@@bisect-bench "
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One model: FP32 floor, output gain, and (optionally) a full bisection to the target."""
     from quantscan.bisect import Bisector, Target
-    from quantscan.gain import Evaluator, MixedBuilder, compute_gain, sensitivity_order
+    from quantscan.scanning.gain import Evaluator, compute_gain, mixed_builder, sensitivity_order
     from quantscan.scanning.prepare import prepare_scan
 
     ctx = prepare_scan(spec["model"], spec["calib"], limit=spec["limit"], threads=spec["threads"])
@@ -53,7 +53,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         passes.append(time.perf_counter() - t0)
     floor = statistics.median(passes)
     del batches
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     t0 = time.perf_counter()
     gains = compute_gain(ctx, builder, key="cosine")
     gain_s = time.perf_counter() - t0

@@ -62,10 +62,10 @@ from _common import markdown_table  # noqa: E402  (benchmarks/ is not a package)
 from onnx import helper, numpy_helper  # noqa: E402
 
 from quantscan.calib import CalibSet  # noqa: E402
-from quantscan.gain import MixedBuilder  # noqa: E402
 from quantscan.graph import build_qdq_model  # noqa: E402
 from quantscan.graph.qdq import input_alias, weight_dq_output  # noqa: E402
 from quantscan.scanning.evaluate import SampleError, largest_error_share_first  # noqa: E402
+from quantscan.scanning.gain import mixed_builder  # noqa: E402
 from quantscan.scanning.prepare import ScanContext, prepare_scan  # noqa: E402
 
 ASSETS = Path("/work/shared/assets")
@@ -532,7 +532,7 @@ def exact_gains(ctx: ScanContext, batches: Sequence[Mapping[str, np.ndarray]],
     the all-int8 base and every variant), each against its own all-int8 cosine. The onnxruntime column
     should reproduce the oracle; the other two differ from it only by float32-sized rounding, so their
     agreement with the oracle bounds what any estimate computed outside onnxruntime can show."""
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     base_ort, base_torch = headline_cosine(base.ort_sums), headline_cosine(base.sums)
     all_int8 = builder.model(builder.precisions())
     base_jit = [headline_cosine(_torch_sums(TorchGraph(all_int8, jitter=jitter), batches, reference, outputs, seed))

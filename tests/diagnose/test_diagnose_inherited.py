@@ -19,7 +19,7 @@ from diag_facts import facts
 import quantscan
 from builders import build
 from quantscan.diagnose import Cause, FixKind, inherited
-from quantscan.gain import Evaluator, MixedBuilder
+from quantscan.scanning.gain import Evaluator, mixed_builder
 from quantscan.scanning.prepare import prepare_scan
 
 FIGURES = {"isolated_sqnr_db": 38.0, "cumulative_sqnr_db": 9.0}
@@ -82,7 +82,7 @@ def test_scan_names_the_bad_upstream_conv_as_the_cause(tmp_path: Path) -> None:
     result = quantscan.scan(model, calib, threads=1, gain_samples=0)
     rows = result.layers.set_index("node")
     ctx = prepare_scan(model, calib, threads=1)
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     evaluator = Evaluator(ctx, builder, "cosine")
     base = evaluator.evaluate(builder.precisions([])).worst["cosine"]
     oracle = {n: evaluator.evaluate(builder.precisions([n])).worst["cosine"] - base for n in ("c1",)}

@@ -23,9 +23,9 @@ from onnx.reference import ReferenceEvaluator
 import quantscan
 from quantscan.cli import main
 from quantscan.errors import UsageError
-from quantscan.gain import Evaluator, MixedBuilder
 from quantscan.report.diagnosis import GAP_STDERR_COLUMN, STDERR_COLUMN, WHOLE_SET_COLUMN
 from quantscan.scanning.evaluate import SampleError, largest_error_share_first
+from quantscan.scanning.gain import Evaluator, mixed_builder
 from quantscan.scanning.impact import cumulative_drop, gain_candidates, gain_sample_indices, rank_by_gain
 from quantscan.scanning.prepare import prepare_scan
 
@@ -73,7 +73,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _whole_variant_gains(model: Path, calib: Path) -> dict[str, float]:
     """The oracle: each variant run as a whole model, its headline cosine minus the all-int8 one."""
     ctx = prepare_scan(model, calib, threads=1)
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     evaluator = Evaluator(ctx, builder, "cosine")
     base = evaluator.evaluate(builder.precisions([])).worst["cosine"]
     return {s.node: evaluator.evaluate(builder.precisions([s.node])).worst["cosine"] - base for s in ctx.sites}
@@ -305,7 +305,7 @@ def test_gain_standard_errors_equal_leave_one_out_whole_model_runs(chain: tuple[
     indices = list(result.run_info.options["gain_sample_indices"])
     assert len(indices) == 5
     ctx = prepare_scan(model, calib, threads=1)
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     loo: dict[str, list[float]] = {s.node: [] for s in ctx.sites}
     for left_out in indices:
         kept = replace(ctx, eval_set=ctx.eval_set.select([i for i in indices if i != left_out]))

@@ -17,7 +17,7 @@ import pytest
 
 import quantscan
 from conftest import asset_calib, asset_model
-from quantscan.gain import MixedBuilder, compute_gain
+from quantscan.scanning.gain import compute_gain, mixed_builder
 from quantscan.scanning.prepare import prepare_scan
 
 pytestmark = pytest.mark.real
@@ -42,7 +42,7 @@ def test_largest_measured_gain_is_in_the_top_3(assets: Path, name: str) -> None:
     options = {"limit": LIMIT, "threads": 1, **MODELS[name]}
     result = quantscan.scan(model, calib, **options)
     ctx = prepare_scan(model, calib, **options)
-    oracle = compute_gain(ctx, MixedBuilder(ctx), key="cosine").table.set_index("node")["gain_if_float"]
+    oracle = compute_gain(ctx, mixed_builder(ctx), key="cosine").table.set_index("node")["gain_if_float"]
     assert len(oracle) == len(result.layers)
     top3 = list(result.layers["node"][:3])
     best = float(oracle.max())
@@ -93,7 +93,7 @@ def test_rank_1_standard_error_equals_leave_one_out_runs(assets: Path) -> None:
     chosen = list(result.run_info.options["gain_sample_indices"])
     first = str(result.layers["node"].iloc[0])
     ctx = prepare_scan(model, calib, threads=1)
-    builder = MixedBuilder(ctx)
+    builder = mixed_builder(ctx)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     feeds = next(iter(ctx.eval_set.select(chosen).batches(len(chosen))))

@@ -35,12 +35,13 @@ from quantscan.bisect.targets import gain_key, make_evaluator, parse_target
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.state import state_consts
 from quantscan.errors import UsageError
-from quantscan.gain import Evaluator, GainResult, MixedBuilder, compute_gain, sensitivity_order
+from quantscan.graph.mixed import MixedBuilder
 from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import atomic_write_bytes, jsonable
 from quantscan.runner import Runner
+from quantscan.scanning.gain import Evaluator, GainResult, compute_gain, mixed_builder, sensitivity_order
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, given_input_specs, prepare_scan
 
@@ -163,7 +164,7 @@ def run_bisect(
         if stored is not None
         else target_from_flags(target_cosine, target_sqnr, target_top1, target)
     )
-    builder = MixedBuilder(ctx, fallback)
+    builder = mixed_builder(ctx, fallback)
     evaluator = make_evaluator(ctx, builder, aim)
     if stored is None:
         gains = (

@@ -18,7 +18,7 @@ import pandas as pd
 from quantscan.bisect import exports as qexports
 from quantscan.bisect.session import Session
 from quantscan.bisect.state import Bisector, Step, Target
-from quantscan.gain import MixedBuilder
+from quantscan.graph.mixed import MixedBuilder
 from quantscan.records import ActivationScheme, Metrics, Plan, PlanSite, Precision
 from quantscan.report.diagnosis import with_plan_block
 from quantscan.runfolder import atomic_write_text, write_json
@@ -54,7 +54,7 @@ def plan_sites(
     gain = {r["node"]: r for r in session.gain}
     tensor_prec = builder.tensor_precision(prec)
     sites = []
-    for k, s in enumerate(builder.sites):
+    for k, s in enumerate(ctx.sites):  # the builder's sites, typed as the scan's
         if prec[k] == "int8":
             continue
         sites.append(

@@ -23,8 +23,9 @@ import onnx
 from onnx import helper
 
 from quantscan import graph as qgraph
-from quantscan.gain import Evaluator, Measured, MixedBuilder, _Pairs, headline
+from quantscan.graph.mixed import MixedBuilder
 from quantscan.runner import FP32_LEVEL, Runner
+from quantscan.scanning.gain import Evaluator, Measured, OutputPairs, headline
 from quantscan.scanning.prepare import ScanContext
 
 REF_SUFFIX = "@fp32ref"
@@ -53,7 +54,7 @@ class CachedReferenceEvaluator(Evaluator):
             return super().evaluate(prec)
         sites, plan = self.builder.plan(prec)
         mixed = qgraph.build_qdq_model(self.builder.proto, sites, plan)
-        pairs = _Pairs(qgraph.Reducer(self.builder.opset), self.rank)
+        pairs = OutputPairs(qgraph.Reducer(self.builder.opset), self.rank)
         refs: dict[tuple[str, str], tuple[str, str]] = {}
         for o in self.outputs:
             pairs.add((o, "q"), o + REF_SUFFIX, o, o, o in self.classifiers)

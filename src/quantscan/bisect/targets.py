@@ -20,7 +20,8 @@ from dataclasses import replace
 from quantscan.bisect.reference import CachedReferenceEvaluator
 from quantscan.bisect.state import METRICS, Target
 from quantscan.errors import UsageError
-from quantscan.gain import Evaluator, MixedBuilder, TaskFactory
+from quantscan.graph.mixed import MixedBuilder
+from quantscan.scanning.gain import Evaluator, TaskFactory
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.tasks import task_accumulators
 from quantscan.taskmetrics import TaskAccumulator

@@ -37,6 +37,8 @@ from quantscan.calib import CalibSet
 from quantscan.metrics import jackknife_stderr
 from quantscan.records import Severity
 from quantscan.report.diagnosis import GAP_STDERR_COLUMN, STDERR_COLUMN, WHOLE_SET_COLUMN
+from quantscan.runner import ORT_LEVEL_NAMES
+from quantscan.scanning.gain import GAIN_ORT_LEVEL, compute_gain, headline, mixed_builder
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
 
@@ -164,11 +166,7 @@ class MeasuredGains:
 def gains_here(ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
                progress: ProgressFactory = no_progress, runner: Runner | None = None) -> MeasuredGains:
     """gain_if_float of the candidates and the all-int8 figure, in one gain-graph session here."""
-    # gain imports scanning's modules, and importing quantscan.gain first loads scanning/__init__ ->
-    # run -> this module: a module-level import here would meet a half-initialised gain.
-    from quantscan.gain import MixedBuilder, compute_gain, headline
-
-    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
+    result = compute_gain(ctx, mixed_builder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
                           samples=samples, runner=runner)
     gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
     return MeasuredGains(gains, float(headline(result.all_int8, GAIN_KEY)[1][GAIN_KEY]), dict(result.replicates))
@@ -192,9 +190,6 @@ def measure_impact(
     """gain_if_float of the candidates, in one gain-graph session over the `samples` evaluation samples
     first in `sample_order` (the evaluation's largest-error-share-first order; 0: all samples), or as
     `measure` shares the candidates out."""
-    from quantscan.gain import GAIN_ORT_LEVEL
-    from quantscan.runner import ORT_LEVEL_NAMES
-
     started = time.perf_counter()
     heads = set(ctx.headline_outputs())
     at_output = [s.node for s in ctx.sites if s.output in heads]  # one-node branches: nearly free
@@ -212,9 +207,7 @@ def measure_impact(
 def measure_whole_set(ctx: ScanContext, node: str, progress: ProgressFactory = no_progress) -> float:
     """gain_if_float of one site on every evaluation sample: the figure summary.md promises for the site
     it names first (the ranking's figures are on the worst few samples, larger than the set's average)."""
-    from quantscan.gain import MixedBuilder, compute_gain
-
-    result = compute_gain(ctx, MixedBuilder(ctx), key=GAIN_KEY, subset={node}, progress=progress)
+    result = compute_gain(ctx, mixed_builder(ctx), key=GAIN_KEY, subset={node}, progress=progress)
     return float(result.table["gain_if_float"].iloc[0]) if len(result.table) else math.nan
 
 
