@@ -183,7 +183,7 @@ PHASES = (
     ("quantscan.scanning.run", "build_tables", "tables"),
     ("quantscan.scanning.run", "rank_by_impact", "gain"),
     ("quantscan.scanning.run", "deployed_gap_sites", "deployed check"),
-    ("quantscan.scanning.run.ScanResult", "save", "writing"),
+    ("quantscan.api", "save_scan", "writing"),
 )
 """(module or class, attribute, label): the scan's phase boundaries `--phases` records RSS at."""
 

@@ -16,9 +16,9 @@ import onnx
 
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.compat.check import check
+from quantscan.compat.rewrite_plan import plan_for_profile, split_applicable
 from quantscan.errors import QuantscanError
 from quantscan.model import graph_inputs
-from quantscan.rewrites.plan import plan_for_profile, split_applicable
 from quantscan.rewrites.runner import rewrite
 
 PROFILES = ("horizon-x3", "rk3568", "rk3588")

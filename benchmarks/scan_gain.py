@@ -42,7 +42,8 @@ from _common import ASSET_SCAN_OPTIONS, code_state, cpu_note, markdown_table  # 
 
 import quantscan  # noqa: E402
 import quantscan.scanning.run as scan_run  # noqa: E402
-from quantscan.report.diagnosis import CLOSE_Z, GAP_STDERR_COLUMN, diagnosis_lines  # noqa: E402
+from quantscan.columns import Col  # noqa: E402
+from quantscan.report.diagnosis import CLOSE_Z, diagnosis_lines  # noqa: E402
 from quantscan.report.summary import gain_basis  # noqa: E402
 
 IMPACT_CPU: list[float] = []
@@ -121,7 +122,8 @@ def agreement_row(name: str, m: dict[str, Any], ref: Any, ref_cpu: float) -> lis
 def _close_set(layers: Any) -> list[str]:
     """Rank 1 and the sites summary.md calls a close call to it (report.diagnosis.CLOSE_Z paired SEs)."""
     gains = layers["gain_if_float"].astype(float)
-    gaps = layers[GAP_STDERR_COLUMN].astype(float) if GAP_STDERR_COLUMN in layers else gains * float("nan")
+    gap_column = Col.GAIN_IF_FLOAT_GAP_STDERR
+    gaps = layers[gap_column].astype(float) if gap_column in layers else gains * float("nan")
     first = float(gains.iloc[0])
     close = (first - gains) < CLOSE_Z * gaps
     return [str(layers["node"].iloc[0]), *[str(n) for n in layers["node"][1:][close.iloc[1:].to_numpy()]]]

@@ -17,9 +17,9 @@ import onnx.parser
 import pandas as pd
 import pytest
 
+from quantscan.api import scan
 from quantscan.cli import main
 from quantscan.overlay import write_overlay
-from quantscan.scanning import scan
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -457,12 +457,12 @@ def test_output_files_get_the_users_umask(tmp_path: Path, conv_calib: Path,
 
 def test_interrupted_bisect_names_only_a_session_that_exists(
         tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import quantscan.bisect
+    import quantscan.api
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(quantscan.bisect, "run_bisect", interrupted)
+    monkeypatch.setattr(quantscan.api, "run_bisect", interrupted)
     argv = ["bisect", tmp_path / "m.onnx", "--calib", tmp_path / "data", "--target-cosine", "0.99",
             "--out", tmp_path / "o"]
     code, _, err = main(capfd, *argv)

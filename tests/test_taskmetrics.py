@@ -145,7 +145,7 @@ def test_scan_reports_task_metrics_and_plugin_on_a_tiny_classifier(tmp_path: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """End to end: a Gemm+Softmax classifier; top-1 agreement equals a written-out argmax over onnx's
     ReferenceEvaluator running the FP32 and the saved QDQ model; figures reach run.json, task.csv, summary.md."""
-    from quantscan.scanning import scan
+    from quantscan.api import scan
 
     model = onnx.parser.parse_model("""
     <ir_version: 8, opset_import: ["" : 13]>

@@ -13,25 +13,25 @@ given:
   `quantscan.bisect` is the bisection package).
 """
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING, Any
 
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from quantscan.version import __version__
 
 if TYPE_CHECKING:
-    from quantscan.bisect import run_bisect
+    from quantscan.api import run_bisect, scan
     from quantscan.compare import compare
     from quantscan.compat.check import check
     from quantscan.extract import extract
     from quantscan.rewrites.runner import rewrite
-    from quantscan.scanning import ScanResult, scan
+    from quantscan.scanning import ScanResult
 
 _LAZY = {
     "ScanResult": "quantscan.scanning",
-    "scan": "quantscan.scanning",
+    "scan": "quantscan.api",
     "compare": "quantscan.compare",
     "check": "quantscan.compat.check",
     "extract": "quantscan.extract",
-    "run_bisect": "quantscan.bisect",
+    "run_bisect": "quantscan.api",
     "rewrite": "quantscan.rewrites.runner",
 }
 """Public name -> its module, imported on first use: `import quantscan.bisect.state` (or any pure

@@ -27,12 +27,13 @@ from typing import Any
 import onnx
 import pandas as pd
 
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.runfolder import atomic_write_text, json_text, read_run_json
 
 CASES_ENV = "QUANTSCAN_CASES"
 CASE_FILE = "case.json"
-PATTERN_KEYS = ("profile", "op_type", "rule", "attribute")
+PATTERN_KEYS = ("profile", Col.OP_TYPE, "rule", "attribute")
 """A finding's pattern: which profile, on which op, which rule, about which attribute (not the node)."""
 
 
@@ -72,7 +73,7 @@ class CaseMatch:
     proof: str
 
     def line(self) -> str:
-        what = "; ".join(f"{p['op_type']} {p['rule']}" + (f" ({p['attribute']})" if p["attribute"] else "")
+        what = "; ".join(f"{p[Col.OP_TYPE]} {p['rule']}" + (f" ({p['attribute']})" if p["attribute"] else "")
                          for p in self.pattern)
         return (f"seen in case {self.case_id}: {what} on {self.pattern[0]['profile']} -> "
                 f"{' + '.join(self.recipe) or 'no rewrite'} ({self.proof}); {self.note}")
@@ -142,7 +143,7 @@ def save_case(
     before = _check(source, str(profile)) if source.is_file() else pd.DataFrame()
     after_csv = run / "compat.csv"  # the scan checks with fixed input shapes: re-check like `before` when we can
     after = _check(model_path, str(profile)) if model_path.is_file() else pd.read_csv(after_csv, keep_default_na=False)
-    resolved = resolved_patterns(before, after, {str(c.get("node", "")) for p in proofs for s in p.get("steps", [])
+    resolved = resolved_patterns(before, after, {str(c.get(Col.NODE, "")) for p in proofs for s in p.get("steps", [])
                                                  for c in s.get("changes", [])})
     recipe = [s["rewrite"] for p in proofs for s in p.get("steps", []) if s.get("rewrite") != "opset"]
     case_id = _case_id(source.name or model_path.name, str((info.get("model") or {}).get("sha256", "")), recipe,
@@ -182,9 +183,9 @@ def resolved_patterns(before: pd.DataFrame, after: pd.DataFrame, changed: set[st
     """Patterns the rewrite made go away; of those, the ones on nodes it changed when there are any
     (a finding that vanished elsewhere is a side effect, not what the recipe is for)."""
     gone = patterns(before) - patterns(after)
-    if before.empty or "node" not in before.columns:
+    if before.empty or Col.NODE not in before.columns:
         return sorted(gone)
-    touched = patterns(before[before["node"].astype(str).isin(changed)]) & gone
+    touched = patterns(before[before[Col.NODE].astype(str).isin(changed)]) & gone
     return sorted(touched or gone)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from quantscan.columns import Col
 from quantscan.errors import QuantscanError, UsageError
 
 COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle",
@@ -422,8 +423,8 @@ def _gain_option(args: argparse.Namespace) -> dict[str, int | str]:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    from quantscan.api import scan
     from quantscan.calib.state import parse_state
-    from quantscan.scanning import scan
 
     out = Path(args.out) if args.out else default_out(args.model)
     overrides = {
@@ -443,7 +444,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "state": parse_state(args.state),
         "limit": args.limit,
         "eval": args.eval,
-        "output": args.output,
+        Col.OUTPUT: args.output,
         "preprocess": args.preprocess,
         "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
         "threads": args.threads,
@@ -481,11 +482,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if head.metrics.task:
         print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
     for r in top.to_dict("records"):
-        gain = float(r.get("gain_if_float", math.nan))
-        stderr = float(r.get("gain_if_float_stderr", math.nan))
+        gain = float(r.get(Col.GAIN_IF_FLOAT, math.nan))
+        stderr = float(r.get(Col.GAIN_IF_FLOAT_STDERR, math.nan))
         spread = f" ± {stderr:.2g}" if math.isfinite(stderr) else ""
-        print(f"  #{r['rank']} {r['node']} ({r['kernel']}): isolated {r['isolated_sqnr_db']:.1f} dB, "
-              f"cumulative {r['cumulative_sqnr_db']:.1f} dB, {r['cause']}"
+        print(f"  #{r[Col.RANK]} {r[Col.NODE]} ({r[Col.KERNEL]}): isolated {r[Col.ISOLATED_SQNR_DB]:.1f} dB, "
+              f"cumulative {r[Col.CUMULATIVE_SQNR_DB]:.1f} dB, {r[Col.CAUSE]}"
               + (f", gain if float {gain:+.4g}{spread}" if math.isfinite(gain) else ""))
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
     extra += "" if args.no_report else ", report.html"
@@ -584,8 +585,8 @@ def _print_before_after(before: Any, after: Any, profile: str) -> None:
 
 def cmd_rewrite(args: argparse.Namespace) -> int:
     from quantscan.calib import load_calibration
+    from quantscan.compat.rewrite_plan import plan_for_profile, split_applicable
     from quantscan.model import load_model
-    from quantscan.rewrites.plan import plan_for_profile, split_applicable
     from quantscan.rewrites.runner import rewrite
 
     steps = list(args.steps)
@@ -672,7 +673,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
     print(f"compared on {result.data}")
     for r in result.outputs.to_dict("records"):
-        print(f"  output '{r['output']}': cosine {r['cosine']:.6f}, SQNR {r['sqnr_db']:.2f} dB, "
+        print(f"  output '{r[Col.OUTPUT]}': cosine {r['cosine']:.6f}, SQNR {r['sqnr_db']:.2f} dB, "
               f"max_abs {r['max_abs']:.3g}")
     print(f"  {len(result.tensors)} intermediate tensors matched, {len(result.unmatched)} unmatched; wrote {out}/")
     if args.fail_below_cosine is not None:
@@ -738,7 +739,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 def cmd_bisect(args: argparse.Namespace) -> int:
     if args.show:
         return _show_session(Path(args.show))
-    from quantscan.bisect import run_bisect
+    from quantscan.api import run_bisect
     from quantscan.bisect.driver import progress_of
     from quantscan.calib.state import parse_state
 
@@ -758,7 +759,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             "calib_method": args.calib_method, "activations": args.activations, "input_shape": shapes,
             "input_dims": dims, "const": parse_const(args.const), "state": parse_state(args.state),
             "limit": args.limit, "eval": args.eval,
-            "output": args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
+            Col.OUTPUT: args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
             "max_memory": args.max_memory,
             "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
             "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,

@@ -35,6 +35,7 @@ from quantscan import metrics as qm
 from quantscan.calib import CalibSet
 from quantscan.calib.calibset import Sample
 from quantscan.calib.source import data_source
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.model import graph_inputs, load_model, name_unnamed_nodes, onnx_opset
 from quantscan.runfolder import atomic_write_bytes as write_atomic
@@ -82,7 +83,7 @@ class CompareResult:
             return []
         cos = self.outputs["cosine"].astype(float)
         bad = self.outputs[~(cos >= min_cosine)]
-        return [str(n) for n in bad["output"]]
+        return [str(n) for n in bad[Col.OUTPUT]]
 
     def to_json(self) -> dict[str, Any]:
         """The content of compare.json (strict JSON: non-finite floats become strings)."""
@@ -102,7 +103,7 @@ class CompareResult:
     def write(self, out: str | Path) -> list[Path]:
         """outputs.csv, tensors.csv, unmatched.csv and compare.json in `out`, each written atomically."""
         folder = Path(out)
-        unmatched = pd.DataFrame([asdict(u) for u in self.unmatched], columns=["tensor", "side", "reason"])
+        unmatched = pd.DataFrame([asdict(u) for u in self.unmatched], columns=["tensor", "side", Col.REASON])
         files = {
             "outputs.csv": self.outputs.to_csv(index=False).encode(),
             "tensors.csv": self.tensors.to_csv(index=False).encode(),
@@ -482,7 +483,7 @@ def _metrics(acc: qm.ErrorAccumulator) -> dict[str, float]:
 def _output_table(pairs: Sequence[Pair], accs: _Accs, labelled: bool) -> pd.DataFrame:
     rows = []
     for p in pairs:
-        row: dict[str, Any] = {"output": p.name, "dtype": str(p.a.dtype), "shape": list(p.a.shape)}
+        row: dict[str, Any] = {Col.OUTPUT: p.name, "dtype": str(p.a.dtype), "shape": list(p.a.shape)}
         row.update(_metrics(accs.outputs[p.name]))
         top1 = accs.top1.get(p.name)
         row["top1_agreement"] = top1.agreement if top1 else math.nan
@@ -491,7 +492,7 @@ def _output_table(pairs: Sequence[Pair], accs: _Accs, labelled: bool) -> pd.Data
             row["accuracy_b"] = top1.accuracy if top1 and top1.accuracy is not None else math.nan
         row["samples"] = accs.outputs[p.name].samples
         rows.append(row)
-    columns = ["output", "dtype", "shape", *_METRIC_COLUMNS, "nonfinite_a", "nonfinite_b", "top1_agreement"]
+    columns = [Col.OUTPUT, "dtype", "shape", *_METRIC_COLUMNS, "nonfinite_a", "nonfinite_b", "top1_agreement"]
     columns += ["accuracy_a", "accuracy_b"] if labelled else []
     return pd.DataFrame(rows, columns=[*columns, "samples"])
 
@@ -503,13 +504,13 @@ def _tensor_table(pairs: Sequence[Pair], accs: _Accs) -> pd.DataFrame:
             "tensor": p.name,
             "producer": p.a.producer,
             "producer_b": p.b.producer,
-            "op_type": p.a.op_type,
-            "order": p.a.order,
+            Col.OP_TYPE: p.a.op_type,
+            Col.ORDER: p.a.order,
             "shape": list(p.a.shape),
         }
         row.update(_metrics(accs.tensors[p.name]))
         rows.append(row)
-    columns = ["tensor", "producer", "producer_b", "op_type", "order", "shape", *_METRIC_COLUMNS,
+    columns = ["tensor", "producer", "producer_b", Col.OP_TYPE, Col.ORDER, "shape", *_METRIC_COLUMNS,
                "nonfinite_a", "nonfinite_b"]
     return pd.DataFrame(rows, columns=columns)
 

@@ -48,6 +48,7 @@ from quantscan import graph as qgraph
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.npyfile import npz_bytes
 from quantscan.calib.source import data_source
+from quantscan.columns import Col
 from quantscan.compare import ModelArg, load_side
 from quantscan.errors import UsageError
 from quantscan.model import graph_inputs
@@ -623,11 +624,12 @@ def finding_for(run_dir: str | Path, kernel: Sequence[str]) -> dict[str, object]
     if not path.is_file():
         return None
     layers = pd.read_csv(path)
-    rows = layers[layers["node"].isin(list(kernel))] if "node" in layers.columns else layers.iloc[0:0]
+    rows = layers[layers[Col.NODE].isin(list(kernel))] if Col.NODE in layers.columns else layers.iloc[0:0]
     if rows.empty:
         return None
-    keep = ["node", "kernel", "rank", "cause", "reason", "diagnosis", "isolated_sqnr_db", "cumulative_cosine",
-            "cumulative_sqnr_db", "eval_clip_fraction", "compat_rule", "compat_fix", "gain_if_float"]
+    keep = [Col.NODE, Col.KERNEL, Col.RANK, Col.CAUSE, Col.REASON, Col.DIAGNOSIS, Col.ISOLATED_SQNR_DB,
+            Col.CUMULATIVE_COSINE, Col.CUMULATIVE_SQNR_DB, Col.EVAL_CLIP_FRACTION, Col.COMPAT_RULE, Col.COMPAT_FIX,
+            Col.GAIN_IF_FLOAT]
     row = rows.iloc[0].to_dict()
     return {k: (None if isinstance(row[k], float) and math.isnan(row[k]) else _plain(row[k]))
             for k in keep if k in row}
@@ -656,8 +658,8 @@ def write_record(
         "model": model_path.name,
         "source": result.source_path.name if result.source_path is not None else None,
         "source_sha256": _sha256(result),
-        "node": result.node,
-        "kernel": {"name": result.kernel_name, "nodes": list(result.kernel)},
+        Col.NODE: result.node,
+        Col.KERNEL: {"name": result.kernel_name, "nodes": list(result.kernel)},
         "context": result.context,
         "nodes": list(result.nodes),
         "inputs": list(result.inputs),

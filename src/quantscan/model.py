@@ -1,17 +1,13 @@
-"""Load and validate ONNX models; prepare the analysis copy the chip would actually run.
+"""Load and validate ONNX models, and the model-level edits the analysis copy is made with.
 
 Loading turns every way a model file can be wrong (missing, truncated, not ONNX, external data
-missing, already quantized) into one `ModelError` line. Preparation works on a copy, never on the
-user's model: weights held in `Constant` nodes become initializers (Paddle exports), Identity and
-Dropout go and constant subgraphs are folded (the `cleanup` rewrite), BatchNormalization is folded
-into its Conv/Gemm (the same pass `rewrite
---fold-bn` uses), the opset is raised to what per-channel QDQ needs, and declared output shapes are
-dropped because at least one real exporter writes wrong ones; the runtime is trusted instead.
+missing, already quantized) into one `ModelError` line. The analysis copy itself (the rewrite passes
+applied in the chip compiler's order) is `quantscan.scanning.analysis_copy`: this module sits below
+the rewrite passes and imports none of them.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,41 +249,6 @@ def forget_declared_shapes(proto: onnx.ModelProto) -> None:
     for out in proto.graph.output:
         if out.type.HasField("tensor_type"):
             out.type.tensor_type.ClearField("shape")
-
-
-def prepare_for_analysis(
-    model: LoadedModel, input_dims: dict[str, tuple[Dim, ...]], *, min_opset: int = MIN_ANALYSIS_OPSET
-) -> PreparedModel:
-    """The copy quantscan measures: what the chip's compiler would run, in float."""
-    from quantscan.graph.float32 import float64_to_float32, has_float64
-    from quantscan.rewrites.cleanup import cleanup
-    from quantscan.rewrites.fold_bn import fold_batchnorm
-
-    proto = copy.deepcopy(model.proto)
-    changes: list[str] = []
-    moved = constants_to_initializers(proto)
-    if moved:
-        changes.append(f"{moved} Constant nodes turned into initializers")
-    tidy = cleanup(proto)
-    proto = tidy.model
-    if tidy.changes:
-        changes.append(f"{len(tidy.changes)} Identity/Dropout removals, constant folds and dead-node drops (cleanup)")
-    result = fold_batchnorm(proto)
-    proto = result.model
-    if result.changes:
-        changes.append(f"{len(result.changes)} BatchNormalization folded into their producers")
-    opset_from = onnx_opset(proto)
-    proto = upgrade_opset(proto, min_opset)
-    opset_to = onnx_opset(proto)
-    if opset_to != opset_from:
-        changes.append(f"opset raised from {opset_from} to {opset_to} with onnx.version_converter")
-    if has_float64(proto):  # QuantizeLinear takes no double: measure as the int8 chip computes, in float32
-        changed = float64_to_float32(proto)
-        changes.append(f"float64 computed as float32 ({changed} initializers, attributes and edge Casts)")
-    forget_declared_shapes(proto)
-    set_input_dims(proto, input_dims)
-    name_unnamed_nodes(proto)  # the opset converter and the folds may add unnamed nodes
-    return PreparedModel(proto, opset_from, opset_to, changes, {c.node for c in result.changes})
 
 
 def name_unnamed_nodes(proto: onnx.ModelProto) -> None:

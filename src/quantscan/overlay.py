@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from quantscan import runfolder
+from quantscan.columns import Col
 
 SQNR_THRESHOLDS = ((10.0, "#d7191c"), (20.0, "#fdae61"), (30.0, "#ffffbf"), (1.0e9, "#a6d96a"))
 """SQNR bands (dB, upper bounds): red under ~1.5 useful bits, amber, pale, green; same for both SQNRs."""
@@ -29,9 +30,9 @@ GAIN_GRADIENT = ({"stop": 0, "bgColor": "#ffffff"}, {"stop": 1, "bgColor": "#d71
 """Gain if float: the larger the gain, the redder (the site worth keeping float)."""
 
 METRICS = (
-    ("cumulative_sqnr", "cumulative_sqnr_db", "cumulative SQNR dB (all sites int8)"),
-    ("isolated_sqnr", "isolated_sqnr_db", "isolated SQNR dB (this site alone int8)"),
-    ("gain", "gain_if_float", "gain if float (bisect)"),
+    ("cumulative_sqnr", Col.CUMULATIVE_SQNR_DB, "cumulative SQNR dB (all sites int8)"),
+    ("isolated_sqnr", Col.ISOLATED_SQNR_DB, "isolated SQNR dB (this site alone int8)"),
+    ("gain", Col.GAIN_IF_FLOAT, "gain if float (bisect)"),
 )
 """(file suffix, layers.csv column, Model Explorer name): numeric metrics written when the column exists."""
 
@@ -58,7 +59,7 @@ def node_data(name: str, values: Mapping[str, float | str], *, thresholds: bool 
 def _column_values(layers: pd.DataFrame, column: str) -> dict[str, float]:
     """Finite values of `column` by node name (the ONNX adapter's node id)."""
     out: dict[str, float] = {}
-    for node, value in zip(layers["node"], layers[column], strict=True):
+    for node, value in zip(layers[Col.NODE], layers[column], strict=True):
         number = float(value) if value is not None else math.nan
         if math.isfinite(number):
             out[str(node)] = round(number, 4)
@@ -68,12 +69,12 @@ def _column_values(layers: pd.DataFrame, column: str) -> dict[str, float]:
 def _findings(layers: pd.DataFrame, compat: pd.DataFrame | None) -> dict[str, str]:
     """Per node, a short text: the scan's cause for the top-ranked sites and the chip rules it breaks."""
     texts: dict[str, list[str]] = {}
-    if "cause" in layers.columns:
-        for node, cause in zip(layers["node"], layers["cause"], strict=True):
+    if Col.CAUSE in layers.columns:
+        for node, cause in zip(layers[Col.NODE], layers[Col.CAUSE], strict=True):
             if isinstance(cause, str) and cause and cause != "intrinsic":
                 texts.setdefault(str(node), []).append(cause)
-    if compat is not None and {"node", "rule"} <= set(compat.columns):
-        for node, rule in zip(compat["node"], compat["rule"], strict=True):
+    if compat is not None and {Col.NODE, "rule"} <= set(compat.columns):
+        for node, rule in zip(compat[Col.NODE], compat["rule"], strict=True):
             if isinstance(rule, str) and rule:
                 texts.setdefault(str(node), []).append(rule)
     return {node: "; ".join(dict.fromkeys(items)) for node, items in texts.items()}

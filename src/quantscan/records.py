@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from quantscan.columns import Col
+
 
 class StrEnum(str, Enum):
     """A `str` enum whose `str()` and format are the bare value (Python 3.10 has no `enum.StrEnum`)."""
@@ -165,6 +167,11 @@ class OutputMetrics:
         )
 
 
+DEPLOYED_GAP = 0.01
+"""Fake-quant and deployed (ORT_ENABLE_ALL) output cosine further apart than this are flagged: the scan
+names the sites behind the gap (scanning.deployed) and summary.md says so (report.diagnosis)."""
+
+
 @dataclass
 class Headline:
     """The figure a scan is judged by: the worst headline output (contract), fake-quant and deployed."""
@@ -187,7 +194,7 @@ class Headline:
     def to_json(self) -> dict[str, Any]:
         """`{"output": ..., <the worst output's metrics>, "deployed": {...}, "outputs": [...]}`."""
         return {
-            "output": self.output,
+            Col.OUTPUT: self.output,
             **self.metrics.to_json(),
             "deployed": self.deployed.to_json() if self.deployed is not None else {},
             "outputs": list(self.outputs),
@@ -197,7 +204,7 @@ class Headline:
     def from_json(cls, data: Mapping[str, Any]) -> Headline:
         deployed = data.get("deployed") or {}
         return cls(
-            output=str(data.get("output", "")),
+            output=str(data.get(Col.OUTPUT, "")),
             metrics=OutputMetrics.from_json(data),
             deployed=OutputMetrics.from_json(deployed) if deployed else None,
             outputs=[str(o) for o in data.get("outputs", [])],
@@ -402,11 +409,11 @@ class PlanTarget:
     output: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"metric": self.metric, "value": json_float(self.value), "output": self.output}
+        return {"metric": self.metric, "value": json_float(self.value), Col.OUTPUT: self.output}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PlanTarget:
-        output = raw.get("output")
+        output = raw.get(Col.OUTPUT)
         return cls(str(raw["metric"]), float(raw["value"]), None if output is None else str(output))
 
 
@@ -438,14 +445,14 @@ class PlanSite:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "node": self.node,
-            "output": self.output,
+            Col.NODE: self.node,
+            Col.OUTPUT: self.output,
             "precision": str(self.precision),
-            "op_type": self.op_type,
-            "kernel": self.kernel,
-            "order": self.order,
+            Col.OP_TYPE: self.op_type,
+            Col.KERNEL: self.kernel,
+            Col.ORDER: self.order,
             "nodes": list(self.nodes),
-            "gain_if_float": json_float(self.gain_if_float),
+            Col.GAIN_IF_FLOAT: json_float(self.gain_if_float),
             "weights": list(self.weights),
             "weight_axis": self.weight_axis,
             "int16_tensors": list(self.int16_tensors),
@@ -454,14 +461,14 @@ class PlanSite:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PlanSite:
         return cls(
-            node=str(raw["node"]),
-            output=str(raw["output"]),
+            node=str(raw[Col.NODE]),
+            output=str(raw[Col.OUTPUT]),
             precision=Precision(Precision.parse(raw["precision"])),
-            op_type=str(raw.get("op_type", "")),
-            kernel=str(raw.get("kernel", "")),
-            order=int(raw.get("order", 0)),
+            op_type=str(raw.get(Col.OP_TYPE, "")),
+            kernel=str(raw.get(Col.KERNEL, "")),
+            order=int(raw.get(Col.ORDER, 0)),
             nodes=tuple(str(n) for n in raw.get("nodes", ())),
-            gain_if_float=float(raw.get("gain_if_float", math.nan)),
+            gain_if_float=float(raw.get(Col.GAIN_IF_FLOAT, math.nan)),
             weights=tuple(str(w) for w in raw.get("weights", ())),
             weight_axis=int(raw.get("weight_axis", 0)),
             int16_tensors=tuple(str(t) for t in raw.get("int16_tensors", ())),
@@ -672,14 +679,14 @@ class RewriteId(StrEnum):
 
 
 FINDING_COLUMNS: tuple[str, ...] = (
-    "node",
-    "op_type",
+    Col.NODE,
+    Col.OP_TYPE,
     "rule",
     "attribute",
     "value",
     "limit",
     "severity",
-    "placement",
+    Col.PLACEMENT,
     "partition",
     "fix",
     "profile",
@@ -687,7 +694,7 @@ FINDING_COLUMNS: tuple[str, ...] = (
 """compat.csv columns, in the contract's order."""
 
 FINDING_DETAIL_COLUMNS: tuple[str, ...] = (
-    "reason",
+    Col.REASON,
     "source",
     "unverified",
     "forces_cpu",
@@ -733,7 +740,7 @@ class Finding:
         if self.rewrite is not None:
             object.__setattr__(self, "rewrite", RewriteId.parse(self.rewrite))
         if self.placement is not None:
-            object.__setattr__(self, "placement", Placement.parse(self.placement))
+            object.__setattr__(self, Col.PLACEMENT, Placement.parse(self.placement))
 
     def capped(self) -> Finding:
         """This finding with severity at most `warn` when its limit is unverified."""
@@ -744,18 +751,18 @@ class Finding:
     def to_row(self) -> dict[str, object]:
         """The compat.csv row (contract columns, plain strings) followed by the detail columns."""
         return {
-            "node": self.node,
-            "op_type": self.op_type,
+            Col.NODE: self.node,
+            Col.OP_TYPE: self.op_type,
             "rule": self.rule,
             "attribute": self.attribute,
             "value": self.value,
             "limit": self.limit,
             "severity": self.severity.value,
-            "placement": self.placement.value if self.placement is not None else "",
+            Col.PLACEMENT: self.placement.value if self.placement is not None else "",
             "partition": self.partition if self.partition is not None else "",
             "fix": self.fix,
             "profile": self.profile,
-            "reason": self.reason,
+            Col.REASON: self.reason,
             "source": self.source,
             "unverified": self.unverified,
             "forces_cpu": self.forces_cpu,
@@ -767,11 +774,11 @@ class Finding:
     def from_row(cls, row: Mapping[str, object]) -> Finding:
         """The finding `to_row` wrote (also a compat.csv row read back: missing details default)."""
         return cls(
-            node=_text(row.get("node")),
-            op_type=_text(row.get("op_type")),
+            node=_text(row.get(Col.NODE)),
+            op_type=_text(row.get(Col.OP_TYPE)),
             rule=_text(row.get("rule")),
             severity=Severity(Severity.parse(row.get("severity")).value),
-            reason=_text(row.get("reason")),
+            reason=_text(row.get(Col.REASON)),
             attribute=_text(row.get("attribute")),
             value=_text(row.get("value")),
             limit=_text(row.get("limit")),
@@ -781,7 +788,7 @@ class Finding:
             forces_cpu=_flag(row.get("forces_cpu")),
             rewrite=RewriteId(_text(row.get("rewrite"))) if _text(row.get("rewrite")) else None,
             rewrite_args=tuple(_text(row.get("rewrite_args")).split()),
-            placement=Placement(_text(row.get("placement"))) if _text(row.get("placement")) else None,
+            placement=Placement(_text(row.get(Col.PLACEMENT))) if _text(row.get(Col.PLACEMENT)) else None,
             partition=_partition(row.get("partition")),
             profile=_text(row.get("profile")),
         )

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from quantscan.columns import Col
 from quantscan.errors import ModelError
 
 MAX_AXIS = 64
@@ -73,7 +74,7 @@ def _check_names(graph: onnx.GraphProto, where: str) -> None:
                                  f"name or tensor name {_show(name)} that is not valid UTF-8")
     for kind, names in (("initializer", (t.name for t in graph.initializer)),
                         ("input", (v.name for v in graph.input)),
-                        ("output", (v.name for v in graph.output)),
+                        (Col.OUTPUT, (v.name for v in graph.output)),
                         ("value_info", (v.name for v in graph.value_info))):
         for name in names:
             if not isinstance(name, str):

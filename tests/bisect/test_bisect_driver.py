@@ -15,7 +15,8 @@ import onnx
 import pytest
 
 from builders import chain_model, write_chain
-from quantscan.bisect import Session, SessionFileError, run_bisect
+from quantscan.api import run_bisect
+from quantscan.bisect import Session, SessionFileError
 from quantscan.records import Plan
 from quantscan.runner import Runner
 
@@ -132,7 +133,7 @@ def test_resume_with_marks_and_refusals(chain: tuple[Path, Path], tmp_path: Path
 
 CHILD = """
 import sys, time
-from quantscan.bisect import run_bisect
+from quantscan.api import run_bisect
 run_bisect(sys.argv[1], sys.argv[2], target_sqnr=float(sys.argv[4]), session=sys.argv[3], threads=1,
            on_step=lambda step, machine: time.sleep(0.4))
 """

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import asset_calib, asset_model
 from quantscan import metrics as qm
-from quantscan.bisect import run_bisect
+from quantscan.api import run_bisect
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.runner import Runner

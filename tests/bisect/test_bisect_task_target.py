@@ -15,7 +15,7 @@ import onnx
 import onnx.parser
 import pytest
 
-from quantscan.bisect import run_bisect
+from quantscan.api import run_bisect
 from quantscan.bisect.targets import gain_key, parse_target
 from quantscan.errors import UsageError
 from test_cli import run

@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import asset_calib, asset_model
-from quantscan.bisect import run_bisect
+from quantscan.api import run_bisect
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 

@@ -16,9 +16,9 @@ import pytest
 
 from builders import build, rng_array
 from conftest import asset_calib, asset_model
+from quantscan.api import scan
 from quantscan.extract import extract, save_samples, write_record
 from quantscan.runner import Runner
-from quantscan.scanning import scan
 from test_cli import run
 
 CONV_PRELU = """<ir_version: 8, opset_import: ["" : 13]>

@@ -18,11 +18,11 @@ from builders import assert_same_outputs, build, run
 from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.compat.check import check
+from quantscan.compat.rewrite_plan import plan_for_profile
 from quantscan.errors import UsageError
 from quantscan.model import graph_inputs
 from quantscan.records import RewriteId
 from quantscan.rewrites.opset_down import blocking_ops, opset_down
-from quantscan.rewrites.plan import plan_for_profile
 from quantscan.rewrites.runner import rewrite
 
 RESPELLED = """<ir_version: 8, opset_import: ["" : 13]>

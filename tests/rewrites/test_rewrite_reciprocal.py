@@ -8,8 +8,8 @@ import onnx
 
 from builders import build, op_types, run
 from quantscan.compat.check import check
+from quantscan.compat.rewrite_plan import plan_for_profile
 from quantscan.records import RewriteId
-from quantscan.rewrites.plan import plan_for_profile
 from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
 from quantscan.rewrites.runner import rewrite
 

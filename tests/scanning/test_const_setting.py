@@ -133,7 +133,7 @@ g (float[N, 8] x) => (float[N, 4] y) {
 def test_an_if_no_const_decides_stays_float_and_bisect_refuses(tmp_path: Path) -> None:
     """What the consts do not decide is left as it was: the scan says what stays float inside the If,
     and bisect refuses rather than report a target met with nothing quantized."""
-    from quantscan.bisect import run_bisect
+    from quantscan.api import run_bisect
 
     model, calib = _setup(tmp_path)
     onnx.save(build(DATA_DECIDED, {"w": np.ones((8, 4), np.float32)}), model)

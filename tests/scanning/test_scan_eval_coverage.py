@@ -18,8 +18,8 @@ import pytest
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from quantscan.api import scan
 from quantscan.report.summary import CLIP_FLAG
-from quantscan.scanning import scan
 from test_cli import run
 
 MODEL = """

@@ -22,8 +22,8 @@ from onnx.reference import ReferenceEvaluator
 
 import quantscan
 from quantscan.cli import main
+from quantscan.columns import Col
 from quantscan.errors import UsageError
-from quantscan.report.diagnosis import GAP_STDERR_COLUMN, STDERR_COLUMN, WHOLE_SET_COLUMN
 from quantscan.scanning.evaluate import SampleError, largest_error_share_first
 from quantscan.scanning.gain import Evaluator, mixed_builder
 from quantscan.scanning.impact import cumulative_drop, gain_candidates, gain_sample_indices, rank_by_gain
@@ -133,13 +133,13 @@ def test_gain_is_measured_on_the_samples_with_most_of_the_error(chain: tuple[Pat
     assert max(abs(mine[n] - theirs[n]) for n in theirs.index) < 1e-9
     on_them = np.sum(ref[expected] * test[expected]) / (np.linalg.norm(ref[expected]) * np.linalg.norm(test[expected]))
     assert capped.run_info.options["gain_samples_cosine"] == pytest.approx(on_them, abs=1e-5)
-    assert WHOLE_SET_COLUMN not in capped.layers.columns  # the whole-set re-measure is opt-in (its cost)
+    assert Col.GAIN_IF_FLOAT_WHOLE_SET not in capped.layers.columns  # the whole-set re-measure is opt-in (its cost)
     whole = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=0).layers.set_index("node")
     again = quantscan.scan(model, calib, threads=1, gain_candidates=100, gain_samples=k, gain_whole_set=True)
     top = str(again.layers["node"].iloc[0])
-    assert again.layers[WHOLE_SET_COLUMN].iloc[0] == pytest.approx(whole.loc[top, "gain_if_float"], abs=1e-9)
-    assert again.layers[WHOLE_SET_COLUMN].iloc[1:].isna().all()
-    assert WHOLE_SET_COLUMN not in whole.columns  # all samples measured: nothing to re-measure
+    assert again.layers[Col.GAIN_IF_FLOAT_WHOLE_SET].iloc[0] == pytest.approx(whole.loc[top, "gain_if_float"], abs=1e-9)
+    assert again.layers[Col.GAIN_IF_FLOAT_WHOLE_SET].iloc[1:].isna().all()
+    assert Col.GAIN_IF_FLOAT_WHOLE_SET not in whole.columns  # all samples measured: nothing to re-measure
 
 
 def test_samples_ordered_by_their_share_of_each_outputs_pooled_error() -> None:
@@ -315,9 +315,9 @@ def test_gain_standard_errors_equal_leave_one_out_whole_model_runs(chain: tuple[
             loo[s.node].append(evaluator.evaluate(builder.precisions([s.node])).worst["cosine"] - base)
     layers = result.layers.set_index("node")
     first = str(result.layers["node"].iloc[0])
-    assert layers[STDERR_COLUMN].gt(0).any()
+    assert layers[Col.GAIN_IF_FLOAT_STDERR].gt(0).any()
     for node, gains in loo.items():
-        assert layers.loc[node, STDERR_COLUMN] == pytest.approx(_jackknife(gains), abs=1e-7), node
+        assert layers.loc[node, Col.GAIN_IF_FLOAT_STDERR] == pytest.approx(_jackknife(gains), abs=1e-7), node
         gap = [a - b for a, b in zip(loo[first], gains, strict=True)]
-        assert layers.loc[node, GAP_STDERR_COLUMN] == pytest.approx(_jackknife(gap), abs=1e-7), node
-    assert layers.loc[first, GAP_STDERR_COLUMN] == 0.0
+        assert layers.loc[node, Col.GAIN_IF_FLOAT_GAP_STDERR] == pytest.approx(_jackknife(gap), abs=1e-7), node
+    assert layers.loc[first, Col.GAIN_IF_FLOAT_GAP_STDERR] == 0.0

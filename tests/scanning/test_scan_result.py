@@ -1,4 +1,4 @@
-"""`scan()` measures and writes nothing; `ScanResult.save(out)` writes exactly the run folder's files.
+"""`measure()` writes nothing; `api.save_scan(result, out)` writes exactly the run folder's files.
 
 Also: the typed records of a scan survive their JSON form (run.json), and the package's public
 `quantscan.scan` stays the function even after its submodules are imported.
@@ -16,9 +16,10 @@ import onnx.parser
 import pytest
 
 import quantscan
+from quantscan.api import save_scan, scan
 from quantscan.errors import UsageError
 from quantscan.records import Headline, OutputMetrics, RunInfo
-from quantscan.scanning import ScanResult, scan
+from quantscan.scanning import ScanResult
 
 TINY = """
 <ir_version: 8, opset_import: ["" : 13]>
@@ -71,12 +72,12 @@ def test_scan_without_out_writes_nothing(
 def test_save_writes_exactly_the_contract_files(result: ScanResult, tmp_path: Path) -> None:
     out = tmp_path / "run"
     result.no_report = True
-    written = result.save(out)
+    written = save_scan(result, out)
     assert {p.name for p in out.iterdir()} == CONTRACT
     assert {p.name for p in written} == CONTRACT
     result.no_report = False
     again = tmp_path / "run2"
-    result.save(again)
+    save_scan(result, again)
     assert {p.name for p in again.iterdir()} == CONTRACT | {"report.html"}
 
 
@@ -84,7 +85,7 @@ def test_save_refuses_a_file_as_folder(result: ScanResult, tmp_path: Path) -> No
     target = tmp_path / "file"
     target.write_text("x")
     with pytest.raises(UsageError):
-        result.save(target)
+        save_scan(result, target)
 
 
 def test_scan_out_is_save(tiny: tuple[Path, Path], tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from quantscan import taskmetrics as tm
-from quantscan.scanning import scan
+from quantscan.api import scan
 
 
 @pytest.mark.real

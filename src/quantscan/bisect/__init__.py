@@ -4,13 +4,15 @@ One job per module:
 
 - `state`: the search as a pure, replayable state machine (no onnxruntime, onnx or pandas);
 - `session`: the resumable session file (identities, options, events) and `describe` for `--show`;
-- `driver`: `run_bisect`, the evaluation loop that feeds measured values to the machine;
+- `driver`: `bisect_model`, the evaluation loop that feeds measured values to the machine;
 - `plan`: the typed `records.Plan` built from a finished search, and plan.json/plan.csv/gain.csv;
 - `exports`: the plan in the formats vendor toolchains read (onnxruntime, RKNN, Horizon, TPU-MLIR, TIDL);
 
-The output gain of every site (the mixed-precision gain graph) is `quantscan.gain`.
+The mixed-precision models are `quantscan.graph.mixed`, the output gain of every site
+`quantscan.scanning.gain`; the public entry point (which also updates a scan's summary.md) is
+`quantscan.api.run_bisect`.
 
-The driver needs onnxruntime, onnx and pandas, so `run_bisect` and `BisectResult` are loaded on
+The driver needs onnxruntime, onnx and pandas, so `BisectResult` is loaded on
 first use: reading a session (`bisect --show`) or importing the state machine loads none of them.
 """
 
@@ -22,9 +24,9 @@ from quantscan.bisect.session import Session, calibration_identity, describe, ma
 from quantscan.bisect.state import Bisector, Outcome, SessionFileError, Step, Target
 
 if TYPE_CHECKING:
-    from quantscan.bisect.driver import BisectResult, run_bisect
+    from quantscan.bisect.driver import BisectResult
 
-_LAZY = {"run_bisect": "quantscan.bisect.driver", "BisectResult": "quantscan.bisect.driver"}
+_LAZY = {"BisectResult": "quantscan.bisect.driver"}
 
 __all__ = [
     "BisectResult",
@@ -37,12 +39,11 @@ __all__ = [
     "calibration_identity",
     "describe",
     "machine_for",
-    "run_bisect",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """`run_bisect` and `BisectResult` come from the driver, imported on first use (see above)."""
+    """`BisectResult` comes from the driver, imported on first use (see above)."""
     if name in _LAZY:
         import importlib
 

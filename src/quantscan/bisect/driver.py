@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 import pandas as pd
 
-from quantscan.bisect.plan import REACHED, build_plan, write_plan
+from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, write_plan
 from quantscan.bisect.session import Session, calibration_identity, machine_for
 from quantscan.bisect.state import (
     FALLBACKS,
@@ -34,6 +34,7 @@ from quantscan.bisect.state import (
 from quantscan.bisect.targets import gain_key, make_evaluator, parse_target
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.state import state_consts
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.graph.subgraphs import unquantized_warning
@@ -71,7 +72,7 @@ SCAN_OPTION_KEYS = (
     "const",
     "limit",
     "eval",
-    "output",
+    Col.OUTPUT,
     "preprocess",
     "preprocess_overrides",
     "threads",
@@ -105,7 +106,7 @@ def target_from_flags(
     return parse_target(target) if target is not None else Target(given[0][0], float(given[0][1]))
 
 
-def run_bisect(
+def bisect_model(
     model: str | Path | None = None,
     calib: str | Path | None = None,
     *,
@@ -126,9 +127,11 @@ def run_bisect(
     progress: ProgressFactory = no_progress,
     on_step: StepCallback | None = None,
     runner: Runner | None = None,
+    summary_block: SummaryBlock | None = None,
     **options: Any,
 ) -> BisectResult:
-    """Output gain, then a resumable bisection to the target; writes plan files when `out` is given.
+    """Output gain, then a resumable bisection to the target; writes plan files when `out` is given
+    (and, with `summary_block`, puts the plan into a scan's summary.md there: `quantscan.api.run_bisect`).
 
     New run: `model`, `calib`, one `target_*`. Resume: `resume=FILE` (model/calib default to the
     session's; options come from the session). The session file is rewritten atomically after the
@@ -145,7 +148,7 @@ def run_bisect(
             "threads": options.get("threads", stored.options["scan"].get("threads")),
         }
         fallback, mode = str(stored.options["fallback"]), str(stored.options.get("mode", "search"))
-        loss_if_only = bool(stored.options.get("loss_if_only", False))
+        loss_if_only = bool(stored.options.get(Col.LOSS_IF_ONLY, False))
     if model is None or calib is None:
         raise UsageError("bisect: expected MODEL and --calib DIR (or --resume FILE)")
     if fallback not in FALLBACKS or mode not in MODES:
@@ -159,7 +162,7 @@ def run_bisect(
         Target(
             str(stored.options["target_metric"]),
             float(stored.options["target_value"]),
-            stored.options.get("output"),
+            stored.options.get(Col.OUTPUT),
         )
         if stored is not None
         else target_from_flags(target_cosine, target_sqnr, target_top1, target)
@@ -203,6 +206,7 @@ def run_bisect(
         save_qdq,
         exports,
         time.perf_counter() - started,
+        summary_block,
     )
 
 
@@ -263,26 +267,26 @@ def _new_session(
     scan_opts = {k: jsonable(v) for k, v in options.items() if k in SCAN_OPTION_KEYS}
     sites = [
         {
-            "node": s.node,
-            "output": s.output,
-            "order": ctx.order.get(s.node, k),
-            "op_type": s.op_type,
-            "kernel": s.kernel,
+            Col.NODE: s.node,
+            Col.OUTPUT: s.output,
+            Col.ORDER: ctx.order.get(s.node, k),
+            Col.OP_TYPE: s.op_type,
+            Col.KERNEL: s.kernel,
         }
         for k, s in enumerate(ctx.sites)
     ]
     order = (
         sensitivity_order(gains.table, gain_key(target))
         if gains is not None
-        else [str(s["node"]) for s in sorted(sites, key=lambda s: int(str(s["order"])))]
+        else [str(s[Col.NODE]) for s in sorted(sites, key=lambda s: int(str(s[Col.ORDER])))]
     )
     opts = {
         "target_metric": target.metric,
         "target_value": target.value,
-        "output": outputs[0] if len(outputs) == 1 else ",".join(outputs),
+        Col.OUTPUT: outputs[0] if len(outputs) == 1 else ",".join(outputs),
         "fallback": fallback,
         "mode": mode,
-        "loss_if_only": loss_if_only,
+        Col.LOSS_IF_ONLY: loss_if_only,
         "keep_float": list(keep_float),
         "force_quant": list(force_quant),
         "scan": scan_opts,
@@ -339,6 +343,7 @@ def _finish(
     save_qdq: str | Path | None,
     exports: Sequence[str] | None,
     seconds: float,
+    summary_block: SummaryBlock | None,
 ) -> BisectResult:
     outcome = machine.outcome
     assert outcome is not None
@@ -352,7 +357,7 @@ def _finish(
     if save_qdq is not None:
         files["qdq"] = save_model(qdq, Path(save_qdq))
     if out is not None:
-        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto))
+        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block))
     return BisectResult(
         plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, list(ctx.warnings)
     )

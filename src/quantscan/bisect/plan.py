@@ -8,7 +8,7 @@ plan.csv, gain.csv, layers.csv with the gain columns merged in, and the vendor e
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +18,21 @@ import pandas as pd
 from quantscan.bisect import exports as qexports
 from quantscan.bisect.session import Session
 from quantscan.bisect.state import Bisector, Step, Target
+from quantscan.columns import Col
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.records import ActivationScheme, Metrics, Plan, PlanSite, Precision
-from quantscan.report.diagnosis import with_plan_block
 from quantscan.runfolder import atomic_write_text, write_json
 from quantscan.scanning.ort_recipe import quantize_static_call
 from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
 
-PLAN_CSV_COLUMNS = ("node", "output", "precision", "op_type", "kernel", "order", "gain_if_float")
+PLAN_CSV_COLUMNS = (Col.NODE, Col.OUTPUT, "precision", Col.OP_TYPE, Col.KERNEL, Col.ORDER, Col.GAIN_IF_FLOAT)
 REACHED = ("reached", "already_met", "found", "no_bad_layer")
 """Outcome statuses that mean the target was met (exit code 0)."""
 INT16_NOTE = "int16 QuantizeLinear needs opset 21: the prepared copy was raised with onnx.version_converter"
+
+SummaryBlock = Callable[[str, Mapping[str, Any]], str]
+"""summary.md's text -> the same with the plan block in it (the renderer lives in report/, above bisect/)."""
 
 
 def original_nodes(ctx: ScanContext, site: Site) -> list[str]:
@@ -51,7 +54,7 @@ def plan_sites(
     ctx: ScanContext, builder: MixedBuilder, session: Session, prec: Sequence[str]
 ) -> tuple[PlanSite, ...]:
     """Every site `prec` keeps above int8, with its gain and what the exports need to address it."""
-    gain = {r["node"]: r for r in session.gain}
+    gain = {r[Col.NODE]: r for r in session.gain}
     tensor_prec = builder.tensor_precision(prec)
     sites = []
     for k, s in enumerate(ctx.sites):  # the builder's sites, typed as the scan's
@@ -66,7 +69,7 @@ def plan_sites(
                 kernel=s.kernel,
                 order=ctx.order.get(s.node, k),
                 nodes=tuple(original_nodes(ctx, s)),
-                gain_if_float=float(gain.get(s.node, {}).get("gain_if_float", math.nan)),
+                gain_if_float=float(gain.get(s.node, {}).get(Col.GAIN_IF_FLOAT, math.nan)),
                 weights=tuple(w for w in [s.weight, *(n for n, _ in s.extra_weights)] if w),
                 weight_axis=s.weight_axis if s.weight_axis is not None else 0,
                 int16_tensors=tuple(
@@ -96,7 +99,7 @@ def build_plan(
         return {k: float(v) for k, v in step.metrics.items()} if step is not None else None
 
     ceiling = [n for n in machine.order if n not in machine.force_quant]
-    output = session.options.get("output")
+    output = session.options.get(Col.OUTPUT)
     return Plan(
         model=session.model_path,
         model_sha256=session.model_sha256,
@@ -141,10 +144,11 @@ def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
 
 def write_plan(
     plan: Plan, session: Session, out: Path, exports: Sequence[str] | None = None,
-    model: onnx.ModelProto | None = None,
+    model: onnx.ModelProto | None = None, summary_block: SummaryBlock | None = None,
 ) -> dict[str, Path]:
     """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic;
-    `model` (the user's) names every tensor of a kernel where an export needs them (RKNN)."""
+    `model` (the user's) names every tensor of a kernel where an export needs them (RKNN);
+    `summary_block` puts the plan into a scan's summary.md in `out` (report.diagnosis.with_plan_block)."""
     out.mkdir(parents=True, exist_ok=True)
     files = {"plan.json": _plan_json(out, plan), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
@@ -155,10 +159,11 @@ def write_plan(
         atomic_write_text(files["gain.csv"], gains.to_csv(index=False))
         files["layers.csv"] = out / "layers.csv"
         atomic_write_text(files["layers.csv"], _layers_with_gain(out / "layers.csv", gains).to_csv(index=False))
-    if (out / "summary.md").is_file():  # a scan's folder: its diagnosis shows the plan on the first screen
+    # a scan's folder: its diagnosis shows the plan on the first screen
+    if summary_block is not None and (out / "summary.md").is_file():
         files["summary.md"] = out / "summary.md"
         text = files["summary.md"].read_text(encoding="utf-8")
-        atomic_write_text(files["summary.md"], with_plan_block(text, plan.to_json()))
+        atomic_write_text(files["summary.md"], summary_block(text, plan.to_json()))
     node_outputs = {n.name: list(n.output) for n in model.graph.node} if model is not None else None
     files.update(qexports.write_exports(plan, out, exports, node_outputs))
     return files
@@ -167,13 +172,13 @@ def write_plan(
 def _csv_row(site: PlanSite) -> dict[str, Any]:
     """A plan.csv row: the site's values as they are (NaN gain stays an empty cell)."""
     return {
-        "node": site.node,
-        "output": site.output,
+        Col.NODE: site.node,
+        Col.OUTPUT: site.output,
         "precision": str(site.precision),
-        "op_type": site.op_type,
-        "kernel": site.kernel,
-        "order": site.order,
-        "gain_if_float": site.gain_if_float,
+        Col.OP_TYPE: site.op_type,
+        Col.KERNEL: site.kernel,
+        Col.ORDER: site.order,
+        Col.GAIN_IF_FLOAT: site.gain_if_float,
     }
 
 
@@ -183,17 +188,18 @@ def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
     A scan's layers.csv in the same run folder keeps every column and rank; only the gain columns
     are (re)placed, joined on `node`. Without a scan, the gain table itself becomes layers.csv.
     """
-    gain_columns = [c for c in gains.columns if c.startswith(("gain_if_float", "loss_if_only", "if_float", "if_only"))]
+    prefixes = (Col.GAIN_IF_FLOAT, Col.LOSS_IF_ONLY, "if_float", "if_only")
+    gain_columns = [c for c in gains.columns if c.startswith(prefixes)]
     if not path.is_file():
         return gains
     try:
         layers = pd.read_csv(path)
     except (OSError, ValueError, pd.errors.ParserError):
         return gains
-    if "node" not in layers.columns:
+    if Col.NODE not in layers.columns:
         return gains
     layers = layers.drop(columns=[c for c in gain_columns if c in layers.columns])
-    return layers.merge(gains[["node", *gain_columns]], on="node", how="left")
+    return layers.merge(gains[[Col.NODE, *gain_columns]], on=Col.NODE, how="left")
 
 
 def _plan_json(out: Path, plan: Plan) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscan.bisect.state import Bisector, Event, SessionFileError, Step, Target, event_from_dict
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.runfolder import jsonable, write_json
 
@@ -26,9 +27,9 @@ FORMAT = 2
 """Session file format version; a newer one is refused, never guessed at. Format 2 adds `digest`."""
 TOOL = "quantscan-bisect"
 KNOWN_KEYS = frozenset({"format", "tool", "status", "created", "updated", "model", "calibration", "options",
-                        "sites", "order", "gain", "events", "digest"})
-REQUIRED_KEYS = ("model", "calibration", "options", "sites", "order")
-SHAPES: dict[str, type] = {"model": dict, "calibration": dict, "options": dict, "sites": list, "order": list,
+                        "sites", Col.ORDER, "gain", "events", "digest"})
+REQUIRED_KEYS = ("model", "calibration", "options", "sites", Col.ORDER)
+SHAPES: dict[str, type] = {"model": dict, "calibration": dict, "options": dict, "sites": list, Col.ORDER: list,
                            "gain": list, "events": list, "status": str}
 
 
@@ -100,7 +101,7 @@ class Session:
             "calibration": self.calibration,
             "options": self.options,
             "sites": self.sites,
-            "order": self.order,
+            Col.ORDER: self.order,
             "gain": jsonable(self.gain),
             "events": [e.as_dict() for e in self.events],
         }
@@ -122,7 +123,7 @@ class Session:
                 calibration=dict(raw["calibration"]),
                 options=dict(raw["options"]),
                 sites=list(raw["sites"]),
-                order=list(raw["order"]),
+                order=list(raw[Col.ORDER]),
                 gain=list(raw.get("gain", [])),
                 events=[event_from_dict(e) for e in raw.get("events", [])],
                 status=str(raw.get("status", "running")),
@@ -194,8 +195,8 @@ def machine_for(session: Session) -> Bisector:
 
 def _machine_for(session: Session) -> Bisector:
     opts = session.options
-    target = Target(str(opts["target_metric"]), float(opts["target_value"]), opts.get("output"))
-    topo = [s["node"] for s in sorted(session.sites, key=lambda s: int(s["order"]))]
+    target = Target(str(opts["target_metric"]), float(opts["target_value"]), opts.get(Col.OUTPUT))
+    topo = [s[Col.NODE] for s in sorted(session.sites, key=lambda s: int(s[Col.ORDER]))]
     machine = Bisector(
         session.order,
         target,

@@ -36,6 +36,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.records import ParetoPoint, PlanStep, PlanTarget, Precision
 
@@ -93,7 +94,7 @@ class Target:
         return not math.isnan(value) and value >= self.value
 
     def as_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "value": self.value, "output": self.output}
+        return {"metric": self.metric, "value": self.value, Col.OUTPUT: self.output}
 
     def record(self, output: str | None = None) -> PlanTarget:
         """The target as the plan records it; `output` (the headline outputs) replaces ours when given."""

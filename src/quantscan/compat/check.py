@@ -18,6 +18,7 @@ from pathlib import Path
 import onnx
 import pandas as pd
 
+from quantscan.columns import Col
 from quantscan.compat.analysis import ModelAnalysis, analyse
 from quantscan.compat.context import RuleContext
 from quantscan.compat.partitions import Partitioning, colour, partition
@@ -167,7 +168,7 @@ def _partition_rows(analysis: ModelAnalysis, profile: Profile, part: Partitionin
         {
             "profile": profile.name,
             "partition": isl.id,
-            "placement": isl.placement,
+            Col.PLACEMENT: isl.placement,
             "n_nodes": len(isl.nodes),
             "first_node": names[isl.nodes[0]],
             "nodes": ";".join(names[i] for i in isl.nodes),

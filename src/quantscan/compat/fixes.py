@@ -1,7 +1,7 @@
 """Suggested fixes: a rewrite (implemented by `quantscan rewrite`) where one exists, else words.
 
 A `Fix` carries the text users read in compat.csv's `fix` column and, when that text names a
-rewrite, the typed `RewriteId` (and its settings) that `rewrites.plan` acts on, so nothing parses
+rewrite, the typed `RewriteId` (and its settings) that `compat.rewrite_plan` acts on, so nothing parses
 the text back into ids.
 """
 

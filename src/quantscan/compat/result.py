@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.records import Finding, Severity, severity_rank
 
 PARTITION_COLUMNS = (
     "profile",
     "partition",
-    "placement",
+    Col.PLACEMENT,
     "n_nodes",
     "first_node",
     "nodes",
@@ -76,11 +77,11 @@ class CheckResult:
             "errors": int(counts.get("error", 0)),
             "warnings": int(counts.get("warn", 0)),
             "infos": int(counts.get("info", 0)),
-            "npu_nodes": int(parts.loc[parts["placement"] == "npu", "n_nodes"].sum()),
-            "cpu_nodes": int(parts.loc[parts["placement"] == "cpu", "n_nodes"].sum()),
+            "npu_nodes": int(parts.loc[parts[Col.PLACEMENT] == "npu", "n_nodes"].sum()),
+            "cpu_nodes": int(parts.loc[parts[Col.PLACEMENT] == "cpu", "n_nodes"].sum()),
             "folded_nodes": len(placement) - int(parts["n_nodes"].sum()),
             "islands": len(parts),
-            "npu_islands": int((parts["placement"] == "npu").sum()),
-            "cpu_islands": int((parts["placement"] == "cpu").sum()),
+            "npu_islands": int((parts[Col.PLACEMENT] == "npu").sum()),
+            "cpu_islands": int((parts[Col.PLACEMENT] == "cpu").sum()),
             "bytes_crossing": int(parts["bytes_in"].sum()),
         }

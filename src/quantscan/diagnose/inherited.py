@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from quantscan.columns import Col
 from quantscan.diagnose.base import Cause, Finding, Fix, FixKind, SiteFacts, human
 
 CUMULATIVE_DB = 25.0
@@ -30,19 +31,19 @@ def looks_inherited(isolated_sqnr_db: float, cumulative_sqnr_db: float) -> bool:
 
 
 def check(facts: SiteFacts) -> Finding | None:
-    iso = facts.figures.get("isolated_sqnr_db", math.nan)
-    cum = facts.figures.get("cumulative_sqnr_db", math.nan)
+    iso = facts.figures.get(Col.ISOLATED_SQNR_DB, math.nan)
+    cum = facts.figures.get(Col.CUMULATIVE_SQNR_DB, math.nan)
     if not looks_inherited(iso, cum):
         return None
     measured = {node: g for node, g in facts.upstream_gains.items() if math.isfinite(g)}
     if not measured:
         return None
     upstream, gain = max(measured.items(), key=lambda item: item[1])
-    if gain < MIN_GAIN or gain < facts.figures.get("gain_if_float", -math.inf):
+    if gain < MIN_GAIN or gain < facts.figures.get(Col.GAIN_IF_FLOAT, -math.inf):
         return None  # nothing upstream worth naming, or keeping this site float helps more itself
     reason = (f"isolated {human(iso)} dB is fine, cumulative {human(cum)} dB is inherited: keeping upstream "
               f"`{upstream}` float lifts the output cosine by {human(gain)} (measured), the most of "
               f"{len(measured)} measured upstream site(s)")
     fix = Fix(FixKind.KEEP_FLOAT, upstream, f"keep `{upstream}` float / see its cause")
-    evidence = {"isolated_sqnr_db": iso, "cumulative_sqnr_db": cum, "upstream_gain": gain}
+    evidence = {Col.ISOLATED_SQNR_DB: iso, Col.CUMULATIVE_SQNR_DB: cum, "upstream_gain": gain}
     return Finding(facts.node, Cause.INHERITED, evidence, reason, fix)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 
+from quantscan.columns import Col
 from quantscan.diagnose.base import FLOAT32_SUM_LIMIT, SENTINEL, Cause, Finding, Fix, FixKind, SiteFacts, human
 
-FIGURES = {"isolated_sqnr_db": "isolated SQNR", "isolated_cosine": "isolated cosine",
-           "cumulative_sqnr_db": "cumulative SQNR", "cumulative_cosine": "cumulative cosine"}
+FIGURES = {Col.ISOLATED_SQNR_DB: "isolated SQNR", Col.ISOLATED_COSINE: "isolated cosine",
+           Col.CUMULATIVE_SQNR_DB: "cumulative SQNR", Col.CUMULATIVE_COSINE: "cumulative cosine"}
 
 
 def check(facts: SiteFacts) -> Finding | None:

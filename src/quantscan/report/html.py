@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from quantscan.columns import Col
 from quantscan.report.cells import col, esc, fmt, is_missing, metric_value, num, truthy
 from quantscan.report.plots import PlotCounter, depth_figure, layer_figure, pareto_figure, svg
 from quantscan.report.summary import preprocessing_text
@@ -70,8 +71,8 @@ def write_report(run_dir: Path) -> Path:
 
 
 def _ranked(layers: pd.DataFrame) -> pd.DataFrame:
-    if "rank" in layers:
-        order = pd.to_numeric(layers["rank"], errors="coerce")
+    if Col.RANK in layers:
+        order = pd.to_numeric(layers[Col.RANK], errors="coerce")
         return layers.assign(_r=order).sort_values("_r", kind="stable").drop(columns="_r").reset_index(drop=True)
     return layers.reset_index(drop=True)
 
@@ -179,7 +180,7 @@ def _quant_line(run: Mapping[str, Any]) -> str:
     for key in ("weights", "bias"):
         if opts.get(key):
             parts.append(f"{key} {opts[key]}")
-    for key in ("limit", "output", "const", "input_shape"):
+    for key in ("limit", Col.OUTPUT, "const", "input_shape"):
         if opts.get(key):
             parts.append(f"{key} {opts[key]}")
     return "; ".join(parts)
@@ -230,7 +231,7 @@ def _headline(files: RunFiles) -> str:
     head: dict[str, Any] = run.get("headline") or {}
     parts = []
     if head:
-        dep: Mapping[str, Any] = deployed.get(str(head.get("output"))) or head.get("deployed") or {}
+        dep: Mapping[str, Any] = deployed.get(str(head.get(Col.OUTPUT))) or head.get("deployed") or {}
         parts.append(_headline_cards(head, dep))
     if outputs:
         parts.append(_outputs_table(outputs, deployed))
@@ -265,7 +266,7 @@ def _headline_cards(head: Mapping[str, Any], deployed: Mapping[str, Any]) -> str
         _card(
             "cosine, all int8",
             fmt(cos, ".5f"),
-            f"output <code>{esc(head.get('output', '?'))}</code>",
+            f"output <code>{esc(head.get(Col.OUTPUT, '?'))}</code>",
             _quality(cos),
         ),
         _card("SQNR dB, all int8", fmt(head.get("sqnr_db"), ".2f"), "higher is better"),
@@ -293,7 +294,7 @@ def _accuracy_line(metrics: Mapping[str, Any]) -> str:
 
 def _outputs_table(outputs: Mapping[str, Any], deployed: Mapping[str, Any]) -> str:
     head = (
-        "output",
+        Col.OUTPUT,
         "cosine",
         "SQNR dB",
         "worst-sample cosine",
@@ -332,7 +333,7 @@ def _plan_cards(plan: Mapping[str, Any]) -> str:
             f"{metric}, bisection plan",
             fmt(achieved, spec),
             f"target ≥ {fmt(target.get('value'), spec)}"
-            + (f" on <code>{esc(target['output'])}</code>" if target.get("output") else ""),
+            + (f" on <code>{esc(target[Col.OUTPUT])}</code>" if target.get(Col.OUTPUT) else ""),
             "good" if ok else "bad",
         ),
         _card("sites kept in higher precision", str(len(sites)), esc(_precision_counts(sites))),
@@ -358,7 +359,7 @@ def _precision_counts(sites: Sequence[Any]) -> str:
 
 
 def _depth_section(files: RunFiles, layers: pd.DataFrame, plots: PlotCounter) -> str:
-    if "order" not in layers or not len(layers):
+    if Col.ORDER not in layers or not len(layers):
         return _section(
             "depth",
             "Error along depth",
@@ -369,7 +370,7 @@ def _depth_section(files: RunFiles, layers: pd.DataFrame, plots: PlotCounter) ->
         "Cumulative: every site quantized, measured at this site's output. Isolated: only this site "
         "quantized, fed FP32 inputs. A cumulative drop without an isolated one is inherited from upstream."
     ]
-    if "placement" not in layers:
+    if Col.PLACEMENT not in layers:
         notes.append("CPU-fallback nodes are marked when the scan ran with <code>--profile NAME</code>.")
     text = " ".join(notes)
     return _section(
@@ -383,42 +384,42 @@ def _depth_section(files: RunFiles, layers: pd.DataFrame, plots: PlotCounter) ->
 
 _LAYER_COLUMNS: list[tuple[str, str, str, str]] = [
     # column, header, format, tooltip; cause and reason early so they show without scrolling sideways
-    ("rank", "rank", "d", "1 = most harmful; how it is computed is written in summary.md"),
-    ("node", "node", "s", "first node of the kernel in the original graph"),
-    ("op_type", "op", "s", "op type of that node"),
-    ("isolated_sqnr_db", "iso SQNR dB", ".1f", "this site alone quantized, fed FP32 inputs"),
-    ("cumulative_sqnr_db", "cum SQNR dB", ".1f", "every site quantized"),
-    ("cause", "cause", "s", "intrinsic: the site's own quantization; inherited: error from upstream"),
-    ("reason", "reason", "s", "why this rank"),
-    ("cumulative_cosine", "cum cosine", ".5f", "every site quantized"),
+    (Col.RANK, Col.RANK, "d", "1 = most harmful; how it is computed is written in summary.md"),
+    (Col.NODE, Col.NODE, "s", "first node of the kernel in the original graph"),
+    (Col.OP_TYPE, "op", "s", "op type of that node"),
+    (Col.ISOLATED_SQNR_DB, "iso SQNR dB", ".1f", "this site alone quantized, fed FP32 inputs"),
+    (Col.CUMULATIVE_SQNR_DB, "cum SQNR dB", ".1f", "every site quantized"),
+    (Col.CAUSE, Col.CAUSE, "s", "intrinsic: the site's own quantization; inherited: error from upstream"),
+    (Col.REASON, Col.REASON, "s", "why this rank"),
+    (Col.CUMULATIVE_COSINE, "cum cosine", ".5f", "every site quantized"),
     (
-        "cumulative_worst_sample_cosine",
+        Col.CUMULATIVE_WORST_SAMPLE_COSINE,
         "worst-sample cos",
         ".4f",
         "minimum over samples, all sites quantized",
     ),
-    ("act_worst_channel_sqnr_db", "act worst ch dB", ".1f", "output activation: worst channel SQNR"),
-    ("act_channel_range_spread", "act spread", ".3g", "max/min of the non-zero per-channel ranges"),
-    ("act_dead_channels", "dead ch", "d", "output channels that are always zero"),
-    ("weight_worst_channel_sqnr_db", "w worst ch dB", ".1f", "weight: worst output channel SQNR"),
-    ("weight_channel_range_spread", "w spread", ".3g", "max/min of the weight per-channel ranges"),
-    ("sensitive_op", "sensitive", "b", "op type known to be fragile in int8"),
-    ("placement", "placement", "s", "npu/cpu for the profile given"),
-    ("compat_rule", "compat", "s", "compatibility rule that fired"),
-    ("gain_if_float", "gain if float", ".4g", "output metric with this site float, minus all-int8"),
-    ("gain_if_float_stderr", "± gain", ".2g", "jackknife standard error of the gain over the gain samples"),
-    ("loss_if_only", "loss if only", ".4g", "output metric with only this site int8, minus all-float"),
-    ("order", "order", "d", "topological index in the original graph"),
-    ("kernel", "kernel", "s", "the fused pattern quantized as one site"),
+    (Col.ACT_WORST_CHANNEL_SQNR_DB, "act worst ch dB", ".1f", "output activation: worst channel SQNR"),
+    (Col.ACT_CHANNEL_RANGE_SPREAD, "act spread", ".3g", "max/min of the non-zero per-channel ranges"),
+    (Col.ACT_DEAD_CHANNELS, "dead ch", "d", "output channels that are always zero"),
+    (Col.WEIGHT_WORST_CHANNEL_SQNR_DB, "w worst ch dB", ".1f", "weight: worst output channel SQNR"),
+    (Col.WEIGHT_CHANNEL_RANGE_SPREAD, "w spread", ".3g", "max/min of the weight per-channel ranges"),
+    (Col.SENSITIVE_OP, "sensitive", "b", "op type known to be fragile in int8"),
+    (Col.PLACEMENT, Col.PLACEMENT, "s", "npu/cpu for the profile given"),
+    (Col.COMPAT_RULE, "compat", "s", "compatibility rule that fired"),
+    (Col.GAIN_IF_FLOAT, "gain if float", ".4g", "output metric with this site float, minus all-int8"),
+    (Col.GAIN_IF_FLOAT_STDERR, "± gain", ".2g", "jackknife standard error of the gain over the gain samples"),
+    (Col.LOSS_IF_ONLY, "loss if only", ".4g", "output metric with only this site int8, minus all-float"),
+    (Col.ORDER, Col.ORDER, "d", "topological index in the original graph"),
+    (Col.KERNEL, Col.KERNEL, "s", "the fused pattern quantized as one site"),
 ]
 
 
 def _layer_table_section(layers: pd.DataFrame) -> str:
     cols = [c for c in _LAYER_COLUMNS if c[0] in layers]
     heads = "".join(f'<th title="{esc(tip)}">{esc(h)}</th>' for _, h, _, tip in cols)
-    top = set(layers["node"].astype(str).head(TOP_LAYERS)) if "node" in layers else set()
+    top = set(layers[Col.NODE].astype(str).head(TOP_LAYERS)) if Col.NODE in layers else set()
     body = "\n".join(_layer_row(rec, cols, top) for rec in layers.to_dict("records"))
-    ops = sorted(layers["op_type"].astype(str).unique()) if "op_type" in layers else []
+    ops = sorted(layers[Col.OP_TYPE].astype(str).unique()) if Col.OP_TYPE in layers else []
     options = "".join(f'<option value="{esc(o)}">{esc(o)}</option>' for o in ops)
     controls = (
         f'<div class="controls"><label>op type <select id="opfilter"><option value="">all</option>{options}'
@@ -427,7 +428,7 @@ def _layer_table_section(layers: pd.DataFrame) -> str:
         f'</label> <span id="rowcount">{len(layers)} of {len(layers)} sites</span>'
         ' <span class="note">click a column header to sort</span></div>'
     )
-    op_index = [c[0] for c in cols].index("op_type") if "op_type" in layers else -1
+    op_index = [c[0] for c in cols].index(Col.OP_TYPE) if Col.OP_TYPE in layers else -1
     table = (
         f'<div class="scroll"><table id="layertable" class="sortable data" data-opcol="{op_index}">'
         f"<thead><tr>{heads}</tr></thead><tbody>\n{body}\n</tbody></table></div>"
@@ -442,7 +443,7 @@ def _layer_row(rec: Mapping[str, Any], cols: Sequence[tuple[str, str, str, str]]
         value = rec.get(name)
         cls = _cell_class(name, value)
         attr = f' class="{cls}"' if cls else ""
-        if name == "node" and str(value) in top:
+        if name == Col.NODE and str(value) in top:
             text = f'<a href="#L-{_anchor(str(value))}">{esc(value)}</a>'
         elif spec == "s":
             text = "" if is_missing(value) else esc(value)
@@ -461,13 +462,13 @@ def _cell_class(name: str, value: Any) -> str:
     if name.endswith("_sqnr_db"):
         v = num(value)
         return "bad" if v < 20 else "fair" if v < 30 else ""
-    if name == "sensitive_op" and truthy(value):
+    if name == Col.SENSITIVE_OP and truthy(value):
         return "bad"
-    if name == "placement" and str(value).lower() == "cpu":
+    if name == Col.PLACEMENT and str(value).lower() == "cpu":
         return "fair"
-    if name == "cause" and str(value) == "intrinsic":
+    if name == Col.CAUSE and str(value) == "intrinsic":
         return "strong"
-    if name in ("reason", "kernel"):
+    if name in (Col.REASON, Col.KERNEL):
         return "wrap"
     return ""
 
@@ -481,7 +482,7 @@ def _anchor(node: str) -> str:
 
 def _top_layers_section(files: RunFiles, layers: pd.DataFrame, plots: PlotCounter) -> str:
     hints = []
-    if files.channels is None or "node" not in (files.channels if files.channels is not None else {}):
+    if files.channels is None or Col.NODE not in (files.channels if files.channels is not None else {}):
         hints.append("channels.csv is missing: re-run the scan to get the per-channel range plots.")
     if not files.hist or "site_nodes" not in files.hist:
         hints.append("hist.npz is missing: re-run the scan to get the FP32 vs int8 histograms.")
@@ -491,7 +492,7 @@ def _top_layers_section(files: RunFiles, layers: pd.DataFrame, plots: PlotCounte
         return _section("top", "Top layers", "".join(_hint(h) for h in hints))
     qrange = _act_qrange(files.run)
     cards = [
-        _layer_card(rec, channels.get(str(rec.get("node"))), _hist_for(files.hist, hist_index, rec), qrange, plots)
+        _layer_card(rec, channels.get(str(rec.get(Col.NODE))), _hist_for(files.hist, hist_index, rec), qrange, plots)
         for rec in layers.head(TOP_LAYERS).to_dict("records")
     ]
     intro = (
@@ -505,9 +506,9 @@ def _top_layers_section(files: RunFiles, layers: pd.DataFrame, plots: PlotCounte
 
 
 def _channels_by_node(channels: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
-    if channels is None or "node" not in channels or not len(channels):
+    if channels is None or Col.NODE not in channels or not len(channels):
         return {}
-    return {str(k): g for k, g in channels.groupby(channels["node"].astype(str), sort=False)}
+    return {str(k): g for k, g in channels.groupby(channels[Col.NODE].astype(str), sort=False)}
 
 
 def _hist_index(hist: Mapping[str, np.ndarray] | None) -> dict[str, int]:
@@ -519,7 +520,7 @@ def _hist_index(hist: Mapping[str, np.ndarray] | None) -> dict[str, int]:
 def _hist_for(
     hist: Mapping[str, np.ndarray] | None, index: Mapping[str, int], rec: Mapping[str, Any]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    k = index.get(str(rec.get("node")))
+    k = index.get(str(rec.get(Col.NODE)))
     if hist is None or k is None:
         return None
     keys = (f"{k}/edges", f"{k}/fp32", f"{k}/int8")
@@ -543,17 +544,17 @@ def _layer_card(
     qrange: tuple[int, int],
     plots: PlotCounter,
 ) -> str:
-    node = str(rec.get("node"))
+    node = str(rec.get(Col.NODE))
     facts = [
-        ("isolated", f"{fmt(rec.get('isolated_sqnr_db'), '.1f')} dB"),
-        ("cumulative", f"{fmt(rec.get('cumulative_sqnr_db'), '.1f')} dB"),
-        ("worst act channel", f"{fmt(rec.get('act_worst_channel_sqnr_db'), '.1f')} dB"),
-        ("act spread", f"×{fmt(rec.get('act_channel_range_spread'), '.3g')}"),
-        ("dead channels", fmt(rec.get("act_dead_channels"), ".0f")),
-        ("worst weight channel", f"{fmt(rec.get('weight_worst_channel_sqnr_db'), '.1f')} dB"),
+        ("isolated", f"{fmt(rec.get(Col.ISOLATED_SQNR_DB), '.1f')} dB"),
+        ("cumulative", f"{fmt(rec.get(Col.CUMULATIVE_SQNR_DB), '.1f')} dB"),
+        ("worst act channel", f"{fmt(rec.get(Col.ACT_WORST_CHANNEL_SQNR_DB), '.1f')} dB"),
+        ("act spread", f"×{fmt(rec.get(Col.ACT_CHANNEL_RANGE_SPREAD), '.3g')}"),
+        ("dead channels", fmt(rec.get(Col.ACT_DEAD_CHANNELS), ".0f")),
+        ("worst weight channel", f"{fmt(rec.get(Col.WEIGHT_WORST_CHANNEL_SQNR_DB), '.1f')} dB"),
         (
             "scale / zero point",
-            f"{fmt(rec.get('act_scale'), '.4g')} / {fmt(rec.get('act_zero_point'), '.0f')}",
+            f"{fmt(rec.get(Col.ACT_SCALE), '.4g')} / {fmt(rec.get(Col.ACT_ZERO_POINT), '.0f')}",
         ),
     ]
     fact_html = " · ".join(f"{esc(k)} <b>{esc(v)}</b>" for k, v in facts if "–" not in v)
@@ -563,12 +564,12 @@ def _layer_card(
         if fig is not None
         else _hint("No per-channel or histogram data for this site in channels.csv / hist.npz.")
     )
-    cause = esc(rec.get("cause", "")) if not is_missing(rec.get("cause")) else ""
-    reason = esc(rec.get("reason", "")) if not is_missing(rec.get("reason")) else ""
+    cause = esc(rec.get(Col.CAUSE, "")) if not is_missing(rec.get(Col.CAUSE)) else ""
+    reason = esc(rec.get(Col.REASON, "")) if not is_missing(rec.get(Col.REASON)) else ""
     return (
         f'<div class="layer" id="L-{_anchor(node)}">'
-        f"<h3>#{fmt(rec.get('rank'), '.0f')} <code>{esc(node)}</code> "
-        f'<span class="kernel">{esc(rec.get("kernel", rec.get("op_type", "")))}</span> '
+        f"<h3>#{fmt(rec.get(Col.RANK), '.0f')} <code>{esc(node)}</code> "
+        f'<span class="kernel">{esc(rec.get(Col.KERNEL, rec.get(Col.OP_TYPE, "")))}</span> '
         f'<span class="tag {cause}">{cause}</span></h3>'
         f'<p>{reason}</p><p class="facts">{fact_html}</p>{plot}</div>'
     )
@@ -617,7 +618,7 @@ def _cell_value(column: str, value: Any) -> str:
     return esc(value)
 
 
-_WRAP_COLUMNS = frozenset({"fix", "reason", "value", "limit", "nodes"})
+_WRAP_COLUMNS = frozenset({"fix", Col.REASON, "value", "limit", "nodes"})
 """Free-text columns that wrap instead of stretching the table off screen."""
 
 
@@ -666,7 +667,7 @@ def _partition_summary(parts: pd.DataFrame) -> str:
         parts = parts.assign(profile="?")
     rows = []
     for profile, g in parts.groupby(parts["profile"].astype(str), sort=False):
-        place = g["placement"].astype(str).str.lower() if "placement" in g else pd.Series([""] * len(g))
+        place = g[Col.PLACEMENT].astype(str).str.lower() if Col.PLACEMENT in g else pd.Series([""] * len(g))
         n_nodes = col(g, "n_nodes")
         crossing = np.nansum(col(g, "bytes_in"))
         rows.append(
@@ -748,7 +749,7 @@ def _bisect_section(files: RunFiles, plots: PlotCounter) -> str:
 def _target_line(target: Any) -> str:
     if not isinstance(target, Mapping):
         return str(target)
-    where = f" on output {target['output']}" if target.get("output") else ""
+    where = f" on output {target[Col.OUTPUT]}" if target.get(Col.OUTPUT) else ""
     return f"{target.get('metric', '?')} ≥ {target.get('value', '?')}{where}"
 
 

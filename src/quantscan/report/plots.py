@@ -20,6 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from quantscan.columns import Col
 from quantscan.report.cells import col, esc, fmt, metric_value, num, short, truthy
 
 COLORS = {
@@ -149,10 +150,10 @@ def finite_cap(values: np.ndarray) -> tuple[np.ndarray, float | None]:
 
 
 def depth_figure(layers: pd.DataFrame) -> Figure:
-    data = layers.assign(_o=col(layers, "order")).sort_values("_o", kind="stable")
+    data = layers.assign(_o=col(layers, Col.ORDER)).sort_values("_o", kind="stable")
     x = data["_o"].to_numpy()
-    cum, cap_c = finite_cap(col(data, "cumulative_sqnr_db"))
-    iso, cap_i = finite_cap(col(data, "isolated_sqnr_db"))
+    cum, cap_c = finite_cap(col(data, Col.CUMULATIVE_SQNR_DB))
+    iso, cap_i = finite_cap(col(data, Col.ISOLATED_SQNR_DB))
     fig, (ax,) = figure(11, 3.8)
     dense = is_dense(len(x))
     ax.plot(
@@ -180,9 +181,9 @@ def depth_figure(layers: pd.DataFrame) -> Figure:
 
 
 def _mark_sensitive(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
-    if "sensitive_op" not in data:
+    if Col.SENSITIVE_OP not in data:
         return
-    mask = np.array([truthy(v) for v in data["sensitive_op"]])
+    mask = np.array([truthy(v) for v in data[Col.SENSITIVE_OP]])
     if mask.any():
         ax.vlines(
             x[mask],
@@ -198,9 +199,9 @@ def _mark_sensitive(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
 
 
 def _mark_cpu(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
-    if "placement" not in data:
+    if Col.PLACEMENT not in data:
         return
-    mask = (data["placement"].astype(str).str.lower() == "cpu").to_numpy()
+    mask = (data[Col.PLACEMENT].astype(str).str.lower() == "cpu").to_numpy()
     if mask.any():
         ax.vlines(
             x[mask],
@@ -215,16 +216,16 @@ def _mark_cpu(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
 
 def _label_top(ax: Any, data: pd.DataFrame, x: np.ndarray, cum: np.ndarray) -> None:
     """Name the five worst-ranked sites on the plot: the first places to look."""
-    if "rank" not in data:
+    if Col.RANK not in data:
         return
-    rank = col(data, "rank")
-    iso = col(data, "isolated_sqnr_db")
+    rank = col(data, Col.RANK)
+    iso = col(data, Col.ISOLATED_SQNR_DB)
     for j, i in enumerate(np.argsort(rank, kind="stable")[:5]):
         if math.isnan(rank[i]):
             continue
         y = iso[i] if np.isfinite(iso[i]) else cum[i]
         ax.annotate(
-            f"#{int(rank[i])} {short(str(data['node'].iloc[i]))}",
+            f"#{int(rank[i])} {short(str(data[Col.NODE].iloc[i]))}",
             (x[i], y),
             xytext=(4, -10 + 18 * (j % 2)),
             textcoords="offset points",
@@ -275,7 +276,7 @@ def _act_panel(ax: Any, channels: pd.DataFrame, rec: Mapping[str, Any], qrange: 
         label="channel min..max",
         rasterized=dense,
     )
-    scale, zp = num(rec.get("act_scale")), num(rec.get("act_zero_point"))
+    scale, zp = num(rec.get(Col.ACT_SCALE)), num(rec.get(Col.ACT_ZERO_POINT))
     if np.isfinite(scale) and np.isfinite(zp):
         for q in qrange:
             ax.axhline((q - zp) * scale, color=COLORS["grid"], ls="--", lw=0.9)

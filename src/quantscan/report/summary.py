@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from quantscan.columns import Col
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
 from quantscan.report.diagnosis import GainSamples, diagnosis_lines, rank_doc_gain
 
@@ -143,12 +144,13 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     ]
     for r in result.layers.head(10).to_dict("records"):
         lines.append(
-            f"| {r['rank']} | `{r['node']}` | {r['kernel']} | {_fmt(r['isolated_sqnr_db'])} | "
-            f"{_fmt(r['cumulative_sqnr_db'])} | {_fmt(r['act_worst_channel_sqnr_db'])} | {r['cause']} | {r['reason']} |"
+            f"| {r[Col.RANK]} | `{r[Col.NODE]}` | {r[Col.KERNEL]} | {_fmt(r[Col.ISOLATED_SQNR_DB])} | "
+            f"{_fmt(r[Col.CUMULATIVE_SQNR_DB])} | {_fmt(r[Col.ACT_WORST_CHANNEL_SQNR_DB])} | {r[Col.CAUSE]} | "
+            f"{r[Col.REASON]} |"
         )
     lines += _diagnosis_section(result.layers)
-    intrinsic = result.layers[result.layers["cause"] == "intrinsic"]
-    inherited = result.layers[result.layers["cause"] == "inherited"]
+    intrinsic = result.layers[result.layers[Col.CAUSE] == "intrinsic"]
+    inherited = result.layers[result.layers[Col.CAUSE] == "inherited"]
     lines += ["", "## Cause or symptom", ""]
     lines.append(
         f"- **Intrinsic** ({len(intrinsic)} sites): the site's own quantization loses precision (low isolated "
@@ -156,13 +158,13 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "rescale channels, or change the calibration method."
     )
     for r in intrinsic.head(15).to_dict("records"):
-        lines.append(f"  - `{r['node']}` ({r['kernel']}): {r['reason']}")
+        lines.append(f"  - `{r[Col.NODE]}` ({r[Col.KERNEL]}): {r[Col.REASON]}")
     lines.append(
         f"- **Inherited** ({len(inherited)} sites): low cumulative SQNR but a fine isolated figure: the error "
         "comes from upstream. Fixing these sites would not help."
     )
     for r in inherited.head(15).to_dict("records"):
-        lines.append(f"  - `{r['node']}` ({r['kernel']}): {r['reason']}")
+        lines.append(f"  - `{r[Col.NODE]}` ({r[Col.KERNEL]}): {r[Col.REASON]}")
     lines += _profile_section(result)
     rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
     measured = int(info.options.get("gain_measured") or 0)
@@ -183,16 +185,16 @@ DIAGNOSIS_LIMIT = 15
 
 def _diagnosis_section(layers: pd.DataFrame) -> list[str]:
     """Root causes the cause rules named (quantscan.diagnose), in rank order, each with its fix."""
-    if "diagnosis" not in layers.columns:
+    if Col.DIAGNOSIS not in layers.columns:
         return []
-    found = layers[layers["diagnosis"].fillna("").astype(str) != ""]
+    found = layers[layers[Col.DIAGNOSIS].fillna("").astype(str) != ""]
     lines = ["", "## Root causes and fixes", ""]
     if found.empty:
         return lines + ["No cause rule fired (absurd scales, outlier channels, mismatched join inputs, "
                         "wasted codes, dead or clipped channels, non-finite figures)."]
     lines.append(f"{len(found)} site(s) with a named cause; the first of each site, in rank order:")
     for r in found.head(DIAGNOSIS_LIMIT).to_dict("records"):
-        lines.append(f"- rank {r['rank']} `{r['node']}` ({r['kernel']}): {r['diagnosis']}")
+        lines.append(f"- rank {r[Col.RANK]} `{r[Col.NODE]}` ({r[Col.KERNEL]}): {r[Col.DIAGNOSIS]}")
     return lines
 
 
@@ -207,13 +209,13 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
     """Calibration vs evaluation: sites whose evaluation values fall outside the calibrated range, and the
     evaluation samples with the largest output error (run.json `worst_samples`, for `extract --worst`)."""
     lines = ["## Calibration vs evaluation", ""]
-    clip = layers["eval_clip_fraction"] if "eval_clip_fraction" in layers.columns else pd.Series(dtype=float)
-    flagged = layers[clip > CLIP_FLAG].sort_values("eval_clip_fraction", ascending=False) if len(clip) else clip
+    clip = layers[Col.EVAL_CLIP_FRACTION] if Col.EVAL_CLIP_FRACTION in layers.columns else pd.Series(dtype=float)
+    flagged = layers[clip > CLIP_FLAG].sort_values(Col.EVAL_CLIP_FRACTION, ascending=False) if len(clip) else clip
     if len(flagged):
         top = flagged.iloc[0]
         lines.append(
             f"- **flag**: {len(flagged)} site(s) clip more than {CLIP_FLAG:.1%} of their evaluation values "
-            f"(worst `{top['node']}`: {top['eval_clip_fraction']:.2%}); "
+            f"(worst `{top[Col.NODE]}`: {top[Col.EVAL_CLIP_FRACTION]:.2%}); "
             + ("the evaluation set is the calibration set, so the calibration method itself cuts this much."
                if same else "the calibration set does not cover the evaluation data: calibrate on data like it.")
         )
@@ -225,7 +227,7 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
                   "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
         for w in worst:
             where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"
-            lines.append(f"- {where} (index {w['index']}): `{w['output']}` cosine {_fmt(float(w['cosine']), 5)}")
+            lines.append(f"- {where} (index {w['index']}): `{w[Col.OUTPUT]}` cosine {_fmt(float(w['cosine']), 5)}")
     return [*lines, ""]
 
 
@@ -306,8 +308,8 @@ def _profile_section(result: SummarySource) -> list[str]:
         "_o", kind="mergesort"
     )
     for r in findings.head(20).to_dict("records"):
-        lines.append(f"| `{r['node']}` | {r['op_type']} | {r['rule']} | {r['value']} | {r['limit']} | "
-                     f"{r['severity']} | {r['placement']} | {r['fix']} |")
+        lines.append(f"| `{r[Col.NODE]}` | {r[Col.OP_TYPE]} | {r['rule']} | {r['value']} | {r['limit']} | "
+                     f"{r['severity']} | {r[Col.PLACEMENT]} | {r['fix']} |")
     if len(findings) > 20:
         lines.append(f"| … {len(findings) - 20} more in compat.csv | | | | | | | |")
     return lines + _handoff_table(result, findings)
@@ -321,26 +323,26 @@ def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
     few lines), plus the five worst intrinsic sites. The numeric check is the scan's own figure (the worst
     of the group's nodes); latency is left for the user to fill from the board.
     """
-    layers = result.layers.set_index("node") if "node" in result.layers.columns else result.layers
+    layers = result.layers.set_index(Col.NODE) if Col.NODE in result.layers.columns else result.layers
     rows: list[str] = []
     seen: set[str] = set()
     groups: dict[tuple[str, ...], list[str]] = {}
     for r in findings[findings["severity"].isin(["error", "warn"])].to_dict("records"):
-        node = str(r["node"])
+        node = str(r[Col.NODE])
         if not node or node in seen:
             continue
         seen.add(node)
-        key = tuple(str(r[k]) for k in ("severity", "rule", "op_type", "value", "limit", "fix"))
+        key = tuple(str(r[k]) for k in ("severity", "rule", Col.OP_TYPE, "value", "limit", "fix"))
         groups.setdefault(key, []).append(node)
     for (severity, rule, _op, value, limit, fix), nodes in groups.items():
         rows.append(f"| {_nodes_text(nodes)} | {severity} {rule}: {value} vs {limit} | {fix} | "
                     f"{_group_check_text(layers, nodes)} | |")
-    intrinsic = result.layers[result.layers["cause"] == "intrinsic"].head(5)
+    intrinsic = result.layers[result.layers[Col.CAUSE] == "intrinsic"].head(5)
     for r in intrinsic.to_dict("records"):
-        if r["node"] in seen:
+        if r[Col.NODE] in seen:
             continue
-        rows.append(f"| `{r['node']}` | precision: {r['reason']} | keep float/int16 (`quantscan bisect`) or "
-                    f"rescale channels | {_check_text(layers, r['node'])} | |")
+        rows.append(f"| `{r[Col.NODE]}` | precision: {r[Col.REASON]} | keep float/int16 (`quantscan bisect`) or "
+                    f"rescale channels | {_check_text(layers, r[Col.NODE])} | |")
     if not rows:
         return []
     head = ["", "### Hand-off: nodes — limit — strategy — numeric check — latency", "",
@@ -368,7 +370,7 @@ def _group_check_text(layers: pd.DataFrame, nodes: list[str]) -> str:
 
     def sqnr(node: str) -> float:
         row = layers.loc[node]
-        value = row.iloc[0]["isolated_sqnr_db"] if isinstance(row, pd.DataFrame) else row.get("isolated_sqnr_db")
+        value = row.iloc[0][Col.ISOLATED_SQNR_DB] if isinstance(row, pd.DataFrame) else row.get(Col.ISOLATED_SQNR_DB)
         try:
             return float(value)
         except (TypeError, ValueError):
@@ -385,6 +387,6 @@ def _check_text(layers: pd.DataFrame, node: str) -> str:
     row = layers.loc[node]
     if isinstance(row, pd.DataFrame):
         row = row.iloc[0]
-    if str(row.get("placement", "npu")) == "cpu":
-        return f"float on CPU; cumulative SQNR {_fmt(row.get('cumulative_sqnr_db'))} dB"
-    return f"isolated {_fmt(row.get('isolated_sqnr_db'))} dB, cumulative {_fmt(row.get('cumulative_sqnr_db'))} dB"
+    if str(row.get(Col.PLACEMENT, "npu")) == "cpu":
+        return f"float on CPU; cumulative SQNR {_fmt(row.get(Col.CUMULATIVE_SQNR_DB))} dB"
+    return f"isolated {_fmt(row.get(Col.ISOLATED_SQNR_DB))} dB, cumulative {_fmt(row.get(Col.CUMULATIVE_SQNR_DB))} dB"

@@ -2,7 +2,7 @@
 
 Each pass is a pure function `ModelProto -> RewriteResult` (see `base`): it copies the model, edits the
 copy, and reports changes and refusals. `rewrites.runner` chains them and proves the result
-numerically; `rewrites.plan` says which ones a chip profile's findings ask for; `quantscan.graph`
+numerically; `compat.rewrite_plan` says which ones a chip profile's findings ask for; `quantscan.graph`
 reuses `fold_batchnorm` to prepare scan graphs. Neither `runner` nor `plan` is imported here: they
 pull in onnxruntime and the compat check, which the passes do not need.
 """

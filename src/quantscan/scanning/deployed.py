@@ -25,9 +25,9 @@ from onnx import helper
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet
+from quantscan.columns import Col
 from quantscan.quant import QParams
-from quantscan.records import Headline
-from quantscan.report.diagnosis import DEPLOYED_GAP
+from quantscan.records import DEPLOYED_GAP, Headline
 from quantscan.runner import Runner
 from quantscan.scanning.impact import first_samples
 from quantscan.scanning.prepare import ScanContext
@@ -58,9 +58,9 @@ class GapSite:
     reason: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "kernel": self.kernel, "output": self.output,
+        return {Col.NODE: self.node, Col.KERNEL: self.kernel, Col.OUTPUT: self.output,
                 "sqnr_db": _json_float(self.sqnr_db), "cosine": _json_float(self.cosine),
-                "drop_db": _json_float(self.drop_db), "reason": self.reason}
+                "drop_db": _json_float(self.drop_db), Col.REASON: self.reason}
 
 
 def _json_float(value: float) -> float | str:

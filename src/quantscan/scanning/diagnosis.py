@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from quantscan import graph as qgraph
+from quantscan.columns import Col
 from quantscan.diagnose import Cause, Finding, SiteFacts, diagnose, inherited
 from quantscan.graph.index import GraphIndex
 from quantscan.scanning.calibrate import CalibStats
@@ -24,7 +25,7 @@ from quantscan.sites import Site
 
 SOFTMAX_DEPTH = 4
 """How many nodes after a site its output may pass through and still count as feeding a Softmax."""
-FIGURES = ("isolated_sqnr_db", "isolated_cosine", "cumulative_sqnr_db", "cumulative_cosine")
+FIGURES = (Col.ISOLATED_SQNR_DB, Col.ISOLATED_COSINE, Col.CUMULATIVE_SQNR_DB, Col.CUMULATIVE_COSINE)
 
 
 def feeds_softmax(index: GraphIndex, tensor: str, depth: int = SOFTMAX_DEPTH) -> bool:
@@ -82,12 +83,12 @@ def site_facts(
 def diagnosis_columns(findings: list[Finding]) -> dict[str, Any]:
     """The layers.csv cells for one site: the first (most urgent) finding, the others counted."""
     if not findings:
-        return {"diagnosis": "", "diagnosis_cause": "", "diagnosis_fix": "", "diagnosis_tier": 2}
+        return {Col.DIAGNOSIS: "", Col.DIAGNOSIS_CAUSE: "", Col.DIAGNOSIS_FIX: "", Col.DIAGNOSIS_TIER: 2}
     first = findings[0]
     others = ", ".join(f.cause.value for f in findings[1:])
     more = f" (+{len(findings) - 1} more: {others})" if others else ""
-    return {"diagnosis": first.text() + more, "diagnosis_cause": first.cause.value,
-            "diagnosis_fix": _fix_label(first), "diagnosis_tier": first.tier}
+    return {Col.DIAGNOSIS: first.text() + more, Col.DIAGNOSIS_CAUSE: first.cause.value,
+            Col.DIAGNOSIS_FIX: _fix_label(first), Col.DIAGNOSIS_TIER: first.tier}
 
 
 def _fix_label(finding: Finding) -> str:
@@ -137,19 +138,19 @@ def with_inherited(
     site_of = {n: s.node for s in sites for n in s.nodes}
     layers = layers.copy()
     for i, row in zip(layers.index, layers.to_dict("records"), strict=True):
-        site = by_node.get(str(row["node"]))
-        figures = [float(row.get(k, math.nan)) for k in ("isolated_sqnr_db", "cumulative_sqnr_db")]
+        site = by_node.get(str(row[Col.NODE]))
+        figures = [float(row.get(k, math.nan)) for k in (Col.ISOLATED_SQNR_DB, Col.CUMULATIVE_SQNR_DB)]
         if site is None or not inherited.looks_inherited(*figures):
             continue
         ups = {u: gains[u] for u in upstream_sites(index, site, site_of) if u in gains}
         facts = site_facts(site, row, plan, calib, index)
-        own = {"gain_if_float": float(gains[site.node])} if site.node in gains else {}
+        own = {Col.GAIN_IF_FLOAT: float(gains[site.node])} if site.node in gains else {}
         findings = diagnose(replace(facts, upstream_gains=ups, figures={**facts.figures, **own}))
         named = [f for f in findings if f.cause is Cause.INHERITED]
         if not named:
             continue
         for column, value in diagnosis_columns(findings).items():
             layers.at[i, column] = value
-        if row.get("cause") == "inherited":
-            layers.at[i, "reason"] = named[0].reason
+        if row.get(Col.CAUSE) == "inherited":
+            layers.at[i, Col.REASON] = named[0].reason
     return layers

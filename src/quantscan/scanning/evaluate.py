@@ -21,6 +21,7 @@ from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
 from quantscan.calib import CalibSet
+from quantscan.columns import Col
 from quantscan.errors import ModelError
 from quantscan.graph.schedule import interleave
 from quantscan.graph.segments import balanced_cuts, split
@@ -332,7 +333,7 @@ def worst_samples(cosines: Sequence[tuple[float, int, str]], eval_set: CalibSet)
     rows = []
     for cosine, index, output in sorted(cosines)[:WORST_SAMPLES]:
         rows.append({"index": index, "file": files[index].name if files and index < len(files) else None,
-                     "output": output, "cosine": cosine})
+                     Col.OUTPUT: output, "cosine": cosine})
     return rows
 
 

@@ -31,6 +31,7 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.graph.mixed import INT16_OPSET, Branch, FloatSiteBranches, GainGraph, MixedBuilder, diff_branch
 from quantscan.model import onnx_opset, upgrade_opset
@@ -46,14 +47,6 @@ from quantscan.taskmetrics import TaskAccumulator
 GAIN_TAG = "@g"
 LOSS_TAG = "@l"
 REF_SUFFIX = "@ref"
-STDERR_COLUMN = "gain_if_float_cosine_stderr"
-"""Jackknife standard error of the cosine gain over the samples it was measured on (metrics.jackknife_stderr).
-
-Why: the gain is a difference of pooled cosines on a few samples, and keeping one site float re-rounds
-every quantizer after it, so part of a small gain is chance (benchmarks/RESULTS.md, gain_noise: null
-branches that change nothing but one float32 rounding step move the output cosine by up to 0.007).
-Leave-one-out replicates see both: on the assets, a null branch's gain is mostly within 1 standard error
-of zero (at most 2.4 of them; benchmarks/RESULTS.md, "Standard errors of the gain")."""
 TaskFactory = Callable[[], dict[str, list[TaskAccumulator]]]
 """Fresh task-metric accumulators per headline output, one set per evaluated configuration."""
 GAIN_ORT_LEVEL = "disable"
@@ -244,8 +237,8 @@ class GainResult:
     branch_nodes: dict[str, int] = field(default_factory=dict)
     replicates: dict[str, np.ndarray] = field(default_factory=dict)
     """Per site, its cosine gain with each evaluation sample left out in turn (jackknife replicates):
-    `STDERR_COLUMN` comes from them, and the standard error of the difference of two sites' gains comes
-    from the differences of theirs (the same samples: paired)."""
+    `Col.GAIN_IF_FLOAT_COSINE_STDERR` comes from them, and the standard error of the difference of two
+    sites' gains comes from the differences of theirs (the same samples: paired)."""
 
     @property
     def work_ratio(self) -> float:
@@ -409,12 +402,12 @@ def _gain_table(
         tag = f"{GAIN_TAG}{k}"
         variant = _variant_rows(pairs, changed[(k, GAIN_TAG)], tag, base_rows, outputs)
         row: dict[str, Any] = {
-            "node": site.node,
-            "op_type": site.op_type,
-            "kernel": site.kernel,
-            "order": ctx.order.get(site.node, k),
-            "output": site.output,
-            "reaches_output": bool(changed[(k, GAIN_TAG)]),
+            Col.NODE: site.node,
+            Col.OP_TYPE: site.op_type,
+            Col.KERNEL: site.kernel,
+            Col.ORDER: ctx.order.get(site.node, k),
+            Col.OUTPUT: site.output,
+            Col.REACHES_OUTPUT: bool(changed[(k, GAIN_TAG)]),
         }
         for m, short in _GAIN_KEYS:
             if m not in base_worst:
@@ -422,9 +415,9 @@ def _gain_table(
             value = headline(variant, m)[1][m]
             row[f"if_float_{short}"] = value
             row[f"gain_if_float_{short}"] = _minus(value, base_worst[m])
-        row["gain_if_float"] = row.get(f"gain_if_float_{_short(key)}", math.nan)
+        row[Col.GAIN_IF_FLOAT] = row.get(f"gain_if_float_{_short(key)}", math.nan)
         gain_replicates = _cosine_replicates(pairs, changed[(k, GAIN_TAG)], tag, outputs) - base_replicates
-        row[STDERR_COLUMN] = qm.jackknife_stderr(gain_replicates)
+        row[Col.GAIN_IF_FLOAT_COSINE_STDERR] = qm.jackknife_stderr(gain_replicates)
         replicates[site.node] = gain_replicates
         if loss_if_only:
             only = _variant_rows(pairs, changed[(k, LOSS_TAG)], f"{LOSS_TAG}{k}", fp32_rows, outputs)
@@ -432,7 +425,7 @@ def _gain_table(
                 if m in base_worst:
                     row[f"if_only_{short}"] = headline(only, m)[1][m]
             value = row.get(f"if_only_{_short(key)}", math.nan)
-            row["loss_if_only"] = value if key == "sqnr_db" else 1.0 - value
+            row[Col.LOSS_IF_ONLY] = value if key == "sqnr_db" else 1.0 - value
         rows.append(row)
     return pd.DataFrame(rows), replicates
 
@@ -475,8 +468,8 @@ def sensitivity_order(table: pd.DataFrame, key: str) -> list[str]:
         table.to_dict("records"),
         key=lambda r: (
             -score(r.get(f"gain_if_float_{short}", math.nan)),
-            -score(r.get("gain_if_float_cosine", math.nan)),
-            int(r["order"]),
+            -score(r.get(Col.GAIN_IF_FLOAT_COSINE, math.nan)),
+            int(r[Col.ORDER]),
         ),
     )
-    return [str(r["node"]) for r in ranked]
+    return [str(r[Col.NODE]) for r in ranked]

@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 
 from quantscan.calib import CalibSet
+from quantscan.columns import Col
 from quantscan.metrics import jackknife_stderr
 from quantscan.records import Severity
-from quantscan.report.diagnosis import GAP_STDERR_COLUMN, STDERR_COLUMN, WHOLE_SET_COLUMN
 from quantscan.runner import ORT_LEVEL_NAMES
 from quantscan.scanning.gain import GAIN_ORT_LEVEL, compute_gain, headline, mixed_builder
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
@@ -81,26 +81,26 @@ def _lowest(frame: pd.DataFrame, values: pd.Series, n: int) -> list[str]:
     v = values.to_numpy(dtype=float)
     usable = np.flatnonzero(np.isfinite(v))
     order = usable[np.argsort(v[usable], kind="stable")[:n]]
-    return [str(x) for x in frame["node"].to_numpy()[order]]
+    return [str(x) for x in frame[Col.NODE].to_numpy()[order]]
 
 
 def cumulative_drop(layers: pd.DataFrame) -> pd.Series:
     """SQNR a site loses between its inputs and its output (dB, capped figures; larger is worse)."""
-    cum = _finite(layers, "cumulative_sqnr_db").clip(upper=SQNR_CAP_DB)
-    inputs = _finite(layers, "cumulative_input_sqnr_db").clip(upper=SQNR_CAP_DB)
+    cum = _finite(layers, Col.CUMULATIVE_SQNR_DB).clip(upper=SQNR_CAP_DB)
+    inputs = _finite(layers, Col.CUMULATIVE_INPUT_SQNR_DB).clip(upper=SQNR_CAP_DB)
     return inputs - cum
 
 
 def nonfinite_sites(layers: pd.DataFrame) -> list[str]:
     """Sites whose isolated or cumulative figures are not finite: a finding in itself, always measured."""
     nan = np.zeros(len(layers), dtype=bool)
-    for column in ("isolated_sqnr_db", "isolated_cosine", "cumulative_cosine"):
+    for column in (Col.ISOLATED_SQNR_DB, Col.ISOLATED_COSINE, Col.CUMULATIVE_COSINE):
         if column in layers:
             values = layers[column]
             is_nan = values.isna() if values.dtype.kind == "f" else values.map(
                 lambda v: isinstance(v, float) and math.isnan(v))
             nan |= is_nan.to_numpy(dtype=bool)
-    return [str(x) for x in layers["node"].to_numpy()[nan]]
+    return [str(x) for x in layers[Col.NODE].to_numpy()[nan]]
 
 
 def gain_candidates(
@@ -115,10 +115,10 @@ def gain_candidates(
     if n <= 0:
         return []
     sites = set(site_nodes)
-    frame = layers[layers["node"].isin(sites)].reset_index(drop=True)
+    frame = layers[layers[Col.NODE].isin(sites)].reset_index(drop=True)
     picked = [
-        *_lowest(frame, _finite(frame, "isolated_sqnr_db"), n),
-        *_lowest(frame, _finite(frame, "act_worst_channel_sqnr_db"), n),
+        *_lowest(frame, _finite(frame, Col.ISOLATED_SQNR_DB), n),
+        *_lowest(frame, _finite(frame, Col.ACT_WORST_CHANNEL_SQNR_DB), n),
         *_lowest(frame, -cumulative_drop(frame), n),
         *nonfinite_sites(frame),
         *[s for s in named if s in sites],
@@ -168,7 +168,7 @@ def gains_here(ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
     """gain_if_float of the candidates and the all-int8 figure, in one gain-graph session here."""
     result = compute_gain(ctx, mixed_builder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
                           samples=samples, runner=runner)
-    gains = {str(r["node"]): float(r["gain_if_float"]) for r in result.table.to_dict("records")}
+    gains = {str(r[Col.NODE]): float(r[Col.GAIN_IF_FLOAT]) for r in result.table.to_dict("records")}
     return MeasuredGains(gains, float(headline(result.all_int8, GAIN_KEY)[1][GAIN_KEY]), dict(result.replicates))
 
 
@@ -208,7 +208,7 @@ def measure_whole_set(ctx: ScanContext, node: str, progress: ProgressFactory = n
     """gain_if_float of one site on every evaluation sample: the figure summary.md promises for the site
     it names first (the ranking's figures are on the worst few samples, larger than the set's average)."""
     result = compute_gain(ctx, mixed_builder(ctx), key=GAIN_KEY, subset={node}, progress=progress)
-    return float(result.table["gain_if_float"].iloc[0]) if len(result.table) else math.nan
+    return float(result.table[Col.GAIN_IF_FLOAT].iloc[0]) if len(result.table) else math.nan
 
 
 def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
@@ -220,36 +220,36 @@ def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
     (the figures overflow), and they are the root cause the engineer must see first.
     """
     layers = layers.copy()
-    layers["gain_if_float"] = [gains.get(str(n), math.nan) for n in layers["node"]]
-    gain = layers["gain_if_float"].astype(float)
+    layers[Col.GAIN_IF_FLOAT] = [gains.get(str(n), math.nan) for n in layers[Col.NODE]]
+    gain = layers[Col.GAIN_IF_FLOAT].astype(float)
     measured = np.isfinite(gain)
-    rejected = layers["compat_severity"].eq(Severity.ERROR.value) if "compat_severity" in layers else False
+    rejected = layers[Col.COMPAT_SEVERITY].eq(Severity.ERROR.value) if Col.COMPAT_SEVERITY in layers else False
     key = pd.DataFrame({
         "tier": np.where(rejected, 0, 1),
-        "diagnosis": layers["diagnosis_tier"].fillna(2).astype(int) if "diagnosis_tier" in layers else 2,
+        Col.DIAGNOSIS: layers[Col.DIAGNOSIS_TIER].fillna(2).astype(int) if Col.DIAGNOSIS_TIER in layers else 2,
         "unmeasured": np.where(measured, 0, 1),
         "gain": np.where(measured, -gain, 0.0),
-        "old": layers["rank"].astype(int),
+        "old": layers[Col.RANK].astype(int),
     })
-    ordered = key.sort_values(["tier", "diagnosis", "unmeasured", "gain", "old"], kind="mergesort").index
-    layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
-    layers["rank"] = layers["rank"].astype(int)
-    return layers.sort_values("rank").reset_index(drop=True)
+    ordered = key.sort_values(["tier", Col.DIAGNOSIS, "unmeasured", "gain", "old"], kind="mergesort").index
+    layers.loc[ordered, Col.RANK] = np.arange(1, len(layers) + 1)
+    layers[Col.RANK] = layers[Col.RANK].astype(int)
+    return layers.sort_values(Col.RANK).reset_index(drop=True)
 
 
 def with_gain_stderr(layers: pd.DataFrame, replicates: Mapping[str, np.ndarray]) -> pd.DataFrame:
-    """`layers` (ranked) with each measured gain's jackknife standard error (STDERR_COLUMN) and the
-    standard error of its distance to rank 1's gain (GAP_STDERR_COLUMN, paired: the replicates of the
+    """`layers` (ranked) with each measured gain's jackknife standard error (Col.GAIN_IF_FLOAT_STDERR) and the
+    standard error of its distance to rank 1's gain (Col.GAIN_IF_FLOAT_GAP_STDERR, paired: the replicates of the
     difference, so a sample that lifts both sites alike does not count).
 
     Why: on 8 gain samples the order of sites whose gains differ by less than about twice the gap's
     standard error is chance; summary.md calls those a close call (report.diagnosis.CLOSE_Z).
     """
     layers = layers.copy()
-    nodes = [str(n) for n in layers["node"]]
-    layers[STDERR_COLUMN] = [jackknife_stderr(replicates[n]) if n in replicates else math.nan for n in nodes]
+    nodes = [str(n) for n in layers[Col.NODE]]
+    layers[Col.GAIN_IF_FLOAT_STDERR] = [jackknife_stderr(replicates[n]) if n in replicates else math.nan for n in nodes]
     first = replicates.get(nodes[0]) if nodes else None
-    layers[GAP_STDERR_COLUMN] = [
+    layers[Col.GAIN_IF_FLOAT_GAP_STDERR] = [
         jackknife_stderr(first - replicates[n]) if first is not None and n in replicates else math.nan for n in nodes
     ]
     return layers
@@ -258,11 +258,12 @@ def with_gain_stderr(layers: pd.DataFrame, replicates: Mapping[str, np.ndarray])
 def with_whole_set_gain(
     ctx: ScanContext, layers: pd.DataFrame, progress: ProgressFactory = no_progress
 ) -> pd.DataFrame:
-    """`layers` (ranked) with rank 1's whole-set gain in WHOLE_SET_COLUMN, when rank 1 has a positive
+    """`layers` (ranked) with rank 1's whole-set gain in Col.GAIN_IF_FLOAT_WHOLE_SET, when rank 1 has a positive
     measured gain: the site summary.md names and whose expected output cosine it states."""
     layers = layers.copy()
-    layers[WHOLE_SET_COLUMN] = math.nan
-    if layers.empty or not float(layers["gain_if_float"].iloc[0]) > 0:
+    layers[Col.GAIN_IF_FLOAT_WHOLE_SET] = math.nan
+    if layers.empty or not float(layers[Col.GAIN_IF_FLOAT].iloc[0]) > 0:
         return layers
-    layers.loc[layers.index[0], WHOLE_SET_COLUMN] = measure_whole_set(ctx, str(layers["node"].iloc[0]), progress)
+    first = str(layers[Col.NODE].iloc[0])
+    layers.loc[layers.index[0], Col.GAIN_IF_FLOAT_WHOLE_SET] = measure_whole_set(ctx, first, progress)
     return layers

@@ -23,12 +23,14 @@ from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.state import check_state, state_consts, with_state
+from quantscan.columns import Col
 from quantscan.errors import CalibrationError, ModelError, SessionError, UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.graph.subgraphs import unquantized_warning
-from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model, prepare_for_analysis
+from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model
 from quantscan.records import ActivationScheme
 from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
+from quantscan.scanning.analysis_copy import prepare_for_analysis
 from quantscan.scanning.budget import (
     Footprint,
     MemoryPlan,
@@ -561,7 +563,7 @@ def float16_nodes(findings: pd.DataFrame | None, profile: str) -> frozenset[str]
     if findings is None or findings.empty:
         return frozenset()
     rows = findings[(findings["rule"] == "float16") & (findings["profile"] == profile)]
-    return frozenset(str(n) for n in rows["node"] if n)
+    return frozenset(str(n) for n in rows[Col.NODE] if n)
 
 
 def deployable_qdq(qdq: onnx.ModelProto, loaded: LoadedModel) -> onnx.ModelProto:

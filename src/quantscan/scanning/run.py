@@ -1,10 +1,8 @@
-"""One scan, start to end: prepare (passes 0-1), evaluate (pass 2), tables; a typed result that writes
-only when asked.
+"""One scan, start to end: prepare (passes 0-1), evaluate (pass 2), tables; a typed result.
 
-`scan()` measures and returns a `ScanResult`; it writes nothing. The run folder (the contract's
-files) is written by `ScanResult.save(out)` through quantscan.runfolder, the QDQ model by
-`ScanResult.save_qdq(path)`. `scan(..., out=DIR)` / `save_qdq=PATH` are the API's shorthand for
-calling those afterwards, so the Python API writes files only when told where.
+`measure()` returns a `ScanResult` and writes nothing. The run folder (the contract's files, summary.md
+and report.html among them) is written by `quantscan.api.save_scan`, the public `quantscan.scan` being
+`measure` plus that when `out=` is given: the analysis never imports the report renderers.
 """
 
 from __future__ import annotations
@@ -23,13 +21,11 @@ import onnx
 import pandas as pd
 
 from quantscan import graph as qgraph
-from quantscan import runfolder
 from quantscan.calib import CalibSet
-from quantscan.errors import UsageError
+from quantscan.columns import Col
 from quantscan.graph.index import GraphIndex
 from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
-from quantscan.report.summary import summary_markdown
 from quantscan.runner import Runner
 from quantscan.scanning.budget import measured_peak_bytes
 from quantscan.scanning.deployed import deployed_gap_sites
@@ -45,7 +41,7 @@ from quantscan.scanning.impact import (
     with_whole_set_gain,
 )
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
-from quantscan.scanning.prepare import ScanContext, deployable_qdq, prepare_timed
+from quantscan.scanning.prepare import ScanContext, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import task_table
 from quantscan.scanning.workers import (
@@ -56,9 +52,6 @@ from quantscan.scanning.workers import (
     reopenable,
 )
 from quantscan.sites import Site
-
-TABLES = ("layers", "tensors", "ops", "channels")
-"""The CSV tables every run folder holds (compat.csv and partitions.csv only with a profile)."""
 
 
 @dataclass
@@ -81,78 +74,11 @@ class ScanResult:
     """compat.CheckResult when a profile was given."""
     profile: str | None = None
     no_report: bool = False
-    """Leave report.html out of `save` (the `--no-report` flag)."""
+    """Leave report.html out of the run folder (the `--no-report` flag)."""
     files: list[Path] = field(default_factory=list)
-    """What `save` / `save_qdq` wrote, in order."""
+    """What `api.save_scan` / `api.save_qdq` wrote, in order."""
     task: pd.DataFrame | None = None
     """task.csv (output, task, metric, value) when any task metric was measured."""
-
-    def save(self, out: str | Path) -> list[Path]:
-        """Write the run folder: layers/tensors/ops/channels.csv, hist.npz, [compat/partitions.csv],
-        summary.md, run.json and (unless `no_report`) report.html; every file atomic."""
-        folder = runfolder.ensure_out_dir(Path(out))
-        t0 = time.perf_counter()
-        written = [folder / f"{name}.csv" for name in TABLES]
-        for name, path in zip(TABLES, written, strict=True):
-            runfolder.write_csv(path, getattr(self, name))
-        runfolder.write_npz(folder / "hist.npz", self.hist)
-        written.append(folder / "hist.npz")
-        if self.compat is not None:
-            for name in ("compat", "partitions"):
-                frame = self.compat.findings if name == "compat" else self.compat.partitions
-                runfolder.write_csv(folder / f"{name}.csv", frame)
-                written.append(folder / f"{name}.csv")
-        if self.task is not None and not self.task.empty:
-            runfolder.write_csv(folder / "task.csv", self.task)
-            written.append(folder / "task.csv")
-        plan = runfolder.read_plan(folder / "plan.json")  # a bisect run into this folder before the scan
-        runfolder.atomic_write_text(folder / "summary.md", summary_markdown(self, plan))
-        written.append(folder / "summary.md")
-        writing = time.perf_counter() - t0
-        times = self.run_info.times_s
-        total = times.pop("total", 0.0) + writing  # run.json's order: the phases, writing, total
-        times["writing"] = round(writing, 4)
-        times["total"] = round(total, 4)
-        self.run_info.warnings = list(self.warnings)
-        runfolder.write_json(folder / runfolder.RUN_JSON, self.run_info.to_json())
-        written.append(folder / runfolder.RUN_JSON)
-        if not self.no_report:
-            from quantscan.report.html import write_report  # matplotlib: only when a page is wanted
-
-            t0 = time.perf_counter()
-            written.append(write_report(folder))
-            times["report"] = round(time.perf_counter() - t0, 4)
-        self.files.extend(written)
-        return written
-
-    def save_qdq(self, path: str | Path) -> Path:
-        """The all-int8 QDQ model as the user gets it (the original's input/output declarations)."""
-        target = runfolder.save_model(deployable_qdq(self.qdq_model, self.model), Path(path),
-                                      protect=[self.model.path])
-        self.files.append(target)
-        return target
-
-
-def scan(
-    model: str | Path | LoadedModel,
-    calib: str | Path | CalibSet,
-    *,
-    out: str | Path | None = None,
-    progress: ProgressFactory = no_progress,
-    runner: Runner | None = None,
-    **options: Any,
-) -> ScanResult:
-    """Measure every quantization site of `model` on `calib`; files only where told: `out` (the run
-    folder, via `ScanResult.save`) and the `save_qdq` option (via `ScanResult.save_qdq`)."""
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise UsageError(f"--out: expected a folder, found a file at {out}")
-    result = measure(model, calib, progress=progress, runner=runner, **options)
-    save_qdq = options.get("save_qdq")
-    if save_qdq:
-        result.save_qdq(save_qdq)
-    if out is not None:
-        result.save(out)
-    return result
 
 
 def measure(
@@ -270,7 +196,7 @@ def rank_by_impact(
         tables["layers"] = with_inherited(tables["layers"], ctx.sites, ctx.plan, ctx.calib_stats,
                                           GraphIndex(ctx.prepared.proto.graph), impact.gains)
         layers = tables["layers"]
-        on_chip = layers[layers["placement"] != "cpu"] if "placement" in layers else layers
+        on_chip = layers[layers[Col.PLACEMENT] != "cpu"] if Col.PLACEMENT in layers else layers
         tables["ops"] = ops_table(on_chip)  # as build_tables made it: site rows only, best rank updated
     impact.seconds = time.perf_counter() - started
     return impact
@@ -288,8 +214,8 @@ def _preprocessing(ctx: ScanContext) -> dict[str, dict[str, Any]]:
 
 def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation: Evaluation) -> RunInfo:
     """run.json: versions, the model and data identities, the options as used, the headline."""
-    from quantscan import __version__
     from quantscan.runner import onnxruntime_version
+    from quantscan.version import __version__
 
     loaded, prepared, opts, runner = ctx.loaded, ctx.prepared, ctx.opts, ctx.runner
     qdq_pairs = sum(1 for n in qdq.graph.node if n.op_type == "QuantizeLinear")
@@ -310,7 +236,7 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
                  "float16_nodes": sorted(opts.float16_nodes),
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
-                 "output": list(opts.output), "workers": worker_count(opts.workers)},
+                 Col.OUTPUT: list(opts.output), "workers": worker_count(opts.workers)},
         opset_used=prepared.opset_to,
         opset_original=prepared.opset_from,
         preparation=copy.copy(prepared.changes),

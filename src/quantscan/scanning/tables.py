@@ -19,6 +19,7 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan import quant
+from quantscan.columns import Col
 from quantscan.diagnose import human
 from quantscan.diagnose.absurd_scale import BOUNDED
 from quantscan.graph.index import GraphIndex
@@ -41,8 +42,8 @@ WEIGHT_WORST_CHANNEL_SQNR_DB = 20.0
 
 def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -> dict[str, float]:
     if not site.weight or site.weight not in plan.weights:
-        return {"weight_sqnr_db": math.nan, "weight_worst_channel_sqnr_db": math.nan,
-                "weight_channel_range_spread": math.nan}
+        return {Col.WEIGHT_SQNR_DB: math.nan, Col.WEIGHT_WORST_CHANNEL_SQNR_DB: math.nan,
+                Col.WEIGHT_CHANNEL_RANGE_SPREAD: math.nan}
     w_init = next(t for t in prepared.proto.graph.initializer if t.name == site.weight)
     w = onnx.numpy_helper.to_array(w_init).astype(np.float32)
     wq = plan.weights[site.weight]
@@ -56,8 +57,8 @@ def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -
     absmax = np.abs(w).max(axis=others)
     nonzero = absmax[absmax > 0].astype(np.float64)
     spread = float(nonzero.max() / nonzero.min()) if nonzero.size >= 2 else 1.0
-    return {"weight_sqnr_db": acc.sqnr_db, "weight_worst_channel_sqnr_db": ch.worst_channel_sqnr_db,
-            "weight_channel_range_spread": spread}
+    return {Col.WEIGHT_SQNR_DB: acc.sqnr_db, Col.WEIGHT_WORST_CHANNEL_SQNR_DB: ch.worst_channel_sqnr_db,
+            Col.WEIGHT_CHANNEL_RANGE_SPREAD: spread}
 
 
 def build_tables(
@@ -81,51 +82,51 @@ def build_tables(
         iso = ev.isolated.get(k)
         ch_range = calib_stats.channel_ranges.get(site.output)
         row: dict[str, Any] = {
-            "node": site.node,
-            "op_type": site.op_type,
-            "kernel": site.kernel,
-            "order": order.get(site.node, -1),
-            "output": site.output,
-            "inputs": ";".join(site.inputs),
-            "isolated_cosine": iso.cosine if iso else math.nan,
-            "isolated_sqnr_db": iso.sqnr_db if iso else math.nan,
-            "isolated_max_abs": iso.max_abs if iso else math.nan,
-            "cumulative_cosine": cum.cosine if cum else math.nan,
-            "cumulative_sqnr_db": cum.sqnr_db if cum else math.nan,
-            "cumulative_mse": cum.mse if cum else math.nan,
-            "cumulative_max_abs": cum.max_abs if cum else math.nan,
-            "cumulative_worst_sample_cosine": cum.worst_sample_cosine if cum else math.nan,
-            "cumulative_input_sqnr_db": _input_sqnr(site, ev, producers),
-            "eval_clip_fraction": ev.clip_fraction.get(site.output, math.nan),
+            Col.NODE: site.node,
+            Col.OP_TYPE: site.op_type,
+            Col.KERNEL: site.kernel,
+            Col.ORDER: order.get(site.node, -1),
+            Col.OUTPUT: site.output,
+            Col.INPUTS: ";".join(site.inputs),
+            Col.ISOLATED_COSINE: iso.cosine if iso else math.nan,
+            Col.ISOLATED_SQNR_DB: iso.sqnr_db if iso else math.nan,
+            Col.ISOLATED_MAX_ABS: iso.max_abs if iso else math.nan,
+            Col.CUMULATIVE_COSINE: cum.cosine if cum else math.nan,
+            Col.CUMULATIVE_SQNR_DB: cum.sqnr_db if cum else math.nan,
+            Col.CUMULATIVE_MSE: cum.mse if cum else math.nan,
+            Col.CUMULATIVE_MAX_ABS: cum.max_abs if cum else math.nan,
+            Col.CUMULATIVE_WORST_SAMPLE_COSINE: cum.worst_sample_cosine if cum else math.nan,
+            Col.CUMULATIVE_INPUT_SQNR_DB: _input_sqnr(site, ev, producers),
+            Col.EVAL_CLIP_FRACTION: ev.clip_fraction.get(site.output, math.nan),
         }
         act = ev.act_channel.get(k)
-        row["act_worst_channel_sqnr_db"] = act.worst_channel_sqnr_db if act else math.nan
-        row["act_channel_range_spread"] = ch_range.spread() if ch_range else math.nan
-        row["act_dead_channels"] = ch_range.dead() if ch_range else 0
+        row[Col.ACT_WORST_CHANNEL_SQNR_DB] = act.worst_channel_sqnr_db if act else math.nan
+        row[Col.ACT_CHANNEL_RANGE_SPREAD] = ch_range.spread() if ch_range else math.nan
+        row[Col.ACT_DEAD_CHANNELS] = ch_range.dead() if ch_range else 0
         row.update(_weight_stats(prepared, site, plan))
-        row["sensitive_op"] = site.sensitive
+        row[Col.SENSITIVE_OP] = site.sensitive
         qp = plan.activations.get(site.output)
-        row["act_scale"] = float(qp.scale) if qp is not None else math.nan
-        row["act_zero_point"] = int(qp.zero_point) if qp is not None else 0
-        row["cause"], row["reason"] = classify(row)
+        row[Col.ACT_SCALE] = float(qp.scale) if qp is not None else math.nan
+        row[Col.ACT_ZERO_POINT] = int(qp.zero_point) if qp is not None else 0
+        row[Col.CAUSE], row[Col.REASON] = classify(row)
         findings = run_rules(site, row, plan, calib_stats, index)
         row.update(diagnosis_columns(findings))
         if findings and findings[0].tier < 2:  # figures meaningless or scale absurd: the site's own fault
-            row["cause"], row["reason"] = "intrinsic", findings[0].reason
+            row[Col.CAUSE], row[Col.REASON] = "intrinsic", findings[0].reason
         rows.append(row)
         if ch_range is not None:
             lo, hi = ch_range.ranges()
             ranges = ch_range.widths()
             sq = act.per_channel_sqnr_db() if act else np.full(len(ranges), math.nan)
             for c in range(len(ranges)):
-                channel_rows.append({"node": site.node, "output": site.output, "channel": c,
+                channel_rows.append({Col.NODE: site.node, Col.OUTPUT: site.output, "channel": c,
                                      "act_min": lo[c], "act_max": hi[c], "act_range": ranges[c],
                                      "act_sqnr_db": sq[c] if c < len(sq) else math.nan})
         wq = plan.weights.get(site.weight or "")
         if wq is not None:
             scale = np.atleast_1d(wq.qparams.scale)
             for c, s in enumerate(scale):
-                channel_rows.append({"node": site.node, "output": site.output, "channel": c,
+                channel_rows.append({Col.NODE: site.node, Col.OUTPUT: site.output, "channel": c,
                                      "weight_absmax": float(s) * 127.0})
     layers = pd.DataFrame(rows)
     layers = rank_sites(layers)
@@ -133,7 +134,7 @@ def build_tables(
     ops = ops_table(layers)
     channels = pd.DataFrame(channel_rows)
     if not channels.empty:
-        channels = channels.groupby(["node", "output", "channel"], as_index=False, sort=False).first()
+        channels = channels.groupby([Col.NODE, Col.OUTPUT, "channel"], as_index=False, sort=False).first()
     return {"layers": layers, "tensors": tensors, "ops": ops, "channels": channels}
 
 
@@ -143,7 +144,7 @@ def _worst_findings(ctx: ScanContext) -> dict[str, dict[str, Any]]:
     rows = findings[findings["profile"] == ctx.profile] if not findings.empty else findings
     worst: dict[str, dict[str, Any]] = {}
     for r in rows.to_dict("records"):
-        node = r.get("node") or ""
+        node = r.get(Col.NODE) or ""
         if not node:
             continue
         if node not in worst or severity_rank(r["severity"]) > severity_rank(worst[node]["severity"]):
@@ -168,7 +169,7 @@ def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.D
     worst = _worst_findings(ctx)
     site_nodes = {s.node: s.nodes for s in ctx.sites}
     rules, fixes, severities = [], [], []
-    for node in layers["node"]:
+    for node in layers[Col.NODE]:
         found = [worst[n] for n in site_nodes.get(node, [node]) if n in worst]
         found.sort(key=lambda r: -severity_rank(r["severity"]))
         rules.append(found[0]["rule"] if found else "")
@@ -187,42 +188,42 @@ def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.D
         finding = worst.get(name, {})
         cum = ev.cumulative.get(node.output[0])
         cpu_rows.append({
-            "node": name, "op_type": node.op_type, "kernel": node.op_type, "order": ctx.order.get(name, -1),
-            "output": node.output[0], "placement": Placement.CPU.value,
-            "cumulative_cosine": cum.cosine if cum else math.nan,
-            "cumulative_sqnr_db": cum.sqnr_db if cum else math.nan,
-            "cumulative_mse": cum.mse if cum else math.nan,
-            "cumulative_max_abs": cum.max_abs if cum else math.nan,
-            "cumulative_worst_sample_cosine": cum.worst_sample_cosine if cum else math.nan,
-            "sensitive_op": False, "cause": "cpu-fallback",
-            "reason": f"runs on the CPU in float ({finding.get('rule', 'profile')}); "
+            Col.NODE: name, Col.OP_TYPE: node.op_type, Col.KERNEL: node.op_type, Col.ORDER: ctx.order.get(name, -1),
+            Col.OUTPUT: node.output[0], Col.PLACEMENT: Placement.CPU.value,
+            Col.CUMULATIVE_COSINE: cum.cosine if cum else math.nan,
+            Col.CUMULATIVE_SQNR_DB: cum.sqnr_db if cum else math.nan,
+            Col.CUMULATIVE_MSE: cum.mse if cum else math.nan,
+            Col.CUMULATIVE_MAX_ABS: cum.max_abs if cum else math.nan,
+            Col.CUMULATIVE_WORST_SAMPLE_COSINE: cum.worst_sample_cosine if cum else math.nan,
+            Col.SENSITIVE_OP: False, Col.CAUSE: "cpu-fallback",
+            Col.REASON: f"runs on the CPU in float ({finding.get('rule', 'profile')}); "
                       f"island of {sizes.get(name, 1)} node(s)",
-            "compat_rule": finding.get("rule", ""), "compat_fix": finding.get("fix", ""),
-            "compat_severity": finding.get("severity", ""),
+            Col.COMPAT_RULE: finding.get("rule", ""), Col.COMPAT_FIX: finding.get("fix", ""),
+            Col.COMPAT_SEVERITY: finding.get("severity", ""),
         })
     if cpu_rows:
         layers = pd.concat([layers, pd.DataFrame(cpu_rows)], ignore_index=True)
-        if "diagnosis_tier" in layers.columns:  # CPU rows run float: no quantization cause to name
-            layers["diagnosis_tier"] = layers["diagnosis_tier"].fillna(2).astype(int)
-            for column in ("diagnosis", "diagnosis_cause", "diagnosis_fix"):
+        if Col.DIAGNOSIS_TIER in layers.columns:  # CPU rows run float: no quantization cause to name
+            layers[Col.DIAGNOSIS_TIER] = layers[Col.DIAGNOSIS_TIER].fillna(2).astype(int)
+            for column in (Col.DIAGNOSIS, Col.DIAGNOSIS_CAUSE, Col.DIAGNOSIS_FIX):
                 layers[column] = layers[column].fillna("")
     tier = []
     for r in layers.to_dict("records"):
-        if r.get("compat_severity") == Severity.ERROR:
+        if r.get(Col.COMPAT_SEVERITY) == Severity.ERROR:
             tier.append(0)
-        elif r["cause"] == "intrinsic" or (r["placement"] == Placement.CPU and sizes.get(r["node"], 1) <= 2):
+        elif r[Col.CAUSE] == "intrinsic" or (r[Col.PLACEMENT] == Placement.CPU and sizes.get(r[Col.NODE], 1) <= 2):
             tier.append(1)
         else:
             tier.append(2)
-    columns = ["_tier", *RANK_TIERS, "isolated_sqnr_db", "cumulative_sqnr_db"]
+    columns = ["_tier", *RANK_TIERS, Col.ISOLATED_SQNR_DB, Col.CUMULATIVE_SQNR_DB]
     key = layers.assign(_tier=tier).reindex(columns=columns)
-    key["diagnosis_tier"] = key["diagnosis_tier"].fillna(2)
+    key[Col.DIAGNOSIS_TIER] = key[Col.DIAGNOSIS_TIER].fillna(2)
     key = key.replace([np.inf], 1e9).fillna(1e12)
     ordered = key.sort_values(columns, kind="mergesort").index
     layers = layers.copy()
-    layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
-    layers["rank"] = layers["rank"].astype(int)
-    return layers.sort_values("rank").reset_index(drop=True)
+    layers.loc[ordered, Col.RANK] = np.arange(1, len(layers) + 1)
+    layers[Col.RANK] = layers[Col.RANK].astype(int)
+    return layers.sort_values(Col.RANK).reset_index(drop=True)
 
 
 def _input_sqnr(site: Site, ev: Evaluation, producers: Mapping[str, onnx.NodeProto]) -> float:
@@ -239,12 +240,12 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
     Softmax at 64 dB isolated SQNR is fine, and labelling it intrinsic put it (tier 1 with a profile)
     above a 27 dB Gemm that actually loses precision.
     """
-    iso = row["isolated_sqnr_db"]
-    worst_ch = row["act_worst_channel_sqnr_db"]
-    spread = row["act_channel_range_spread"]
-    wworst = row["weight_worst_channel_sqnr_db"]
-    cum = row["cumulative_sqnr_db"]
-    inherited = row["cumulative_input_sqnr_db"]
+    iso = row[Col.ISOLATED_SQNR_DB]
+    worst_ch = row[Col.ACT_WORST_CHANNEL_SQNR_DB]
+    spread = row[Col.ACT_CHANNEL_RANGE_SPREAD]
+    wworst = row[Col.WEIGHT_WORST_CHANNEL_SQNR_DB]
+    cum = row[Col.CUMULATIVE_SQNR_DB]
+    inherited = row[Col.CUMULATIVE_INPUT_SQNR_DB]
     reasons = []
     if _lt(worst_ch, WORST_CHANNEL_SQNR_DB) and _gt(spread, 10) and not _bounded(row):
         reasons.append(
@@ -255,7 +256,7 @@ def classify(row: Mapping[str, Any]) -> tuple[str, str]:
         reasons.append(f"weight worst channel {wworst:.1f} dB (outlier weights within a channel)")
     if _lt(iso, INTRINSIC_SQNR_DB):
         reasons.insert(0, f"isolated SQNR {iso:.1f} dB: this kernel alone loses precision")
-    if reasons and row.get("sensitive_op"):  # a measured problem at an op type known to be fragile
+    if reasons and row.get(Col.SENSITIVE_OP):  # a measured problem at an op type known to be fragile
         reasons.append("int8-sensitive op")
     if reasons:
         return "intrinsic", "; ".join(reasons)
@@ -270,7 +271,7 @@ def _bounded(row: Mapping[str, Any]) -> bool:
     """A Softmax/Sigmoid-like output: its range is the op's own ([0, 1]), so channels of near-zero
     probabilities are small by design, not starved by an outlier channel's scale (see
     diagnose.absurd_scale.BOUNDED)."""
-    return row.get("op_type") in BOUNDED or str(row.get("kernel", "")).startswith(f"{softmax.KERNEL}[")
+    return row.get(Col.OP_TYPE) in BOUNDED or str(row.get(Col.KERNEL, "")).startswith(f"{softmax.KERNEL}[")
 
 
 def _lt(value: Any, limit: float) -> bool:
@@ -286,21 +287,21 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not math.isnan(value)
 
 
-RANK_TIERS: tuple[str, ...] = ("diagnosis_tier",)
+RANK_TIERS: tuple[str, ...] = (Col.DIAGNOSIS_TIER,)
 """Rank keys sorted before the measured figures: 0 = the site's own figures are not finite (a finding
 in itself), 1 = an absurd scale, 2 = the rest. A measured output-gain key belongs right after it."""
 
 
 def rank_sites(layers: pd.DataFrame) -> pd.DataFrame:
     """`rank` (summary.md's RANK_DOC), rank 1 first; rows arrive classified (`cause`, `reason`)."""
-    columns = [*RANK_TIERS, "isolated_sqnr_db", "act_worst_channel_sqnr_db", "cumulative_sqnr_db"]
+    columns = [*RANK_TIERS, Col.ISOLATED_SQNR_DB, Col.ACT_WORST_CHANNEL_SQNR_DB, Col.CUMULATIVE_SQNR_DB]
     key = layers.reindex(columns=columns).copy()
-    key["diagnosis_tier"] = key["diagnosis_tier"].fillna(2)
+    key[Col.DIAGNOSIS_TIER] = key[Col.DIAGNOSIS_TIER].fillna(2)
     key = key.replace([np.inf], 1e9).fillna(1e12)
     ordered = key.sort_values(columns, kind="mergesort").index
-    layers.loc[ordered, "rank"] = np.arange(1, len(layers) + 1)
-    layers["rank"] = layers["rank"].astype(int)
-    return layers.sort_values("rank").reset_index(drop=True)
+    layers.loc[ordered, Col.RANK] = np.arange(1, len(layers) + 1)
+    layers[Col.RANK] = layers[Col.RANK].astype(int)
+    return layers.sort_values(Col.RANK).reset_index(drop=True)
 
 
 def tensor_table(
@@ -319,29 +320,29 @@ def tensor_table(
         rows.append({
             "tensor": name,
             "producer": node.name if node is not None else "",
-            "op_type": node.op_type if node is not None else "",
+            Col.OP_TYPE: node.op_type if node is not None else "",
             "is_output": name in outputs,
-            "cumulative_cosine": acc.cosine,
-            "cumulative_sqnr_db": acc.sqnr_db,
-            "cumulative_mse": acc.mse,
-            "cumulative_max_abs": acc.max_abs,
-            "cumulative_worst_sample_cosine": acc.worst_sample_cosine,
+            Col.CUMULATIVE_COSINE: acc.cosine,
+            Col.CUMULATIVE_SQNR_DB: acc.sqnr_db,
+            Col.CUMULATIVE_MSE: acc.mse,
+            Col.CUMULATIVE_MAX_ABS: acc.max_abs,
+            Col.CUMULATIVE_WORST_SAMPLE_COSINE: acc.worst_sample_cosine,
             "nonfinite_fp32": acc.nonfinite_ref,
             "nonfinite_int8": acc.nonfinite_test,
-            "eval_clip_fraction": ev.clip_fraction.get(name, math.nan),
+            Col.EVAL_CLIP_FRACTION: ev.clip_fraction.get(name, math.nan),
         })
     return pd.DataFrame(rows)
 
 
 def ops_table(layers: pd.DataFrame) -> pd.DataFrame:
-    grouped = layers.groupby("op_type")
+    grouped = layers.groupby(Col.OP_TYPE)
     ops = grouped.agg(
-        sites=("node", "count"),
-        min_isolated_sqnr_db=("isolated_sqnr_db", "min"),
-        median_isolated_sqnr_db=("isolated_sqnr_db", "median"),
-        min_cumulative_cosine=("cumulative_cosine", "min"),
-        min_act_worst_channel_sqnr_db=("act_worst_channel_sqnr_db", "min"),
-        sensitive=("sensitive_op", "sum"),
-        best_rank=("rank", "min"),
+        sites=(Col.NODE, "count"),
+        min_isolated_sqnr_db=(Col.ISOLATED_SQNR_DB, "min"),
+        median_isolated_sqnr_db=(Col.ISOLATED_SQNR_DB, "median"),
+        min_cumulative_cosine=(Col.CUMULATIVE_COSINE, "min"),
+        min_act_worst_channel_sqnr_db=(Col.ACT_WORST_CHANNEL_SQNR_DB, "min"),
+        sensitive=(Col.SENSITIVE_OP, "sum"),
+        best_rank=(Col.RANK, "min"),
     ).reset_index()
     return ops.sort_values("best_rank").reset_index(drop=True)

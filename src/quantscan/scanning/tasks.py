@@ -14,6 +14,7 @@ import pandas as pd
 
 from quantscan import taskmetrics as tm
 from quantscan.calib import CalibSet
+from quantscan.columns import Col
 from quantscan.scanning.options import ScanOptions
 
 CHARSET_METADATA_KEY = "character"
@@ -87,9 +88,9 @@ def task_results(accs: Mapping[str, Sequence[tm.TaskAccumulator]]) -> dict[str, 
 def task_table(accs: Mapping[str, Sequence[tm.TaskAccumulator]]) -> pd.DataFrame:
     """task.csv: one row per (output, task, metric) so any task's figures fit one table."""
     rows = [
-        {"output": name, "task": acc.kind, "metric": key, "value": value}
+        {Col.OUTPUT: name, "task": acc.kind, "metric": key, "value": value}
         for name, items in accs.items()
         for acc in items
         for key, value in acc.results().items()
     ]
-    return pd.DataFrame(rows, columns=["output", "task", "metric", "value"])
+    return pd.DataFrame(rows, columns=[Col.OUTPUT, "task", "metric", "value"])

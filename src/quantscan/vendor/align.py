@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from quantscan.columns import Col
+
 NEGLIGIBLE = 1e-3
 """1 - cosine below which a layer loses nothing worth a row in a plan (both sides)."""
 LOWERING_RATIO = 3.0
@@ -38,7 +40,7 @@ LAYOUT_OPS = ("Reshape", "Transpose", "exDataConvert", "DataConvert", "InputOper
 _SUFFIX = re.compile(r"(__cvt_[A-Za-z0-9_]+|__float16|_int8|_float16|_rs_sw|_sw|_rs|-rs|_tp|_mm|#\d+|_2conv\d+|_i\d+)$")
 
 VENDOR_COLUMNS = [
-    "layer", "node", "tensor", "is_output", "qs_isolated_cosine", "qs_cumulative_cosine",
+    "layer", Col.NODE, "tensor", "is_output", "qs_isolated_cosine", "qs_cumulative_cosine",
     "vendor_single_cosine", "vendor_entire_cosine", "loss", "vendor_placement", "check_placement",
 ]
 """vendor.csv columns, in the contract's order."""
@@ -165,7 +167,7 @@ def check_placements(findings: pd.DataFrame, float16_rule: str = "float16") -> d
     if findings.empty:
         return out
     for row in findings.to_dict("records"):
-        node, where = str(row["node"]), str(row.get("placement") or "npu")
+        node, where = str(row[Col.NODE]), str(row.get(Col.PLACEMENT) or "npu")
         if not node:
             continue  # model-level findings (opset) place nothing
         base = out.get(node, "npu")
@@ -199,8 +201,8 @@ def align_layers(
     predicted: Mapping[str, str],
 ) -> pd.DataFrame:
     """vendor.csv: one row per vendor layer, quantscan's figures for the same tensor beside it."""
-    isolated = _by(qs_layers, "output", "isolated_cosine")
-    cumulative = _by(qs_tensors, "tensor", "cumulative_cosine")
+    isolated = _by(qs_layers, Col.OUTPUT, Col.ISOLATED_COSINE)
+    cumulative = _by(qs_tensors, "tensor", Col.CUMULATIVE_COSINE)
     placed = _vendor_placement_by_node(vendor_places, graph)
     kernel_of = _site_nodes(qs_layers)
     rows = []
@@ -215,7 +217,7 @@ def align_layers(
         cum = cumulative.get(tensor, math.nan) if same else math.nan
         rows.append({
             "layer": layer.layer,
-            "node": node,
+            Col.NODE: node,
             "tensor": tensor,
             "is_output": tensor in graph.outputs,
             "qs_isolated_cosine": iso,
@@ -257,10 +259,10 @@ def placement_findings(
             fix = f"profile {profile}: record this placement (a recorded {tool} run has the last word)"
             severity = "warn"
         rows.append({
-            "node": mapped.node, "op_type": graph.op_type.get(mapped.node, place.op_type),
-            "rule": "vendor-placement", "attribute": "placement", "value": place.placement,
-            "limit": expected, "severity": severity, "placement": place.placement.split("-")[0],
-            "partition": "", "fix": fix, "profile": profile, "vendor_layer": place.name, "reason": why,
+            Col.NODE: mapped.node, Col.OP_TYPE: graph.op_type.get(mapped.node, place.op_type),
+            "rule": "vendor-placement", "attribute": Col.PLACEMENT, "value": place.placement,
+            "limit": expected, "severity": severity, Col.PLACEMENT: place.placement.split("-")[0],
+            "partition": "", "fix": fix, "profile": profile, "vendor_layer": place.name, Col.REASON: why,
         })
     return pd.DataFrame(rows), unexplained, explained
 
@@ -268,9 +270,9 @@ def placement_findings(
 def _site_nodes(qs_layers: pd.DataFrame) -> dict[str, str]:
     """Site output tensor -> the site's first node: a vendor names a fused kernel (Conv+BN+HardSwish)
     by its first node and its output by the last node's tensor, as quantscan's sites do."""
-    if qs_layers is None or qs_layers.empty or "output" not in qs_layers or "node" not in qs_layers:
+    if qs_layers is None or qs_layers.empty or Col.OUTPUT not in qs_layers or Col.NODE not in qs_layers:
         return {}
-    return {str(t): str(n) for t, n in zip(qs_layers["output"], qs_layers["node"], strict=True)}
+    return {str(t): str(n) for t, n in zip(qs_layers[Col.OUTPUT], qs_layers[Col.NODE], strict=True)}
 
 
 def _predicted(predicted: Mapping[str, str], node: str, kernel: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from quantscan import runfolder
+from quantscan.columns import Col
 from quantscan.vendor import align
 
 
@@ -78,7 +79,7 @@ class VendorRun:
             "times": self.times,
             "samples": self.samples,
             "analysis_samples": self.analysis_samples,
-            "output": output,
+            Col.OUTPUT: output,
             "qs_output_cosine": self.qs_output_cosine,
             "vendor_output_cosine": self.vendor_output_cosine,
             "delta_output_cosine": vendor - qs if math.isfinite(vendor - qs) else None,

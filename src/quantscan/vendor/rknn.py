@@ -193,7 +193,7 @@ def run_rknn(
     progress: Progress | None = None,
 ) -> VendorRun:
     """Build, simulate and analyse with RKNN-Toolkit2; scan with quantscan; align. Writes into `out`."""
-    from quantscan.scanning import scan
+    from quantscan.api import save_scan, scan
     from quantscan.vendor.interpreter import find_python
 
     say = progress or (lambda _msg: None)
@@ -224,7 +224,7 @@ def run_rknn(
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
     t0 = time.perf_counter()
     scanned = scan(loaded, calib, profile=target, limit=limit, gain_candidates=0, no_report=True, threads=threads)
-    scanned.save(out / "quantscan")
+    save_scan(scanned, out / "quantscan")
     times["quantscan_scan_s"] = time.perf_counter() - t0
     reference = fp32_outputs(loaded, samples, names, threads)
     output_names = [o.name for o in loaded.proto.graph.output]

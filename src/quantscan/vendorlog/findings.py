@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from quantscan.columns import Col
 from quantscan.records import Finding, Placement, RewriteId, Severity
 from quantscan.vendorlog.mapping import NameMatch
 from quantscan.vendorlog.parsed import Failure, LayerSimilarity, ParsedLog, VendorLayer, WeightOutlier
@@ -89,7 +90,7 @@ def unsupported_findings(parsed: ParsedLog, nodes: Mapping[str, str]) -> list[Fi
         rule=RULE_UNSUPPORTED,
         severity=Severity.ERROR,
         reason=f"{parsed.tool} cannot convert {op_type} nodes",
-        attribute="op_type",
+        attribute=Col.OP_TYPE,
         value=op_type,
         fix="replace the op with ones the tool converts, or cut it out of the graph into pre/post-processing",
         source=f"{parsed.label} log line {line}",
@@ -192,7 +193,7 @@ def _cpu_finding(parsed: ParsedLog, layer: VendorLayer, match: NameMatch | None)
     dtype = f" in {layer.dtype}" if layer.dtype else ""
     return _layer_finding(
         parsed, layer, match, rule=RULE_CPU, severity=Severity.WARN, forces_cpu=True,
-        what=f"runs {layer.vendor_op} {layer.layer} on the CPU{dtype}", attribute="placement", value="cpu",
+        what=f"runs {layer.vendor_op} {layer.layer} on the CPU{dtype}", attribute=Col.PLACEMENT, value="cpu",
         limit="npu", fix="move it into pre/post-processing or replace it with an op the NPU runs; if check "
                          "--profile placed it on the NPU, the profile needs this fact")
 
@@ -224,6 +225,6 @@ def placement_mismatches(parsed: ParsedLog, matches: Mapping[str, NameMatch], pr
                 parsed, layer, match, rule=RULE_MISMATCH, severity=Severity.WARN,
                 what=f"runs {layer.vendor_op} {layer.layer} on the {layer.target.upper()}, check --profile "
                      f"{profile} places {match.node} on the {expected.upper()}",
-                attribute="placement", value=layer.target, limit=f"{expected} (check --profile {profile})",
+                attribute=Col.PLACEMENT, value=layer.target, limit=f"{expected} (check --profile {profile})",
                 fix=f"if the vendor is right (it has the last word), add this fact to the {profile} profile"))
     return rows

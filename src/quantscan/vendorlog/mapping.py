@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from quantscan.columns import Col
 from quantscan.graph.index import GraphIndex
 
 # (pattern, what it undoes): applied repeatedly, each on what the previous ones left.
@@ -89,7 +90,7 @@ class NameMapper:
         how = ("; truncated name" if truncated else "") + "".join(f"; {r}" for r in rules)
         node = self._node_named(name, truncated)
         if node is not None:
-            return NameMatch(layer, self.index.names[node], self.index.nodes[node].op_type, "", "node" + how)
+            return NameMatch(layer, self.index.names[node], self.index.nodes[node].op_type, "", Col.NODE + how)
         tensor = self._tensor_named(name, truncated)
         if tensor is None:
             return None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.records import FINDING_COLUMNS, FINDING_DETAIL_COLUMNS, Finding
@@ -32,7 +33,7 @@ from quantscan.vendorlog.tpumlir import looks_like_tpu_mlir, parse_tpu_mlir
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """A conversion log is megabytes; a bigger file is not one run's log (and would be read whole)."""
 
-LAYER_COLUMNS = ("layer", "vendor_op", "node", "op_type", "tensor", "mapped_by", "placement", "check_placement",
+LAYER_COLUMNS = ("layer", "vendor_op", Col.NODE, Col.OP_TYPE, "tensor", "mapped_by", Col.PLACEMENT, "check_placement",
                  "dtype", "partition", "entire_cosine", "single_cosine", "is_output", "line")
 """log_layers.csv: one row per vendor name, placement-table names first, then similarity-only names.
 `check_placement` is where `check --profile P` puts the mapped node (only with a model and a profile)."""
@@ -75,7 +76,7 @@ class LogReading:
             lines.append(lowest)
         if self.profile:
             mismatches = self.findings[self.findings["rule"] == RULE_MISMATCH]
-            nodes = ", ".join(mismatches["node"].tolist()[:8])
+            nodes = ", ".join(mismatches[Col.NODE].tolist()[:8])
             lines.append(f"check --profile {self.profile}: {len(mismatches)} placement mismatches"
                          + (f" ({nodes})" if nodes else ""))
         if self.model_given:
@@ -201,7 +202,7 @@ def layer_table(parsed: ParsedLog, matches: dict[str, NameMatch],
             continue
         match = matches.get(layer.layer)
         rows.append({**_mapped(match), "layer": layer.layer, "vendor_op": layer.vendor_op,
-                     "placement": layer.target, "check_placement": predicted.get(match.node, "") if match else "",
+                     Col.PLACEMENT: layer.target, "check_placement": predicted.get(match.node, "") if match else "",
                      "dtype": layer.dtype, "partition": layer.partition, "entire_cosine": layer.cosine,
                      "line": layer.line})
     placed = {layer.layer for layer in parsed.layers}
@@ -217,5 +218,5 @@ def layer_table(parsed: ParsedLog, matches: dict[str, NameMatch],
 def _mapped(match: NameMatch | None) -> dict[str, object]:
     """The mapping columns; all empty when no model was given (nothing was looked up)."""
     if match is None:
-        return {"node": "", "op_type": "", "tensor": "", "mapped_by": ""}
-    return {"node": match.node, "op_type": match.op_type, "tensor": match.tensor, "mapped_by": match.mapped_by}
+        return {Col.NODE: "", Col.OP_TYPE: "", "tensor": "", "mapped_by": ""}
+    return {Col.NODE: match.node, Col.OP_TYPE: match.op_type, "tensor": match.tensor, "mapped_by": match.mapped_by}

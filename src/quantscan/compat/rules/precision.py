@@ -9,6 +9,7 @@ scales (TIDL) make all of these coarser.
 
 from __future__ import annotations
 
+from quantscan.columns import Col
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import Fix, rewrite_fix
 from quantscan.patterns import layernorm
@@ -48,7 +49,7 @@ def run(ctx: RuleContext) -> list[Finding]:
         if i not in in_pattern and ctx.op(i) not in ctx.profile.float16_ops:  # rule `float16` says it
             reason = _reason(ctx, i)
             if reason:
-                out.append(_finding(ctx, i, reason, "op_type", ctx.op(i), _fix(ctx, ctx.op(i))))
+                out.append(_finding(ctx, i, reason, Col.OP_TYPE, ctx.op(i), _fix(ctx, ctx.op(i))))
     return out
 
 

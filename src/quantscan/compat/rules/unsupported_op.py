@@ -9,6 +9,7 @@ ops are left to the control-flow rule so one node gets one explanation.
 
 from __future__ import annotations
 
+from quantscan.columns import Col
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import Fix, rewrite_fix, unsupported_op_fix
 from quantscan.graph.index import CONTROL_FLOW_OPS, IDENTITY_OPS
@@ -55,7 +56,7 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
             **base,  # type: ignore[arg-type]
             severity=Severity.WARN,
             reason=f"{op} runs on the CPU on {p.name} ({why}); data crosses the NPU/CPU boundary",
-            attribute="op_type",
+            attribute=Col.OP_TYPE,
             value=op,
             limit="NPU op list",
             fix=fix.text,
@@ -67,7 +68,7 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
         **base,  # type: ignore[arg-type]
         severity=ctx.severity(p.unsupported, p.ops),
         reason=f"{op} is not in {p.name}'s supported op list",
-        attribute="op_type",
+        attribute=Col.OP_TYPE,
         value=op,
         limit="NPU op list",
         fix=fix.text,

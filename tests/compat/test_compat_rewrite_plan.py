@@ -1,4 +1,4 @@
-"""rewrites.plan: the rewrites a profile asks for come from the findings' typed `rewrite` field."""
+"""compat.rewrite_plan: the rewrites a profile asks for come from the findings' typed `rewrite` field."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 
 from builders import build, rng_array
+from quantscan.compat.rewrite_plan import REWRITE_ORDER, plan_for_profile, rewrites_for_profile, split_applicable
 from quantscan.records import RewriteId
-from quantscan.rewrites.plan import REWRITE_ORDER, plan_for_profile, rewrites_for_profile, split_applicable
 
 
 def conv_bn(batch: str = "1") -> onnx.ModelProto:

@@ -1,0 +1,116 @@
+"""The public entry points that end in a run folder: measure, then write what the user reads.
+
+Why a module of its own: the measurement packages (`scanning/`, `bisect/`) return data and never import
+the report renderers (`report/`), so the step that turns a result into its folder (the CSVs and run.json
+through `runfolder`, summary.md and report.html through `report`) lives one level above both. The CLI
+and notebooks call these; `quantscan.scan` and `quantscan.run_bisect` are these functions.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantscan import runfolder
+from quantscan.errors import UsageError
+from quantscan.report.diagnosis import with_plan_block
+from quantscan.report.summary import summary_markdown
+from quantscan.runner import Runner
+from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.prepare import deployable_qdq
+from quantscan.scanning.run import ScanResult, measure
+
+if TYPE_CHECKING:
+    from quantscan.bisect.driver import BisectResult
+    from quantscan.calib import CalibSet
+    from quantscan.model import LoadedModel
+
+TABLES = ("layers", "tensors", "ops", "channels")
+"""The CSV tables every run folder holds (compat.csv and partitions.csv only with a profile)."""
+
+
+def scan(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    *,
+    out: str | Path | None = None,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+    **options: Any,
+) -> ScanResult:
+    """Measure every quantization site of `model` on `calib`; files only where told: `out` (the run
+    folder, via `save_scan`) and the `save_qdq` option (via `save_qdq`)."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    result = measure(model, calib, progress=progress, runner=runner, **options)
+    qdq_path = options.get("save_qdq")
+    if qdq_path:
+        save_qdq(result, qdq_path)
+    if out is not None:
+        save_scan(result, out)
+    return result
+
+
+def save_scan(result: ScanResult, out: str | Path) -> list[Path]:
+    """Write the run folder: layers/tensors/ops/channels.csv, hist.npz, [compat/partitions.csv],
+    [task.csv], summary.md, run.json and (unless `result.no_report`) report.html; every file atomic."""
+    folder = runfolder.ensure_out_dir(Path(out))
+    t0 = time.perf_counter()
+    written = _write_tables(result, folder)
+    plan = runfolder.read_plan(folder / "plan.json")  # a bisect run into this folder before the scan
+    runfolder.atomic_write_text(folder / "summary.md", summary_markdown(result, plan))
+    written.append(folder / "summary.md")
+    writing = time.perf_counter() - t0
+    times = result.run_info.times_s
+    total = times.pop("total", 0.0) + writing  # run.json's order: the phases, writing, total
+    times["writing"] = round(writing, 4)
+    times["total"] = round(total, 4)
+    result.run_info.warnings = list(result.warnings)
+    runfolder.write_json(folder / runfolder.RUN_JSON, result.run_info.to_json())
+    written.append(folder / runfolder.RUN_JSON)
+    if not result.no_report:
+        from quantscan.report.html import write_report  # matplotlib: only when a page is wanted
+
+        t0 = time.perf_counter()
+        written.append(write_report(folder))
+        times["report"] = round(time.perf_counter() - t0, 4)
+    result.files.extend(written)
+    return written
+
+
+def _write_tables(result: ScanResult, folder: Path) -> list[Path]:
+    """The scan's CSV tables and hist.npz, in the order run folders have always listed them."""
+    written = [folder / f"{name}.csv" for name in TABLES]
+    for name, path in zip(TABLES, written, strict=True):
+        runfolder.write_csv(path, getattr(result, name))
+    runfolder.write_npz(folder / "hist.npz", result.hist)
+    written.append(folder / "hist.npz")
+    if result.compat is not None:
+        for name in ("compat", "partitions"):
+            frame = result.compat.findings if name == "compat" else result.compat.partitions
+            runfolder.write_csv(folder / f"{name}.csv", frame)
+            written.append(folder / f"{name}.csv")
+    if result.task is not None and not result.task.empty:
+        runfolder.write_csv(folder / "task.csv", result.task)
+        written.append(folder / "task.csv")
+    return written
+
+
+def save_qdq(result: ScanResult, path: str | Path) -> Path:
+    """The all-int8 QDQ model as the user gets it (the original's input/output declarations)."""
+    target = runfolder.save_model(deployable_qdq(result.qdq_model, result.model), Path(path),
+                                  protect=[result.model.path])
+    result.files.append(target)
+    return target
+
+
+def run_bisect(
+    model: str | Path | None = None, calib: str | Path | None = None, **options: Any
+) -> BisectResult:
+    """`quantscan bisect`: output gain, then a resumable bisection to the target (see
+    `quantscan.bisect.driver.bisect_model` for the options); with `out=`, a scan's summary.md in that
+    folder gets the plan block on its first screen."""
+    from quantscan.bisect.driver import bisect_model  # onnxruntime and pandas: only when a bisection runs
+
+    return bisect_model(model, calib, summary_block=with_plan_block, **options)
