@@ -27,6 +27,7 @@ from quantscan.graph.mixed import MixedBuilder
 from quantscan.runner import FP32_LEVEL, Runner
 from quantscan.scanning.gain import Evaluator, Measured, OutputPairs, headline
 from quantscan.scanning.prepare import ScanContext
+from quantscan.scanning.sweep import GraphHandoff, open_session, sweep
 
 REF_SUFFIX = "@fp32ref"
 CACHE_SHARE = 8
@@ -62,13 +63,12 @@ class CachedReferenceEvaluator(Evaluator):
         fed = [o + REF_SUFFIX for o in self.outputs]
         graph = _with_inputs(pairs.reducer.attach(mixed, [n for n in pairs.outputs() if n not in fed], in_place=True),
                              reference[0], self.outputs)
-        staged = self.runner.stage(graph)
-        del mixed, graph  # dropped before onnxruntime builds its copy of the weights (as Evaluator.evaluate)
-        session = self.runner.session(staged, built=True)
-        del staged
-        for feeds, ref in zip(self.ctx.eval_set.batches(self.ctx.batch_size), reference, strict=True):
-            given = {o + REF_SUFFIX: v for o, v in ref.items()}
-            pairs.update({**given, **session.run({**feeds, **given})}, refs)
+        del mixed  # the weights are in `graph` now, handed off before onnxruntime builds its copy
+        session = open_session(self.runner, GraphHandoff(graph))
+        del graph
+        batches = zip(self.ctx.eval_set.batches(self.ctx.batch_size), reference, strict=True)
+        with_reference = ({**feeds, **{o + REF_SUFFIX: v for o, v in ref.items()}} for feeds, ref in batches)
+        sweep(session, with_reference, lambda feeds, values: pairs.update({**feeds, **values}, refs))
         rows = {o: pairs.row((o, "q")) for o in self.outputs}
         output, worst = headline(rows, self.key)
         return Measured(rows, output, worst)
@@ -86,9 +86,10 @@ class CachedReferenceEvaluator(Evaluator):
             return None
         session = self.runner.session(qgraph.expose(self.builder.proto, self.outputs), built=True,
                                       opt_level=FP32_LEVEL)  # FP32 only, a few outputs: NCHWc pays here
-        self._reference = [
-            session.run(feeds, self.outputs) for feeds in self.ctx.eval_set.batches(self.ctx.batch_size)
-        ]
+        reference: list[dict[str, np.ndarray]] = []
+        sweep(session, self.ctx.eval_set.batches(self.ctx.batch_size), lambda feeds, values: reference.append(values),
+              fetch=self.outputs)
+        self._reference = reference
         return self._reference
 
 

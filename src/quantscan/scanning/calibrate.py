@@ -25,6 +25,7 @@ from quantscan.model import PreparedModel
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
 from quantscan.scanning.options import ProgressFactory, n_batches
+from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.sites import Site
 
 
@@ -88,27 +89,41 @@ def calibrate(
     channel_ranges = {t: quant.ChannelRangeObserver(1) for t in channel_axis_of}  # fed [mins; maxs] rows
     outputs = [*whole, *(n for pair in [*partials.values(), *explicit.values()] for n in pair)]
     fp32_nodes = [n.name for n in prepared.proto.graph.node]
-    session = runner.session(interleave(reducer.attach(prepared.proto, outputs), fp32_nodes), built=True, ordered=True)
-    bar = progress("calibrating", n_batches(cset.n_samples, batch_size))
-    try:
-        for feeds in cset.batches(batch_size):
-            values = session.run(feeds)
-            for t, obs in observers.items():
-                if method == CalibMethod.MINMAX:
-                    lo, hi = values[partials[t][0]], values[partials[t][1]]
-                    obs.update(np.array([np.min(lo), np.max(hi)], dtype=np.float32))
-                else:
-                    obs.update(values[t] if t in values else feeds[t])
-            for t, ch in channel_ranges.items():
-                if t in explicit:
-                    lo, hi = values[explicit[t][0]], values[explicit[t][1]]
-                else:  # partials [N, C]: fold the samples away
-                    lo, hi = values[partials[t][0]].min(axis=0), values[partials[t][1]].max(axis=0)
-                ch.update(np.stack([np.ravel(lo), np.ravel(hi)]))
-            bar.update(1)
-    finally:
-        bar.close()
+    graph = GraphHandoff(interleave(reducer.attach(prepared.proto, outputs), fp32_nodes))
+    ranges = _Ranges(observers, channel_ranges, method, partials, explicit)
+    sweep(open_session(runner, graph, ordered=True), cset.batches(batch_size), ranges.update,
+          progress=progress, label="calibrating", total=n_batches(cset.n_samples, batch_size))
     return CalibStats(observers, channel_ranges, calibration_warnings(observers))
+
+
+class _Ranges:
+    """Pass 1's accumulator: folds each batch's in-graph partial min/max (or whole tensors, for the
+    histogram methods) into the tensors' observers and per-channel ranges."""
+
+    def __init__(
+        self,
+        observers: Mapping[str, quant.Observer],
+        channel_ranges: Mapping[str, quant.ChannelRangeObserver],
+        method: CalibMethod,
+        partials: Mapping[str, tuple[str, str]],
+        explicit: Mapping[str, tuple[str, str]],
+    ) -> None:
+        self.observers, self.channel_ranges, self.method = observers, channel_ranges, method
+        self.partials, self.explicit = partials, explicit
+
+    def update(self, feeds: Feeds, values: Values) -> None:
+        for t, obs in self.observers.items():
+            if self.method == CalibMethod.MINMAX:
+                lo, hi = values[self.partials[t][0]], values[self.partials[t][1]]
+                obs.update(np.array([np.min(lo), np.max(hi)], dtype=np.float32))
+            else:
+                obs.update(values[t] if t in values else feeds[t])
+        for t, ch in self.channel_ranges.items():
+            if t in self.explicit:
+                lo, hi = values[self.explicit[t][0]], values[self.explicit[t][1]]
+            else:  # partials [N, C]: fold the samples away
+                lo, hi = values[self.partials[t][0]].min(axis=0), values[self.partials[t][1]].max(axis=0)
+            ch.update(np.stack([np.ravel(lo), np.ravel(hi)]))
 
 
 def calibration_warnings(observers: Mapping[str, quant.Observer]) -> list[str]:

@@ -31,6 +31,7 @@ from quantscan.records import DEPLOYED_GAP, Headline
 from quantscan.runner import Runner
 from quantscan.scanning.impact import first_samples
 from quantscan.scanning.prepare import ScanContext
+from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.sites import Site
 
 GAP_SAMPLES = 8
@@ -114,14 +115,18 @@ def locate_gap(
     outputs = {o.name for o in model.graph.output}
     measured = [s for s in measured if qgraph.activation_codes(s.output) in outputs]
     names = [qgraph.activation_codes(s.output) for s in measured]
-    fake = runner.session(model, built=True)
     deployed = runner.session(model, opt_level="all", built=True)
+    fake = open_session(runner, GraphHandoff(model))
+    del model
     acc = {s.node: qm.ErrorAccumulator() for s in measured}
-    for feeds in samples.batches(batch_size):
-        a, b = fake.run(feeds, names), deployed.run(feeds, names)
+
+    def accumulate(feeds: Feeds, a: Values) -> None:
+        b = deployed.run(feeds, names)
         for s, name in zip(measured, names, strict=True):
             qp = plan.activations[s.output]
             acc[s.node].update(_dequantize(a[name], qp), _dequantize(b[name], qp))
+
+    sweep(fake, samples.batches(batch_size), accumulate, fetch=names)
     return _introducing(measured, acc, plan)
 
 

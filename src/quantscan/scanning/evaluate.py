@@ -31,6 +31,7 @@ from quantscan.runner import Runner, SegmentedSession, Session
 from quantscan.scanning.calibrate import channel_axis_for
 from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches
 from quantscan.scanning.prepare import Probe, classifier_outputs, headline_outputs
+from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.scanning.tasks import task_accumulators, task_results
 from quantscan.sites import Site
 from quantscan.taskmetrics import TaskAccumulator
@@ -133,6 +134,56 @@ def accumulate_evaluation(
     One pass: cumulative, isolated and per-channel sums come out of one session per batch (or
     `segments` sessions taking turns on each batch, when the memory plan says one cannot fit);
     `finish_evaluation` turns the (merged) sums into figures."""
+    graph, spec = _analysis_graph(prepared, qdq, sites, plan, compare, probe, opts)
+    fp32_nodes = [n.name for n in prepared.proto.graph.node]
+    session: Session | SegmentedSession
+    if segments > 1:
+        cuts = balanced_cuts(node_bytes(prepared.proto, probe), segments)
+        session = SegmentedSession(runner, split(graph.take(), fp32_nodes, cuts))
+    else:
+        session = open_session(runner, graph, ordered=True)
+    deployed = runner.session(qdq, opt_level="all", built=True)
+    task = task_accumulators(prepared.proto, spec.headline, probe.shapes, spec.classifiers, eval_set, opts,
+                             probe.input_shapes)
+    sums = _EvalPass(spec, deployed, task, eval_set.labels, offset)
+    sweep(session, eval_set.batches(batch_size), sums.update, progress=progress, label="measuring",
+          total=n_batches(eval_set.n_samples, batch_size), fetch=sums.wanted)
+    return sums.sums()
+
+
+@dataclass
+class _AnalysisSpec:
+    """Where the analysis graph's reductions are: which outputs hold which sums."""
+
+    pairs: dict[str, qgraph.PairSums]
+    iso_pairs: dict[int, qgraph.PairSums]
+    channel_pairs: dict[int, tuple[str, str]]
+    hist_codes: dict[int, tuple[str, str]]
+    clip_names: dict[str, tuple[str, str]]
+    headline: list[str]
+    classifiers: set[str]
+
+    def outputs(self) -> list[str]:
+        names = [n for p in [*self.pairs.values(), *self.iso_pairs.values()] for n in p.names()]
+        names += [n for pair in self.channel_pairs.values() for n in pair]
+        names += [n for o in self.headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
+        return names + [n for pair in self.clip_names.values() for n in pair]
+
+    def hist_outputs(self) -> list[str]:
+        return [n for pair in self.hist_codes.values() for n in pair]
+
+
+def _analysis_graph(
+    prepared: PreparedModel,
+    qdq: onnx.ModelProto,
+    sites: Sequence[Site],
+    plan: qgraph.QuantPlan,
+    compare: Sequence[str],
+    probe: Probe,
+    opts: ScanOptions,
+) -> tuple[GraphHandoff, _AnalysisSpec]:
+    """The analysis model (FP32 + cumulative copy + isolated twins) with its reductions attached, in the
+    interleaved order, and where each sum is; the model is handed off, not kept (sweep.GraphHandoff)."""
     isolated_ids = [k for k, s in enumerate(sites) if s.output in plan.activations]
     combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
     reducer = qgraph.Reducer(prepared.opset_to)
@@ -155,80 +206,85 @@ def accumulate_evaluation(
             channel_pairs[k] = reducer.channel_sums(site.output, fq, len(shape), axis)
             hist_codes[k] = (codes, f"{site.output}__act__q{qgraph.CUMULATIVE_SUFFIX}")
     headline = headline_outputs(probe, opts.output)
-    classifiers = classifier_outputs(prepared, headline, probe)
-    outputs = [n for p in [*pairs.values(), *iso_pairs.values()] for n in p.names()]
-    outputs += [n for pair in channel_pairs.values() for n in pair]
-    outputs += [n for o in headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
     clip_names = {site.output: reducer.outside(site.output, *clip_range(plan.activations[site.output]),
                                                rank.get(site.output, 0))
                   for site in sites if site.output in plan.activations and site.output in pairs}
-    outputs += [n for pair in clip_names.values() for n in pair]
-    hist_outputs = [n for pair in hist_codes.values() for n in pair]
+    spec = _AnalysisSpec(pairs, iso_pairs, channel_pairs, hist_codes, clip_names, headline,
+                         classifier_outputs(prepared, headline, probe))
     fp32_nodes = [n.name for n in prepared.proto.graph.node]
-    analysis = interleave(reducer.attach(combined, outputs + hist_outputs, in_place=True), fp32_nodes)
-    del combined  # the same model as `analysis` now
-    session: Session | SegmentedSession
-    if segments > 1:
-        cuts = balanced_cuts(node_bytes(prepared.proto, probe), segments)
-        session = SegmentedSession(runner, split(analysis, fp32_nodes, cuts))
-        del analysis  # every weight twice (FP32 and fake-quant) that the segments now hold
-    else:
-        staged = runner.stage(analysis)  # the weights leave the proto (as arrays or a mapped file), so
-        del analysis  # the proto goes before onnxruntime builds its copy: one copy of them fewer at the peak
-        session = runner.session(staged, built=True, ordered=True)
-        del staged
-    deployed = runner.session(qdq, opt_level="all", built=True)
-    hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in hist_codes}
-    cumulative = {t: qm.ErrorAccumulator() for t in pairs}
-    isolated = {k: qm.ErrorAccumulator() for k in iso_pairs}
-    act_channel = {k: qm.ChannelErrorAccumulator(1) for k in channel_pairs}
-    top1 = {o: qm.Top1Accumulator() for o in classifiers}
-    deployed_acc = {o: qm.ErrorAccumulator() for o in headline}
-    deployed_top1 = {o: qm.Top1Accumulator() for o in classifiers}
-    task = task_accumulators(prepared.proto, headline, probe.shapes, classifiers, eval_set, opts, probe.input_shapes)
-    labels = eval_set.labels
-    clip_counts = {t: [0.0, 0.0] for t in clip_names}
-    sample_cosines: list[tuple[float, int, str]] = []
-    sample_errors: list[SampleError] = []
-    seen = offset
-    bar = progress("measuring", n_batches(eval_set.n_samples, batch_size))
-    try:
-        for feeds in eval_set.batches(batch_size):
-            want_hist = seen < HIST_SAMPLES
-            values = session.run(feeds, outputs + hist_outputs if want_hist else outputs)
-            first = next(iter(feeds.values()), None)
-            n = int(first.shape[0]) if first is not None and first.ndim else 1  # rank-0 inputs: one sample
-            batch_labels = labels[seen - offset: seen - offset + n] if labels else None
-            for t, (outside, size) in clip_names.items():
-                clip_counts[t][0] += float(np.sum(values[outside], dtype=np.float64))
-                clip_counts[t][1] += float(values[size])
-            cosines, errors = _per_sample_figures(values, headline, seen, n)
-            sample_cosines.extend(cosines)
-            sample_errors.extend(errors)
-            seen += n
-            if want_hist:
-                _count_codes(hist_codes, hist_counts, values)
-            for t, acc in cumulative.items():
-                acc.update_sums(*pairs[t].fold(values))
-            for k, acc in isolated.items():
-                acc.update_sums(*iso_pairs[k].fold(values))
-            for k, ch in act_channel.items():
-                ch.update_sums(values[channel_pairs[k][0]], values[channel_pairs[k][1]])
-            for o, t1 in top1.items():
-                t1.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
-            for o, accs in task.items():
-                for tacc in accs:
-                    tacc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
-            dep = deployed.run(feeds, headline)
-            for o, acc in deployed_acc.items():
-                acc.update(values[o], dep[o])
-            for o, t1 in deployed_top1.items():
-                t1.update(values[o], dep[o], batch_labels)
-            bar.update(1)
-    finally:
-        bar.close()
-    return EvalSums(headline, cumulative, isolated, act_channel, top1, deployed_acc, deployed_top1, task,
-                    hist_counts, clip_counts, sample_cosines, seen - offset, sample_errors)
+    attached = reducer.attach(combined, spec.outputs() + spec.hist_outputs(), in_place=True)
+    return GraphHandoff(interleave(attached, fp32_nodes)), spec
+
+
+class _EvalPass:
+    """Pass 2's accumulator: every batch's in-graph sums folded into float64 accumulators, plus the
+    deployed (ORT_ENABLE_ALL) run of the QDQ model on the same batch."""
+
+    def __init__(
+        self,
+        spec: _AnalysisSpec,
+        deployed: Session,
+        task: dict[str, list[TaskAccumulator]],
+        labels: Sequence[Any] | None,
+        offset: int,
+    ) -> None:
+        self.spec, self.deployed, self.task, self.labels, self.offset = spec, deployed, task, labels, offset
+        self.names = spec.outputs()
+        self.hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in spec.hist_codes}
+        self.cumulative = {t: qm.ErrorAccumulator() for t in spec.pairs}
+        self.isolated = {k: qm.ErrorAccumulator() for k in spec.iso_pairs}
+        self.act_channel = {k: qm.ChannelErrorAccumulator(1) for k in spec.channel_pairs}
+        self.top1 = {o: qm.Top1Accumulator() for o in spec.classifiers}
+        self.deployed_acc = {o: qm.ErrorAccumulator() for o in spec.headline}
+        self.deployed_top1 = {o: qm.Top1Accumulator() for o in spec.classifiers}
+        self.clip_counts = {t: [0.0, 0.0] for t in spec.clip_names}
+        self.sample_cosines: list[tuple[float, int, str]] = []
+        self.sample_errors: list[SampleError] = []
+        self.seen = offset
+
+    def wanted(self) -> list[str]:
+        """The outputs of the next batch: the histogram codes too while within the first HIST_SAMPLES."""
+        return self.names + self.spec.hist_outputs() if self.seen < HIST_SAMPLES else self.names
+
+    def update(self, feeds: Feeds, values: Values) -> None:
+        first = next(iter(feeds.values()), None)
+        n = int(first.shape[0]) if first is not None and first.ndim else 1  # rank-0 inputs: one sample
+        start = self.seen - self.offset
+        batch_labels = self.labels[start: start + n] if self.labels else None
+        for t, (outside, size) in self.spec.clip_names.items():
+            self.clip_counts[t][0] += float(np.sum(values[outside], dtype=np.float64))
+            self.clip_counts[t][1] += float(values[size])
+        cosines, errors = _per_sample_figures(values, self.spec.headline, self.seen, n)
+        self.sample_cosines.extend(cosines)
+        self.sample_errors.extend(errors)
+        if self.seen < HIST_SAMPLES:
+            _count_codes(self.spec.hist_codes, self.hist_counts, values)
+        self.seen += n
+        self._fold(values, batch_labels)
+        dep = self.deployed.run(feeds, self.spec.headline)
+        for o, acc in self.deployed_acc.items():
+            acc.update(values[o], dep[o])
+        for o, t1 in self.deployed_top1.items():
+            t1.update(values[o], dep[o], batch_labels)
+
+    def _fold(self, values: Values, batch_labels: Sequence[Any] | None) -> None:
+        spec = self.spec
+        for t, acc in self.cumulative.items():
+            acc.update_sums(*spec.pairs[t].fold(values))
+        for k, acc in self.isolated.items():
+            acc.update_sums(*spec.iso_pairs[k].fold(values))
+        for k, ch in self.act_channel.items():
+            ch.update_sums(values[spec.channel_pairs[k][0]], values[spec.channel_pairs[k][1]])
+        for o, t1 in self.top1.items():
+            t1.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
+        for o, accs in self.task.items():
+            for tacc in accs:
+                tacc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
+
+    def sums(self) -> EvalSums:
+        return EvalSums(self.spec.headline, self.cumulative, self.isolated, self.act_channel, self.top1,
+                        self.deployed_acc, self.deployed_top1, self.task, self.hist_counts, self.clip_counts,
+                        self.sample_cosines, self.seen - self.offset, self.sample_errors)
 
 
 def finish_evaluation(

@@ -41,6 +41,7 @@ from quantscan.scanning.evaluate import output_row
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.ort_recipe import RECIPE, int16_activations
 from quantscan.scanning.prepare import ScanContext
+from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.scanning.tasks import task_results
 from quantscan.taskmetrics import TaskAccumulator
 
@@ -192,6 +193,25 @@ class Evaluator:
         self.rank = {o: len(ctx.probe.shapes.get(o, ())) for o in self.outputs}
 
     def evaluate(self, prec: Sequence[str]) -> Measured:
+        graph, pairs, refs, tasks = self._graph(prec)
+        session = open_session(self.runner, graph)
+
+        def accumulate(feeds: Feeds, values: Values) -> None:
+            pairs.update(values, refs)
+            for o, accs in tasks.items():
+                for acc in accs:
+                    acc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], None)
+
+        sweep(session, self.ctx.eval_set.batches(self.ctx.batch_size), accumulate)
+        figures = task_results(tasks)
+        rows = {o: {**pairs.row((o, "q")), **figures.get(o, {})} for o in self.outputs}
+        output, worst = headline(rows, self.key)
+        return Measured(rows, output, worst)
+
+    def _graph(
+        self, prec: Sequence[str]
+    ) -> tuple[GraphHandoff, OutputPairs, dict[tuple[str, str], tuple[str, str]], dict[str, list[TaskAccumulator]]]:
+        """FP32 and the mixed copy in one graph, its output reductions, and fresh task accumulators."""
         sites, plan = self.builder.plan(prec)
         mixed = qgraph.build_qdq_model(self.builder.proto, sites, plan)
         combined = qgraph.build_analysis_model(self.builder.proto, mixed, sites, plan, isolated=[])
@@ -204,23 +224,7 @@ class Evaluator:
         tasks = self.tasks() if self.tasks is not None else {}
         raw = [n for o in tasks for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
         names = list(dict.fromkeys([*pairs.outputs(), *raw]))
-        staged = self.runner.stage(pairs.reducer.attach(combined, names, in_place=True))
-        del mixed, combined  # dropped before onnxruntime builds its copy (bisect on BERT-base: 2 weight sets)
-        session = self.runner.session(staged, built=True)
-        del staged
-        for feeds in self.ctx.eval_set.batches(self.ctx.batch_size):
-            values = session.run(feeds)
-            pairs.update(values, refs)
-            for o, accs in tasks.items():
-                for acc in accs:
-                    acc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], None)
-        figures = task_results(tasks)
-        rows = {o: {**pairs.row((o, "q")), **figures.get(o, {})} for o in self.outputs}
-        output, worst = headline(rows, self.key)
-        return Measured(rows, output, worst)
-
-
-# --- output gain ---------------------------------------------------------------------------------------
+        return GraphHandoff(pairs.reducer.attach(combined, names, in_place=True)), pairs, refs, tasks
 
 
 @dataclass
@@ -308,19 +312,11 @@ def compute_gain(
             for o, test in reached.items():
                 measure((o, f"{tag}{k}"), o, test)
     per_run = len(gg.model.graph.node) + len(pairs.reducer.nodes)
-    staged = runner.stage(pairs.reducer.attach(gg.take_model(), pairs.outputs(), in_place=True))
-    session = runner.session(staged, opt_level=opt_level, built=True)  # the graph's proto is gone by now
-    del staged
-    executions, batches = 0, 0
-    bar = progress("output gain", None)
-    try:
-        for feeds in (samples if samples is not None else ctx.eval_set).batches(ctx.batch_size):
-            pairs.update(session.run(feeds), refs)
-            executions += per_run
-            batches += 1
-            bar.update(1)
-    finally:
-        bar.close()
+    graph = GraphHandoff(pairs.reducer.attach(gg.take_model(), pairs.outputs(), in_place=True))
+    session = open_session(runner, graph, opt_level=opt_level)
+    batches = sweep(session, (samples if samples is not None else ctx.eval_set).batches(ctx.batch_size),
+                    lambda feeds, values: pairs.update(values, refs), progress=progress, label="output gain")
+    executions = per_run * batches
     base_rows = {o: pairs.row((o, "int8")) for o in outputs}
     table, replicates = _gain_table(ctx, builder, pairs, changed, base_rows, key, loss_if_only)
     return GainResult(
