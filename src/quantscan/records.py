@@ -302,6 +302,9 @@ class RunInfo:
     deployed_gap_sites: list[dict[str, Any]] = field(default_factory=list)
     """Sites where onnxruntime's integer kernels part from the fake-quant simulation (only when the
     deployed output differs; scanning.deployed): node, kernel, output, sqnr_db, cosine, drop_db, reason."""
+    chip: dict[str, Any] = field(default_factory=dict)
+    """What the chip profile decided (scanning.options.ChipRecipe): scheme and why, fusions, CPU and float16
+    nodes, consumer-range ops, recipe; `options` beside it keeps what the user asked."""
 
     def to_json(self) -> dict[str, Any]:
         """run.json's content, keys in the order the contract has always written them (the deployed-gap
@@ -319,6 +322,7 @@ class RunInfo:
             "calibration": self.calibration.to_json(),
             "evaluation": self.evaluation.to_json(),
             "options": dict(self.options),
+            "chip": dict(self.chip),
             "opset_used": self.opset_used,
             "opset_original": self.opset_original,
             "preparation": list(self.preparation),
@@ -351,6 +355,7 @@ class RunInfo:
             calibration=DataInfo.from_json(data.get("calibration") or {}),
             evaluation=DataInfo.from_json(data.get("evaluation") or {}),
             options=dict(data.get("options") or {}),
+            chip=dict(data["chip"]) if isinstance(data.get("chip"), Mapping) else {},
             opset_used=int(data.get("opset_used", 0)),
             opset_original=int(data.get("opset_original", 0)),
             preparation=[str(p) for p in data.get("preparation") or []],

@@ -20,7 +20,7 @@ from quantscan.bisect.session import Session
 from quantscan.bisect.state import Bisector, Step, Target
 from quantscan.columns import Col
 from quantscan.graph.mixed import MixedBuilder
-from quantscan.records import ActivationScheme, Metrics, Plan, PlanSite, Precision
+from quantscan.records import Metrics, Plan, PlanSite, Precision
 from quantscan.runfolder import atomic_write_text, write_json
 from quantscan.scanning.ort_recipe import quantize_static_call
 from quantscan.scanning.prepare import ScanContext
@@ -137,9 +137,9 @@ def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
     quantize_static call of its activation scheme (the one the sites were read from, for recipe
     onnxruntime)."""
     call = ctx.quantize_static or quantize_static_call(
-        ctx.opts.activations or ActivationScheme.UINT8, ctx.opts.calib_method
+        ctx.chip.activations, ctx.opts.calib_method
     )
-    return {"profile": ctx.profile, "recipe": ctx.opts.recipe, "quantize_static": call}
+    return {"profile": ctx.chip.profile, "recipe": ctx.chip.recipe, "quantize_static": call}
 
 
 def write_plan(

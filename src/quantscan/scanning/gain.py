@@ -80,7 +80,7 @@ def mixed_builder(ctx: ScanContext, fallback: str = "float") -> MixedBuilder:
         partial(_calibrated_range, ctx),
         fallback=fallback,
         int16_scheme=_int16_scheme(ctx),
-        quantize_static_rules=ctx.opts.recipe == RECIPE,
+        quantize_static_rules=ctx.chip.recipe == RECIPE,
     )
 
 
@@ -92,9 +92,9 @@ def _calibrated_range(ctx: ScanContext, tensor: str) -> tuple[float, float]:
 def _int16_scheme(ctx: ScanContext) -> str:
     """Symmetric int16 on a chip's kernels; under the onnxruntime recipe, quantize_static's 16-bit
     counterpart of the call's activation type (uint16 for uint8: see ort_recipe.INT16_ACTIVATIONS)."""
-    if ctx.opts.recipe != RECIPE:
+    if ctx.chip.recipe != RECIPE:
         return "int16"
-    scheme = ctx.opts.activations or ActivationScheme.UINT8
+    scheme = ctx.chip.activations
     return int16_activations("QUInt8" if scheme == ActivationScheme.UINT8 else "QInt8")[0]
 
 

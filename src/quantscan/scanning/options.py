@@ -98,14 +98,7 @@ class ScanOptions:
     merged exactly (scanning/workers.py)."""
     save_qdq: str | Path | None = None
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
-    cpu_nodes: frozenset[str] = frozenset()
-    float16_nodes: frozenset[str] = frozenset()
-    """Set by the profile: nodes its toolkit runs in float16 (`[float16] ops`), kept float, not int8 sites."""
-    consumer_range_ops: frozenset[str] = frozenset()
-    """Set by the profile (`[consumer_range] ops`): a kernel whose output only feeds these pass-through ops
-    takes the range at their output (scanning/prepare.py consumer_range_origins)."""
-    recipe: str = "kernels"
-    """Set by the profile: "kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
+    """API only: the activations joined to their producer when no profile says which (ChipRecipe)."""
     quiet: bool = False
     """Accepted for symmetry with the CLI; progress is whatever `progress=` renders (nothing by default)."""
     no_report: bool = False
@@ -173,3 +166,36 @@ class ScanOptions:
             raise UsageError(f"segments: expected a positive integer, found {self.segments!r}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)
         return replace(self, calib_method=CalibMethod(self.calib_method), activations=scheme)
+
+
+@dataclass(frozen=True)
+class ChipRecipe:
+    """What the chip decides, kept beside what the user asked (`ScanOptions`), never written into it.
+
+    A `--profile` decides the activation scheme (unless `--activations` was given), which activations
+    fuse into their producer, which nodes stay float (CPU fallback, the toolkit's float16 ops), which
+    kernels take their consumer's range, and whose placement the sites follow (quantscan's kernels or
+    onnxruntime's quantize_static). Without a profile: uint8, the default fusions, nothing float.
+    run.json records it as `chip` beside `options`."""
+
+    profile: str | None = None
+    activations: ActivationScheme = ActivationScheme.UINT8
+    activations_source: str = "default"
+    """Why `activations` is what it is: "from --activations", "from profile NAME" or "default"."""
+    fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
+    cpu_nodes: frozenset[str] = frozenset()
+    float16_nodes: frozenset[str] = frozenset()
+    """Nodes the profile's toolkit runs in float16 (`[float16] ops`): kept float, not int8 sites."""
+    consumer_range_ops: frozenset[str] = frozenset()
+    """`[consumer_range] ops`: a kernel whose output only feeds these pass-through ops takes the range at
+    their output (scanning/prepare.py consumer_range_origins)."""
+    recipe: str = "kernels"
+    """"kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile, "activations": self.activations.value,
+            "activations_source": self.activations_source, "recipe": self.recipe,
+            "fused_activations": sorted(self.fused_activations), "cpu_nodes": sorted(self.cpu_nodes),
+            "float16_nodes": sorted(self.float16_nodes), "consumer_range_ops": sorted(self.consumer_range_ops),
+        }

@@ -41,7 +41,7 @@ from quantscan.scanning.budget import (
     plan_memory,
 )
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
-from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
+from quantscan.scanning.options import ChipRecipe, ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.ort_recipe import (
     RECIPE,
     check_calib_method,
@@ -262,7 +262,8 @@ class ScanContext:
 
     `sites` and `plan` describe the all-int8 model; `prepared` is the FP32 analysis copy (same
     tensor names as the user's model), `probe` the true dtypes/shapes of every tensor, `cset` /
-    `eval_set` the calibration and evaluation samples, `opts` the options after the profile.
+    `eval_set` the calibration and evaluation samples, `opts` the user's options, `chip` the profile's
+    decisions.
     The QDQ model is built from `prepared`, `sites` and `plan` by whoever needs it.
     """
 
@@ -280,11 +281,10 @@ class ScanContext:
     plan: qgraph.QuantPlan
     order: dict[str, int]
     warnings: list[str]
+    chip: ChipRecipe
+    """What the profile decided (scheme, fusions, float nodes, recipe), beside `opts`, what the user asked."""
     compat: Any = None
     """compat.CheckResult when a profile was given."""
-    profile: str | None = None
-    activations_source: str = "default"
-    """Why `opts.activations` is what it is: "from --activations", "from profile NAME" or "default"."""
     quantize_static: dict[str, Any] | None = None
     """Recipe onnxruntime: the quantize_static keyword arguments the sites and plan were read from."""
     memory: MemoryPlan | None = None
@@ -340,13 +340,8 @@ def prepare_timed(
     warnings.extend(w for w in [settings.warning] if w)
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
-    compat, profile_name = None, None
-    source = activations_source(opts.activations is not None, None)
-    if opts.profile is not None:
-        compat, profile_name, opts = _apply_profile(loaded, opts, dims)
-        source = activations_source(source != "default", profile_name)
-    opts = replace(opts, activations=opts.activations or ActivationScheme.UINT8)
-    recipe = opts.recipe == RECIPE
+    compat, chip = chip_recipe(loaded, opts, dims)
+    recipe = chip.recipe == RECIPE
     if recipe:
         check_calib_method(opts.calib_method)
     prepared = prepare_unfolded(loaded, dims) if recipe else prepare_for_analysis(loaded, dims)
@@ -363,14 +358,14 @@ def prepare_timed(
     recipe_result = None
     if recipe:
         t_q = time.perf_counter()
-        call = quantize_static_call(opts.activations or ActivationScheme.UINT8, opts.calib_method)
+        call = quantize_static_call(chip.activations, opts.calib_method)
         # one sample per get_next() as a user's data reader does (a fixed batch stays whole)
         qdq = quantize_static_model(prepared.proto, cset.batches(fixed_batch or 1), call)
         recipe_result = recipe_sites(prepared, qdq, quantize_static_op_types(), call)
         sites, origins = recipe_result.sites, recipe_result.origins
         times["quantize_static"] = time.perf_counter() - t_q
     else:
-        sites, origins = _sites(loaded, prepared, probe, order, opts)
+        sites, origins = _sites(loaded, prepared, probe, order, chip)
     warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
     memory = memory_plan(prepared, probe, sites, opts, fixed_batch, min(cset.n_samples, eval_set.n_samples),
                          runner.weights_file_bytes)
@@ -391,11 +386,12 @@ def prepare_timed(
     t0 = time.perf_counter()
     calib_stats = None
     if calibrate_with is not None:
-        calib_stats = calibrate_with(prepared, sites, origins, cset, batch_size, runner, opts, probe, loaded.inputs)
+        calib_stats = calibrate_with(prepared, sites, origins, cset, batch_size, runner, opts, chip.activations,
+                                     probe, loaded.inputs)
     if calib_stats is None:
         calib_stats = calibrate(
             prepared, sites, origins, cset, batch_size, runner, opts.calib_method,
-            opts.activations or ActivationScheme.UINT8, progress, probe.shapes, probe.input_shapes,
+            chip.activations, progress, probe.shapes, probe.input_shapes,
         )
     times["calibration"] = time.perf_counter() - t0
     plan_warnings: list[str] = []
@@ -403,13 +399,13 @@ def prepare_timed(
         plan = recipe_result.plan
     else:
         plan, plan_warnings = make_plan(
-            prepared.proto, sites, origins, calib_stats.observers, opts.activations or ActivationScheme.UINT8
+            prepared.proto, sites, origins, calib_stats.observers, chip.activations
         )
     warnings.extend(plan_warnings)
     warnings.extend(calib_stats.warnings)
     ctx = ScanContext(
         loaded, prepared, cset, eval_set, opts, runner, batch_size, probe, sites, origins, calib_stats,
-        plan, order, warnings, compat, profile_name, source,
+        plan, order, warnings, chip, compat,
         recipe_result.call if recipe_result is not None else None, memory,
     )
     return ctx, times
@@ -511,7 +507,7 @@ def _sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOp
 
 
 def _sites(
-    loaded: LoadedModel, prepared: PreparedModel, probe: Probe, order: Mapping[str, int], opts: ScanOptions
+    loaded: LoadedModel, prepared: PreparedModel, probe: Probe, order: Mapping[str, int], chip: ChipRecipe
 ) -> tuple[list[Site], dict[str, str]]:
     """Where the chip quantizes, and for every quantized tensor the tensor whose range sets its scale."""
     sites = find_sites(
@@ -519,8 +515,8 @@ def _sites(
         float_tensors=probe.float_tensors,
         original_order=order,
         bn_folded_into=prepared.bn_folded_into,
-        fused_activations=opts.fused_activations,
-        cpu_nodes=opts.cpu_nodes | opts.float16_nodes,
+        fused_activations=chip.fused_activations,
+        cpu_nodes=chip.cpu_nodes | chip.float16_nodes,
     )
     if not sites:
         raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")
@@ -528,30 +524,39 @@ def _sites(
     site_outputs = {s.output for s in sites}
     quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))
     origins = {t: _origin(t, producers, site_outputs) for t in quantized}
-    return sites, consumer_range_origins(prepared.proto, sites, origins, opts.consumer_range_ops)
+    return sites, consumer_range_origins(prepared.proto, sites, origins, chip.consumer_range_ops)
 
 
-def _apply_profile(
+def chip_recipe(
     loaded: LoadedModel, opts: ScanOptions, dims: Mapping[str, tuple[Dim, ...]]
-) -> tuple[Any, str, ScanOptions]:
-    """Let a chip profile decide the scheme, the fusions and which nodes stay float (CPU fallback)."""
+) -> tuple[Any, ChipRecipe]:
+    """The profile's decisions (and its compat check), or the defaults without one; `opts` is left as
+    the user gave it. An explicit `--activations` wins over the profile's scheme."""
+    if opts.profile is None:
+        return None, ChipRecipe(
+            activations=opts.activations or ActivationScheme.UINT8,
+            activations_source=activations_source(opts.activations is not None, None),
+            fused_activations=opts.fused_activations,
+        )
     from quantscan.compat import load_profile
     from quantscan.compat.check import check
 
-    assert opts.profile is not None
     profile = load_profile(opts.profile)
     shapes = {k: [d if isinstance(d, int) else 1 for d in v] for k, v in dims.items()}
     compat = check(loaded.proto, [opts.profile], input_shapes=shapes)
     placement = compat.node_placement.get(profile.name, {})
-    cpu = frozenset(n for n, where in placement.items() if where == "cpu")
-    float16 = float16_nodes(compat.findings, profile.name)
     scheme = opts.activations or (
         ActivationScheme.INT8 if profile.activations == "int8" else ActivationScheme.UINT8
     )
-    fused = frozenset(profile.fused_activations)
-    return compat, profile.name, replace(
-        opts, activations=scheme, fused_activations=fused, cpu_nodes=cpu, float16_nodes=float16,
-        recipe=profile.recipe, consumer_range_ops=profile.consumer_range_ops,
+    return compat, ChipRecipe(
+        profile=profile.name,
+        activations=scheme,
+        activations_source=activations_source(opts.activations is not None, profile.name),
+        fused_activations=frozenset(profile.fused_activations),
+        cpu_nodes=frozenset(n for n, where in placement.items() if where == "cpu"),
+        float16_nodes=float16_nodes(compat.findings, profile.name),
+        consumer_range_ops=profile.consumer_range_ops,
+        recipe=profile.recipe,
     )
 
 

@@ -133,7 +133,7 @@ def _measure(
 
     t0 = time.perf_counter()
     tables = build_tables(ctx.loaded, ctx.prepared, sites, plan, ctx.calib_stats, evaluation, ctx.order, probe)
-    if ctx.compat is not None and ctx.profile is not None:
+    if ctx.compat is not None and ctx.chip.profile is not None:
         tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
     gains_by = ShardedGain(pool, worker_count(opts.workers)) if pool is not None else gains_here
@@ -171,7 +171,7 @@ def _measure(
         qdq_model=qdq,
         model=ctx.loaded,
         compat=ctx.compat,
-        profile=ctx.profile,
+        profile=ctx.chip.profile,
         no_report=opts.no_report,
         task=task_table(evaluation.task),
     )
@@ -230,13 +230,14 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
         calibration=DataInfo(str(ctx.cset.source), ctx.cset.n_samples, kind=ctx.cset.kind),
         evaluation=DataInfo(str(ctx.eval_set.source), ctx.eval_set.n_samples,
                             same_as_calibration=ctx.eval_set is ctx.cset),
-        options={"calib_method": opts.calib_method.value, "activations": _value(opts.activations),
-                 "activations_source": ctx.activations_source,
+        options={"calib_method": opts.calib_method.value, "activations": _value(ctx.chip.activations),
+                 "activations_source": ctx.chip.activations_source,
                  "weights": "int8 per-channel symmetric", "profile": str(opts.profile) if opts.profile else None,
-                 "float16_nodes": sorted(opts.float16_nodes),
+                 "float16_nodes": sorted(ctx.chip.float16_nodes),
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
                  Col.OUTPUT: list(opts.output), "workers": worker_count(opts.workers)},
+        chip=ctx.chip.to_json(),
         opset_used=prepared.opset_to,
         opset_original=prepared.opset_from,
         preparation=copy.copy(prepared.changes),

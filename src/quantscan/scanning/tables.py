@@ -141,7 +141,7 @@ def build_tables(
 def _worst_findings(ctx: ScanContext) -> dict[str, dict[str, Any]]:
     """node -> its most severe finding for the scan's profile."""
     findings = ctx.compat.findings
-    rows = findings[findings["profile"] == ctx.profile] if not findings.empty else findings
+    rows = findings[findings["profile"] == ctx.chip.profile] if not findings.empty else findings
     worst: dict[str, dict[str, Any]] = {}
     for r in rows.to_dict("records"):
         node = r.get(Col.NODE) or ""
@@ -157,7 +157,7 @@ def _island_sizes(ctx: ScanContext) -> dict[str, int]:
     sizes: dict[str, int] = {}
     if parts.empty:
         return sizes
-    for r in parts[parts["profile"] == ctx.profile].to_dict("records"):
+    for r in parts[parts["profile"] == ctx.chip.profile].to_dict("records"):
         for node in str(r.get("nodes") or "").split(";"):
             if node:
                 sizes[node] = int(r["n_nodes"])
@@ -181,7 +181,7 @@ def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.D
     prepared_nodes = {n.name: n for n in ctx.prepared.proto.graph.node}
     sizes = _island_sizes(ctx)
     cpu_rows = []
-    for name in sorted(ctx.opts.cpu_nodes, key=lambda n: ctx.order.get(n, -1)):
+    for name in sorted(ctx.chip.cpu_nodes, key=lambda n: ctx.order.get(n, -1)):
         node = prepared_nodes.get(name)
         if node is None or not node.output or node.output[0] not in ctx.probe.float_tensors:
             continue

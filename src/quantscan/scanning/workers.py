@@ -191,14 +191,13 @@ class ShardedCalibration:
         self.pool, self.workers, self.calib = pool, workers, calib
 
     def __call__(self, prepared: PreparedModel, sites: Sequence[Site], origins: Mapping[str, str], cset: CalibSet,
-                 batch_size: int, runner: Runner, opts: ScanOptions, probe: Probe,
+                 batch_size: int, runner: Runner, opts: ScanOptions, scheme: ActivationScheme, probe: Probe,
                  inputs: Sequence[InputSpec]) -> CalibStats | None:
         if opts.calib_method != CalibMethod.MINMAX:
             return None
         source = sample_source(reopenable(self.calib), inputs, opts)
         bounds = shard_bounds(cset.n_samples, batch_size, self.workers)
         threads = threads_per_worker(opts.threads, len(bounds))
-        scheme = opts.activations or ActivationScheme.UINT8
         jobs = [CalibShard(prepared, list(sites), dict(origins), batch_size, opts.calib_method, scheme,
                            dict(probe.shapes), dict(probe.input_shapes), threads, runner.opt_level, source, a, b)
                 for a, b in bounds]
