@@ -1,4 +1,4 @@
-"""The house rules, checked on the source: no import cycles, one onnxruntime user, one CLI.
+"""The house rules, checked on the source: no import cycles, one onnxruntime user, one CLI, one spelling.
 
 These are what keep the layout from growing sideways again (issue "One house"): a module-level
 import cycle makes the import order matter, onnxruntime outside `runner.py` spreads session
@@ -194,3 +194,126 @@ def test_help_and_profiles_do_not_load_onnxruntime_or_pandas(argv: list[str]) ->
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"`quantscan {' '.join(argv)}` loaded: {done.stdout.strip()}"
+
+
+# --- the measurement core (issue "One measurement core") -------------------------------------------------
+
+
+def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import that can run: module level and inside functions, `if TYPE_CHECKING:` blocks skipped."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _package_of(module: str) -> str:
+    """`quantscan.scanning.gain` -> `quantscan.scanning`; a top-level module is its own unit."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph() -> dict[str, dict[str, set[str]]]:
+    """unit -> {imported unit: the modules importing it}, over every runtime import (function-level too).
+
+    The root facade (`quantscan/__init__`) is left out: it names the API lazily, by string, so importing
+    it loads nothing, and every submodule's import loads it anyway."""
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, dict[str, set[str]]] = {}
+    for name, path in modules.items():
+        if name == "quantscan":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in _runtime_imports(tree):
+            for target in _targets(name, node, path.name == "__init__.py", known) - {"quantscan"}:
+                if _package_of(target) != _package_of(name):
+                    graph.setdefault(_package_of(name), {}).setdefault(_package_of(target), set()).add(name)
+    return graph
+
+
+def test_no_package_cycle_counting_function_level_imports() -> None:
+    """A function-level import is still a dependency: two packages that import each other, even lazily,
+    are one knot (the gain module and scanning/impact were one)."""
+    graph = _package_graph()
+    cycle = _find_cycle({unit: set(targets) for unit, targets in graph.items()})
+    assert cycle is None, "package cycle: " + " -> ".join(
+        f"{a} ({', '.join(sorted(graph[a][b]))})" for a, b in zip(cycle or [], (cycle or [])[1:], strict=False))
+
+
+def test_the_package_graph_sees_function_level_imports() -> None:
+    """The check above is not vacuous: bisect's driver imports scanning inside functions as well."""
+    graph = _package_graph()
+    assert "quantscan.scanning" in graph["quantscan.bisect"]
+    assert "quantscan.report" in graph["quantscan.api"]
+
+
+def test_analysis_never_imports_report_or_cli() -> None:
+    graph = _package_graph()
+    offenders = {
+        f"{unit} -> {target}: {sorted(graph[unit][target])}"
+        for unit in ("quantscan.scanning", "quantscan.graph", "quantscan.bisect")
+        for target in ("quantscan.report", "quantscan.cli")
+        if target in graph.get(unit, {})
+    }
+    assert not offenders, offenders
+
+
+HOMONYMS = {
+    "kernel": ("quantscan.compat",),  # a Conv's kernel size among a chip profile's parameters
+    "rank": ("quantscan.compat",),  # a tensor's rank among a chip profile's parameters
+    # the model's input contract in run.json and extract.json, the vendor job's inputs
+    "inputs": ("quantscan.records", "quantscan.runfolder", "quantscan.report.html", "quantscan.vendor",
+               "quantscan.extract"),
+}
+"""Column names that also name a different field elsewhere: those modules may spell the other field."""
+
+
+def _string_literals(tree: ast.Module) -> Iterator[str]:
+    """String constants that are values (docstrings and f-string pieces are text, not names)."""
+    text_ids: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            text_ids.add(id(node.value))
+        elif isinstance(node, ast.JoinedStr):
+            text_ids.update(id(v) for v in node.values)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in text_ids:
+            yield node.value
+
+
+def test_each_layers_column_is_spelled_in_one_module() -> None:
+    from quantscan.columns import LAYERS_COLUMNS
+
+    columns = set(LAYERS_COLUMNS)
+    spelled: dict[str, set[str]] = {}
+    for name, path in _modules().items():
+        if name == "quantscan.columns" or name.endswith("rknn_driver"):  # the driver runs in the vendor's Python
+            continue
+        for value in set(_string_literals(ast.parse(path.read_text(encoding="utf-8")))) & columns:
+            if not name.startswith(HOMONYMS.get(value, ("\0",))):
+                spelled.setdefault(value, set()).add(name)
+    assert not spelled, {c: sorted(m) for c, m in sorted(spelled.items())}
+
+
+def test_the_column_check_sees_a_planted_literal() -> None:
+    tree = ast.parse('x = row["isolated_sqnr_db"]\n"""isolated_sqnr_db in a docstring is text"""\ny = f"{a}node"\n')
+    assert list(_string_literals(tree)) == ["isolated_sqnr_db"]
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_over_80_lines() -> None:
+    long = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert not long, long

@@ -323,8 +323,44 @@ def prepare_timed(
     """`prepare_scan`, plus the seconds each phase took (run.json's `times_s`). `calibrate_with` may
     take pass 1 elsewhere (`--workers`: scanning.workers.ShardedCalibration); None from it: here."""
     opts = ScanOptions(**options).validate()
-    started = time.perf_counter()
     times: dict[str, float] = {}
+    started = time.perf_counter()
+    inputs = _load_phase(model, calib, opts, runner)
+    times["load"] = time.perf_counter() - started
+    started = time.perf_counter()
+    placed = _probe_phase(inputs, opts, times)
+    times["probe"] = time.perf_counter() - started - times.get("quantize_static", 0.0)
+    started = time.perf_counter()
+    calib_stats, plan = _calibration_phase(inputs, placed, opts, progress, calibrate_with)
+    times["calibration"] = time.perf_counter() - started
+    ctx = ScanContext(
+        inputs.loaded, inputs.prepared, inputs.cset, inputs.eval_set, opts, inputs.runner, placed.batch_size,
+        placed.probe, placed.sites, placed.origins, calib_stats, plan, placed.order, inputs.warnings, inputs.chip,
+        inputs.compat, placed.recipe.call if placed.recipe is not None else None, placed.memory,
+    )
+    return ctx, times
+
+
+@dataclass
+class _Inputs:
+    """The load phase's result: the model (settings folded), its analysis copy, the samples, the chip."""
+
+    loaded: LoadedModel
+    prepared: PreparedModel
+    cset: CalibSet
+    eval_set: CalibSet
+    fixed_batch: int | None
+    chip: ChipRecipe
+    compat: Any
+    runner: Runner
+    warnings: list[str]
+
+
+def _load_phase(
+    model: str | Path | LoadedModel, calib: str | Path | CalibSet, opts: ScanOptions, runner: Runner | None
+) -> _Inputs:
+    """Load the model and the samples, fix the dims, fold the setting inputs, let the profile decide, and
+    prepare the analysis copy."""
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     ensure_float_model(loaded)
     cset, eval_set = _sample_sets(loaded, calib, opts)
@@ -341,74 +377,102 @@ def prepare_timed(
     if fixed_batch and fixed_batch != 1:
         warnings.append(f"model batch is fixed at {fixed_batch}: samples are grouped by {fixed_batch}")
     compat, chip = chip_recipe(loaded, opts, dims)
-    recipe = chip.recipe == RECIPE
-    if recipe:
+    if chip.recipe == RECIPE:
         check_calib_method(opts.calib_method)
-    prepared = prepare_unfolded(loaded, dims) if recipe else prepare_for_analysis(loaded, dims)
+    prepared = prepare_unfolded(loaded, dims) if chip.recipe == RECIPE else prepare_for_analysis(loaded, dims)
     runner = runner or Runner(threads=opts.threads, opt_level="basic")
     if opts.state:
         cset, eval_set = _stateful_sets(loaded, cset, eval_set, opts.state, runner)
-        batch_size = 1
-    times["load"] = time.perf_counter() - started
+    return _Inputs(loaded, prepared, cset, eval_set, fixed_batch, chip, compat, runner, warnings)
 
-    t0 = time.perf_counter()
+
+@dataclass
+class _Placed:
+    """The probe phase's result: true shapes, the sites and their range origins, the batch and memory plan."""
+
+    probe: Probe
+    order: dict[str, int]
+    sites: list[Site]
+    origins: dict[str, str]
+    recipe: Any
+    """scanning.ort_recipe's result under the onnxruntime recipe (sites, origins, plan, call), else None."""
+    memory: MemoryPlan
+    batch_size: int
+
+
+def _probe_phase(inputs: _Inputs, opts: ScanOptions, times: dict[str, float]) -> _Placed:
+    """Probe one sample, find the sites (quantscan's kernels or quantize_static's placement), and plan
+    the batch and memory; quantize_static's own time goes to `times`."""
+    loaded, prepared, cset, runner, fixed_batch = (
+        inputs.loaded, inputs.prepared, inputs.cset, inputs.runner, inputs.fixed_batch)
     probe = probe_model(loaded, prepared, cset, fixed_batch or 1, runner)
-    warnings.extend(probe.warnings)
+    inputs.warnings.extend(probe.warnings)
     order = {n.name: i for i, n in enumerate(loaded.proto.graph.node)}
     recipe_result = None
-    if recipe:
-        t_q = time.perf_counter()
-        call = quantize_static_call(chip.activations, opts.calib_method)
+    if inputs.chip.recipe == RECIPE:
+        started = time.perf_counter()
+        call = quantize_static_call(inputs.chip.activations, opts.calib_method)
         # one sample per get_next() as a user's data reader does (a fixed batch stays whole)
         qdq = quantize_static_model(prepared.proto, cset.batches(fixed_batch or 1), call)
         recipe_result = recipe_sites(prepared, qdq, quantize_static_op_types(), call)
         sites, origins = recipe_result.sites, recipe_result.origins
-        times["quantize_static"] = time.perf_counter() - t_q
+        times["quantize_static"] = time.perf_counter() - started
     else:
-        sites, origins = _sites(loaded, prepared, probe, order, chip)
-    warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
-    memory = memory_plan(prepared, probe, sites, opts, fixed_batch, min(cset.n_samples, eval_set.n_samples),
-                         runner.weights_file_bytes)
+        sites, origins = _sites(loaded, prepared, probe, order, inputs.chip)
+    inputs.warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
+    memory, batch_size = _batch_plan(inputs, opts, probe, sites)
+    return _Placed(probe, order, sites, origins, recipe_result, memory, batch_size)
+
+
+def _batch_plan(inputs: _Inputs, opts: ScanOptions, probe: Probe, sites: Sequence[Site]) -> tuple[MemoryPlan, int]:
+    """The memory plan and the batch; a model that runs one sample but not the planned batch is planned
+    again at batch 1 (or refused, when the user asked for that batch)."""
+    n_samples = min(inputs.cset.n_samples, inputs.eval_set.n_samples)
+    memory = memory_plan(inputs.prepared, probe, sites, opts, inputs.fixed_batch, n_samples,
+                         inputs.runner.weights_file_bytes)
     batch_size = 1 if opts.state else memory.batch_size
-    refused = "" if fixed_batch or batch_size <= 1 else batch_refused(loaded, cset, batch_size, runner)
+    refused = "" if inputs.fixed_batch or batch_size <= 1 else batch_refused(
+        inputs.loaded, inputs.cset, batch_size, inputs.runner)
     if refused:
         if opts.batch_size is not None:
             raise UsageError(f"--batch-size {batch_size}: expected the model to run on {batch_size} samples at "
                              f"once, found it runs on one only ({refused}); pass --batch-size 1 (a recurrent "
                              "state input: --state, see README)")
-        warnings.append(f"the model runs on one sample but not on {batch_size} at once ({refused}): "
-                        "scanning one sample per run")
-        memory = memory_plan(prepared, probe, sites, replace(opts, batch_size=1), fixed_batch,
-                             min(cset.n_samples, eval_set.n_samples), runner.weights_file_bytes)
+        inputs.warnings.append(f"the model runs on one sample but not on {batch_size} at once ({refused}): "
+                               "scanning one sample per run")
+        memory = memory_plan(inputs.prepared, probe, sites, replace(opts, batch_size=1), inputs.fixed_batch,
+                             n_samples, inputs.runner.weights_file_bytes)
         batch_size = memory.batch_size
-    times["probe"] = time.perf_counter() - t0 - times.get("quantize_static", 0.0)
+    return memory, batch_size
 
-    t0 = time.perf_counter()
+
+def _calibration_phase(
+    inputs: _Inputs,
+    placed: _Placed,
+    opts: ScanOptions,
+    progress: ProgressFactory,
+    calibrate_with: Callable[..., CalibStats | None] | None,
+) -> tuple[CalibStats, qgraph.QuantPlan]:
+    """Pass 1 (here, or in the workers' shards) and the quantization plan it gives."""
+    scheme = inputs.chip.activations
     calib_stats = None
     if calibrate_with is not None:
-        calib_stats = calibrate_with(prepared, sites, origins, cset, batch_size, runner, opts, chip.activations,
-                                     probe, loaded.inputs)
+        calib_stats = calibrate_with(inputs.prepared, placed.sites, placed.origins, inputs.cset, placed.batch_size,
+                                     inputs.runner, opts, scheme, placed.probe, inputs.loaded.inputs)
     if calib_stats is None:
         calib_stats = calibrate(
-            prepared, sites, origins, cset, batch_size, runner, opts.calib_method,
-            chip.activations, progress, probe.shapes, probe.input_shapes,
+            inputs.prepared, placed.sites, placed.origins, inputs.cset, placed.batch_size, inputs.runner,
+            opts.calib_method, scheme, progress, placed.probe.shapes, placed.probe.input_shapes,
         )
-    times["calibration"] = time.perf_counter() - t0
     plan_warnings: list[str] = []
-    if recipe_result is not None:
-        plan = recipe_result.plan
+    if placed.recipe is not None:
+        plan = placed.recipe.plan
     else:
-        plan, plan_warnings = make_plan(
-            prepared.proto, sites, origins, calib_stats.observers, chip.activations
-        )
-    warnings.extend(plan_warnings)
-    warnings.extend(calib_stats.warnings)
-    ctx = ScanContext(
-        loaded, prepared, cset, eval_set, opts, runner, batch_size, probe, sites, origins, calib_stats,
-        plan, order, warnings, chip, compat,
-        recipe_result.call if recipe_result is not None else None, memory,
-    )
-    return ctx, times
+        plan, plan_warnings = make_plan(inputs.prepared.proto, placed.sites, placed.origins, calib_stats.observers,
+                                        scheme)
+    inputs.warnings.extend(plan_warnings)
+    inputs.warnings.extend(calib_stats.warnings)
+    return calib_stats, plan
 
 
 def _stateful_sets(
