@@ -19,7 +19,7 @@ from quantscan.compat.check import check
 from quantscan.compat.rewrite_plan import plan_for_profile, split_applicable
 from quantscan.errors import QuantscanError
 from quantscan.model import graph_inputs
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 
 PROFILES = ("horizon-x3", "rk3568", "rk3588")
 KEYS = ("errors", "warnings", "cpu_islands")

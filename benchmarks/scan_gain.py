@@ -43,8 +43,8 @@ from _common import ASSET_SCAN_OPTIONS, code_state, cpu_note, markdown_table  # 
 import quantscan  # noqa: E402
 import quantscan.scanning.run as scan_run  # noqa: E402
 from quantscan.columns import Col  # noqa: E402
-from quantscan.report.diagnosis import CLOSE_Z, diagnosis_lines  # noqa: E402
 from quantscan.report.summary import gain_basis  # noqa: E402
+from quantscan.report.verdict import CLOSE_Z, diagnosis_lines  # noqa: E402
 
 IMPACT_CPU: list[float] = []
 """CPU seconds of each scan's impact phase (rank_by_impact), appended by the wrapper below."""
@@ -120,7 +120,7 @@ def agreement_row(name: str, m: dict[str, Any], ref: Any, ref_cpu: float) -> lis
 
 
 def _close_set(layers: Any) -> list[str]:
-    """Rank 1 and the sites summary.md calls a close call to it (report.diagnosis.CLOSE_Z paired SEs)."""
+    """Rank 1 and the sites summary.md calls a close call to it (report.verdict.CLOSE_Z paired SEs)."""
     gains = layers["gain_if_float"].astype(float)
     gap_column = Col.GAIN_IF_FLOAT_GAP_STDERR
     gaps = layers[gap_column].astype(float) if gap_column in layers else gains * float("nan")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from quantscan.compare import compare
     from quantscan.compat.check import check
     from quantscan.extract import extract
-    from quantscan.rewrites.runner import rewrite
+    from quantscan.rewrites.pipeline import rewrite
     from quantscan.scanning import ScanResult
 
 _LAZY = {
@@ -32,7 +32,7 @@ _LAZY = {
     "check": "quantscan.compat.check",
     "extract": "quantscan.extract",
     "run_bisect": "quantscan.api",
-    "rewrite": "quantscan.rewrites.runner",
+    "rewrite": "quantscan.rewrites.pipeline",
 }
 """Public name -> its module, imported on first use: `import quantscan.bisect.state` (or any pure
 submodule) must not load onnxruntime, onnx and pandas through the package."""

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from quantscan import runfolder
 from quantscan.errors import UsageError
-from quantscan.report.diagnosis import with_plan_block
 from quantscan.report.summary import summary_markdown
+from quantscan.report.verdict import with_plan_block
 from quantscan.runner import Runner
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import deployable_qdq

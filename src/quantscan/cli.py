@@ -424,7 +424,7 @@ def _gain_option(args: argparse.Namespace) -> dict[str, int | str]:
 
 def cmd_scan(args: argparse.Namespace) -> int:
     from quantscan.api import scan
-    from quantscan.calib.state import parse_state
+    from quantscan.calib.recurrent import parse_state
 
     out = Path(args.out) if args.out else default_out(args.model)
     overrides = {
@@ -587,7 +587,7 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     from quantscan.calib import load_calibration
     from quantscan.compat.rewrite_plan import plan_for_profile, split_applicable
     from quantscan.model import load_model
-    from quantscan.rewrites.runner import rewrite
+    from quantscan.rewrites.pipeline import rewrite
 
     steps = list(args.steps)
     fix_dims = list(args.fix_dim)
@@ -741,7 +741,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         return _show_session(Path(args.show))
     from quantscan.api import run_bisect
     from quantscan.bisect.driver import progress_of
-    from quantscan.calib.state import parse_state
+    from quantscan.calib.recurrent import parse_state
 
     model = args.model
     if model is None and args.resume is None:

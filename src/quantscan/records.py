@@ -169,7 +169,7 @@ class OutputMetrics:
 
 DEPLOYED_GAP = 0.01
 """Fake-quant and deployed (ORT_ENABLE_ALL) output cosine further apart than this are flagged: the scan
-names the sites behind the gap (scanning.deployed) and summary.md says so (report.diagnosis)."""
+names the sites behind the gap (scanning.deployed) and summary.md says so (report.verdict)."""
 
 
 @dataclass
@@ -663,7 +663,7 @@ class RewriteId(StrEnum):
     """Every rewrite `quantscan rewrite` implements, by the id users type and findings suggest.
 
     A closed enum, not a dynamic registry: each id has a CLI flag and a pass module, so adding one is
-    a code change anyway. `rewrites.runner.REWRITES` maps the plain passes; `fix-dim` takes settings.
+    a code change anyway. `rewrites.pipeline.REWRITES` maps the plain passes; `fix-dim` takes settings.
     """
 
     FOLD_BN = "fold-bn"

@@ -15,7 +15,7 @@ from builders import build, rng_array
 from conftest import asset_calib, asset_model
 from quantscan.compare import compare, merge_models
 from quantscan.errors import UsageError
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 from quantscan.runner import Runner
 
 CLASSIFIER = """<ir_version: 8, opset_import: ["" : 15]>

@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from builders import FLOAT_MIN, attention_model, run
 from quantscan.records import RewriteId
 from quantscan.rewrites.clamp_mask import CLAMP_CANDIDATES, CLAMP_VALUE, clamp_mask
-from quantscan.rewrites.runner import REWRITES, rewrite
+from quantscan.rewrites.pipeline import REWRITES, rewrite
 
 X = np.random.default_rng(1).normal(size=(4, 8, 16)).astype(np.float32)
 

@@ -17,7 +17,7 @@ from quantscan.compat.check import check
 from quantscan.model import graph_inputs
 from quantscan.records import RewriteId
 from quantscan.rewrites.div_to_mul import div_to_mul, reciprocal
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 
 X = np.linspace(-50, 50, 64, dtype=np.float32).reshape(4, 16)
 

@@ -14,7 +14,7 @@ from quantscan.compat.check import check
 from quantscan.graph.edit import get_attr
 from quantscan.records import RewriteId
 from quantscan.rewrites.fix_ceil_mode import fix_ceil_mode, pool_out_size
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 
 
 def pool_model(op: str, size: int, k: int, s: int, extra: str = "", dims: str = "") -> onnx.ModelProto:

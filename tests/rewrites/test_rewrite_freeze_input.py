@@ -17,7 +17,7 @@ from quantscan.calib import load_calibration
 from quantscan.errors import UsageError
 from quantscan.model import graph_inputs
 from quantscan.rewrites.freeze_input import freeze_input, parse_freeze_spec
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 from quantscan.runner import Runner
 
 X = np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4)

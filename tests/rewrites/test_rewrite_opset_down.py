@@ -23,7 +23,7 @@ from quantscan.errors import UsageError
 from quantscan.model import graph_inputs
 from quantscan.records import RewriteId
 from quantscan.rewrites.opset_down import blocking_ops, opset_down
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 
 RESPELLED = """<ir_version: 8, opset_import: ["" : 13]>
 g (float[2,3,4] x) => (float[1,2,3,4] y) {

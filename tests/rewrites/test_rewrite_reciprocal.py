@@ -10,8 +10,8 @@ from builders import build, op_types, run
 from quantscan.compat.check import check
 from quantscan.compat.rewrite_plan import plan_for_profile
 from quantscan.records import RewriteId
+from quantscan.rewrites.pipeline import rewrite
 from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
-from quantscan.rewrites.runner import rewrite
 
 RSQRT = """<ir_version: 8, opset_import: ["" : 13]>
 g (float[4,16] x) => (float[4,16] y) {

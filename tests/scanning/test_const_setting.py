@@ -23,7 +23,7 @@ import quantscan
 from quantscan.calib import load_calibration
 from quantscan.errors import InternalError, UsageError
 from quantscan.model import load_model, set_input_dims
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 from quantscan.runner import Runner
 from quantscan.scanning.settings import setting_inputs
 

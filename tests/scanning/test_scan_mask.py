@@ -12,7 +12,7 @@ import pytest
 
 import quantscan
 from builders import attention_model
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 
 
 @pytest.fixture(scope="module")

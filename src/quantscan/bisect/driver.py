@@ -33,7 +33,7 @@ from quantscan.bisect.state import (
 )
 from quantscan.bisect.targets import gain_key, make_evaluator, parse_target
 from quantscan.calib import CalibSet, load_calibration
-from quantscan.calib.state import state_consts
+from quantscan.calib.recurrent import state_consts
 from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.graph.mixed import MixedBuilder

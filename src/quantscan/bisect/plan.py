@@ -148,7 +148,7 @@ def write_plan(
 ) -> dict[str, Path]:
     """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic;
     `model` (the user's) names every tensor of a kernel where an export needs them (RKNN);
-    `summary_block` puts the plan into a scan's summary.md in `out` (report.diagnosis.with_plan_block)."""
+    `summary_block` puts the plan into a scan's summary.md in `out` (report.verdict.with_plan_block)."""
     out.mkdir(parents=True, exist_ok=True)
     files = {"plan.json": _plan_json(out, plan), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))

@@ -18,7 +18,7 @@ from quantscan.model import load_model
 from quantscan.records import RewriteId
 from quantscan.rewrites.fix_dim import fix_dim
 from quantscan.rewrites.opset_down import blocking_ops
-from quantscan.rewrites.runner import REWRITES
+from quantscan.rewrites.pipeline import REWRITES
 
 REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FIX_DIM,

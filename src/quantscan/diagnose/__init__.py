@@ -1,7 +1,7 @@
 """Root causes with names and fixes: one rule per module, each `check(SiteFacts) -> Finding | None`.
 
 `diagnose(facts)` runs every rule on one site and returns its findings, most urgent first (by tier,
-then rule order). The scan gathers the facts (scanning/diagnosis.py), puts the first finding in
+then rule order). The scan gathers the facts (scanning/causes.py), puts the first finding in
 layers.csv (`diagnosis`, `diagnosis_cause`, `diagnosis_fix`, `diagnosis_tier`) and lists them in
 summary.md. Pure numpy: no graph, no runtime.
 """

@@ -2,7 +2,7 @@
 
 Why a package of small rules (like compat/rules): each root cause has its own evidence and its own
 fix, and a rule that can be tested alone on hand-built facts (fires / stays silent) is one a user
-can trust. Pure numpy: the facts are gathered by the scan (scanning/diagnosis.py); rules never see
+can trust. Pure numpy: the facts are gathered by the scan (scanning/causes.py); rules never see
 a graph or a runtime.
 """
 

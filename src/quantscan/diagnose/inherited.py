@@ -21,7 +21,7 @@ CUMULATIVE_DB = 25.0
 GAP_DB = 10.0
 """...and the isolated SQNR must be at least this much better: the site itself adds little of it."""
 MIN_GAIN = 1e-4
-"""An upstream gain below this is noise (report.diagnosis.NOTABLE_GAIN): nothing worth naming."""
+"""An upstream gain below this is noise (report.verdict.NOTABLE_GAIN): nothing worth naming."""
 
 
 def looks_inherited(isolated_sqnr_db: float, cumulative_sqnr_db: float) -> bool:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from quantscan.columns import Col
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
-from quantscan.report.diagnosis import GainSamples, diagnosis_lines, rank_doc_gain
+from quantscan.report.verdict import GainSamples, diagnosis_lines, rank_doc_gain
 
 
 class _Model(Protocol):

@@ -1,10 +1,10 @@
-"""Graph rewrite passes, one rule per module, plus the proof runner and the profile plan.
+"""Graph rewrite passes, one rule per module, plus the pipeline that applies and proves them.
 
 Each pass is a pure function `ModelProto -> RewriteResult` (see `base`): it copies the model, edits the
-copy, and reports changes and refusals. `rewrites.runner` chains them and proves the result
-numerically; `compat.rewrite_plan` says which ones a chip profile's findings ask for; `quantscan.graph`
-reuses `fold_batchnorm` to prepare scan graphs. Neither `runner` nor `plan` is imported here: they
-pull in onnxruntime and the compat check, which the passes do not need.
+copy, and reports changes and refusals. `rewrites.pipeline` chains them and proves the result
+numerically; `compat.rewrite_plan` says which ones a chip profile's findings ask for;
+`scanning.analysis_copy` reuses `cleanup` and `fold_batchnorm` to prepare scan graphs. `pipeline` is not
+imported here: it pulls in onnxruntime, which the passes do not need.
 """
 
 from quantscan.rewrites.base import Change, Refusal, RewriteResult

@@ -11,7 +11,7 @@ The input is removed from the graph and the value becomes an initializer of the 
 and shape (a scalar for `sr`; a symbolic dim must be fixed first with fix-dim). Inlining renames a branch
 tensor only when its name is taken in the outer graph; branch outputs keep the If's output names. A Loop
 whose trip count becomes constant is left as it is (unrolling is not done here) and listed as refused.
-The proof runs the original with the input fed VALUE against the frozen model (`rewrites.runner`).
+The proof runs the original with the input fed VALUE against the frozen model (`rewrites.pipeline`).
 """
 
 from __future__ import annotations

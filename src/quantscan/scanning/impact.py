@@ -243,7 +243,7 @@ def with_gain_stderr(layers: pd.DataFrame, replicates: Mapping[str, np.ndarray])
     difference, so a sample that lifts both sites alike does not count).
 
     Why: on 8 gain samples the order of sites whose gains differ by less than about twice the gap's
-    standard error is chance; summary.md calls those a close call (report.diagnosis.CLOSE_Z).
+    standard error is chance; summary.md calls those a close call (report.verdict.CLOSE_Z).
     """
     layers = layers.copy()
     nodes = [str(n) for n in layers[Col.NODE]]

@@ -79,7 +79,7 @@ class ScanOptions:
     """Dimension settings in the contract's syntax (`INPUT:AXIS=V`, `DIMPARAM=V`, `batch=V`)."""
     const: Mapping[str, float] = field(default_factory=dict)
     state: Mapping[str, str] = field(default_factory=dict)
-    """`--state OUT=IN` as {OUT: IN}: output OUT of sample k is input IN of sample k+1 (calib.state)."""
+    """`--state OUT=IN` as {OUT: IN}: output OUT of sample k is input IN of sample k+1 (calib.recurrent)."""
     limit: int | None = None
     eval: str | Path | None = None
     output: Sequence[str] = ()

@@ -22,7 +22,7 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet, load_calibration
-from quantscan.calib.state import check_state, state_consts, with_state
+from quantscan.calib.recurrent import check_state, state_consts, with_state
 from quantscan.columns import Col
 from quantscan.errors import CalibrationError, ModelError, SessionError, UsageError
 from quantscan.graph.index import GraphIndex
@@ -478,7 +478,7 @@ def _calibration_phase(
 def _stateful_sets(
     loaded: LoadedModel, cset: CalibSet, eval_set: CalibSet, pairs: Mapping[str, str], runner: Runner
 ) -> tuple[CalibSet, CalibSet]:
-    """Both sample sets with the recurrent state carried by the FP32 model (`--state`, calib.state)."""
+    """Both sample sets with the recurrent state carried by the FP32 model (`--state`, calib.recurrent)."""
     check_state(pairs, loaded.inputs, [o.name for o in loaded.proto.graph.output])
     session = runner.session(loaded.proto)
 

@@ -28,8 +28,8 @@ from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.runner import Runner
 from quantscan.scanning.budget import measured_peak_bytes
+from quantscan.scanning.causes import with_inherited
 from quantscan.scanning.deployed import deployed_gap_sites
-from quantscan.scanning.diagnosis import with_inherited
 from quantscan.scanning.evaluate import Evaluation, accumulate_evaluation, finish_evaluation, headline
 from quantscan.scanning.impact import (
     GainMeasure,

@@ -27,7 +27,7 @@ from quantscan.model import LoadedModel, PreparedModel
 from quantscan.patterns import softmax
 from quantscan.records import Placement, Severity, severity_rank
 from quantscan.scanning.calibrate import CalibStats
-from quantscan.scanning.diagnosis import diagnosis_columns, run_rules
+from quantscan.scanning.causes import diagnosis_columns, run_rules
 from quantscan.scanning.evaluate import Evaluation
 from quantscan.scanning.prepare import Probe, ScanContext
 from quantscan.sites import Site

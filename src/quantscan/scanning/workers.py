@@ -33,7 +33,7 @@ import onnx
 
 from quantscan import graph as qgraph
 from quantscan.calib import CalibSet, load_calibration
-from quantscan.calib.state import state_consts
+from quantscan.calib.recurrent import state_consts
 from quantscan.errors import UsageError
 from quantscan.model import PreparedModel
 from quantscan.records import ActivationScheme, CalibMethod

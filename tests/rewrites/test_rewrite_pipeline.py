@@ -1,4 +1,4 @@
-"""rewrites.runner: ordering, the numeric proof (onnxruntime via quantscan.runner), atomic versioned
+"""rewrites.pipeline: ordering, the numeric proof (onnxruntime via quantscan.runner), atomic versioned
 writes, and the usage errors the CLI turns into exit 2."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from quantscan.errors import UsageError
 from quantscan.graph.edit import copy_model
 from quantscan.model import graph_inputs
 from quantscan.rewrites.base import Change, RewriteResult
-from quantscan.rewrites.runner import REWRITES, rewrite
+from quantscan.rewrites.pipeline import REWRITES, rewrite
 from quantscan.runner import Runner
 
 TEXT = """<ir_version: 8, opset_import: ["" : 15]>

@@ -1,4 +1,4 @@
-"""The rewrite runner (`quantscan rewrite`): the id -> pass registry, passes applied in order, the numeric proof.
+"""The rewrite pipeline (`quantscan rewrite`): the id -> pass registry, passes applied in order, the proof.
 
 Why a proof and not trust: an algebraic identity says nothing about the exporter's quirks (a BN whose
 statistics are not what the name suggests, an opset whose Clip reads attributes, a -1 dim). Every run

@@ -12,7 +12,7 @@ import math
 import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics
-from quantscan.report.diagnosis import PLAN_BEGIN, PLAN_END, diagnosis_lines, with_plan_block
+from quantscan.report.verdict import PLAN_BEGIN, PLAN_END, diagnosis_lines, with_plan_block
 
 
 def _metrics(cosine: float) -> OutputMetrics:

@@ -16,9 +16,9 @@ from builders import if_wrapped
 from conftest import asset_calib, asset_model
 from quantscan.api import scan
 from quantscan.calib import load_calibration
-from quantscan.calib.state import check_state, parse_state, state_consts, with_state
+from quantscan.calib.recurrent import check_state, parse_state, state_consts, with_state
 from quantscan.errors import UsageError
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 
 X = np.arange(1, 13, dtype=np.float32).reshape(6, 2)
 

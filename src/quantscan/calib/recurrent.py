@@ -30,7 +30,7 @@ from quantscan.calib.calibset import CalibSet, Sample
 from quantscan.errors import UsageError
 from quantscan.specs import InputSpec
 
-Step = Callable[[Sample], Mapping[str, np.ndarray]]
+StateStep = Callable[[Sample], Mapping[str, np.ndarray]]
 """Runs the FP32 model on one sample and returns (at least) the state outputs."""
 
 
@@ -67,7 +67,7 @@ def state_consts(pairs: Mapping[str, str], consts: Mapping[str, float]) -> dict[
     return {**{inp: 0.0 for inp in pairs.values()}, **consts}
 
 
-def with_state(calib: CalibSet, pairs: Mapping[str, str], step: Step) -> CalibSet:
+def with_state(calib: CalibSet, pairs: Mapping[str, str], step: StateStep) -> CalibSet:
     """The same samples in file order, each state input replaced by the FP32 state the sample before
     left (see the module docstring); samples of a stateful set come one at a time (no batching)."""
     consts = {k: v for k, v in calib._consts.items() if k not in pairs.values()}
