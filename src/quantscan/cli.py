@@ -811,9 +811,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 
 def _show_session(path: Path) -> int:
-    from quantscan.bisect import Session, describe
+    from quantscan.bisect import BisectSession, describe
 
-    info = describe(Session.load(path))
+    info = describe(BisectSession.load(path))
     print(f"session {path}: {info['status']}, model {info['model']}, target {info['target']}")
     print(f"  {info['evaluations']} evaluations, {info['seconds']} s, {info['sites']} sites")
     if info["outcome"]:

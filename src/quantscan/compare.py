@@ -155,7 +155,7 @@ def _fmt_inputs(specs: Sequence[InputSpec]) -> str:
 
 
 @dataclass(frozen=True)
-class TensorInfo:
+class ComparedTensor:
     """A tensor as the first sample showed it, and the node that produced it."""
 
     dtype: np.dtype
@@ -165,7 +165,7 @@ class TensorInfo:
     order: int
 
 
-def probe(proto: onnx.ModelProto, sample: Sample, runner: Runner) -> dict[str, TensorInfo]:
+def probe(proto: onnx.ModelProto, sample: Sample, runner: Runner) -> dict[str, ComparedTensor]:
     """Run once with every top-level tensor exposed: dtypes and shapes as the runtime sees them.
 
     Why data and not shape inference: symbolic and data-dependent dims are common in real exports and
@@ -174,12 +174,12 @@ def probe(proto: onnx.ModelProto, sample: Sample, runner: Runner) -> dict[str, T
     nodes = list(proto.graph.node)
     names = [o for n in nodes for o in n.output if o]
     values = runner.session(qgraph.expose(proto, names)).run(sample)
-    info: dict[str, TensorInfo] = {}
+    info: dict[str, ComparedTensor] = {}
     for order, node in enumerate(nodes):
         for out in node.output:
             if out and out in values:
                 v = np.asarray(values[out])
-                info[out] = TensorInfo(v.dtype, tuple(v.shape), node.name, node.op_type, order)
+                info[out] = ComparedTensor(v.dtype, tuple(v.shape), node.name, node.op_type, order)
     return info
 
 
@@ -188,8 +188,8 @@ class Pair:
     """A tensor compared in both models (B's copy is `name@b` in the merged graph)."""
 
     name: str
-    a: TensorInfo
-    b: TensorInfo
+    a: ComparedTensor
+    b: ComparedTensor
 
     @property
     def reduced(self) -> bool:
@@ -197,7 +197,7 @@ class Pair:
 
 
 def match_tensors(
-    a: onnx.ModelProto, b: onnx.ModelProto, info_a: Mapping[str, TensorInfo], info_b: Mapping[str, TensorInfo]
+    a: onnx.ModelProto, b: onnx.ModelProto, info_a: Mapping[str, ComparedTensor], info_b: Mapping[str, ComparedTensor]
 ) -> tuple[list[Pair], list[Pair], list[Unmatched]]:
     """(output pairs, intermediate pairs, unmatched): by name, then producer op type, dtype and shape."""
     outs_a = [o.name for o in a.graph.output]
@@ -235,7 +235,7 @@ def match_tensors(
     return outputs, tensors, unmatched
 
 
-def _mismatch(ia: TensorInfo | None, ib: TensorInfo | None, *, require_float: bool, same_op: bool) -> str:
+def _mismatch(ia: ComparedTensor | None, ib: ComparedTensor | None, *, require_float: bool, same_op: bool) -> str:
     """Why two same-named tensors are not the same quantity; "" when they can be compared."""
     if ia is None or ib is None:
         return "not returned by the runtime" + (" in A" if ia is None else " in B")

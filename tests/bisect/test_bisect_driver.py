@@ -16,7 +16,7 @@ import pytest
 
 from builders import chain_model, write_chain
 from quantscan.api import run_bisect
-from quantscan.bisect import Session, SessionFileError
+from quantscan.bisect import BisectSession, SessionFileError
 from quantscan.records import Plan
 from quantscan.runner import Runner
 
@@ -165,7 +165,7 @@ def test_sigkill_mid_search_then_resume_repeats_nothing(chain: tuple[Path, Path]
     finally:
         if child.poll() is None:
             child.kill()
-    killed = Session.load(session)  # the file is whole: written atomically
+    killed = BisectSession.load(session)  # the file is whole: written atomically
     finished = [tuple(s.sites) for s in killed.steps()]
     assert len(finished) >= 2
     rerun: list[tuple[str, ...]] = []

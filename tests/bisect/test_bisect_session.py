@@ -10,12 +10,20 @@ from pathlib import Path
 import pytest
 from bisect_helpers import SITES, additive, run
 
-from quantscan.bisect import Bisector, Session, SessionFileError, Target, calibration_identity, describe, machine_for
+from quantscan.bisect import (
+    Bisector,
+    BisectSession,
+    SessionFileError,
+    Target,
+    calibration_identity,
+    describe,
+    machine_for,
+)
 from quantscan.bisect.session import FORMAT
 
 
-def make_session(events: Iterable[object] = ()) -> Session:
-    return Session(
+def make_session(events: Iterable[object] = ()) -> BisectSession:
+    return BisectSession(
         model_path="/m/model.onnx",
         model_sha256="ab" * 32,
         calibration={"path": "/data", "files_sha256": "cd" * 32, "samples": 8},
@@ -41,7 +49,7 @@ def test_session_roundtrip_replays_to_the_same_state(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     session.save(path)
     json.loads(path.read_text())  # standard JSON (inf stored as a string)
-    loaded = Session.load(path)
+    loaded = BisectSession.load(path)
     again = machine_for(loaded)
     assert again.outcome == machine.outcome and again.next() is None
     shown = describe(loaded, again)
@@ -56,13 +64,13 @@ def test_corrupt_or_truncated_session_is_refused_and_left_untouched(tmp_path: Pa
     path.write_text(text[: len(text) // 2])
     before = path.read_bytes()
     with pytest.raises(SessionFileError, match="corrupt or truncated"):
-        Session.load(path)
+        BisectSession.load(path)
     assert path.read_bytes() == before
     path.write_text("[1, 2]")
     with pytest.raises(SessionFileError, match="expected a bisect session"):
-        Session.load(path)
+        BisectSession.load(path)
     with pytest.raises(SessionFileError, match="found nothing"):
-        Session.load(tmp_path / "missing.json")
+        BisectSession.load(tmp_path / "missing.json")
 
 
 def test_newer_format_and_foreign_identities_are_refused(tmp_path: Path) -> None:
@@ -71,7 +79,7 @@ def test_newer_format_and_foreign_identities_are_refused(tmp_path: Path) -> None
     raw["format"] = FORMAT + 1
     path.write_text(json.dumps(raw))
     with pytest.raises(SessionFileError, match="upgrade quantscan"):
-        Session.load(path)
+        BisectSession.load(path)
     session = make_session()
     with pytest.raises(SessionFileError, match="sha256"):
         session.check_model("ef" * 32, "/other.onnx")
@@ -114,11 +122,11 @@ def _saved(tmp_path: Path) -> tuple[Path, dict[str, object]]:
 def test_edited_or_malformed_sessions_are_one_line_refusals(tmp_path: Path, edit: object, pattern: str) -> None:
     """Hand edits gave seven tracebacks and an edited sha256 was accepted: the digest covers everything."""
     path, raw = _saved(tmp_path)
-    assert Session.load(path).events  # the untouched file loads
+    assert BisectSession.load(path).events  # the untouched file loads
     edit(raw)  # type: ignore[operator]
     path.write_text(json.dumps(raw))
     with pytest.raises(SessionFileError, match=pattern) as info:
-        Session.load(path)
+        BisectSession.load(path)
     assert "\n" not in str(info.value)
 
 
@@ -127,7 +135,7 @@ def test_format_1_sessions_without_a_digest_still_load(tmp_path: Path) -> None:
     raw.pop("digest")
     raw["format"] = 1
     path.write_text(json.dumps(raw))
-    assert Session.load(path).events
+    assert BisectSession.load(path).events
 
 
 def test_a_session_the_machine_cannot_replay_is_one_line(tmp_path: Path) -> None:

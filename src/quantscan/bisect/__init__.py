@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from quantscan.bisect.session import Session, calibration_identity, describe, machine_for
+from quantscan.bisect.session import BisectSession, calibration_identity, describe, machine_for
 from quantscan.bisect.state import Bisector, Outcome, SessionFileError, Step, Target
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ __all__ = [
     "BisectResult",
     "Bisector",
     "Outcome",
-    "Session",
+    "BisectSession",
     "SessionFileError",
     "Step",
     "Target",

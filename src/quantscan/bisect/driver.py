@@ -20,7 +20,7 @@ import onnx
 import pandas as pd
 
 from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, write_plan
-from quantscan.bisect.session import Session, calibration_identity, machine_for
+from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
 from quantscan.bisect.state import (
     FALLBACKS,
     MODES,
@@ -40,7 +40,7 @@ from quantscan.graph.mixed import MixedBuilder
 from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
-from quantscan.runfolder import atomic_write_bytes, jsonable
+from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
 from quantscan.scanning.gain import Evaluator, GainResult, compute_gain, mixed_builder, sensitivity_order
 from quantscan.scanning.options import ProgressFactory, no_progress
@@ -212,9 +212,9 @@ def bisect_model(
 
 def _open_session(
     resume: str | Path | None, session: str | Path | None, out: str | Path | None
-) -> tuple[Session | None, Path | None]:
+) -> tuple[BisectSession | None, Path | None]:
     if resume is not None:
-        return Session.load(resume), Path(resume)
+        return BisectSession.load(resume), Path(resume)
     path = Path(session) if session is not None else (Path(out) / "session.json" if out is not None else None)
     if session is not None and path is not None and path.exists():
         raise SessionFileError(f"session file {path} already exists: continue it with --resume {path}")
@@ -230,7 +230,7 @@ def _refuse_unanalysed_bodies(ctx: ScanContext) -> None:
 
 
 def _load_inputs(
-    model: str | Path, calib: str | Path, options: Mapping[str, Any], stored: Session | None
+    model: str | Path, calib: str | Path, options: Mapping[str, Any], stored: BisectSession | None
 ) -> tuple[LoadedModel, CalibSet, dict[str, Any]]:
     """Load and identify model and data first, so a wrong session is refused before any long work."""
     loaded = load_model(model)
@@ -262,7 +262,7 @@ def _new_session(
     force_quant: Sequence[str],
     options: Mapping[str, Any],
     gains: GainResult | None,
-) -> Session:
+) -> BisectSession:
     outputs = ctx.headline_outputs()
     scan_opts = {k: jsonable(v) for k, v in options.items() if k in SCAN_OPTION_KEYS}
     sites = [
@@ -292,14 +292,14 @@ def _new_session(
         "scan": scan_opts,
     }
     gain_rows = gains.table.to_dict("records") if gains is not None else []
-    session = Session(str(loaded.path.resolve()), loaded.sha256, identity, opts, sites, order, gain_rows)
+    session = BisectSession(str(loaded.path.resolve()), loaded.sha256, identity, opts, sites, order, gain_rows)
     if gains is not None:
         session.options["gain_seconds"] = round(gains.seconds, 4)
         session.options["gain_work_ratio"] = round(gains.work_ratio, 4)
     return session
 
 
-def _save(session: Session, path: Path | None, machine: Bisector) -> None:
+def _save(session: BisectSession, path: Path | None, machine: Bisector) -> None:
     session.events = list(machine.events)
     session.status = machine.outcome.status if machine.outcome is not None else "running"
     if path is not None:
@@ -310,7 +310,7 @@ def _drive(
     machine: Bisector,
     builder: MixedBuilder,
     evaluator: Evaluator,
-    session: Session,
+    session: BisectSession,
     path: Path | None,
     progress: ProgressFactory,
     on_step: StepCallback | None,
@@ -336,7 +336,7 @@ def _finish(
     ctx: ScanContext,
     builder: MixedBuilder,
     machine: Bisector,
-    session: Session,
+    session: BisectSession,
     path: Path | None,
     target: Target,
     out: str | Path | None,
@@ -355,7 +355,7 @@ def _finish(
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
-        files["qdq"] = save_model(qdq, Path(save_qdq))
+        files["qdq"] = save_model(qdq, Path(save_qdq), protect=[ctx.loaded.path])
     if out is not None:
         files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block))
     return BisectResult(
@@ -364,7 +364,7 @@ def _finish(
 
 
 @dataclass(frozen=True)
-class Progress:
+class BisectProgress:
     """Where a bisection stands: evaluations done, the best passing set so far, what is likely left.
 
     The estimate follows the search's phases (bisect/state.py): the two bounds, ⌈log2 n⌉ prefix steps,
@@ -386,7 +386,7 @@ class Progress:
         return f"{self.evaluations} evaluations done; {best}; about {self.left} left{eta}"
 
 
-def progress_of(machine: Bisector) -> Progress:
+def progress_of(machine: Bisector) -> BisectProgress:
     """The machine's progress, from its measured steps and its pending candidate's phase."""
     steps = machine.steps
     passing = [s for s in steps if s.passed]
@@ -408,15 +408,8 @@ def progress_of(machine: Bisector) -> Progress:
     }.get(phase, size)
     timed = [s.seconds for s in steps if s.seconds > 0]
     seconds = left * sum(timed) / len(timed) if timed else None
-    return Progress(len(steps), len(best.sites) if best else None, best.value if best else None, left, seconds)
+    return BisectProgress(len(steps), len(best.sites) if best else None, best.value if best else None, left, seconds)
 
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-def save_model(model: onnx.ModelProto, path: Path) -> Path:
-    """The mixed-precision QDQ model, written atomically."""
-    atomic_write_bytes(path, model.SerializeToString())
-    return path
-

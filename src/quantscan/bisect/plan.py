@@ -16,7 +16,7 @@ import onnx
 import pandas as pd
 
 from quantscan.bisect import exports as qexports
-from quantscan.bisect.session import Session
+from quantscan.bisect.session import BisectSession
 from quantscan.bisect.state import Bisector, Step, Target
 from quantscan.columns import Col
 from quantscan.graph.mixed import MixedBuilder
@@ -51,7 +51,7 @@ def original_nodes(ctx: ScanContext, site: Site) -> list[str]:
 
 
 def plan_sites(
-    ctx: ScanContext, builder: MixedBuilder, session: Session, prec: Sequence[str]
+    ctx: ScanContext, builder: MixedBuilder, session: BisectSession, prec: Sequence[str]
 ) -> tuple[PlanSite, ...]:
     """Every site `prec` keeps above int8, with its gain and what the exports need to address it."""
     gain = {r[Col.NODE]: r for r in session.gain}
@@ -84,7 +84,7 @@ def build_plan(
     ctx: ScanContext,
     builder: MixedBuilder,
     machine: Bisector,
-    session: Session,
+    session: BisectSession,
     target: Target,
     prec: Sequence[str],
     steps: Sequence[Step],
@@ -143,7 +143,7 @@ def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
 
 
 def write_plan(
-    plan: Plan, session: Session, out: Path, exports: Sequence[str] | None = None,
+    plan: Plan, session: BisectSession, out: Path, exports: Sequence[str] | None = None,
     model: onnx.ModelProto | None = None, summary_block: SummaryBlock | None = None,
 ) -> dict[str, Path]:
     """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic;

@@ -25,7 +25,7 @@ from onnx import helper
 from quantscan import graph as qgraph
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.runner import FP32_LEVEL, Runner
-from quantscan.scanning.gain import Evaluator, Measured, OutputPairs, headline
+from quantscan.scanning.gain import Evaluator, Measured, OutputPairs, worst_output
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.sweep import GraphHandoff, open_session, sweep
 
@@ -70,7 +70,7 @@ class CachedReferenceEvaluator(Evaluator):
         with_reference = ({**feeds, **{o + REF_SUFFIX: v for o, v in ref.items()}} for feeds, ref in batches)
         sweep(session, with_reference, lambda feeds, values: pairs.update({**feeds, **values}, refs))
         rows = {o: pairs.row((o, "q")) for o in self.outputs}
-        output, worst = headline(rows, self.key)
+        output, worst = worst_output(rows, self.key)
         return Measured(rows, output, worst)
 
     def _fp32_outputs(self) -> list[dict[str, np.ndarray]] | None:

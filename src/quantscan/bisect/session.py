@@ -75,7 +75,7 @@ def calibration_identity(folder: str | Path, files: Sequence[str | Path], sample
 
 
 @dataclass
-class Session:
+class BisectSession:
     """Everything a resume needs: identities, options, the site ordering, the output gains, the events."""
 
     model_path: str
@@ -107,7 +107,7 @@ class Session:
         }
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any], path: Path) -> Session:
+    def from_json(cls, raw: Mapping[str, Any], path: Path) -> BisectSession:
         fmt = raw.get("format")
         if raw.get("tool") != TOOL or not isinstance(fmt, int):
             raise SessionFileError(f"expected a quantscan bisect session in {path}, found another JSON file")
@@ -141,7 +141,7 @@ class Session:
         write_json(Path(path), raw, indent=1)
 
     @classmethod
-    def load(cls, path: str | Path) -> Session:
+    def load(cls, path: str | Path) -> BisectSession:
         """Read and validate; a corrupt or truncated file is refused and left as it is."""
         p = Path(path)
         if not p.is_file():
@@ -178,7 +178,7 @@ class Session:
         return [e for e in self.events if isinstance(e, Step)]
 
 
-def machine_for(session: Session) -> Bisector:
+def machine_for(session: BisectSession) -> Bisector:
     """Rebuild the machine a session describes and replay its events (no evaluation is repeated).
 
     A session that passed its digest can still hold values the machine refuses (an older format, or
@@ -193,7 +193,7 @@ def machine_for(session: Session) -> Bisector:
                                f"{' '.join(str(exc).split())[:200]}") from None
 
 
-def _machine_for(session: Session) -> Bisector:
+def _machine_for(session: BisectSession) -> Bisector:
     opts = session.options
     target = Target(str(opts["target_metric"]), float(opts["target_value"]), opts.get(Col.OUTPUT))
     topo = [s[Col.NODE] for s in sorted(session.sites, key=lambda s: int(s[Col.ORDER]))]
@@ -209,7 +209,7 @@ def _machine_for(session: Session) -> Bisector:
     return machine
 
 
-def describe(session: Session, machine: Bisector | None = None) -> dict[str, Any]:
+def describe(session: BisectSession, machine: Bisector | None = None) -> dict[str, Any]:
     """Where a session stands, as data for `bisect --show` (the CLI formats it)."""
     machine = machine or machine_for(session)
     pending = machine.next()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from quantscan.compat.loader import LoadedModel, load
+from quantscan.compat.loader import ModelViews, load
 from quantscan.compat.params import Params, node_params
 from quantscan.graph.index import SHAPE_SOURCE_OPS, GraphIndex, subgraph_inputs
 from quantscan.graph.subgraphs import subgraph_defined
@@ -36,7 +36,7 @@ class ShapeChain:
 
 @dataclass(frozen=True)
 class ModelAnalysis:
-    loaded: LoadedModel
+    loaded: ModelViews
     foldable: frozenset[int]
     chains: tuple[ShapeChain, ...]
     params: tuple[Params, ...]
@@ -75,7 +75,7 @@ def analyse(
     return ModelAnalysis(loaded, foldable, chains, params)
 
 
-def _given_params(loaded: LoadedModel, i: int) -> Params:
+def _given_params(loaded: ModelViews, i: int) -> Params:
     """Node i's parameters minus those resting on a guessed input dim (a global pool's kernel over an
     unsized H x W): a limit finding on a number nobody gave would be invented."""
     params = _safe_params(loaded.fixed, i)

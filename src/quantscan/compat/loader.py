@@ -8,7 +8,7 @@ chains that are still dynamic in the second picture survive constant folding; th
 Symbolic dims the caller did not fix are filled with DEFAULT_BATCH on axis 0 and DEFAULT_DIM
 elsewhere, so shape inference can run and limits that do not depend on those dims have numbers.
 Byte counts do not rest on DEFAULT_DIM: the fixed view is inferred a second time with every guessed
-non-batch dim one larger, and a tensor whose size changes depends on a guess (`LoadedModel.guessed`):
+non-batch dim one larger, and a tensor whose size changes depends on a guess (`ModelViews.guessed`):
 its bytes are unknown. Batch 1 stays (a count per inference of one sample), flagged as estimated.
 """
 
@@ -40,7 +40,7 @@ class DimFill:
 
 
 @dataclass(frozen=True)
-class LoadedModel:
+class ModelViews:
     original: GraphIndex
     fixed: GraphIndex
     fills: tuple[DimFill, ...]
@@ -77,17 +77,17 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def load(
     model: onnx.ModelProto | str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None
-) -> LoadedModel:
+) -> ModelViews:
     proto = read_model(model)
     original = GraphIndex.of(infer(proto), initializers_are_weights=True)
     _check_input_shapes(original, input_shapes or {})
     fills = _fills(proto, input_shapes or {})
     if not fills and not input_shapes:
-        return LoadedModel(original, original, ())
+        return ModelViews(original, original, ())
     fixed = _fixed_view(proto, fills, input_shapes or {})
     moved = _moved_view(proto, fills, input_shapes or {})
     guessed = frozenset() if moved is None else _guessed(fixed, moved)
-    return LoadedModel(original, fixed, tuple(fills), guessed, moved)
+    return ModelViews(original, fixed, tuple(fills), guessed, moved)
 
 
 def _fixed_view(proto: onnx.ModelProto, fills: Sequence[DimFill], shapes: Mapping[str, Sequence[int]]) -> GraphIndex:

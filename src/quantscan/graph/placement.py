@@ -52,7 +52,7 @@ class NodePlacement:
 
 
 @dataclass
-class Placement:
+class QdqPlacement:
     """A QDQ model read back: the plan (scales, integer weights) and per-node placement."""
 
     plan: QuantPlan
@@ -72,7 +72,7 @@ def _qparams(node: onnx.NodeProto, arrays: Mapping[str, np.ndarray]) -> QParams:
     return QParams(scale, zp, axis)
 
 
-def read_placement(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> Placement:
+def read_placement(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> QdqPlacement:
     """Where `qdq` (quantize_static's output for `fp32`) quantizes, in `fp32`'s names."""
     arrays = _arrays(qdq)
     fp32_inits = {t.name for t in fp32.graph.initializer}
@@ -126,7 +126,7 @@ def read_placement(qdq: onnx.ModelProto, fp32: onnx.ModelProto) -> Placement:
                 place.writes.append(original)
         nodes[node.name] = place
     removed = [n.name for n in fp32.graph.node if n.name not in kept]
-    return Placement(plan, nodes, removed)
+    return QdqPlacement(plan, nodes, removed)
 
 
 def _float_name(q_input: str, dq_output: str, fp32_tensors: set[str]) -> str:

@@ -101,7 +101,7 @@ def _int16_scheme(ctx: ScanContext) -> str:
 # --- headline metrics ----------------------------------------------------------------------------------
 
 
-def headline(rows: Mapping[str, Mapping[str, float]], key: str) -> tuple[str, dict[str, float]]:
+def worst_output(rows: Mapping[str, Mapping[str, float]], key: str) -> tuple[str, dict[str, float]]:
     """The worst output counts (contract): (output name, its row) by `key`; NaN is worst."""
     usable = {o: r for o, r in rows.items() if key in r}
     if not usable:
@@ -205,7 +205,7 @@ class Evaluator:
         sweep(session, self.ctx.eval_set.batches(self.ctx.batch_size), accumulate)
         figures = task_results(tasks)
         rows = {o: {**pairs.row((o, "q")), **figures.get(o, {})} for o in self.outputs}
-        output, worst = headline(rows, self.key)
+        output, worst = worst_output(rows, self.key)
         return Measured(rows, output, worst)
 
     def _graph(
@@ -389,7 +389,7 @@ def _gain_table(
     outputs = list(base_rows)
     replicates: dict[str, np.ndarray] = {}
     fp32_rows = {o: {"cosine": 1.0, "sqnr_db": math.inf, "top1_agreement": 1.0} for o in outputs}
-    base_worst = {m: headline(base_rows, m)[1][m] for m, _ in _GAIN_KEYS if _has(base_rows, m)}
+    base_worst = {m: worst_output(base_rows, m)[1][m] for m, _ in _GAIN_KEYS if _has(base_rows, m)}
     base_replicates = _cosine_replicates(pairs, set(), "", outputs)
     rows = []
     for k, site in enumerate(ctx.sites):  # the builder's sites, typed as the scan's
@@ -408,7 +408,7 @@ def _gain_table(
         for m, short in _GAIN_KEYS:
             if m not in base_worst:
                 continue
-            value = headline(variant, m)[1][m]
+            value = worst_output(variant, m)[1][m]
             row[f"if_float_{short}"] = value
             row[f"gain_if_float_{short}"] = _minus(value, base_worst[m])
         row[Col.GAIN_IF_FLOAT] = row.get(f"gain_if_float_{_short(key)}", math.nan)
@@ -419,7 +419,7 @@ def _gain_table(
             only = _variant_rows(pairs, changed[(k, LOSS_TAG)], f"{LOSS_TAG}{k}", fp32_rows, outputs)
             for m, short in _GAIN_KEYS:
                 if m in base_worst:
-                    row[f"if_only_{short}"] = headline(only, m)[1][m]
+                    row[f"if_only_{short}"] = worst_output(only, m)[1][m]
             value = row.get(f"if_only_{_short(key)}", math.nan)
             row[Col.LOSS_IF_ONLY] = value if key == "sqnr_db" else 1.0 - value
         rows.append(row)

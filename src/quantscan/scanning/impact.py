@@ -38,7 +38,7 @@ from quantscan.columns import Col
 from quantscan.metrics import jackknife_stderr
 from quantscan.records import Severity
 from quantscan.runner import ORT_LEVEL_NAMES
-from quantscan.scanning.gain import GAIN_ORT_LEVEL, compute_gain, headline, mixed_builder
+from quantscan.scanning.gain import GAIN_ORT_LEVEL, compute_gain, mixed_builder, worst_output
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
 
@@ -169,7 +169,7 @@ def gains_here(ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
     result = compute_gain(ctx, mixed_builder(ctx), key=GAIN_KEY, subset=set(candidates), progress=progress,
                           samples=samples, runner=runner)
     gains = {str(r[Col.NODE]): float(r[Col.GAIN_IF_FLOAT]) for r in result.table.to_dict("records")}
-    return MeasuredGains(gains, float(headline(result.all_int8, GAIN_KEY)[1][GAIN_KEY]), dict(result.replicates))
+    return MeasuredGains(gains, float(worst_output(result.all_int8, GAIN_KEY)[1][GAIN_KEY]), dict(result.replicates))
 
 
 GainMeasure = Callable[[ScanContext, Sequence[str], CalibSet, ProgressFactory], MeasuredGains]

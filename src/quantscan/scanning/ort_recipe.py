@@ -32,7 +32,7 @@ import onnx
 
 from quantscan import graph as qgraph
 from quantscan.errors import UsageError
-from quantscan.graph.placement import NodePlacement, Placement, read_placement
+from quantscan.graph.placement import NodePlacement, QdqPlacement, read_placement
 from quantscan.model import (
     LoadedModel,
     PreparedModel,
@@ -130,7 +130,7 @@ class RecipeResult:
     call: dict[str, Any]
 
 
-def sites_from_placement(fp32: onnx.ModelProto, placement: Placement, op_types: frozenset[str]) -> list[Site]:
+def sites_from_placement(fp32: onnx.ModelProto, placement: QdqPlacement, op_types: frozenset[str]) -> list[Site]:
     """One site per node quantize_static quantizes, in graph order (the order its rules depend on).
 
     `op_types` are the ones quantize_static quantizes (runner.quantize_static_op_types): a node of
