@@ -180,7 +180,10 @@ def _task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from quantscan import __version__
+
     parser = _Parser(prog="quantscan", description="int8 sensitivity and NPU compatibility for ONNX models")
+    parser.add_argument("--version", action="version", version=f"quantscan {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     scan = sub.add_parser("scan", help="per-layer int8 sensitivity (the default command)")
     scan.add_argument("model")
@@ -960,7 +963,7 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     command is reached with the explicit `scan` form (CONTRACT.md).
     """
     args = list(argv)
-    if not args or args[0] in ("-h", "--help") or args[0] in COMMANDS:
+    if not args or args[0] in ("-h", "--help", "--version") or args[0] in COMMANDS:
         return args
     _refuse_typo(args[0])
     return ["scan", *args]
@@ -1022,8 +1025,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("quantscan: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except QuantscanError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback, but the exit code stays the contract's (a script keys on 2, not 1)
+            traceback.print_exc(file=sys.stderr)
         print("quantscan: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
@@ -1031,6 +1034,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except Exception as exc:  # every other exception is a quantscan bug: exit 3, never a bare traceback
         if debug:
-            raise
+            traceback.print_exc(file=sys.stderr)
         print(_internal_error_line(exc, raw), file=sys.stderr)
         return EXIT_INTERNAL
