@@ -213,7 +213,8 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path: Path) -> No
     assert proc.stderr.strip().splitlines()[-1].startswith("quantscan: error: ")
 
 
-def test_debug_keeps_exit_3_for_our_own_bug(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_debug_keeps_exit_3_for_our_own_bug(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     from quantscan import cli
 
     def broken(args: object) -> int:
