@@ -277,6 +277,17 @@ def test_rewrite_all_for_profile_applies_what_the_findings_name(tmp_path: Path) 
     assert "fuse-hardswish: applies nowhere in this model, skipped" in proc.stdout
     assert "BatchNormalization" not in {n.op_type for n in onnx.load(tmp_path / "out.onnx").graph.node}
 
+
+def test_rewrite_reports_a_noop_pass_and_keeps_the_others(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--fix-dim batch=1 --cleanup` on a graph with nothing to clean: exit 0, the dim fixed, cleanup a no-op."""
+    model, _ = tiny
+    proc = run("rewrite", model, "--fix-dim", "batch=1", "--cleanup", "-o", tmp_path / "out.onnx")
+    assert proc.returncode == 0, proc.stderr
+    assert "cleanup: 0 changes" in proc.stdout and "no-op, skipped: rewrite cleanup applied nowhere" in proc.stdout
+    assert onnx.load(tmp_path / "out.onnx").graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    assert_bad_input(run("rewrite", model, "--cleanup", "-o", tmp_path / "none.onnx"), "cleanup applied nowhere")
+
+
 def test_compare_command_and_its_threshold(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     model, calib = tiny
     same = run("compare", model, model, "--calib", calib, "--out", tmp_path / "c1", "--fail-below-cosine", "0.999")

@@ -642,8 +642,8 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
                      runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input)
     for step in report.steps:
         print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
-              + ("" if step.exact else " (approximate)"))
-        for refusal in step.refusals[:5]:
+              + ("" if step.exact else " (approximate)") + (f" (no-op, skipped: {step.noop})" if step.noop else ""))
+        for refusal in step.refusals[:5] if not step.noop else []:
             print(f"  - {refusal.node}: {refusal.reason}")
     for o in report.proof.outputs:
         print(f"proof '{o.output}': cosine {o.cosine:.8f}, max_abs {o.max_abs:.3g}, max_rel {o.max_rel:.3g} "
