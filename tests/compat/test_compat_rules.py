@@ -123,6 +123,31 @@ def test_dtype_int64_on_npu_path(profile: Path) -> None:
     ).empty
 
 
+SHAPE_INPUTS = """g (float[1,4,8,8] x, int64[4] sz, int64[2] shp, int64[1] idx)
+    => (float[1,4,16,16] y, float[1,256] z, float[1,4,1,8] g) {
+    y = Resize <mode = "linear"> (x, , , sz)
+    z = Reshape (x, shp)
+    g = Gather <axis = 2> (x, idx)
+}"""
+
+
+def test_dtype_spares_the_int64_the_onnx_schema_requires() -> None:
+    """Reshape's shape and Resize's sizes are int64 by the ONNX schema: "Cast to int32" there would make the
+    model invalid, so no finding; Gather's indices may be int32 by the same schema, so that finding stays."""
+    slot = {(s.name, i.name): {str(t) for c in s.type_constraints if c.type_param_str == i.type_str
+                               for t in c.allowed_type_strs} or {i.type_str}
+            for s in (onnx.defs.get_schema(op, 13) for op in ("Reshape", "Resize", "Gather")) for i in s.inputs}
+    assert slot[("Reshape", "shape")] == slot[("Resize", "sizes")] == {"tensor(int64)"}  # the oracle: the schema
+    assert "tensor(int32)" in slot[("Gather", "indices")]
+    m = build(SHAPE_INPUTS)
+    onnx.checker.check_model(m, full_check=True)
+    for chip in ("rk3588", "ethos-u"):
+        found = check(m, [chip]).findings
+        assert found[found["rule"] == "dtype"]["node"].tolist() == (["Gather_2"] if chip == "rk3588" else []), chip
+        flagged = found[(found["node"].isin(["Resize_0", "Reshape_1"])) & (found["severity"] != "info")]
+        assert flagged.empty, flagged.to_dict("records")
+
+
 def test_rank_and_batch_limits(profile: Path) -> None:
     found = rows(
         build("g (float[1,2,3,4,5] x) => (float[1,2,3,4,5] y) { y = Relu(x) }"), profile, "rank-size"
