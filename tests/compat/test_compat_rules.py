@@ -257,3 +257,23 @@ def test_precision_softmax_yes_constant_div_no(profile: Path) -> None:
     assert found[["op_type", "severity"]].values.tolist() == [["Softmax", "info"]]
     m = build("g (float[1,10] x) => (float[1,10] y) { y = Div(x, six) }", six=np.array(6.0))
     assert rows(m, profile, "precision").empty
+
+
+def test_channels_limit_reads_the_contract_channel_axis() -> None:
+    """An NWC audio tensor [1, T=43844, 64] has 64 channels on its last axis, not 43844 on its time axis;
+    a Conv-produced [1, 9000, 2, 2] tensor has 9000 on axis 1. rk3588 caps channels at 8192 for Softmax,
+    ReduceMean and Reshape (RKNN op support list), so only the second is a finding."""
+    nwc = build("""g (float[1, 43844, 64] x) => (float[1, 43844, 64] y, float[1, 43844, 1] m) {
+        y = Softmax <axis = -1> (x)
+        m = ReduceMean <axes = [2]> (x)
+    }""")
+    found = check(nwc, ["rk3588"]).findings
+    assert found[found["attribute"] == "channels"].empty, found.to_dict("records")
+    nchw = build("""g (float[1, 3, 2, 2] x) => (float[1, 36000] y) {
+        c = Conv (x, w)
+        y = Reshape (c, shp)
+    }""", w=np.ones((9000, 3, 1, 1)))
+    nchw.graph.initializer.append(numpy_helper.from_array(np.array([1, 36000], np.int64), "shp"))
+    found = check(nchw, ["rk3588"]).findings
+    limit = found[found["attribute"] == "channels"]
+    assert limit[["node", "value"]].values.tolist() == [["Reshape_1", "9000"]]

@@ -18,6 +18,7 @@ from quantscan.compat.loader import LoadedModel, load
 from quantscan.compat.params import Params, node_params
 from quantscan.graph.index import SHAPE_SOURCE_OPS, GraphIndex, subgraph_inputs
 from quantscan.graph.subgraphs import subgraph_defined
+from quantscan.sites import channels_first_tensors
 
 NONDETERMINISTIC = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -71,24 +72,25 @@ def analyse(
     view = loaded.original
     foldable = _foldable(view)
     chains = _chains(view, loaded.fixed, foldable)
-    params = tuple(_given_params(loaded, i) for i in range(len(view.nodes)))
+    layout = frozenset(channels_first_tensors(view))
+    params = tuple(_given_params(loaded, i, layout) for i in range(len(view.nodes)))
     return ModelAnalysis(loaded, foldable, chains, params)
 
 
-def _given_params(loaded: LoadedModel, i: int) -> Params:
+def _given_params(loaded: LoadedModel, i: int, layout: frozenset[str]) -> Params:
     """Node i's parameters minus those resting on a guessed input dim (a global pool's kernel over an
     unsized H x W): a limit finding on a number nobody gave would be invented."""
-    params = _safe_params(loaded.fixed, i)
+    params = _safe_params(loaded.fixed, i, layout)
     if loaded.moved is None:
         return params
-    moved = _safe_params(loaded.moved, i)
+    moved = _safe_params(loaded.moved, i, layout)
     return {k: v for k, v in params.items() if moved.get(k) == v}
 
 
-def _safe_params(view: GraphIndex, i: int) -> Params:
+def _safe_params(view: GraphIndex, i: int, layout: frozenset[str]) -> Params:
     """Parameters of node i; an odd node (bad attribute types) yields none rather than a crash."""
     try:
-        return node_params(view, i)
+        return node_params(view, i, layout)
     except (TypeError, ValueError, IndexError, KeyError, AttributeError):
         return {}
 
