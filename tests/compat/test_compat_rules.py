@@ -277,3 +277,23 @@ def test_channels_limit_reads_the_contract_channel_axis() -> None:
     found = check(nchw, ["rk3588"]).findings
     limit = found[found["attribute"] == "channels"]
     assert limit[["node", "value"]].values.tolist() == [["Reshape_1", "9000"]]
+
+
+def test_attention_softmax_gets_one_consistent_finding() -> None:
+    """rk3588 lists Softmax on axis 1 only and runs Softmax in float16. An attention Softmax over the last
+    axis of [1, 6, 49, 49] used to get a warning "Transpose ..." and a note "none needed" side by side; it
+    now gets the warning alone, which says the float16 fact. A classifier Softmax within the limit keeps
+    its float16 note and no warning."""
+    attn = build("""g (float[1, 6, 49, 64] q, float[1, 6, 64, 49] k) => (float[1, 6, 49, 49] y) {
+        s = MatMul (q, k)
+        y = Softmax <axis = -1> (s)
+    }""")
+    found = check(attn, ["rk3588"]).findings
+    mine = found[found["node"] == "Softmax_1"]
+    assert mine[["rule", "severity"]].values.tolist() == [["param-limit", "warn"]]
+    assert "Transpose" in mine["fix"].iloc[0]
+    (record,) = [f for f in check(attn, ["rk3588"]).records if f.node == "Softmax_1"]
+    assert "float16" in record.reason
+    cls = build("g (float[1, 4] x) => (float[1, 4] y) { y = Softmax <axis = 1> (x) }")
+    found = check(cls, ["rk3588"]).findings
+    assert found[["rule", "severity"]].values.tolist() == [["float16", "info"]]
