@@ -534,6 +534,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{profile}: {counts.get('error', 0)} errors, {counts.get('warn', 0)} warnings, "
               f"{counts.get('info', 0)} notes")
     print(f"wrote {out}/compat.csv and partitions.csv")
+    if result.fold_flags:
+        print(f"fold the If nodes: quantscan rewrite {args.model} {' '.join(result.fold_flags)} -o OUT.onnx"
+              + (" (VALUE/V: what you deploy with)" if any(f.endswith(("=V", "=VALUE")) for f in result.fold_flags)
+                 else ""))
     _print_case_matches(findings, args.cases)
     if args.fail_on and result.fails(args.fail_on):
         return EXIT_THRESHOLD
