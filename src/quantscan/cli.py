@@ -477,10 +477,15 @@ def cmd_scan(args: argparse.Namespace) -> int:
     top = result.layers.head(5)
     top1 = head.metrics.top1_agreement
     deployed = head.deployed.cosine if head.deployed is not None else math.nan
-    print(f"{result.model.path.name}: {len(result.sites)} sites, output '{head.output}' "
+    partial = "" if head.measured else " NOT MEASURED on the int8 model (bodies float):"
+    print(f"{result.model.path.name}: {len(result.sites)} sites, output '{head.output}'{partial} "
           f"cosine {head.cosine:.5f}, SQNR {head.sqnr_db:.2f} dB"
           + (f", top-1 agreement {top1:.3f}" if top1 is not None else "")
           + f" (deployed ORT_ENABLE_ALL cosine {deployed:.5f})")
+    if not head.measured:
+        print(f"quantscan: warning: the cosine above is NOT the int8 model's: the quantizable nodes inside "
+              f"{', '.join(head.unmeasured)} stayed float, in the fake-quant and the deployed check alike; "
+              f"fold them first (`quantscan check {args.model}` names the rewrite flags)", file=sys.stderr)
     if head.metrics.task:
         print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
     for r in top.to_dict("records"):

@@ -27,6 +27,7 @@ from quantscan import runfolder
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
+from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.report.summary import summary_markdown
@@ -214,6 +215,7 @@ def _measure(
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
     times["impact"] = impact.seconds
     head = headline(evaluation)
+    head.unmeasured = quantizable_bodies(ctx.prepared.proto)
     t0 = time.perf_counter()
     gap_sites = deployed_gap_sites(ctx, qdq, head)
     if gap_sites:
