@@ -594,6 +594,24 @@ def _print_before_after(before: Any, after: Any, profile: str) -> None:
         f"{key} {rows[0][key]} -> {rows[1][key]}" for key in ("errors", "warnings", "cpu_islands")))
 
 
+def _free_sizes(model: str, calib: Any, given: list[str]) -> list[str]:
+    """`--all-for-profile`: sizes for the free input dims (H, W, ...) from the data or the model's metadata,
+    printed with their source; the dims neither sizes are named as the exact --fix-dim to add."""
+    from quantscan.model import load_model
+    from quantscan.rewrites.sizes import plan_sizes
+
+    sizes = plan_sizes(load_model(model).proto, calib.samples() if calib is not None else None, given)
+    for line in sizes.sources:
+        print(f"  sizes {line}")
+    for line in sizes.notes:
+        print(f"  note: {line}")
+    if sizes.missing:
+        print("  add " + " ".join(f"--fix-dim {m}" for m in sizes.missing) + " (V: the size you deploy; "
+              "neither the data" + ("" if calib is not None else " (no --calib)") + " nor the model's metadata "
+              "gives it): without it the shapes that depend on it stay dynamic")
+    return sizes.settings
+
+
 def cmd_rewrite(args: argparse.Namespace) -> int:
     from quantscan.calib import load_calibration
     from quantscan.model import load_model
@@ -613,8 +631,14 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         steps, skipped = split_applicable(args.model, steps)
         for name in skipped:
             print(f"  {name}: applies nowhere in this model, skipped")
+    calib = None
+    if args.calib:
+        loaded = load_model(args.model)
+        consts = {**parse_const(args.freeze_input), **parse_const(args.const)}  # a frozen input needs no data
+        calib = load_calibration(args.calib, loaded.inputs, consts=consts, limit=args.limit)
     if args.all_for_profile:
-        plan = plan_for_profile(args.model, args.all_for_profile)
+        sizes = _free_sizes(args.model, calib, fix_dims)
+        plan = plan_for_profile(args.model, args.all_for_profile, sizes)
         steps += [s.value for s in plan.rewrites if s not in steps]
         fix_dims += [d for d in plan.fix_dims if d not in fix_dims]
         if args.opset is None and plan.opset is not None:
@@ -641,11 +665,6 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
                          "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --freeze-input, "
                          "--opset, --all-for-profile; "
                          "found none that applies")
-    calib = None
-    if args.calib:
-        loaded = load_model(args.model)
-        consts = {**parse_const(args.freeze_input), **parse_const(args.const)}  # a frozen input needs no data
-        calib = load_calibration(args.calib, loaded.inputs, consts=consts, limit=args.limit)
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
                      runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input)
