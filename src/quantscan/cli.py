@@ -633,9 +633,13 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
             print(f"  {name}: applies nowhere in this model, skipped")
     calib = None
     if args.calib:
+        from quantscan.model import graph_inputs
+        from quantscan.rewrites.fix_dim import fix_dim
+
         loaded = load_model(args.model)
         consts = {**parse_const(args.freeze_input), **parse_const(args.const)}  # a frozen input needs no data
-        calib = load_calibration(args.calib, loaded.inputs, consts=consts, limit=args.limit)
+        specs = graph_inputs(fix_dim(loaded.proto, fix_dims).model) if fix_dims else loaded.inputs  # sized as asked
+        calib = load_calibration(args.calib, specs, consts=consts, limit=args.limit)
     if args.all_for_profile:
         sizes = _free_sizes(args.model, calib, fix_dims)
         plan = plan_for_profile(args.model, args.all_for_profile, sizes)

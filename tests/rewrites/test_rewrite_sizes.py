@@ -17,7 +17,7 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from builders import build
+from builders import build, vad_like
 from quantscan.compat.check import check
 from quantscan.rewrites.fix_dim import fix_dim
 from quantscan.rewrites.plan import plan_for_profile
@@ -115,3 +115,21 @@ def test_cli_names_the_exact_fix_dims_when_nothing_sizes_them(tmp_path: Path) ->
                            "-o", str(tmp_path / "out.onnx")], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert "add --fix-dim images:2=V (height) --fix-dim images:3=V (width)" in proc.stdout
+
+
+def test_cli_closes_the_loop_on_the_vad_pattern(tmp_path: Path) -> None:
+    """silero-vad's wheel pattern (`builders.vad_like`): `--freeze-input sr=16000`, the state's batch given
+    (its data is a --const), the length from the data: every If folds and rk3588's errors go to 0."""
+    path = tmp_path / "vad.onnx"
+    onnx.save(vad_like(), path)
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "x.npy", np.random.default_rng(0).normal(size=(4, 12)).astype(np.float32))
+    proc = subprocess.run([sys.executable, "-m", "quantscan", "rewrite", str(path), "--all-for-profile", "rk3588",
+                           "--freeze-input", "sr=16000", "--const", "state=0", "--fix-dim", "state:1=1",
+                           "--calib", str(tmp_path / "calib"), "-o", str(tmp_path / "out.onnx")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "sizes from the calibration data (one size on every sample): x:1 (T)=12" in proc.stdout
+    out = onnx.load(tmp_path / "out.onnx")
+    assert "If" not in {n.op_type for n in out.graph.node}
+    assert check(out, ["rk3588"]).summary_rows()[0]["errors"] == 0
