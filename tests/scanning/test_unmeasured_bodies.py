@@ -86,3 +86,23 @@ def test_the_cli_warns_loudly(setup: tuple[Path, Path], tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "NOT MEASURED on the int8 model" in proc.stdout
     assert "NOT the int8 model's" in proc.stderr and "If_7 (4 nodes)" in proc.stderr
+
+
+def test_the_vad_pattern_folded_by_const_measures_its_lstm(tmp_path: Path) -> None:
+    """`builders.vad_like` scanned with `--const sr=16000` and the data's sizes: every If folds, and the
+    LSTM (exported for its final state only, `LSTM -> ("", Y_h)`) is a site; it used to be refused as
+    "no quantization site" because its first output is empty."""
+    from builders import VAD_HIDDEN, vad_like
+
+    path = tmp_path / "vad.onnx"
+    onnx.save(vad_like(), path)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(3):
+        np.savez(calib / f"{k}.npz", x=rng.normal(size=(1, 12)).astype(np.float32),
+                 state=np.zeros((2, 1, VAD_HIDDEN), np.float32))
+    result = scan(path, calib, const={"sr": 16000}, input_shape={"x": [1, 12], "state": [2, 1, VAD_HIDDEN]},
+                  no_report=True, gain_candidates=0)
+    assert [(s.node, s.op_type, s.output) for s in result.sites] == [("LSTM_0", "LSTM", "hn")]
+    assert result.headline.measured and 0 < result.headline.cosine <= 1
