@@ -242,3 +242,62 @@ def if_wrapped(model: onnx.ModelProto, setting: str = "sr", value: int = 16000) 
     out.ir_version = model.ir_version
     onnx.checker.check_model(out)
     return out
+
+
+VAD_HIDDEN = 4
+
+
+def vad_like() -> onnx.ModelProto:
+    """silero-vad's wheel pattern in small: If(sr == 16000) around the network; inside, Ifs whose
+    conditions test sizes ("squeeze if dim == 1" on a tensor sized by x's batch and length, one on the
+    state's shape) and an LSTM whose initial state comes from `state` [2, N, h]."""
+    f = TensorProto.FLOAT
+    h = VAD_HIDDEN
+
+    def const(name: str, value: object) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(value, np.int64), name)
+
+    squeeze_then = helper.make_graph([helper.make_node("Squeeze", ["xu", "ax2"], ["sq_t"])], "sq_then", [],
+                                     [helper.make_tensor_value_info("sq_t", f, ["N", "T"])])
+    squeeze_else = helper.make_graph([helper.make_node("Identity", ["xu"], ["sq_e"])], "sq_else", [],
+                                     [helper.make_tensor_value_info("sq_e", f, ["N", "T", 1])])
+    h0_then = helper.make_graph([helper.make_node("Slice", ["state", "z1", "o1", "z1"], ["h0_t"])], "h_then", [],
+                                [helper.make_tensor_value_info("h0_t", f, [1, "N", h])])
+    h0_else = helper.make_graph([helper.make_node("Slice", ["state", "o1", "t1", "z1"], ["h0_e"])], "h_else", [],
+                                [helper.make_tensor_value_info("h0_e", f, [1, "N", h])])
+    net = [
+        helper.make_node("Unsqueeze", ["x", "ax2"], ["xu"]),                       # [N, T, 1]
+        helper.make_node("Shape", ["xu"], ["xs"]),
+        helper.make_node("Gather", ["xs", "m1"], ["last"], axis=0),
+        helper.make_node("Equal", ["last", "one"], ["is1"]),
+        helper.make_node("If", ["is1"], ["xq"], name="If_squeeze", then_branch=squeeze_then,
+                         else_branch=squeeze_else),
+        helper.make_node("Unsqueeze", ["xq", "ax2"], ["xq3"]),                     # [N, T, 1] again
+        helper.make_node("Transpose", ["xq3"], ["seq"], perm=[1, 0, 2]),           # [T, N, 1]
+        helper.make_node("Shape", ["state"], ["ss"]),
+        helper.make_node("Gather", ["ss", "zero"], ["layers"], axis=0),
+        helper.make_node("Equal", ["layers", "two"], ["is2"]),
+        helper.make_node("If", ["is2"], ["h0"], name="If_state", then_branch=h0_then, else_branch=h0_else),
+        helper.make_node("LSTM", ["seq", "W", "R", "", "", "h0"], ["", "hn"], name="LSTM_0", hidden_size=h),
+        helper.make_node("Squeeze", ["hn", "z1"], ["out"]),                        # [N, h]
+    ]
+    then = helper.make_graph(net, "then", [], [helper.make_tensor_value_info("out", f, ["N", h])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["neg"]), helper.make_node("ReduceMean", ["neg"], ["o8"],
+                               axes=[1], keepdims=1), helper.make_node("Expand", ["o8", "shape_nh"], ["out8"])],
+                              "else", [], [helper.make_tensor_value_info("out8", f, ["N", h])])
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(1, 4 * h, 1)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(size=(1, 4 * h, h)).astype(np.float32) * 0.3, "R"),
+             const("ax2", [2]), const("m1", -1), const("one", 1), const("zero", 0), const("two", 2),
+             const("z1", [0]), const("o1", [1]), const("t1", [2]), const("rate", 16000),
+             const("shape_nh", [1, h])]
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["sr", "rate"], ["is16"]),
+         helper.make_node("If", ["is16"], ["y"], name="If_0", then_branch=then, else_branch=other)],
+        "vad_like",
+        [helper.make_tensor_value_info("x", f, ["N", "T"]), helper.make_tensor_value_info("state", f, [2, "N", h]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", f, ["N", h])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    return model

@@ -205,10 +205,33 @@ def test_save_qdq_refuses_the_input_model(tiny: tuple[Path, Path], tmp_path: Pat
     assert digest(model) == before
 
 
-def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path: Path) -> None:
+    """--debug adds the traceback; a script keying on exit 2 (bad input) must still see 2, not Python's 1."""
     proc = run(tmp_path / "nope.onnx", "--calib", tmp_path, "--debug")
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr
     assert "Traceback" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("quantscan: error: ")
+
+
+def test_debug_keeps_exit_3_for_our_own_bug(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from quantscan import cli
+
+    def broken(args: object) -> int:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setitem(cli.HANDLERS, "report", broken)
+    assert cli.main(["report", "some_run", "--debug"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a bug of ours" in err
+
+
+def test_version_prints_the_package_version() -> None:
+    from quantscan import __version__
+
+    proc = run("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"quantscan {__version__}"
 
 
 def test_profiles_lists_names_first() -> None:
@@ -253,6 +276,17 @@ def test_rewrite_all_for_profile_applies_what_the_findings_name(tmp_path: Path) 
     assert "ethos-u suggests: fold-bn, fix-dim batch=1" in proc.stdout
     assert "fuse-hardswish: applies nowhere in this model, skipped" in proc.stdout
     assert "BatchNormalization" not in {n.op_type for n in onnx.load(tmp_path / "out.onnx").graph.node}
+
+
+def test_rewrite_reports_a_noop_pass_and_keeps_the_others(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--fix-dim batch=1 --cleanup` on a graph with nothing to clean: exit 0, the dim fixed, cleanup a no-op."""
+    model, _ = tiny
+    proc = run("rewrite", model, "--fix-dim", "batch=1", "--cleanup", "-o", tmp_path / "out.onnx")
+    assert proc.returncode == 0, proc.stderr
+    assert "cleanup: 0 changes" in proc.stdout and "no-op, skipped: rewrite cleanup applied nowhere" in proc.stdout
+    assert onnx.load(tmp_path / "out.onnx").graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    assert_bad_input(run("rewrite", model, "--cleanup", "-o", tmp_path / "none.onnx"), "cleanup applied nowhere")
+
 
 def test_compare_command_and_its_threshold(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     model, calib = tiny

@@ -111,3 +111,23 @@ def test_overlay_writes_gain_after_bisect_and_the_cli_one_line_error(run_dir: Pa
     assert main(["overlay", str(tmp_path / "missing"), "-o", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("quantscan: error:")
+
+
+def test_overlay_reads_a_bisect_folder(run_dir: Path, tmp_path: Path) -> None:
+    """`bisect --out DIR` on its own writes no run.json; overlay must still show its gains and its plan."""
+    from quantscan.bisect import run_bisect
+
+    model, calib = run_dir.parent / "m.onnx", run_dir.parent / "calib"
+    out = tmp_path / "bisect"
+    result = run_bisect(model, calib, target_cosine=0.999999, out=out)
+    assert not (out / "run.json").exists()
+    assert main(["overlay", str(out), "-o", str(tmp_path / "n.json")]) == 0
+    gains = pd.read_csv(out / "gain.csv")
+    data = json.loads((tmp_path / "n.json").read_text(encoding="utf-8"))
+    jsonschema.validate(data, GRAPH_NODE_DATA_SCHEMA)
+    for row in gains.to_dict("records"):  # every gain, to 4 significant digits (not rounded to 0)
+        assert data["results"][row["node"]]["value"] == pytest.approx(row["gain_if_float"], rel=1e-3)
+    plan = json.loads((tmp_path / "n.plan.json").read_text(encoding="utf-8"))
+    jsonschema.validate(plan, GRAPH_NODE_DATA_SCHEMA)
+    assert {k: v["value"] for k, v in plan["results"].items()} == {s.node: "float" for s in result.plan.sites}
+    assert result.plan.sites, "the target must need at least one float site for this test to mean anything"

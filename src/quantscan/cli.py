@@ -181,7 +181,10 @@ def _task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from quantscan import __version__
+
     parser = _Parser(prog="quantscan", description="int8 sensitivity and NPU compatibility for ONNX models")
+    parser.add_argument("--version", action="version", version=f"quantscan {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     scan = sub.add_parser("scan", help="per-layer int8 sensitivity (the default command)")
     scan.add_argument("model")
@@ -475,10 +478,15 @@ def cmd_scan(args: argparse.Namespace) -> int:
     top = result.layers.head(5)
     top1 = head.metrics.top1_agreement
     deployed = head.deployed.cosine if head.deployed is not None else math.nan
-    print(f"{result.model.path.name}: {len(result.sites)} sites, output '{head.output}' "
+    partial = "" if head.measured else " NOT MEASURED on the int8 model (bodies float):"
+    print(f"{result.model.path.name}: {len(result.sites)} sites, output '{head.output}'{partial} "
           f"cosine {head.cosine:.5f}, SQNR {head.sqnr_db:.2f} dB"
           + (f", top-1 agreement {top1:.3f}" if top1 is not None else "")
           + f" (deployed ORT_ENABLE_ALL cosine {deployed:.5f})")
+    if not head.measured:
+        print(f"quantscan: warning: the cosine above is NOT the int8 model's: the quantizable nodes inside "
+              f"{', '.join(head.unmeasured)} stayed float, in the fake-quant and the deployed check alike; "
+              f"fold them first (`quantscan check {args.model}` names the rewrite flags)", file=sys.stderr)
     if head.metrics.task:
         print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
     for r in top.to_dict("records"):
@@ -532,6 +540,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{profile}: {counts.get('error', 0)} errors, {counts.get('warn', 0)} warnings, "
               f"{counts.get('info', 0)} notes")
     print(f"wrote {out}/compat.csv and partitions.csv")
+    if result.fold_flags:
+        print(f"fold the If nodes: quantscan rewrite {args.model} {' '.join(result.fold_flags)} -o OUT.onnx"
+              + (" (VALUE/V: what you deploy with)" if any(f.endswith(("=V", "=VALUE")) for f in result.fold_flags)
+                 else ""))
     _print_case_matches(findings, args.cases)
     if args.fail_on and result.fails(args.fail_on):
         return EXIT_THRESHOLD
@@ -583,6 +595,24 @@ def _print_before_after(before: Any, after: Any, profile: str) -> None:
         f"{key} {rows[0][key]} -> {rows[1][key]}" for key in ("errors", "warnings", "cpu_islands")))
 
 
+def _free_sizes(model: str, calib: Any, given: list[str]) -> list[str]:
+    """`--all-for-profile`: sizes for the free input dims (H, W, ...) from the data or the model's metadata,
+    printed with their source; the dims neither sizes are named as the exact --fix-dim to add."""
+    from quantscan.model import load_model
+    from quantscan.rewrites.sizes import plan_sizes
+
+    sizes = plan_sizes(load_model(model).proto, calib.samples() if calib is not None else None, given)
+    for line in sizes.sources:
+        print(f"  sizes {line}")
+    for line in sizes.notes:
+        print(f"  note: {line}")
+    if sizes.missing:
+        print("  add " + " ".join(f"--fix-dim {m}" for m in sizes.missing) + " (V: the size you deploy; "
+              "neither the data" + ("" if calib is not None else " (no --calib)") + " nor the model's metadata "
+              "gives it): without it the shapes that depend on it stay dynamic")
+    return sizes.settings
+
+
 def cmd_rewrite(args: argparse.Namespace) -> int:
     from quantscan.calib import load_calibration
     from quantscan.compat.rewrite_plan import plan_for_profile, split_applicable
@@ -602,8 +632,18 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         steps, skipped = split_applicable(args.model, steps)
         for name in skipped:
             print(f"  {name}: applies nowhere in this model, skipped")
+    calib = None
+    if args.calib:
+        from quantscan.model import graph_inputs
+        from quantscan.rewrites.fix_dim import fix_dim
+
+        loaded = load_model(args.model)
+        consts = {**parse_const(args.freeze_input), **parse_const(args.const)}  # a frozen input needs no data
+        specs = graph_inputs(fix_dim(loaded.proto, fix_dims).model) if fix_dims else loaded.inputs  # sized as asked
+        calib = load_calibration(args.calib, specs, consts=consts, limit=args.limit)
     if args.all_for_profile:
-        plan = plan_for_profile(args.model, args.all_for_profile)
+        sizes = _free_sizes(args.model, calib, fix_dims)
+        plan = plan_for_profile(args.model, args.all_for_profile, sizes)
         steps += [s.value for s in plan.rewrites if s not in steps]
         fix_dims += [d for d in plan.fix_dims if d not in fix_dims]
         if args.opset is None and plan.opset is not None:
@@ -630,18 +670,13 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
                          "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --freeze-input, "
                          "--opset, --all-for-profile; "
                          "found none that applies")
-    calib = None
-    if args.calib:
-        loaded = load_model(args.model)
-        consts = {**parse_const(args.freeze_input), **parse_const(args.const)}  # a frozen input needs no data
-        calib = load_calibration(args.calib, loaded.inputs, consts=consts, limit=args.limit)
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
                      runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input)
     for step in report.steps:
         print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
-              + ("" if step.exact else " (approximate)"))
-        for refusal in step.refusals[:5]:
+              + ("" if step.exact else " (approximate)") + (f" (no-op, skipped: {step.noop})" if step.noop else ""))
+        for refusal in step.refusals[:5] if not step.noop else []:
             print(f"  - {refusal.node}: {refusal.reason}")
     for o in report.proof.outputs:
         print(f"proof '{o.output}': cosine {o.cosine:.8f}, max_abs {o.max_abs:.3g}, max_rel {o.max_rel:.3g} "
@@ -961,7 +996,7 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     command is reached with the explicit `scan` form (CONTRACT.md).
     """
     args = list(argv)
-    if not args or args[0] in ("-h", "--help") or args[0] in COMMANDS:
+    if not args or args[0] in ("-h", "--help", "--version") or args[0] in COMMANDS:
         return args
     _refuse_typo(args[0])
     return ["scan", *args]
@@ -1023,8 +1058,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("quantscan: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except QuantscanError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback, but the exit code stays the contract's (a script keys on 2, not 1)
+            traceback.print_exc(file=sys.stderr)
         print("quantscan: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
@@ -1032,6 +1067,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except Exception as exc:  # every other exception is a quantscan bug: exit 3, never a bare traceback
         if debug:
-            raise
+            traceback.print_exc(file=sys.stderr)
         print(_internal_error_line(exc, raw), file=sys.stderr)
         return EXIT_INTERNAL

@@ -57,12 +57,13 @@ def node_data(name: str, values: Mapping[str, float | str], *, thresholds: bool 
 
 
 def _column_values(layers: pd.DataFrame, column: str) -> dict[str, float]:
-    """Finite values of `column` by node name (the ONNX adapter's node id)."""
+    """Finite values of `column` by node name (the ONNX adapter's node id). dB to 4 decimals; a cosine
+    gain to 4 significant digits, since gains of 1e-5 are typical and 4 decimals would show them as 0."""
     out: dict[str, float] = {}
     for node, value in zip(layers[Col.NODE], layers[column], strict=True):
         number = float(value) if value is not None else math.nan
         if math.isfinite(number):
-            out[str(node)] = round(number, 4)
+            out[str(node)] = round(number, 4) if column.endswith("_db") else float(f"{number:.4g}")
     return out
 
 
@@ -80,20 +81,57 @@ def _findings(layers: pd.DataFrame, compat: pd.DataFrame | None) -> dict[str, st
     return {node: "; ".join(dict.fromkeys(items)) for node, items in texts.items()}
 
 
+@dataclass(frozen=True)
+class _Tables:
+    """What the overlay reads from a folder: the per-node table, the compat findings, the bisect plan."""
+
+    layers: pd.DataFrame
+    compat: pd.DataFrame | None
+    plan: dict[str, Any] | None
+
+
+def _load_tables(run_dir: Path) -> _Tables:
+    """A scan's run folder (run.json + layers.csv), or a bisect folder without a scan (plan.json +
+    layers.csv/gain.csv): bisect writes no run.json of its own, and its gains are what the user
+    most wants on the graph."""
+    run_dir = Path(run_dir)
+    if (run_dir / runfolder.RUN_JSON).is_file() or not (run_dir / "plan.json").is_file():
+        run = runfolder.load_run(run_dir)
+        return _Tables(run.layers, run.compat, run.plan)
+    for name in (runfolder.LAYERS_CSV, "gain.csv"):
+        if (run_dir / name).is_file():
+            layers = runfolder.read_csv(run_dir / name)
+            if "node" in layers.columns:
+                compat = runfolder.read_csv(run_dir / "compat.csv") if (run_dir / "compat.csv").is_file() else None
+                return _Tables(layers, compat, runfolder.read_plan(run_dir / "plan.json"))
+    raise runfolder.ReportError(f"expected a bisect folder's layers.csv or gain.csv (a table with a node column) "
+                                f"beside its plan.json, found neither in {run_dir}")
+
+
+def _plan_values(plan: dict[str, Any] | None) -> dict[str, str]:
+    """Per planned site, the precision bisect keeps it at (float, int16); every other site is int8."""
+    sites = (plan or {}).get("sites") or []
+    return {str(s["node"]): str(s.get("precision", "float")) for s in sites if isinstance(s, dict) and "node" in s}
+
+
 def build_overlay(run_dir: Path) -> list[OverlayFile]:
-    """Every node-data file the run folder supports: SQNRs always, gain after bisect, findings when any."""
-    run = runfolder.load_run(Path(run_dir))
+    """Every node-data file the folder supports: SQNRs after a scan, gain and plan after bisect,
+    findings when any."""
+    tables = _load_tables(run_dir)
     files: list[OverlayFile] = []
     for suffix, column, name in METRICS:
-        if column in run.layers.columns:
-            values = _column_values(run.layers, column)
+        if column in tables.layers.columns:
+            values = _column_values(tables.layers, column)
             if values:
                 is_sqnr = column.endswith("sqnr_db")
                 files.append(OverlayFile("" if not files else suffix,
                                          node_data(name, values, thresholds=is_sqnr, gradient=not is_sqnr)))
-    findings = _findings(run.layers, run.compat)
+    plan = _plan_values(tables.plan)
+    if plan:
+        files.append(OverlayFile("" if not files else "plan", node_data("bisect plan (kept precision)", plan)))
+    findings = _findings(tables.layers, tables.compat)
     if findings:
-        files.append(OverlayFile("findings", node_data("findings", findings)))
+        files.append(OverlayFile("" if not files else "findings", node_data("findings", findings)))
     return files
 
 

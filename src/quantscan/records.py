@@ -182,6 +182,14 @@ class Headline:
     """The saved QDQ model under onnxruntime's integer kernels (ORT_ENABLE_ALL), beside, never mixed in."""
     outputs: list[str] = field(default_factory=list)
     """Every headline output, in graph order."""
+    unmeasured: list[str] = field(default_factory=list)
+    """Control-flow nodes whose bodies hold quantizable nodes the scan left float (`If_0 (223 nodes)`):
+    when any, the figures are of a partly quantized model, not the int8 model, and must say so."""
+
+    @property
+    def measured(self) -> bool:
+        """False when quantizable nodes inside If/Loop/Scan bodies stayed float (see `unmeasured`)."""
+        return not self.unmeasured
 
     @property
     def cosine(self) -> float:
@@ -198,6 +206,7 @@ class Headline:
             **self.metrics.to_json(),
             "deployed": self.deployed.to_json() if self.deployed is not None else {},
             "outputs": list(self.outputs),
+            "unmeasured": list(self.unmeasured),
         }
 
     @classmethod
@@ -208,6 +217,7 @@ class Headline:
             metrics=OutputMetrics.from_json(data),
             deployed=OutputMetrics.from_json(deployed) if deployed else None,
             outputs=[str(o) for o in data.get("outputs", [])],
+            unmeasured=[str(u) for u in data.get("unmeasured", [])],
         )
 
 

@@ -190,8 +190,14 @@ def _is_compute(index: GraphIndex, node: onnx.NodeProto) -> bool:
         return False
     if node.op_type == "Cast" and node.input and index.is_float(node.input[0]):
         return False  # float-to-float cast: a no-op on the chip, same scale in and out
-    out = node.output[0] if node.output else ""
+    out = main_output(node)
     return bool(out) and index.is_float(out)
+
+
+def main_output(node: onnx.NodeProto) -> str:
+    """The output a kernel's quantization sits on: the first one the graph uses. An LSTM exported for
+    its final state only leaves Y empty (`LSTM(...) -> ("", Y_h)`): Y_h is then its output."""
+    return next((o for o in node.output if o), "")
 
 
 def _grow_kernel(
@@ -202,7 +208,7 @@ def _grow_kernel(
     if kernel is not None:
         in_order = sorted(kernel.nodes, key=lambda n: _graph_position(index, n))
         return in_order, kernel.output, [f"{kernel.kernel}[{kernel.op_types()}]"]
-    nodes, out, labels = [node], node.output[0], [node.op_type]
+    nodes, out, labels = [node], main_output(node), [node.op_type]
     if node.op_type in ANCHOR_OPS and _has_const_weight(index, node):
         for _ in range(2):
             affine = index.single_user(out)

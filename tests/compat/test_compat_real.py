@@ -74,3 +74,11 @@ def test_mtcnn_prelu_does_not_fuse(assets: Path) -> None:
         f = _rows(assets, model, ["ethos-u"])
         prelu = f[f["op_type"] == "PRelu"]
         assert len(prelu) >= 3 and set(prelu["value"]) == {"PRelu"} and set(prelu["rule"]) == {"fusion"}
+
+
+def test_ppocrv4_rec_reshape_shapes_are_no_dtype_finding(assets: Path) -> None:
+    """PP-OCRv4 rec's attention Reshapes take an int64 shape because ONNX requires it: rk3588 and ethos-u
+    name no "Cast to int32" for them (there were 4 such warnings on rk3588)."""
+    found = _rows(assets, "ppocrv4_rec", ["rk3588", "ethos-u"])
+    dtype = found[(found["rule"] == "dtype") & found["op_type"].isin(["Reshape", "Resize", "Expand", "Tile"])]
+    assert dtype.empty, dtype[["node", "profile"]].values.tolist()

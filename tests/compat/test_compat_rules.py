@@ -123,6 +123,31 @@ def test_dtype_int64_on_npu_path(profile: Path) -> None:
     ).empty
 
 
+SHAPE_INPUTS = """g (float[1,4,8,8] x, int64[4] sz, int64[2] shp, int64[1] idx)
+    => (float[1,4,16,16] y, float[1,256] z, float[1,4,1,8] g) {
+    y = Resize <mode = "linear"> (x, , , sz)
+    z = Reshape (x, shp)
+    g = Gather <axis = 2> (x, idx)
+}"""
+
+
+def test_dtype_spares_the_int64_the_onnx_schema_requires() -> None:
+    """Reshape's shape and Resize's sizes are int64 by the ONNX schema: "Cast to int32" there would make the
+    model invalid, so no finding; Gather's indices may be int32 by the same schema, so that finding stays."""
+    slot = {(s.name, i.name): {str(t) for c in s.type_constraints if c.type_param_str == i.type_str
+                               for t in c.allowed_type_strs} or {i.type_str}
+            for s in (onnx.defs.get_schema(op, 13) for op in ("Reshape", "Resize", "Gather")) for i in s.inputs}
+    assert slot[("Reshape", "shape")] == slot[("Resize", "sizes")] == {"tensor(int64)"}  # the oracle: the schema
+    assert "tensor(int32)" in slot[("Gather", "indices")]
+    m = build(SHAPE_INPUTS)
+    onnx.checker.check_model(m, full_check=True)
+    for chip in ("rk3588", "ethos-u"):
+        found = check(m, [chip]).findings
+        assert found[found["rule"] == "dtype"]["node"].tolist() == (["Gather_2"] if chip == "rk3588" else []), chip
+        flagged = found[(found["node"].isin(["Resize_0", "Reshape_1"])) & (found["severity"] != "info")]
+        assert flagged.empty, flagged.to_dict("records")
+
+
 def test_rank_and_batch_limits(profile: Path) -> None:
     found = rows(
         build("g (float[1,2,3,4,5] x) => (float[1,2,3,4,5] y) { y = Relu(x) }"), profile, "rank-size"
@@ -232,3 +257,43 @@ def test_precision_softmax_yes_constant_div_no(profile: Path) -> None:
     assert found[["op_type", "severity"]].values.tolist() == [["Softmax", "info"]]
     m = build("g (float[1,10] x) => (float[1,10] y) { y = Div(x, six) }", six=np.array(6.0))
     assert rows(m, profile, "precision").empty
+
+
+def test_channels_limit_reads_the_contract_channel_axis() -> None:
+    """An NWC audio tensor [1, T=43844, 64] has 64 channels on its last axis, not 43844 on its time axis;
+    a Conv-produced [1, 9000, 2, 2] tensor has 9000 on axis 1. rk3588 caps channels at 8192 for Softmax,
+    ReduceMean and Reshape (RKNN op support list), so only the second is a finding."""
+    nwc = build("""g (float[1, 43844, 64] x) => (float[1, 43844, 64] y, float[1, 43844, 1] m) {
+        y = Softmax <axis = -1> (x)
+        m = ReduceMean <axes = [2]> (x)
+    }""")
+    found = check(nwc, ["rk3588"]).findings
+    assert found[found["attribute"] == "channels"].empty, found.to_dict("records")
+    nchw = build("""g (float[1, 3, 2, 2] x) => (float[1, 36000] y) {
+        c = Conv (x, w)
+        y = Reshape (c, shp)
+    }""", w=np.ones((9000, 3, 1, 1)))
+    nchw.graph.initializer.append(numpy_helper.from_array(np.array([1, 36000], np.int64), "shp"))
+    found = check(nchw, ["rk3588"]).findings
+    limit = found[found["attribute"] == "channels"]
+    assert limit[["node", "value"]].values.tolist() == [["Reshape_1", "9000"]]
+
+
+def test_attention_softmax_gets_one_consistent_finding() -> None:
+    """rk3588 lists Softmax on axis 1 only and runs Softmax in float16. An attention Softmax over the last
+    axis of [1, 6, 49, 49] used to get a warning "Transpose ..." and a note "none needed" side by side; it
+    now gets the warning alone, which says the float16 fact. A classifier Softmax within the limit keeps
+    its float16 note and no warning."""
+    attn = build("""g (float[1, 6, 49, 64] q, float[1, 6, 64, 49] k) => (float[1, 6, 49, 49] y) {
+        s = MatMul (q, k)
+        y = Softmax <axis = -1> (s)
+    }""")
+    found = check(attn, ["rk3588"]).findings
+    mine = found[found["node"] == "Softmax_1"]
+    assert mine[["rule", "severity"]].values.tolist() == [["param-limit", "warn"]]
+    assert "Transpose" in mine["fix"].iloc[0]
+    (record,) = [f for f in check(attn, ["rk3588"]).records if f.node == "Softmax_1"]
+    assert "float16" in record.reason
+    cls = build("g (float[1, 4] x) => (float[1, 4] y) { y = Softmax <axis = 1> (x) }")
+    found = check(cls, ["rk3588"]).findings
+    assert found[["rule", "severity"]].values.tolist() == [["float16", "info"]]

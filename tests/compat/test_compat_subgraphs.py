@@ -8,10 +8,14 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
-from builders import if_wrapped
+from builders import VAD_HIDDEN, if_wrapped, vad_like
 from quantscan.compat.check import check
-from quantscan.graph.subgraphs import bodies, body_model, outer_reads, scope_of
+from quantscan.graph.subgraphs import bodies, body_model, node_bodies, outer_reads, scope_of
+from quantscan.rewrites.fix_dim import fix_dim
+from quantscan.rewrites.freeze_input import freeze_input
+from quantscan.rewrites.runner import rewrite
 
 H = 4
 
@@ -76,12 +80,46 @@ def test_an_lstm_inside_an_if_is_checked_under_its_path() -> None:
     assert not f[f["node"].str.contains("/") & f["rule"].isin(["opset", "dynamic-input"])].any().any()
 
 
-def test_if_on_a_setting_input_suggests_freeze_input_without_a_number() -> None:
+def test_if_on_a_setting_input_names_the_value_its_condition_tests() -> None:
+    """`Equal(sr, 16000)`: the flag is `--freeze-input sr=16000`, said to take the then branch (the
+    deployed value stays the user's: rewrite_args carry the name only, --all-for-profile asks for it)."""
     f = check(lstm_in_if(), ["rk3588"]).records
     (finding,) = [x for x in f if x.rule == "control-flow"]
     assert finding.rewrite is not None and finding.rewrite.value == "freeze-input"
     assert finding.rewrite_args == ("sr",)
-    assert "--freeze-input sr=VALUE" in finding.fix and "16000" not in finding.fix
+    assert "--freeze-input sr=16000" in finding.fix and "then branch" in finding.fix
+
+
+def _ifs(graph: onnx.GraphProto) -> int:
+    return sum((n.op_type == "If") + sum(_ifs(g) for _, g in node_bodies(n)) for n in graph.node)
+
+
+def test_if_conditions_on_sizes_name_the_exact_fix_dims_that_fold_them() -> None:
+    """silero-vad's wheel pattern (`builders.vad_like`): after the sr If, Ifs test sizes. check traces each
+    condition to the inputs and names the flags; applying them folds every If (onnxruntime's proof and
+    onnx's reference evaluator agree on the outputs), and each flag is needed (drop one, an If stays)."""
+    model = vad_like()
+    result = check(model, ["rk3588"])
+    assert result.fold_flags == ["--freeze-input sr=16000", "--fix-dim batch=1", "--fix-dim T=V"]
+    by_node = {r.node: r for r in result.records if r.rule == "control-flow"}
+    assert "--fix-dim batch=1" in by_node["If_0/then_branch/If_state"].fix  # state [2, N, h]: N is the batch
+    assert "T=" not in by_node["If_0/then_branch/If_state"].fix
+    assert "--fix-dim batch=1 --fix-dim T=V" in by_node["If_0/then_branch/If_squeeze"].fix
+    assert "export with the branch condition" not in " ".join(r.fix for r in by_node.values())
+    sized = check(model, ["rk3588"], input_shapes={"x": [1, 12], "state": [2, 1, VAD_HIDDEN]})
+    assert sized.fold_flags == ["--freeze-input sr=16000", "--fix-dim batch=1", "--fix-dim T=12"]
+    dims = [f.split(" ", 1)[1] for f in sized.fold_flags if f.startswith("--fix-dim")]
+    report = rewrite(model, [], fix_dim=dims, freeze_input=["sr=16000"], write=False)
+    assert report.passed and _ifs(report.model.graph) == 0
+    x = np.random.default_rng(3).normal(size=(1, 12)).astype(np.float32)
+    state = np.random.default_rng(4).normal(size=(2, 1, VAD_HIDDEN)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x, "state": state, "sr": np.array(16000, np.int64)})[0]
+    got = ReferenceEvaluator(report.model).run(None, {"x": x, "state": state})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for left_out in range(len(dims)):
+        fewer = [d for k, d in enumerate(dims) if k != left_out]
+        partial = freeze_input(fix_dim(model, fewer).model if fewer else model, ["sr=16000"]).model
+        assert _ifs(partial.graph) > 0, f"{dims[left_out]} named but not needed"
 
 
 def test_if_on_data_keeps_the_plain_advice() -> None:
@@ -115,6 +153,18 @@ def test_silero_behind_an_if_reports_the_inner_lstm(assets: Path) -> None:
     assert set(lstm["profile"]) == {"rk3588", "horizon-x3"}
     assert "unsupported-op" in set(lstm[lstm["profile"] == "horizon-x3"]["rule"])
     assert set(f[f["node"].str.startswith("If_0/")]["op_type"]) >= {"LSTM", "Conv"}
+
+
+@pytest.mark.real
+def test_silero_behind_an_if_names_the_flag_that_closes_the_loop(assets: Path) -> None:
+    """The asset is silero-vad's OpenVINO 16 kHz graph (static shapes, no If); wrapped in the wheel's
+    If on sr, check names `--freeze-input sr=16000` alone, and that rewrite leaves no If to check."""
+    model = if_wrapped(onnx.load(assets / "models" / "silero_vad_openvino_16k.onnx"))
+    assert check(model, ["rk3588"]).fold_flags == ["--freeze-input sr=16000"]
+    report = rewrite(model, [], freeze_input=["sr=16000"], write=False)
+    assert report.passed and _ifs(report.model.graph) == 0
+    after = check(report.model, ["rk3588"])
+    assert not after.fold_flags and "control-flow" not in set(after.findings["rule"])
 
 
 @pytest.mark.real

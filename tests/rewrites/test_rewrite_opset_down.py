@@ -71,6 +71,28 @@ def test_softmax_on_another_axis_is_swapped_to_the_last(axis: int) -> None:
     np.testing.assert_allclose(run(res.model, {"x": x})[0], e / e.sum(axis=axis, keepdims=True), rtol=1e-5)
 
 
+@pytest.mark.parametrize("call, consts", [
+    ("Resize <mode = \"linear\"> (x, , , sz)", "sz = Constant <value = int64[4] {1, 2, 6, 8}> ()"),
+    ("Resize <mode = \"nearest\"> (x, , sc)", "sc = Constant <value = float[4] {1.0, 1.0, 2.0, 2.0}> ()"),
+])
+def test_resize_13_without_roi_or_scales_gets_the_empty_tensors_11_requires(call: str, consts: str) -> None:
+    """Resize-13 may leave roi/scales out by an empty name; Resize-11 takes an empty tensor for "not given"
+    (an empty name there fails the checker: the crash this guards against)."""
+    m = build(f"""<ir_version: 8, opset_import: ["" : 13]>
+        g (float[1,2,3,4] x) => (float[1,2,6,8] y) {{
+            {consts}
+            y = {call}
+        }}""")
+    res = opset_down(m, 11)
+    assert res.changes and not res.refusals and opset_of(res.model) == 11
+    onnx.checker.check_model(res.model, full_check=True)
+    resize = next(n for n in res.model.graph.node if n.op_type == "Resize")
+    assert all(resize.input[:3])
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    assert_same_outputs(m, res.model, {"x": x})  # onnx's reference evaluator runs both opsets
+    assert rewrite(m, [], opset=11, write=False).passed  # and onnxruntime, through the runner's proof
+
+
 def test_pad_inputs_back_to_attributes_for_10() -> None:
     m = build(
         """<ir_version: 8, opset_import: ["" : 11]>

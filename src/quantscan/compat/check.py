@@ -24,7 +24,7 @@ from quantscan.compat.context import RuleContext
 from quantscan.compat.partitions import Partitioning, colour, partition
 from quantscan.compat.profiles import DEFAULT_PROFILE, Profile, load_profile
 from quantscan.compat.result import PARTITION_COLUMNS, CheckResult
-from quantscan.compat.rules import BODY_RULES, RULES, Rule
+from quantscan.compat.rules import BODY_RULES, RULES, Rule, control_flow
 from quantscan.graph.subgraphs import Body, bodies, body_model, scope_of
 from quantscan.records import FINDING_COLUMNS, FINDING_DETAIL_COLUMNS, Finding, Placement, Severity
 
@@ -62,6 +62,7 @@ def check(
         profiles=[p.name for p in loaded],
         notes=_notes(analysis),
         records=records,
+        fold_flags=control_flow.fold_flags(analysis),
     )
 
 
@@ -106,7 +107,9 @@ def body_analyses(analysis: ModelAnalysis) -> list[tuple[Body, ModelAnalysis]]:
     out: list[tuple[Body, ModelAnalysis]] = []
     for body in bodies(proto.graph):
         try:
-            out.append((body, analyse(body_model(proto, body, scope))))
+            sub = analyse(body_model(proto, body, scope))
+            out.append((body, replace(sub, conditions=analysis.conditions, path=f"{body.path}/",
+                                       given_dims=analysis.given_dims)))
         except Exception:  # robustness promise: an odd body never aborts the check of the model
             continue
     return out

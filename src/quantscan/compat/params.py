@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from quantscan.graph.index import GraphIndex
+from quantscan.metrics import channel_axis
 
 CONV_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv"})
 POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
@@ -38,10 +39,22 @@ REDUCE_OPS = frozenset(
 Params = dict[str, Any]
 
 
-def node_params(view: GraphIndex, i: int) -> Params:
-    """Every parameter of node `i` that can be computed (see profile_schema.ATTRIBUTES)."""
+NCHW_OPS = CONV_OPS | POOL_OPS | GLOBAL_POOL_OPS | frozenset(
+    {"BatchNormalization", "InstanceNormalization", "LRN", "DepthToSpace", "SpaceToDepth", "MaxUnpool"}
+)
+"""Ops whose ONNX definition puts the channels on axis 1 of their first input, whoever produced it."""
+
+
+def node_params(view: GraphIndex, i: int, channels_first: frozenset[str] | set[str] = frozenset()) -> Params:
+    """Every parameter of node `i` that can be computed (see profile_schema.ATTRIBUTES).
+
+    `channels_first` holds the tensors in a convolutional (NCHW) layout (`sites.channels_first_tensors`):
+    there, and at the inputs of `NCHW_OPS`, the channel axis is 1; elsewhere it is the last axis, as
+    CONTRACT.md fixes it ([B, T, C] audio frames have no "channels" on their time axis).
+    """
     op = view.nodes[i].op_type
-    p: Params = _input_dims(view, i)
+    inputs = view.node_inputs(i)
+    p: Params = _input_dims(view, i, op in NCHW_OPS or (bool(inputs) and inputs[0] in channels_first))
     if op in CONV_OPS:
         p.update(_conv(view, i))
     elif op in POOL_OPS:
@@ -94,7 +107,9 @@ def recurrent_batch_axis(view: GraphIndex, i: int) -> int:
     return 0
 
 
-def _input_dims(view: GraphIndex, i: int) -> Params:
+def _input_dims(view: GraphIndex, i: int, conv_like: bool) -> Params:
+    """rank, batch, channels (axis 1 when `conv_like`, else the last), and for rank 4 height and width
+    (the two axes after the channels in NCHW, the two before them in NHWC)."""
     shape = _first_shape(view, i)
     p: Params = {}
     if shape is None:
@@ -104,15 +119,17 @@ def _input_dims(view: GraphIndex, i: int) -> Params:
     batch_axis = recurrent_batch_axis(view, i)
     if len(dims) >= 2 and dims[batch_axis] is not None:
         p["batch"] = dims[batch_axis]
-    if len(dims) >= 3 and dims[1] is not None:
-        p["channels"] = dims[1]
+    channel = channel_axis(len(dims), conv_like) if dims else 0
+    if len(dims) >= 3 and dims[channel] is not None:
+        p["channels"] = dims[channel]
     if len(dims) == 4:
-        if dims[2] is not None:
-            p["height"] = dims[2]
-        if dims[3] is not None:
-            p["width"] = dims[3]
-        if dims[2] is not None and dims[3] is not None:
-            p["plane"] = dims[2] * dims[3]
+        h, w = (dims[2], dims[3]) if channel == 1 else (dims[1], dims[2])
+        if h is not None:
+            p["height"] = h
+        if w is not None:
+            p["width"] = w
+        if h is not None and w is not None:
+            p["plane"] = h * w
     return p
 
 

@@ -10,7 +10,7 @@ Islands are the connected groups of same-colour nodes (edges = tensors). Bytes c
 each tensor produced in one island and consumed in another, counted once per consuming island, at
 the element type the ONNX graph gives it (float32 = 4 bytes; an int8 boundary moves a quarter of
 that). Shapes come from the view with input dims fixed; a size that is unknown, or that rests on a
-dim nobody gave (`LoadedModel.guessed`), is not counted: such tensors are counted in bytes_unknown.
+dim nobody gave (`ModelViews.guessed`), is not counted: such tensors are counted in bytes_unknown.
 """
 
 from __future__ import annotations

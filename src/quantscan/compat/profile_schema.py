@@ -30,9 +30,9 @@ ATTRIBUTES: dict[str, str] = {
     "slice_step": "each step of a Slice (1 when it has no steps input)",
     "merged_row_alignment": "Reshape (N, C, H, W) -> (N, C, H*W): largest power of two <= 16 dividing H*W",
     "batch": "dim 0 of the first input",
-    "channels": "dim 1 of the first input (rank >= 3)",
-    "height": "dim -2 of the first input (rank 4)",
-    "width": "dim -1 of the first input (rank 4)",
+    "channels": "channel axis of the first input (rank >= 3): dim 1 in a conv (NCHW) layout, else the last dim",
+    "height": "H of the first input (rank 4): dim 2 in NCHW, dim 1 in NHWC",
+    "width": "W of the first input (rank 4): dim 3 in NCHW, dim 2 in NHWC",
     "plane": "H x W of the first input (rank 4)",
     "rank": "rank of the first input",
 }

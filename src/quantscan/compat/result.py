@@ -42,6 +42,8 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)
     records: list[Finding] = field(default_factory=list)
     """The typed findings behind `findings`/`details`, row for row (rewrite ids live here)."""
+    fold_flags: list[str] = field(default_factory=list)
+    """`rewrite` flags that fold every If a flag can fold (`--freeze-input sr=16000 --fix-dim ...`)."""
 
     def _rows(self, profile: str) -> pd.DataFrame:
         return self.findings[self.findings["profile"] == profile]

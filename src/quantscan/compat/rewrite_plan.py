@@ -72,18 +72,21 @@ class ProfilePlan:
         return not (self.rewrites or self.fix_dims or self.opset)
 
 
-def plan_for_profile(model: ModelArg, profile: str | Path) -> ProfilePlan:
+def plan_for_profile(model: ModelArg, profile: str | Path, sizes: Sequence[str] = ()) -> ProfilePlan:
     """Check `model` against `profile`, collect the rewrites its findings name, apply them in memory and
     check again until no new rewrite appears: a decomposition can expose a Div that `div-to-mul` then
     removes, and `opset-down` asks for the decompositions of the ops that have no older spelling.
 
     fix-dim settings keep the findings' order (worst first, then graph order); a fix-dim finding
-    without settings (a shape chain that folds once dims are fixed) adds none.
+    without settings (a shape chain that folds once dims are fixed) adds none. `sizes` are fix-dim
+    settings known before the check (`rewrites.sizes`: H/W from the data or the model's metadata): the
+    findings are read on the model with them applied, so what they fold (an anchor grid's shape chain)
+    is no longer asked for, and they lead the plan's fix-dims.
     """
     original = model if isinstance(model, onnx.ModelProto) else load_model(model).proto
-    current = original
+    dims: list[str] = list(dict.fromkeys(sizes))
+    current = fix_dim(original, dims).model if dims else original
     ids: set[RewriteId] = set()
-    dims: list[str] = []
     opset: int | None = None
     needs = _needs_value(original, profile)
     for _ in range(MAX_ROUNDS):

@@ -175,6 +175,36 @@ def unquantized_bodies(model: onnx.ModelProto) -> list[tuple[str, int]]:
     return out
 
 
+NOT_QUANTIZED = NOT_KERNELS | frozenset({
+    "Shape", "Size", "Cast", "Equal", "Not", "And", "Or", "Greater", "Less", "GreaterOrEqual", "LessOrEqual",
+    "ConstantOfShape", "Range", "NonZero", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice",
+    "Gather", "Concat", "Split", "Dropout", "Expand", "Tile", "Pad", "If", "Loop", "Scan",
+})  # fmt: skip
+"""Nodes no recipe puts a quantization site on: shape arithmetic, control flow, and the ops that move
+values without computing new ones (`sites.PASS_THROUGH_OPS`)."""
+
+
+def quantizable_bodies(model: onnx.ModelProto) -> list[str]:
+    """`If_0 (223 nodes)` for every top-level If/Loop/Scan whose bodies hold nodes a scan would quantize
+    (an LSTM, a Conv): those stay float, so a scan's figures are of a partly quantized model. Bodies of
+    shape tests alone (silero's "squeeze if dim == 1") lose nothing and are left out."""
+    names = stable_node_names(list(model.graph.node))
+    out = []
+    for node, name in zip(model.graph.node, names, strict=True):
+        count = sum(_quantizable(g) for _, g in node_bodies(node))
+        if count:
+            out.append(f"{name} ({count} nodes)")
+    return out
+
+
+def _quantizable(graph: onnx.GraphProto) -> int:
+    n = 0
+    for node in graph.node:
+        n += node.op_type not in NOT_QUANTIZED
+        n += sum(_quantizable(g) for _, g in node_bodies(node))
+    return n
+
+
 def unquantized_warning(model: onnx.ModelProto) -> str | None:
     """One line naming the control-flow nodes whose bodies the scan does not quantize, and the way out."""
     found = unquantized_bodies(model)

@@ -132,6 +132,10 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "",
         f"Headline: `{head.output}` (worst output) cosine {_fmt(head.cosine, 5)}, "
         f"SQNR {_fmt(head.sqnr_db)} dB. "
+        + ("" if head.measured else f"**Not measured on the int8 model:** the quantizable nodes inside "
+           f"{', '.join(head.unmeasured)} stayed float (the deployed check runs the same model); fold the "
+           "control flow first (`quantscan check` names the rewrite flags). ")
+        +
         "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
         "",

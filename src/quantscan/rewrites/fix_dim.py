@@ -128,7 +128,29 @@ def fix_dim(model: onnx.ModelProto, dims: Sequence[str | DimSetting]) -> Rewrite
         names = ", ".join(sorted(set(unknowns)))
         result.changes.append(Change(REWRITE_ID, names, "declared -1 dims made unknown (invalid in ONNX)"))
     _fold_static_shapes(out, result)
+    _fold_decided_ifs(out, result)
     return result
+
+
+def _fold_decided_ifs(model: onnx.ModelProto, result: RewriteResult) -> None:
+    """Inline the Ifs whose conditions the fixed sizes decided (silero's "squeeze if dim == 1"), so the
+    flags `check` names for them fold them with fix-dim alone. Only when one exists: a graph without If
+    keeps exactly the fold it had."""
+    if not any(n.op_type == "If" for n in model.graph.node):
+        return
+    from quantscan.rewrites.freeze_input import fold_decided  # freeze_input imports this module
+
+    dynamic = "still has a dynamic shape"
+    fold_decided(model, result, REWRITE_ID)
+    index = GraphIndex(model.graph, ir_version=model.ir_version)
+    live = {node_label(n) for n in model.graph.node if n.op_type in ("Shape", "Size") and index.use_count(n.output[0])}
+    kept = [r for r in result.refusals if dynamic not in r.reason]  # each round re-listed them: once, if live
+    seen: set[str] = set()
+    for r in result.refusals:
+        if dynamic in r.reason and r.node in live and r.node not in seen:
+            kept.append(r)
+            seen.add(r.node)
+    result.refusals = kept
 
 
 def _targets(

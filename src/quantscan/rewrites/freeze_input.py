@@ -86,17 +86,23 @@ def freeze_input(model: onnx.ModelProto, specs: Sequence[str | FrozenInput]) -> 
     out = copy_model(model)
     result = RewriteResult(model=out)
     _replace_inputs(out, values, result)
-    for _ in range(MAX_ROUNDS):
-        before = len(result.changes)
-        for label in fold_constants(out):
-            result.changes.append(Change(REWRITE_ID, label, "folded to a constant"))
-        _inline_constant_ifs(out, result)
-        fold_static_shapes(out, result, REWRITE_ID)
-        if len(result.changes) == before:
-            break
+    fold_decided(out, result, REWRITE_ID)
     result.refusals = [r for r in result.refusals if "still has a dynamic shape" not in r.reason]
     _refuse_constant_loops(out, result)
     return result
+
+
+def fold_decided(model: onnx.ModelProto, result: RewriteResult, rewrite_id: str) -> None:
+    """Fold constants, Shapes of static tensors and Ifs on constant conditions until nothing changes (in
+    place). Shared with fix-dim: fixing a size decides the Ifs that test it, as freezing a setting does."""
+    for _ in range(MAX_ROUNDS):
+        before = len(result.changes)
+        for label in fold_constants(model):
+            result.changes.append(Change(rewrite_id, label, "folded to a constant"))
+        _inline_constant_ifs(model, result, rewrite_id)
+        fold_static_shapes(model, result, rewrite_id)
+        if len(result.changes) == before:
+            break
 
 
 def _replace_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray], result: RewriteResult) -> None:
@@ -131,7 +137,7 @@ def _names_besides(graph: onnx.GraphProto, pos: int) -> set[str]:
     return all_names(others) | set(graph.node[pos].input) | set(graph.node[pos].output)
 
 
-def _inline_constant_ifs(model: onnx.ModelProto, result: RewriteResult) -> None:
+def _inline_constant_ifs(model: onnx.ModelProto, result: RewriteResult, rewrite_id: str = REWRITE_ID) -> None:
     """Replace each top-level If whose condition is constant by the nodes of the branch it takes."""
     graph = model.graph
     index = GraphIndex(graph, ir_version=model.ir_version)
@@ -153,7 +159,7 @@ def _inline_constant_ifs(model: onnx.ModelProto, result: RewriteResult) -> None:
         remove.add(pos)
         orphans.add(node.input[0])
         result.changes.append(
-            Change(REWRITE_ID, node_label(node),
+            Change(rewrite_id, node_label(node),
                    f"If on a constant condition ({bool(cond.reshape(-1)[0])}): {taken_branch} inlined, "
                    f"{len(branch.node)} nodes")
         )

@@ -284,11 +284,14 @@ def _pad_11(node: onnx.NodeProto, ctx: _Ctx) -> str | None:
 
 
 def _resize_13(node: onnx.NodeProto, ctx: _Ctx) -> str | None:
-    """Resize-11 needs a roi input (unused outside tf_crop_and_resize): an empty one where 13 left it out."""
-    if len(node.input) > 1 and not node.input[1]:
-        name = f"{node.name or node.output[0]}/roi_empty"
-        ctx.index.graph.initializer.append(numpy_helper.from_array(np.zeros(0, np.float32), name=name))
-        node.input[1] = name
+    """Resize-13 may leave roi and scales out (`Resize(x, "", "", sizes)`); Resize-11 requires both inputs,
+    an empty tensor meaning "not given" (its spec: "If 'sizes' is needed, the user must set 'scales' to an
+    empty tensor"). An empty name where 11 needs a tensor fails the checker, so each becomes one."""
+    for pos, what in ((1, "roi"), (2, "scales")):
+        if len(node.input) > pos and not node.input[pos]:
+            name = ctx.fresh(f"{node.name or node.output[0]}/{what}_empty")
+            ctx.index.graph.initializer.append(numpy_helper.from_array(np.zeros(0, np.float32), name=name))
+            node.input[pos] = name
     return None
 
 

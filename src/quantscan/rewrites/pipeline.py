@@ -96,6 +96,8 @@ class StepReport:
     exact: bool
     changes: list[Change]
     refusals: list[Refusal]
+    noop: str = ""
+    """Why the pass changed nothing (it was skipped, the other passes kept); empty when it applied."""
 
 
 @dataclass
@@ -205,8 +207,10 @@ def rewrite(
     the newer ops); one below lowers it last with `opset-down` (decompositions must run while their ops
     exist), refusing with the ops that block it. Without `out`, a model given by path is written beside
     itself as `<stem>.rewritten.onnx` (then `.rewritten.1.onnx`, ...); `write=False` only proves.
-    Raises UsageError for unknown ids, bad dimension syntax, `out` equal to the input, a requested
-    rewrite that applied nowhere (the error lists why, from the refusals) and an opset it cannot lower.
+    Raises UsageError for unknown ids, bad dimension syntax, `out` equal to the input, a request where
+    no rewrite applied anywhere (the error lists why, from the refusals) and an opset it cannot lower. A
+    pass that applies nowhere among others that apply is skipped and reported (`StepReport.noop`), the
+    way `--all-for-profile` skips one: `--fix-dim batch=1 --cleanup` on a clean graph still fixes the dim.
     `clamp_mask_value` is the finite value `clamp-mask` writes; without one, the smallest magnitude of
     `CLAMP_CANDIDATES` whose proof is exact on the same data is chosen (else `CLAMP_VALUE`).
     `freeze_input` holds `NAME=VALUE` settings (`freeze-input`, applied right after fix-dim); the proof
@@ -237,12 +241,14 @@ def rewrite(
             result = clamp_mask(current, value)
         else:
             result = REWRITES[rid](current)
-        steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals))
-        if not result.changes:
-            raise UsageError(_applied_nowhere(rid, result))
-        current = result.model
+        noop = "" if result.changes else _applied_nowhere(rid, result)
+        steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals, noop))
+        if not noop:
+            current = result.model
     if opset is not None and opset < opset_before:
         current = _opset_down(current, opset, steps)
+    if not any(s.changes for s in steps):  # one no-op pass among others is skipped; all no-ops is a refusal
+        raise UsageError(next(s.noop for s in steps if s.noop))
     onnx.checker.check_model(current)
 
     proof = prove(

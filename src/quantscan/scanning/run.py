@@ -24,6 +24,7 @@ from quantscan import graph as qgraph
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
 from quantscan.graph.index import GraphIndex
+from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.runner import Runner
@@ -140,6 +141,7 @@ def _measure(
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
     times["impact"] = impact.seconds
     head = headline(evaluation)
+    head.unmeasured = quantizable_bodies(ctx.prepared.proto)
     t0 = time.perf_counter()
     gap_sites = deployed_gap_sites(ctx, qdq, head)
     if gap_sites:

@@ -2,23 +2,26 @@
 
 The nodes inside the bodies are checked by the other rules under their path names (see
 `compat.check`); this rule reports the control-flow node itself. An If whose condition is a constant
-folds away to one branch and is only noted. An If whose condition is computed from small graph inputs
-alone (silero-vad's `sr == 16000`) is one `rewrite --freeze-input NAME=VALUE` folds: the finding names
-those inputs, and the value is the user's to give (no number is suggested).
+folds away to one branch and is only noted. Any other If has its condition traced back to the graph
+inputs (`graph.conditions`): a condition on small setting inputs (silero-vad's `sr == 16000`) and on
+symbolic input dims (its "squeeze if dim == 1" tests on the batch and length) is folded by
+`rewrite --freeze-input NAME=VALUE --fix-dim ...`, and the finding names exactly those flags. The
+value a setting is compared with is named as the one that takes the then branch; the deployed value
+is still the user's to give.
 """
 
 from __future__ import annotations
 
 import onnx
 
+from quantscan.compat.analysis import ModelAnalysis
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import Fix, unsupported_op_fix
-from quantscan.graph.index import CONTROL_FLOW_OPS, GraphIndex
+from quantscan.graph.conditions import Condition
+from quantscan.graph.index import CONTROL_FLOW_OPS
 from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "control-flow"
-SMALL_INPUT = 16
-"""Graph inputs with at most this many elements count as settings (a sample rate, a flag), not data."""
 
 
 def run(ctx: RuleContext) -> list[Finding]:
@@ -39,43 +42,62 @@ def _count(node: onnx.NodeProto) -> int:
     return n
 
 
-def condition_inputs(view: GraphIndex, i: int) -> list[str] | None:
-    """The graph inputs an If's condition is computed from, when they are all small settings and the
-    computation reads nothing else but constants; None otherwise (data-dependent or shape-dependent)."""
-    node = view.nodes[i]
-    if node.op_type != "If" or not node.input:
-        return None
-    found: list[str] = []
-    todo = [node.input[0]]
-    seen: set[str] = set()
-    while todo:
-        t = todo.pop()
-        if t in seen or view.is_const(t):
-            continue
-        seen.add(t)
-        if t in view.graph_inputs:
-            numel = view.info(t).numel()
-            if numel is None or numel > SMALL_INPUT:
-                return None
-            found.append(t)
-            continue
-        j = view.producer.get(t)
-        if j is None or view.nodes[j].op_type in CONTROL_FLOW_OPS or view.nodes[j].op_type in ("Shape", "Size"):
-            return None
-        todo.extend(view.node_inputs(j))
-    return sorted(found) or None
-
-
 def _fix(ctx: RuleContext, i: int) -> Fix:
-    names = condition_inputs(ctx.view, i)
-    if names is None:
-        return unsupported_op_fix(ctx.op(i), ctx.profile)
-    settings = " ".join(f"--freeze-input {n}=VALUE" for n in names)
-    return Fix(
-        f"freeze-input: rewrite {settings} (the value you deploy with) folds the If to its taken branch",
-        RewriteId.FREEZE_INPUT,
-        tuple(names),
-    )
+    """The flags that fold this If, from its condition traced back to the inputs (`graph.conditions`).
+    A condition on data values keeps the plain advice: no flag folds it."""
+    cond = ctx.analysis.condition(ctx.name(i)) if ctx.op(i) == "If" else None
+    if cond is None or not cond.foldable_by_flags:
+        plain = unsupported_op_fix(ctx.op(i), ctx.profile)
+        if cond is not None and cond.data:
+            return Fix(f"{plain.text} (its condition reads the values of {', '.join(cond.data)}: no flag folds it)")
+        return plain
+    flags = condition_flags(ctx.analysis, cond)
+    read = [f"the value of {s}" for s in cond.settings] + [f"{n} axis {a}" for n, a in cond.dims]
+    text = f"rewrite {' '.join(flags)} folds it (its condition reads {', '.join(read)})"
+    if any(f.endswith(("=VALUE", "=V")) for f in flags):
+        text += "; VALUE/V: what you deploy with"
+    elif cond.compared:
+        tested = ", ".join(f"{s}={_setting_value(cond, s)}" for s in cond.compared)
+        text += f"; {tested} takes the then branch: give the value you deploy with"
+    if cond.settings:
+        return Fix(text, RewriteId.FREEZE_INPUT, cond.settings)
+    concrete = tuple(f.split(" ", 1)[1] for f in flags if not f.endswith("=V"))
+    return Fix(text, RewriteId.FIX_DIM if concrete else None, concrete)
+
+
+def condition_flags(analysis: ModelAnalysis, cond: Condition) -> list[str]:
+    """`--freeze-input NAME=C` per setting input (C the constant the condition compares it with, the
+    value that takes the then branch; VALUE when none), `--fix-dim` per input dim it tests (batch=N on
+    axis 0, INPUT:AXIS=N elsewhere; N from --input-shape, else 1 for the batch and V otherwise)."""
+    freeze = [f"--freeze-input {s}={_setting_value(cond, s)}" for s in cond.settings]
+    dims = [f"--fix-dim {_dim_spec(analysis, cond, name, axis)}" for name, axis in cond.dims]
+    return freeze + list(dict.fromkeys(dims))
+
+
+def fold_flags(analysis: ModelAnalysis) -> list[str]:
+    """The flags that fold every If of the model a flag can fold (the union, in a stable order)."""
+    flags: list[str] = []
+    for cond in analysis.conditions.values():
+        if cond.foldable_by_flags:
+            flags += [f for f in condition_flags(analysis, cond) if f not in flags]
+    return sorted(flags, key=lambda f: (not f.startswith("--freeze"), "batch=" not in f, f))
+
+
+def _setting_value(cond: Condition, name: str) -> str:
+    """The constant the condition compares `name` with (e.g. 16000), VALUE when none or several."""
+    values = cond.compared.get(name, ())
+    return f"{values[0]:g}" if len(values) == 1 else "VALUE"
+
+
+def _dim_spec(analysis: ModelAnalysis, cond: Condition, name: str, axis: int) -> str:
+    """The fix-dim setting for one input dim, in the contract's syntax: `batch=N` for axis 0 and for a
+    dim sharing the batch's dim_param (fix-dim sets every dim of that name); `PARAM=N` for another named
+    dim, `INPUT:AXIS=N` for an unnamed one. N comes from --input-shape, else 1 for the batch, else V."""
+    param = cond.params.get((name, axis))
+    given = analysis.given_dims.get((name, axis))
+    if (name, axis) in cond.batch_like:
+        return f"batch={given or 1}"
+    return f"{param or f'{name}:{axis}'}={given or 'V'}"
 
 
 def _finding(ctx: RuleContext, i: int, n_sub: int) -> Finding:

@@ -6,11 +6,16 @@ rknn-toolkit2 2.5.0 ran Softmax as exSoftmax13 FLOAT16: on the NPU for rk3588, o
 rk3568), not from an op list. Such a node is not an int8 precision risk (the `precision` rule leaves
 it out) but a mixed-precision boundary the user should know about: DataConvert layers around it, and
 float16 figures in the vendor's analysis. `quantscan vendor` compares this prediction with the vendor's placement.
+
+A node that breaks one of the profile's limits (an attention Softmax on an axis rk3588's list does not
+name) gets no note here: its param-limit warning carries the fix and says the float16 fact, so the user
+reads one finding, not "Transpose" and "none needed" side by side.
 """
 
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
+from quantscan.compat.rules import param_limits
 from quantscan.records import Finding, Severity
 
 RULE_ID = "float16"
@@ -37,5 +42,5 @@ def run(ctx: RuleContext) -> list[Finding]:
             unverified=origin.unverified if origin else False,
         )
         for i in ctx.analysis.live()
-        if ctx.op(i) in p.float16_ops
+        if ctx.op(i) in p.float16_ops and not param_limits.violations(ctx, i)
     ]

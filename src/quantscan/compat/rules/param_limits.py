@@ -21,15 +21,23 @@ RULE_ID = "param-limit"
 def run(ctx: RuleContext) -> list[Finding]:
     out: list[Finding] = []
     for i in ctx.analysis.live():
-        op = ctx.op(i)
-        if op not in ctx.profile.npu_ops:
-            continue
-        params = ctx.analysis.params[i]
-        for limit in ctx.profile.limits:
-            if (op in limit.ops or "*" in limit.ops) and _applies(limit.when, params):
-                finding = _check(ctx, i, limit, params)
-                if finding is not None:
-                    out.append(finding)
+        out.extend(violations(ctx, i))
+    return out
+
+
+def violations(ctx: RuleContext, i: int) -> list[Finding]:
+    """Node i's findings: one per profile limit its parameters break (none off the NPU path). The
+    float16 rule asks too, so that a node the limits send to the CPU gets one finding, not two fixes."""
+    op = ctx.op(i)
+    if op not in ctx.profile.npu_ops:
+        return []
+    params = ctx.analysis.params[i]
+    out: list[Finding] = []
+    for limit in ctx.profile.limits:
+        if (op in limit.ops or "*" in limit.ops) and _applies(limit.when, params):
+            finding = _check(ctx, i, limit, params)
+            if finding is not None:
+                out.append(finding)
     return out
 
 
@@ -71,6 +79,8 @@ def _check(ctx: RuleContext, i: int, limit: Limit, params: Params) -> Finding | 
     where = "" if limit.when == "any" else f" ({limit.when.replace('_', '-')})"
     fallback = "rejected by the converter" if limit.on_violation == "reject" else "falls back to the CPU"
     note = f"; {limit.note}" if limit.note else ""
+    if op in ctx.profile.float16_ops:  # the float16 rule's fact, said once here rather than as a 2nd finding
+        note += f"; within the limit, {ctx.profile.name} runs {op} in float16 (not an int8 site)"
     fix = limit_fix(limit.attribute, op, value)
     return Finding(
         node=ctx.name(i),

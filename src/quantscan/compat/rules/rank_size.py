@@ -2,7 +2,7 @@
 
 One finding per node (the first limit broken), so a 5-D attention block does not bury the table.
 Shapes are read from the view with input dims fixed; unknown dims are skipped, and so are the dim and
-element limits of a tensor whose size rests on a guessed input dim (`LoadedModel.guessed`). The batch
+element limits of a tensor whose size rests on a guessed input dim (`ModelViews.guessed`). The batch
 limit is layout-aware only as far as it can be sure: a tensor's axis 0 is judged as a batch when it
 equals the batch of a data input, so an LSTM state [2,1,128] (axis 0 = layers x directions, its batch
 is 1) is not "batch 2 > 1".
