@@ -292,7 +292,7 @@ def test_each_layers_column_is_spelled_in_one_module() -> None:
     columns = set(LAYERS_COLUMNS)
     spelled: dict[str, set[str]] = {}
     for name, path in _modules().items():
-        if name == "quantscan.columns" or name.endswith("rknn_driver"):  # the driver runs in the vendor's Python
+        if name == "quantscan.columns" or name.endswith("rknn_driver"):  # runs in the vendor's Python
             continue
         for value in set(_string_literals(ast.parse(path.read_text(encoding="utf-8")))) & columns:
             if not name.startswith(HOMONYMS.get(value, ("\0",))):

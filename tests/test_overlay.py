@@ -115,7 +115,7 @@ def test_overlay_writes_gain_after_bisect_and_the_cli_one_line_error(run_dir: Pa
 
 def test_overlay_reads_a_bisect_folder(run_dir: Path, tmp_path: Path) -> None:
     """`bisect --out DIR` on its own writes no run.json; overlay must still show its gains and its plan."""
-    from quantscan.bisect import run_bisect
+    from quantscan.api import run_bisect
 
     model, calib = run_dir.parent / "m.onnx", run_dir.parent / "calib"
     out = tmp_path / "bisect"

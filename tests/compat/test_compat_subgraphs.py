@@ -15,7 +15,7 @@ from quantscan.compat.check import check
 from quantscan.graph.subgraphs import bodies, body_model, node_bodies, outer_reads, scope_of
 from quantscan.rewrites.fix_dim import fix_dim
 from quantscan.rewrites.freeze_input import freeze_input
-from quantscan.rewrites.runner import rewrite
+from quantscan.rewrites.pipeline import rewrite
 
 H = 4
 

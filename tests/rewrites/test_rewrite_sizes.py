@@ -19,8 +19,8 @@ from onnx.reference import ReferenceEvaluator
 
 from builders import build, vad_like
 from quantscan.compat.check import check
+from quantscan.compat.rewrite_plan import plan_for_profile
 from quantscan.rewrites.fix_dim import fix_dim
-from quantscan.rewrites.plan import plan_for_profile
 from quantscan.rewrites.sizes import plan_sizes
 
 YOLO = """<ir_version: 8, opset_import: ["" : 13]>

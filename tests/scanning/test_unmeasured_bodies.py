@@ -19,9 +19,9 @@ import onnx
 import pytest
 
 from builders import build
+from quantscan.api import scan
 from quantscan.compat.check import check
-from quantscan.rewrites.runner import rewrite
-from quantscan.scanning import scan
+from quantscan.rewrites.pipeline import rewrite
 
 MODEL = """
 <ir_version: 8, opset_import: ["" : 13]>
