@@ -89,7 +89,7 @@ def test_weights_mapped_from_a_file_count_fewer_copies_and_only_large_models_map
     for batch in (1, 4):
         saved = estimate_peak(FOOT, batch) - estimate_peak(mapped, batch)
         assert saved == pytest.approx((WEIGHT_COPIES - MAPPED_WEIGHT_COPIES) * FOOT.weight_bytes, abs=2)
-    opts = ScanOptions(max_memory="8G")
+    opts = ScanOptions(max_memory="8G").validate()  # memory_plan takes validated options (bytes)
     ctx = prepare_scan(*write_chain(tmp_path, samples=2))
     for threshold, expected in ((1, True), (2**40, False), (None, False)):
         plan = memory_plan(ctx.prepared, ctx.probe, ctx.sites, opts, None, 2, threshold)

@@ -90,7 +90,7 @@ class ScanOptions:
     batch_size: int | None = None
     """Samples per run when the batch dim is free; None: the largest (up to 8) that fits `max_memory`."""
     max_memory: str | int | None = None
-    """Memory budget (`8G`, `512M`, bytes); None: half the available RAM (scanning/budget.py)."""
+    """Memory budget (`8G`, `512M`, bytes; bytes once validated); None: as scanning/budget.py decides."""
     segments: int | None = None
     """Split the analysis into this many sessions (API and tests); None: as the memory plan decides."""
     workers: int = 1
@@ -155,8 +155,6 @@ class ScanOptions:
             isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size <= 0
         ):
             raise UsageError(f"--batch-size: expected a positive integer, found {self.batch_size!r}")
-        if self.max_memory is not None:
-            parse_size(self.max_memory)
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise UsageError(f"--workers: expected a positive integer, found {self.workers!r}")
         if self.workers > 1 and self.state:
@@ -165,7 +163,8 @@ class ScanOptions:
         if self.segments is not None and (not isinstance(self.segments, int) or self.segments < 1):
             raise UsageError(f"segments: expected a positive integer, found {self.segments!r}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)
-        return replace(self, calib_method=CalibMethod(self.calib_method), activations=scheme)
+        budget = None if self.max_memory is None else parse_size(self.max_memory)  # parsed here, once
+        return replace(self, calib_method=CalibMethod(self.calib_method), activations=scheme, max_memory=budget)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from quantscan.scanning.budget import (
     default_aim,
     default_budget,
     machine_memory,
-    parse_size,
     plan_memory,
 )
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
@@ -506,7 +505,7 @@ def memory_plan(
     )
     aim = None
     if opts.max_memory is not None:
-        budget, source = parse_size(opts.max_memory), "--max-memory"
+        budget, source = int(opts.max_memory), "--max-memory"  # bytes: ScanOptions.validate parsed it
     else:
         available, total = machine_memory()
         budget, source = default_budget(available, total), "half the available RAM"
