@@ -255,15 +255,15 @@ def _samples_in(feeds: Mapping[str, np.ndarray]) -> int:
     return max(1, int(first.shape[0])) if first is not None and first.ndim else 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScanContext:
     """Everything up to the quantization plan: what the evaluation, bisection and output gain build on.
 
     `sites` and `plan` describe the all-int8 model; `prepared` is the FP32 analysis copy (same
     tensor names as the user's model), `probe` the true dtypes/shapes of every tensor, `cset` /
     `eval_set` the calibration and evaluation samples, `opts` the user's options, `chip` the profile's
-    decisions.
-    The QDQ model is built from `prepared`, `sites` and `plan` by whoever needs it.
+    decisions. The QDQ model is built from `prepared`, `sites` and `plan` by whoever needs it. Frozen:
+    a pass reads it and never changes it (a shard or a sample subset is `dataclasses.replace`).
     """
 
     loaded: LoadedModel
