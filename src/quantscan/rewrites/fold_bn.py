@@ -103,6 +103,31 @@ def _plan(
     bn: onnx.NodeProto, index: GraphIndex
 ) -> str | tuple[onnx.NodeProto, np.ndarray, np.ndarray, _Note]:
     """Compute the folded weight and bias for one BN, or return the reason it cannot be folded."""
+    stats = _bn_statistics(bn, index)
+    if isinstance(stats, str):
+        return stats
+    producer = _foldable_producer(bn, index)
+    if isinstance(producer, str):
+        return producer
+    weights = _producer_weights(producer, index)
+    if isinstance(weights, str):
+        return weights
+    w, b, has_bias = weights
+    gamma, beta, mean, var, eps = stats
+    factor = gamma / np.sqrt(var + eps)
+    folded = _folded(producer, w, b, factor, mean, beta)
+    if isinstance(folded, str):
+        return folded
+    new_w, new_b = folded
+    note = _note(producer, index, has_bias)
+    return producer, new_w.astype(w.dtype), np.ascontiguousarray(new_b).astype(w.dtype), note
+
+
+_Stats = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]
+
+
+def _bn_statistics(bn: onnx.NodeProto, index: GraphIndex) -> str | _Stats:
+    """(gamma, beta, mean, var, epsilon) of an inference-mode BN with constant parameters, or why not."""
     if get_attr(bn, "training_mode", 0) == 1:
         return "BN is in training mode (training_mode=1): batch statistics, not constants"
     if len([o for o in bn.output if o]) > 1:
@@ -116,11 +141,13 @@ def _plan(
         missing = [n for n, p in zip(bn.input[1:5], params, strict=True) if p is None]
         return f"BN parameters are not constant: {', '.join(missing)}"
     gamma, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params)  # type: ignore[arg-type]
-    eps = attr_float(bn, "epsilon", 1e-5)
-    channels = gamma.size
-    if not all(p.size == channels for p in (beta, mean, var)):
+    if not all(p.size == gamma.size for p in (beta, mean, var)):
         return "BN parameters have different lengths"
+    return gamma, beta, mean, var, attr_float(bn, "epsilon", 1e-5)
 
+
+def _foldable_producer(bn: onnx.NodeProto, index: GraphIndex) -> str | onnx.NodeProto:
+    """The Conv/ConvTranspose/Gemm the BN alone reads from, or why the BN cannot go into it."""
     x = bn.input[0]
     producer = index.producer_node(x)
     if producer is None:
@@ -132,7 +159,13 @@ def _plan(
         if x in index.graph_outputs:
             others.append("graph output")
         return f"BN input has another consumer ({', '.join(others)}): folding would change it"
+    return producer
 
+
+def _producer_weights(
+    producer: onnx.NodeProto, index: GraphIndex
+) -> str | tuple[np.ndarray, np.ndarray | None, bool]:
+    """(weight, bias or None, whether a bias input exists) when both are float constants, or why not."""
     if len(producer.input) < 2 or not producer.input[1]:
         return f"{producer.op_type} {node_label(producer)} has no weight input"
     w = index.constant(producer.input[1])
@@ -144,17 +177,23 @@ def _plan(
     b = index.constant(producer.input[2]) if has_bias else None
     if has_bias and b is None:
         return f"{producer.op_type} bias {producer.input[2]!r} is not constant"
+    return w, b, has_bias
 
-    factor = gamma / np.sqrt(var + eps)
+
+def _folded(
+    producer: onnx.NodeProto, w: np.ndarray, b: np.ndarray | None, factor: np.ndarray, mean: np.ndarray,
+    beta: np.ndarray,
+) -> str | tuple[np.ndarray, np.ndarray]:
+    """W' = W·γ/√(σ²+ε) along the producer's output channels, b' = (b−μ)·γ/√(σ²+ε)+β (float64)."""
+    channels = factor.size
     w64 = w.astype(np.float64)
-    note = _Note()
     if producer.op_type == "Conv":
         if w.ndim < 2 or w.shape[0] != channels:
             return f"Conv has {w.shape[0] if w.ndim else '?'} output channels, BN has {channels}"
         new_w = w64 * factor.reshape((-1,) + (1,) * (w.ndim - 1))
         bias = b.astype(np.float64).reshape(-1) if b is not None else np.zeros(channels)
-        new_b = (bias - mean) * factor + beta
-    elif producer.op_type == "ConvTranspose":
+        return new_w, (bias - mean) * factor + beta
+    if producer.op_type == "ConvTranspose":
         group = attr_int(producer, "group", 1)
         if w.ndim < 2 or w.shape[0] % group:
             return "ConvTranspose weight shape does not match its group count"
@@ -164,22 +203,23 @@ def _plan(
         # weight [C_in, C_out/g, k...]: output channel g*(C_out/g)+j lives at [g-block, j]
         blocks = w64.reshape((group, w.shape[0] // group, w.shape[1]) + w.shape[2:])
         f = factor.reshape((group, 1, w.shape[1]) + (1,) * (w.ndim - 2))
-        new_w = (blocks * f).reshape(w.shape)
         bias = b.astype(np.float64).reshape(-1) if b is not None else np.zeros(channels)
-        new_b = (bias - mean) * factor + beta
-    else:  # Gemm: Y = alpha·A'·B' + beta·C, output channel = column of Y
-        if w.ndim != 2:
-            return "Gemm weight is not 2-D"
-        trans_b = attr_int(producer, "transB", 0)
-        axis = 0 if trans_b else 1
-        if w.shape[axis] != channels:
-            return f"Gemm has {w.shape[axis]} output columns, BN has {channels}"
-        new_w = w64 * (factor.reshape(-1, 1) if trans_b else factor.reshape(1, -1))
-        gemm_beta = attr_float(producer, "beta", 1.0)
-        bias64 = gemm_beta * b.astype(np.float64) if b is not None else np.zeros(channels)
-        new_b = (bias64 - mean) * factor + beta
-        if new_b.ndim == 0:
-            new_b = np.broadcast_to(new_b, (channels,))
+        return (blocks * f).reshape(w.shape), (bias - mean) * factor + beta
+    # Gemm: Y = alpha·A'·B' + beta·C, output channel = column of Y
+    if w.ndim != 2:
+        return "Gemm weight is not 2-D"
+    trans_b = attr_int(producer, "transB", 0)
+    if w.shape[0 if trans_b else 1] != channels:
+        return f"Gemm has {w.shape[0 if trans_b else 1]} output columns, BN has {channels}"
+    new_w = w64 * (factor.reshape(-1, 1) if trans_b else factor.reshape(1, -1))
+    bias64 = attr_float(producer, "beta", 1.0) * b.astype(np.float64) if b is not None else np.zeros(channels)
+    new_b = (bias64 - mean) * factor + beta
+    return new_w, np.broadcast_to(new_b, (channels,)) if new_b.ndim == 0 else new_b
+
+
+def _note(producer: onnx.NodeProto, index: GraphIndex, has_bias: bool) -> _Note:
+    """What the fold changes besides the numbers: shared weights copied, a bias added, the tensors replaced."""
+    note = _Note()
     if index.use_count(producer.input[1]) > 1:
         note.parts.append(f"weight {producer.input[1]!r} is shared: folded into a copy")
     if has_bias and index.use_count(producer.input[2]) > 1:
@@ -189,7 +229,7 @@ def _plan(
     note.replaced.append(producer.input[1])
     if has_bias:
         note.replaced.append(producer.input[2])
-    return producer, new_w.astype(w.dtype), np.ascontiguousarray(new_b).astype(w.dtype), note
+    return note
 
 
 def _apply(
