@@ -111,6 +111,15 @@ class EvalSums:
         return self
 
 
+def quantizes(site: Site, plan: qgraph.QuantPlan) -> bool:
+    """True when the site has anything quantized: its output, a data input or a weight. A site whose
+    output stays float (quantize_static's BatchNormalization after a ConvTranspose: gamma and beta
+    quantized, the output not) still has an isolated figure: its quantized inputs and weights alone."""
+    weights = [site.weight, site.bias, *(w for w, _ in site.extra_weights)]
+    return (site.output in plan.activations or any(i in plan.activations for i in site.inputs)
+            or any(w in plan.weights or w in plan.biases for w in weights if w))
+
+
 def accumulate_evaluation(
     prepared: PreparedModel,
     qdq: onnx.ModelProto,
@@ -132,7 +141,7 @@ def accumulate_evaluation(
     One pass: cumulative, isolated and per-channel sums come out of one session per batch (or
     `segments` sessions taking turns on each batch, when the memory plan says one cannot fit);
     `finish_evaluation` turns the (merged) sums into figures."""
-    isolated_ids = [k for k, s in enumerate(sites) if s.output in plan.activations]
+    isolated_ids = [k for k, s in enumerate(sites) if quantizes(s, plan)]
     combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
     reducer = qgraph.Reducer(prepared.opset_to)
     rank = {t: len(probe.shapes.get(t, ())) for t in compare}
