@@ -37,6 +37,8 @@ NOTABLE_GAIN = 1e-4
 PLAN_BEGIN = "<!-- quantscan:bisect-plan -->"
 PLAN_END = "<!-- /quantscan:bisect-plan -->"
 NEXT_SITES = 3
+INPUT_SHARE = 0.25
+"""A model input quantized alone that costs this share of the all-int8 output loss (or more) is named."""
 CHAIN_SHARE = 0.1
 """Below CLOSE_COSINE, when keeping the best single site float wins back less than this share of the
 cosine lost, no site explains the loss: it takes several together (a chain), which only bisect measures
@@ -194,12 +196,15 @@ def diagnosis_lines(
     plan: Mapping[str, Any] | None,
     gap_sites: Sequence[Mapping[str, Any]] = (),
     basis: GainSamples | None = None,
+    inputs: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
-    """The `## Diagnosis` section: verdict, deployed gap (and the sites behind it), where/why/first fix,
-    next sites, the bisect plan. `basis`: the samples the gains were measured on, when fewer than all."""
+    """The `## Diagnosis` section: verdict, deployed gap (and the sites behind it), the model inputs that
+    lose much on their own, where/why/first fix, next sites, the bisect plan. `basis`: the samples the
+    gains were measured on, when fewer than all; `inputs`: run.json's `inputs[*].quantization`."""
     lines = ["## Diagnosis", "", _verdict(head, metrics), *_deployed_gap(head, gap_sites)]
     measured = _measured(layers)
     cosine = _num(head.cosine)
+    lines += _input_lines(inputs, cosine)
     if layers.empty:
         lines.append("- No quantization sites.")
     elif measured.empty:
@@ -214,6 +219,21 @@ def diagnosis_lines(
     else:
         lines += _where(layers, measured, cosine, basis)
     lines += ["", PLAN_BEGIN, *plan_lines(plan), PLAN_END, ""]
+    return lines
+
+
+def _input_lines(inputs: Sequence[Mapping[str, Any]], cosine: float) -> list[str]:
+    """A model input whose quantization alone costs at least INPUT_SHARE of the all-int8 loss: every
+    site after it inherits that error, so it is said before any site is blamed."""
+    lines = []
+    for q in inputs:
+        alone, wide = _num(q.get("output_cosine")), _num(q.get("output_cosine_16bit"))
+        if not 1.0 - alone >= max(NOTABLE_GAIN, INPUT_SHARE * (1.0 - cosine)):
+            continue
+        fix = f" **Fix**: {q['fix']}." if q.get("fix") else ""
+        why = f"; {q.get('cause')}: {q.get('reason')}" if q.get("cause") not in (None, "ok") else ""
+        lines.append(f"- **Model input** `{q['name']}`: quantized alone ({q.get('scheme')}, as an NPU quantizes "
+                     f"its inputs) it takes the output cosine to {alone:.5f} ({wide:.5f} at 16 bits){why}.{fix}")
     return lines
 
 

@@ -102,7 +102,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         f"# quantscan: {result.model.path.name}",
         "",
         *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites,
-                         gain_basis(info.options, info.evaluation.samples)),
+                         gain_basis(info.options, info.evaluation.samples),
+                         [i["quantization"] for i in info.inputs if "quantization" in i]),
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "

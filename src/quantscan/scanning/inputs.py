@@ -1,0 +1,130 @@
+"""The model's inputs as quantization sites: every NPU quantizes them, so they are measured like a site.
+
+Why: a speaker encoder fed power mel frames puts 88% of its input values into uint8 code 0; with only
+the input quantized the output cosine is 0.593 (0.989 at 16 bits), and the summary blamed the LSTM
+after it ("intrinsic"). Per quantized float input (recurrent state inputs aside): its isolated figures
+(QDQ(x) against x), where its codes go, the cause rules that apply to data (code waste, one-sided or
+signed data, codes crowded by rare peaks), and the output when only this input is quantized, at the
+scan's scheme and at 16 bits: the FP32 model run on the fake-quantized input, no extra graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from quantscan import metrics as qm
+from quantscan import quant
+from quantscan.diagnose import code_waste
+from quantscan.diagnose.base import SiteFacts, human
+from quantscan.runner import FP32_LEVEL
+from quantscan.scanning.prepare import ScanContext
+
+CROWDED_SHARE = 0.5
+"""A most-used code holding at least this share of an input's values, while quantizing that input alone
+costs the output at least CROWDED_LOSS of cosine, is an input whose range rare peaks set: most values
+get one or two codes. (Its isolated SQNR can look fine: the peaks carry the energy.)"""
+CROWDED_LOSS = 1e-3
+
+
+@dataclass
+class InputSite:
+    """One quantized model input, measured as a site (run.json `inputs[*].quantization`)."""
+
+    name: str
+    scheme: str
+    isolated_sqnr_db: float
+    isolated_cosine: float
+    top_code: int
+    top_code_share: float
+    codes_used: int
+    output_cosine: float
+    """Worst headline output's cosine with only this input quantized (the scan's scheme)."""
+    output_cosine_16bit: float
+    """The same with the input at 16 bits (uint16/int16 over the same range)."""
+    cause: str
+    reason: str
+    fix: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+def _sixteen_bit(qp: quant.QParams) -> quant.QParams:
+    """The 16-bit counterpart of an 8-bit activation over the same range (uint8 -> uint16, int8 -> int16)."""
+    lo = float((qp.qmin - int(qp.zero_point)) * float(qp.scale))
+    hi = float((qp.qmax - int(qp.zero_point)) * float(qp.scale))
+    return quant.activation_qparams(lo, hi, "uint16" if qp.qmin == 0 else "int16")
+
+
+def measure_inputs(ctx: ScanContext) -> list[InputSite]:
+    """Every quantized float input of the prepared model, measured over the evaluation set."""
+    states = set(ctx.opts.state.values())
+    names = [i.name for i in ctx.prepared.proto.graph.input
+             if i.name in ctx.plan.activations and i.name not in states and i.name in ctx.probe.float_tensors]
+    if not names:
+        return []
+    outputs = ctx.headline_outputs()
+    # a plain FP32 graph with few outputs, fed fake-quantized arrays: FP32_LEVEL's fast kernels (runner.py)
+    session = ctx.runner.session(ctx.prepared.proto, built=True, opt_level=FP32_LEVEL)
+    iso = {n: qm.ErrorAccumulator() for n in names}
+    out = {(n, bits): {o: qm.ErrorAccumulator() for o in outputs} for n in names for bits in (8, 16)}
+    codes = {n: np.zeros(ctx.plan.activations[n].qmax - ctx.plan.activations[n].qmin + 1, np.int64) for n in names}
+    span = {n: [math.inf, -math.inf] for n in names}
+    for feeds in ctx.eval_set.batches(ctx.batch_size):
+        ref = session.run(feeds, outputs)
+        for n in names:
+            if n not in feeds:
+                continue
+            qp = ctx.plan.activations[n]
+            q = quant.quantize(feeds[n], qp)
+            codes[n] += np.bincount((q.astype(np.int64) - qp.qmin).ravel(), minlength=codes[n].size)
+            iso[n].update(feeds[n], quant.dequantize(q, qp))
+            finite = feeds[n][np.isfinite(feeds[n])]
+            if finite.size:
+                span[n] = [min(span[n][0], float(finite.min())), max(span[n][1], float(finite.max()))]
+            for bits, p in ((8, qp), (16, _sixteen_bit(qp))):
+                got = session.run({**feeds, n: quant.fake_quant(feeds[n], p)}, outputs)
+                for o in outputs:
+                    out[(n, bits)][o].update(ref[o], got[o])
+    return [_site(ctx.plan.activations[n], n, iso[n], codes[n], span[n], out[(n, 8)], out[(n, 16)]) for n in names]
+
+
+def _site(
+    qp: quant.QParams, name: str, iso: qm.ErrorAccumulator, codes: np.ndarray, span: list[float],
+    out8: dict[str, qm.ErrorAccumulator], out16: dict[str, qm.ErrorAccumulator],
+) -> InputSite:
+    """The figures of one input and its cause."""
+    total = int(codes.sum())
+    top = int(np.argmax(codes)) if total else 0
+    share = float(codes[top]) / total if total else math.nan
+    alone = min((float(a.cosine) for a in out8.values()), default=math.nan)
+    cause, reason, fix = _cause(name, qp, 1.0 - alone, top + qp.qmin, share, span)
+    return InputSite(
+        name=name, scheme=str(qp.dtype), isolated_sqnr_db=float(iso.sqnr_db), isolated_cosine=float(iso.cosine),
+        top_code=top + qp.qmin, top_code_share=share, codes_used=int(np.count_nonzero(codes)),
+        output_cosine=alone, output_cosine_16bit=min((float(a.cosine) for a in out16.values()), default=math.nan),
+        cause=cause, reason=reason, fix=fix,
+    )
+
+
+def _cause(
+    name: str, qp: quant.QParams, loss: float, top: int, share: float, span: list[float]
+) -> tuple[str, str, str]:
+    """(cause, reason, fix) for an input (`loss`: output cosine lost with it alone quantized): codes crowded
+    by rare peaks, else the code-waste rule, else ok."""
+    if share >= CROWDED_SHARE and loss >= CROWDED_LOSS:
+        return ("crowded-codes",
+                f"{human(100 * share)}% of its values land in code {top}: rare peaks set the range "
+                "(heavy-tailed data such as a power spectrum)",
+                "feed it compressed (log or dB, as a front end would) and normalised, or quantize this input at "
+                "16 bits")
+    facts = SiteFacts(node=name, op_type="Input", output=name, lo=span[0], hi=span[1], scale=float(qp.scale),
+                      zero_point=int(qp.zero_point), qmin=qp.qmin, qmax=qp.qmax)
+    finding = code_waste.check(facts)
+    if finding is not None:
+        return finding.cause.value, finding.reason, finding.fix.text()
+    return "ok", f"its values use {human(100 * (1 - share))}% of the codes outside the most used one", ""
