@@ -256,3 +256,34 @@ def test_box_merge_equals_one_pass_and_detection_is_by_grid() -> None:
     assert tm.detect_task([1, 84, 6], None, False, (64, 64)) == "box"
     assert tm.detect_task([1, 84, 6], None, False, None) == "none"  # no input size: not sure enough
     assert tm.detect_task([1, 85, 6], None, False, (64, 64)) == "none"
+
+
+def _yolov8_head(boxes: list[tuple[float, float, float, float, int, float]], classes: int = 3) -> np.ndarray:
+    """A [4+C, 84] YOLOv8 head for a 64x64 input: decoded centre boxes (cx, cy, w, h) in pixels and class
+    scores, channels first, no objectness; every other anchor scores 0.01."""
+    head = np.zeros((4 + classes, 84), np.float32)
+    head[4:] = 0.01
+    head[:4] = np.array([[8.0], [8.0], [4.0], [4.0]])
+    for k, (cx, cy, w, h, cls, score) in enumerate(boxes):
+        head[:4, 10 * k] = (cx, cy, w, h)
+        head[4 + cls, 10 * k] = score
+    return head
+
+
+def test_yolov8_and_yolov5_heads_are_box_heads() -> None:
+    """[N, 4+C, A] (YOLOv8, no objectness) and [N, 3A, 5+C] (YOLOv5) with A the stride 8/16/32 cell count
+    of a 64x64 input (84) are detection heads, decoded as such; a YOLOX head keeps its decode."""
+    hw = (64, 64)
+    assert tm.box_layout([1, 7, 84], hw) == "yolov8" and tm.detect_task([1, 7, 84], None, False, hw) == "box"
+    assert tm.box_layout([1, 252, 8], hw) == "xywh" and tm.detect_task([1, 252, 8], None, False, hw) == "box"
+    assert tm.box_layout([1, 84, 8], (64, 64)) == "yolox" and tm.box_layout([1, 7, 85], (64, 64)) is None
+    acc = tm.make_accumulator("box", None, 0.5, (64, 64), [1, 7, 84])
+    assert isinstance(acc, tm.BoxAccumulator) and acc.decode == "yolov8"
+    # FP32: three boxes; int8: one class score sinks below the threshold, one box moves by 1 px of 16
+    ref = _yolov8_head([(20, 20, 16, 16, 0, 0.9), (44, 44, 12, 12, 1, 0.8), (20, 48, 10, 10, 2, 0.7)])
+    test = _yolov8_head([(21, 20, 16, 16, 0, 0.85), (44, 44, 12, 12, 1, 0.8), (20, 48, 10, 10, 2, 0.2)])
+    acc.update(ref[None], test[None], None)
+    got = acc.results()
+    assert got["fp32_boxes"] == 3 and got["box_recall"] == pytest.approx(2 / 3)
+    assert got["box_agreement"] == pytest.approx(2 * 2 / (3 + 2))  # F1 of 2 matches, 3 FP32 and 2 int8 boxes
+    assert got["box_matched_iou"] == pytest.approx(((15 * 16) / (17 * 16) + 1.0) / 2)
