@@ -222,7 +222,8 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
         lines.append(f"- evaluation values outside the calibrated range: at most {_fmt(float(clip.max()))} of a "
                      f"site's values (no site above {CLIP_FLAG:.1%}); column `eval_clip_fraction` in layers.csv")
     if worst:
-        lines += ["", "Worst evaluation samples by output cosine (saved in run.json `worst_samples`, "
+        lines += ["", "Worst evaluation samples by their share of the output error, with their output cosine "
+                  "(saved in run.json `worst_samples`, "
                   "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
         for w in worst:
             where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"
