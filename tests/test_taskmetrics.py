@@ -287,3 +287,17 @@ def test_yolov8_and_yolov5_heads_are_box_heads() -> None:
     assert got["fp32_boxes"] == 3 and got["box_recall"] == pytest.approx(2 / 3)
     assert got["box_agreement"] == pytest.approx(2 * 2 / (3 + 2))  # F1 of 2 matches, 3 FP32 and 2 int8 boxes
     assert got["box_matched_iou"] == pytest.approx(((15 * 16) / (17 * 16) + 1.0) / 2)
+
+
+def test_box_head_reports_coordinates_and_scores_apart() -> None:
+    """A YOLOv8 head pools pixels with scores: its scores' own SQNR and cosine, written out in numpy."""
+    rng = np.random.default_rng(0)
+    ref = _yolov8_head([(20, 20, 16, 16, 0, 0.9), (44, 44, 12, 12, 1, 0.8)])
+    test = ref + np.concatenate([np.zeros((4, 84)), rng.normal(0, 0.05, (3, 84))]).astype(np.float32)
+    acc = tm.BoxAccumulator(decode="yolov8", input_hw=(64, 64))
+    acc.update(ref[None], test[None], None)
+    got = acc.results()
+    x, y = ref[4:].astype(np.float64), test[4:].astype(np.float64)
+    assert got["scores_sqnr_db"] == pytest.approx(10 * np.log10((x * x).sum() / ((x - y) ** 2).sum()))
+    assert got["scores_cosine"] == pytest.approx((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))
+    assert got["coords_sqnr_db"] == np.inf and got["coords_cosine"] == pytest.approx(1.0)
