@@ -28,6 +28,9 @@ CROWDED_SHARE = 0.5
 costs the output at least CROWDED_LOSS of cosine, is an input whose range rare peaks set: most values
 get one or two codes. (Its isolated SQNR can look fine: the peaks carry the energy.)"""
 CROWDED_LOSS = 1e-3
+MAX_SAMPLES = 64
+"""Evaluation samples the inputs are measured on at most (three FP32 passes over them: the reference, the
+8-bit and the 16-bit input), so the cost stays a small fixed share of a scan on a large evaluation set."""
 
 
 @dataclass
@@ -45,6 +48,8 @@ class InputSite:
     """Worst headline output's cosine with only this input quantized (the scan's scheme)."""
     output_cosine_16bit: float
     """The same with the input at 16 bits (uint16/int16 over the same range)."""
+    samples: int
+    """Evaluation samples measured (the first MAX_SAMPLES at most)."""
     cause: str
     reason: str
     fix: str
@@ -74,7 +79,12 @@ def measure_inputs(ctx: ScanContext) -> list[InputSite]:
     out = {(n, bits): {o: qm.ErrorAccumulator() for o in outputs} for n in names for bits in (8, 16)}
     codes = {n: np.zeros(ctx.plan.activations[n].qmax - ctx.plan.activations[n].qmin + 1, np.int64) for n in names}
     span = {n: [math.inf, -math.inf] for n in names}
+    seen = 0
     for feeds in ctx.eval_set.batches(ctx.batch_size):
+        if seen >= MAX_SAMPLES:
+            break
+        first = next(iter(feeds.values()), None)
+        seen += int(first.shape[0]) if first is not None and first.ndim else 1
         ref = session.run(feeds, outputs)
         for n in names:
             if n not in feeds:
@@ -90,12 +100,13 @@ def measure_inputs(ctx: ScanContext) -> list[InputSite]:
                 got = session.run({**feeds, n: quant.fake_quant(feeds[n], p)}, outputs)
                 for o in outputs:
                     out[(n, bits)][o].update(ref[o], got[o])
-    return [_site(ctx.plan.activations[n], n, iso[n], codes[n], span[n], out[(n, 8)], out[(n, 16)]) for n in names]
+    return [_site(ctx.plan.activations[n], n, iso[n], codes[n], span[n], out[(n, 8)], out[(n, 16)], seen)
+            for n in names]
 
 
 def _site(
     qp: quant.QParams, name: str, iso: qm.ErrorAccumulator, codes: np.ndarray, span: list[float],
-    out8: dict[str, qm.ErrorAccumulator], out16: dict[str, qm.ErrorAccumulator],
+    out8: dict[str, qm.ErrorAccumulator], out16: dict[str, qm.ErrorAccumulator], samples: int,
 ) -> InputSite:
     """The figures of one input and its cause."""
     total = int(codes.sum())
@@ -107,7 +118,7 @@ def _site(
         name=name, scheme=str(qp.dtype), isolated_sqnr_db=float(iso.sqnr_db), isolated_cosine=float(iso.cosine),
         top_code=top + qp.qmin, top_code_share=share, codes_used=int(np.count_nonzero(codes)),
         output_cosine=alone, output_cosine_16bit=min((float(a.cosine) for a in out16.values()), default=math.nan),
-        cause=cause, reason=reason, fix=fix,
+        samples=samples, cause=cause, reason=reason, fix=fix,
     )
 
 
