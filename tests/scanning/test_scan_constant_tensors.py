@@ -16,6 +16,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 import quantscan
+from quantscan.report.summary import summary_markdown
 from quantscan.sites import data_dependent
 
 H = 8
@@ -78,6 +79,7 @@ def test_constant_tensors_are_no_sites_and_raise_no_warnings(tmp_path: Path) -> 
     assert not {"h0", "r", "rc", "grid"} & outputs and {"ys", "box"} <= outputs
     assert not [w for w in result.warnings if "zero range" in w]
     assert not result.layers["diagnosis"].fillna("").str.contains("dead-channels").any()
+    assert "`--output NAME` measures the one the application reads" in summary_markdown(result)  # two outputs
     fp32 = ReferenceEvaluator(str(path))
     fq = ReferenceEvaluator(onnx.version_converter.convert_version(onnx.load(qdq), 21))
     for name, k in (("y", 0), ("box", 1)):

@@ -132,7 +132,10 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "",
         f"Headline: `{head.output}` (worst output) cosine {_fmt(head.cosine, 5)}, "
         f"SQNR {_fmt(head.sqnr_db)} dB. "
-        "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
+        + ("Every float output that is not a recurrent state counts and the worst heads: `--output NAME` "
+           "measures the one the application reads (a detector's scores, not a side feature map). "
+           if len(head.outputs) > 1 and not info.options.get("output") else "")
+        + "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
         "",
         *_task_section(result.output_metrics),
