@@ -301,3 +301,9 @@ def test_box_head_reports_coordinates_and_scores_apart() -> None:
     assert got["scores_sqnr_db"] == pytest.approx(10 * np.log10((x * x).sum() / ((x - y) ** 2).sum()))
     assert got["scores_cosine"] == pytest.approx((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))
     assert got["coords_sqnr_db"] == np.inf and got["coords_cosine"] == pytest.approx(1.0)
+
+
+def test_nhwc_heatmap_is_a_mask() -> None:
+    """[N, H, W, 1] (a TF/tf2onnx text-score map) is a mask like [N, 1, H, W]; [N, H, W, 3] is not."""
+    assert tm.detect_task([1, 32, 48, 1], None, False) == "mask" == tm.detect_task([1, 1, 32, 48], None, False)
+    assert tm.detect_task([1, 32, 48, 3], None, False) == "none"

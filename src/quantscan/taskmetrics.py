@@ -539,7 +539,9 @@ def detect_task(shape: Sequence[int], charset: Charset | None, classifier: bool,
         return "ctc"
     if classifier:
         return "classify"
-    if len(dims) == 4 and dims[1] == 1 and dims[2] > 1 and dims[3] > 1:
+    nchw_map = len(dims) == 4 and dims[1] == 1 and dims[2] > 1 and dims[3] > 1
+    nhwc_map = len(dims) == 4 and dims[3] == 1 and dims[1] > 1 and dims[2] > 1  # TF exports' heatmaps
+    if nchw_map or nhwc_map:
         return "mask"
     if box_layout(dims, input_hw) is not None:
         return "box"
