@@ -138,4 +138,4 @@ def _cause(
     finding = code_waste.check(facts)
     if finding is not None:
         return finding.cause.value, finding.reason, finding.fix.text()
-    return "ok", f"its values use {human(100 * (1 - share))}% of the codes outside the most used one", ""
+    return "ok", f"its most used code holds {human(100 * share)}% of its values", ""
