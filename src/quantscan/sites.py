@@ -201,12 +201,15 @@ def data_dependent(graph: onnx.GraphProto) -> set[str]:
     """
     inits = {t.name for t in graph.initializer}
     dependent = {i.name for i in graph.input if i.name not in inits}
-    for node in graph.node:
-        if node.op_type in VALUE_FREE_OPS and node.domain in ("", "ai.onnx"):
-            continue
-        has_body = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-        if has_body or node.op_type.startswith("Random") or any(i in dependent for i in node.input):
-            dependent.update(o for o in node.output if o)
+    size = -1
+    while size != len(dependent):  # one pass on a sorted graph; repeated passes never miss a late producer
+        size = len(dependent)
+        for node in graph.node:
+            if node.op_type in VALUE_FREE_OPS and node.domain in ("", "ai.onnx"):
+                continue
+            body = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+            if body or node.op_type.startswith("Random") or any(i in dependent for i in node.input):
+                dependent.update(o for o in node.output if o)
     return dependent
 
 
