@@ -256,3 +256,54 @@ def test_box_merge_equals_one_pass_and_detection_is_by_grid() -> None:
     assert tm.detect_task([1, 84, 6], None, False, (64, 64)) == "box"
     assert tm.detect_task([1, 84, 6], None, False, None) == "none"  # no input size: not sure enough
     assert tm.detect_task([1, 85, 6], None, False, (64, 64)) == "none"
+
+
+def _yolov8_head(boxes: list[tuple[float, float, float, float, int, float]], classes: int = 3) -> np.ndarray:
+    """A [4+C, 84] YOLOv8 head for a 64x64 input: decoded centre boxes (cx, cy, w, h) in pixels and class
+    scores, channels first, no objectness; every other anchor scores 0.01."""
+    head = np.zeros((4 + classes, 84), np.float32)
+    head[4:] = 0.01
+    head[:4] = np.array([[8.0], [8.0], [4.0], [4.0]])
+    for k, (cx, cy, w, h, cls, score) in enumerate(boxes):
+        head[:4, 10 * k] = (cx, cy, w, h)
+        head[4 + cls, 10 * k] = score
+    return head
+
+
+def test_yolov8_and_yolov5_heads_are_box_heads() -> None:
+    """[N, 4+C, A] (YOLOv8, no objectness) and [N, 3A, 5+C] (YOLOv5) with A the stride 8/16/32 cell count
+    of a 64x64 input (84) are detection heads, decoded as such; a YOLOX head keeps its decode."""
+    hw = (64, 64)
+    assert tm.box_layout([1, 7, 84], hw) == "yolov8" and tm.detect_task([1, 7, 84], None, False, hw) == "box"
+    assert tm.box_layout([1, 252, 8], hw) == "xywh" and tm.detect_task([1, 252, 8], None, False, hw) == "box"
+    assert tm.box_layout([1, 84, 8], (64, 64)) == "yolox" and tm.box_layout([1, 7, 85], (64, 64)) is None
+    acc = tm.make_accumulator("box", None, 0.5, (64, 64), [1, 7, 84])
+    assert isinstance(acc, tm.BoxAccumulator) and acc.decode == "yolov8"
+    # FP32: three boxes; int8: one class score sinks below the threshold, one box moves by 1 px of 16
+    ref = _yolov8_head([(20, 20, 16, 16, 0, 0.9), (44, 44, 12, 12, 1, 0.8), (20, 48, 10, 10, 2, 0.7)])
+    test = _yolov8_head([(21, 20, 16, 16, 0, 0.85), (44, 44, 12, 12, 1, 0.8), (20, 48, 10, 10, 2, 0.2)])
+    acc.update(ref[None], test[None], None)
+    got = acc.results()
+    assert got["fp32_boxes"] == 3 and got["box_recall"] == pytest.approx(2 / 3)
+    assert got["box_agreement"] == pytest.approx(2 * 2 / (3 + 2))  # F1 of 2 matches, 3 FP32 and 2 int8 boxes
+    assert got["box_matched_iou"] == pytest.approx(((15 * 16) / (17 * 16) + 1.0) / 2)
+
+
+def test_box_head_reports_coordinates_and_scores_apart() -> None:
+    """A YOLOv8 head pools pixels with scores: its scores' own SQNR and cosine, written out in numpy."""
+    rng = np.random.default_rng(0)
+    ref = _yolov8_head([(20, 20, 16, 16, 0, 0.9), (44, 44, 12, 12, 1, 0.8)])
+    test = ref + np.concatenate([np.zeros((4, 84)), rng.normal(0, 0.05, (3, 84))]).astype(np.float32)
+    acc = tm.BoxAccumulator(decode="yolov8", input_hw=(64, 64))
+    acc.update(ref[None], test[None], None)
+    got = acc.results()
+    x, y = ref[4:].astype(np.float64), test[4:].astype(np.float64)
+    assert got["scores_sqnr_db"] == pytest.approx(10 * np.log10((x * x).sum() / ((x - y) ** 2).sum()))
+    assert got["scores_cosine"] == pytest.approx((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))
+    assert got["coords_sqnr_db"] == np.inf and got["coords_cosine"] == pytest.approx(1.0)
+
+
+def test_nhwc_heatmap_is_a_mask() -> None:
+    """[N, H, W, 1] (a TF/tf2onnx text-score map) is a mask like [N, 1, H, W]; [N, H, W, 3] is not."""
+    assert tm.detect_task([1, 32, 48, 1], None, False) == "mask" == tm.detect_task([1, 1, 32, 48], None, False)
+    assert tm.detect_task([1, 32, 48, 3], None, False) == "none"

@@ -101,7 +101,7 @@ def _load_tables(run_dir: Path) -> _Tables:
     for name in (runfolder.LAYERS_CSV, "gain.csv"):
         if (run_dir / name).is_file():
             layers = runfolder.read_csv(run_dir / name)
-            if "node" in layers.columns:
+            if Col.NODE in layers.columns:
                 compat = runfolder.read_csv(run_dir / "compat.csv") if (run_dir / "compat.csv").is_file() else None
                 return _Tables(layers, compat, runfolder.read_plan(run_dir / "plan.json"))
     raise runfolder.ReportError(f"expected a bisect folder's layers.csv or gain.csv (a table with a node column) "
@@ -111,7 +111,7 @@ def _load_tables(run_dir: Path) -> _Tables:
 def _plan_values(plan: dict[str, Any] | None) -> dict[str, str]:
     """Per planned site, the precision bisect keeps it at (float, int16); every other site is int8."""
     sites = (plan or {}).get("sites") or []
-    return {str(s["node"]): str(s.get("precision", "float")) for s in sites if isinstance(s, dict) and "node" in s}
+    return {str(s[Col.NODE]): str(s.get("precision", "float")) for s in sites if isinstance(s, dict) and Col.NODE in s}
 
 
 def build_overlay(run_dir: Path) -> list[OverlayFile]:

@@ -39,8 +39,16 @@ _LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 
-FAKE_QUANT_UNSAFE_OPTIMIZERS = ("WeightBiasQuantization",)
-"""onnxruntime transformers that change fake-quant numerics even at ORT_ENABLE_BASIC.
+FAKE_QUANT_UNSAFE_OPTIMIZERS = ("WeightBiasQuantization", "TransposeOptimizer")
+"""onnxruntime transformers that change fake-quant numerics, or break the graph, even at ORT_ENABLE_BASIC.
+
+TransposeOptimizer (a level-1 layout pass) pushes Transposes through Q/DQ pairs and through the ops
+after them; in an analysis graph, where the FP32 copy and the `@q` copy share constants and every
+tensor also feeds reductions, it leaves graphs onnxruntime itself rejects: a Mul by a (C,1,1) constant
+after an NHWC->NCHW Transpose fails shape inference ("Incompatible dimensions", a tf2onnx audio
+front end), a position embedding's Transpose pushed into a cubic Resize fails its kernel, and a
+tensor's `@q` twin comes out permuted against its FP32 value (a ViT: "cannot broadcast 37 by 384").
+Off, the analysis graph computes what the model says, node by node.
 
 WeightBiasQuantization re-quantizes a float Conv/Gemm weight (and bias) whenever the activation
 input comes from a DequantizeLinear: in an analysis graph whose weights are already fake-quantized
@@ -116,9 +124,10 @@ class RunnerStats:
 class Session:
     """One onnxruntime InferenceSession with the names quantscan needs and run counting."""
 
-    def __init__(self, inner: ort.InferenceSession, stats: RunnerStats) -> None:
+    def __init__(self, inner: ort.InferenceSession, stats: RunnerStats, *, ours: bool = False) -> None:
         self._inner = inner
         self._stats = stats
+        self._ours = ours  # a run failure is our graph's fault (see Runner.session)
         self.input_names = [i.name for i in inner.get_inputs()]
         self.output_names = [o.name for o in inner.get_outputs()]
 
@@ -134,6 +143,8 @@ class Session:
         try:
             values = self._inner.run(names, used)
         except Exception as exc:  # onnxruntime raises its own untyped exceptions
+            if self._ours:
+                raise InternalError(f"onnxruntime could not run a graph quantscan built: {_one_line(exc)}") from exc
             raise SessionError(f"onnxruntime could not run the model: {_one_line(exc)}") from exc
         return dict(zip(names, values, strict=True))
 
@@ -178,11 +189,13 @@ class Runner:
 
         `built=True` says quantscan made this graph (a QDQ or instrumented copy of a model onnxruntime
         already loaded): if onnxruntime rejects it, that is a quantscan bug (`InternalError`, exit 3),
-        not bad input. `ordered=True` runs the nodes in the model's own order (priority-based order,
-        node index as tie-break) instead of onnxruntime's default: analysis graphs are interleaved
-        (graph/schedule.py) so each activation dies right after its reductions. `arena=False` returns
-        memory after each run (segmented analyses, where sessions take turns). A `ModelProto` is
-        staged here (`stage`); a caller that can drop its proto first stages it itself.
+        not bad input, and so is a failed run (every caller runs the user's model on the same feeds
+        first, which turns their faults into bad input). `ordered=True` runs the nodes in the model's
+        own order (priority-based order, node index as tie-break) instead of onnxruntime's default:
+        analysis graphs are interleaved (graph/schedule.py) so each activation dies right after its
+        reductions. `arena=False` returns memory after each run (segmented analyses, where sessions
+        take turns). A `ModelProto` is staged here (`stage`); a caller that can drop its proto first
+        stages it itself.
         """
         level = opt_level or self.opt_level
         options = ort.SessionOptions()
@@ -220,7 +233,7 @@ class Runner:
                 staged.release()  # onnxruntime copied the arrays (its AddExternalInitializers) or mapped the file
         self.stats.sessions_created += 1
         _drop_model_bytes(inner)
-        return Session(inner, self.stats)
+        return Session(inner, self.stats, ours=built)
 
     def run_all(
         self, session: Session, batches: Iterable[Mapping[str, np.ndarray]], outputs: Sequence[str] | None = None

@@ -140,6 +140,7 @@ def find_sites(
     computations (int64) and booleans are never sites. `cpu_nodes` stay float (a profile's fallback).
     """
     index = GraphIndex(model.graph, float_tensors=float_tensors, initializers_are_weights=True)
+    dependent = data_dependent(model.graph)
     folded = set(bn_folded_into)
     skip = set(cpu_nodes)
     claimed: set[int] = set()
@@ -147,7 +148,7 @@ def find_sites(
     node_pos = {id(n): i for i, n in enumerate(index.nodes)}
     channels_first = channels_first_tensors(index)
     for idx, node in enumerate(index.nodes):
-        if idx in claimed or node.name in skip or not _is_compute(index, node):
+        if idx in claimed or node.name in skip or not _is_compute(index, node) or node.output[0] not in dependent:
             continue
         kernel_nodes, output, labels = _grow_kernel(index, node, fused_activations)
         if any(node_pos[id(n)] in claimed or n.name in skip for n in kernel_nodes[1:]):
@@ -183,6 +184,33 @@ def channels_first_tensors(index: GraphIndex) -> set[str]:
         if node.op_type in _LAYOUT_SOURCES or keeps:
             found.update(o for o in node.output if o)
     return found
+
+
+VALUE_FREE_OPS = frozenset({"Shape", "Size"})
+"""Ops whose output depends on the shape of their input, never on its values."""
+
+
+def data_dependent(graph: onnx.GraphProto) -> set[str]:
+    """The tensors whose values depend on the values fed to a graph input.
+
+    Why: the rest (ConstantOfShape zeros for an LSTM's h0/c0, a detector's anchor grid from Range over
+    the input's size, a position embedding resized from weights alone) is the same on every sample:
+    a compiler folds it to a constant, so it is no quantization site to blame, and its "zero range"
+    or "dead channels" are its value, not a calibration fault. Random ops and nodes with bodies count
+    as dependent (their values are not fixed).
+    """
+    inits = {t.name for t in graph.initializer}
+    dependent = {i.name for i in graph.input if i.name not in inits}
+    size = -1
+    while size != len(dependent):  # one pass on a sorted graph; repeated passes never miss a late producer
+        size = len(dependent)
+        for node in graph.node:
+            if node.op_type in VALUE_FREE_OPS and node.domain in ("", "ai.onnx"):
+                continue
+            body = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+            if body or node.op_type.startswith("Random") or any(i in dependent for i in node.input):
+                dependent.update(o for o in node.output if o)
+    return dependent
 
 
 def _is_compute(index: GraphIndex, node: onnx.NodeProto) -> bool:

@@ -51,6 +51,14 @@ class TaskAccumulator(Protocol):
     def results(self) -> dict[str, float]: ...
 
 
+def _group_figures(s: Mapping[str, float], group: str) -> dict[str, float]:
+    """SQNR (dB) and cosine of one channel group from its sums (`BoxAccumulator._group_sums`)."""
+    sxx, sdd, sxy, syy = (s.get(f"{group}_{k}", 0.0) for k in ("sxx", "sdd", "sxy", "syy"))
+    sqnr = math.inf if sdd == 0 else (10 * math.log10(sxx / sdd) if sxx > 0 else -math.inf)
+    cosine = sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float(sxx == syy == 0)
+    return {"sqnr_db": sqnr, "cosine": cosine}
+
+
 def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan
 
@@ -247,6 +255,32 @@ def yolox_grid(anchors: int, input_hw: tuple[int, int] | None) -> tuple[np.ndarr
     return np.concatenate(grids).astype(np.float64), np.concatenate(strides).astype(np.float64)
 
 
+def box_layout(shape: Sequence[int], input_hw: tuple[int, int] | None) -> str | None:
+    """How a [N, D1, D2] detection head is laid out, from its sizes and the input's:
+
+    - "yolox": [N, A, 5+C], one raw prediction per cell of strides 8/16/32 (A = the cell count);
+    - "yolov8": [N, 4+C, A], channels first, decoded centre boxes in pixels and class scores, no
+      objectness (YOLOv8/v11 exports, the most common detector export);
+    - "xywh": [N, 3·A, 5+C], three anchors per cell, decoded centre boxes, objectness (YOLOv5/v7).
+    None when no layout fits (the input size is needed: a count alone is ambiguous)."""
+    dims = [int(d) for d in shape]
+    if len(dims) != 3 or input_hw is None:
+        return None
+    cells = yolox_grid_count(input_hw)
+    if dims[2] == cells and dims[1] >= 5:
+        return "yolov8"
+    if dims[1] == cells and dims[2] >= 6:
+        return "yolox"
+    if dims[1] == 3 * cells and dims[2] >= 6:
+        return "xywh"
+    return None
+
+
+def yolox_grid_count(input_hw: tuple[int, int]) -> int:
+    """Cells of the stride 8/16/32 grids over an input of (H, W)."""
+    return sum((input_hw[0] // s) * (input_hw[1] // s) for s in YOLOX_STRIDES)
+
+
 def decode_yolox(pred: np.ndarray, grid: np.ndarray, strides: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One sample's [N, 5+C] raw head → (xyxy boxes, scores, classes), as YOLOX's demo_postprocess:
     centre = (offset + cell)·stride, size = exp(log-size)·stride, score = objectness·class score."""
@@ -307,9 +341,11 @@ class BoxAccumulator:
     """Detections of the int8 head against the FP32 head's, both through the same decode and NMS.
 
     `decode` "yolox": [N, A, 5+C] raw YOLOX head (cell offsets, log sizes, objectness, class scores,
-    strides 8/16/32); "xywh": already decoded [N, A, 5+C] centre boxes (YOLOv5-style exports). A box
-    is a detection when objectness·class score ≥ `score_threshold`; `box_agreement` is the F1 of the
-    one-to-one matching (IoU ≥ 0.5, same class): 1 when both sides detect nothing.
+    strides 8/16/32); "xywh": already decoded [N, A, 5+C] centre boxes (YOLOv5-style exports);
+    "yolov8": [N, 4+C, A] decoded centre boxes and class scores, channels first, no objectness (see
+    `box_layout`). A box is a detection when objectness·class score (the class score alone for
+    "yolov8") ≥ `score_threshold`; `box_agreement` is the F1 of the one-to-one matching (IoU ≥ 0.5,
+    same class): 1 when both sides detect nothing.
     """
 
     decode: str = "yolox"
@@ -322,6 +358,13 @@ class BoxAccumulator:
 
     def detections(self, head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One sample's [A, 5+C] head → its kept (boxes, scores, classes)."""
+        if self.decode == "yolov8":
+            pred = np.asarray(head, np.float64).reshape(np.shape(head)[-2], -1).T  # [A, 4+C]
+            cls_scores = pred[:, 4:]
+            classes = np.argmax(cls_scores, axis=1)
+            scores = cls_scores[np.arange(pred.shape[0]), classes]
+            boxes = np.concatenate([pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2], axis=1)
+            return self._kept(boxes, scores, classes)
         pred = np.asarray(head, np.float64).reshape(-1, np.shape(head)[-1])
         if self.decode == "yolox":
             grid = yolox_grid(pred.shape[0], self.input_hw)
@@ -334,6 +377,12 @@ class BoxAccumulator:
             classes = np.argmax(cls_scores, axis=1)
             scores = pred[:, 4] * cls_scores[np.arange(pred.shape[0]), classes]
             boxes = np.concatenate([pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2], axis=1)
+        return self._kept(boxes, scores, classes)
+
+    def _kept(
+        self, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The detections above the score threshold that survive NMS."""
         hit = np.nonzero(np.isfinite(scores) & (scores >= self.score_threshold))[0]
         kept = hit[nms(boxes[hit], scores[hit], classes[hit], self.nms_iou)]
         return boxes[kept], scores[kept], classes[kept]
@@ -349,7 +398,25 @@ class BoxAccumulator:
             same = len(matched) == len(rb) == len(tb)
             _add_sums(self._s, {"samples": 1.0, "ref_boxes": float(len(rb)), "test_boxes": float(len(tb)),
                                 "matched": float(len(matched)), "matched_iou": float(sum(m[2] for m in matched)),
-                                "samples_same": float(same)})
+                                "samples_same": float(same), **self._group_sums(r_head, t_head)})
+
+    def _group_sums(self, ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+        """Σx², Σ(x−y)², Σxy, Σy² of the head's box coordinates and of its scores, apart.
+
+        Why: one head pools 4 coordinates in pixels with scores in [0, 1]; the pixels carry the energy, so
+        the pooled cosine (0.99945 on a YOLOv8 head) hides scores at 14.5 dB."""
+        r, t = np.asarray(ref, np.float64), np.asarray(test, np.float64)
+        if self.decode == "yolov8":
+            r, t = r.reshape(r.shape[-2], -1).T, t.reshape(t.shape[-2], -1).T
+        r, t = r.reshape(-1, r.shape[-1]), t.reshape(-1, t.shape[-1])
+        out: dict[str, float] = {}
+        for group, cols in (("coords", slice(0, 4)), ("scores", slice(4, None))):
+            x, y = r[:, cols], t[:, cols]
+            ok = np.isfinite(x) & np.isfinite(y)
+            x, y = np.where(ok, x, 0.0), np.where(ok, y, 0.0)
+            out.update({f"{group}_sxx": float((x * x).sum()), f"{group}_sdd": float(((x - y) ** 2).sum()),
+                        f"{group}_sxy": float((x * y).sum()), f"{group}_syy": float((y * y).sum())})
+        return out
 
     def merge(self, other: BoxAccumulator) -> None:
         _add_sums(self._s, other._s)
@@ -367,6 +434,7 @@ class BoxAccumulator:
             "box_matched_iou": _ratio(s.get("matched_iou", 0), s.get("matched", 0)),
             "box_sample_agreement": _ratio(s.get("samples_same", 0), s.get("samples", 0)),
             "fp32_boxes": s.get("ref_boxes", 0.0),
+            **{f"{g}_{k}": v for g in ("coords", "scores") for k, v in _group_figures(s, g).items()},
             "box_score_threshold": self.score_threshold,
         }
 
@@ -463,23 +531,28 @@ def detect_task(shape: Sequence[int], charset: Charset | None, classifier: bool,
                 input_hw: tuple[int, int] | None = None) -> str:
     """The task an output's shape and the files make clear; `none` when they do not.
 
-    A [1, N, 5+C] output whose N is exactly the YOLOX cell count of the input (strides 8/16/32) is a
-    detection head (`box`); N alone would be ambiguous, so the input size must be known."""
+    A [1, N, 5+C] output whose N is exactly the YOLOX cell count of the input (strides 8/16/32), a
+    [1, 4+C, N] YOLOv8 head or a [1, 3N, 5+C] YOLOv5 head is a detection head (`box`, see `box_layout`);
+    N alone would be ambiguous, so the input size must be known."""
     dims = [int(d) for d in shape]
     if charset is not None and len(dims) == 3 and dims[-1] in (len(charset.symbols), len(charset.symbols) + 1):
         return "ctc"
     if classifier:
         return "classify"
-    if len(dims) == 4 and dims[1] == 1 and dims[2] > 1 and dims[3] > 1:
+    nchw_map = len(dims) == 4 and dims[1] == 1 and dims[2] > 1 and dims[3] > 1
+    nhwc_map = len(dims) == 4 and dims[3] == 1 and dims[1] > 1 and dims[2] > 1  # TF exports' heatmaps
+    if nchw_map or nhwc_map:
         return "mask"
-    if len(dims) == 3 and dims[-1] >= 6 and input_hw is not None and yolox_grid(dims[1], input_hw) is not None:
+    if box_layout(dims, input_hw) is not None:
         return "box"
     return "none"
 
 
 def make_accumulator(task: str, charset: Charset | None, threshold: float,
-                     input_hw: tuple[int, int] | None = None) -> TaskAccumulator | None:
-    """One fresh accumulator for `task`; usage error when the task needs a file that is missing."""
+                     input_hw: tuple[int, int] | None = None,
+                     shape: Sequence[int] | None = None) -> TaskAccumulator | None:
+    """One fresh accumulator for `task`; usage error when the task needs a file that is missing. A box
+    head is decoded as its `shape` says (`box_layout`; YOLOX when the shape says nothing)."""
     if task == "classify":
         return ClassifyAccumulator()
     if task == "ctc":
@@ -490,7 +563,7 @@ def make_accumulator(task: str, charset: Charset | None, threshold: float,
     if task == "mask":
         return MaskIouAccumulator(threshold)
     if task == "box":
-        return BoxAccumulator(input_hw=input_hw)
+        return BoxAccumulator(decode=box_layout(shape or (), input_hw) or "yolox", input_hw=input_hw)
     return None
 
 

@@ -174,3 +174,41 @@ def test_sigkill_mid_search_then_resume_repeats_nothing(chain: tuple[Path, Path]
     assert resumed.plan.sites == reference.plan.sites
     assert resumed.plan.achieved == reference.plan.achieved
     assert [s.sites for s in resumed.steps] == [s.sites for s in reference.steps]
+
+
+def test_already_met_is_answered_before_the_gains(
+    chain: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target all-int8 meets: all-int8 is measured first, no output gain runs, nothing twice."""
+    import quantscan.bisect.driver as driver
+
+    def no_gains(*args: object, **kwargs: object) -> None:
+        raise AssertionError("output gains computed for a target all-int8 already meets")
+
+    calls: list[list[str]] = []
+    real = driver.make_evaluator
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        evaluator = real(*args, **kwargs)
+        inner = evaluator.evaluate
+        evaluator.evaluate = lambda prec: calls.append(list(prec)) or inner(prec)  # type: ignore[method-assign]
+        return evaluator
+
+    monkeypatch.setattr(driver, "compute_gain", no_gains)
+    monkeypatch.setattr(driver, "make_evaluator", counting)
+    model, calib = chain
+    result = run_bisect(model, calib, target_sqnr=30.0, out=tmp_path / "run", threads=1)
+    plan = result.plan
+    assert plan.status == "already_met" and not plan.sites
+    assert plan.all_int8 is not None and plan.all_int8["sqnr_db"] >= 30.0
+    assert [s.phase for s in result.steps] == ["all_float", "all_int8"]
+    assert len(calls) == 2 and calls.count(["int8"] * len(calls[0])) == 1  # all-int8 measured once
+
+
+def test_unmet_target_reuses_the_first_all_int8_measurement(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    """All-int8 measured before the gains is the search's all-int8 step (same value, one run)."""
+    model, calib = chain
+    result = run_bisect(model, calib, target_sqnr=TARGET_SQNR, threads=1)
+    int8 = [s for s in result.steps if s.phase == "all_int8"]
+    assert len(int8) == 1 and int8[0].value < TARGET_SQNR
+    assert result.plan.status == "reached"

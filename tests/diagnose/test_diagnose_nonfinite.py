@@ -20,6 +20,7 @@ def test_nan_isolated_sqnr_with_float_min_mask_fires_and_names_clamp_mask() -> N
 def test_nan_without_a_mask_keeps_float() -> None:
     f = nonfinite.check(facts([-1.0], [1.0], figures={"isolated_sqnr_db": math.nan}))
     assert f is not None and f.fix.kind is FixKind.KEEP_FLOAT
+    assert f.fix.value == f.node and "float float" not in f.text()  # "keep-float <site>", not "keep-float float"
 
 
 def test_finite_and_infinite_figures_stay_silent() -> None:

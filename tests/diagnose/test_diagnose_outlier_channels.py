@@ -17,6 +17,7 @@ def test_one_wide_channel_fires() -> None:
     f = outlier_channels.check(facts(list(-0 * hi), list(hi)))
     assert f is not None and f.cause is Cause.OUTLIER_CHANNELS and f.fix.kind is FixKind.INT16
     assert f.evidence["channels"] == 1 and 40 < f.evidence["ratio"] < 60
+    assert f.fix.text().split().count("int16") == 1  # "int16 activations at this site", not "int16 int16: ..."
 
 
 def test_even_channels_stay_silent() -> None:

@@ -89,7 +89,7 @@ CASES: dict[str, Case] = {
                          "rewrite clamp-mask", data=lambda: {"x": ATTENTION_X}),
     # values near 1e20 (finite, no outlier: every value is that large) overflow float32 error sums; 1e10 not
     "nonfinite-figures": Case(lambda firing: graph("h = MatMul (x, w)\n y = Mul (h, k)", w=W, k=np.array(
-        1e20 if firing else 1e10, np.float32)), "MatMul_0", "keep-float float"),
+        1e20 if firing else 1e10, np.float32)), "MatMul_0", "keep-float MatMul_0"),
     # one output channel 100x the others (its weight column scaled) vs none
     "outlier-channels": Case(lambda firing: graph("y = MatMul (x, w)", w=with_column(W, 100.0 if firing else 1.0)),
                              "MatMul_0", "int16"),

@@ -42,7 +42,7 @@ from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
-from quantscan.scanning.gain import Evaluator, GainResult, compute_gain, mixed_builder, sensitivity_order
+from quantscan.scanning.gain import Evaluator, GainResult, Measured, compute_gain, mixed_builder, sensitivity_order
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, given_input_specs, prepare_scan
 
@@ -169,10 +169,12 @@ def bisect_model(
     )
     builder = mixed_builder(ctx, fallback)
     evaluator = make_evaluator(ctx, builder, aim)
+    measured: dict[tuple[str, ...], tuple[Measured, float]] = {}
     if stored is None:
+        met = mode == "search" and not keep_float and _all_int8_meets(evaluator, builder, aim, measured)
         gains = (
             None
-            if mode == "first_bad"
+            if mode == "first_bad" or met
             else compute_gain(ctx, builder, key=gain_key(aim), loss_if_only=loss_if_only, progress=progress)
         )
         stored = _new_session(
@@ -194,7 +196,7 @@ def bisect_model(
         machine.mark(keep_float, force_quant)
         stored.events = list(machine.events)
     _save(stored, session_path, machine)
-    _drive(machine, builder, evaluator, stored, session_path, progress, on_step)
+    _drive(machine, builder, evaluator, stored, session_path, progress, on_step, measured)
     return _finish(
         ctx,
         builder,
@@ -208,6 +210,21 @@ def bisect_model(
         time.perf_counter() - started,
         summary_block,
     )
+
+
+def _all_int8_meets(
+    evaluator: Evaluator, builder: MixedBuilder, aim: Target, measured: dict[tuple[str, ...], tuple[Measured, float]]
+) -> bool:
+    """Measure all-int8 before the output gains; True when it already meets the target.
+
+    Why: the gains cost one evaluation per site or more (minutes on a ViT) and answer nothing when the
+    plan is empty. The measurement is kept in `measured` for the search's own all-int8 step, so it is
+    not run twice.
+    """
+    t0 = time.perf_counter()
+    base = evaluator.evaluate(builder.precisions(()))
+    measured[()] = (base, time.perf_counter() - t0)
+    return aim.met(base.worst[evaluator.key])
 
 
 def _open_session(
@@ -314,16 +331,20 @@ def _drive(
     path: Path | None,
     progress: ProgressFactory,
     on_step: StepCallback | None,
+    known: dict[tuple[str, ...], tuple[Measured, float]] | None = None,
 ) -> None:
+    """Measure the machine's candidates until it is done; `known` holds sets measured before (all-int8)."""
     bar = progress("bisecting", None)
+    known = known if known is not None else {}
     try:
         while (cand := machine.next()) is not None:
             t0 = time.perf_counter()
-            measured = evaluator.evaluate(builder.precisions(cand.sites))
+            measured, seconds = known.pop(cand.sites, (None, 0.0))
+            if measured is None:
+                measured = evaluator.evaluate(builder.precisions(cand.sites))
+                seconds = time.perf_counter() - t0
             metrics = {k: v for k, v in measured.worst.items() if isinstance(v, float)}
-            step = machine.record(
-                measured.worst[evaluator.key], seconds=time.perf_counter() - t0, metrics=metrics
-            )
+            step = machine.record(measured.worst[evaluator.key], seconds=seconds, metrics=metrics)
             _save(session, path, machine)
             bar.update(1)
             if on_step is not None:

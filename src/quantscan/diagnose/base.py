@@ -56,6 +56,9 @@ class Fix:
     how: str
 
     def text(self) -> str:
+        """`kind value: how`; `how` alone when the value only repeats the kind ("int16 int16: int16 ...")."""
+        if self.value == self.kind.value:
+            return self.how
         return f"{self.kind.value} {self.value}: {self.how}"
 
 

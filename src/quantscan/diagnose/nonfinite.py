@@ -29,5 +29,5 @@ def check(facts: SiteFacts) -> Finding | None:
     if facts.feeds_softmax and peak >= SENTINEL:
         fix = Fix(FixKind.REWRITE, "clamp-mask", "rewrite --clamp-mask (a finite mask, e.g. -1e4)")
     else:
-        fix = Fix(FixKind.KEEP_FLOAT, "float", "keep this site float until its range is finite and sane")
+        fix = Fix(FixKind.KEEP_FLOAT, facts.node, f"keep `{facts.node}` float until its range is finite and sane")
     return Finding(facts.node, Cause.NONFINITE, {"peak_abs": peak}, f"{', '.join(bad)} NaN: {why}", fix, 0)

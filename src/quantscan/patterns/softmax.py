@@ -2,6 +2,7 @@
 
     e = Exp(x); s = ReduceSum(e, A); y = Div(e, s) | Mul(e, Reciprocal(s))            (plain)
     m = ReduceMax(x, A); d = Sub(x, m); e = Exp(d); ... the same ...                   (stable)
+    m = Max(ReduceMax(x, A), −inf); ...                                 (stable, jax2tf's identity)
 
 with keepdims=1 on every reduction and the ReduceMax (when present) over the same axes A as the
 ReduceSum. The match is anchored on the Exp node; its nodes are in data-flow order and the last one
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from quantscan.graph.index import GraphIndex, is_op
@@ -70,9 +72,29 @@ def _max_shift(
         return [], exp.input[0], False
     x, m = sub.input
     peak = index.producer_node(m)
+    identity = _max_with_minus_inf(index, peak)
+    if identity is not None:
+        peak = index.producer_node(next(i for i in identity.input if i not in _minus_inf_inputs(index, identity)))
     if peak is None or not is_op(peak, "ReduceMax") or peak.input[0] != x or reduce_axes(peak, index) != axes:
         return [], exp.input[0], False
-    return [peak, sub], x, True
+    return [peak, *([identity] if identity is not None else []), sub], x, True
+
+
+def _minus_inf_inputs(index: GraphIndex, node: onnx.NodeProto) -> set[str]:
+    """The inputs of `node` that are constants holding only −inf."""
+    found = set()
+    for name in node.input:
+        value = index.constant(name) if name else None
+        if value is not None and value.size and bool(np.all(np.isneginf(value))):
+            found.add(name)
+    return found
+
+
+def _max_with_minus_inf(index: GraphIndex, node: onnx.NodeProto | None) -> onnx.NodeProto | None:
+    """`Max(m, −inf)`: the identity of a max-reduction that jax2tf writes after its ReduceMax; None else."""
+    if node is None or not is_op(node, "Max") or len(node.input) != 2:
+        return None
+    return node if len(_minus_inf_inputs(index, node)) == 1 else None
 
 
 def match_from(index: GraphIndex, x: str) -> SoftmaxMatch | NoMatch:

@@ -103,7 +103,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         f"# quantscan: {result.model.path.name}",
         "",
         *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites,
-                         gain_basis(info.options, info.evaluation.samples)),
+                         gain_basis(info.options, info.evaluation.samples),
+                         [i["quantization"] for i in info.inputs if "quantization" in i]),
         f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
@@ -135,8 +136,10 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         + ("" if head.measured else f"**Not measured on the int8 model:** the quantizable nodes inside "
            f"{', '.join(head.unmeasured)} stayed float (the deployed check runs the same model); fold the "
            "control flow first (`quantscan check` names the rewrite flags). ")
-        +
-        "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
+        + ("Every float output that is not a recurrent state counts and the worst heads: `--output NAME` "
+           "measures the one the application reads (a detector's scores, not a side feature map). "
+           if len(head.outputs) > 1 and not info.options.get(Col.OUTPUT) else "")
+        + "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
         "",
         *_task_section(result.output_metrics),
@@ -227,7 +230,8 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
         lines.append(f"- evaluation values outside the calibrated range: at most {_fmt(float(clip.max()))} of a "
                      f"site's values (no site above {CLIP_FLAG:.1%}); column `eval_clip_fraction` in layers.csv")
     if worst:
-        lines += ["", "Worst evaluation samples by output cosine (saved in run.json `worst_samples`, "
+        lines += ["", "Worst evaluation samples by their share of the output error, with their output cosine "
+                  "(saved in run.json `worst_samples`, "
                   "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
         for w in worst:
             where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"

@@ -30,6 +30,12 @@ NOTABLE_GAIN = 1e-4
 PLAN_BEGIN = "<!-- quantscan:bisect-plan -->"
 PLAN_END = "<!-- /quantscan:bisect-plan -->"
 NEXT_SITES = 3
+INPUT_SHARE = 0.25
+"""A model input quantized alone that costs this share of the all-int8 output loss (or more) is named."""
+CHAIN_SHARE = 0.1
+"""Below CLOSE_COSINE, when keeping the best single site float wins back less than this share of the
+cosine lost, no site explains the loss: it takes several together (a chain), which only bisect measures
+(a tf2onnx audio net: all-int8 0.883, best site +0.0011, a 6-site chain kept float 0.9996)."""
 CLOSE_Z = 2.0
 """A site whose gain is less than this many standard errors (`gain_if_float_gap_stderr`) below rank 1's is a close
 call: on the gain samples their order could be chance (benchmarks/RESULTS.md, scan_gain oracle: where the
@@ -183,12 +189,15 @@ def diagnosis_lines(
     plan: Mapping[str, Any] | None,
     gap_sites: Sequence[Mapping[str, Any]] = (),
     basis: GainSamples | None = None,
+    inputs: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
-    """The `## Diagnosis` section: verdict, deployed gap (and the sites behind it), where/why/first fix,
-    next sites, the bisect plan. `basis`: the samples the gains were measured on, when fewer than all."""
+    """The `## Diagnosis` section: verdict, deployed gap (and the sites behind it), the model inputs that
+    lose much on their own, where/why/first fix, next sites, the bisect plan. `basis`: the samples the
+    gains were measured on, when fewer than all; `inputs`: run.json's `inputs[*].quantization`."""
     lines = ["## Diagnosis", "", _verdict(head, metrics), *_deployed_gap(head, gap_sites)]
     measured = _measured(layers)
     cosine = _num(head.cosine)
+    lines += _input_lines(inputs, cosine)
     if layers.empty:
         lines.append("- No quantization sites.")
     elif measured.empty:
@@ -203,6 +212,21 @@ def diagnosis_lines(
     else:
         lines += _where(layers, measured, cosine, basis)
     lines += ["", PLAN_BEGIN, *plan_lines(plan), PLAN_END, ""]
+    return lines
+
+
+def _input_lines(inputs: Sequence[Mapping[str, Any]], cosine: float) -> list[str]:
+    """A model input whose quantization alone costs at least INPUT_SHARE of the all-int8 loss: every
+    site after it inherits that error, so it is said before any site is blamed."""
+    lines = []
+    for q in inputs:
+        alone, wide = _num(q.get("output_cosine")), _num(q.get("output_cosine_16bit"))
+        if not 1.0 - alone >= max(NOTABLE_GAIN, INPUT_SHARE * (1.0 - cosine)):
+            continue
+        fix = f" **Fix**: {q['fix']}." if q.get("fix") else ""
+        why = f"; {q.get(Col.CAUSE)}: {q.get(Col.REASON)}" if q.get(Col.CAUSE) not in (None, "ok") else ""
+        lines.append(f"- **Model input** `{q['name']}`: quantized alone ({q.get('scheme')}, as an NPU quantizes "
+                     f"its inputs) it takes the output cosine to {alone:.5f} ({wide:.5f} at 16 bits){why}.{fix}")
     return lines
 
 
@@ -239,18 +263,15 @@ def _why_measured(top: Mapping[str, Any]) -> str:
 def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: GainSamples | None) -> list[str]:
     top = layers.iloc[0].to_dict()
     gain = _num(top.get(Col.GAIN_IF_FLOAT))
-    if not gain >= NOTABLE_GAIN:
-        best = pd.to_numeric(measured[Col.GAIN_IF_FLOAT], errors="coerce").max()
-        if cosine >= CLOSE_COSINE:
-            return [f"- **Where**: nothing to repair in the simulation: keeping any one of the {len(measured)} "
-                    f"measured sites float changes the output cosine by at most {_g(best)}."]
-        return [
-            f"- **Where**: nowhere in particular: keeping any one of the {len(measured)} measured sites float "
-            f"lifts the output cosine by at most {_g(best)}; the loss is spread over many sites.",
-            "- **First thing to try**: a better calibration method (`--calib-method percentile` or `entropy`), "
-            "then `quantscan bisect` to find the fewest sites to keep float together.",
-        ]
     base, promised, on = _promised(top, cosine, basis)
+    if not gain >= NOTABLE_GAIN and cosine >= CLOSE_COSINE:
+        best = pd.to_numeric(measured[Col.GAIN_IF_FLOAT], errors="coerce").max()
+        return [f"- **Where**: nothing to repair in the simulation: keeping any one of the {len(measured)} "
+                f"measured sites float changes the output cosine by at most {_g(best)}."]
+    if cosine < CLOSE_COSINE and not promised >= CHAIN_SHARE * (1.0 - base):
+        return _chain_lines(len(measured), base, promised, on, cosine)
+    if not gain >= NOTABLE_GAIN:  # a NaN gain below CLOSE_COSINE
+        return _chain_lines(len(measured), base, 0.0, on, cosine)
     stderr = _num(top.get(Col.GAIN_IF_FLOAT_STDERR)) if promised == gain else math.nan
     spread = f" ± {_g(stderr, 2)} standard error" if math.isfinite(stderr) else ""
     lines = [
@@ -283,6 +304,21 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
                      "which of them helps most is not settled by this measurement; `quantscan bisect` chooses "
                      "among them by the combined effect (`--gain-samples 0` measures them on every sample).")
     return lines
+
+
+def _chain_lines(sites: int, base: float, best: float, on: str, cosine: float) -> list[str]:
+    """No single site explains a low all-int8 cosine: send the user to bisect, which measures sites
+    together (single-site gains cannot show what a chain of them does)."""
+    target = 0.99 if cosine < 0.99 else CLOSE_COSINE
+    best_text = _signed(best) if math.isfinite(best) else "nothing measurable"
+    return [
+        f"- **Where**: no single site: keeping any one of the {sites} measured sites float wins back at most "
+        f"{best_text} of the {_g(1.0 - base)} of output cosine lost (measured{on}); the loss comes from "
+        "several sites together (a chain, e.g. a front end's magnitude and normalisation).",
+        f"- **First thing to try**: `quantscan bisect MODEL --calib DIR --target-cosine {_g(target)}`: it "
+        "measures sites kept float together and finds the fewest that reach the target; a better calibration "
+        "method (`--calib-method percentile` or `entropy`) is the other lever.",
+    ]
 
 
 def _column(layers: pd.DataFrame, name: str) -> pd.Series:

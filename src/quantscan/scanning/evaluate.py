@@ -113,6 +113,15 @@ class EvalSums:
         return self
 
 
+def quantizes(site: Site, plan: qgraph.QuantPlan) -> bool:
+    """True when the site has anything quantized: its output, a data input or a weight. A site whose
+    output stays float (quantize_static's BatchNormalization after a ConvTranspose: gamma and beta
+    quantized, the output not) still has an isolated figure: its quantized inputs and weights alone."""
+    weights = [site.weight, site.bias, *(w for w, _ in site.extra_weights)]
+    return (site.output in plan.activations or any(i in plan.activations for i in site.inputs)
+            or any(w in plan.weights or w in plan.biases for w in weights if w))
+
+
 def accumulate_evaluation(
     prepared: PreparedModel,
     qdq: onnx.ModelProto,
@@ -184,7 +193,7 @@ def _analysis_graph(
 ) -> tuple[GraphHandoff, _AnalysisSpec]:
     """The analysis model (FP32 + cumulative copy + isolated twins) with its reductions attached, in the
     interleaved order, and where each sum is; the model is handed off, not kept (sweep.GraphHandoff)."""
-    isolated_ids = [k for k, s in enumerate(sites) if s.output in plan.activations]
+    isolated_ids = [k for k, s in enumerate(sites) if quantizes(s, plan)]
     combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
     reducer = qgraph.Reducer(prepared.opset_to)
     rank = {t: len(probe.shapes.get(t, ())) for t in compare}
@@ -315,7 +324,7 @@ def finish_evaluation(
     clip = {t: (c[0] / c[1] if c[1] else math.nan) for t, c in sums.clip_counts.items()}
     return Evaluation(
         cumulative, sums.isolated, sums.act_channel, hist, output_metrics, deployed_metrics, headline, warnings,
-        sums.seen, sums.task, clip, worst_samples(sums.sample_cosines, eval_set),
+        sums.seen, sums.task, clip, worst_samples(sums.sample_cosines, eval_set, sums.sample_errors),
         largest_error_share_first(sums.sample_errors),
     )
 
@@ -383,11 +392,23 @@ def largest_error_share_first(errors: Sequence[SampleError]) -> list[int]:
     return sorted(share, key=lambda i: (-share[i], i))
 
 
-def worst_samples(cosines: Sequence[tuple[float, int, str]], eval_set: CalibSet) -> list[dict[str, Any]]:
-    """The WORST_SAMPLES lowest-cosine samples, with their file when one file holds one sample."""
+def worst_samples(
+    cosines: Sequence[tuple[float, int, str]], eval_set: CalibSet, errors: Sequence[SampleError] = ()
+) -> list[dict[str, Any]]:
+    """The WORST_SAMPLES samples carrying the largest share of the output error (`largest_error_share_first`;
+    the lowest cosines without `errors`), each with its lowest output cosine and its file when one file
+    holds one sample.
+
+    Why not the lowest cosines: a sample whose output is near zero (a text-free photo under a text
+    segmenter, a silent audio window) has a low cosine from any noise and almost none of the error."""
     files = eval_set.files if len(eval_set.files) == eval_set.n_samples else None
+    lowest: dict[int, tuple[float, int, str]] = {}
+    for row in sorted(cosines, reverse=True):
+        lowest[row[1]] = row  # the lowest cosine of each sample wins (written last)
+    order = largest_error_share_first(errors) if errors else [i for _, i, _ in sorted(lowest.values())]
     rows = []
-    for cosine, index, output in sorted(cosines)[:WORST_SAMPLES]:
+    for index in [i for i in order if i in lowest][:WORST_SAMPLES]:
+        cosine, _, output = lowest[index]
         rows.append({"index": index, "file": files[index].name if files and index < len(files) else None,
                      Col.OUTPUT: output, "cosine": cosine})
     return rows

@@ -669,15 +669,30 @@ def headline_outputs(probe: Probe, requested: Sequence[str]) -> list[str]:
 
 
 def classifier_outputs(prepared: PreparedModel, outputs: Sequence[str], probe: Probe) -> set[str]:
-    """Outputs a Softmax (possibly through Identity/Reshape) produces, with a class axis of ≥ 2."""
+    """Outputs a Softmax (possibly through Identity/Reshape) produces, with a class axis of ≥ 2; a
+    Softmax written out as Exp/ReduceSum/Div (jax2tf, TF exports) counts as one."""
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     found = set()
     for name in outputs:
         node = producers.get(name)
         while node is not None and node.op_type in ("Identity", "Reshape", "Flatten", "Squeeze"):
             node = producers.get(node.input[0])
-        if node is not None and node.op_type in ("Softmax", "LogSoftmax") and qm.looks_like_classifier(
-            probe.shapes.get(name, ())
-        ):
+        if node is not None and _is_softmax(prepared, node) and qm.looks_like_classifier(probe.shapes.get(name, ())):
             found.add(name)
     return found
+
+
+def _is_softmax(prepared: PreparedModel, node: onnx.NodeProto) -> bool:
+    """A Softmax/LogSoftmax node, or the last node of a decomposed Softmax (patterns/softmax.py)."""
+    from quantscan.patterns import softmax
+
+    if node.op_type in ("Softmax", "LogSoftmax"):
+        return True
+    if node.op_type not in ("Div", "Mul"):
+        return False
+    index = GraphIndex(prepared.proto.graph, ir_version=prepared.proto.ir_version)
+    for exp in (index.producer_node(i) for i in node.input if i):
+        found = softmax.match_at(index, exp) if exp is not None and exp.op_type == "Exp" else None
+        if isinstance(found, softmax.SoftmaxMatch) and found.output == node.output[0]:
+            return True
+    return False

@@ -41,6 +41,7 @@ from quantscan.scanning.impact import (
     with_gain_stderr,
     with_whole_set_gain,
 )
+from quantscan.scanning.inputs import measure_inputs
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, prepare_timed
 from quantscan.scanning.tables import build_tables, ops_table, with_profile
@@ -146,7 +147,13 @@ def _measure(
     gap_sites = deployed_gap_sites(ctx, qdq, head)
     if gap_sites:
         times["deployed_gap"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    measured_inputs = {i.name: i.to_json() for i in measure_inputs(ctx)}
+    times[Col.INPUTS] = time.perf_counter() - t0
     info = run_info(ctx, qdq, head, evaluation)
+    for entry in info.inputs:  # the inputs as sites (scanning/inputs.py), beside their contract
+        if entry["name"] in measured_inputs:
+            entry["quantization"] = measured_inputs[entry["name"]]
     info.deployed_gap_sites = [g.to_json() for g in gap_sites]
     info.options["gain_candidates"] = opts.gain_candidates
     info.options["gain_measured"] = len(impact.gains)

@@ -49,6 +49,8 @@ def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -
     wq = plan.weights[site.weight]
     fq = quant.dequantize(wq.values, wq.qparams)
     axis = wq.qparams.axis if wq.qparams.axis is not None else 0
+    if w.ndim <= axis:  # a scalar weight (quantize_static quantizes an Add's epsilon): one channel
+        w, fq, axis = w.reshape(1, -1), np.asarray(fq, np.float32).reshape(1, -1), 0
     acc = qm.ErrorAccumulator()
     acc.update(w[None], fq[None])
     ch = qm.ChannelErrorAccumulator(axis)

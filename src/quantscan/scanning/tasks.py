@@ -64,7 +64,7 @@ def task_accumulators(
         shape = list(shapes.get(name, ()))
         task = tm.detect_task(shape, charset, name in classifiers, hw) if opts.task == "auto" else opts.task
         accs: list[tm.TaskAccumulator] = []
-        built = tm.make_accumulator(task, charset, opts.mask_threshold, hw)
+        built = tm.make_accumulator(task, charset, opts.mask_threshold, hw, shape)
         if built is not None:
             accs.append(built)
         accs.extend(tm.load_plugin(spec) for spec in plugins)

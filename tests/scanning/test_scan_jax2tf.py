@@ -1,0 +1,104 @@
+"""A jax2tf-style classifier: a −inf constant (the identity of a max-reduction feeding Max), GELU in
+jax's tanh spelling (x³ as x·(x·x), constants first), Softmax written out as Exp/ReduceSum/Div.
+
+Oracle: onnx's ReferenceEvaluator running the FP32 model and the saved QDQ model, top-1 agreement and
+cosine written out in numpy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx.version_converter
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+import quantscan
+from quantscan.errors import ModelError
+from quantscan.validate import check_finite_weights
+
+JAX2TF_CLASSIFIER = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[N, 16] x) => (float[N, 10] probs) {
+  h0 = MatMul (x, w1)
+  h = Add (h0, b1)
+  sq = Mul (h, h)
+  cube = Mul (h, sq)
+  k = Mul (c0447, cube)
+  u = Add (h, k)
+  s = Mul (csqrt, u)
+  t = Tanh (s)
+  a = Add (one, t)
+  cdf = Mul (half, a)
+  g1 = Mul (h, cdf)
+  l0 = MatMul (g1, w2)
+  logits = Add (l0, b2)
+  rm = ReduceMax <axes = [1], keepdims = 1> (logits)
+  m = Max (rm, neginf)
+  d = Sub (logits, m)
+  e = Exp (d)
+  z = ReduceSum <keepdims = 1> (e, ax)
+  probs = Div (e, z)
+}
+"""
+
+
+def jax2tf_classifier(tmp_path: Path) -> tuple[Path, Path]:
+    rng = np.random.default_rng(3)
+    inits = {
+        "w1": rng.normal(0, 0.4, (16, 32)).astype(np.float32),
+        "b1": rng.normal(0, 0.1, 32).astype(np.float32),
+        "w2": rng.normal(0, 0.1, (32, 10)).astype(np.float32),
+        "b2": rng.normal(0, 0.05, 10).astype(np.float32),
+        "c0447": np.array(0.044715, np.float32),
+        "csqrt": np.array([[np.sqrt(2 / np.pi)]], np.float32),  # rank-promoted scalars occur too
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+        "neginf": np.array(-np.inf, np.float32),
+        "ax": np.array([1], np.int64),
+    }
+    model = onnx.parser.parse_model(JAX2TF_CLASSIFIER)
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "jax2tf.onnx"
+    onnx.save(model, path)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(8):
+        np.savez(calib / f"{i:03d}.npz", x=rng.normal(size=(8, 16)).astype(np.float32))
+    return path, calib
+
+
+def test_minus_inf_constant_is_valid_and_nan_is_not() -> None:
+    model = onnx.parser.parse_model(JAX2TF_CLASSIFIER)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([-np.inf, np.inf], np.float32), "mask"))
+    check_finite_weights(model, "m.onnx")  # ±inf: identities and masks, no refusal
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([np.nan], np.float32), "bad"))
+    with pytest.raises(ModelError, match="1 NaN values in initializer 'bad'"):
+        check_finite_weights(model, "m.onnx")
+
+
+def test_jax2tf_classifier_scans_as_a_classifier(tmp_path: Path) -> None:
+    model, calib = jax2tf_classifier(tmp_path)
+    qdq = tmp_path / "qdq.onnx"
+    result = quantscan.scan(model, calib, save_qdq=qdq)
+    kernels = [s.kernel for s in result.sites]
+    assert sum(k.startswith("GELU[") for k in kernels) == 1
+    assert not any(k in ("Tanh", "Max") for k in kernels)
+    softmax = next(s for s in result.sites if s.kernel.startswith("Softmax["))
+    assert "Max" in softmax.kernel  # the −inf identity is part of the kernel, not a site of its own
+    fp32 = ReferenceEvaluator(str(model))
+    fq = ReferenceEvaluator(onnx.version_converter.convert_version(onnx.load(qdq), 21))
+    xs, ys = [], []
+    for f in sorted(calib.glob("*.npz")):
+        feed = dict(np.load(f))
+        xs.append(np.asarray(fp32.run(None, feed)[0], np.float64))
+        ys.append(np.asarray(fq.run(None, feed)[0], np.float64))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    metrics = result.output_metrics["probs"]
+    assert metrics.top1_agreement == pytest.approx(float(np.mean(x.argmax(1) == y.argmax(1))))
+    cosine = float((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))
+    assert metrics.cosine == pytest.approx(cosine, abs=1e-5)
