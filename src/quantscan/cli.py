@@ -347,6 +347,8 @@ def _rewrite_parser(sub: Any) -> None:
                    help="Reciprocal(x) -> Div(1, x) for chips that run Div but not Reciprocal")
     p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",
                    help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
+    p.add_argument("--equalize", nargs=0, action=_StepAction, const="equalize", dest="equalize",
+                   help="cross-layer equalization of Conv/Gemm/MatMul pairs (BN folded first); exact in FP32")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
     p.add_argument("--freeze-input", action="append", default=[], metavar="NAME=VALUE",
@@ -627,7 +629,7 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     if not steps and args.opset is None and not args.freeze_input:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
                          "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --freeze-input, "
-                         "--opset, --all-for-profile; "
+                         "--equalize, --smooth, --bias-correct, --recover, --opset, --all-for-profile; "
                          "found none that applies")
     calib = None
     if args.calib:

@@ -41,6 +41,7 @@ from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
 from quantscan.rewrites.decompose_layernorm import decompose_layernorm
 from quantscan.rewrites.div_to_mul import div_to_mul
+from quantscan.rewrites.equalize import equalize
 from quantscan.rewrites.fix_ceil_mode import fix_ceil_mode
 from quantscan.rewrites.fix_dim import fix_dim as fix_dims
 from quantscan.rewrites.fix_dim import parse_dim_spec
@@ -71,6 +72,7 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.DIV_TO_MUL: div_to_mul,
     RewriteId.FIX_CEIL_MODE: fix_ceil_mode,
     RewriteId.RECIPROCAL: reciprocal_to_div,
+    RewriteId.EQUALIZE: equalize,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
