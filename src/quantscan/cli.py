@@ -323,6 +323,22 @@ class _StepAction(argparse.Action):
         namespace.steps = steps
 
 
+class _SmoothAction(argparse.Action):
+    """`--smooth [ALPHA]`: a step like the others, plus the alpha (None: chosen per site)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        namespace.steps = [*(getattr(namespace, "steps", None) or []), "smooth"]
+        if values is not None:
+            try:
+                alpha = _finite(values)
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentError(self, str(exc)) from None
+            if not 0 <= alpha <= 1:
+                raise argparse.ArgumentError(self, f"expected ALPHA in [0, 1], found {values}")
+            namespace.smooth_alpha = alpha
+
+
 def _clamp_value(args: argparse.Namespace) -> float | None:
     """`--clamp-mask-value`, else None: the rewrite picks the smallest value its proof shows exact."""
     return None if args.clamp_mask_value is None else float(args.clamp_mask_value)
@@ -349,6 +365,11 @@ def _rewrite_parser(sub: Any) -> None:
                    help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
     p.add_argument("--equalize", nargs=0, action=_StepAction, const="equalize", dest="equalize",
                    help="cross-layer equalization of Conv/Gemm/MatMul pairs (BN folded first); exact in FP32")
+    p.add_argument("--smooth", nargs="?", action=_SmoothAction, metavar="ALPHA",
+                   help="move per-channel activation ranges into the next layer's weights (needs --calib); "
+                        "ALPHA in [0, 1], default: chosen per site")
+    p.add_argument("--bias-correct", nargs=0, action=_StepAction, const="bias-correct", dest="bias_correct",
+                   help="remove the int8 weights' mean output shift from each bias (needs --calib; approximate)")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
     p.add_argument("--freeze-input", action="append", default=[], metavar="NAME=VALUE",
@@ -365,7 +386,7 @@ def _rewrite_parser(sub: Any) -> None:
                    help="apply every rewrite the compat findings for PROFILE suggest")
     p.add_argument("--case", default=None, metavar="ID", help="replay a library case's recipe (fresh proof)")
     p.add_argument("--cases", default=None, metavar="DIR", help="case library (default ~/.quantscan/cases)")
-    p.set_defaults(steps=[])
+    p.set_defaults(steps=[], smooth_alpha=None)
     _common(p)
 
 
@@ -638,7 +659,8 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         calib = load_calibration(args.calib, loaded.inputs, consts=consts, limit=args.limit)
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
-                     runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input)
+                     runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input,
+                     smooth_alpha=args.smooth_alpha)
     for step in report.steps:
         print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
               + ("" if step.exact else " (approximate)"))

@@ -31,10 +31,14 @@ import onnx
 from quantscan.calib import CalibSet
 from quantscan.calib.synthetic import random_samples
 from quantscan.errors import UsageError
+from quantscan.graph.edit import node_label
+from quantscan.graph.index import GraphIndex
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
 from quantscan.records import RewriteId
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.bias_correct import bias_correct, bias_sites, with_int8_weights
+from quantscan.rewrites.calibstats import channel_stats, tensor_sqnr
 from quantscan.rewrites.clamp_mask import CLAMP_CANDIDATES, CLAMP_VALUE, clamp_mask
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
@@ -51,8 +55,10 @@ from quantscan.rewrites.freeze_input import frozen_values, parse_freeze_spec
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
+from quantscan.rewrites.linear import WEIGHT_OPS, Linear, linear_of
 from quantscan.rewrites.opset_down import opset_down
 from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
+from quantscan.rewrites.smooth import smooth, smooth_sites
 from quantscan.runfolder import atomic_write_bytes
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
@@ -76,7 +82,10 @@ REWRITES: dict[RewriteId, RewriteFn] = {
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
-PARAMETRIZED: tuple[RewriteId, ...] = (RewriteId.FIX_DIM, RewriteId.FREEZE_INPUT)
+PARAMETRIZED: tuple[RewriteId, ...] = (RewriteId.FIX_DIM, RewriteId.FREEZE_INPUT, RewriteId.SMOOTH,
+                                        RewriteId.BIAS_CORRECT)
+CALIBRATED: tuple[RewriteId, ...] = (RewriteId.SMOOTH, RewriteId.BIAS_CORRECT)
+"""Passes whose edit depends on per-channel statistics of the calibration data (`--calib` required)."""
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_APPROX_MIN_COSINE = 0.999
 RANDOM_SAMPLES = 8
@@ -199,6 +208,7 @@ def rewrite(
     runner: Runner | None = None,
     clamp_mask_value: float | None = None,
     freeze_input: Sequence[str] = (),
+    smooth_alpha: float | None = None,
 ) -> RewriteReport:
     """Apply `rewrites` (ids from `rewrite_ids()`) in order, prove the result, write it when it passes.
 
@@ -213,6 +223,8 @@ def rewrite(
     `CLAMP_CANDIDATES` whose proof is exact on the same data is chosen (else `CLAMP_VALUE`).
     `freeze_input` holds `NAME=VALUE` settings (`freeze-input`, applied right after fix-dim); the proof
     feeds the original model VALUE for NAME on every sample.
+    `smooth` and `bias-correct` need `calib` (their statistics); `smooth_alpha` None chooses alpha per
+    site (smooth.py). bias-correct's changes carry per-site figures (`_site_figures`).
     """
     steps_wanted = _steps(rewrites, fix_dim, opset_only=opset is not None, freeze=freeze_input)
     source, original = _load(model)
@@ -237,6 +249,8 @@ def rewrite(
                 value = _smallest_exact_mask(current, calib=calib, seed=seed, limit=limit, tolerance=tolerance,
                                              runner=runner)
             result = clamp_mask(current, value)
+        elif rid in CALIBRATED:
+            result = calibrated_step(rid, current, calib, limit=limit, runner=runner, alpha=smooth_alpha)
         else:
             result = REWRITES[rid](current)
         steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals))
@@ -247,6 +261,8 @@ def rewrite(
         current = _opset_down(current, opset, steps)
     onnx.checker.check_model(current)
 
+    if any(s.rewrite == RewriteId.BIAS_CORRECT.value for s in steps):
+        approx_min_cosine = min(approx_min_cosine, int8_weight_cosine(original, calib, limit=limit, runner=runner))
     proof = prove(
         original,
         current,
@@ -281,6 +297,61 @@ def rewrite(
     return report
 
 
+def calibrated_step(
+    rid: RewriteId,
+    model: onnx.ModelProto,
+    calib: CalibSet | None,
+    *,
+    limit: int | None = None,
+    runner: Runner | None = None,
+    alpha: float | None = None,
+) -> RewriteResult:
+    """`smooth` or `bias-correct` on `model`: statistics first (one calibration run), then the pass."""
+    if calib is None:
+        raise UsageError(f"{rid.value}: expected --calib (its factors come from per-channel statistics of the "
+                         "calibration data), found none")
+    runner = runner or Runner()
+    if rid is RewriteId.SMOOTH:
+        return smooth(model, channel_stats(model, smooth_sites(model), calib, limit=limit, runner=runner), alpha)
+    result = bias_correct(model, channel_stats(model, bias_sites(model), calib, limit=limit, runner=runner))
+    if result.changes:
+        _site_figures(model, result, calib, limit=limit, runner=runner)
+    return result
+
+
+def int8_weight_cosine(
+    model: onnx.ModelProto, calib: CalibSet | None, *, limit: int | None, runner: Runner | None
+) -> float:
+    """The lowest output cosine of `model` with its layers' weights rounded to int8 (FP32 activations).
+
+    bias-correct's proof threshold: the correction may move the FP32 model by as much as quantizing the
+    weights already does (it moves it by the mean of that error), not more.
+    """
+    proof = prove(model, with_int8_weights(model), calib=calib, limit=limit, approximate=["int8 weights"],
+                  runner=runner)
+    finite = [o.cosine for o in proof.outputs if math.isfinite(o.cosine)]
+    return min(finite) if finite else DEFAULT_APPROX_MIN_COSINE
+
+
+def _site_figures(
+    before: onnx.ModelProto, result: RewriteResult, calib: CalibSet, *, limit: int | None, runner: Runner
+) -> None:
+    """Append to each bias-correct change the measured figures at the layer's output (SQNR vs the FP32
+    input model): the FP32 change the correction makes, and the error with int8 weights before/after."""
+    folded = fold_batchnorm(before).model
+    index = GraphIndex(result.model.graph, ir_version=result.model.ir_version)
+    layers = {node_label(n): linear_of(n, index) for n in index.nodes if n.op_type in WEIGHT_OPS}
+    sites = {label: layer.output for label, layer in layers.items() if isinstance(layer, Linear)}
+    tests = {"fp32": result.model, "before": with_int8_weights(folded), "after": with_int8_weights(result.model)}
+    wanted = {sites[c.node] for c in result.changes if c.rewrite == "bias-correct" and c.node in sites}
+    got = tensor_sqnr(folded, tests, sorted(wanted), calib, limit=limit, runner=runner)
+    for c in result.changes:
+        t = sites.get(c.node)
+        if c.rewrite == "bias-correct" and t is not None:
+            c.detail += (f"; at {t!r}: FP32 change SQNR {got['fp32'][t]:.1f} dB, int8-weight SQNR "
+                         f"{got['before'][t]:.1f} -> {got['after'][t]:.1f} dB")
+
+
 def _smallest_exact_mask(
     model: onnx.ModelProto,
     *,
@@ -313,7 +384,7 @@ def _steps(
     then freeze-input's settings: folding an If on a shape needs the dims fixed)."""
     known = rewrite_ids()
     steps: list[tuple[RewriteId, tuple[str, ...]]] = []
-    settings = {RewriteId.FIX_DIM: tuple(dims), RewriteId.FREEZE_INPUT: tuple(freeze)}
+    settings: dict[RewriteId, tuple[str, ...]] = {RewriteId.FIX_DIM: tuple(dims), RewriteId.FREEZE_INPUT: tuple(freeze)}
     for rid in rewrites:
         if rid not in known:
             raise UsageError(f"unknown rewrite {rid!r}: expected one of {', '.join(known)}")
