@@ -103,7 +103,7 @@ def test_matmul_add_bias_and_refusals() -> None:
 @pytest.mark.real
 def test_mtcnn_pnet_per_site_figures(assets) -> None:  # type: ignore[no-untyped-def]
     loaded = load_model(asset_model(assets, "mtcnn_pnet"))
-    calib = load_calibration(asset_calib(assets, "mtcnn_pnet"), loaded.inputs, limit=4)
+    calib = load_calibration(asset_calib(assets, "mtcnn_pnet"), loaded.inputs, limit=8)
     report = rewrite(asset_model(assets, "mtcnn_pnet"), ["bias-correct"], calib=calib, write=False)
     changes = [c for c in report.changes if c.rewrite == "bias-correct"]
     assert len(changes) == 5 and not report.proof.exact
