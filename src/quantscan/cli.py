@@ -370,6 +370,10 @@ def _rewrite_parser(sub: Any) -> None:
                         "ALPHA in [0, 1], default: chosen per site")
     p.add_argument("--bias-correct", nargs=0, action=_StepAction, const="bias-correct", dest="bias_correct",
                    help="remove the int8 weights' mean output shift from each bias (needs --calib; approximate)")
+    p.add_argument("--recover", action="store_true",
+                   help="try --equalize, --smooth, --bias-correct; keep each only where the measured all-int8 "
+                        "output cosine rises (needs --calib; writes OUT.recover.json)")
+    p.add_argument("--profile", default=None, metavar="P", help="with --recover: measure under P's int8 scheme")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
     p.add_argument("--freeze-input", action="append", default=[], metavar="NAME=VALUE",
@@ -605,7 +609,33 @@ def _print_before_after(before: Any, after: Any, profile: str) -> None:
         f"{key} {rows[0][key]} -> {rows[1][key]}" for key in ("errors", "warnings", "cpu_islands")))
 
 
+def _cmd_recover(args: argparse.Namespace) -> int:
+    """`rewrite --recover`: the measured loop of rewrites/recover.py, one line per pass tried."""
+    from quantscan.rewrites.recover import recover
+
+    if not args.calib:
+        raise UsageError("rewrite --recover: expected --calib (the int8 cosine is measured on it), found none")
+    if args.steps or args.all_for_profile or args.case:
+        raise UsageError("rewrite --recover: expected no other rewrite flag (it chooses its own), found "
+                         f"{', '.join(args.steps) or '--all-for-profile/--case'}")
+    report = recover(args.model, args.calib, profile=args.profile, out=args.output_model, limit=args.limit,
+                     tolerance=args.tolerance)
+    print(f"all-int8 output cosine of '{report.output}' ({args.profile or 'default scheme'}): {report.baseline:.6f}")
+    for t in report.trials:
+        measured = t.applied and t.proof_passed
+        figures = f"{t.cosine_before:.6f} -> {t.cosine_after:.6f} ({t.gain:+.6f})" if measured else ""
+        verdict = "kept" if t.kept else (t.note or "dropped")
+        print(f"  {t.rewrite}: {t.changes} sites, {figures + ', ' if figures else ''}{verdict}")
+    kept = " + ".join(report.kept) or "nothing (the output is the input unchanged)"
+    print(f"kept: {kept}; all-int8 cosine {report.baseline:.6f} -> {report.final:.6f}")
+    if report.written:
+        print(f"wrote {report.out}, {report.out}.recover.json and {report.out}.rewrite.json")
+    return EXIT_OK
+
+
 def cmd_rewrite(args: argparse.Namespace) -> int:
+    if args.recover:
+        return _cmd_recover(args)
     from quantscan.calib import load_calibration
     from quantscan.model import load_model
     from quantscan.rewrites.plan import plan_for_profile, split_applicable

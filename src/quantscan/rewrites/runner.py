@@ -274,13 +274,13 @@ def rewrite(
         frozen=frozen,
     )
     if any(s.rewrite == RewriteId.BIAS_CORRECT.value for s in steps):
-        _hold_to_int8_weights(proof, original, current, calib, limit=limit, runner=runner)
+        hold_to_int8_weights(proof, original, current, calib, limit=limit, runner=runner)
     report = RewriteReport(
         source=source,
         model=current,
         steps=steps,
-        op_counts_before=_op_counts(original),
-        op_counts_after=_op_counts(current),
+        op_counts_before=op_counts(original),
+        op_counts_after=op_counts(current),
         opset_before=opset_before,
         opset_after=onnx_opset(current),
         proof=proof,
@@ -319,7 +319,7 @@ def calibrated_step(
     return result
 
 
-def _hold_to_int8_weights(
+def hold_to_int8_weights(
     proof: Proof, original: onnx.ModelProto, rewritten: onnx.ModelProto, calib: CalibSet | None, *,
     limit: int | None, runner: Runner | None,
 ) -> None:
@@ -463,7 +463,7 @@ def _out_path(model: str | Path | onnx.ModelProto, out: str | Path | None) -> Pa
     return candidate
 
 
-def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 

