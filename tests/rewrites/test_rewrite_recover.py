@@ -1,0 +1,71 @@
+"""--recover: the keep-only-if-better loop, its files, the never-worse guarantee, a real model.
+
+Oracles: the scan's own all-int8 measurement re-run independently on the written model (the figure
+recover reports must be the one `scan` would give), the runner's FP32 proof of the written model
+against the input, and byte equality with the input when nothing is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from builders import write_chain
+from conftest import asset_calib, asset_model
+from quantscan.calib import load_calibration
+from quantscan.model import load_model
+from quantscan.rewrites import recover as recover_module
+from quantscan.rewrites.recover import int8_cosine, recover
+from quantscan.rewrites.runner import prove
+
+
+def test_chain_recovers_and_reports(tmp_path: Path) -> None:
+    model, calib = write_chain(tmp_path, samples=16)
+    out = tmp_path / "out.onnx"
+    report = recover(model, calib, out=out)
+    assert [t.rewrite for t in report.trials] == ["equalize", "smooth", "bias-correct"]
+    assert report.final >= report.baseline
+    for t in report.trials:
+        if t.kept:
+            assert t.cosine_after > t.cosine_before
+    # the reported figure is what the scan's measurement gives on the written file
+    written = load_model(out)
+    assert int8_cosine(written, calib)[1] == pytest.approx(report.final, abs=1e-6)
+    record = json.loads((tmp_path / "out.onnx.recover.json").read_text())
+    assert record["kept"] == report.kept and len(record["trials"]) == 3
+    steps = json.loads((tmp_path / "out.onnx.rewrite.json").read_text())["steps"]
+    assert [s["rewrite"] for s in steps] == report.kept  # what the case library reads as the recipe
+    if "bias-correct" not in report.kept:  # exact passes only: the FP32 function is unchanged
+        proof = prove(onnx.load(model), written.proto, calib=load_calibration(calib, written.inputs), tolerance=1e-5)
+        assert proof.passed
+
+
+def test_never_worse_returns_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pass measured worse than the input: nothing kept, the input written back unchanged."""
+    model, calib = write_chain(tmp_path, samples=8)
+    calls = iter([0.99, 0.98, 0.97, 0.96])
+    monkeypatch.setattr(recover_module, "int8_cosine", lambda *a, **k: ("y", next(calls)))
+    out = tmp_path / "same.onnx"
+    report = recover(model, calib, out=out)
+    assert report.kept == [] and report.final == 0.99
+    assert onnx.load(out).graph == onnx.load(model).graph
+
+
+def test_refuses_its_own_input_as_output(tmp_path: Path) -> None:
+    from quantscan.errors import UsageError
+
+    model, calib = write_chain(tmp_path, samples=4)
+    with pytest.raises(UsageError, match="other than the input"):
+        recover(model, calib, out=model)
+
+
+@pytest.mark.real
+def test_mtcnn_pnet_never_worse(assets, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    report = recover(asset_model(assets, "mtcnn_pnet"), asset_calib(assets, "mtcnn_pnet"), profile="rk3588",
+                     limit=8, out=tmp_path / "pnet.onnx")
+    assert report.final >= report.baseline
+    assert int8_cosine(load_model(tmp_path / "pnet.onnx"), asset_calib(assets, "mtcnn_pnet"), profile="rk3588",
+                       limit=8)[1] == pytest.approx(report.final, abs=1e-6)
