@@ -65,7 +65,7 @@ def weight_error(layer: Linear) -> np.ndarray:
     """ε = Q(W) − W, W quantized symmetric int8 per output channel (the scan's weight scheme)."""
     axis = 0 if layer.kind == "Conv" or layer.trans_b else 1
     w32 = layer.weight.astype(np.float32)
-    return quant.fake_quant(w32, quant.weight_qparams(w32, axis)).astype(np.float64) - layer.weight
+    return quant.fake_quant(w32, quant.weight_qparams(w32, axis)).astype(np.float64) - layer.weight.astype(np.float64)
 
 
 def output_shift(layer: Linear, mean: np.ndarray) -> np.ndarray:
@@ -99,8 +99,8 @@ def bias_correct(model: onnx.ModelProto, stats: Mapping[str, ChannelStats]) -> R
             continue
         shift = output_shift(layer, s.mean)
         assert layer.bias is not None
-        before = float(np.sqrt(np.mean(np.square(layer.bias)))) or 1.0
-        layer.bias = layer.bias - shift.reshape(layer.bias.shape)
+        before = float(np.sqrt(np.mean(np.square(layer.bias.astype(np.float64))))) or 1.0
+        layer.bias = layer.bias.astype(np.float64) - shift.reshape(layer.bias.shape)
         edited.append(layer)
         result.changes.append(Change(
             REWRITE_ID, layer.label,

@@ -115,6 +115,16 @@ def _step(p: Pair) -> np.ndarray:
     return s
 
 
+def equalized_tensors(index: GraphIndex) -> set[str]:
+    """The activations `equalize` rescales (each pair's producer output and the outputs along its path):
+    the diagnosis names the pass at sites writing one of them."""
+    out: set[str] = set()
+    for p in find_pairs(index, []):
+        out.add(p.producer.output)
+        out.update(n.output[0] for n in p.path)
+    return out
+
+
 def find_pairs(index: GraphIndex, refusals: list[Refusal]) -> list[Pair]:
     """Every producer -> commuting path -> consumers pair; refusals appended for the blocked ones."""
     layers: dict[str, Linear] = {}

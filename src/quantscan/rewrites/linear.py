@@ -26,7 +26,7 @@ WEIGHT_OPS = ("Conv", "Gemm", "MatMul")
 
 @dataclass
 class Linear:
-    """One weight layer: float64 copies of its weight and bias, edited in place, written back by `store`.
+    """One weight layer: copies of its weight and bias (float64 once edited), written back by `store`.
 
     `bias_node` is the node holding the bias input (the layer itself, or the Add after a MatMul);
     `output` the tensor carrying the biased result (the Add's output for MatMul+Add).
@@ -140,7 +140,9 @@ def linear_of(node: onnx.NodeProto, index: GraphIndex) -> Linear | str:
             return "Gemm has beta != 1"
     elif w.ndim != 2:
         return "MatMul weight is not a 2-D constant"
-    layer = Linear(node, node.op_type, wname, w.astype(np.float64), w.dtype, bias_name, None, out, group, trans_b)
+    # kept in the stored dtype until an edit (factors are float64, so the first edit promotes): the
+    # diagnosis builds every layer of a model only to read the graph's structure
+    layer = Linear(node, node.op_type, wname, w, w.dtype, bias_name, None, out, group, trans_b)
     if node.op_type == "MatMul":
         add = index.single_user(out)
         if add is not None and add.op_type == "Add":
@@ -156,7 +158,7 @@ def linear_of(node: onnx.NodeProto, index: GraphIndex) -> Linear | str:
             return f"bias has {b.size} values for {layer.out_channels} output channels"
         if index.use_count(layer.bias_name) > 1:
             return f"bias {layer.bias_name!r} is shared with another node"
-        layer.bias = b.astype(np.float64)
+        layer.bias = np.asarray(b)
     return layer
 
 

@@ -73,6 +73,11 @@ def smooth_sites(model: onnx.ModelProto) -> dict[str, str]:
     return {s.tensor: s.axis for s in _sites(index, [])}
 
 
+def smoothable_tensors(index: GraphIndex) -> set[str]:
+    """The activations `smooth` can rescale in this graph (the diagnosis names the pass there)."""
+    return {s.tensor for s in _sites(index, [])}
+
+
 def smooth(
     model: onnx.ModelProto, stats: Mapping[str, ChannelStats], alpha: float | None = None
 ) -> RewriteResult:
