@@ -69,3 +69,19 @@ def test_mtcnn_pnet_never_worse(assets, tmp_path: Path) -> None:  # type: ignore
     assert report.final >= report.baseline
     assert int8_cosine(load_model(tmp_path / "pnet.onnx"), asset_calib(assets, "mtcnn_pnet"), profile="rk3588",
                        limit=8)[1] == pytest.approx(report.final, abs=1e-6)
+
+
+def test_case_library_records_the_recover_recipe(tmp_path: Path) -> None:
+    import quantscan
+    from quantscan.cases import recipe, save_case
+
+    model, calib = write_chain(tmp_path, samples=8)
+    out = tmp_path / "rec.onnx"
+    report = recover(model, calib, profile="rk3588", out=out)
+    run = tmp_path / "run"
+    quantscan.scan(out, calib, profile="rk3588", gain_candidates=0, out=run, no_report=True)
+    folder = save_case(run, "recovered chain", cases=tmp_path / "cases")
+    case = json.loads((folder / "case.json").read_text())
+    assert case["recipe"] == report.kept
+    assert case["rewrites"][0]["recover"]["final_cosine"] == pytest.approx(report.final)
+    assert recipe(case["id"], tmp_path / "cases")[0] == report.kept
