@@ -46,11 +46,11 @@ def test_chain_recovers_and_reports(tmp_path: Path) -> None:
 def test_never_worse_returns_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every pass measured worse than the input: nothing kept, the input written back unchanged."""
     model, calib = write_chain(tmp_path, samples=8)
-    calls = iter([0.99, 0.98, 0.97, 0.96])
+    calls = iter([0.99, 0.99, 0.99, 0.98, 0.97, 0.96])  # input, its 2 ulp jitters, the passes
     monkeypatch.setattr(recover_module, "int8_cosine", lambda *a, **k: ("y", next(calls)))
     out = tmp_path / "same.onnx"
     report = recover(model, calib, out=out)
-    assert report.kept == [] and report.final == 0.99
+    assert report.kept == [] and report.final == 0.99 and report.noise == 0.0
     assert onnx.load(out).graph == onnx.load(model).graph
 
 
@@ -85,3 +85,17 @@ def test_case_library_records_the_recover_recipe(tmp_path: Path) -> None:
     assert case["recipe"] == report.kept
     assert case["rewrites"][0]["recover"]["final_cosine"] == pytest.approx(report.final)
     assert recipe(case["id"], tmp_path / "cases")[0] == report.kept
+
+
+def test_ulp_jitter_moves_every_weight_by_one_ulp(tmp_path: Path) -> None:
+    import numpy as np
+    from onnx import numpy_helper
+
+    from quantscan.rewrites.recover import ulp_jitter
+
+    model = onnx.load(write_chain(tmp_path, samples=2)[0])
+    jittered = ulp_jitter(model, 0)
+    for a, b in zip(model.graph.initializer, jittered.graph.initializer, strict=True):
+        x, y = numpy_helper.to_array(a), numpy_helper.to_array(b)
+        steps = np.abs(x.view(np.int32).astype(np.int64) - y.view(np.int32).astype(np.int64))
+        assert steps.max() == 1 and steps.min() >= 0  # every value one float32 step away (or zero crossing)

