@@ -43,8 +43,11 @@ CHANNELWISE_POOLS = frozenset({"MaxPool", "AveragePool", "GlobalMaxPool", "Globa
 MAX_ITERATIONS = 100
 TOLERANCE = 1e-4
 """Stop when the largest |log s_i| of a sweep is below this (scales within 0.01% of 1)."""
-SCALE_LIMIT = 1e3
-"""Bound on one step's factor: a dead channel (range 0 on one side) would otherwise ask for infinity."""
+SCALE_LIMIT = 1e2
+"""Bound on a channel's total factor over all sweeps: a near-dead channel (range ~0 on one side) would
+otherwise ask for 1e10 and the float32 rounding of the rescaled weights would show in the output."""
+DEAD = 1e-6
+"""A channel whose weight range is below this fraction of its layer's largest is left alone (s = 1)."""
 
 
 class Pair:
@@ -77,7 +80,7 @@ def equalize(model: onnx.ModelProto) -> RewriteResult:
         sweeps += 1
         worst = 0.0
         for p in pairs:
-            s = _step(p)
+            s = _step(p, totals[id(p)])
             totals[id(p)] *= s
             worst = max(worst, float(np.abs(np.log(s)).max(initial=0.0)))
         if worst < TOLERANCE:
@@ -89,26 +92,28 @@ def equalize(model: onnx.ModelProto) -> RewriteResult:
         result.changes.append(Change(
             REWRITE_ID, p.producer.label,
             f"equalized {p.describe()}: channel scales {s.min():.3g}..{s.max():.3g}, weight range spread "
-            f"{before[id(p)]:.3g}x -> {_imbalance(p):.3g}x ({sweeps} sweeps over {len(pairs)} pairs)",
+            f"{before[id(p)]:.3g}x -> {_imbalance(p):.3g}x (channels below {DEAD:g} of the largest left out; "
+            f"{sweeps} sweeps over {len(pairs)} pairs)",
         ))
     return result
 
 
 def _imbalance(p: Pair) -> float:
     """max/min of the producer's per-output-channel weight ranges (what equalization narrows)."""
-    r = p.producer.out_absmax()
-    r = r[r > 0]
+    r = p.producer.out_absmax().astype(np.float64)
+    r = r[r > DEAD * r.max(initial=0.0)]
     return float(r.max() / r.min()) if r.size else 1.0
 
 
-def _step(p: Pair) -> np.ndarray:
-    """Re-balance one pair; returns the factors s (producer channel i divided by s_i)."""
-    r1 = p.producer.out_absmax()
-    r2 = np.max([c.in_absmax() for c in p.consumers], axis=0)
+def _step(p: Pair, total: np.ndarray) -> np.ndarray:
+    """Re-balance one pair; returns the factors s (producer channel i divided by s_i), bounded so that
+    the channel's factor over all sweeps (`total` so far) stays within SCALE_LIMIT."""
+    r1 = p.producer.out_absmax().astype(np.float64)
+    r2 = np.max([c.in_absmax() for c in p.consumers], axis=0).astype(np.float64)
     s = np.ones_like(r1)
-    ok = (r1 > 0) & (r2 > 0)
+    ok = (r1 > DEAD * r1.max(initial=0.0)) & (r2 > DEAD * r2.max(initial=0.0))
     s[ok] = np.sqrt(r1[ok] / r2[ok])
-    s = np.clip(s, 1 / SCALE_LIMIT, SCALE_LIMIT)
+    s = np.clip(s, 1 / (SCALE_LIMIT * total), SCALE_LIMIT / total)
     p.producer.scale_outputs(1 / s)
     for c in p.consumers:
         c.scale_inputs(s)

@@ -113,7 +113,7 @@ def smooth(
 
 
 def _spread(r: np.ndarray) -> float:
-    r = r[r > 0]
+    r = r[r > 1e-6 * r.max(initial=0.0)]
     return float(r.max() / r.min()) if r.size else 1.0
 
 
