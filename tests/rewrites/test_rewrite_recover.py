@@ -26,16 +26,18 @@ def test_chain_recovers_and_reports(tmp_path: Path) -> None:
     model, calib = write_chain(tmp_path, samples=16)
     out = tmp_path / "out.onnx"
     report = recover(model, calib, out=out)
-    assert [t.rewrite for t in report.trials] == ["equalize", "smooth", "bias-correct"]
+    first = [t.rewrite for t in report.trials if t.round == 1]
+    assert first == ["equalize", "smooth", "bias-correct"]  # round 1 tries every pass on the input
     assert report.final >= report.baseline
     for t in report.trials:
-        if t.kept:
-            assert t.cosine_after > t.cosine_before
+        if t.kept:  # kept: the best of its round, above the noise floor
+            same_round = [u.cosine_after for u in report.trials if u.round == t.round and u.applied]
+            assert t.cosine_after - t.cosine_before > report.noise and t.cosine_after == max(same_round)
     # the reported figure is what the scan's measurement gives on the written file
     written = load_model(out)
     assert int8_cosine(written, calib)[1] == pytest.approx(report.final, abs=1e-6)
     record = json.loads((tmp_path / "out.onnx.recover.json").read_text())
-    assert record["kept"] == report.kept and len(record["trials"]) == 3
+    assert record["kept"] == report.kept and len(record["trials"]) == len(report.trials)
     steps = json.loads((tmp_path / "out.onnx.rewrite.json").read_text())["steps"]
     assert [s["rewrite"] for s in steps] == report.kept  # what the case library reads as the recipe
     if "bias-correct" not in report.kept:  # exact passes only: the FP32 function is unchanged
