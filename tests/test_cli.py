@@ -369,7 +369,7 @@ def test_rewrite_recover_and_its_bad_inputs(tmp_path: Path) -> None:
     out = tmp_path / "rec.onnx"
     proc = run("rewrite", model, "--recover", "--profile", "rk3588", "--calib", calib, "-o", out)
     assert proc.returncode == 0, proc.stderr
-    assert "kept:" in proc.stdout and "round 1, equalize" in proc.stdout
+    assert "kept:" in proc.stdout and "  equalize: " in proc.stdout
     assert out.is_file() and (tmp_path / "rec.onnx.recover.json").is_file()
     assert_bad_input(run("rewrite", model, "--recover"), "--calib")
     assert_bad_input(run("rewrite", model, "--recover", "--equalize", "--calib", calib), "no other rewrite")

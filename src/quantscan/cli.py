@@ -624,9 +624,9 @@ def _cmd_recover(args: argparse.Namespace) -> int:
           f"(noise floor {report.noise:.2g}: the change one float32 ulp on the weights makes)")
     for t in report.trials:
         measured = t.applied and t.proof_passed
-        figures = f"{t.cosine_before:.6f} -> {t.cosine_after:.6f} ({t.gain:+.6f})" if measured else ""
+        figures = f"{t.cosine_after:.6f} ({t.cosine_after - report.baseline:+.6f} vs the input)" if measured else ""
         verdict = "kept" if t.kept else (t.note or "dropped")
-        print(f"  round {t.round}, {t.rewrite}: {t.changes} sites, {figures + ', ' if figures else ''}{verdict}")
+        print(f"  {' + '.join(t.recipe)}: {t.changes} sites, {figures + ', ' if figures else ''}{verdict}")
     kept = " + ".join(report.kept) or "nothing (the output is the input unchanged)"
     print(f"kept: {kept}; all-int8 cosine {report.baseline:.6f} -> {report.final:.6f}")
     if report.written:
