@@ -11,7 +11,6 @@ the profile) of the input, of each pass alone, and of --recover's kept chain. Pr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ def main() -> None:
     from quantscan.model import load_model
     from quantscan.records import RewriteId
     from quantscan.rewrites.equalize import equalize
-    from quantscan.rewrites.recover import int8_cosine, recover
+    from quantscan.rewrites.recover import recover
     from quantscan.rewrites.runner import calibrated_step, prove
 
     print(f"profile {args.profile}, {args.limit} calibration samples (also the measurement set)\n")
@@ -51,24 +50,22 @@ def main() -> None:
         path, cdir = ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name
         loaded = load_model(path)
         calib = load_calibration(cdir, loaded.inputs, limit=args.limit)
-        opts = {"profile": args.profile, "limit": args.limit}
-        base = int8_cosine(loaded, cdir, **opts)[1]
-        row: dict[str, str] = {}
-        for rid in (RewriteId.EQUALIZE, RewriteId.SMOOTH, RewriteId.BIAS_CORRECT):
-            res = equalize(loaded.proto) if rid is RewriteId.EQUALIZE else calibrated_step(
-                rid, loaded.proto, calib, limit=args.limit)
-            sites = len([c for c in res.changes if c.rewrite == rid.value])
-            row[f"{rid.value} sites"] = str(sites)
-            if not sites:
-                row[f"{rid.value} rel"], row[f"{rid.value} cos"] = "-", "-"
-                continue
-            if res.exact:
-                proof = prove(loaded.proto, res.model, calib=calib, limit=args.limit, tolerance=1e-5)
-                row[f"{rid.value} rel"] = _fmt(max(o.max_rel for o in proof.outputs), ".2e")
-            cos = int8_cosine(dataclasses.replace(loaded, proto=res.model), cdir, **opts)[1]
-            row[f"{rid.value} cos"] = f"{_fmt(cos)} ({cos - base:+.5f})"
         with tempfile.TemporaryDirectory() as tmp:
             rep = recover(path, cdir, profile=args.profile, limit=args.limit, out=Path(tmp) / "r.onnx")
+        base = rep.baseline
+        row: dict[str, str] = {}
+        for rid in (RewriteId.EQUALIZE, RewriteId.SMOOTH, RewriteId.BIAS_CORRECT):
+            alone = next(t for t in rep.trials if t.recipe == (rid.value,))
+            row[f"{rid.value} sites"] = str(alone.changes)
+            if not alone.applied or not alone.proof_passed:
+                row[f"{rid.value} cos"] = "-" if not alone.applied else "proof failed"
+                continue
+            row[f"{rid.value} cos"] = f"{_fmt(alone.cosine_after)} ({alone.cosine_after - base:+.5f})"
+            if rid is not RewriteId.BIAS_CORRECT:  # the exact passes: their FP32 proof at 1e-5
+                res = equalize(loaded.proto) if rid is RewriteId.EQUALIZE else calibrated_step(
+                    rid, loaded.proto, calib, limit=args.limit)
+                proof = prove(loaded.proto, res.model, calib=calib, limit=args.limit, tolerance=1e-5)
+                row[f"{rid.value} rel"] = _fmt(max(o.max_rel for o in proof.outputs), ".2e")
         print(f"| {name} | {row['equalize sites']} | {row.get('equalize rel', '-')} | {row['smooth sites']} | "
               f"{row.get('smooth rel', '-')} | {_fmt(base)} | {row['equalize cos']} | {row['smooth cos']} | "
               f"{row['bias-correct cos']} | {rep.noise:.1e} | {' + '.join(rep.kept) or 'nothing'} | "
