@@ -3,7 +3,7 @@
 Two steps, two Pythons (NNCF lives in its own venv, never in quantscan's install):
 
     PYTHONPATH=src python benchmarks/peer_nncf.py export MODEL CALIB_DIR OUT.npz --limit 16
-    /work/venvs/nncf/bin/python benchmarks/peer_nncf.py run MODEL OUT.npz
+    /work/venvs/nncf/bin/python -P benchmarks/peer_nncf.py run MODEL OUT.npz   (-P: benchmarks/bisect.py would shadow the stdlib)
 
 `export` writes the calibration samples exactly as quantscan feeds them; `run` quantizes with
 nncf.quantize (ONNX backend, preset MIXED: asymmetric activations like rk3588's, per-channel weights)
