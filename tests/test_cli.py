@@ -394,3 +394,20 @@ def test_profile_decides_the_scheme_unless_activations_given(
     options = json.loads((out / "run.json").read_text())["options"]
     assert (options["activations"], options["activations_source"]) == (scheme, source)
     assert f"activations {scheme} per tensor ({source})" in (out / "summary.md").read_text()
+
+
+def test_rewrite_recover_and_its_bad_inputs(tmp_path: Path) -> None:
+    from builders import write_chain
+
+    model, calib = write_chain(tmp_path, samples=8)
+    out = tmp_path / "rec.onnx"
+    proc = run("rewrite", model, "--recover", "--profile", "rk3588", "--calib", calib, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "kept:" in proc.stdout and "  equalize: " in proc.stdout
+    assert out.is_file() and (tmp_path / "rec.onnx.recover.json").is_file()
+    assert_bad_input(run("rewrite", model, "--recover"), "--calib")
+    assert_bad_input(run("rewrite", model, "--recover", "--equalize", "--calib", calib), "no other rewrite")
+    assert_bad_input(run("rewrite", model, "--bias-correct"), "--calib")
+    assert_bad_input(run("rewrite", model, "--smooth", "1.5", "--calib", calib), "ALPHA")
+    proc = run("rewrite", model, "--equalize", "--tolerance", "1e-5", "-o", tmp_path / "eq.onnx")
+    assert proc.returncode == 0 and "equalize: 10 changes" in proc.stdout, proc.stdout + proc.stderr

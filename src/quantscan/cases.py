@@ -112,6 +112,17 @@ def _case_id(model_name: str, sha: str, recipe: Sequence[str], profile: str) -> 
     return f"{stem}-{digest}"
 
 
+def _recover_figures(record: dict[str, Any]) -> dict[str, Any]:
+    """A `rewrite --recover` record's measured figures (what each pass bought), else nothing."""
+    rec = record.get("recover")
+    if not isinstance(rec, dict):
+        return {}
+    trials = [{k: t.get(k) for k in ("rewrite", "kept", "cosine_before", "cosine_after")}
+              for t in rec.get("trials", [])]
+    return {"recover": {"profile": rec.get("profile"), "baseline_cosine": rec.get("baseline_cosine"),
+                        "final_cosine": rec.get("final_cosine"), "kept": rec.get("kept"), "trials": trials}}
+
+
 def save_case(
     run_dir: str | Path,
     note: str,
@@ -168,7 +179,8 @@ def save_case(
         "rewrites": [{"file": f"proofs/{r.name}", "steps": [s.get("rewrite") for s in p.get("steps", [])],
                       "changes": sum(len(s.get("changes", [])) for s in p.get("steps", [])),
                       "op_counts_before": p.get("op_counts_before"), "op_counts_after": p.get("op_counts_after"),
-                      "proof": _proof_line(p.get("proof", {}))} for r, p in zip(records, proofs, strict=True)],
+                      "proof": _proof_line(p.get("proof", {})), **_recover_figures(p)}
+                     for r, p in zip(records, proofs, strict=True)],
         "plan": None if plan is None else {"target": plan.get("target"), "status": plan.get("status"),
                                            "sites": len(plan.get("sites", [])), "achieved": plan.get("achieved")},
         "metrics_after": (info.get("headline") or {}),

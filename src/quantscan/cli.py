@@ -327,6 +327,22 @@ class _StepAction(argparse.Action):
         namespace.steps = steps
 
 
+class _SmoothAction(argparse.Action):
+    """`--smooth [ALPHA]`: a step like the others, plus the alpha (None: chosen per site)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        namespace.steps = [*(getattr(namespace, "steps", None) or []), "smooth"]
+        if values is not None:
+            try:
+                alpha = _finite(values)
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentError(self, str(exc)) from None
+            if not 0 <= alpha <= 1:
+                raise argparse.ArgumentError(self, f"expected ALPHA in [0, 1], found {values}")
+            namespace.smooth_alpha = alpha
+
+
 def _clamp_value(args: argparse.Namespace) -> float | None:
     """`--clamp-mask-value`, else None: the rewrite picks the smallest value its proof shows exact."""
     return None if args.clamp_mask_value is None else float(args.clamp_mask_value)
@@ -351,6 +367,17 @@ def _rewrite_parser(sub: Any) -> None:
                    help="Reciprocal(x) -> Div(1, x) for chips that run Div but not Reciprocal")
     p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",
                    help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
+    p.add_argument("--equalize", nargs=0, action=_StepAction, const="equalize", dest="equalize",
+                   help="cross-layer equalization of Conv/Gemm/MatMul pairs (BN folded first); exact in FP32")
+    p.add_argument("--smooth", nargs="?", action=_SmoothAction, metavar="ALPHA",
+                   help="move per-channel activation ranges into the next layer's weights (needs --calib); "
+                        "ALPHA in [0, 1], default: chosen per site")
+    p.add_argument("--bias-correct", nargs=0, action=_StepAction, const="bias-correct", dest="bias_correct",
+                   help="remove the int8 weights' mean output shift from each bias (needs --calib; approximate)")
+    p.add_argument("--recover", action="store_true",
+                   help="try --equalize, --smooth, --bias-correct; keep each only where the measured all-int8 "
+                        "output cosine rises (needs --calib; writes OUT.recover.json)")
+    p.add_argument("--profile", default=None, metavar="P", help="with --recover: measure under P's int8 scheme")
     p.add_argument("--fix-dim", action="append", default=[], metavar="SPEC",
                    help="INPUT:AXIS=V, DIMPARAM=V or batch=V (repeatable)")
     p.add_argument("--freeze-input", action="append", default=[], metavar="NAME=VALUE",
@@ -367,7 +394,7 @@ def _rewrite_parser(sub: Any) -> None:
                    help="apply every rewrite the compat findings for PROFILE suggest")
     p.add_argument("--case", default=None, metavar="ID", help="replay a library case's recipe (fresh proof)")
     p.add_argument("--cases", default=None, metavar="DIR", help="case library (default ~/.quantscan/cases)")
-    p.set_defaults(steps=[])
+    p.set_defaults(steps=[], smooth_alpha=None)
     _common(p)
 
 
@@ -613,7 +640,34 @@ def _free_sizes(model: str, calib: Any, given: list[str]) -> list[str]:
     return sizes.settings
 
 
+def _cmd_recover(args: argparse.Namespace) -> int:
+    """`rewrite --recover`: the measured loop of recover.py, one line per pass tried."""
+    from quantscan.recover import recover
+
+    if not args.calib:
+        raise UsageError("rewrite --recover: expected --calib (the int8 cosine is measured on it), found none")
+    if args.steps or args.all_for_profile or args.case:
+        raise UsageError("rewrite --recover: expected no other rewrite flag (it chooses its own), found "
+                         f"{', '.join(args.steps) or '--all-for-profile/--case'}")
+    report = recover(args.model, args.calib, profile=args.profile, out=args.output_model, limit=args.limit,
+                     tolerance=args.tolerance)
+    print(f"all-int8 output cosine of '{report.output}' ({args.profile or 'default scheme'}): {report.baseline:.6f} "
+          f"(noise floor {report.noise:.2g}: the change one float32 ulp on the weights makes)")
+    for t in report.trials:
+        measured = t.applied and t.proof_passed
+        figures = f"{t.cosine_after:.6f} ({t.cosine_after - report.baseline:+.6f} vs the input)" if measured else ""
+        verdict = "kept" if t.kept else (t.note or "dropped")
+        print(f"  {' + '.join(t.recipe)}: {t.changes} sites, {figures + ', ' if figures else ''}{verdict}")
+    kept = " + ".join(report.kept) or "nothing (the output is the input unchanged)"
+    print(f"kept: {kept}; all-int8 cosine {report.baseline:.6f} -> {report.final:.6f}")
+    if report.written:
+        print(f"wrote {report.out}, {report.out}.recover.json and {report.out}.rewrite.json")
+    return EXIT_OK
+
+
 def cmd_rewrite(args: argparse.Namespace) -> int:
+    if args.recover:
+        return _cmd_recover(args)
     from quantscan.calib import load_calibration
     from quantscan.compat.rewrite_plan import plan_for_profile, split_applicable
     from quantscan.model import load_model
@@ -668,11 +722,12 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     if not steps and args.opset is None and not args.freeze_input:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
                          "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --freeze-input, "
-                         "--opset, --all-for-profile; "
+                         "--equalize, --smooth, --bias-correct, --recover, --opset, --all-for-profile; "
                          "found none that applies")
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,
-                     runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input)
+                     runner=None, clamp_mask_value=_clamp_value(args), freeze_input=args.freeze_input,
+                     smooth_alpha=args.smooth_alpha)
     for step in report.steps:
         print(f"{step.rewrite}: {len(step.changes)} changes, {len(step.refusals)} left alone"
               + ("" if step.exact else " (approximate)") + (f" (no-op, skipped: {step.noop})" if step.noop else ""))

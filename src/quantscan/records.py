@@ -691,6 +691,9 @@ class RewriteId(StrEnum):
     CLAMP_MASK = "clamp-mask"
     FREEZE_INPUT = "freeze-input"
     RECIPROCAL = "reciprocal"
+    EQUALIZE = "equalize"
+    SMOOTH = "smooth"
+    BIAS_CORRECT = "bias-correct"
 
 
 FINDING_COLUMNS: tuple[str, ...] = (

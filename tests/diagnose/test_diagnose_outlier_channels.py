@@ -23,3 +23,12 @@ def test_one_wide_channel_fires() -> None:
 def test_even_channels_stay_silent() -> None:
     assert outlier_channels.check(facts(list(-WIDTHS), list(WIDTHS))) is None
     assert outlier_channels.check(facts([-1.0, -1.0], [1.0, 30.0])) is None  # too few channels to judge
+
+
+def test_names_the_no_latency_rewrite_that_applies() -> None:
+    hi = WIDTHS.copy()
+    hi[7] = 50.0
+    for passes, value in [(("equalize",), "equalize"), (("smooth", "equalize"), "smooth"), ((), "int16")]:
+        f = outlier_channels.check(facts(list(-0 * hi), list(hi), passes=passes))
+        assert f is not None and f.fix.value == value
+        assert (f.fix.kind is FixKind.REWRITE) == bool(passes)

@@ -108,6 +108,17 @@ CASES: dict[str, Case] = {
                                                b=biased(-100.0 if firing else 0.0)), "MatMul_0", "calibration data"),
 }
 
+CASES["outlier-channels, smoothable"] = Case(
+    # the same outlier read only by a MatMul: `smooth` can move it into that MatMul's weights
+    lambda firing: graph("h = MatMul (x, w)\n y = MatMul (h, w2)", w=with_column(W, 100.0 if firing else 1.0), w2=W),
+    "MatMul_0", "rewrite smooth",
+)
+CASES["outlier-channels, equalizable"] = Case(
+    # through a Relu (not an affine smoothing folds into), a MatMul pair `equalize` rescales
+    lambda firing: graph("h = MatMul (x, w)\n r = Relu (h)\n y = MatMul (r, w2)",
+                         w=with_column(W, 100.0 if firing else 1.0), w2=W),
+    "MatMul_0", "rewrite equalize",
+)
 CASES["absurd-scale, outlier constant"] = Case(
     # a constant channel at 1e6 beside data of magnitude ~2: not a sentinel, so the fix is a calibration
     # that ignores the tail (1e2 is a large but sane offset)

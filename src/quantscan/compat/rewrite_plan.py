@@ -35,6 +35,9 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.RECIPROCAL,
     RewriteId.DIV_TO_MUL,
     RewriteId.CLEANUP,
+    RewriteId.EQUALIZE,
+    RewriteId.SMOOTH,
+    RewriteId.BIAS_CORRECT,
     RewriteId.OPSET_DOWN,
 )
 """The order suggested rewrites apply in: dims fixed first, folds before decompositions before fusions,

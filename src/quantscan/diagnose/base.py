@@ -105,6 +105,8 @@ class SiteFacts:
     feeds_softmax: bool = False
     upstream_gains: dict[str, float] = field(default_factory=dict)
     """Measured `gain_if_float` of the sites upstream of this one (empty until the gain is measured)."""
+    passes: tuple[str, ...] = ()
+    """No-latency rewrites that can rescale this site's output channels (`smooth`, `equalize`)."""
 
     def typical_magnitude(self) -> float:
         """Median per-channel max |value| over channels without sentinels (NaN when unknown): what the

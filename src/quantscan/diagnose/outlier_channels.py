@@ -1,7 +1,9 @@
 """Rule: outlier channels: one or a few channels whose range is far beyond the rest (robust z-score of
 channel widths), so a per-tensor scale leaves the others a handful of codes.
 
-Fix: int16 at this site (or per-channel activations where the chip has them).
+Fix: `rewrite --smooth` or `--equalize` where the graph lets them rescale these channels (exact in FP32,
+no latency: the channels' range moves into the next layer's per-channel weights); else int16 at this
+site (or per-channel activations where the chip has them).
 """
 
 from __future__ import annotations
@@ -31,6 +33,22 @@ def check(facts: SiteFacts) -> Finding | None:
     n_out = int(np.count_nonzero((widths - med) > Z_LIMIT * max(mad, 1e-30)))
     reason = (f"{n_out} channel(s) up to {human(top / med)}x the median channel range "
               f"(robust z {human(float(z))}): the other channels get {human(255 * med / top)} of 255 codes")
-    fix = Fix(FixKind.INT16, "int16", "int16 activations at this site (or per-channel activation scales)")
+    fix = _fix(facts.passes)
     return Finding(facts.node, Cause.OUTLIER_CHANNELS, {"z": float(z), "ratio": top / med, "channels": n_out},
                    reason, fix)
+
+
+NO_LATENCY_HOW = {
+    "smooth": "rewrite --smooth --calib DIR (or --recover): moves these channels' range into the next layer's "
+              "per-channel weights, exact in FP32, no latency cost; else int16 here",
+    "equalize": "rewrite --equalize (or --recover): rescales these channels against the next layer's weights, "
+                "exact in FP32, no latency cost; else int16 here",
+}
+
+
+def _fix(passes: tuple[str, ...]) -> Fix:
+    """The first no-latency pass that applies at the site (smooth uses the measured ranges), else int16."""
+    for name in ("smooth", "equalize"):
+        if name in passes:
+            return Fix(FixKind.REWRITE, name, NO_LATENCY_HOW[name])
+    return Fix(FixKind.INT16, "int16", "int16 activations at this site (or per-channel activation scales)")

@@ -31,16 +31,21 @@ import onnx
 from quantscan.calib import CalibSet
 from quantscan.calib.synthetic import random_samples
 from quantscan.errors import UsageError
+from quantscan.graph.edit import node_label
+from quantscan.graph.index import GraphIndex
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
 from quantscan.records import RewriteId
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.bias_correct import bias_correct, bias_sites, with_int8_weights
+from quantscan.rewrites.calibstats import channel_stats, tensor_sqnr
 from quantscan.rewrites.clamp_mask import CLAMP_CANDIDATES, CLAMP_VALUE, clamp_mask
 from quantscan.rewrites.cleanup import cleanup
 from quantscan.rewrites.decompose_hardsigmoid import decompose_hardsigmoid
 from quantscan.rewrites.decompose_hardswish import decompose_hardswish
 from quantscan.rewrites.decompose_layernorm import decompose_layernorm
 from quantscan.rewrites.div_to_mul import div_to_mul
+from quantscan.rewrites.equalize import equalize
 from quantscan.rewrites.fix_ceil_mode import fix_ceil_mode
 from quantscan.rewrites.fix_dim import fix_dim as fix_dims
 from quantscan.rewrites.fix_dim import parse_dim_spec
@@ -50,8 +55,10 @@ from quantscan.rewrites.freeze_input import frozen_values, parse_freeze_spec
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.gelu_tanh import gelu_tanh
+from quantscan.rewrites.linear import WEIGHT_OPS, Linear, linear_of
 from quantscan.rewrites.opset_down import opset_down
 from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
+from quantscan.rewrites.smooth import smooth, smooth_sites
 from quantscan.runfolder import atomic_write_bytes
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
@@ -71,10 +78,14 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.DIV_TO_MUL: div_to_mul,
     RewriteId.FIX_CEIL_MODE: fix_ceil_mode,
     RewriteId.RECIPROCAL: reciprocal_to_div,
+    RewriteId.EQUALIZE: equalize,
 }
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
-PARAMETRIZED: tuple[RewriteId, ...] = (RewriteId.FIX_DIM, RewriteId.FREEZE_INPUT)
+PARAMETRIZED: tuple[RewriteId, ...] = (RewriteId.FIX_DIM, RewriteId.FREEZE_INPUT, RewriteId.SMOOTH,
+                                        RewriteId.BIAS_CORRECT)
+CALIBRATED: tuple[RewriteId, ...] = (RewriteId.SMOOTH, RewriteId.BIAS_CORRECT)
+"""Passes whose edit depends on per-channel statistics of the calibration data (`--calib` required)."""
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_APPROX_MIN_COSINE = 0.999
 RANDOM_SAMPLES = 8
@@ -199,6 +210,7 @@ def rewrite(
     runner: Runner | None = None,
     clamp_mask_value: float | None = None,
     freeze_input: Sequence[str] = (),
+    smooth_alpha: float | None = None,
 ) -> RewriteReport:
     """Apply `rewrites` (ids from `rewrite_ids()`) in order, prove the result, write it when it passes.
 
@@ -215,6 +227,8 @@ def rewrite(
     `CLAMP_CANDIDATES` whose proof is exact on the same data is chosen (else `CLAMP_VALUE`).
     `freeze_input` holds `NAME=VALUE` settings (`freeze-input`, applied right after fix-dim); the proof
     feeds the original model VALUE for NAME on every sample.
+    `smooth` and `bias-correct` need `calib` (their statistics); `smooth_alpha` None chooses alpha per
+    site (smooth.py). bias-correct's changes carry per-site figures (`_site_figures`).
     """
     steps_wanted = _steps(rewrites, fix_dim, opset_only=opset is not None, freeze=freeze_input)
     source, original = _load(model)
@@ -239,6 +253,8 @@ def rewrite(
                 value = _smallest_exact_mask(current, calib=calib, seed=seed, limit=limit, tolerance=tolerance,
                                              runner=runner)
             result = clamp_mask(current, value)
+        elif rid in CALIBRATED:
+            result = calibrated_step(rid, current, calib, limit=limit, runner=runner, alpha=smooth_alpha)
         else:
             result = REWRITES[rid](current)
         noop = "" if result.changes else _applied_nowhere(rid, result)
@@ -263,12 +279,14 @@ def rewrite(
         runner=runner,
         frozen=frozen,
     )
+    if any(s.rewrite == RewriteId.BIAS_CORRECT.value for s in steps):
+        hold_to_int8_weights(proof, original, current, calib, limit=limit, runner=runner)
     report = RewriteReport(
         source=source,
         model=current,
         steps=steps,
-        op_counts_before=_op_counts(original),
-        op_counts_after=_op_counts(current),
+        op_counts_before=op_counts(original),
+        op_counts_after=op_counts(current),
         opset_before=opset_before,
         opset_after=onnx_opset(current),
         proof=proof,
@@ -283,6 +301,67 @@ def rewrite(
             (json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n").encode(),
         )
     return report
+
+
+def calibrated_step(
+    rid: RewriteId,
+    model: onnx.ModelProto,
+    calib: CalibSet | None,
+    *,
+    limit: int | None = None,
+    runner: Runner | None = None,
+    alpha: float | None = None,
+) -> RewriteResult:
+    """`smooth` or `bias-correct` on `model`: statistics first (one calibration run), then the pass."""
+    if calib is None:
+        raise UsageError(f"{rid.value}: expected --calib (its factors come from per-channel statistics of the "
+                         "calibration data), found none")
+    runner = runner or Runner()
+    if rid is RewriteId.SMOOTH:
+        return smooth(model, channel_stats(model, smooth_sites(model), calib, limit=limit, runner=runner), alpha)
+    result = bias_correct(model, channel_stats(model, bias_sites(model), calib, limit=limit, runner=runner))
+    if result.changes:
+        _site_figures(model, result, calib, limit=limit, runner=runner)
+    return result
+
+
+def hold_to_int8_weights(
+    proof: Proof, original: onnx.ModelProto, rewritten: onnx.ModelProto, calib: CalibSet | None, *,
+    limit: int | None, runner: Runner | None,
+) -> None:
+    """bias-correct's criterion, in place of a fixed FP32 cosine: with int8 weights, the rewritten model's
+    output cosine (against the FP32 original) must not fall below the original's with int8 weights.
+
+    Why: the correction moves the FP32 model on purpose, by the mean of the int8 weights' error; what
+    it promises is the int8 side. The FP32 change stays in the proof (cosine, max_abs) for the record.
+    """
+    kw: dict[str, Any] = {"calib": calib, "limit": limit, "approximate": ["int8 weights"], "runner": runner}
+    before = {o.output: o.cosine for o in prove(original, with_int8_weights(original), **kw).outputs}
+    after = {o.output: o.cosine for o in prove(original, with_int8_weights(rewritten), **kw).outputs}
+    for o in proof.outputs:
+        b, a = before.get(o.output, math.nan), after.get(o.output, math.nan)
+        o.threshold = (f"bias-correct: FP32 change reported; int8-weight output cosine {b:.6f} -> {a:.6f} "
+                       "must not drop")
+        o.passed = bool(a >= b) and not o.note
+
+
+def _site_figures(
+    before: onnx.ModelProto, result: RewriteResult, calib: CalibSet, *, limit: int | None, runner: Runner
+) -> None:
+    """Append to each bias-correct change the measured figures at the layer's output (SQNR vs the FP32
+    input model): the FP32 change the correction makes, and the error with int8 weights before/after."""
+    folded = fold_batchnorm(before).model
+    index = GraphIndex(result.model.graph, ir_version=result.model.ir_version)
+    layers = {node_label(n): linear_of(n, index) for n in index.nodes if n.op_type in WEIGHT_OPS}
+    sites = {label: layer.output for label, layer in layers.items() if isinstance(layer, Linear)}
+    tests = {"fp32": result.model, "before": with_int8_weights(folded), "after": with_int8_weights(result.model)}
+    wanted = {sites[c.node] for c in result.changes if c.rewrite == "bias-correct" and c.node in sites}
+    got = tensor_sqnr(folded, tests, sorted(wanted), calib, limit=limit, runner=runner)
+    for c in result.changes:
+        t = sites.get(c.node)
+        if c.rewrite == "bias-correct" and t is not None:
+            c.detail += (f"; at {t!r}: FP32 change SQNR {got['fp32'][t]:.1f} dB, int8-weight SQNR "
+                         f"{got['before'][t]:.1f} -> {got['after'][t]:.1f} dB")
 
 
 def _smallest_exact_mask(
@@ -317,7 +396,7 @@ def _steps(
     then freeze-input's settings: folding an If on a shape needs the dims fixed)."""
     known = rewrite_ids()
     steps: list[tuple[RewriteId, tuple[str, ...]]] = []
-    settings = {RewriteId.FIX_DIM: tuple(dims), RewriteId.FREEZE_INPUT: tuple(freeze)}
+    settings: dict[RewriteId, tuple[str, ...]] = {RewriteId.FIX_DIM: tuple(dims), RewriteId.FREEZE_INPUT: tuple(freeze)}
     for rid in rewrites:
         if rid not in known:
             raise UsageError(f"unknown rewrite {rid!r}: expected one of {', '.join(known)}")
@@ -390,7 +469,7 @@ def _out_path(model: str | Path | onnx.ModelProto, out: str | Path | None) -> Pa
     return candidate
 
 
-def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 

@@ -53,8 +53,21 @@ def _implied_range(plan: qgraph.QuantPlan, tensor: str) -> tuple[float, float] |
     return (qp.qmin - zp) * scale, (qp.qmax - zp) * scale
 
 
+def no_latency_passes(index: GraphIndex) -> dict[str, tuple[str, ...]]:
+    """tensor -> the no-latency rewrites that can rescale its channels (computed once per scan)."""
+    from quantscan.rewrites.equalize import equalized_tensors
+    from quantscan.rewrites.smooth import smoothable_tensors
+
+    out: dict[str, tuple[str, ...]] = {}
+    for name, tensors in (("smooth", smoothable_tensors(index)), ("equalize", equalized_tensors(index))):
+        for t in tensors:
+            out[t] = (*out.get(t, ()), name)
+    return out
+
+
 def site_facts(
-    site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex
+    site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex,
+    passes: Mapping[str, tuple[str, ...]] | None = None,
 ) -> SiteFacts:
     """One site's facts: measured ranges first, the plan's implied range where none was measured."""
     ch = calib.channel_ranges.get(site.output)
@@ -77,6 +90,7 @@ def site_facts(
         input_ranges=inputs,
         figures={k: float(row[k]) for k in FIGURES if k in row},
         feeds_softmax=feeds_softmax(index, site.output),
+        passes=(passes or {}).get(site.output, ()),
     )
 
 
@@ -98,10 +112,11 @@ def _fix_label(finding: Finding) -> str:
 
 
 def run_rules(
-    site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex
+    site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex,
+    passes: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[Finding]:
     """Every cause rule's finding for one site, most urgent first."""
-    return diagnose(site_facts(site, row, plan, calib, index))
+    return diagnose(site_facts(site, row, plan, calib, index, passes))
 
 
 def upstream_sites(index: GraphIndex, site: Site, site_of: Mapping[str, str]) -> set[str]:
