@@ -18,7 +18,7 @@ from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.recover import int8_cosine, recover
-from quantscan.rewrites import recover as recover_module
+from quantscan import recover as recover_module
 from quantscan.rewrites.pipeline import prove
 
 
