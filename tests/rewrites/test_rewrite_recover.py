@@ -15,10 +15,10 @@ import pytest
 
 from builders import write_chain
 from conftest import asset_calib, asset_model
+from quantscan import recover as recover_module
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.recover import int8_cosine, recover
-from quantscan import recover as recover_module
 from quantscan.rewrites.pipeline import prove
 
 
