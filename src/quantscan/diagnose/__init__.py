@@ -1,4 +1,4 @@
-"""Root causes with names and fixes: one rule per module, each `check(SiteFacts) -> Finding | None`.
+"""Root causes with names and fixes: one rule per module, each `check(SiteFacts) -> CauseFinding | None`.
 
 `diagnose(facts)` runs every rule on one site and returns its findings, most urgent first (by tier,
 then rule order). The scan gathers the facts (scanning/causes.py), puts the first finding in
@@ -20,9 +20,9 @@ from quantscan.diagnose import (
     range_mismatch,
     saturated_channels,
 )
-from quantscan.diagnose.base import Cause, Finding, Fix, FixKind, SiteFacts, human
+from quantscan.diagnose.base import Cause, CauseFinding, CauseFix, FixKind, SiteFacts, human
 
-Rule = Callable[[SiteFacts], Finding | None]
+Rule = Callable[[SiteFacts], CauseFinding | None]
 
 RULES: tuple[Rule, ...] = (
     absurd_scale.check,
@@ -38,10 +38,10 @@ RULES: tuple[Rule, ...] = (
 a site's own cause comes before the one it inherits."""
 
 
-def diagnose(facts: SiteFacts) -> list[Finding]:
+def diagnose(facts: SiteFacts) -> list[CauseFinding]:
     """Every rule's finding for one site, lowest tier first (stable in rule order)."""
     found = [f for f in (rule(facts) for rule in RULES) if f is not None]
     return sorted(found, key=lambda f: f.tier)
 
 
-__all__ = ["RULES", "Cause", "Finding", "Fix", "FixKind", "SiteFacts", "diagnose", "human"]
+__all__ = ["RULES", "Cause", "CauseFinding", "CauseFix", "FixKind", "SiteFacts", "diagnose", "human"]

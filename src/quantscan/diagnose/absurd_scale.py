@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from quantscan.diagnose.base import SENTINEL, Cause, Finding, Fix, FixKind, SiteFacts, human
+from quantscan.diagnose.base import SENTINEL, Cause, CauseFinding, CauseFix, FixKind, SiteFacts, human
 
 RATIO = 1.0e4
 """Range over typical magnitude beyond which the scale is absurd (~13 bits more than int8 holds)."""
@@ -19,7 +19,7 @@ BOUNDED = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "HardSigmoid"})
 one near 1 by design; its scale (1/255) is not an outlier's doing, so only sentinels count there."""
 
 
-def check(facts: SiteFacts) -> Finding | None:
+def check(facts: SiteFacts) -> CauseFinding | None:
     peak = max(abs(facts.lo), abs(facts.hi))
     if not math.isfinite(peak) or peak == 0:
         return None
@@ -37,7 +37,8 @@ def check(facts: SiteFacts) -> Finding | None:
     if nan:  # the figures are a symptom of this scale: the cause goes first, at tier 0
         reason += "; its error figures are NaN (float32 sums overflow)" if peak > 1.8e19 else "; its figures are NaN"
     if sentinel and facts.feeds_softmax:
-        fix = Fix(FixKind.REWRITE, "clamp-mask", "rewrite --clamp-mask (finite mask value, proven on data)")
+        fix = CauseFix(FixKind.REWRITE, "clamp-mask", "rewrite --clamp-mask (finite mask value, proven on data)")
     else:
-        fix = Fix(FixKind.CALIBRATION, "percentile", "--calib-method percentile (the tail stops setting the scale)")
-    return Finding(facts.node, Cause.ABSURD_SCALE, evidence, reason, fix, 0 if nan else 1)
+        fix = CauseFix(FixKind.CALIBRATION, "percentile",
+                       "--calib-method percentile (the tail stops setting the scale)")
+    return CauseFinding(facts.node, Cause.ABSURD_SCALE, evidence, reason, fix, 0 if nan else 1)

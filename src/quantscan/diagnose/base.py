@@ -48,7 +48,7 @@ class FixKind(StrEnum):
 
 
 @dataclass(frozen=True)
-class Fix:
+class CauseFix:
     """A concrete action: `kind` plus what to type or choose (`value`: a rewrite id, a method...)."""
 
     kind: FixKind
@@ -63,7 +63,7 @@ class Fix:
 
 
 @dataclass(frozen=True)
-class Finding:
+class CauseFinding:
     """One root cause at one site: evidence numbers, a one-line reason, the fix. `tier` orders rank
     (0 first): findings that make a site's own figures meaningless sort above every measured figure."""
 
@@ -71,7 +71,7 @@ class Finding:
     cause: Cause
     evidence: dict[str, float]
     reason: str
-    fix: Fix
+    fix: CauseFix
     tier: int = 2
 
     def text(self) -> str:

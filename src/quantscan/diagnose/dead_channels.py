@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantscan.diagnose.base import Cause, Finding, Fix, FixKind, SiteFacts, human
+from quantscan.diagnose.base import Cause, CauseFinding, CauseFix, FixKind, SiteFacts, human
 
 MIN_FRACTION = 0.25
 """Report when at least this share of the channels is dead (a few dead channels are normal)."""
 
 
-def check(facts: SiteFacts) -> Finding | None:
+def check(facts: SiteFacts) -> CauseFinding | None:
     widths = facts.ch_hi - facts.ch_lo
     if widths.size < 2 or facts.op_type in ("Softmax", "LogSoftmax"):
         return None
@@ -23,5 +23,5 @@ def check(facts: SiteFacts) -> Finding | None:
     if dead == 0 or dead / widths.size < MIN_FRACTION:
         return None
     reason = f"{dead} of {widths.size} channels ({human(100 * dead / widths.size)}%) constant on every sample"
-    fix = Fix(FixKind.CALIBRATION, "data", "calibration data that exercises these channels (or prune them)")
-    return Finding(facts.node, Cause.DEAD_CHANNELS, {"dead": dead, "channels": int(widths.size)}, reason, fix)
+    fix = CauseFix(FixKind.CALIBRATION, "data", "calibration data that exercises these channels (or prune them)")
+    return CauseFinding(facts.node, Cause.DEAD_CHANNELS, {"dead": dead, "channels": int(widths.size)}, reason, fix)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from quantscan.columns import Col
-from quantscan.diagnose.base import Cause, Finding, Fix, FixKind, SiteFacts, human
+from quantscan.diagnose.base import Cause, CauseFinding, CauseFix, FixKind, SiteFacts, human
 
 CUMULATIVE_DB = 25.0
 """Cumulative SQNR below this is a large error (the scan's 'intrinsic' limit, scanning.tables)."""
@@ -30,7 +30,7 @@ def looks_inherited(isolated_sqnr_db: float, cumulative_sqnr_db: float) -> bool:
     return not math.isnan(iso) and math.isfinite(cum) and cum < CUMULATIVE_DB and iso - cum >= GAP_DB
 
 
-def check(facts: SiteFacts) -> Finding | None:
+def check(facts: SiteFacts) -> CauseFinding | None:
     iso = facts.figures.get(Col.ISOLATED_SQNR_DB, math.nan)
     cum = facts.figures.get(Col.CUMULATIVE_SQNR_DB, math.nan)
     if not looks_inherited(iso, cum):
@@ -44,6 +44,6 @@ def check(facts: SiteFacts) -> Finding | None:
     reason = (f"isolated {human(iso)} dB is fine, cumulative {human(cum)} dB is inherited: keeping upstream "
               f"`{upstream}` float lifts the output cosine by {human(gain)} (measured), the most of "
               f"{len(measured)} measured upstream site(s)")
-    fix = Fix(FixKind.KEEP_FLOAT, upstream, f"keep `{upstream}` float / see its cause")
+    fix = CauseFix(FixKind.KEEP_FLOAT, upstream, f"keep `{upstream}` float / see its cause")
     evidence = {Col.ISOLATED_SQNR_DB: iso, Col.CUMULATIVE_SQNR_DB: cum, "upstream_gain": gain}
-    return Finding(facts.node, Cause.INHERITED, evidence, reason, fix)
+    return CauseFinding(facts.node, Cause.INHERITED, evidence, reason, fix)

@@ -10,13 +10,22 @@ from __future__ import annotations
 import math
 
 from quantscan.columns import Col
-from quantscan.diagnose.base import FLOAT32_SUM_LIMIT, SENTINEL, Cause, Finding, Fix, FixKind, SiteFacts, human
+from quantscan.diagnose.base import (
+    FLOAT32_SUM_LIMIT,
+    SENTINEL,
+    Cause,
+    CauseFinding,
+    CauseFix,
+    FixKind,
+    SiteFacts,
+    human,
+)
 
 FIGURES = {Col.ISOLATED_SQNR_DB: "isolated SQNR", Col.ISOLATED_COSINE: "isolated cosine",
            Col.CUMULATIVE_SQNR_DB: "cumulative SQNR", Col.CUMULATIVE_COSINE: "cumulative cosine"}
 
 
-def check(facts: SiteFacts) -> Finding | None:
+def check(facts: SiteFacts) -> CauseFinding | None:
     """Fires when any measured figure is NaN (inf SQNR means identical and is fine)."""
     bad = [label for k, label in FIGURES.items() if k in facts.figures and math.isnan(facts.figures[k])]
     if not bad:
@@ -27,7 +36,7 @@ def check(facts: SiteFacts) -> Finding | None:
     else:
         why = "the values or their error sums are not finite"
     if facts.feeds_softmax and peak >= SENTINEL:
-        fix = Fix(FixKind.REWRITE, "clamp-mask", "rewrite --clamp-mask (a finite mask, e.g. -1e4)")
+        fix = CauseFix(FixKind.REWRITE, "clamp-mask", "rewrite --clamp-mask (a finite mask, e.g. -1e4)")
     else:
-        fix = Fix(FixKind.KEEP_FLOAT, facts.node, f"keep `{facts.node}` float until its range is finite and sane")
-    return Finding(facts.node, Cause.NONFINITE, {"peak_abs": peak}, f"{', '.join(bad)} NaN: {why}", fix, 0)
+        fix = CauseFix(FixKind.KEEP_FLOAT, facts.node, f"keep `{facts.node}` float until its range is finite and sane")
+    return CauseFinding(facts.node, Cause.NONFINITE, {"peak_abs": peak}, f"{', '.join(bad)} NaN: {why}", fix, 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantscan.diagnose.base import SENTINEL, Cause, Finding, Fix, FixKind, SiteFacts, human
+from quantscan.diagnose.base import SENTINEL, Cause, CauseFinding, CauseFix, FixKind, SiteFacts, human
 
 Z_LIMIT = 8.0
 """Robust z-score (median/MAD) of the widest channel beyond which it is an outlier."""
@@ -19,7 +19,7 @@ MIN_RATIO = 8.0
 MIN_CHANNELS = 4
 
 
-def check(facts: SiteFacts) -> Finding | None:
+def check(facts: SiteFacts) -> CauseFinding | None:
     widths = facts.ch_hi - facts.ch_lo
     widths = widths[np.isfinite(widths) & (widths > 0) & (widths < SENTINEL)]
     if widths.size < MIN_CHANNELS:
@@ -34,7 +34,7 @@ def check(facts: SiteFacts) -> Finding | None:
     reason = (f"{n_out} channel(s) up to {human(top / med)}x the median channel range "
               f"(robust z {human(float(z))}): the other channels get {human(255 * med / top)} of 255 codes")
     fix = _fix(facts.passes)
-    return Finding(facts.node, Cause.OUTLIER_CHANNELS, {"z": float(z), "ratio": top / med, "channels": n_out},
+    return CauseFinding(facts.node, Cause.OUTLIER_CHANNELS, {"z": float(z), "ratio": top / med, "channels": n_out},
                    reason, fix)
 
 
@@ -46,9 +46,9 @@ NO_LATENCY_HOW = {
 }
 
 
-def _fix(passes: tuple[str, ...]) -> Fix:
+def _fix(passes: tuple[str, ...]) -> CauseFix:
     """The first no-latency pass that applies at the site (smooth uses the measured ranges), else int16."""
     for name in ("smooth", "equalize"):
         if name in passes:
-            return Fix(FixKind.REWRITE, name, NO_LATENCY_HOW[name])
-    return Fix(FixKind.INT16, "int16", "int16 activations at this site (or per-channel activation scales)")
+            return CauseFix(FixKind.REWRITE, name, NO_LATENCY_HOW[name])
+    return CauseFix(FixKind.INT16, "int16", "int16 activations at this site (or per-channel activation scales)")

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 
-from quantscan.diagnose.base import SENTINEL, Cause, Finding, Fix, FixKind, SiteFacts, human
+from quantscan.diagnose.base import SENTINEL, Cause, CauseFinding, CauseFix, FixKind, SiteFacts, human
 
 JOINS = frozenset({"Concat", "Add", "Sum"})
 RATIO = 16.0
 
 
-def check(facts: SiteFacts) -> Finding | None:
+def check(facts: SiteFacts) -> CauseFinding | None:
     if facts.op_type not in JOINS or len(facts.input_ranges) < 2:
         return None
     widths = {k: hi - lo for k, (lo, hi) in facts.input_ranges.items()
@@ -28,5 +28,5 @@ def check(facts: SiteFacts) -> Finding | None:
         return None
     reason = (f"input '{narrow}' spans {human(widths[narrow])}, '{wide}' {human(widths[wide])} "
               f"({human(ratio)}x): one shared scale leaves '{narrow}' ~{human(255 / ratio)} codes")
-    fix = Fix(FixKind.INT16, "int16", f"int16 at this {facts.op_type} (or rescale '{wide}' upstream)")
-    return Finding(facts.node, Cause.RANGE_MISMATCH, {"ratio": ratio}, reason, fix)
+    fix = CauseFix(FixKind.INT16, "int16", f"int16 at this {facts.op_type} (or rescale '{wide}' upstream)")
+    return CauseFinding(facts.node, Cause.RANGE_MISMATCH, {"ratio": ratio}, reason, fix)

@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 
-from quantscan.diagnose.base import Cause, Finding, Fix, FixKind, SiteFacts, human
+from quantscan.diagnose.base import Cause, CauseFinding, CauseFix, FixKind, SiteFacts, human
 
 CODES_OVER = 2.0
 """A channel counts as saturated when it reaches this many codes beyond the representable range."""
 
 
-def check(facts: SiteFacts) -> Finding | None:
+def check(facts: SiteFacts) -> CauseFinding | None:
     if facts.ch_lo.size == 0 or not (facts.scale > 0 and math.isfinite(facts.scale)):
         return None
     rmin = (facts.qmin - facts.zero_point) * facts.scale
@@ -28,6 +28,6 @@ def check(facts: SiteFacts) -> Finding | None:
         return None
     reason = (f"{n} channel(s) clipped, up to {human(float(over.max()))} codes past the range "
               f"[{human(rmin)}, {human(rmax)}]")
-    fix = Fix(FixKind.CALIBRATION, "minmax", "--calib-method minmax (or int16) so peaks are not clipped")
-    return Finding(facts.node, Cause.SATURATED_CHANNELS, {"channels": n, "max_codes_over": float(over.max())},
+    fix = CauseFix(FixKind.CALIBRATION, "minmax", "--calib-method minmax (or int16) so peaks are not clipped")
+    return CauseFinding(facts.node, Cause.SATURATED_CHANNELS, {"channels": n, "max_codes_over": float(over.max())},
                    reason, fix)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from quantscan import graph as qgraph
 from quantscan.columns import Col
-from quantscan.diagnose import Cause, Finding, SiteFacts, diagnose, inherited
+from quantscan.diagnose import Cause, CauseFinding, SiteFacts, diagnose, inherited
 from quantscan.graph.index import GraphIndex
 from quantscan.scanning.calibrate import CalibStats
 from quantscan.sites import Site
@@ -94,7 +94,7 @@ def site_facts(
     )
 
 
-def diagnosis_columns(findings: list[Finding]) -> dict[str, Any]:
+def diagnosis_columns(findings: list[CauseFinding]) -> dict[str, Any]:
     """The layers.csv cells for one site: the first (most urgent) finding, the others counted."""
     if not findings:
         return {Col.DIAGNOSIS: "", Col.DIAGNOSIS_CAUSE: "", Col.DIAGNOSIS_FIX: "", Col.DIAGNOSIS_TIER: 2}
@@ -105,7 +105,7 @@ def diagnosis_columns(findings: list[Finding]) -> dict[str, Any]:
             Col.DIAGNOSIS_FIX: _fix_label(first), Col.DIAGNOSIS_TIER: first.tier}
 
 
-def _fix_label(finding: Finding) -> str:
+def _fix_label(finding: CauseFinding) -> str:
     """`rewrite clamp-mask`, `calibration percentile`, `int16` (the kind alone when it says it all)."""
     kind, value = finding.fix.kind.value, finding.fix.value
     return kind if kind == value else f"{kind} {value}"
@@ -114,7 +114,7 @@ def _fix_label(finding: Finding) -> str:
 def run_rules(
     site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex,
     passes: Mapping[str, tuple[str, ...]] | None = None,
-) -> list[Finding]:
+) -> list[CauseFinding]:
     """Every cause rule's finding for one site, most urgent first."""
     return diagnose(site_facts(site, row, plan, calib, index, passes))
 
