@@ -37,13 +37,12 @@ from quantscan.calib.calibset import Sample
 from quantscan.calib.source import data_source
 from quantscan.columns import Col
 from quantscan.errors import UsageError
-from quantscan.model import graph_inputs, load_model, name_unnamed_nodes, onnx_opset
+from quantscan.model import ModelArg, graph_inputs, load_model, name_unnamed_nodes, onnx_opset
 from quantscan.runfolder import atomic_write_bytes as write_atomic
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner, Session
 from quantscan.specs import InputSpec
 
-ModelArg = str | Path | onnx.ModelProto
 B_SUFFIX = "@b"
 CLASSIFIER_OPS = frozenset({"Softmax", "LogSoftmax"})
 _PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze"})

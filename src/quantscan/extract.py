@@ -49,9 +49,9 @@ from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.npyfile import npz_bytes
 from quantscan.calib.source import data_source
 from quantscan.columns import Col
-from quantscan.compare import ModelArg, load_side
+from quantscan.compare import load_side
 from quantscan.errors import UsageError
-from quantscan.model import graph_inputs
+from quantscan.model import ModelArg, graph_inputs
 from quantscan.runfolder import PRODUCER, is_quantscan_onnx, refuse_foreign_overwrite
 from quantscan.runfolder import atomic_write_bytes as write_atomic
 from quantscan.runner import Runner

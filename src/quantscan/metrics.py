@@ -45,6 +45,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 F64 = NDArray[np.float64]
+SQNR_CAP_DB = 120.0
+"""Where an infinite SQNR (no error) is capped when figures are compared or subtracted (a drop in dB)."""
 
 _BLOCK = 1 << 18
 """Elements per block when walking a batch: float64 temporaries of 2 MiB stay in cache."""

@@ -48,6 +48,10 @@ MIN_ANALYSIS_OPSET = 13
 """Per-channel QuantizeLinear/DequantizeLinear (the `axis` attribute) exists from opset 13."""
 
 
+ModelArg = str | Path | onnx.ModelProto
+"""A model as the API takes it: a path, or a proto already in memory."""
+
+
 
 @dataclass
 class LoadedModel:

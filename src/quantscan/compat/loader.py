@@ -5,7 +5,7 @@ The file itself is read by `quantscan.model.read_model_file`, the one place that
 The check needs two pictures of the graph: the model as shipped (which dims are symbolic) and the
 model once its input dims are fixed, as a converter sees it after `--input-shape`/`fix-dim`. Shape
 chains that are still dynamic in the second picture survive constant folding; the others don't.
-Symbolic dims the caller did not fix are filled with DEFAULT_BATCH on axis 0 and DEFAULT_DIM
+Symbolic dims the caller did not fix are filled with FILL_BATCH on axis 0 and DEFAULT_DIM
 elsewhere, so shape inference can run and limits that do not depend on those dims have numbers.
 Byte counts do not rest on DEFAULT_DIM: the fixed view is inferred a second time with every guessed
 non-batch dim one larger, and a tensor whose size changes depends on a guess (`ModelViews.guessed`):
@@ -24,7 +24,7 @@ from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.model import read_model_file
 
-DEFAULT_BATCH = 1
+FILL_BATCH = 1
 DEFAULT_DIM = 224
 
 
@@ -139,7 +139,7 @@ def _fills(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> list[
             if vi.name in shapes:
                 fills.append(DimFill(vi.name, axis, symbol, int(shapes[vi.name][axis]), True))
             else:
-                value = DEFAULT_BATCH if axis == 0 else DEFAULT_DIM
+                value = FILL_BATCH if axis == 0 else DEFAULT_DIM
                 fills.append(DimFill(vi.name, axis, symbol, value, False))
     return fills
 

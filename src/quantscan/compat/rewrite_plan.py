@@ -14,7 +14,7 @@ from pathlib import Path
 import onnx
 
 from quantscan.compat.check import check
-from quantscan.model import load_model
+from quantscan.model import ModelArg, load_model
 from quantscan.records import RewriteId
 from quantscan.rewrites.fix_dim import fix_dim
 from quantscan.rewrites.opset_down import blocking_ops
@@ -43,7 +43,6 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
 """The order suggested rewrites apply in: dims fixed first, folds before decompositions before fusions,
 the opset lowered last (the plan carries it as `ProfilePlan.opset`, the runner's `opset=`)."""
 
-ModelArg = str | Path | onnx.ModelProto
 
 
 _UNBLOCKS: dict[str, RewriteId] = {

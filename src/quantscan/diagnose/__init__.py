@@ -22,9 +22,9 @@ from quantscan.diagnose import (
 )
 from quantscan.diagnose.base import Cause, CauseFinding, CauseFix, FixKind, SiteFacts, human
 
-Rule = Callable[[SiteFacts], CauseFinding | None]
+CauseRule = Callable[[SiteFacts], CauseFinding | None]
 
-RULES: tuple[Rule, ...] = (
+CAUSE_RULES: tuple[CauseRule, ...] = (
     absurd_scale.check,
     nonfinite.check,
     outlier_channels.check,
@@ -40,8 +40,8 @@ a site's own cause comes before the one it inherits."""
 
 def diagnose(facts: SiteFacts) -> list[CauseFinding]:
     """Every rule's finding for one site, lowest tier first (stable in rule order)."""
-    found = [f for f in (rule(facts) for rule in RULES) if f is not None]
+    found = [f for f in (rule(facts) for rule in CAUSE_RULES) if f is not None]
     return sorted(found, key=lambda f: f.tier)
 
 
-__all__ = ["RULES", "Cause", "CauseFinding", "CauseFix", "FixKind", "SiteFacts", "diagnose", "human"]
+__all__ = ["CAUSE_RULES", "CauseRule", "Cause", "CauseFinding", "CauseFix", "FixKind", "SiteFacts", "diagnose", "human"]

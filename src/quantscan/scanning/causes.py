@@ -111,7 +111,7 @@ def _fix_label(finding: CauseFinding) -> str:
     return kind if kind == value else f"{kind} {value}"
 
 
-def run_rules(
+def run_cause_rules(
     site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex,
     passes: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[CauseFinding]:

@@ -26,6 +26,7 @@ from quantscan import graph as qgraph
 from quantscan import metrics as qm
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
+from quantscan.metrics import SQNR_CAP_DB
 from quantscan.quant import QParams
 from quantscan.records import DEPLOYED_GAP, Headline
 from quantscan.runner import Runner
@@ -37,8 +38,6 @@ from quantscan.sites import Site
 GAP_SAMPLES = 8
 """Samples the per-site comparison runs on (the first ones): it only runs when the outputs differ."""
 TOP_SITES = 3
-SQNR_CAP_DB = 120.0
-"""Agreement figures are capped before drops are taken: two exact tensors are not an infinite drop."""
 MIN_DROP_DB = 6.0
 """A site must lose at least this much agreement against its inputs to be named."""
 INT32_LIMIT = 2**31 - 1

@@ -47,7 +47,6 @@ from quantscan.taskmetrics import TaskAccumulator
 
 GAIN_TAG = "@g"
 LOSS_TAG = "@l"
-REF_SUFFIX = "@ref"
 TaskFactory = Callable[[], dict[str, list[TaskAccumulator]]]
 """Fresh task-metric accumulators per headline output, one set per evaluated configuration."""
 GAIN_ORT_LEVEL = "disable"

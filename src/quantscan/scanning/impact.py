@@ -35,7 +35,7 @@ import pandas as pd
 
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
-from quantscan.metrics import jackknife_stderr
+from quantscan.metrics import SQNR_CAP_DB, jackknife_stderr
 from quantscan.records import Severity
 from quantscan.runner import ORT_LEVEL_NAMES
 from quantscan.scanning.gain import GAIN_ORT_LEVEL, compute_gain, mixed_builder, worst_output
@@ -45,8 +45,6 @@ from quantscan.scanning.prepare import ScanContext
 if TYPE_CHECKING:
     from quantscan.runner import Runner
 
-SQNR_CAP_DB = 120.0
-"""Cumulative drops are taken between capped figures: an exact (inf dB) input is not an infinite drop."""
 GAIN_KEY = "cosine"
 """The scan's headline metric, the one `gain_if_float` is measured in (bisect's default target)."""
 

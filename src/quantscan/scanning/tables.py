@@ -27,7 +27,7 @@ from quantscan.model import LoadedModel, PreparedModel
 from quantscan.patterns import softmax
 from quantscan.records import Placement, Severity, severity_rank
 from quantscan.scanning.calibrate import CalibStats
-from quantscan.scanning.causes import diagnosis_columns, no_latency_passes, run_rules
+from quantscan.scanning.causes import diagnosis_columns, no_latency_passes, run_cause_rules
 from quantscan.scanning.evaluate import Evaluation
 from quantscan.scanning.prepare import Probe, ScanContext
 from quantscan.sites import Site
@@ -112,10 +112,10 @@ def build_tables(
         row[Col.ACT_SCALE] = float(qp.scale) if qp is not None else math.nan
         row[Col.ACT_ZERO_POINT] = int(qp.zero_point) if qp is not None else 0
         row[Col.CAUSE], row[Col.REASON] = classify(row)
-        findings = run_rules(site, row, plan, calib_stats, index)
+        findings = run_cause_rules(site, row, plan, calib_stats, index)
         if any(f.cause is Cause.OUTLIER_CHANNELS for f in findings):  # name a no-latency rewrite if one applies
             passes = no_latency_passes(index) if passes is None else passes
-            findings = run_rules(site, row, plan, calib_stats, index, passes)
+            findings = run_cause_rules(site, row, plan, calib_stats, index, passes)
         row.update(diagnosis_columns(findings))
         if findings and findings[0].tier < 2:  # figures meaningless or scale absurd: the site's own fault
             row[Col.CAUSE], row[Col.REASON] = "intrinsic", findings[0].reason

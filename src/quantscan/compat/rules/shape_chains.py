@@ -20,7 +20,7 @@ def run(ctx: RuleContext) -> list[Finding]:
     return [_finding(ctx, c) for c in ctx.analysis.chains if c.roots]
 
 
-def describe(ctx: RuleContext, chain: ShapeChain) -> str:
+def describe_chain(ctx: RuleContext, chain: ShapeChain) -> str:
     """`Shape→Slice→Concat→Reshape`: member op types in order, then the consumers fed."""
     ops: list[str] = []
     for i in [*chain.members, *chain.sinks]:
@@ -57,7 +57,7 @@ def _finding(ctx: RuleContext, chain: ShapeChain) -> Finding:
         severity=severity,
         reason=f"shape computation of {len(chain.members)} nodes feeding {sinks}: {verdict}",
         attribute="shape_chain",
-        value=describe(ctx, chain),
+        value=describe_chain(ctx, chain),
         limit="static shapes",
         fix=fix.text,
         rewrite=fix.rewrite,
