@@ -5,6 +5,6 @@ tensors up with quantscan's sites (`align`), runs the FP32 model and quantscan's
 simulation on the same samples, and returns the device table (`table`, device.csv).
 """
 
-from quantscan.device.run import DeviceResult, compare_dumps
+from quantscan.device.run import DeviceResult, Simulation, compare_dumps, compare_with, simulate
 
-__all__ = ["DeviceResult", "compare_dumps"]
+__all__ = ["DeviceResult", "Simulation", "compare_dumps", "compare_with", "simulate"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscan.errors import UsageError
 from quantscan.vendorlog.mapping import NameMapper
 
 GOLDEN_MIN = 0.9
@@ -128,6 +129,10 @@ def align(
             pending.append(name)
             continue
         options = layouts(first[name].shape, fp32[tensor].shape)
+        if not options and how == "name":
+            raise UsageError(f"--dumps: expected '{name}' with the {fp32[tensor].size} values of the model's tensor "
+                             f"{list(fp32[tensor].shape)} (NCHW, NHWC or flat), found shape {list(first[name].shape)}: "
+                             f"unknown layout")
         if not options:
             unmatched.append(f"{name}: shape {list(first[name].shape)} does not fit {tensor} "
                              f"{list(fp32[tensor].shape)} in any layout")

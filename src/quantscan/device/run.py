@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pandas as pd
 
 from quantscan import graph as qgraph
@@ -24,7 +25,7 @@ from quantscan.device.table import SitePairs, SiteRow, device_table
 from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.metrics import channel_axis
-from quantscan.runner import Runner
+from quantscan.runner import Runner, Session
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, prepare_timed
 from quantscan.vendorlog.mapping import NameMapper
@@ -81,6 +82,30 @@ def _aligned_rows(rows: list[SiteRow], alignment: Alignment) -> list[SiteRow]:
     return out
 
 
+@dataclass
+class Simulation:
+    """FP32 and quantscan's simulation of one model on one calibration set, ready for any number of dump sets."""
+
+    ctx: ScanContext
+    qdq: onnx.ModelProto
+    fp32_session: Session
+    mapper: NameMapper
+
+
+def simulate(
+    model: str | Path, calib: str | Path, *, progress: ProgressFactory = no_progress, runner: Runner | None = None,
+    **options: Any,
+) -> Simulation:
+    """The scan's front half (sites, calibration, plan) and its cumulative QDQ model; the FP32 session
+    exposes every float tensor (the value alignment looks among them)."""
+    ctx, _ = prepare_timed(model, calib, progress=progress, runner=runner, **options)
+    qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
+    fp32_names = [t for t in ctx.probe.tensor_order if t in ctx.probe.float_tensors]
+    fp32_session = ctx.runner.session(qgraph.expose(ctx.prepared.proto, fp32_names), built=True)
+    mapper = NameMapper(GraphIndex(ctx.loaded.proto.graph, model=ctx.loaded.proto))
+    return Simulation(ctx, qdq, fp32_session, mapper)
+
+
 def compare_dumps(
     model: str | Path,
     calib: str | Path,
@@ -93,15 +118,17 @@ def compare_dumps(
 ) -> DeviceResult:
     """Per site: FP32 <-> simulation <-> device over the dumped samples (device.csv); writes nothing."""
     dset = dumps if isinstance(dumps, DumpSet) else open_dumps(dumps, fmt)
-    ctx, _ = prepare_timed(model, calib, progress=progress, runner=runner, **options)
+    return compare_with(simulate(model, calib, progress=progress, runner=runner, **options), dset)
+
+
+def compare_with(simulation: Simulation, dset: DumpSet) -> DeviceResult:
+    """`compare_dumps` on a prepared simulation (tests plant faults into many dump sets of one model)."""
+    ctx, fp32_session = simulation.ctx, simulation.fp32_session
     indices = sample_indices(dset.keys, _stems(ctx.cset), ctx.cset.n_samples)
-    fp32_names = [t for t in ctx.probe.tensor_order if t in ctx.probe.float_tensors]
-    fp32_session = ctx.runner.session(qgraph.expose(ctx.prepared.proto, fp32_names), built=True)
     samples = _samples(ctx.cset, indices)
     first_dump = dset.load(0)
     first_fp32 = fp32_session.run(samples[0])
-    mapper = NameMapper(GraphIndex(ctx.loaded.proto.graph, model=ctx.loaded.proto))
-    alignment = align(first_dump, first_fp32, mapper, prefer=[s.output for s in ctx.sites],
+    alignment = align(first_dump, first_fp32, simulation.mapper, prefer=[s.output for s in ctx.sites],
                       order=dset.order() if dset.order else ())
     rows = _aligned_rows(_site_rows(ctx), alignment)
     measured = [r for r in rows if r.dump]
@@ -109,8 +136,7 @@ def compare_dumps(
         some = ", ".join(list(first_dump)[:4])
         raise UsageError(f"--dumps: expected tensors that line up with the model's quantization sites, found none "
                          f"of {len(first_dump)} ({some}{', ...' if len(first_dump) > 4 else ''}) by name or value")
-    qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
-    sim_session = ctx.runner.session(qgraph.expose(qdq, [r.tensor for r in measured]), built=True)
+    sim_session = ctx.runner.session(qgraph.expose(simulation.qdq, [r.tensor for r in measured]), built=True)
     conv_like = {s.output: s.conv_like for s in ctx.sites}
     pairs = {r.tensor: SitePairs(_channels(first_fp32[r.tensor].ndim, conv_like.get(r.tensor, False)))
              for r in measured}
