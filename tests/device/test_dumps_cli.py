@@ -119,3 +119,20 @@ def test_unknown_names_are_aligned_by_value(dumped, tmp_path: Path) -> None:
     assert (table["aligned_by"].str.startswith("value")).all()
     assert list(table["dump"]) == [names[t] for t in table["tensor"]]
     assert (table["sim_device_sqnr_db"] > 100).all()
+
+
+def test_dumps_into_a_scan_folder_add_to_its_summary_and_report(dumped, tmp_path: Path, capsys) -> None:
+    model, calib, folder = dumped
+    out = tmp_path / "run"
+    assert _run(capsys, str(model), "--calib", str(calib), "--out", str(out), "--quiet", "--no-gain")[0] == 0
+    scan_summary = (out / "summary.md").read_text(encoding="utf-8")
+    assert "Device dumps" not in (out / "report.html").read_text(encoding="utf-8")
+    assert _run(capsys, "dumps", str(model), "--calib", str(calib), "--dumps", str(folder), "--out", str(out),
+                "--quiet")[0] == 0
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    assert summary.startswith(scan_summary.rstrip()) and "## Device dumps" in summary
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "Device dumps" in page and "<svg" in page and "Layers, ranked" in page
+    # `quantscan report` rebuilds the same page from the folder's files
+    assert _run(capsys, "report", str(out))[0] == 0
+    assert "Device dumps" in (out / "report.html").read_text(encoding="utf-8")

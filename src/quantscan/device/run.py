@@ -47,7 +47,7 @@ class DeviceResult:
         return int((self.table["dump"] != "").sum())
 
     def save(self, out: str | Path) -> list[Path]:
-        """device.csv, and the device section of summary.md (added to a scan's summary in the same folder)."""
+        """device.csv, the device section of summary.md and report.html (added to a scan's in the same folder)."""
         from quantscan.report.device import device_markdown, with_section
 
         folder = runfolder.ensure_out_dir(Path(out))
@@ -55,7 +55,17 @@ class DeviceResult:
         summary = folder / "summary.md"
         old = summary.read_text(encoding="utf-8") if summary.exists() else ""
         runfolder.atomic_write_text(summary, with_section(old, device_markdown(self)))
-        return [folder / "device.csv", summary]
+        return [folder / "device.csv", summary, self._report(folder)]
+
+    def _report(self, folder: Path) -> Path:
+        """report.html: the scan's page rebuilt with a device section in a run folder, else a page of its own."""
+        from quantscan.report.device import device_page
+        from quantscan.report.html import write_report
+
+        if (folder / runfolder.RUN_JSON).is_file() and (folder / "layers.csv").is_file():
+            return write_report(folder)
+        runfolder.atomic_write_text(folder / "report.html", device_page(self.table))
+        return folder / "report.html"
 
 
 def _site_rows(ctx: ScanContext) -> list[SiteRow]:
