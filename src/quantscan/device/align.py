@@ -4,16 +4,21 @@ Why both: a runtime that keeps ONNX names (the npy format, RKNN for most layers)
 through `vendorlog.mapping`'s renaming rules (`_int8`, `-rs_sw`, `_Conv`, ...); a name no rule explains
 (a fused kernel named after one of its nodes' outputs, a runtime's own numbering) is matched by value:
 the FP32 tensor of the same size, in a layout that fits, with the highest cosine on the first sample
-(a "golden" match), at least `GOLDEN_MIN`. A name match is never overruled by value: a device that
-really departs has low cosine exactly where it matters.
+(a "golden" match), at least `GOLDEN_MIN`. An exact name match is never overruled by value: a device
+that really departs has low cosine exactly where it matters. A match through a renaming rule says where
+a layer came from, not that it holds the same values (RKNN names the op it moved above a Reshape after
+that Reshape's input, `_sw`), so it stands only with a cosine of at least `RENAMED_MIN` (a lenient bar:
+a faulty layer still clears it, another op's values do not), else the layer is matched by value.
 
-Layouts: `same` (equal shapes up to size-1 dims), `nhwc` (a 4-D NCHW tensor dumped channels-last), `flat`
-(equal size, no shape in common: kept only when its values match). Equal sizes with several layouts that
-fit (C == H == W) are decided by value.
+Layouts: `same` (equal shapes up to size-1 dims), `nhwc` (a 4-D NCHW tensor dumped channels-last),
+`permA,B,..` (the dump's non-1 dims in another order: RKNN's `_tp`/`_rs` copies of [B,T,C] tensors), `flat`
+(equal size, no shape in common: kept only when its values match). Where several layouts fit (C == H == W,
+a transposed square) the values decide.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -24,7 +29,11 @@ from quantscan.vendorlog.mapping import NameMapper
 
 GOLDEN_MIN = 0.9
 """Lowest FP32 cosine at which a dump tensor with an unknown name is taken for an FP32 tensor."""
+RENAMED_MIN = 0.5
+"""Lowest FP32 cosine at which a tensor found through a renaming rule is taken for that tensor (see `align`)."""
 _TIE = 1e-6
+_MAX_PERMUTED = 4
+"""Dumps with up to this many non-1 dims are tried in every axis order (24 at most)."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +65,28 @@ def layouts(dump_shape: tuple[int, ...], ref_shape: tuple[int, ...]) -> list[str
     """The layouts in which a dump of `dump_shape` can hold a tensor of `ref_shape` (see module doc)."""
     if int(np.prod(dump_shape)) != int(np.prod(ref_shape)):
         return []
+    dump, ref = _squeezed(dump_shape), _squeezed(ref_shape)
     out = []
-    if _squeezed(dump_shape) == _squeezed(ref_shape):
+    if dump == ref:
         out.append("same")
     if len(ref_shape) == 4:
         n, c, h, w = ref_shape
-        if c > 1 and h * w > 1 and _squeezed(dump_shape) == _squeezed((n, h, w, c)):
+        if c > 1 and h * w > 1 and dump == _squeezed((n, h, w, c)):
             out.append("nhwc")
+    if len(dump) <= _MAX_PERMUTED:
+        for perm in itertools.permutations(range(len(dump))):
+            if perm != tuple(range(len(dump))) and tuple(dump[i] for i in perm) == ref:
+                name = "perm" + ",".join(map(str, perm))
+                if not ("nhwc" in out and perm == _nhwc_perm(ref_shape)):
+                    out.append(name)
     return out or ["flat"]
+
+
+def _nhwc_perm(ref_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """`nhwc` as an order of the non-1 dims (listed once, under its familiar name)."""
+    sizes = dict(zip("nchw", ref_shape, strict=True))
+    dump = [d for d in "nhwc" if sizes[d] != 1]
+    return tuple(dump.index(d) for d in "nchw" if sizes[d] != 1)
 
 
 def to_reference(array: np.ndarray, layout: str, ref_shape: tuple[int, ...]) -> np.ndarray:
@@ -71,6 +94,10 @@ def to_reference(array: np.ndarray, layout: str, ref_shape: tuple[int, ...]) -> 
     if layout == "nhwc":
         n, c, h, w = ref_shape
         return np.ascontiguousarray(array.reshape(n, h, w, c).transpose(0, 3, 1, 2))
+    if layout.startswith("perm"):
+        perm = tuple(int(i) for i in layout[len("perm"):].split(","))
+        squeezed = array.reshape(_squeezed(array.shape))
+        return np.ascontiguousarray(squeezed.transpose(perm)).reshape(ref_shape)
     return array.reshape(ref_shape)
 
 
@@ -111,12 +138,15 @@ def _by_name(name: str, fp32: Mapping[str, np.ndarray], mapper: NameMapper) -> t
 
 def align(
     first: Mapping[str, np.ndarray], fp32: Mapping[str, np.ndarray], mapper: NameMapper, prefer: Iterable[str] = (),
-    order: Iterable[str] = (),
+    order: Iterable[str] = (), kernel_output: Mapping[str, str] | None = None,
 ) -> Alignment:
     """Line up the dump names of one sample (`first`) with the FP32 tensors of the same sample.
 
     `prefer`: tensors that win a value tie (site outputs: an Identity or Reshape copy holds the same
     values as the kernel output it copies). `order`: the dump names in execution order, where known.
+    `kernel_output`: a tensor inside a fused kernel -> the kernel's output. A vendor names a fused
+    kernel after an inner tensor (RKNN's `p2o.MatMul.25_mm_tp_sw` is the MatMul+Add kernel, bias added):
+    a renamed match on an inner tensor moves to the kernel output when that one fits as well.
     """
     preferred = set(prefer)
     names = list(dict.fromkeys([n for n in order if n in first] + list(first)))
@@ -137,7 +167,14 @@ def align(
             unmatched.append(f"{name}: shape {list(first[name].shape)} does not fit {tensor} "
                              f"{list(fp32[tensor].shape)} in any layout")
             continue
-        layout = options[0] if len(options) == 1 else _best_layout(first[name], fp32[tensor], options)[0]
+        layout, cos = ((options[0], 1.0) if len(options) == 1 and how == "name"
+                       else _best_layout(first[name], fp32[tensor], options))
+        outer = (kernel_output or {}).get(tensor, "")
+        if how != "name" and outer in fp32 and outer not in aligned:
+            tensor, layout, cos = _kernel_output(first[name], fp32, tensor, outer, layout, cos)
+        if how != "name" and cos < RENAMED_MIN:
+            pending.append(name)  # a renamed layer that holds another op's values (RKNN's `_sw`)
+            continue
         current = aligned.get(tensor)
         if current is None or (current.how != "name" and how == "name"):
             aligned[tensor] = Aligned(name, tensor, layout, how)
@@ -151,6 +188,17 @@ def align(
         else:
             unmatched.append(f"{name}: {found}")
     return Alignment(aligned, unmatched)
+
+
+def _kernel_output(
+    array: np.ndarray, fp32: Mapping[str, np.ndarray], inner: str, outer: str, layout: str, cos: float
+) -> tuple[str, str, float]:
+    """The fused kernel's output instead of its inner tensor when the dump matches it as well (1e-2)."""
+    options = layouts(array.shape, fp32[outer].shape)
+    if not options:
+        return inner, layout, cos
+    outer_layout, outer_cos = _best_layout(array, fp32[outer], options)
+    return (outer, outer_layout, outer_cos) if outer_cos >= max(RENAMED_MIN, cos - 1e-2) else (inner, layout, cos)
 
 
 def _by_value(

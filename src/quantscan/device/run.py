@@ -100,6 +100,8 @@ class Simulation:
     qdq: onnx.ModelProto
     fp32_session: Session
     mapper: NameMapper
+    kernel_output: dict[str, str]
+    """A tensor inside a fused kernel -> the kernel's output (`align`)."""
 
 
 def simulate(
@@ -113,7 +115,9 @@ def simulate(
     fp32_names = [t for t in ctx.probe.tensor_order if t in ctx.probe.float_tensors]
     fp32_session = ctx.runner.session(qgraph.expose(ctx.prepared.proto, fp32_names), built=True)
     mapper = NameMapper(GraphIndex(ctx.loaded.proto.graph, model=ctx.loaded.proto))
-    return Simulation(ctx, qdq, fp32_session, mapper)
+    producer = {o: n.name for n in ctx.loaded.proto.graph.node for o in n.output if o}
+    inner = {t: s.output for s in ctx.sites for t, node in producer.items() if node in s.nodes[:-1] and s.fused}
+    return Simulation(ctx, qdq, fp32_session, mapper, inner)
 
 
 def compare_dumps(
@@ -139,7 +143,7 @@ def compare_with(simulation: Simulation, dset: DumpSet) -> DeviceResult:
     first_dump = dset.load(0)
     first_fp32 = fp32_session.run(samples[0])
     alignment = align(first_dump, first_fp32, simulation.mapper, prefer=[s.output for s in ctx.sites],
-                      order=dset.order() if dset.order else ())
+                      order=dset.order() if dset.order else (), kernel_output=simulation.kernel_output)
     rows = _aligned_rows(_site_rows(ctx), alignment)
     measured = [r for r in rows if r.dump]
     if not measured:
