@@ -8,6 +8,7 @@ is quantized or simulated here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,8 +166,31 @@ def compare_with(simulation: Simulation, dset: DumpSet) -> DeviceResult:
             ref = fp32[row.tensor]
             device = _device_value(dumped[row.dump], row, ref.shape, key)
             pairs[row.tensor].update(ref, sim[row.tensor].reshape(ref.shape), device, key)
-    return DeviceResult(device_table(rows, pairs), dset.format, list(dset.keys), alignment, len(rows),
+    upstream = feeding_sites(ctx.prepared.proto, [s.output for s in ctx.sites], {r.tensor for r in measured})
+    return DeviceResult(device_table(rows, pairs, upstream), dset.format, list(dset.keys), alignment, len(rows),
                         list(ctx.warnings))
+
+
+def feeding_sites(proto: onnx.ModelProto, sites: Sequence[str], measured: set[str]) -> dict[str, list[str]]:
+    """Site output -> the measured site outputs it reads, walking back through everything else (layout
+    ops, unmeasured sites, the nodes inside its own kernel)."""
+    producer = {o: n for n in proto.graph.node for o in n.output if o}
+    out: dict[str, list[str]] = {}
+    for site in sites:
+        found: list[str] = []
+        seen: set[str] = set()
+        stack = [i for i in producer[site].input if i] if site in producer else []
+        while stack:
+            tensor = stack.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            if tensor in measured and tensor != site:
+                found.append(tensor)
+            elif tensor in producer:
+                stack.extend(i for i in producer[tensor].input if i)
+        out[site] = found
+    return out
 
 
 def _channels(rank: int, conv_like: bool) -> int:

@@ -9,7 +9,12 @@ SQNR): unlike cosine they see a scaled or offset tensor, a fault cosine cannot s
 * `departs`: NSR(sim, device) > DEPART_RATIO * NSR(FP32, sim) + DEPART_FLOOR. Another int8 toolchain
   rounds differently from quantscan's simulation (its own ranges, its own kernels): two independent
   roundings of similar size give NSR(sim, device) ~ NSR(FP32, sim) + NSR(FP32, device), so the ratio
-  leaves room for that before calling a departure;
+  leaves room for that before calling a departure. A site whose inputs do not depart must also add
+  the departure itself: NSR(sim, device) > DEPART_RATIO * the largest NSR(sim, device) of the sites that
+  feed it (+ floor). Without that, a sharp op amplifies a mere difference of rounding into a
+  "departure": ppocrv4_rec's last Softmax (6625 classes) turns RKNN's logits, 16 dB from the
+  simulation's, into probabilities 12 dB from it, 22 dB being the simulation's own distance to FP32.
+  A site reading a departing site departs too (inherited: every site after a bug reads it);
   or the device loses a channel: one carrying at least LIVE_SHARE / C of the simulation's energy comes
   out with under LOST_ENERGY of it (a wrong per-channel scale or weight layout; pooled figures cannot
   see one channel of hundreds under int8 noise, and no rounding zeroes a live channel);
@@ -22,7 +27,7 @@ after it reads its error).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,13 +59,21 @@ def nsr(sqnr_db: float) -> float:
     return 0.0 if sqnr_db == math.inf else 10.0 ** (-sqnr_db / 10.0)
 
 
-def verdict(fp32_sim_db: float, fp32_device_db: float, sim_device_db: float, lost_channels: int = 0) -> str:
-    """departs | quantization | ok (module docstring); "" when a figure is missing."""
+def verdict(
+    fp32_sim_db: float, fp32_device_db: float, sim_device_db: float, lost_channels: int = 0,
+    upstream_db: Sequence[float] = (), upstream_departs: bool = False,
+) -> str:
+    """departs | quantization | ok (module docstring); "" when a figure is missing. `upstream_db`: the
+    simulation <-> device SQNR of the measured sites feeding this one; `upstream_departs`: one of them departs."""
     values = (fp32_sim_db, fp32_device_db, sim_device_db)
     if any(isinstance(v, float) and math.isnan(v) for v in values):
         return ""
-    if lost_channels or nsr(sim_device_db) > DEPART_RATIO * nsr(fp32_sim_db) + DEPART_FLOOR:
+    if lost_channels:
         return "departs"
+    if nsr(sim_device_db) > DEPART_RATIO * nsr(fp32_sim_db) + DEPART_FLOOR:
+        inherited = max((nsr(v) for v in upstream_db if not math.isnan(v)), default=0.0)
+        if upstream_departs or nsr(sim_device_db) > DEPART_RATIO * inherited + DEPART_FLOOR:
+            return "departs"
     if max(nsr(fp32_sim_db), nsr(fp32_device_db)) > OK_NSR:
         return "quantization"
     return "ok"
@@ -119,14 +132,22 @@ class SiteRow:
     layout: str = ""
 
 
-def device_table(rows: Sequence[SiteRow], pairs: dict[str, SitePairs]) -> pd.DataFrame:
-    """device.csv: one row per site in graph order; figures empty where no dump holds the site."""
+def device_table(
+    rows: Sequence[SiteRow], pairs: dict[str, SitePairs], upstream: Mapping[str, Sequence[str]] | None = None
+) -> pd.DataFrame:
+    """device.csv: one row per site in graph order; figures empty where no dump holds the site.
+    `upstream`: site output -> the measured site outputs that feed it (the inherited-departure test)."""
     records = []
+    said: dict[str, str] = {}
     for row in sorted(rows, key=lambda r: r.order):
         acc = pairs.get(row.tensor)
         figures: dict[str, object] = {}
         if acc is not None and acc.per_sample:
             worst = min(acc.per_sample)
+            feeding = [t for t in (upstream or {}).get(row.tensor, ()) if t in pairs and pairs[t].per_sample]
+            said[row.tensor] = verdict(acc.fp32_sim.sqnr_db, acc.fp32_device.sqnr_db, acc.sim_device.sqnr_db,
+                                       acc.lost_channels(), [pairs[t].sim_device.sqnr_db for t in feeding],
+                                       any(said.get(t) == "departs" for t in feeding))
             figures = {
                 "samples": len(acc.per_sample),
                 "fp32_sim_cosine": acc.fp32_sim.cosine, "fp32_sim_sqnr_db": acc.fp32_sim.sqnr_db,
@@ -134,8 +155,7 @@ def device_table(rows: Sequence[SiteRow], pairs: dict[str, SitePairs]) -> pd.Dat
                 "sim_device_cosine": acc.sim_device.cosine, "sim_device_sqnr_db": acc.sim_device.sqnr_db,
                 "worst_sample_sim_device_sqnr_db": worst[0], "worst_sample": worst[1],
                 "lost_channels": acc.lost_channels(),
-                "verdict": verdict(acc.fp32_sim.sqnr_db, acc.fp32_device.sqnr_db, acc.sim_device.sqnr_db,
-                                   acc.lost_channels()),
+                "verdict": said[row.tensor],
             }
         records.append({**row.__dict__, "samples": 0, "verdict": "", **figures})
     table = pd.DataFrame(records, columns=DEVICE_COLUMNS)
