@@ -7,8 +7,9 @@ the FP32 tensor of the same size, in a layout that fits, with the highest cosine
 (a "golden" match), at least `GOLDEN_MIN`. An exact name match is never overruled by value: a device
 that really departs has low cosine exactly where it matters. A match through a renaming rule says where
 a layer came from, not that it holds the same values (RKNN names the op it moved above a Reshape after
-that Reshape's input, `_sw`), so it stands only with a cosine of at least `RENAMED_MIN` (a lenient bar:
-a faulty layer still clears it, another op's values do not), else the layer is matched by value.
+that Reshape's input, `_sw`), so one whose cosine is below `RENAMED_MIN` goes to the FP32 tensor its
+values match (at least `GOLDEN_MIN`) when there is one, is left out when it holds its tensor's values in
+an order no layout explains (`reordered`), and otherwise stays: a faulty layer matches no other tensor.
 
 Layouts: `same` (equal shapes up to size-1 dims), `nhwc` (a 4-D NCHW tensor dumped channels-last),
 `permA,B,..` (the dump's non-1 dims in another order: RKNN's `_tp`/`_rs` copies of [B,T,C] tensors), `flat`
@@ -31,6 +32,8 @@ GOLDEN_MIN = 0.9
 """Lowest FP32 cosine at which a dump tensor with an unknown name is taken for an FP32 tensor."""
 RENAMED_MIN = 0.5
 """Lowest FP32 cosine at which a tensor found through a renaming rule is taken for that tensor (see `align`)."""
+REORDERED_DB = 20.0
+"""Sorted-value SQNR above which a dump is taken for the same values in an unknown order (`reordered`)."""
 _TIE = 1e-6
 _MAX_PERMUTED = 4
 """Dumps with up to this many non-1 dims are tried in every axis order (24 at most)."""
@@ -146,41 +149,43 @@ def align(
     values as the kernel output it copies). `order`: the dump names in execution order, where known.
     `kernel_output`: a tensor inside a fused kernel -> the kernel's output. A vendor names a fused
     kernel after an inner tensor (RKNN's `p2o.MatMul.25_mm_tp_sw` is the MatMul+Add kernel, bias added):
-    a renamed match on an inner tensor moves to the kernel output when that one fits as well.
+    a renamed match on an inner tensor moves to the kernel output (by name and shape, not by value: a
+    departing device must not move between the two).
     """
     preferred = set(prefer)
     names = list(dict.fromkeys([n for n in order if n in first] + list(first)))
-    aligned: dict[str, Aligned] = {}
-    unmatched: list[str] = []
-    pending: list[str] = []
-    for name in names:
-        tensor, how = _by_name(name, fp32, mapper)
-        if not tensor:
-            pending.append(name)
-            continue
-        options = layouts(first[name].shape, fp32[tensor].shape)
-        if not options and how == "name":
-            raise UsageError(f"--dumps: expected '{name}' with the {fp32[tensor].size} values of the model's tensor "
-                             f"{list(fp32[tensor].shape)} (NCHW, NHWC or flat), found shape {list(first[name].shape)}: "
-                             f"unknown layout")
-        if not options:
-            unmatched.append(f"{name}: shape {list(first[name].shape)} does not fit {tensor} "
-                             f"{list(fp32[tensor].shape)} in any layout")
-            continue
-        layout, cos = ((options[0], 1.0) if len(options) == 1 and how == "name"
-                       else _best_layout(first[name], fp32[tensor], options))
-        outer = (kernel_output or {}).get(tensor, "")
-        if how != "name" and outer in fp32 and outer not in aligned:
-            tensor, layout, cos = _kernel_output(first[name], fp32, tensor, outer, layout, cos)
-        if how != "name" and cos < RENAMED_MIN:
-            pending.append(name)  # a renamed layer that holds another op's values (RKNN's `_sw`)
-            continue
-        current = aligned.get(tensor)
-        if current is None or (current.how != "name" and how == "name"):
-            aligned[tensor] = Aligned(name, tensor, layout, how)
     by_size: dict[int, list[str]] = {}
     for tensor, value in fp32.items():
         by_size.setdefault(int(value.size), []).append(tensor)
+    aligned: dict[str, Aligned] = {}
+    unmatched: list[str] = []
+    pending: list[str] = []
+    named = {name: _by_name(name, fp32, mapper) for name in names}
+    exact_first = [n for n in names if named[n][1] == "name"] + [n for n in names if named[n][1] != "name"]
+    for name in exact_first:  # an exact name claims its tensor before any renamed layer can
+        tensor, how = named[name]
+        if not tensor:
+            pending.append(name)
+            continue
+        outer = (kernel_output or {}).get(tensor, "")
+        if how != "name" and outer in fp32 and outer not in aligned and layouts(first[name].shape, fp32[outer].shape):
+            tensor = outer
+        placed = _place(name, first[name], fp32[tensor], tensor, how)
+        if isinstance(placed, str):
+            unmatched.append(placed)
+            continue
+        if how != "name" and placed[1] < RENAMED_MIN:
+            other = _by_value(name, first[name], fp32, by_size.get(int(first[name].size), []), aligned, preferred)
+            if isinstance(other, Aligned):  # another op's values under this name (RKNN's `_sw`)
+                aligned.setdefault(other.tensor, other)
+                continue
+            if reordered(first[name], fp32[tensor]):
+                unmatched.append(f"{name}: holds the values of {tensor} in an order no layout explains "
+                                 f"(cosine {placed[1]:.3f}; sorted, they agree)")
+                continue
+        current = aligned.get(tensor)
+        if current is None or (current.how != "name" and how == "name"):
+            aligned[tensor] = placed[0]
     for name in pending:
         found = _by_value(name, first[name], fp32, by_size.get(int(first[name].size), []), aligned, preferred)
         if isinstance(found, Aligned):
@@ -190,15 +195,27 @@ def align(
     return Alignment(aligned, unmatched)
 
 
-def _kernel_output(
-    array: np.ndarray, fp32: Mapping[str, np.ndarray], inner: str, outer: str, layout: str, cos: float
-) -> tuple[str, str, float]:
-    """The fused kernel's output instead of its inner tensor when the dump matches it as well (1e-2)."""
-    options = layouts(array.shape, fp32[outer].shape)
+def reordered(array: np.ndarray, ref: np.ndarray) -> bool:
+    """Whether `array` holds `ref`'s values in another order: their sorted values agree within
+    REORDERED_DB SQNR. Sorting forgives a layout we cannot undo (RKNN's head-split QKV projections) and
+    rounding, not a fault: a scale, an offset or a zeroed channel changes the sorted values too."""
+    x = np.sort(ref.astype(np.float64).ravel())
+    y = np.sort(array.astype(np.float64).ravel())
+    noise = float(np.square(x - y).sum())
+    return noise == 0.0 or 10.0 * np.log10(max(float(np.square(x).sum()), 1e-300) / noise) >= REORDERED_DB
+
+
+def _place(name: str, array: np.ndarray, ref: np.ndarray, tensor: str, how: str) -> tuple[Aligned, float] | str:
+    """The dump in the layout that fits `ref` (by value when several do) and its cosine there; why not,
+    when none fits. An exact name in no layout is bad input: the dump says it is that tensor."""
+    options = layouts(array.shape, ref.shape)
+    if not options and how == "name":
+        raise UsageError(f"--dumps: expected '{name}' with the {ref.size} values of the model's tensor "
+                         f"{list(ref.shape)} (NCHW, NHWC or flat), found shape {list(array.shape)}: unknown layout")
     if not options:
-        return inner, layout, cos
-    outer_layout, outer_cos = _best_layout(array, fp32[outer], options)
-    return (outer, outer_layout, outer_cos) if outer_cos >= max(RENAMED_MIN, cos - 1e-2) else (inner, layout, cos)
+        return f"{name}: shape {list(array.shape)} does not fit {tensor} {list(ref.shape)} in any layout"
+    layout, cos = _best_layout(array, ref, options)
+    return Aligned(name, tensor, layout, how), cos
 
 
 def _by_value(

@@ -45,8 +45,12 @@ def fault(kind: str, a: np.ndarray, channel: int = 0) -> np.ndarray:
 
 
 def planted(dumps: DumpSet, layers: Iterable[str], kind: str) -> DumpSet:
-    """`dumps` with a fault of `kind` in every one of `layers` (dump names), on every sample."""
-    chosen = set(layers)
+    """`dumps` with a fault of `kind` in every one of `layers` (dump names), on every sample, and in the
+    runtime's copies of them (a name that extends one of them: RKNN's `X__float16`, `X_int8` convert X
+    and hold its values, so a bug in X reaches them too)."""
+    names = list(dumps.load(0))
+    roots = tuple(set(layers))
+    chosen = {n for n in names if n.startswith(roots)} if roots else set()
     channels = {k: strongest_channel(v) for k, v in dumps.load(0).items() if k in chosen and v.ndim}
 
     def load(i: int) -> dict[str, np.ndarray]:
