@@ -942,7 +942,7 @@ def cmd_dumps(args: argparse.Namespace) -> int:
         row = first.iloc[0]
         print(f"  first departure: {row['node']} ({row['tensor']}): sim<->device SQNR "
               f"{row['sim_device_sqnr_db']:.1f} dB, FP32<->sim {row['fp32_sim_sqnr_db']:.1f} dB")
-    print(f"wrote {out}/ (device.csv, summary.md)")
+    print(f"wrote {out}/ (device.csv, summary.md, report.html)")
     return EXIT_OK
 
 
