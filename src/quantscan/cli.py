@@ -24,7 +24,7 @@ from quantscan.columns import Col
 from quantscan.errors import QuantscanError, UsageError
 
 COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle",
-            "overlay", "log", "case", "vendor")
+            "overlay", "log", "case", "vendor", "dumps")
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -217,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     _extract_parser(sub)
     _bisect_parser(sub)
     _vendor_parser(sub)
+    _dumps_parser(sub)
     bundle = sub.add_parser("bundle", help="zip a run folder with rewritten/extracted models for a vendor")
     bundle.add_argument("run_dir")
     bundle.add_argument("--include", nargs="+", default=[], metavar="FILE",
@@ -994,6 +995,48 @@ def cmd_vendor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- dumps: what the chip computed, beside FP32 and the simulation -----------------------------------
+
+
+def _dumps_parser(sub: Any) -> None:
+    p = sub.add_parser("dumps", help="a board's or vendor runtime's per-layer dumps beside FP32 and the simulation")
+    p.add_argument("model")
+    p.add_argument("--calib", required=True, help="calibration folder (the samples the dumps were made on)")
+    p.add_argument("--dumps", required=True, metavar="DIR", help="per-sample dumps (see --format)")
+    p.add_argument("--format", default=None, choices=["rknn", "tpu-mlir", "npy"],
+                   help="dump format (default: detected; npy = one .npz per sample keyed by ONNX tensor names)")
+    for flag, default in (("--calib-method", "minmax"), ("--activations", None), ("--profile", None)):
+        p.add_argument(flag, default=default, help="as for scan: how the simulation quantizes")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    _common(p)
+
+
+def cmd_dumps(args: argparse.Namespace) -> int:
+    from quantscan.device import compare_dumps
+
+    out = Path(args.out) if args.out else default_out(args.model)
+    _refuse_out_in_data(out, args.calib, args.dumps)
+    shapes, dims = split_input_shapes(args.input_shape)
+    result = compare_dumps(args.model, args.calib, args.dumps, fmt=args.format, progress=_progress_factory(args.quiet),
+                           calib_method=args.calib_method, activations=args.activations, profile=args.profile,
+                           input_shape=shapes, input_dims=dims, const=parse_const(args.const), threads=args.threads,
+                           seed=args.seed)
+    result.save(out)
+    table = result.table
+    print(f"{result.format} dumps of {len(result.samples)} sample(s): {result.aligned_sites} of {result.sites} sites "
+          f"aligned, {len(result.alignment.unmatched)} dump tensor(s) matched nothing")
+    first = table[table["first_departure"].astype(bool)]
+    if first.empty:
+        print("  the device follows the simulation: quantization loss as simulated")
+    else:
+        row = first.iloc[0]
+        print(f"  first departure: {row[Col.NODE]} ({row['tensor']}): sim<->device SQNR "
+              f"{row['sim_device_sqnr_db']:.1f} dB, FP32<->sim {row['fp32_sim_sqnr_db']:.1f} dB")
+    print(f"wrote {out}/ (device.csv, summary.md, report.html)")
+    return EXIT_OK
+
+
 # --- log: a vendor conversion log read into findings -------------------------------------------------
 
 
@@ -1041,6 +1084,7 @@ HANDLERS = {
     "overlay": cmd_overlay,
     "log": cmd_log,
     "vendor": cmd_vendor,
+    "dumps": cmd_dumps,
 }
 
 

@@ -205,6 +205,8 @@ class RunFiles:
     compat: pd.DataFrame | None
     partitions: pd.DataFrame | None
     plan: dict[str, Any] | None
+    device: pd.DataFrame | None = None
+    """device.csv (`quantscan dumps` into the same folder)."""
 
 
 def load_run(run_dir: Path) -> RunFiles:
@@ -234,6 +236,7 @@ def load_run(run_dir: Path) -> RunFiles:
         compat=_read_table(run_dir / "compat.csv"),
         partitions=_read_table(run_dir / "partitions.csv"),
         plan=read_plan(run_dir / "plan.json"),
+        device=_read_table(run_dir / "device.csv"),
     )
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 
 from quantscan.columns import Col
 from quantscan.report.cells import col, esc, fmt, is_missing, metric_value, num, truthy
+from quantscan.report.device import device_section
 from quantscan.report.plots import PlotCounter, depth_figure, layer_figure, pareto_figure, svg
 from quantscan.report.summary import preprocessing_text
 from quantscan.runfolder import RunFiles, atomic_write_text, load_run
@@ -52,6 +53,7 @@ def render_report(run_dir: Path) -> str:
         _ops_section(files),
         _compat_section(files),
         _bisect_section(files, plots),
+        device_section(files.device, plots) if files.device is not None else "",
         _about_section(files),
     ]
     return _page(_model_name(files), "\n".join(body))

@@ -180,6 +180,35 @@ def depth_figure(layers: pd.DataFrame) -> Figure:
     return fig
 
 
+def device_figure(table: pd.DataFrame) -> Figure:
+    """device.csv along the network: FP32<->simulation, FP32<->device, simulation<->device SQNR per site, the
+    first departure marked. Where the third line falls below the first, the device leaves the simulation."""
+    data = table[table["dump"].fillna("").astype(str) != ""].sort_values(Col.ORDER, kind="stable")
+    x = data[Col.ORDER].to_numpy()
+    fig, (ax,) = figure(11, 3.4)
+    dense = is_dense(len(x))
+    lines = (("fp32_sim_sqnr_db", "FP32 ↔ simulation", COLORS["cum"]),
+             ("fp32_device_sqnr_db", "FP32 ↔ device", COLORS["iso"]),
+             ("sim_device_sqnr_db", "simulation ↔ device", COLORS["sens"]))
+    caps = []
+    for column, label, color in lines:
+        values, cap = finite_cap(col(data, column))
+        caps.append(cap)
+        ax.plot(x, values, color=color, lw=1.3, marker=None if dense else "o", ms=3, label=label, rasterized=dense)
+    first = data[data["first_departure"].astype(bool)]
+    if not first.empty:
+        ax.axvline(float(first[Col.ORDER].iloc[0]), color=COLORS["sens"], lw=0.8, ls="--")
+        ax.text(float(first[Col.ORDER].iloc[0]), ax.get_ylim()[1], f" first departure: {first[Col.NODE].iloc[0]}",
+                fontsize=7, va="top", color=COLORS["sens"])
+    if any(c is not None for c in caps):
+        ax.text(x.min() if len(x) else 0, max(c for c in caps if c is not None), " inf (exact) plotted here",
+                fontsize=7, va="bottom", color="#666")
+    ax.set_xlabel("topological order (node index in the original graph)", fontsize=8)
+    ax.set_ylabel("SQNR dB (higher is closer)", fontsize=8)
+    ax.legend(fontsize=7, loc="upper right", ncols=3, frameon=False)
+    return fig
+
+
 def _mark_sensitive(ax: Any, data: pd.DataFrame, x: np.ndarray) -> None:
     if Col.SENSITIVE_OP not in data:
         return

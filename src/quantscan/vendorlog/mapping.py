@@ -35,6 +35,7 @@ RENAMES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"_(?:mm_)?tp$"), "RKNN transpose suffix"),
     (re.compile(r"#\d+$"), "RKNN #N suffix"),
     (re.compile(r"_2conv\d*$"), "RKNN _2conv suffix"),
+    (re.compile(r"_sdpa$"), "RKNN fused-attention suffix"),
     (re.compile(r"_(?:f32|f16|bf16)$"), "tpu-mlir dtype suffix"),
     (re.compile(r"_[A-Z][A-Za-z0-9]*$"), "tpu-mlir _OpType suffix"),
 )

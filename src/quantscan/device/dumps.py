@@ -1,0 +1,78 @@
+"""One shape for every dump format: sample keys, and per sample {dump name: float array}.
+
+Why a common shape: the alignment and the device table should not know where a tensor came from. A
+reader (one file per format) only lists the samples it holds and loads one at a time (dumps of a real
+network are tens of MB per sample), already dequantized to float32 where the format carries the scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from quantscan.errors import UsageError
+
+FORMATS = ("npy", "rknn", "tpu-mlir")
+
+
+@dataclass(frozen=True)
+class DumpSet:
+    """The dumps of one run: `keys[i]` names sample i (a file stem or an index such as `000`)."""
+
+    format: str
+    source: Path
+    keys: list[str]
+    load: Callable[[int], dict[str, np.ndarray]]
+    """Sample i's tensors: dump name -> float32 array, in the dump's own layout."""
+    order: Callable[[], list[str]] | None = None
+    """The dump names in the runtime's execution order, when the format records it."""
+
+
+def detect_format(folder: Path) -> str:
+    """npy when the folder holds .npz files, rknn when it holds accuracy_analysis folders; else bad input."""
+    from quantscan.device import npy, rknn
+
+    if rknn.looks_like(folder):
+        return "rknn"
+    if npy.looks_like(folder):
+        return "npy"
+    raise UsageError(f"--dumps: expected a folder of per-sample .npz files or RKNN accuracy_analysis folders "
+                     f"(map_name_to_file.txt + simulator/ or runtime/), found neither in {folder}; "
+                     f"say --format rknn|tpu-mlir|npy")
+
+
+def open_dumps(folder: str | Path, fmt: str | None = None) -> DumpSet:
+    """The reader for `fmt` (detected when None) on `folder`."""
+    from quantscan.device import npy, rknn, tpumlir
+
+    path = Path(folder)
+    if not path.is_dir():
+        raise UsageError(f"--dumps: expected a folder of dumps, found {'a file' if path.exists() else 'nothing'} "
+                         f"at {path}")
+    fmt = fmt or detect_format(path)
+    readers = {"npy": npy.read_folder, "rknn": rknn.read_folder, "tpu-mlir": tpumlir.read_folder}
+    if fmt not in readers:
+        raise UsageError(f"--format: expected one of {', '.join(FORMATS)}, found {fmt!r}")
+    return readers[fmt](path)
+
+
+def sample_indices(keys: Sequence[str], stems: Sequence[str], n_samples: int) -> list[int]:
+    """Calibration sample index per dump sample: by file stem, else by index in file order (`000`, `7`).
+
+    A dump sample that names no calibration sample is bad input: comparing it with another sample's
+    FP32 tensors would report a "departure" that is only a different image."""
+    by_stem = {stem: i for i, stem in enumerate(stems)}
+    out = []
+    for key in keys:
+        if key in by_stem:
+            out.append(by_stem[key])
+        elif key.isdigit() and int(key) < n_samples:
+            out.append(int(key))
+        else:
+            some = ", ".join(list(stems[:3]) + (["..."] if len(stems) > 3 else []))
+            raise UsageError(f"--dumps: expected every dump sample to name a calibration sample (file stem such "
+                             f"as {some or '000'}, or index 000..{n_samples - 1:03d}), found '{key}'")
+    return out
