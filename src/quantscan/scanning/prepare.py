@@ -263,7 +263,8 @@ class ScanContext:
     tensor names as the user's model), `probe` the true dtypes/shapes of every tensor, `cset` /
     `eval_set` the calibration and evaluation samples, `opts` the user's options, `chip` the profile's
     decisions. The QDQ model is built from `prepared`, `sites` and `plan` by whoever needs it. Frozen:
-    a pass reads it and never changes it (a shard or a sample subset is `dataclasses.replace`).
+    no field is reassigned (a shard or a sample subset is `dataclasses.replace`); only `warnings`, a list,
+    collects what the later passes find.
     """
 
     loaded: LoadedModel

@@ -114,35 +114,68 @@ def _measure(
     sharded = ShardedCalibration(pool, worker_count(options.get("workers", 1)), calib) if pool else None
     ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, calibrate_with=sharded, **options)
     qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
-    probe, opts, plan, sites = ctx.probe, ctx.opts, ctx.plan, ctx.sites
-    warnings = ctx.warnings
-
     t0 = time.perf_counter()
-    compare = [t for t in probe.tensor_order if t in probe.float_tensors]
-    if opts.tensors == "sites":
-        points = set(plan.activations) | {s.output for s in sites} | set(probe.outputs)
-        compare = [t for t in compare if t in points]
-    if pool is not None:
-        evaluation = evaluate_in_workers(pool, ctx, calib, qdq, compare, worker_count(opts.workers), progress)
-    else:
-        sums = accumulate_evaluation(
-            ctx.prepared, qdq, sites, plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe,
-            opts, segments=ctx.memory.segments if ctx.memory is not None else 1,
-        )
-        evaluation = finish_evaluation(sums, sites, plan, ctx.eval_set)
+    evaluation = _evaluate(ctx, qdq, calib, pool, progress)
     times["evaluation"] = time.perf_counter() - t0
-    warnings.extend(evaluation.warnings)
-
+    ctx.warnings.extend(evaluation.warnings)
     t0 = time.perf_counter()
-    tables = build_tables(ctx.loaded, ctx.prepared, sites, plan, ctx.calib_stats, evaluation, ctx.order, probe)
+    tables = build_tables(ctx.loaded, ctx.prepared, ctx.sites, ctx.plan, ctx.calib_stats, evaluation, ctx.order,
+                          ctx.probe)
     if ctx.compat is not None and ctx.chip.profile is not None:
         tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
-    gains_by = ShardedGain(pool, worker_count(opts.workers)) if pool is not None else gains_here
+    gains_by = ShardedGain(pool, worker_count(ctx.opts.workers)) if pool is not None else gains_here
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
     times["impact"] = impact.seconds
     head = headline(evaluation)
     head.unmeasured = quantizable_bodies(ctx.prepared.proto)
+    info = _checks_and_record(ctx, qdq, head, evaluation, impact, times)
+    info.times_s["total"] = round(time.perf_counter() - started, 4)
+    return ScanResult(
+        layers=tables["layers"],
+        tensors=tables["tensors"],
+        ops=tables["ops"],
+        channels=tables["channels"],
+        hist=evaluation.hist,
+        output_metrics=evaluation.output_metrics,
+        headline=head,
+        run_info=info,
+        warnings=list(dict.fromkeys(ctx.warnings)),
+        sites=ctx.sites,
+        qdq_model=qdq,
+        model=ctx.loaded,
+        compat=ctx.compat,
+        profile=ctx.chip.profile,
+        no_report=ctx.opts.no_report,
+        task=task_table(evaluation.task),
+    )
+
+
+def _evaluate(
+    ctx: ScanContext, qdq: onnx.ModelProto, calib: str | Path | CalibSet, pool: Executor | None,
+    progress: ProgressFactory,
+) -> Evaluation:
+    """Pass 2 over the tensors tensors.csv covers (every float tensor, or `--tensors sites`), here or in
+    the workers' shards."""
+    probe, opts = ctx.probe, ctx.opts
+    compare = [t for t in probe.tensor_order if t in probe.float_tensors]
+    if opts.tensors == "sites":
+        points = set(ctx.plan.activations) | {s.output for s in ctx.sites} | set(probe.outputs)
+        compare = [t for t in compare if t in points]
+    if pool is not None:
+        return evaluate_in_workers(pool, ctx, calib, qdq, compare, worker_count(opts.workers), progress)
+    sums = accumulate_evaluation(
+        ctx.prepared, qdq, ctx.sites, ctx.plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe,
+        opts, segments=ctx.memory.segments if ctx.memory is not None else 1,
+    )
+    return finish_evaluation(sums, ctx.sites, ctx.plan, ctx.eval_set)
+
+
+def _checks_and_record(
+    ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation: Evaluation, impact: Impact,
+    times: dict[str, float],
+) -> RunInfo:
+    """The deployed-gap check and the model inputs as sites, then run.json's record of the whole scan."""
     t0 = time.perf_counter()
     gap_sites = deployed_gap_sites(ctx, qdq, head)
     if gap_sites:
@@ -155,7 +188,7 @@ def _measure(
         if entry["name"] in measured_inputs:
             entry["quantization"] = measured_inputs[entry["name"]]
     info.deployed_gap_sites = [g.to_json() for g in gap_sites]
-    info.options["gain_candidates"] = opts.gain_candidates
+    info.options["gain_candidates"] = ctx.opts.gain_candidates
     info.options["gain_measured"] = len(impact.gains)
     info.options["gain_samples"] = impact.samples
     info.options["gain_sample_indices"] = list(impact.sample_indices)
@@ -165,25 +198,7 @@ def _measure(
         info.options["gain_ort_level"] = impact.ort_level
     info.memory = memory_record(ctx)
     info.times_s = {k: round(v, 4) for k, v in times.items()}
-    info.times_s["total"] = round(time.perf_counter() - started, 4)
-    return ScanResult(
-        layers=tables["layers"],
-        tensors=tables["tensors"],
-        ops=tables["ops"],
-        channels=tables["channels"],
-        hist=evaluation.hist,
-        output_metrics=evaluation.output_metrics,
-        headline=head,
-        run_info=info,
-        warnings=list(dict.fromkeys(warnings)),
-        sites=sites,
-        qdq_model=qdq,
-        model=ctx.loaded,
-        compat=ctx.compat,
-        profile=ctx.chip.profile,
-        no_report=opts.no_report,
-        task=task_table(evaluation.task),
-    )
+    return info
 
 
 def rank_by_impact(
