@@ -141,14 +141,7 @@ def bisect_model(
     started = time.perf_counter()
     stored, session_path = _open_session(resume, session, out)
     if stored is not None:
-        model = model or stored.model_path
-        calib = calib or stored.calibration["path"]
-        options = {
-            **stored.options.get("scan", {}),
-            "threads": options.get("threads", stored.options["scan"].get("threads")),
-        }
-        fallback, mode = str(stored.options["fallback"]), str(stored.options.get("mode", "search"))
-        loss_if_only = bool(stored.options.get(Col.LOSS_IF_ONLY, False))
+        model, calib, options, fallback, mode, loss_if_only = _as_stored(stored, model, calib, options)
     if model is None or calib is None:
         raise UsageError("bisect: expected MODEL and --calib DIR (or --resume FILE)")
     if fallback not in FALLBACKS or mode not in MODES:
@@ -159,11 +152,8 @@ def bisect_model(
     ctx = prepare_scan(loaded, cset, progress=progress, runner=runner, **options)
     _refuse_unanalysed_bodies(ctx)
     aim = (
-        Target(
-            str(stored.options["target_metric"]),
-            float(stored.options["target_value"]),
-            stored.options.get(Col.OUTPUT),
-        )
+        Target(str(stored.options["target_metric"]), float(stored.options["target_value"]),
+               stored.options.get(Col.OUTPUT))
         if stored is not None
         else target_from_flags(target_cosine, target_sqnr, target_top1, target)
     )
@@ -177,19 +167,8 @@ def bisect_model(
             if mode == "first_bad" or met
             else compute_gain(ctx, builder, key=gain_key(aim), loss_if_only=loss_if_only, progress=progress)
         )
-        stored = _new_session(
-            ctx,
-            loaded,
-            identity,
-            aim,
-            fallback,
-            mode,
-            loss_if_only,
-            keep_float,
-            force_quant,
-            options,
-            gains,
-        )
+        stored = _new_session(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant,
+                              options, gains)
         keep_float, force_quant = (), ()
     machine = machine_for(stored)
     if keep_float or force_quant:
@@ -197,18 +176,26 @@ def bisect_model(
         stored.events = list(machine.events)
     _save(stored, session_path, machine)
     _drive(machine, builder, evaluator, stored, session_path, progress, on_step, measured)
-    return _finish(
-        ctx,
-        builder,
-        machine,
-        stored,
-        session_path,
-        aim,
-        out,
-        save_qdq,
-        exports,
-        time.perf_counter() - started,
-        summary_block,
+    return _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
+                   time.perf_counter() - started, summary_block)
+
+
+def _as_stored(
+    stored: BisectSession, model: str | Path | None, calib: str | Path | None, options: dict[str, Any]
+) -> tuple[str | Path, str | Path, dict[str, Any], str, str, bool]:
+    """A resumed run: model and data default to the session's, the options are the session's (this run's
+    thread count aside), and so are the fallback, the mode and loss_if_only."""
+    scan_options = {
+        **stored.options.get("scan", {}),
+        "threads": options.get("threads", stored.options["scan"].get("threads")),
+    }
+    return (
+        model or stored.model_path,
+        calib or stored.calibration["path"],
+        scan_options,
+        str(stored.options["fallback"]),
+        str(stored.options.get("mode", "search")),
+        bool(stored.options.get(Col.LOSS_IF_ONLY, False)),
     )
 
 
