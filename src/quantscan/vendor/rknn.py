@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import pandas as pd
 
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import CalibrationError, UsageError
@@ -193,7 +194,6 @@ def run_rknn(
     progress: Progress | None = None,
 ) -> VendorRun:
     """Build, simulate and analyse with RKNN-Toolkit2; scan with quantscan; align. Writes into `out`."""
-    from quantscan.api import save_scan, scan
     from quantscan.vendor.interpreter import find_python
 
     say = progress or (lambda _msg: None)
@@ -208,23 +208,12 @@ def run_rknn(
 
     say("writing the preprocessed samples for the toolkit")
     samples = write_samples(cset, names, work / "data")
-    if analysis_samples is not None and analysis_samples < 0:
-        raise UsageError(f"--analysis-samples: expected a non-negative integer, found {analysis_samples}")
-    n_analysis = len(samples) if analysis_samples is None else min(analysis_samples, len(samples))
-    dataset = work / "dataset.txt"
-    dataset.write_text("".join(" ".join(row) + "\n" for row in samples), encoding="utf-8")
-    shapes = _fixed_shapes(cset)
-    job = {
-        "model": str(loaded.path.resolve()), "target": target, "inputs": names,
-        "input_shapes": [list(shapes[n]) for n in names], "dataset": str(dataset.resolve()),
-        "samples": samples, "analysis": n_analysis, "work": str(work.resolve()), "log": None,
-        "quantized_algorithm": "normal",
-    }
+    job = _job(loaded, cset, names, samples, target, work, analysis_samples)
+    n_analysis = int(job["analysis"])
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
     t0 = time.perf_counter()
-    scanned = scan(loaded, calib, profile=target, limit=limit, gain_candidates=0, no_report=True, threads=threads)
-    save_scan(scanned, out / "quantscan")
+    scanned = _quantscan_side(loaded, calib, target, limit, threads, out)
     times["quantscan_scan_s"] = time.perf_counter() - t0
     reference = fp32_outputs(loaded, samples, names, threads)
     output_names = [o.name for o in loaded.proto.graph.output]
@@ -240,14 +229,8 @@ def run_rknn(
     sim_path = work / "sim_outputs.npz"
     simulated = dict(np.load(sim_path)) if sim_path.exists() else {}
     vendor_cos = output_cosines(reference, simulated, output_names) if simulated else {}
-    layers = vendor_layers(work, list(result.get("analysis", [])))
-    places = [align.VendorPlace(p.name, p.op_type, p.placement) for p in rknn_files.parse_layer_table(log_text)]
-    graph = graph_names(loaded.proto)
-    findings = scanned.compat.findings if scanned.compat is not None else None
-    predicted = align.check_placements(findings) if findings is not None else {}
-    table = align.align_layers(layers, graph, scanned.layers, scanned.tensors, places, predicted)
     tool = "rknn-toolkit2"
-    place_rows, unexplained, explained = align.placement_findings(places, graph, predicted, tool, target)
+    table, (place_rows, unexplained, explained) = _aligned(loaded, scanned, work, result, log_text, tool, target)
 
     plan_result = None
     if plan is not None and "error" not in result:
@@ -277,6 +260,51 @@ def run_rknn(
     run.save(out)
     shutil.rmtree(work / "data", ignore_errors=True)
     return run
+
+
+
+def _quantscan_side(
+    loaded: LoadedModel, calib: str | Path, target: str, limit: int | None, threads: int | None, out: Path
+) -> Any:
+    """quantscan's scan of the same samples with the target's profile, its run folder in `out/quantscan`."""
+    from quantscan.api import save_scan, scan
+
+    scanned = scan(loaded, calib, profile=target, limit=limit, gain_candidates=0, no_report=True, threads=threads)
+    save_scan(scanned, out / "quantscan")
+    return scanned
+
+
+def _job(
+    loaded: LoadedModel, cset: CalibSet, names: list[str], samples: list[list[str]], target: str, work: Path,
+    analysis_samples: int | None,
+) -> dict[str, Any]:
+    """The driver's job: the model, the target, the samples as the toolkit's dataset file, how many of them
+    accuracy_analysis runs on."""
+    if analysis_samples is not None and analysis_samples < 0:
+        raise UsageError(f"--analysis-samples: expected a non-negative integer, found {analysis_samples}")
+    n_analysis = len(samples) if analysis_samples is None else min(analysis_samples, len(samples))
+    dataset = work / "dataset.txt"
+    dataset.write_text("".join(" ".join(row) + "\n" for row in samples), encoding="utf-8")
+    shapes = _fixed_shapes(cset)
+    return {
+        "model": str(loaded.path.resolve()), "target": target, "inputs": names,
+        "input_shapes": [list(shapes[n]) for n in names], "dataset": str(dataset.resolve()),
+        "samples": samples, "analysis": n_analysis, "work": str(work.resolve()), "log": None,
+        "quantized_algorithm": "normal",
+    }
+
+
+def _aligned(
+    loaded: LoadedModel, scanned: Any, work: Path, result: dict[str, Any], log_text: str, tool: str, target: str,
+) -> tuple[pd.DataFrame, tuple[pd.DataFrame, int, int]]:
+    """vendor.csv's table (the toolkit's layers beside the scan's sites) and the placement findings."""
+    layers = vendor_layers(work, list(result.get("analysis", [])))
+    places = [align.VendorPlace(p.name, p.op_type, p.placement) for p in rknn_files.parse_layer_table(log_text)]
+    graph = graph_names(loaded.proto)
+    findings = scanned.compat.findings if scanned.compat is not None else None
+    predicted = align.check_placements(findings) if findings is not None else {}
+    table = align.align_layers(layers, graph, scanned.layers, scanned.tensors, places, predicted)
+    return table, align.placement_findings(places, graph, predicted, tool, target)
 
 
 def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
