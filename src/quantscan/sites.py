@@ -148,12 +148,12 @@ def find_sites(
     node_pos = {id(n): i for i, n in enumerate(index.nodes)}
     channels_first = channels_first_tensors(index)
     for idx, node in enumerate(index.nodes):
-        if idx in claimed or node.name in skip or not _is_compute(index, node) or node.output[0] not in dependent:
+        if idx in claimed or node.name in skip or not _is_compute(index, node) or main_output(node) not in dependent:
             continue
         kernel_nodes, output, labels = _grow_kernel(index, node, fused_activations)
         if any(node_pos[id(n)] in claimed or n.name in skip for n in kernel_nodes[1:]):
             # a part already taken, or a part the chip runs on the CPU: the node is a kernel alone
-            kernel_nodes, output, labels = [node], node.output[0], [node.op_type]
+            kernel_nodes, output, labels = [node], main_output(node), [node.op_type]
         claimed.update(node_pos[id(n)] for n in kernel_nodes)
         if node.name in folded:
             labels.insert(1, "BatchNormalization")

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 import quantscan
+from quantscan.api import save_scan
 from quantscan.scanning.tables import classify
 
 GRAPH = """<ir_version: 8, opset_import: ["" : 13]>
@@ -87,7 +88,7 @@ def test_a_softmax_the_profile_runs_in_float16_is_not_an_int8_site(tmp_path: Pat
     after, before = chip.output_metrics["p"].cosine, plain.output_metrics["p"].cosine
     assert after == pytest.approx(1.0, abs=1e-7) and before < after
     out = tmp_path / "run"
-    chip.save(out)
+    save_scan(chip, out)
     assert f"`{softmax}` kept float, not int8 sites" in (out / "summary.md").read_text(encoding="utf-8")
 
 

@@ -60,8 +60,7 @@ class DeviceResult:
 
     def _report(self, folder: Path) -> Path:
         """report.html: the scan's page rebuilt with a device section in a run folder, else a page of its own."""
-        from quantscan.report.device import device_page
-        from quantscan.report.html import write_report
+        from quantscan.report.html import device_page, write_report
 
         if (folder / runfolder.RUN_JSON).is_file() and (folder / "layers.csv").is_file():
             return write_report(folder)

@@ -67,8 +67,9 @@ def device_markdown(result: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def device_section(table: pd.DataFrame, plots: Any) -> str:
-    """report.html's device section: the three lines along the network and the departing sites."""
+def device_body(table: pd.DataFrame, plots: Any) -> str:
+    """report.html's device section body (report.html wraps it): the three lines along the network and
+    the departing sites."""
     from quantscan.report.cells import esc
     from quantscan.report.plots import device_figure, svg
 
@@ -82,16 +83,5 @@ def device_section(table: pd.DataFrame, plots: Any) -> str:
                    f"simulation↔device {_db(row['sim_device_sqnr_db'])} dB where FP32↔simulation is "
                    f"{_db(row['fp32_sim_sqnr_db'])} dB: a deployment or conversion bug, not rounding.</p>")
     counts = ", ".join(f"{k} {v}" for k, v in measured["verdict"].value_counts().items())
-    body = (f"<p>{len(measured)} of {len(table)} sites lined up with a dump ({esc(counts)}); device.csv has "
+    return (f"<p>{len(measured)} of {len(table)} sites lined up with a dump ({esc(counts)}); device.csv has "
             f"every figure.</p>{verdict}{svg(device_figure(table), plots, 'device dumps along the network')}")
-    from quantscan.report.html import _section
-
-    return _section("device", "Device dumps", body)
-
-
-def device_page(table: pd.DataFrame) -> str:
-    """A report.html of its own for a folder `quantscan dumps` wrote without a scan."""
-    from quantscan.report.html import _page
-    from quantscan.report.plots import PlotCounter
-
-    return _page("device dumps", device_section(table, PlotCounter()))

@@ -27,7 +27,7 @@ import pandas as pd
 
 from quantscan.columns import Col
 from quantscan.report.cells import col, esc, fmt, is_missing, metric_value, num, truthy
-from quantscan.report.device import device_section
+from quantscan.report.device import device_body
 from quantscan.report.plots import PlotCounter, depth_figure, layer_figure, pareto_figure, svg
 from quantscan.report.summary import preprocessing_text
 from quantscan.runfolder import RunFiles, atomic_write_text, load_run
@@ -53,7 +53,7 @@ def render_report(run_dir: Path) -> str:
         _ops_section(files),
         _compat_section(files),
         _bisect_section(files, plots),
-        device_section(files.device, plots) if files.device is not None else "",
+        _section("device", "Device dumps", device_body(files.device, plots)) if files.device is not None else "",
         _about_section(files),
     ]
     return _page(_model_name(files), "\n".join(body))
@@ -802,3 +802,8 @@ def _page(title: str, body: str) -> str:
         f"<title>quantscan: {esc(title)}</title>\n<style>{css}</style></head>\n<body>\n{body}\n"
         f"<script>{js}</script>\n</body></html>\n"
     )
+
+
+def device_page(table: pd.DataFrame) -> str:
+    """A report.html of its own for a folder `quantscan dumps` wrote without a scan."""
+    return _page("device dumps", _section("device", "Device dumps", device_body(table, PlotCounter())))
