@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,36 +235,10 @@ def rewrite(
     frozen = frozen_values(original, list(freeze_input)) if freeze_input else {}
     out_path = _out_path(model, out) if write else None
 
-    current = original
-    steps: list[StepReport] = []
     opset_before = onnx_opset(original)
-    if opset is not None and opset > opset_before:
-        current = upgrade_opset(current, opset)
-        change = Change("opset", "", f"opset {opset_before} -> {opset} (onnx.version_converter)")
-        steps.append(StepReport("opset", True, [change], []))
-    for rid, args in steps_wanted:
-        if rid is RewriteId.FIX_DIM:
-            result = fix_dims(current, args)
-        elif rid is RewriteId.FREEZE_INPUT:
-            result = freeze_inputs(current, args)
-        elif rid is RewriteId.CLAMP_MASK:
-            value = clamp_mask_value
-            if value is None:
-                value = _smallest_exact_mask(current, calib=calib, seed=seed, limit=limit, tolerance=tolerance,
-                                             runner=runner)
-            result = clamp_mask(current, value)
-        elif rid in CALIBRATED:
-            result = calibrated_step(rid, current, calib, limit=limit, runner=runner, alpha=smooth_alpha)
-        else:
-            result = REWRITES[rid](current)
-        noop = "" if result.changes else _applied_nowhere(rid, result)
-        steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals, noop))
-        if not noop:
-            current = result.model
-    if opset is not None and opset < opset_before:
-        current = _opset_down(current, opset, steps)
-    if not any(s.changes for s in steps):  # one no-op pass among others is skipped; all no-ops is a refusal
-        raise UsageError(next(s.noop for s in steps if s.noop))
+    current, steps = _apply_steps(original, steps_wanted, opset, calib=calib, seed=seed, limit=limit,
+                                  tolerance=tolerance, runner=runner, clamp_mask_value=clamp_mask_value,
+                                  smooth_alpha=smooth_alpha)
     onnx.checker.check_model(current)
 
     proof = prove(
@@ -294,13 +268,71 @@ def rewrite(
         forced=force and not proof.passed,
     )
     if out_path is not None and (proof.passed or force):
-        report.written = True
-        atomic_write_bytes(out_path, current.SerializeToString())
-        atomic_write_bytes(
-            out_path.with_name(out_path.name + ".rewrite.json"),
-            (json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n").encode(),
-        )
+        _write(report, out_path)
     return report
+
+
+def _write(report: RewriteReport, out_path: Path) -> None:
+    """The rewritten model and its OUT.rewrite.json record, each atomic."""
+    report.written = True
+    atomic_write_bytes(out_path, report.model.SerializeToString())
+    atomic_write_bytes(
+        out_path.with_name(out_path.name + ".rewrite.json"),
+        (json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n").encode(),
+    )
+
+
+def _apply_steps(
+    original: onnx.ModelProto,
+    steps_wanted: Sequence[tuple[RewriteId, Sequence[str]]],
+    opset: int | None,
+    *,
+    calib: CalibSet | None,
+    seed: int,
+    limit: int | None,
+    tolerance: float,
+    runner: Runner | None,
+    clamp_mask_value: float | None,
+    smooth_alpha: float | None,
+) -> tuple[onnx.ModelProto, list[StepReport]]:
+    """The passes in order (an opset raised first, lowered last); a pass that applies nowhere among
+    others is skipped and reported, all of them applying nowhere is a refusal."""
+    current = original
+    steps: list[StepReport] = []
+    opset_before = onnx_opset(original)
+    if opset is not None and opset > opset_before:
+        current = upgrade_opset(current, opset)
+        change = Change("opset", "", f"opset {opset_before} -> {opset} (onnx.version_converter)")
+        steps.append(StepReport("opset", True, [change], []))
+    for rid, args in steps_wanted:
+        if rid is RewriteId.CLAMP_MASK:
+            value = clamp_mask_value
+            if value is None:
+                value = _smallest_exact_mask(current, calib=calib, seed=seed, limit=limit, tolerance=tolerance,
+                                             runner=runner)
+            result = clamp_mask(current, value)
+        elif rid in CALIBRATED:
+            result = calibrated_step(rid, current, calib, limit=limit, runner=runner, alpha=smooth_alpha)
+        else:
+            result = _plain_step(rid, args, current)
+        noop = "" if result.changes else _applied_nowhere(rid, result)
+        steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals, noop))
+        if not noop:
+            current = result.model
+    if opset is not None and opset < opset_before:
+        current = _opset_down(current, opset, steps)
+    if not any(s.changes for s in steps):  # one no-op pass among others is skipped; all no-ops is a refusal
+        raise UsageError(next(s.noop for s in steps if s.noop))
+    return current, steps
+
+
+def _plain_step(rid: RewriteId, args: Sequence[str], current: onnx.ModelProto) -> RewriteResult:
+    """A pass that needs nothing but the model (and, for fix-dim and freeze-input, its settings)."""
+    if rid is RewriteId.FIX_DIM:
+        return fix_dims(current, args)
+    if rid is RewriteId.FREEZE_INPUT:
+        return freeze_inputs(current, args)
+    return REWRITES[rid](current)
 
 
 def calibrated_step(
@@ -500,79 +532,76 @@ def prove(
     names = list(a.output_names)
     b_names = set(b.output_names)
     common = [n for n in names if n in b_names]
-    accs = {n: ErrorAccumulator() for n in common}
-    lo = {n: math.inf for n in common}
-    hi = {n: -math.inf for n in common}
-    if calib is not None:
-        data = f"calibration set {calib.source}"
-        samples: Iterable[dict[str, np.ndarray]] = calib.samples()
-    else:
-        data = f"seeded random data (seed {seed}): no calibration set given"
-        if frozen:
-            data += f"; frozen inputs fed their value ({', '.join(sorted(frozen))})"
-        samples = random_samples(
-            graph_inputs(original), graph_inputs(rewritten), seed, limit or RANDOM_SAMPLES
-        )
+    data, samples = _proof_samples(original, rewritten, calib, seed, limit, frozen)
+    sums = _OutputSums(common)
     count = 0
     for sample in samples:
         if limit is not None and count >= limit:
             break
         sample = {**sample, **(frozen or {})}
-        ra = a.run(sample, common)
-        rb = b.run(sample, common)
-        for n in common:
-            x = np.asarray(ra[n])
-            accs[n].update(x[None] if x.ndim == 0 else x, np.asarray(rb[n])[None] if x.ndim == 0 else rb[n])
-            if np.issubdtype(x.dtype, np.number) and x.size:
-                finite = x[np.isfinite(x)] if np.issubdtype(x.dtype, np.floating) else x
-                if finite.size:
-                    lo[n] = min(lo[n], float(finite.min()))
-                    hi[n] = max(hi[n], float(finite.max()))
+        sums.update(a.run(sample, common), b.run(sample, common))
         count += 1
     exact = not approximate
-    results: list[OutputProof] = []
-    for n in names:
-        if n not in b_names:
-            results.append(
-                OutputProof(
-                    n,
-                    math.nan,
-                    math.nan,
-                    math.nan,
-                    math.nan,
-                    "output present",
-                    False,
-                    note="the rewritten model has no output of this name",
-                )
-            )
-            continue
-        acc = accs[n]
-        rng = hi[n] - lo[n] if hi[n] >= lo[n] else 0.0
-        scale = rng if rng > 0 else max(abs(lo[n]), abs(hi[n]), 0.0) if math.isfinite(lo[n]) else 0.0
-        max_abs = acc.max_abs if acc.count else 0.0
-        max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-        new_nonfinite = acc.nonfinite_test > acc.nonfinite_ref
-        if exact:
-            limit_abs = tolerance * scale
-            passed = max_abs <= limit_abs and not new_nonfinite
-            threshold = f"exact: max_abs <= {tolerance:g} x output range = {limit_abs:.3g}"
-        else:
-            passed = acc.cosine >= approx_min_cosine and not new_nonfinite
-            threshold = f"approximate ({', '.join(approximate)}): cosine >= {approx_min_cosine:g}"
-        results.append(
-            OutputProof(
-                n,
-                acc.cosine,
-                max_abs,
-                max_rel,
-                rng,
-                threshold,
-                passed,
-                acc.nonfinite_ref,
-                acc.nonfinite_test,
-                "non-finite values appeared" if new_nonfinite else "",
-            )
-        )
+    results = [
+        _output_proof(n, sums, exact, tolerance, approx_min_cosine, approximate) if n in b_names
+        else OutputProof(n, math.nan, math.nan, math.nan, math.nan, "output present", False,
+                         note="the rewritten model has no output of this name")
+        for n in names
+    ]
     return Proof(
         f"{data}, {count} samples", count, exact, tolerance, approx_min_cosine, results, list(approximate)
     )
+
+
+def _proof_samples(
+    original: onnx.ModelProto, rewritten: onnx.ModelProto, calib: CalibSet | None, seed: int, limit: int | None,
+    frozen: dict[str, np.ndarray] | None,
+) -> tuple[str, Iterable[dict[str, np.ndarray]]]:
+    """What the proof runs on, said in words: the calibration set, else seeded random data."""
+    if calib is not None:
+        return f"calibration set {calib.source}", calib.samples()
+    data = f"seeded random data (seed {seed}): no calibration set given"
+    if frozen:
+        data += f"; frozen inputs fed their value ({', '.join(sorted(frozen))})"
+    return data, random_samples(graph_inputs(original), graph_inputs(rewritten), seed, limit or RANDOM_SAMPLES)
+
+
+class _OutputSums:
+    """Per output: the error between the two models and the original's finite range."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.accs = {n: ErrorAccumulator() for n in names}
+        self.lo = {n: math.inf for n in names}
+        self.hi = {n: -math.inf for n in names}
+
+    def update(self, ra: Mapping[str, np.ndarray], rb: Mapping[str, np.ndarray]) -> None:
+        for n, acc in self.accs.items():
+            x = np.asarray(ra[n])
+            acc.update(x[None] if x.ndim == 0 else x, np.asarray(rb[n])[None] if x.ndim == 0 else rb[n])
+            if np.issubdtype(x.dtype, np.number) and x.size:
+                finite = x[np.isfinite(x)] if np.issubdtype(x.dtype, np.floating) else x
+                if finite.size:
+                    self.lo[n] = min(self.lo[n], float(finite.min()))
+                    self.hi[n] = max(self.hi[n], float(finite.max()))
+
+
+def _output_proof(
+    n: str, sums: _OutputSums, exact: bool, tolerance: float, approx_min_cosine: float, approximate: Sequence[str],
+) -> OutputProof:
+    """One output held to the exact criterion (max_abs within `tolerance` x its range) or, after an
+    approximate rewrite, to the cosine floor; new non-finite values fail either."""
+    acc, lo, hi = sums.accs[n], sums.lo[n], sums.hi[n]
+    rng = hi - lo if hi >= lo else 0.0
+    scale = rng if rng > 0 else max(abs(lo), abs(hi), 0.0) if math.isfinite(lo) else 0.0
+    max_abs = acc.max_abs if acc.count else 0.0
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    new_nonfinite = acc.nonfinite_test > acc.nonfinite_ref
+    if exact:
+        limit_abs = tolerance * scale
+        passed = max_abs <= limit_abs and not new_nonfinite
+        threshold = f"exact: max_abs <= {tolerance:g} x output range = {limit_abs:.3g}"
+    else:
+        passed = acc.cosine >= approx_min_cosine and not new_nonfinite
+        threshold = f"approximate ({', '.join(approximate)}): cosine >= {approx_min_cosine:g}"
+    return OutputProof(n, acc.cosine, max_abs, max_rel, rng, threshold, passed, acc.nonfinite_ref,
+                       acc.nonfinite_test, "non-finite values appeared" if new_nonfinite else "")
