@@ -101,10 +101,29 @@ def overlay_paths(out: Path, files: list[OverlayFile]) -> list[Path]:
     return [out if not f.suffix else out.with_name(f"{out.stem}.{f.suffix}{out.suffix or '.json'}") for f in files]
 
 
-def write_overlay(run_dir: Path, out: Path) -> list[Path]:
-    """Write the node-data files; returns their paths (the main one first)."""
+NAMES = frozenset({name for _s, _c, name in METRICS} | {"findings"})
+"""The `name` of every node-data object quantscan writes."""
+
+
+def is_overlay_file(path: Path) -> bool:
+    """A node-data file quantscan wrote: a JSON object with `results` and one of our metric names."""
+    try:
+        data = runfolder.parse_json(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("name") in NAMES and isinstance(data.get("results"), dict)
+
+
+def write_overlay(run_dir: Path, out: Path, *, force: bool = False) -> list[Path]:
+    """Write the node-data files; returns their paths (the main one first). Refuses, before writing any,
+    a path that is one of the run folder's files and a file quantscan did not write (unless `force`)."""
+    if not Path(out).name or Path(out).is_dir():
+        raise runfolder.UsageError(f"-o: expected a file path for the node data, found a folder at {out or '.'}")
     files = build_overlay(run_dir)
     paths = overlay_paths(Path(out), files)
+    runfolder.refuse_inputs(paths, runfolder.run_members(Path(run_dir)), "-o")
+    for path in paths:
+        runfolder.refuse_foreign_overwrite(path, "-o", is_overlay_file, force)
     for path, f in zip(paths, files, strict=True):
         runfolder.write_json(path, f.data)
     return paths

@@ -39,7 +39,7 @@ from quantscan.gain import Evaluator, GainResult, MixedBuilder, compute_gain, se
 from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
-from quantscan.runfolder import atomic_write_bytes, jsonable
+from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, given_input_specs, prepare_scan
@@ -349,7 +349,8 @@ def _finish(
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
-        files["qdq"] = save_model(qdq, Path(save_qdq))
+        files["qdq"] = save_model(qdq, Path(save_qdq), protect=[ctx.loaded.path], flag="--save-qdq",
+                                  force=ctx.opts.force)
     if out is not None:
         files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto))
     return BisectResult(
@@ -409,8 +410,4 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def save_model(model: onnx.ModelProto, path: Path) -> Path:
-    """The mixed-precision QDQ model, written atomically."""
-    atomic_write_bytes(path, model.SerializeToString())
-    return path
 

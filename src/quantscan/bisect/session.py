@@ -20,7 +20,7 @@ from typing import Any
 
 from quantscan.bisect.state import Bisector, Event, SessionFileError, Step, Target, event_from_dict
 from quantscan.errors import UsageError
-from quantscan.runfolder import jsonable, write_json
+from quantscan.runfolder import jsonable, parse_json, write_json
 
 FORMAT = 2
 """Session file format version; a newer one is refused, never guessed at. Format 2 adds `digest`."""
@@ -57,6 +57,32 @@ def _check_schema(raw: Mapping[str, Any], path: Path, fmt: int) -> None:
     if fmt >= 2 and raw.get("digest") != content_digest(raw):
         raise SessionFileError(f"session {path} was edited after quantscan wrote it (its digest does not match "
                                "its content); start a new session")
+
+
+def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
+    """The values a resume reads, with the types it reads them as: a hand-edited session whose digest
+    was recomputed passes the integrity check, and must still be one line, not a KeyError."""
+    options, calib = raw.get("options"), raw.get("calibration")
+    checks = [
+        ("options.scan", isinstance(options, dict) and isinstance(options.get("scan", {}), dict)),
+        ("options.target_metric", isinstance(options, dict) and isinstance(options.get("target_metric"), str)),
+        ("options.target_value", isinstance(options, dict) and isinstance(options.get("target_value"), (int, float))
+         and not isinstance(options.get("target_value"), bool)),
+        ("options.fallback", isinstance(options, dict) and isinstance(options.get("fallback", "float"), str)),
+        ("calibration.path", isinstance(calib, dict) and isinstance(calib.get("path"), str)),
+        ("model", isinstance(raw.get("model"), dict) and isinstance(raw["model"].get("path"), str)
+         and isinstance(raw["model"].get("sha256"), str)),
+        ("sites", isinstance(raw.get("sites"), list) and all(
+            isinstance(s, dict) and isinstance(s.get("node"), str) and isinstance(s.get("order"), int)
+            for s in raw["sites"])),
+        ("order", isinstance(raw.get("order"), list) and all(isinstance(n, str) for n in raw["order"])),
+        ("gain", isinstance(raw.get("gain", []), list) and all(isinstance(g, dict) for g in raw.get("gain", []))),
+        ("events", isinstance(raw.get("events", []), list) and all(isinstance(e, dict) for e in raw.get("events", []))),
+    ]
+    wrong = [name for name, ok in checks if not ok]
+    if wrong:
+        raise SessionFileError(f"session {path} is damaged: expected {wrong[0]} of the type quantscan writes, "
+                               "found another; start a new session")
 
 
 def calibration_identity(folder: str | Path, files: Sequence[str | Path], samples: int) -> dict[str, Any]:
@@ -115,6 +141,7 @@ class Session:
                 f"session {path} has format {fmt}, this quantscan reads format {FORMAT} and older: upgrade quantscan"
             )
         _check_schema(raw, path, fmt)
+        _check_contents(raw, path)
         try:
             return cls(
                 model_path=str(raw["model"]["path"]),
@@ -147,7 +174,7 @@ class Session:
             raise SessionFileError(f"expected a bisect session file, found nothing at {p}")
         text = p.read_text(encoding="utf-8", errors="replace")
         try:
-            raw = json.loads(text)
+            raw = parse_json(text)
         except json.JSONDecodeError as exc:
             raise SessionFileError(
                 f"session {p} is corrupt or truncated (invalid JSON at byte {exc.pos} of {len(text)}); "

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics
+from quantscan.report.markdown import code, text
 
 WHOLE_SET_COLUMN = "gain_if_float_whole_set"
 """layers.csv column: rank 1's gain re-measured on every evaluation sample (scanning.impact writes it)."""
@@ -115,7 +116,7 @@ def _fix(row: Mapping[str, Any], cosine: float, basis: GainSamples | None = None
         text = row.get(column)
         if isinstance(text, str) and text.strip():
             return text.strip()
-    node = f"`{row['node']}`"
+    node = f"{code(row['node'])}"
     base, gain, on = _promised(row, cosine, basis)
     expected = f" (expected output cosine {_g(base + gain, 5)}, {_signed(gain)}, measured{on})" if math.isfinite(
         gain) else ""
@@ -168,8 +169,8 @@ def _deployed_gap(head: Headline, sites: Sequence[Mapping[str, Any]] = ()) -> li
         lines.append("  Where the integer kernels part from the simulation (each site's deployed output against its "
                      "fake-quant output; the drop is what the site adds to the difference of its inputs):")
     for s in sites:
-        lines.append(f"  - `{s.get('node')}` ({s.get('kernel')}): SQNR {_g(s.get('sqnr_db'))} dB against "
-                     f"fake-quant, {_g(s.get('drop_db'))} dB below its inputs; likely {s.get('reason')}.")
+        lines.append(f"  - {code(s.get('node'))} ({text(s.get('kernel'))}): SQNR {_g(s.get('sqnr_db'))} dB against "
+                     f"fake-quant, {_g(s.get('drop_db'))} dB below its inputs; likely {text(s.get('reason'))}.")
     return lines
 
 
@@ -177,9 +178,9 @@ def _verdict(head: Headline, metrics: Mapping[str, OutputMetrics]) -> str:
     m = metrics.get(head.output)
     sqnr = f", SQNR {_g(m.sqnr_db)} dB" if m is not None else ""
     if _num(head.cosine) >= CLOSE_COSINE:
-        return (f"- **What**: all-int8 output `{head.output}` stays close to FP32 (cosine {_g(head.cosine, 5)}"
+        return (f"- **What**: all-int8 output {code(head.output)} stays close to FP32 (cosine {_g(head.cosine, 5)}"
                 f"{sqnr}).")
-    return (f"- **What is wrong**: all-int8 output `{head.output}` loses precision: cosine {_g(head.cosine, 5)}"
+    return (f"- **What is wrong**: all-int8 output {code(head.output)} loses precision: cosine {_g(head.cosine, 5)}"
             f"{sqnr} against FP32.")
 
 
@@ -201,8 +202,9 @@ def diagnosis_lines(
     elif measured.empty:
         top = layers.iloc[0].to_dict()
         lines += [
-            f"- **Where** (output gain not measured, rank by isolated error): `{top['node']}` ({top['kernel']}).",
-            f"- **Why**: {top.get('cause', '')}: {top.get('reason', '')}.",
+            f"- **Where** (output gain not measured, rank by isolated error): {code(top['node'])} "
+            f"({text(top['kernel'])}).",
+            f"- **Why**: {top.get('cause', '')}: {text(top.get('reason', ''))}.",
             f"- **First thing to try**: {_fix(top, cosine)}.",
         ]
     elif _root_cause(layers.iloc[0].to_dict()):
@@ -226,8 +228,8 @@ def _root_cause_lines(layers: pd.DataFrame) -> list[str]:
     same = [str(n) for n in layers.loc[layers.get("diagnosis_cause", "") == cause, "node"]]
     also = f" and {len(same) - 1} more site(s) with the same cause" if len(same) > 1 else ""
     return [
-        f"- **Where**: `{top['node']}` ({top['kernel']}){also}.",
-        f"- **Why** ({cause}): {top.get('diagnosis') or top.get('reason', '')}.",
+        f"- **Where**: {code(top['node'])} ({text(top['kernel'])}){also}.",
+        f"- **Why** ({cause}): {text(top.get('diagnosis') or top.get('reason', ''))}.",
         f"- **First thing to try**: {_fix(top, math.nan)}.",
     ]
 
@@ -236,7 +238,7 @@ def _why_measured(top: Mapping[str, Any]) -> str:
     """The why of the site with the largest measured gain. Its own figures can be fine ("ok"): then the
     output loss comes from the layers after it carrying and growing its small error, which is what the
     gain measures; saying only "ok" beside "keep it float" read as a contradiction."""
-    cause, reason = str(top.get("cause", "")), str(top.get("reason", ""))
+    cause, reason = str(top.get("cause", "")), text(top.get("reason", ""))
     if cause == "ok":
         return (f"- **Why**: its own error is small ({reason}), but the layers after it carry and amplify it: "
                 "the gain above is that effect at the output, measured.")
@@ -261,7 +263,7 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
     stderr = _num(top.get(STDERR_COLUMN)) if promised == gain else math.nan
     spread = f" ± {_g(stderr, 2)} standard error" if math.isfinite(stderr) else ""
     lines = [
-        f"- **Where**: `{top['node']}` ({top['kernel']}): keeping it float takes the output cosine from "
+        f"- **Where**: {code(top['node'])} ({text(top['kernel'])}): keeping it float takes the output cosine from "
         f"{_g(base, 5)} to {_g(base + promised, 5)} ({_signed(promised)}{spread}, measured{on}).",
         _why_measured(top),
         f"- **First thing to try**: {_fix(top, cosine, basis)}.",
@@ -274,7 +276,7 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
     for r in layers.iloc[1: 1 + NEXT_SITES].to_dict("records"):
         g = _num(r.get("gain_if_float"))
         if math.isfinite(g) and g >= NOTABLE_GAIN:
-            nexts.append(f"`{r['node']}` ({r['kernel']}, {_signed(g)})")
+            nexts.append(f"{code(r['node'])} ({text(r['kernel'])}, {_signed(g)})")
     if nexts:
         ranked_on = " on the gain samples" if basis is not None else ""
         lines.append(f"- **Next**: {', '.join(nexts)} (output cosine gain of keeping each float alone{ranked_on}).")
@@ -324,7 +326,7 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
     target = plan.get("target") or {}
     metric = str(target.get("metric", "cosine"))
     sites: Sequence[Mapping[str, Any]] = plan.get("sites") or []
-    names = ", ".join(f"`{s.get('node')}` ({s.get('precision')})" for s in sites[:8])
+    names = ", ".join(f"{code(s.get('node'))} ({text(s.get('precision'))})" for s in sites[:8])
     more = f" and {len(sites) - 8} more (plan.csv)" if len(sites) > 8 else ""
     reached = "reached" if plan.get("reached") else "not reached"
     return [

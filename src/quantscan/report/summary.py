@@ -17,6 +17,7 @@ import pandas as pd
 
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
 from quantscan.report.diagnosis import GainSamples, diagnosis_lines, rank_doc_gain
+from quantscan.report.markdown import code, text
 
 
 class _Model(Protocol):
@@ -103,16 +104,16 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "",
         *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites,
                          gain_basis(info.options, info.evaluation.samples)),
-        f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
+        f"- model sha256 {code(info.model.sha256)}, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
-        f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
+        f"- calibration: {info.calibration.samples} samples from {code(info.calibration.path)}, "
         f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor "
         f"({info.options.get('activations_source', 'default')}), "
         "weights int8 per output channel (symmetric), bias int32",
         *_float16_lines(info.options),
         *_preprocessing_lines(info.preprocessing),
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
-                                else f"`{info.evaluation.path}` ({info.evaluation.samples} samples)"),
+                                else f"{code(info.evaluation.path)} ({info.evaluation.samples} samples)"),
         f"- analysis sessions: onnxruntime {info.ort_level} (QDQ kept as float fake-quant)",
         "",
         "## Model output (all sites int8)",
@@ -124,12 +125,12 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         dep = info.deployed_metrics.get(name)
         top1 = m.top1_agreement if m.top1_agreement is not None else math.nan
         lines.append(
-            f"| `{name}` | {_fmt(m.cosine, 5)} | {_fmt(m.sqnr_db)} | {_fmt(m.worst_sample_cosine, 5)} | "
+            f"| {code(name)} | {_fmt(m.cosine, 5)} | {_fmt(m.sqnr_db)} | {_fmt(m.worst_sample_cosine, 5)} | "
             f"{_fmt(top1)} | {_fmt(dep.cosine if dep is not None else math.nan, 5)} |"
         )
     lines += [
         "",
-        f"Headline: `{head.output}` (worst output) cosine {_fmt(head.cosine, 5)}, "
+        f"Headline: {code(head.output)} (worst output) cosine {_fmt(head.cosine, 5)}, "
         f"SQNR {_fmt(head.sqnr_db)} dB. "
         "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
@@ -143,8 +144,9 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     ]
     for r in result.layers.head(10).to_dict("records"):
         lines.append(
-            f"| {r['rank']} | `{r['node']}` | {r['kernel']} | {_fmt(r['isolated_sqnr_db'])} | "
-            f"{_fmt(r['cumulative_sqnr_db'])} | {_fmt(r['act_worst_channel_sqnr_db'])} | {r['cause']} | {r['reason']} |"
+            f"| {r['rank']} | {code(r['node'])} | {text(r['kernel'])} | {_fmt(r['isolated_sqnr_db'])} | "
+            f"{_fmt(r['cumulative_sqnr_db'])} | {_fmt(r['act_worst_channel_sqnr_db'])} | {r['cause']} | "
+            f"{text(r['reason'])} |"
         )
     lines += _diagnosis_section(result.layers)
     intrinsic = result.layers[result.layers["cause"] == "intrinsic"]
@@ -156,13 +158,13 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "rescale channels, or change the calibration method."
     )
     for r in intrinsic.head(15).to_dict("records"):
-        lines.append(f"  - `{r['node']}` ({r['kernel']}): {r['reason']}")
+        lines.append(f"  - {code(r['node'])} ({text(r['kernel'])}): {text(r['reason'])}")
     lines.append(
         f"- **Inherited** ({len(inherited)} sites): low cumulative SQNR but a fine isolated figure: the error "
         "comes from upstream. Fixing these sites would not help."
     )
     for r in inherited.head(15).to_dict("records"):
-        lines.append(f"  - `{r['node']}` ({r['kernel']}): {r['reason']}")
+        lines.append(f"  - {code(r['node'])} ({text(r['kernel'])}): {text(r['reason'])}")
     lines += _profile_section(result)
     rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
     measured = int(info.options.get("gain_measured") or 0)
@@ -192,7 +194,7 @@ def _diagnosis_section(layers: pd.DataFrame) -> list[str]:
                         "wasted codes, dead or clipped channels, non-finite figures)."]
     lines.append(f"{len(found)} site(s) with a named cause; the first of each site, in rank order:")
     for r in found.head(DIAGNOSIS_LIMIT).to_dict("records"):
-        lines.append(f"- rank {r['rank']} `{r['node']}` ({r['kernel']}): {r['diagnosis']}")
+        lines.append(f"- rank {r['rank']} {code(r['node'])} ({text(r['kernel'])}): {text(r['diagnosis'])}")
     return lines
 
 
@@ -213,7 +215,7 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
         top = flagged.iloc[0]
         lines.append(
             f"- **flag**: {len(flagged)} site(s) clip more than {CLIP_FLAG:.1%} of their evaluation values "
-            f"(worst `{top['node']}`: {top['eval_clip_fraction']:.2%}); "
+            f"(worst {code(top['node'])}: {top['eval_clip_fraction']:.2%}); "
             + ("the evaluation set is the calibration set, so the calibration method itself cuts this much."
                if same else "the calibration set does not cover the evaluation data: calibrate on data like it.")
         )
@@ -224,8 +226,8 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
         lines += ["", "Worst evaluation samples by output cosine (saved in run.json `worst_samples`, "
                   "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
         for w in worst:
-            where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"
-            lines.append(f"- {where} (index {w['index']}): `{w['output']}` cosine {_fmt(float(w['cosine']), 5)}")
+            where = f"{code(w['file'])}" if w.get("file") else f"sample {w['index']}"
+            lines.append(f"- {where} (index {w['index']}): {code(w['output'])} cosine {_fmt(float(w['cosine']), 5)}")
     return [*lines, ""]
 
 
@@ -234,7 +236,7 @@ def _preprocessing_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
     checked against it (run.json `preprocessing` holds the full record)."""
     lines = []
     for name, entry in record.items():
-        line = f"- preprocessing of `{name}`: {preprocessing_text(entry)}"
+        line = f"- preprocessing of {code(name)}: {preprocessing_text(entry)}"
         evaluation = entry.get("evaluation")
         if isinstance(evaluation, Mapping):
             line += f"; evaluation set: {preprocessing_text(evaluation)}"
@@ -250,7 +252,7 @@ def preprocessing_text(entry: Mapping[str, Any]) -> str:
     if kind != "images":
         return f"arrays fed as stored ({entry.get('dtype')}, sample shape {entry.get('sample_shape')})"
     size = entry.get("size") or {}
-    text = (f"{entry.get('channel_order')} images, resize `{entry.get('resize')}` ({entry.get('interpolation')}) "
+    text = (f"{entry.get('channel_order')} images, resize {code(entry.get('resize'))} ({entry.get('interpolation')}) "
             f"to {size.get('height')}×{size.get('width')}, ×{_fmt(entry.get('scale'))} − mean "
             f"{_numbers(entry.get('mean'))} ÷ std {_numbers(entry.get('std'))}, {entry.get('layout')} "
             f"{entry.get('dtype')}")
@@ -272,7 +274,7 @@ def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
         return []
     lines = ["## Task metrics (FP32 vs int8, evaluation set)", ""]
     for name, figures in rows:
-        lines.append(f"- `{name}`: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
+        lines.append(f"- {code(name)}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
     return [*lines, ""]
 
 
@@ -281,7 +283,7 @@ def _float16_lines(options: dict[str, Any]) -> list[str]:
     nodes = list(options.get("float16_nodes") or [])
     if not nodes:
         return []
-    shown = ", ".join(f"`{n}`" for n in nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
+    shown = ", ".join(f"{code(n)}" for n in nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
     return [f"- float16 on the chip (profile {options.get('profile')}): {shown} kept float, not int8 sites"]
 
 
@@ -290,7 +292,7 @@ def _profile_section(result: SummarySource) -> list[str]:
         return ["", "_No chip profile given: run with `--profile NAME` (see `quantscan profiles`) to rank "
                 "conversion problems and CPU fallback together with precision._"]
     summary = result.compat.summary()
-    lines = ["", f"## Chip profile `{result.profile}`", ""]
+    lines = ["", f"## Chip profile {code(result.profile)}", ""]
     if not summary.empty and result.profile in summary.columns:
         col = summary[result.profile]
         lines.append(
@@ -306,8 +308,8 @@ def _profile_section(result: SummarySource) -> list[str]:
         "_o", kind="mergesort"
     )
     for r in findings.head(20).to_dict("records"):
-        lines.append(f"| `{r['node']}` | {r['op_type']} | {r['rule']} | {r['value']} | {r['limit']} | "
-                     f"{r['severity']} | {r['placement']} | {r['fix']} |")
+        lines.append(f"| {code(r['node'])} | {text(r['op_type'])} | {text(r['rule'])} | {text(r['value'])} | "
+                     f"{text(r['limit'])} | {r['severity']} | {r['placement']} | {text(r['fix'])} |")
     if len(findings) > 20:
         lines.append(f"| … {len(findings) - 20} more in compat.csv | | | | | | | |")
     return lines + _handoff_table(result, findings)
@@ -339,7 +341,7 @@ def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
     for r in intrinsic.to_dict("records"):
         if r["node"] in seen:
             continue
-        rows.append(f"| `{r['node']}` | precision: {r['reason']} | keep float/int16 (`quantscan bisect`) or "
+        rows.append(f"| {code(r['node'])} | precision: {text(r['reason'])} | keep float/int16 (`quantscan bisect`) or "
                     f"rescale channels | {_check_text(layers, r['node'])} | |")
     if not rows:
         return []
@@ -353,7 +355,7 @@ HANDOFF_NODES_SHOWN = 3
 
 def _nodes_text(nodes: list[str]) -> str:
     """`A` alone, or `A`, `B`, `C` … (N nodes) for a group."""
-    shown = ", ".join(f"`{n}`" for n in nodes[:HANDOFF_NODES_SHOWN])
+    shown = ", ".join(f"{code(n)}" for n in nodes[:HANDOFF_NODES_SHOWN])
     if len(nodes) == 1:
         return shown
     more = " …" if len(nodes) > HANDOFF_NODES_SHOWN else ""
@@ -376,7 +378,7 @@ def _group_check_text(layers: pd.DataFrame, nodes: list[str]) -> str:
 
     worst = min(sites, key=sqnr)
     text = _check_text(layers, worst)
-    return text if len(nodes) == 1 else f"worst `{worst}`: {text}"
+    return text if len(nodes) == 1 else f"worst {code(worst)}: {text}"
 
 
 def _check_text(layers: pd.DataFrame, node: str) -> str:

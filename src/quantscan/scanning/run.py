@@ -125,10 +125,10 @@ class ScanResult:
         self.files.extend(written)
         return written
 
-    def save_qdq(self, path: str | Path) -> Path:
+    def save_qdq(self, path: str | Path, *, force: bool = False) -> Path:
         """The all-int8 QDQ model as the user gets it (the original's input/output declarations)."""
         target = runfolder.save_model(deployable_qdq(self.qdq_model, self.model), Path(path),
-                                      protect=[self.model.path])
+                                      protect=[self.model.path], flag="--save-qdq", force=force)
         self.files.append(target)
         return target
 
@@ -146,10 +146,13 @@ def scan(
     folder, via `ScanResult.save`) and the `save_qdq` option (via `ScanResult.save_qdq`)."""
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
+    save_qdq, force = options.get("save_qdq"), bool(options.get("force", False))
+    if save_qdq:  # refused before the work, not after it
+        source = model.path if isinstance(model, LoadedModel) else model
+        runfolder.check_model_target(Path(save_qdq), flag="--save-qdq", protect=[Path(source)], force=force)
     result = measure(model, calib, progress=progress, runner=runner, **options)
-    save_qdq = options.get("save_qdq")
     if save_qdq:
-        result.save_qdq(save_qdq)
+        result.save_qdq(save_qdq, force=force)
     if out is not None:
         result.save(out)
     return result
