@@ -790,8 +790,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             print(f"  step {step.phase}: {len(step.sites)} float sites -> {step.value:.5f} ({verdict} target); "
                   f"{progress_of(machine).line()}", file=sys.stderr)
 
-    from quantscan.runfolder import claim_out_dir
+    from quantscan.runfolder import check_model_target, claim_out_dir
 
+    if args.save_qdq:  # refused before the bisection, not after it
+        check_model_target(Path(args.save_qdq), flag="--save-qdq", protect=[model], force=args.force)
     try:
         with claim_out_dir(out, force=args.force):
             result = run_bisect(

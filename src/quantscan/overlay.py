@@ -58,8 +58,9 @@ def node_data(name: str, values: Mapping[str, float | str], *, thresholds: bool 
 def _column_values(layers: pd.DataFrame, column: str) -> dict[str, float]:
     """Finite values of `column` by node name (the ONNX adapter's node id)."""
     out: dict[str, float] = {}
-    for node, value in zip(layers["node"], layers[column], strict=True):
-        number = float(value) if value is not None else math.nan
+    numbers = pd.to_numeric(layers[column], errors="coerce")  # a hand-edited cell is no figure, not a crash
+    for node, raw in zip(layers["node"], numbers, strict=True):
+        number = float(raw)
         if math.isfinite(number):
             out[str(node)] = round(number, 4)
     return out

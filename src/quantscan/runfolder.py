@@ -65,6 +65,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     give it (output files shared with a team or a vendor were unreadable to them).
     """
     path = Path(path)
+    for parent in (path.parent, *path.parent.parents):  # a file where a folder must be: the user's path
+        if parent.exists() and not parent.is_dir():
+            raise UsageError(f"expected a folder at {parent} (to write {path.name} in), found a file")
+        if parent.exists():
+            break
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -221,7 +221,7 @@ def _pick_input(keys: PreprocessKeys, specs: Mapping[str, InputSpec], consts: Ma
             f"preprocessing key 'input' missing: expected one of {', '.join(free) or '(none)'}, "
             "found no 'input'"
         )
-    if name not in specs:
+    if not isinstance(name, str) or name not in specs:
         raise keys.bad("input", f"a model input ({', '.join(specs)})", name)
     if name in consts:
         raise keys.bad("input", f"an input not given by --const {name}", name)

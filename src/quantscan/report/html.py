@@ -418,7 +418,7 @@ def _layer_table_section(layers: pd.DataFrame) -> str:
     heads = "".join(f'<th title="{esc(tip)}">{esc(h)}</th>' for _, h, _, tip in cols)
     top = set(layers["node"].astype(str).head(TOP_LAYERS)) if "node" in layers else set()
     body = "\n".join(_layer_row(rec, cols, top) for rec in layers.to_dict("records"))
-    ops = sorted(layers["op_type"].astype(str).unique()) if "op_type" in layers else []
+    ops = sorted(layers["op_type"].dropna().astype(str).unique()) if "op_type" in layers else []
     options = "".join(f'<option value="{esc(o)}">{esc(o)}</option>' for o in ops)
     controls = (
         f'<div class="controls"><label>op type <select id="opfilter"><option value="">all</option>{options}'

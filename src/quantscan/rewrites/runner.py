@@ -384,6 +384,8 @@ def _out_path(model: str | Path | onnx.ModelProto, out: str | Path | None, force
     src = None if isinstance(model, onnx.ModelProto) else Path(model)
     if out is not None:
         target = Path(out)
+        if not target.name or target.is_dir():
+            raise UsageError(f"-o: expected a file path for the model, found a folder at {out or '.'}")
         if src is not None and (
             target.resolve() == src.resolve() or (target.exists() and os.path.samefile(target, src))
         ):
