@@ -200,6 +200,14 @@ def test_deflated_zeros_beyond_the_budget_are_refused_and_limit_reads_one_sample
     assert code == 0, err
 
 
+def test_a_run_folders_hist_npz_is_sized_from_its_headers(run_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """hist.npz claiming 4 GB of zeros (deflated to 4 MB): the report renders without it, nothing allocated."""
+    (run_dir / "hist.npz").write_bytes(_npz_member((10**9,), bytes(4 << 20), compress=True))
+    code, _, err = main(capfd, "report", run_dir)
+    assert code == 0, err
+    assert (run_dir / "report.html").is_file()
+
+
 def test_partial_npz_read_matches_numpy(tmp_path: Path) -> None:
     from quantscan.calib.npyfile import load_array
 

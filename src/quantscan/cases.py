@@ -127,6 +127,8 @@ def save_case(
     run = Path(run_dir)
     info = read_run_json(run / "run.json")
     model_path = Path(str((info.get("model") or {}).get("path", "")))
+    if not model_path.name:
+        raise UsageError(f"case save: expected run.json to name the scanned model, found no model path in {run}")
     records = [Path(r) for r in rewrite_records] or [p for p in [model_path.with_name(model_path.name +
                                                                                      ".rewrite.json")] if p.is_file()]
     if not records:

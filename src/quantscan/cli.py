@@ -768,7 +768,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     _refuse_out_in_data(out, args.calib, args.eval)
     overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
                  "mean": _floats(args.mean, "--mean"), "std": _floats(args.std, "--std"), "resize": args.resize}
-    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed}
+    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force}
     if args.resume is None:
         shapes, dims = split_input_shapes(args.input_shape)
         options.update({
@@ -779,7 +779,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             "max_memory": args.max_memory,
             "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
             "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,
-            "profile": args.profile[0] if args.profile else None, "force": args.force,
+            "profile": args.profile[0] if args.profile else None,
         })
         if len(args.profile) > 1:
             raise UsageError(f"bisect: expected one --profile (the chip to simulate), found {len(args.profile)}")

@@ -108,8 +108,8 @@ def refuse_inputs(targets: Iterable[Path], inputs: Iterable[str | Path | None], 
     given = {Path(p).resolve() for p in inputs if p}
     for target in targets:
         if Path(target).resolve() in given:
-            raise UsageError(f"{flag}: expected an output path other than the {what}, found the {what} itself "
-                             f"({target})")
+            raise UsageError(f"{flag}: expected an output path other than the {what} (a path that is not an "
+                             f"input), found the {what} itself ({target})")
 
 
 def is_quantscan_json(path: Path, keys: Iterable[str]) -> bool:
@@ -348,10 +348,13 @@ def load_run(run_dir: Path) -> RunFiles:
             f"in {run_dir}"
         )
     run = read_run_json(run_dir / RUN_JSON)
+    layers = _read_table(run_dir / LAYERS_CSV, required=True)
+    if layers is None or "node" not in layers.columns:
+        raise ReportError(f"expected {LAYERS_CSV} with a 'node' column, found none in {run_dir / LAYERS_CSV}")
     return RunFiles(
         path=run_dir,
         run=run,
-        layers=_read_table(run_dir / LAYERS_CSV, required=True),  # type: ignore[arg-type]
+        layers=layers,
         tensors=_read_table(run_dir / "tensors.csv"),
         ops=_read_table(run_dir / "ops.csv"),
         channels=_read_table(run_dir / "channels.csv"),
@@ -455,13 +458,21 @@ def read_text(path: Path) -> str | None:
 def read_hist(path: Path) -> dict[str, np.ndarray] | None:
     import numpy as np
 
+    from quantscan.calib.npyfile import array_bytes, npz_headers
+
     if not path.is_file():
         return None
-    try:
+    try:  # sizes from the headers first: a hand-made hist.npz of 9 GB of zeros is not read
+        if sum(array_bytes(shape, dtype) for shape, dtype in npz_headers(path).values()) > HIST_MAX_BYTES:
+            return None
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile):
+    except (OSError, ValueError, zipfile.BadZipFile, QuantscanError):
         return None
+
+
+HIST_MAX_BYTES = 1 << 28
+"""The most hist.npz may hold to be read (a scan writes a few KB per site: 256 MB is ~10^5 sites)."""
 
 
 def read_plan(path: Path) -> dict[str, Any] | None:

@@ -142,6 +142,7 @@ def run_bisect(
         options = {
             **stored.options.get("scan", {}),
             "threads": options.get("threads", stored.options["scan"].get("threads")),
+            "force": bool(options.get("force", False)),  # this run's --force, not the stored one's
         }
         fallback, mode = str(stored.options["fallback"]), str(stored.options.get("mode", "search"))
         loss_if_only = bool(stored.options.get("loss_if_only", False))

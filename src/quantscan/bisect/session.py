@@ -68,7 +68,8 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
         ("options.target_metric", isinstance(options, dict) and isinstance(options.get("target_metric"), str)),
         ("options.target_value", isinstance(options, dict) and isinstance(options.get("target_value"), (int, float))
          and not isinstance(options.get("target_value"), bool)),
-        ("options.fallback", isinstance(options, dict) and isinstance(options.get("fallback", "float"), str)),
+        ("options.fallback", isinstance(options, dict) and isinstance(options.get("fallback"), str)),
+        ("options.scan values", isinstance(options, dict) and _scan_options_typed(options.get("scan", {}))),
         ("calibration.path", isinstance(calib, dict) and isinstance(calib.get("path"), str)),
         ("model", isinstance(raw.get("model"), dict) and isinstance(raw["model"].get("path"), str)
          and isinstance(raw["model"].get("sha256"), str)),
@@ -76,13 +77,44 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
             isinstance(s, dict) and isinstance(s.get("node"), str) and isinstance(s.get("order"), int)
             for s in raw["sites"])),
         ("order", isinstance(raw.get("order"), list) and all(isinstance(n, str) for n in raw["order"])),
-        ("gain", isinstance(raw.get("gain", []), list) and all(isinstance(g, dict) for g in raw.get("gain", []))),
+        ("gain", isinstance(raw.get("gain", []), list) and all(_gain_row(g) for g in raw.get("gain", []))),
         ("events", isinstance(raw.get("events", []), list) and all(isinstance(e, dict) for e in raw.get("events", []))),
     ]
     wrong = [name for name, ok in checks if not ok]
     if wrong:
         raise SessionFileError(f"session {path} is damaged: expected {wrong[0]} of the type quantscan writes, "
                                "found another; start a new session")
+
+
+SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "calib_method": (str,), "activations": (str, type(None)), "input_shape": (dict,), "input_dims": (list,),
+    "const": (dict,), "state": (dict, type(None)), "limit": (int, type(None)), "eval": (str, type(None)),
+    "output": (list,), "preprocess": (str, type(None)), "preprocess_overrides": (dict,),
+    "threads": (int, type(None)), "seed": (int,), "batch_size": (int, type(None)), "task": (str,),
+    "charset": (str, type(None)), "mask_threshold": (int, float), "max_memory": (str, int, type(None)),
+    "profile": (str, type(None)),
+}
+"""The JSON types of the scan options a session records (bisect/driver.py SCAN_OPTION_KEYS)."""
+
+
+def _scan_options_typed(scan: object) -> bool:
+    if not isinstance(scan, dict):
+        return False
+    return all(not isinstance(scan[k], bool) and isinstance(scan[k], kinds)
+               for k, kinds in SCAN_OPTION_TYPES.items() if k in scan)
+
+
+def _gain_row(row: object) -> bool:
+    """A gain table row: its node, and numbers (non-finite ones written as "nan"/"inf" strings)."""
+    if not isinstance(row, dict) or not isinstance(row.get("node", ""), str):
+        return False
+    for key, value in row.items():
+        if key.startswith(("gain_if_float", "loss_if_only", "if_float", "if_only")) and value is not None:
+            try:
+                float(value)
+            except (TypeError, ValueError):
+                return False
+    return True
 
 
 def calibration_identity(folder: str | Path, files: Sequence[str | Path], samples: int) -> dict[str, Any]:
