@@ -221,6 +221,18 @@ def test_partial_npz_read_matches_numpy(tmp_path: Path) -> None:
 # --- 4. the user's environment is bad input (exit 2), not our bug ------------------------------------------
 
 
+def test_a_batch_size_of_two_billion_is_one_line(tmp_path: Path, calib: Path,
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """Found by the session fuzzer (a resumed session's batch_size of 2**63): the hint searched every
+    batch below the one asked for, one estimate each, and never came back."""
+    path = save(conv_model(), tmp_path / "m.onnx")
+    code, _, err = main(capfd, "scan", path, "--calib", calib, "--batch-size", str(2**31), "--max-memory", "1G",
+                        "--out", tmp_path / "o", "--no-report")
+    line = assert_one_line(code, err, 2, "--batch-size 2147483648")
+    fits = int(re.search(r"--batch-size (\d+) fits", line).group(1))  # type: ignore[union-attr]
+    assert 1 <= fits < 2**31
+
+
 def test_read_only_out_is_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     model = save(conv_model(), tmp_path / "m.onnx")
     locked = tmp_path / "ro"

@@ -220,7 +220,7 @@ def _label_top(ax: Any, data: pd.DataFrame, x: np.ndarray, cum: np.ndarray) -> N
     rank = col(data, "rank")
     iso = col(data, "isolated_sqnr_db")
     for j, i in enumerate(np.argsort(rank, kind="stable")[:5]):
-        if math.isnan(rank[i]):
+        if not math.isfinite(rank[i]):  # a hand-edited "inf" rank names no place
             continue
         y = iso[i] if np.isfinite(iso[i]) else cum[i]
         ax.annotate(
