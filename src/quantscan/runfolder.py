@@ -376,6 +376,7 @@ def read_run_json(path: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(run, dict) or run.get("tool", "quantscan") != "quantscan":
         raise ReportError(f"expected run.json written by quantscan, found another kind of JSON in {path}")
+    _check_run_nesting(run, path)
     fmt = run.get("format", 1)
     if not isinstance(fmt, int) or isinstance(fmt, bool):
         raise ReportError(f'expected run.json "format" to be an integer, found {fmt!r} in {path}')
@@ -389,6 +390,14 @@ def read_run_json(path: Path) -> dict[str, Any]:
 
 
 RUN_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "input_contract": dict,
+    "preprocessing": dict,
+    "worst_samples": list,
+    "calibration": dict,
+    "evaluation": dict,
+    "memory": dict,
+    "deployed_metrics": dict,
+    "runner": dict,
     "versions": dict,
     "model": dict,
     "inputs": list,
@@ -416,6 +425,27 @@ def _check_run_schema(run: Mapping[str, Any], path: Path) -> None:
             raise ReportError(
                 f'expected run.json "{key}" to be a JSON {_json_kind(want)}, found {type(value).__name__} in {path}'
             )
+
+
+RUN_TABLES = ("output_metrics", "deployed_metrics", "preprocessing")
+"""run.json objects whose every value is an object (one per output or input)."""
+RUN_ROWS = ("inputs", "worst_samples")
+"""run.json arrays whose every item is an object, with a string "name" where it has one."""
+
+
+def _check_run_nesting(run: Mapping[str, Any], path: Path) -> None:
+    """One level down: the per-output/per-input objects and rows the readers index into."""
+    for key in RUN_TABLES:
+        table = run.get(key)
+        if isinstance(table, dict) and not all(isinstance(v, dict) for v in table.values()):
+            raise ReportError(f'expected run.json "{key}" to hold one JSON object per entry, found another '
+                              f"type in {path}")
+    for key in RUN_ROWS:
+        rows = run.get(key)
+        if isinstance(rows, list) and not all(isinstance(r, dict) and isinstance(r.get("name", ""), str)
+                                              for r in rows):
+            raise ReportError(f'expected run.json "{key}" to be a list of JSON objects (with a string "name"), '
+                              f"found another type in {path}")
 
 
 def _json_kind(python_type: str) -> str:

@@ -64,7 +64,7 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
     was recomputed passes the integrity check, and must still be one line, not a KeyError."""
     options, calib = raw.get("options"), raw.get("calibration")
     checks = [
-        ("options.scan", isinstance(options, dict) and isinstance(options.get("scan", {}), dict)),
+        ("options.scan", isinstance(options, dict) and isinstance(options.get("scan"), dict)),
         ("options.target_metric", isinstance(options, dict) and isinstance(options.get("target_metric"), str)),
         ("options.target_value", isinstance(options, dict) and isinstance(options.get("target_value"), (int, float))
          and not isinstance(options.get("target_value"), bool)),
@@ -106,7 +106,7 @@ def _scan_options_typed(scan: object) -> bool:
 
 def _gain_row(row: object) -> bool:
     """A gain table row: its node, and numbers (non-finite ones written as "nan"/"inf" strings)."""
-    if not isinstance(row, dict) or not isinstance(row.get("node", ""), str):
+    if not isinstance(row, dict) or not isinstance(row.get("node"), str):
         return False
     for key, value in row.items():
         if key.startswith(("gain_if_float", "loss_if_only", "if_float", "if_only")) and value is not None:
