@@ -69,6 +69,7 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
         ("options.target_value", isinstance(options, dict) and isinstance(options.get("target_value"), (int, float))
          and not isinstance(options.get("target_value"), bool)),
         ("options.fallback", isinstance(options, dict) and isinstance(options.get("fallback"), str)),
+        ("options.output", isinstance(options, dict) and isinstance(options.get("output"), (str, type(None)))),
         ("options.scan values", isinstance(options, dict) and _scan_options_typed(options.get("scan", {}))),
         ("calibration.path", isinstance(calib, dict) and isinstance(calib.get("path"), str)),
         ("model", isinstance(raw.get("model"), dict) and isinstance(raw["model"].get("path"), str)
@@ -100,8 +101,9 @@ SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {
 def _scan_options_typed(scan: object) -> bool:
     if not isinstance(scan, dict):
         return False
-    return all(not isinstance(scan[k], bool) and isinstance(scan[k], kinds)
-               for k, kinds in SCAN_OPTION_TYPES.items() if k in scan)
+    lists_of_str = all(isinstance(v, str) for k in ("output", "input_dims") for v in scan.get(k) or [])
+    return lists_of_str and all(not isinstance(scan[k], bool) and isinstance(scan[k], kinds)
+                                for k, kinds in SCAN_OPTION_TYPES.items() if k in scan)
 
 
 def _gain_row(row: object) -> bool:
