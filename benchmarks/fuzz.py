@@ -1,11 +1,14 @@
-"""Fuzz the CLI with seeded protobuf-level mutants of the assets and op fixtures; print the issue-14 table.
+"""Fuzz the CLI with seeded mutants of models and of every other file it reads; print the issue's table.
 
-Each mutant goes through `check --profile generic-npu` and `scan --limit 1` in a crash-proof worker
-(tests/mutants.py). The contract this holds quantscan to: exit in {0, 1, 2}, exactly one stderr line
-on exit 2, no traceback, no crash or hang, the mutant file unchanged. Failing runs are listed after
-the table (seed, mutations, last stderr line) so each can be reproduced with `--first-seed SEED -n 1`.
+`--inputs models`: protobuf-level mutants of the assets and op fixtures, each through `check --profile
+generic-npu` and `scan --limit 1`. `--inputs files`: mutants of the non-model inputs and output paths
+(tests/file_mutants.py: session, run.json, layers.csv, case library, preprocess.json, vendor logs, .npz
+headers, output paths), one command each. Every run goes through a crash-proof in-process worker
+(tests/mutants.py). The contract: exit in {0, 1, 2}, exactly one stderr line on exit 2, no traceback,
+no crash or hang, no file that existed before the run changed. Failing runs are listed after the
+table (seed, mutations, last stderr line) so each can be reproduced with `--first-seed SEED -n 1`.
 
-    python benchmarks/fuzz.py -n 3000 [--models mtcnn_pnet,mtcnn_rnet] [--first-seed 0]
+    python benchmarks/fuzz.py -n 3000 [--inputs models|files] [--models mtcnn_pnet,mtcnn_rnet] [--first-seed 0]
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from mutants import Driver, Tally, fuzz, seeds  # noqa: E402
+from file_mutants import KINDS, build_base, fuzz_files  # noqa: E402
+from mutants import Driver, Outcome, Tally, fuzz, seeds  # noqa: E402
+
+
+def _failing(o: Outcome) -> bool:
+    return bool(o.exit not in (0, 1, 2) or o.traceback or o.multi_line_2 or o.modified)
 
 
 def main() -> int:
@@ -30,25 +38,36 @@ def main() -> int:
                    help="asset models to mutate besides the op fixtures (comma-separated)")
     p.add_argument("--assets", default=str(REPO.parent / "shared" / "assets"))
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per run before it counts as a hang")
+    p.add_argument("--inputs", choices=["models", "files"], default="models",
+                   help="mutate models (check + scan each) or the other inputs and output paths (one command each)")
+    p.add_argument("--kinds", default=",".join(KINDS), help="with --inputs files: which kinds (comma-separated)")
     args = p.parse_args()
     tally, bad = Tally(), []
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="quantscan-fuzz-") as tmp:
         work = Path(tmp)
-        pool = seeds(Path(args.assets), work, [m for m in args.models.split(",") if m])
         driver = Driver(REPO / "src", work, timeout=args.timeout)
+        if args.inputs == "files":
+            base = build_base(work / "base", REPO / "src", REPO)
+            (work / "runs").mkdir()
+            kinds = tuple(k for k in args.kinds.split(",") if k)
+            outcomes = (o for _c, o in fuzz_files(base, args.n, driver, work / "runs", args.first_seed, kinds))
+            what = f"{len(kinds)} kinds of input"
+        else:
+            pool = seeds(Path(args.assets), work, [m for m in args.models.split(",") if m])
+            outcomes = fuzz(pool, args.n, driver, work, first_seed=args.first_seed)
+            what = f"{len(pool)} models"
         try:
-            for k, outcome in enumerate(fuzz(pool, args.n, driver, work, first_seed=args.first_seed)):
+            for k, outcome in enumerate(outcomes):
                 tally.add(outcome)
-                if (outcome.exit not in (0, 1, 2) or outcome.traceback or outcome.multi_line_2
-                        or outcome.modified):
+                if _failing(outcome):
                     bad.append(outcome)
                 if k % 200 == 199:
                     print(f"  {k + 1} runs, {len(bad)} failing, {time.time() - start:.0f} s", file=sys.stderr,
                           flush=True)
         finally:
             driver.close()
-    print(f"{args.n} mutants (seeds {args.first_seed}..{args.first_seed + args.n - 1}) of {len(pool)} models, "
+    print(f"{args.n} mutants (seeds {args.first_seed}..{args.first_seed + args.n - 1}) of {what}, "
           f"{time.time() - start:.0f} s")
     print(tally.table())
     for o in bad:

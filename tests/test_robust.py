@@ -467,7 +467,7 @@ def test_interrupted_bisect_names_only_a_session_that_exists(
             "--out", tmp_path / "o"]
     code, _, err = main(capfd, *argv)
     assert code == 130 and "nothing to resume" in err and "--resume" not in err
-    (tmp_path / "o").mkdir()
+    (tmp_path / "o").mkdir(exist_ok=True)  # the lock on --out made it already
     (tmp_path / "o" / "session.json").write_text("{}")
     code, _, err = main(capfd, *argv)
     assert code == 130 and f"--resume {tmp_path / 'o' / 'session.json'}" in err

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantscan import runfolder
 from quantscan.errors import UsageError
+from quantscan.model import LoadedModel
 from quantscan.report.summary import summary_markdown
 from quantscan.report.verdict import with_plan_block
 from quantscan.runner import Runner
@@ -24,7 +25,6 @@ from quantscan.scanning.run import ScanResult, measure
 if TYPE_CHECKING:
     from quantscan.bisect.driver import BisectResult
     from quantscan.calib import CalibSet
-    from quantscan.model import LoadedModel
 
 TABLES = ("layers", "tensors", "ops", "channels")
 """The CSV tables every run folder holds (compat.csv and partitions.csv only with a profile)."""
@@ -43,10 +43,13 @@ def scan(
     folder, via `save_scan`) and the `save_qdq` option (via `save_qdq`)."""
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
+    qdq_path, force = options.get("save_qdq"), bool(options.get("force", False))
+    if qdq_path:  # refused before the work, not after it
+        source = model.path if isinstance(model, LoadedModel) else model
+        runfolder.check_model_target(Path(qdq_path), flag="--save-qdq", protect=[Path(source)], force=force)
     result = measure(model, calib, progress=progress, runner=runner, **options)
-    qdq_path = options.get("save_qdq")
     if qdq_path:
-        save_qdq(result, qdq_path)
+        save_qdq(result, qdq_path, force=force)
     if out is not None:
         save_scan(result, out)
     return result
@@ -97,10 +100,11 @@ def _write_tables(result: ScanResult, folder: Path) -> list[Path]:
     return written
 
 
-def save_qdq(result: ScanResult, path: str | Path) -> Path:
-    """The all-int8 QDQ model as the user gets it (the original's input/output declarations)."""
+def save_qdq(result: ScanResult, path: str | Path, *, force: bool = False) -> Path:
+    """The all-int8 QDQ model as the user gets it (the original's input/output declarations); a file
+    quantscan did not write is replaced only with `force`."""
     target = runfolder.save_model(deployable_qdq(result.qdq_model, result.model), Path(path),
-                                  protect=[result.model.path])
+                                  protect=[result.model.path], flag="--save-qdq", force=force)
     result.files.append(target)
     return target
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import re
 import zipfile
@@ -30,6 +29,7 @@ from typing import Any
 
 from quantscan import runfolder
 from quantscan.errors import UsageError
+from quantscan.runfolder import parse_json
 
 APPENDED_SIDECARS = (".rewrite.json", ".log")
 """`OUT.onnx.rewrite.json` (a rewrite's proof), `OUT.onnx.log` (an --until-fails search log)."""
@@ -140,7 +140,7 @@ def _vendor_versions(items: Sequence[tuple[str, Path]]) -> dict[str, Any]:
     for name, src in items:
         if src.name == "vendor.json":
             try:
-                data = json.loads(src.read_text(encoding="utf-8"))
+                data = parse_json(src.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
             if isinstance(data, Mapping):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,7 @@ import pandas as pd
 
 from quantscan.columns import Col
 from quantscan.errors import UsageError
-from quantscan.runfolder import atomic_write_text, json_text, read_run_json
+from quantscan.runfolder import atomic_write_text, json_text, parse_json, read_csv, read_run_json
 
 CASES_ENV = "QUANTSCAN_CASES"
 CASE_FILE = "case.json"
@@ -140,12 +139,14 @@ def save_case(
     run = Path(run_dir)
     info = read_run_json(run / "run.json")
     model_path = Path(str((info.get("model") or {}).get("path", "")))
+    if not model_path.name:
+        raise UsageError(f"case save: expected run.json to name the scanned model, found no model path in {run}")
     records = [Path(r) for r in rewrite_records] or [p for p in [model_path.with_name(model_path.name +
                                                                                      ".rewrite.json")] if p.is_file()]
     if not records:
         raise UsageError(f"case save: expected a rewrite record ({model_path.name}.rewrite.json beside the run's "
                          "model, or --rewrite FILE), found none: a case records what was changed")
-    proofs = [json.loads(r.read_text(encoding="utf-8")) for r in records]
+    proofs = [parse_json(r.read_text(encoding="utf-8")) for r in records]
     profile = profile or (info.get("options") or {}).get("profile")
     if not profile:
         raise UsageError("case save: expected the chip profile (the run's --profile, or --profile P), found none")
@@ -153,7 +154,7 @@ def save_case(
     source = Path(str(proofs[0].get("source", "")))
     before = _check(source, str(profile)) if source.is_file() else pd.DataFrame()
     after_csv = run / "compat.csv"  # the scan checks with fixed input shapes: re-check like `before` when we can
-    after = _check(model_path, str(profile)) if model_path.is_file() else pd.read_csv(after_csv, keep_default_na=False)
+    after = _check(model_path, str(profile)) if model_path.is_file() else read_csv(after_csv)
     resolved = resolved_patterns(before, after, {str(c.get(Col.NODE, "")) for p in proofs for s in p.get("steps", [])
                                                  for c in s.get("changes", [])})
     recipe = [s["rewrite"] for p in proofs for s in p.get("steps", []) if s.get("rewrite") != "opset"]
@@ -161,7 +162,7 @@ def save_case(
                        profile_name)
     folder = cases_dir(cases) / case_id
     plan_path = run / "plan.json"
-    plan = json.loads(plan_path.read_text(encoding="utf-8")) if plan_path.is_file() else None
+    plan = parse_json(plan_path.read_text(encoding="utf-8")) if plan_path.is_file() else None
     case = {
         "format": 1,
         "id": case_id,
@@ -207,7 +208,7 @@ def _sha_of(path: Path) -> str:
 
 def _without_paths(text: str) -> str:
     """A rewrite record as the library keeps it: its `source`/`out` paths reduced to file names."""
-    data = json.loads(text)
+    data = parse_json(text)
     for key in ("source", "out"):
         if isinstance(data.get(key), str):
             data[key] = Path(data[key]).name
@@ -225,10 +226,31 @@ def list_cases(cases: str | Path | None = None) -> list[dict[str, Any]]:
     found = []
     for path in sorted(root.glob(f"*/{CASE_FILE}")):
         try:
-            found.append(json.loads(path.read_text(encoding="utf-8")))
+            case = parse_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
+        if is_case(case):  # a hand-edited case of the wrong shape is skipped: it must not break every check
+            found.append(case)
     return sorted(found, key=lambda c: (str(c.get("created", "")), str(c.get("id", ""))))
+
+
+CASE_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "id": str, "note": str, "created": str, "profile": str, "pattern": list, "recipe": list, "rewrites": list,
+    "opset": (int, type(None)),
+}
+"""The case.json keys the readers rely on, with their JSON types (`id` and `pattern` required)."""
+
+
+def is_case(case: object) -> bool:
+    """A case.json the library can use: the keys readers rely on hold the types they expect."""
+    if not isinstance(case, dict) or not isinstance(case.get("id"), str) or "pattern" not in case:
+        return False
+    for key, kind in CASE_SCHEMA.items():
+        if key in case and (not isinstance(case[key], kind) or isinstance(case[key], bool)):
+            return False
+    return (all(isinstance(p, dict) for p in case["pattern"])
+            and all(isinstance(r, str) for r in case.get("recipe", []))
+            and all(isinstance(r, dict) for r in case.get("rewrites", [])))
 
 
 def load_case(case_id: str, cases: str | Path | None = None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
+import errno
 import math
 import os
 import sys
@@ -164,6 +165,7 @@ def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--std", default=None, help="comma-separated per-channel std")
     p.add_argument("--resize", default=None)
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument("--force", action="store_true", help="replace --out or --save-qdq files quantscan did not write")
     p.add_argument("--tensors", default="all", choices=["all", "sites"],
                    help="tensors.csv rows: every float tensor (default) or quantization points only (faster)")
 
@@ -207,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--fail-on", choices=["error", "warn"], default=None)
     check.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     check.add_argument("--cases", default=None, metavar="DIR", help="case library (default ~/.quantscan/cases)")
+    check.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
     _common(check)
     sub.add_parser("profiles", help="list shipped chip profiles")
     report = sub.add_parser("report", help="rebuild report.html from a run folder")
@@ -229,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     overlay.add_argument("run_dir")
     overlay.add_argument("-o", "--output", dest="overlay_out", default="nodes.json",
                          help="main node-data file (cumulative SQNR); other metrics go beside it")
+    overlay.add_argument("--force", action="store_true", help="replace -o files quantscan did not write")
     overlay.add_argument("--debug", action="store_true")
     _case_parser(sub)
     _log_parser(sub)
@@ -289,6 +293,7 @@ def _compare_parser(sub: Any) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     p.add_argument("--limit", type=_positive_int, default=None)
     p.add_argument("--fail-below-cosine", type=_finite, default=None)
+    p.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
     _common(p)
 
 
@@ -390,7 +395,8 @@ def _rewrite_parser(sub: Any) -> None:
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--limit", type=_positive_int, default=None)
     p.add_argument("--tolerance", type=_positive_float, default=1e-4, help="max_abs / output range for exact rewrites")
-    p.add_argument("--force", action="store_true", help="write even when the proof fails")
+    p.add_argument("--force", action="store_true",
+                   help="write even when the proof fails, and replace an -o file quantscan did not write")
     p.add_argument("--all-for-profile", default=None, metavar="PROFILE",
                    help="apply every rewrite the compat findings for PROFILE suggest")
     p.add_argument("--case", default=None, metavar="ID", help="replay a library case's recipe (fresh proof)")
@@ -484,6 +490,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "max_memory": args.max_memory,
         "workers": args.workers,
         "save_qdq": args.save_qdq,
+        "force": args.force,
         "profile": args.profile[0] if args.profile else None,
         "no_report": args.no_report,
         "tensors": args.tensors,
@@ -499,7 +506,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     _refuse_out_in_data(out, args.calib, args.eval)
-    result = scan(args.model, args.calib, out=out, progress=_progress_factory(args.quiet), **options)
+    from quantscan.runfolder import claim_out_dir
+
+    with claim_out_dir(out, force=args.force):
+        result = scan(args.model, args.calib, out=out, progress=_progress_factory(args.quiet), **options)
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
     head = result.headline
@@ -552,15 +562,17 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from quantscan.compat.check import check
     from quantscan.model import load_model
-    from quantscan.runfolder import ensure_out_dir, write_csv
+    from quantscan.runfolder import claim_out_dir, refuse_inputs, write_csv
 
-    loaded = load_model(args.model)
-    profiles = args.profile or ["generic-npu"]
-    shapes = parse_input_shape(args.input_shape)
-    result = check(loaded.proto, profiles, input_shapes=shapes or None)
-    out = ensure_out_dir(Path(args.out) if args.out else default_out(args.model))
-    write_csv(out / "compat.csv", result.findings)
-    write_csv(out / "partitions.csv", result.partitions)
+    out = Path(args.out) if args.out else default_out(args.model)
+    refuse_inputs([out / "compat.csv", out / "partitions.csv"], [args.model], "--out")
+    with claim_out_dir(out, force=args.force):
+        loaded = load_model(args.model)
+        profiles = args.profile or ["generic-npu"]
+        shapes = parse_input_shape(args.input_shape)
+        result = check(loaded.proto, profiles, input_shapes=shapes or None)
+        write_csv(out / "compat.csv", result.findings)
+        write_csv(out / "partitions.csv", result.partitions)
     findings = result.findings
     for profile in profiles:
         rows = findings[findings["profile"] == _profile_label(profile, findings)] if not findings.empty else findings
@@ -757,9 +769,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("reports") / f"{Path(args.model_a).stem}_vs_{Path(args.model_b).stem}"
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
-    result = compare(args.model_a, args.model_b, args.calib, limit=args.limit, seed=args.seed,
-                     runner=Runner(threads=args.threads), consts=parse_const(args.const),
-                     input_shapes=parse_input_shape(args.input_shape), out=out)
+    _refuse_out_in_data(out, args.calib)
+    from quantscan.runfolder import RUN_NAMES, claim_out_dir, refuse_inputs
+
+    refuse_inputs([out / n for n in RUN_NAMES], [args.model_a, args.model_b], "--out")
+    with claim_out_dir(out, force=args.force):
+        result = compare(args.model_a, args.model_b, args.calib, limit=args.limit, seed=args.seed,
+                         runner=Runner(threads=args.threads), consts=parse_const(args.const),
+                         input_shapes=parse_input_shape(args.input_shape), out=out)
     for warning in result.warnings:
         print(f"quantscan: warning: {warning}", file=sys.stderr)
     print(f"compared on {result.data}")
@@ -843,7 +860,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     _refuse_out_in_data(out, args.calib, args.eval)
     overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
                  "mean": _floats(args.mean, "--mean"), "std": _floats(args.std, "--std"), "resize": args.resize}
-    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed}
+    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force}
     if args.resume is None:
         shapes, dims = split_input_shapes(args.input_shape)
         options.update({
@@ -865,15 +882,20 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             print(f"  step {step.phase}: {len(step.sites)} float sites -> {step.value:.5f} ({verdict} target); "
                   f"{progress_of(machine).line()}", file=sys.stderr)
 
+    from quantscan.runfolder import check_model_target, claim_out_dir
+
+    if args.save_qdq:  # refused before the bisection, not after it
+        check_model_target(Path(args.save_qdq), flag="--save-qdq", protect=[model], force=args.force)
     try:
-        result = run_bisect(
-            model, args.calib, target_cosine=args.target_cosine, target_sqnr=args.target_sqnr,
-            target_top1=args.target_top1, target=args.target, fallback=args.fallback,
-            mode="first_bad" if args.first_bad else "search",
-            session=args.session, resume=args.resume, keep_float=args.keep_float, force_quant=args.force_quant,
-            loss_if_only=args.loss_if_only, out=out, save_qdq=args.save_qdq, exports=args.export,
-            progress=_progress_factory(args.quiet), on_step=on_step, **options,
-        )
+        with claim_out_dir(out, force=args.force):
+            result = run_bisect(
+                model, args.calib, target_cosine=args.target_cosine, target_sqnr=args.target_sqnr,
+                target_top1=args.target_top1, target=args.target, fallback=args.fallback,
+                mode="first_bad" if args.first_bad else "search",
+                session=args.session, resume=args.resume, keep_float=args.keep_float, force_quant=args.force_quant,
+                loss_if_only=args.loss_if_only, out=out, save_qdq=args.save_qdq, exports=args.export,
+                progress=_progress_factory(args.quiet), on_step=on_step, **options,
+            )
     except KeyboardInterrupt:
         where = Path(args.session or args.resume or out / "session.json")
         if where.is_file():
@@ -932,7 +954,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 def cmd_overlay(args: argparse.Namespace) -> int:
     from quantscan.overlay import write_overlay
 
-    paths = write_overlay(Path(args.run_dir), Path(args.overlay_out))
+    paths = write_overlay(Path(args.run_dir), Path(args.overlay_out), force=args.force)
     print(f"wrote {', '.join(str(p) for p in paths)} (Model Explorer node data: load beside the model)")
     return EXIT_OK
 
@@ -961,6 +983,7 @@ def _vendor_parser(sub: Any) -> None:
                    help="samples through the vendor's per-layer analysis (default: all; each one is slow)")
     p.add_argument("--plan", default=None, metavar="plan.json",
                    help="also apply a bisect plan through the vendor's mixed precision, report its simulator")
+    p.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
     _common(p)
 
 
@@ -971,13 +994,15 @@ def cmd_vendor(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else default_out(args.model) / "vendor-rknn"
     _refuse_out_in_data(out, args.calib)
+    from quantscan.runfolder import claim_out_dir
 
     def say(message: str) -> None:
         if not args.quiet:
             print(f"quantscan vendor: {message}", file=sys.stderr)
 
-    run = run_rknn(args.model, args.calib, target=args.target, out=out, python=args.python, limit=args.limit,
-                   analysis_samples=args.analysis_samples, plan=args.plan, threads=args.threads, progress=say)
+    with claim_out_dir(out, force=args.force):
+        run = run_rknn(args.model, args.calib, target=args.target, out=out, python=args.python, limit=args.limit,
+                       analysis_samples=args.analysis_samples, plan=args.plan, threads=args.threads, progress=say)
     output, qs, vendor = run.headline
     print(f"{run.tool} {run.version} ({run.target}): stage reached {run.stage_reached}"
           + (f", stopped in {run.error['stage']}: {run.error['message']}" if run.error else ""))
@@ -992,6 +1017,9 @@ def cmd_vendor(args: argparse.Namespace) -> int:
         print(f"  plan {run.plan['plan']}: quantscan claims cosine {run.plan['quantscan_claimed_cosine']:.5f}, "
               f"{run.tool} hybrid quantization gives {got or 'nothing (' + str(run.plan['error']) + ')'}")
     print(f"wrote {out}/ (vendor.csv, vendor_findings.csv, vendor.json, {Path(run.log).name}, quantscan/)")
+    if not run.stages:  # the toolkit never ran: an empty vendor.csv is no comparison (CONTRACT: not exit 0)
+        raise UsageError(f"vendor {args.tool}: expected the toolkit to run, found it never reached a stage "
+                         f"({(run.error or {}).get('message', 'no result')}); see {run.log}")
     return EXIT_OK
 
 
@@ -1049,21 +1077,19 @@ def _log_parser(sub: Any) -> None:
     p.add_argument("--out", help="folder for compat.csv and log_layers.csv (default reports/<log stem>/)")
     p.add_argument("--quiet", action="store_true", help="accepted for symmetry; log prints no progress")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from quantscan.runfolder import ensure_out_dir, write_csv
+    from quantscan.runfolder import claim_out_dir, refuse_inputs, write_csv
     from quantscan.vendorlog import read_log
 
-    reading = read_log(args.log_file, model=args.model, profile=args.profile)
     out = Path(args.out) if args.out else default_out(args.log_file)
-    inputs = {Path(p).resolve() for p in (args.log_file, args.model) if p}
-    for name in ("compat.csv", "log_layers.csv"):
-        if (out / name).resolve() in inputs:
-            raise UsageError(f"--out: expected a folder where {name} is not an input, found the input {out / name}")
-    out = ensure_out_dir(out)
-    write_csv(out / "compat.csv", reading.findings)
-    write_csv(out / "log_layers.csv", reading.layers)
+    refuse_inputs([out / "compat.csv", out / "log_layers.csv"], [args.log_file, args.model, args.profile], "--out")
+    with claim_out_dir(out, force=args.force):
+        reading = read_log(args.log_file, model=args.model, profile=args.profile)
+        write_csv(out / "compat.csv", reading.findings)
+        write_csv(out / "log_layers.csv", reading.layers)
     for line in reading.summary_lines():
         print(line)
     print(f"wrote {out}/compat.csv and log_layers.csv")
@@ -1138,6 +1164,25 @@ def _internal_error_line(exc: BaseException, raw: Sequence[str]) -> str:
             f"it; {where}; rerun with --debug to see it here")
 
 
+ENVIRONMENT_ERRNOS = frozenset({
+    errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ELOOP,
+    errno.ENAMETOOLONG, errno.EMFILE, errno.ENFILE, errno.EIO, errno.ENOTDIR, errno.EISDIR, errno.EXDEV,
+})
+"""OSErrors the user's environment causes (permissions, a read-only or full disk, a symlink loop, a
+path too long): bad input to fix on their side (exit 2, one line), not a quantscan bug (exit 3)."""
+
+
+def _environment_line(exc: OSError) -> str:
+    """`<what the system said>: <path>` and what it means for the user, on one line."""
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None) or "a file"
+    hint = {errno.ENOSPC: "free some space (nothing was half written)", errno.EDQUOT: "free some space",
+            errno.EFBIG: "the file size limit was reached (nothing was half written)",
+            errno.ELOOP: "a symbolic link points back at itself", errno.EROFS: "choose a writable --out",
+            errno.EACCES: "check the permissions", errno.EPERM: "check the permissions"}.get(exc.errno or 0, "")
+    return " ".join(f"expected a usable file system, found {exc.strerror or exc} at {where}"
+                    f"{'; ' + hint if hint else ''}".split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in raw
@@ -1164,8 +1209,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except OSError as exc:
+        if debug:  # the traceback, the contract's exit code all the same
+            traceback.print_exc(file=sys.stderr)
+        if exc.errno in ENVIRONMENT_ERRNOS:
+            print("quantscan: error: " + _environment_line(exc), file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(_internal_error_line(exc, raw), file=sys.stderr)
+        return EXIT_INTERNAL
     except Exception as exc:  # every other exception is a quantscan bug: exit 3, never a bare traceback
         if debug:
             traceback.print_exc(file=sys.stderr)
+        if isinstance(exc, RuntimeError) and str(exc).startswith("Symlink loop from"):  # Path.resolve (3.11)
+            print(f"quantscan: error: expected a path without a symbolic link loop, found {str(exc)[18:]}",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(_internal_error_line(exc, raw), file=sys.stderr)
         return EXIT_INTERNAL

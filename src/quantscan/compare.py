@@ -39,6 +39,7 @@ from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.model import ModelArg, graph_inputs, load_model, name_unnamed_nodes, onnx_opset
 from quantscan.runfolder import atomic_write_bytes as write_atomic
+from quantscan.runfolder import csv_text
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner, Session
 from quantscan.specs import InputSpec
@@ -104,9 +105,9 @@ class CompareResult:
         folder = Path(out)
         unmatched = pd.DataFrame([asdict(u) for u in self.unmatched], columns=["tensor", "side", Col.REASON])
         files = {
-            "outputs.csv": self.outputs.to_csv(index=False).encode(),
-            "tensors.csv": self.tensors.to_csv(index=False).encode(),
-            "unmatched.csv": unmatched.to_csv(index=False).encode(),
+            "outputs.csv": csv_text(self.outputs).encode(),
+            "tensors.csv": csv_text(self.tensors).encode(),
+            "unmatched.csv": csv_text(unmatched).encode(),
             "compare.json": (json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n").encode(),
         }
         written = []

@@ -51,6 +51,7 @@ from quantscan.calib.source import data_source
 from quantscan.columns import Col
 from quantscan.compare import load_side
 from quantscan.errors import UsageError
+from quantscan.graph.infer import infer_shapes
 from quantscan.model import ModelArg, graph_inputs
 from quantscan.runfolder import PRODUCER, is_quantscan_onnx, refuse_foreign_overwrite
 from quantscan.runfolder import atomic_write_bytes as write_atomic
@@ -148,8 +149,16 @@ class ShrinkResult:
 
 
 def _save(model: onnx.ModelProto, target: Path, source: Path | None, force: bool) -> Path:
+    """The model and, before it is written, its sidecars: they are ours only when the model they belong
+    to is (a `min.inputs.npz` beside a model quantscan did not write is the user's)."""
     _refuse_source(target, source)
     refuse_foreign_overwrite(target, "-o", is_quantscan_onnx, force)
+    ours = target.is_file() and is_quantscan_onnx(target)
+    stem = target.name[: -len(target.suffix)] if target.suffix else target.name
+    for sidecar in (*companion_paths(target), target.with_name(f"{stem}.extract.json"), Path(f"{target}.log")):
+        if source is not None and sidecar.resolve() == source.resolve():
+            _refuse_source(sidecar, source)
+        refuse_foreign_overwrite(sidecar, "-o", lambda _p: ours, force)
     model.producer_name = PRODUCER  # marks it ours: a rerun may replace it without --force
     write_atomic(target, model.SerializeToString())
     return target
@@ -388,7 +397,7 @@ def _inferred_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Types of every tensor from shape inference with data propagation (empty where it fails)."""
     types: dict[str, onnx.TypeProto] = {}
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        inferred = infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # inference bugs on exotic graphs must not block extraction: the probe covers it
         inferred = proto
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -618,12 +627,13 @@ def worst_sample_indices(run_dir: str | Path) -> list[int]:
 
 def finding_for(run_dir: str | Path, kernel: Sequence[str]) -> dict[str, object] | None:
     """The scan's layers.csv row of the kernel (rank, cause, diagnosis, errors), if the run has one."""
-    import pandas as pd
 
     path = Path(run_dir) / "layers.csv"
     if not path.is_file():
         return None
-    layers = pd.read_csv(path)
+    from quantscan.runfolder import read_csv
+
+    layers = read_csv(path)
     rows = layers[layers[Col.NODE].isin(list(kernel))] if Col.NODE in layers.columns else layers.iloc[0:0]
     if rows.empty:
         return None

@@ -60,8 +60,9 @@ def _column_values(layers: pd.DataFrame, column: str) -> dict[str, float]:
     """Finite values of `column` by node name (the ONNX adapter's node id). dB to 4 decimals; a cosine
     gain to 4 significant digits, since gains of 1e-5 are typical and 4 decimals would show them as 0."""
     out: dict[str, float] = {}
-    for node, value in zip(layers[Col.NODE], layers[column], strict=True):
-        number = float(value) if value is not None else math.nan
+    numbers = pd.to_numeric(layers[column], errors="coerce")  # a hand-edited cell is no figure, not a crash
+    for node, raw in zip(layers[Col.NODE], numbers, strict=True):
+        number = float(raw)
         if math.isfinite(number):
             out[str(node)] = round(number, 4) if column.endswith("_db") else float(f"{number:.4g}")
     return out
@@ -140,10 +141,29 @@ def overlay_paths(out: Path, files: list[OverlayFile]) -> list[Path]:
     return [out if not f.suffix else out.with_name(f"{out.stem}.{f.suffix}{out.suffix or '.json'}") for f in files]
 
 
-def write_overlay(run_dir: Path, out: Path) -> list[Path]:
-    """Write the node-data files; returns their paths (the main one first)."""
+NAMES = frozenset({name for _s, _c, name in METRICS} | {"findings"})
+"""The `name` of every node-data object quantscan writes."""
+
+
+def is_overlay_file(path: Path) -> bool:
+    """A node-data file quantscan wrote: a JSON object with `results` and one of our metric names."""
+    try:
+        data = runfolder.parse_json(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("name") in NAMES and isinstance(data.get("results"), dict)
+
+
+def write_overlay(run_dir: Path, out: Path, *, force: bool = False) -> list[Path]:
+    """Write the node-data files; returns their paths (the main one first). Refuses, before writing any,
+    a path that is one of the run folder's files and a file quantscan did not write (unless `force`)."""
+    if not Path(out).name or Path(out).is_dir():
+        raise runfolder.UsageError(f"-o: expected a file path for the node data, found a folder at {out or '.'}")
     files = build_overlay(run_dir)
     paths = overlay_paths(Path(out), files)
+    runfolder.refuse_inputs(paths, runfolder.run_members(Path(run_dir)), "-o")
+    for path in paths:
+        runfolder.refuse_foreign_overwrite(path, "-o", is_overlay_file, force)
     for path, f in zip(paths, files, strict=True):
         runfolder.write_json(path, f.data)
     return paths

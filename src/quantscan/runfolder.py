@@ -21,11 +21,12 @@ import math
 import os
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantscan.columns import Col
 from quantscan.errors import QuantscanError, UsageError
 
 if TYPE_CHECKING:
@@ -65,6 +66,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     give it (output files shared with a team or a vendor were unreadable to them).
     """
     path = Path(path)
+    for parent in (path.parent, *path.parent.parents):  # a file where a folder must be: the user's path
+        if parent.exists() and not parent.is_dir():
+            raise UsageError(f"expected a folder at {parent} (to write {path.name} in), found a file")
+        if parent.exists():
+            break
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -74,9 +80,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name ours
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 
@@ -95,11 +103,30 @@ def refuse_foreign_overwrite(path: Path, flag: str, ours: Callable[[Path], bool]
                          "choose another path or add --force to replace it")
 
 
+def refuse_inputs(targets: Iterable[Path], inputs: Iterable[str | Path | None], flag: str,
+                  what: str = "input") -> None:
+    """No command writes over one of its own inputs (the model, a run folder's table, a log it reads)."""
+    given = {Path(p).resolve() for p in inputs if p}
+    for target in targets:
+        if Path(target).resolve() in given:
+            raise UsageError(f"{flag}: expected an output path other than the {what} (a path that is not an "
+                             f"input), found the {what} itself ({target})")
+
+
+def is_quantscan_json(path: Path, keys: Iterable[str]) -> bool:
+    """A JSON object quantscan wrote: every key of `keys` present (its own shape, e.g. a rewrite record)."""
+    try:
+        data = parse_json(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(k in data for k in keys)
+
+
 def is_quantscan_zip(path: Path) -> bool:
     """A bundle quantscan wrote: a zip whose MANIFEST.json says `"tool": "quantscan"`."""
     try:
         with zipfile.ZipFile(path) as zf:
-            return bool(json.loads(zf.read("MANIFEST.json")).get("tool") == "quantscan")
+            return bool(parse_json(zf.read("MANIFEST.json")).get("tool") == "quantscan")
     except Exception:  # not a zip, no manifest, not JSON: not ours
         return False
 
@@ -129,6 +156,68 @@ def ensure_out_dir(out: Path) -> Path:
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+OUT_MARKER = ".quantscan"
+"""The hidden file that marks a folder as one quantscan writes into (and that it locks while it does)."""
+
+RUN_NAMES = frozenset({
+    "layers.csv", "tensors.csv", "ops.csv", "channels.csv", "hist.npz", "summary.md", RUN_JSON, "report.html",
+    "compat.csv", "partitions.csv", "task.csv", "log_layers.csv", "plan.csv", "gain.csv", "plan.json",
+    "session.json", "outputs.csv", "unmatched.csv", "compare.json", "vendor.csv", "vendor_findings.csv",
+    "vendor.json", "rknn.log", "rknn_hybrid.log", "ort_quant_config.json", "rknn_hybrid_quant.cfg",
+    "horizon_node_config.yaml", "tidl_16bit_options.json", "tidl_import_16bit.txt",
+})
+"""Every file name a command writes into its --out folder."""
+
+
+def is_quantscan_folder(out: Path) -> bool:
+    """A folder quantscan wrote into: it holds the marker, or a run.json quantscan wrote (older runs)."""
+    if (out / OUT_MARKER).is_file():
+        return True
+    try:
+        read_run_json(out / RUN_JSON)
+    except QuantscanError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def claim_out_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
+    """Create the run folder, refuse to write over files of ours it holds that we did not write, and lock it.
+
+    A folder holding one of the names we write (RUN_NAMES) but neither our marker nor our run.json is
+    the user's: refused without --force. The lock (flock on the marker, dropped by the kernel if the
+    process dies) makes a second command into the same folder a one-line refusal, not a race whose
+    last writer wins.
+    """
+    out = ensure_out_dir(Path(out))
+    if not force and not is_quantscan_folder(out):
+        clash = sorted(p.name for p in out.iterdir() if p.name in RUN_NAMES)
+        if clash:
+            raise UsageError(f"--out: {out} holds {', '.join(clash[:3])} not written by quantscan; "
+                             "choose another folder or add --force to replace them")
+    import fcntl
+
+    fd = os.open(out / OUT_MARKER, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"--out: another quantscan is writing into {out}; wait for it to finish or "
+                             "choose another folder") from None
+        yield out
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def parse_json(text: str | bytes) -> Any:
+    """json.loads, where JSON nested deeper than the decoder's recursion limit is bad JSON (a ValueError:
+    json.JSONDecodeError) like any other, not a RecursionError read as our bug."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deep", "", 0) from None
 
 
 def jsonable(value: Any) -> Any:
@@ -162,8 +251,41 @@ def write_json(path: Path, data: Any, *, indent: int = 2) -> None:
     atomic_write_text(path, json_text(data, indent=indent))
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet reads as the start of a formula (OWASP's CSV injection list)."""
+
+
+def _neutral(value: Any) -> Any:
+    """A text cell a spreadsheet would run (`=HYPERLINK(...)` as a node name) gets a leading `'`, the
+    spreadsheet's own "this is text" mark; a cell already starting with `'` gets one more, so
+    `read_csv` can take exactly one off and give back the name as it was."""
+    if isinstance(value, str) and value and (value[0] in FORMULA_START or value[0] == "'"):
+        return "'" + value
+    return value
+
+
+def _restored(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > 1 and value[0] == "'" and (value[1] in FORMULA_START
+                                                                          or value[1] == "'"):
+        return value[1:]
+    return value
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """The CSV text of a table, text cells neutralised against spreadsheet formula injection (every
+    CSV quantscan writes goes through here)."""
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    text_columns = [c for c in frame.columns if not is_numeric_dtype(frame[c]) or is_bool_dtype(frame[c])]
+    if text_columns:
+        frame = frame.copy()
+        for c in text_columns:
+            frame[c] = frame[c].astype(object).map(_neutral)
+    return str(frame.to_csv(index=False))
+
+
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    atomic_write_text(path, frame.to_csv(index=False))
+    atomic_write_text(path, csv_text(frame))
 
 
 def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -176,13 +298,18 @@ def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def save_model(model: onnx.ModelProto, path: Path, *, protect: Iterable[Path] = ()) -> Path:
-    """Write a model atomically; refuse to write over a protected file (the user's input model)."""
-    for p in protect:
-        if path.exists() and p.exists() and path.resolve() == p.resolve():
-            raise UsageError(f"expected an output path other than the input model, found {path}")
-    if path.exists() and path.is_dir():
-        raise UsageError(f"expected a file path for the model, found a folder at {path}")
+def check_model_target(path: Path, *, flag: str, protect: Iterable[Path | None] = (), force: bool = False) -> None:
+    """Before any work: the model path is not an input, and not a file quantscan did not write (unless force)."""
+    refuse_inputs([path], protect, flag, "input model")
+    refuse_foreign_overwrite(path, flag, is_quantscan_onnx, force)
+
+
+def save_model(model: onnx.ModelProto, path: Path, *, protect: Iterable[Path | None] = (), flag: str = "-o",
+               force: bool = False) -> Path:
+    """Write a model quantscan made, atomically, marked as ours (producer_name), so a rerun may replace it;
+    refuse a protected file (the user's input model) and a file we did not write (unless force)."""
+    check_model_target(path, flag=flag, protect=protect, force=force)
+    model.producer_name = PRODUCER
     atomic_write_bytes(path, model.SerializeToString())
     return path
 
@@ -224,10 +351,13 @@ def load_run(run_dir: Path) -> RunFiles:
             f"in {run_dir}"
         )
     run = read_run_json(run_dir / RUN_JSON)
+    layers = _read_table(run_dir / LAYERS_CSV, required=True)
+    if layers is None or Col.NODE not in layers.columns:
+        raise ReportError(f"expected {LAYERS_CSV} with a 'node' column, found none in {run_dir / LAYERS_CSV}")
     return RunFiles(
         path=run_dir,
         run=run,
-        layers=_read_table(run_dir / LAYERS_CSV, required=True),  # type: ignore[arg-type]
+        layers=layers,
         tensors=_read_table(run_dir / "tensors.csv"),
         ops=_read_table(run_dir / "ops.csv"),
         channels=_read_table(run_dir / "channels.csv"),
@@ -243,13 +373,14 @@ def load_run(run_dir: Path) -> RunFiles:
 def read_run_json(path: Path) -> dict[str, Any]:
     """run.json as written by quantscan (any format up to SUPPORTED_FORMAT); ReportError otherwise."""
     try:
-        run = json.loads(Path(path).read_text(encoding="utf-8"))
+        run = parse_json(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ReportError(
             f"expected run.json to be JSON written by quantscan, found unreadable {path} ({exc})"
         ) from None
     if not isinstance(run, dict) or run.get("tool", "quantscan") != "quantscan":
         raise ReportError(f"expected run.json written by quantscan, found another kind of JSON in {path}")
+    _check_run_nesting(run, path)
     fmt = run.get("format", 1)
     if not isinstance(fmt, int) or isinstance(fmt, bool):
         raise ReportError(f'expected run.json "format" to be an integer, found {fmt!r} in {path}')
@@ -263,6 +394,14 @@ def read_run_json(path: Path) -> dict[str, Any]:
 
 
 RUN_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "input_contract": dict,
+    "preprocessing": dict,
+    "worst_samples": list,
+    "calibration": dict,
+    "evaluation": dict,
+    "memory": dict,
+    "deployed_metrics": dict,
+    "runner": dict,
     "versions": dict,
     "model": dict,
     "inputs": list,
@@ -292,6 +431,27 @@ def _check_run_schema(run: Mapping[str, Any], path: Path) -> None:
             )
 
 
+RUN_TABLES = ("output_metrics", "deployed_metrics", "preprocessing")
+"""run.json objects whose every value is an object (one per output or input)."""
+RUN_ROWS = ("inputs", "worst_samples")
+"""run.json arrays whose every item is an object, with a string "name" where it has one."""
+
+
+def _check_run_nesting(run: Mapping[str, Any], path: Path) -> None:
+    """One level down: the per-output/per-input objects and rows the readers index into."""
+    for key in RUN_TABLES:
+        table = run.get(key)
+        if isinstance(table, dict) and not all(isinstance(v, dict) for v in table.values()):
+            raise ReportError(f'expected run.json "{key}" to hold one JSON object per entry, found another '
+                              f"type in {path}")
+    for key in RUN_ROWS:
+        rows = run.get(key)
+        if isinstance(rows, list) and not all(isinstance(r, dict) and isinstance(r.get("name", ""), str)
+                                              for r in rows):
+            raise ReportError(f'expected run.json "{key}" to be a list of JSON objects (with a string "name"), '
+                              f"found another type in {path}")
+
+
 def _json_kind(python_type: str) -> str:
     return {"dict": "object", "list": "array", "int": "integer", "str": "string"}.get(python_type, python_type)
 
@@ -300,8 +460,15 @@ def read_csv(path: Path) -> pd.DataFrame:
     """A table the run folder holds. Strings stay strings (a node called "NA" is not missing); only
     empty cells (how `write_csv` writes NaN) are NaN."""
     import pandas as pd
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
 
-    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+    frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    for c in frame.columns:
+        if not is_numeric_dtype(frame[c]) and not is_bool_dtype(frame[c]):
+            restored = frame[c].map(_restored)
+            if not restored.equals(frame[c]):  # left as read (and typed) when no cell was marked
+                frame[c] = restored
+    return frame
 
 
 def _read_table(path: Path, required: bool = False) -> pd.DataFrame | None:
@@ -325,20 +492,28 @@ def read_text(path: Path) -> str | None:
 def read_hist(path: Path) -> dict[str, np.ndarray] | None:
     import numpy as np
 
+    from quantscan.calib.npyfile import array_bytes, npz_headers
+
     if not path.is_file():
         return None
-    try:
+    try:  # sizes from the headers first: a hand-made hist.npz of 9 GB of zeros is not read
+        if sum(array_bytes(shape, dtype) for shape, dtype in npz_headers(path).values()) > HIST_MAX_BYTES:
+            return None
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile):
+    except (OSError, ValueError, zipfile.BadZipFile, QuantscanError):
         return None
+
+
+HIST_MAX_BYTES = 1 << 28
+"""The most hist.npz may hold to be read (a scan writes a few KB per site: 256 MB is ~10^5 sites)."""
 
 
 def read_plan(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        plan = json.loads(path.read_text(encoding="utf-8"))
+        plan = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return plan if isinstance(plan, dict) else None

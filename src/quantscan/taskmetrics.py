@@ -15,7 +15,6 @@ returns named sums per batch.
 from __future__ import annotations
 
 import importlib
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from quantscan.errors import UsageError
+from quantscan.runfolder import parse_json
 
 TASKS = ("auto", "classify", "ctc", "mask", "box", "none")
 DEFAULT_MASK_THRESHOLD = 0.5
@@ -497,7 +497,7 @@ def load_charset(path: Path) -> Charset:
     if Path(path).suffix.lower() != ".json":
         return _with_blank([line.rstrip("\r\n") for line in text.splitlines()], 0)
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError:
         raise UsageError(f"--charset: expected JSON in {path}") from None
     if isinstance(data, Mapping):

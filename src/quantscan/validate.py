@@ -103,11 +103,18 @@ def _check_elem_types(graph: onnx.GraphProto, where: str) -> None:
         if vi.type.HasField("tensor_type"):
             _elem_type(vi.type.tensor_type.elem_type, f"tensor {vi.name!r}", where)
     for tensor in graph.initializer:
-        _elem_type(tensor.data_type, f"initializer {tensor.name!r}", where)
+        _tensor_type(tensor.data_type, f"initializer {tensor.name!r}", where)
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
-                _elem_type(attr.t.data_type, f"attribute {attr.name!r} of node {node.name!r}", where)
+                _tensor_type(attr.t.data_type, f"attribute {attr.name!r} of node {node.name!r}", where)
+
+
+def _tensor_type(value: int, what: str, where: str) -> None:
+    """A tensor holds data, so its type is a real one: UNDEFINED (0) is in the enum but types nothing."""
+    _elem_type(value, what, where)
+    if value == onnx.TensorProto.UNDEFINED:
+        raise ModelError(f"expected a data type for {what} in {where}, found 0 (UNDEFINED)")
 
 
 def _elem_type(value: int, what: str, where: str) -> None:

@@ -139,3 +139,32 @@ def test_cli_prints_both_cosines(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0 and dict(os.environ) == env_before
     printed = capsys.readouterr().out
     assert "stage reached accuracy_analysis" in printed and "rknn-toolkit2 simulator" in printed
+
+
+def test_a_python_that_exits_0_without_importing_the_toolkit_fails_the_check(tmp_path: Path) -> None:
+    """A wrapper that exits 0 whatever it is asked (issue 31) is not a Python that imports rknn.api."""
+    liar = tmp_path / "python"
+    liar.write_text("#!/bin/sh\nexit 0\n")
+    liar.chmod(liar.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(UsageError, match="imports rknn.api"):
+        find_python("rknn", liar)
+
+
+def test_a_relative_python_is_run_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver runs with its work folder as cwd: a relative --python must not be looked up there."""
+    _fake_python(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    found = find_python("rknn", "python")
+    assert found.is_absolute() and found == tmp_path / "python"
+
+
+def test_vendor_that_never_reaches_the_toolkit_is_not_exit_0(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """rknn.api imports, but the driver dies before any stage: an empty vendor.csv is no comparison."""
+    python = _fake_python(tmp_path)
+    (tmp_path / "fake_site" / "rknn" / "api.py").write_text("raise_later = True\n")  # no RKNN class
+    model, calib = write_chain(tmp_path, samples=2, layers=1)
+    code = main(["vendor", "rknn", str(model), "--calib", str(calib), "--target", "rk3588", "--python", str(python),
+                 "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "never reached a stage" in err, err

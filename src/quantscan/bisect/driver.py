@@ -184,10 +184,11 @@ def _as_stored(
     stored: BisectSession, model: str | Path | None, calib: str | Path | None, options: dict[str, Any]
 ) -> tuple[str | Path, str | Path, dict[str, Any], str, str, bool]:
     """A resumed run: model and data default to the session's, the options are the session's (this run's
-    thread count aside), and so are the fallback, the mode and loss_if_only."""
+    thread count and --force aside), and so are the fallback, the mode and loss_if_only."""
     scan_options = {
         **stored.options.get("scan", {}),
         "threads": options.get("threads", stored.options["scan"].get("threads")),
+        "force": bool(options.get("force", False)),  # this run's --force, not the stored one's
     }
     return (
         model or stored.model_path,
@@ -363,7 +364,8 @@ def _finish(
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
-        files["qdq"] = save_model(qdq, Path(save_qdq), protect=[ctx.loaded.path])
+        files["qdq"] = save_model(qdq, Path(save_qdq), protect=[ctx.loaded.path], flag="--save-qdq",
+                                  force=ctx.opts.force)
     if out is not None:
         files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block))
     return BisectResult(

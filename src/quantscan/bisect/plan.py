@@ -21,7 +21,7 @@ from quantscan.bisect.state import Bisector, Step, Target
 from quantscan.columns import Col
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.records import Metrics, Plan, PlanSite, Precision
-from quantscan.runfolder import atomic_write_text, write_json
+from quantscan.runfolder import atomic_write_text, csv_text, read_csv, write_json
 from quantscan.scanning.ort_recipe import quantize_static_call
 from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
@@ -152,13 +152,13 @@ def write_plan(
     out.mkdir(parents=True, exist_ok=True)
     files = {"plan.json": _plan_json(out, plan), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
-    atomic_write_text(files["plan.csv"], table.to_csv(index=False))
+    atomic_write_text(files["plan.csv"], csv_text(table))
     if session.gain:
         files["gain.csv"] = out / "gain.csv"
         gains = pd.DataFrame(session.gain)
-        atomic_write_text(files["gain.csv"], gains.to_csv(index=False))
+        atomic_write_text(files["gain.csv"], csv_text(gains))
         files["layers.csv"] = out / "layers.csv"
-        atomic_write_text(files["layers.csv"], _layers_with_gain(out / "layers.csv", gains).to_csv(index=False))
+        atomic_write_text(files["layers.csv"], csv_text(_layers_with_gain(out / "layers.csv", gains)))
     # a scan's folder: its diagnosis shows the plan on the first screen
     if summary_block is not None and (out / "summary.md").is_file():
         files["summary.md"] = out / "summary.md"
@@ -193,7 +193,7 @@ def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
     if not path.is_file():
         return gains
     try:
-        layers = pd.read_csv(path)
+        layers = read_csv(path)
     except (OSError, ValueError, pd.errors.ParserError):
         return gains
     if Col.NODE not in layers.columns:

@@ -21,7 +21,7 @@ from typing import Any
 from quantscan.bisect.state import Bisector, Event, SessionFileError, Step, Target, event_from_dict
 from quantscan.columns import Col
 from quantscan.errors import UsageError
-from quantscan.runfolder import jsonable, write_json
+from quantscan.runfolder import jsonable, parse_json, write_json
 
 FORMAT = 2
 """Session file format version; a newer one is refused, never guessed at. Format 2 adds `digest`."""
@@ -58,6 +58,66 @@ def _check_schema(raw: Mapping[str, Any], path: Path, fmt: int) -> None:
     if fmt >= 2 and raw.get("digest") != content_digest(raw):
         raise SessionFileError(f"session {path} was edited after quantscan wrote it (its digest does not match "
                                "its content); start a new session")
+
+
+def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
+    """The values a resume reads, with the types it reads them as: a hand-edited session whose digest
+    was recomputed passes the integrity check, and must still be one line, not a KeyError."""
+    options, calib = raw.get("options"), raw.get("calibration")
+    checks = [
+        ("options.scan", isinstance(options, dict) and isinstance(options.get("scan"), dict)),
+        ("options.target_metric", isinstance(options, dict) and isinstance(options.get("target_metric"), str)),
+        ("options.target_value", isinstance(options, dict) and isinstance(options.get("target_value"), (int, float))
+         and not isinstance(options.get("target_value"), bool)),
+        ("options.fallback", isinstance(options, dict) and isinstance(options.get("fallback"), str)),
+        ("options.output", isinstance(options, dict) and isinstance(options.get(Col.OUTPUT), (str, type(None)))),
+        ("options.scan values", isinstance(options, dict) and _scan_options_typed(options.get("scan", {}))),
+        ("calibration.path", isinstance(calib, dict) and isinstance(calib.get("path"), str)),
+        ("model", isinstance(raw.get("model"), dict) and isinstance(raw["model"].get("path"), str)
+         and isinstance(raw["model"].get("sha256"), str)),
+        ("sites", isinstance(raw.get("sites"), list) and all(
+            isinstance(s, dict) and isinstance(s.get(Col.NODE), str) and isinstance(s.get(Col.ORDER), int)
+            for s in raw["sites"])),
+        (Col.ORDER, isinstance(raw.get(Col.ORDER), list) and all(isinstance(n, str) for n in raw[Col.ORDER])),
+        ("gain", isinstance(raw.get("gain", []), list) and all(_gain_row(g) for g in raw.get("gain", []))),
+        ("events", isinstance(raw.get("events", []), list) and all(isinstance(e, dict) for e in raw.get("events", []))),
+    ]
+    wrong = [name for name, ok in checks if not ok]
+    if wrong:
+        raise SessionFileError(f"session {path} is damaged: expected {wrong[0]} of the type quantscan writes, "
+                               "found another; start a new session")
+
+
+SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "calib_method": (str,), "activations": (str, type(None)), "input_shape": (dict,), "input_dims": (list,),
+    "const": (dict,), "state": (dict, type(None)), "limit": (int, type(None)), "eval": (str, type(None)),
+    Col.OUTPUT: (list,), "preprocess": (str, type(None)), "preprocess_overrides": (dict,),
+    "threads": (int, type(None)), "seed": (int,), "batch_size": (int, type(None)), "task": (str,),
+    "charset": (str, type(None)), "mask_threshold": (int, float), "max_memory": (str, int, type(None)),
+    "profile": (str, type(None)),
+}
+"""The JSON types of the scan options a session records (bisect/driver.py SCAN_OPTION_KEYS)."""
+
+
+def _scan_options_typed(scan: object) -> bool:
+    if not isinstance(scan, dict):
+        return False
+    lists_of_str = all(isinstance(v, str) for k in (Col.OUTPUT, "input_dims") for v in scan.get(k) or [])
+    return lists_of_str and all(not isinstance(scan[k], bool) and isinstance(scan[k], kinds)
+                                for k, kinds in SCAN_OPTION_TYPES.items() if k in scan)
+
+
+def _gain_row(row: object) -> bool:
+    """A gain table row: its node, and numbers (non-finite ones written as "nan"/"inf" strings)."""
+    if not isinstance(row, dict) or not isinstance(row.get(Col.NODE), str):
+        return False
+    for key, value in row.items():
+        if key.startswith((Col.GAIN_IF_FLOAT, Col.LOSS_IF_ONLY, "if_float", "if_only")) and value is not None:
+            try:
+                float(value)
+            except (TypeError, ValueError):
+                return False
+    return True
 
 
 def calibration_identity(folder: str | Path, files: Sequence[str | Path], samples: int) -> dict[str, Any]:
@@ -116,6 +176,7 @@ class BisectSession:
                 f"session {path} has format {fmt}, this quantscan reads format {FORMAT} and older: upgrade quantscan"
             )
         _check_schema(raw, path, fmt)
+        _check_contents(raw, path)
         try:
             return cls(
                 model_path=str(raw["model"]["path"]),
@@ -148,7 +209,7 @@ class BisectSession:
             raise SessionFileError(f"expected a bisect session file, found nothing at {p}")
         text = p.read_text(encoding="utf-8", errors="replace")
         try:
-            raw = json.loads(text)
+            raw = parse_json(text)
         except json.JSONDecodeError as exc:
             raise SessionFileError(
                 f"session {p} is corrupt or truncated (invalid JSON at byte {exc.pos} of {len(text)}); "

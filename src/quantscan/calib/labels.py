@@ -6,12 +6,12 @@ alone, and they let compare and the scan report top-1 accuracy.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from quantscan.errors import CalibrationError
+from quantscan.runfolder import parse_json
 
 LABELS_NAME = "labels.json"
 """Beside the data: a list of class names (matched in file names as above), or
@@ -62,7 +62,7 @@ def labels_from_json(folder: Path, names: Sequence[str]) -> tuple[list[str], lis
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CalibrationError(f"expected {LABELS_NAME} to be JSON, found unreadable {path} ({exc})") from None
     classes = data.get("classes") if isinstance(data, dict) else data

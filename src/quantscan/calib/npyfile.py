@@ -29,17 +29,42 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of every array in an .npz, without decompressing the data."""
+    """Shape and dtype of every array in an .npz, without decompressing the data.
+
+    A header that claims more bytes than its archive member holds (a 9 KB file claiming 10^6 samples)
+    is refused here, before anything trusts the shape; the member's stated size is checked again by
+    zipfile as the data is read (a lying directory entry fails its length/CRC check)."""
     out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
                 if info.filename.endswith(".npy"):
                     with zf.open(info) as f:
-                        out[info.filename[:-4]] = _read_header(f)
+                        shape, dtype = _read_header(f)
+                        claimed = array_bytes(shape, dtype)
+                        if claimed > info.file_size:
+                            raise CalibrationError(
+                                f"{path} (key '{info.filename[:-4]}'): expected {claimed} bytes of data for shape "
+                                f"{list(shape)} {dtype}, found an archive member of {info.file_size} bytes")
+                        out[info.filename[:-4]] = (shape, dtype)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise CalibrationError(f"{path}: expected a readable .npz archive, found {short(exc)}") from None
     return out
+
+
+def array_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes of an array of `shape` and `dtype`, in Python integers (no overflow on absurd headers)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * int(dtype.itemsize)
+
+
+def memory_budget() -> int:
+    """The default memory budget (half the available RAM): what one array may take when loaded."""
+    from quantscan.scanning.budget import default_budget, machine_memory
+
+    return default_budget(*machine_memory())
 
 
 def _read_header(f: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
@@ -54,15 +79,40 @@ def _read_header(f: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
 
 
 
-def load_array(path: Path, key: str | None, where: str) -> np.ndarray:
-    """The array of a .npy (memory-mapped) or one key of an .npz; `where` names it in errors."""
+def load_array(path: Path, key: str | None, where: str, rows: int | None = None) -> np.ndarray:
+    """The array of a .npy (memory-mapped) or one key of an .npz; `where` names it in errors.
+
+    `rows`: only the first `rows` entries of axis 0 are needed; an .npz member in C order is then read
+    only that far (`--limit 1` on a zip bomb decompresses one sample, not 9 GB)."""
     try:
         if key is None:
             return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
-        with np.load(path, allow_pickle=False) as npz:
-            return np.asarray(npz[key])
+        with zipfile.ZipFile(path) as zf, zf.open(f"{key}.npy") as f:
+            return _read_rows(f, rows, memory_budget())
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise CalibrationError(f"{where}: expected a readable array, found {short(exc)}") from None
+
+
+def _read_rows(f: IO[bytes], rows: int | None, budget: int) -> np.ndarray:
+    """An .npy stream's array, or its first `rows` entries along axis 0 when it is in C order."""
+    version = np.lib.format.read_magic(f)
+    if version not in ((1, 0), (2, 0)):
+        raise ValueError(f"unsupported .npy format version {version}")
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(f)
+    shape = tuple(int(d) for d in shape)
+    if rows is not None and shape and not fortran and rows < shape[0]:
+        shape = (rows, *shape[1:])
+    if dtype.hasobject:
+        raise ValueError("object arrays are not data")
+    nbytes = array_bytes(shape, dtype)
+    if nbytes > budget:
+        raise ValueError(f"{nbytes} bytes to load, more than the memory budget of {budget} bytes")
+    data = f.read(nbytes)
+    if len(data) != nbytes:
+        raise ValueError(f"truncated: expected {nbytes} bytes of data, found {len(data)}")
+    arr = np.frombuffer(data, dtype=dtype)
+    return arr.reshape(shape[::-1]).transpose() if fortran else arr.reshape(shape)
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:

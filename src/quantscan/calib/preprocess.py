@@ -19,6 +19,7 @@ import numpy as np
 from quantscan.calib.checks import fixed_dim, fmt
 from quantscan.calib.folder import PREPROCESS_NAME
 from quantscan.errors import CalibrationError, QuantscanError, UsageError
+from quantscan.runfolder import parse_json
 from quantscan.specs import InputSpec
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -158,7 +159,7 @@ def preprocess_keys(folder: Path, preprocess: str | Path | None, overrides: Mapp
 
 def _read_json_object(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise CalibrationError(f"{path}: expected a readable JSON file, found {exc}") from None
     except json.JSONDecodeError as exc:
@@ -220,7 +221,7 @@ def _pick_input(keys: PreprocessKeys, specs: Mapping[str, InputSpec], consts: Ma
             f"preprocessing key 'input' missing: expected one of {', '.join(free) or '(none)'}, "
             "found no 'input'"
         )
-    if name not in specs:
+    if not isinstance(name, str) or name not in specs:
         raise keys.bad("input", f"a model input ({', '.join(specs)})", name)
     if name in consts:
         raise keys.bad("input", f"an input not given by --const {name}", name)

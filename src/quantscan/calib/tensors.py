@@ -26,7 +26,7 @@ from quantscan.calib.checks import (
     missing_inputs_error,
 )
 from quantscan.calib.folder import PREPROCESS_NAME, TENSOR_SUFFIXES, other_files
-from quantscan.calib.npyfile import load_array, npy_header, npz_headers
+from quantscan.calib.npyfile import array_bytes, load_array, memory_budget, npy_header, npz_headers
 from quantscan.errors import CalibrationError
 from quantscan.specs import InputSpec, Warnings
 
@@ -43,6 +43,7 @@ class _Segment:
     mode: str  # "split": arr[i:i+1]; "single": arr[None]; "whole": arr; "stack": arr[i]
     count: int
     sample_shape: tuple[int, ...]
+    itemsize: int = 1
 
     @property
     def where(self) -> str:
@@ -61,6 +62,7 @@ def load_tensors(
     streams = _plan_streams(folder, files, specs, consts, warnings)
     total = _common_count(streams)
     n = total if limit is None else min(total, limit)
+    _refuse_over_budget(streams, n, memory_budget())
     used = _files_used(streams, n)
     shapes = {name: segs[0].sample_shape for name, segs in streams.items()}
     shapes |= {name: tuple(a.shape) for name, a in consts.items()}
@@ -193,13 +195,13 @@ def _segment(
     batched = is_batch_axis(decl)
     r = len(decl)
     if batched and len(shape) == r and shape[0] >= 1 and dims_fit(shape[1:], decl[1:]):
-        return _Segment(path, key, "split", shape[0], (1, *shape[1:]))
+        return _Segment(path, key, "split", shape[0], (1, *shape[1:]), dtype.itemsize)
     if batched and len(shape) == r - 1 and dims_fit(shape, decl[1:]):
-        return _Segment(path, key, "single", 1, (1, *shape))
+        return _Segment(path, key, "single", 1, (1, *shape), dtype.itemsize)
     if not batched and len(shape) == r and dims_fit(shape, decl):
-        return _Segment(path, key, "whole", 1, shape)
+        return _Segment(path, key, "whole", 1, shape, dtype.itemsize)
     if not batched and len(shape) == r + 1 and shape[0] >= 1 and dims_fit(shape[1:], decl):
-        return _Segment(path, key, "stack", shape[0], shape[1:])
+        return _Segment(path, key, "stack", shape[0], shape[1:], dtype.itemsize)
     expected = fmt(["N", *decl[1:]]) if batched else fmt(decl)
     raise CalibrationError(
         f"{where}: input '{spec.name}' expects shape {expected} (declared {fmt(decl)}), found {fmt(shape)}"
@@ -217,6 +219,29 @@ def _common_count(streams: Mapping[str, list[_Segment]]) -> int:
             f"expected at least one sample, found empty arrays in {_streams_files(streams)}"
         )
     return total
+
+
+def _loaded_rows(seg: _Segment, needed: int) -> int | None:
+    """Rows of axis 0 an .npz segment is read to when `needed` of its samples are used (None: all)."""
+    return min(seg.count, needed) if seg.mode in ("split", "stack") else None
+
+
+def _refuse_over_budget(streams: Mapping[str, list[_Segment]], n: int, budget: int) -> None:
+    """Before any data is read: an .npz array loaded whole (or to the rows the first n samples need)
+    that cannot fit the memory budget is refused from its header (a .npy is memory-mapped)."""
+    for segs in streams.values():
+        start = 0
+        for seg in segs:
+            if seg.key is not None and start < n:
+                rows = _loaded_rows(seg, n - start)
+                per_row = array_bytes(seg.sample_shape, np.dtype("u1")) * seg.itemsize
+                nbytes = per_row * (rows if rows is not None else seg.count)
+                if nbytes > budget:
+                    raise CalibrationError(
+                        f"{seg.where}: expected an array that fits the memory budget ({budget} bytes, half the "
+                        f"available RAM), found {nbytes} bytes to load for {min(n - start, seg.count)} sample(s); "
+                        "split it into smaller files or use --limit")
+            start += seg.count
 
 
 def _streams_files(streams: Mapping[str, list[_Segment]]) -> str:
@@ -238,7 +263,7 @@ def _files_used(streams: Mapping[str, list[_Segment]], n: int) -> list[Path]:
 def _read_streams(
     streams: Mapping[str, list[_Segment]], specs: Mapping[str, InputSpec], n: int
 ) -> Iterator[tuple[Sample, Path]]:
-    iters = {name: _iter_stream(segs, specs[name]) for name, segs in streams.items()}
+    iters = {name: _iter_stream(segs, specs[name], n) for name, segs in streams.items()}
     for _ in range(n):
         sample: Sample = {}
         path: Path | None = None
@@ -249,13 +274,19 @@ def _read_streams(
         yield sample, path
 
 
-def _iter_stream(segs: list[_Segment], spec: InputSpec) -> Iterator[tuple[np.ndarray, Path]]:
-    """One input's samples, loading one array at a time (memory stays at one file per input)."""
+def _iter_stream(segs: list[_Segment], spec: InputSpec, n: int) -> Iterator[tuple[np.ndarray, Path]]:
+    """One input's first `n` samples, loading one array at a time (memory stays at one file per input),
+    each .npz array only as far as those samples reach."""
+    start = 0
     for seg in segs:
-        arr = load_array(seg.path, seg.key, seg.where)
+        if start >= n:
+            return
+        rows = _loaded_rows(seg, n - start)
+        arr = load_array(seg.path, seg.key, seg.where, rows=rows)
         _check_values(arr, spec, seg)
-        for i in range(seg.count):
+        for i in range(seg.count if rows is None else min(rows, arr.shape[0])):
             yield _take(arr, seg.mode, i).astype(spec.dtype, copy=True), seg.path
+        start += seg.count
         del arr
 
 
@@ -272,7 +303,8 @@ def _take(arr: np.ndarray, mode: str, i: int) -> np.ndarray:
 def _check_values(arr: np.ndarray, spec: InputSpec, seg: _Segment) -> None:
     """NaN/Inf and lossless-cast checks, in chunks so a memory-mapped file is never copied whole."""
     flat = arr.reshape(-1)
-    per_sample = max(1, flat.size // max(1, seg.count))
+    samples = arr.shape[0] if seg.mode in ("split", "stack") and arr.ndim else 1
+    per_sample = max(1, flat.size // max(1, samples))
     for start in range(0, flat.size, _CHECK_CHUNK):
         chunk = np.asarray(flat[start : start + _CHECK_CHUNK])
         bad = _first_nonfinite(chunk)

@@ -22,6 +22,7 @@ import onnx
 
 from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
+from quantscan.graph.infer import infer_shapes
 from quantscan.model import read_model_file
 
 FILL_BATCH = 1
@@ -70,7 +71,7 @@ def read_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
 def infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shapes inferred leniently: a node shape inference cannot handle stays unknown."""
     try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        return infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # e.g. a declared output shape that contradicts inference
         return model
 

@@ -15,6 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from quantscan.graph.index import GraphIndex, opset_version
+from quantscan.graph.infer import infer_shapes
 
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -149,7 +150,7 @@ def add_initializer(model: onnx.ModelProto, name: str, value: np.ndarray) -> Non
 def elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor shape inference can type (inputs, outputs, initializers, values)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - a model inference cannot type still gets the declared types
         inferred = model
     g = inferred.graph

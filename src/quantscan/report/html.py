@@ -421,7 +421,7 @@ def _layer_table_section(layers: pd.DataFrame) -> str:
     heads = "".join(f'<th title="{esc(tip)}">{esc(h)}</th>' for _, h, _, tip in cols)
     top = set(layers[Col.NODE].astype(str).head(TOP_LAYERS)) if Col.NODE in layers else set()
     body = "\n".join(_layer_row(rec, cols, top) for rec in layers.to_dict("records"))
-    ops = sorted(layers[Col.OP_TYPE].astype(str).unique()) if Col.OP_TYPE in layers else []
+    ops = sorted(layers[Col.OP_TYPE].dropna().astype(str).unique()) if Col.OP_TYPE in layers else []
     options = "".join(f'<option value="{esc(o)}">{esc(o)}</option>' for o in ops)
     controls = (
         f'<div class="controls"><label>op type <select id="opfilter"><option value="">all</option>{options}'

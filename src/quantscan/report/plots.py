@@ -250,7 +250,7 @@ def _label_top(ax: Any, data: pd.DataFrame, x: np.ndarray, cum: np.ndarray) -> N
     rank = col(data, Col.RANK)
     iso = col(data, Col.ISOLATED_SQNR_DB)
     for j, i in enumerate(np.argsort(rank, kind="stable")[:5]):
-        if math.isnan(rank[i]):
+        if not math.isfinite(rank[i]):  # a hand-edited "inf" rank names no place
             continue
         y = iso[i] if np.isfinite(iso[i]) else cum[i]
         ax.annotate(

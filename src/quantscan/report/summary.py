@@ -17,6 +17,7 @@ import pandas as pd
 
 from quantscan.columns import Col
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
+from quantscan.report.markdown import code, text
 from quantscan.report.verdict import GainSamples, diagnosis_lines, rank_doc_gain
 
 
@@ -105,16 +106,16 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites,
                          gain_basis(info.options, info.evaluation.samples),
                          [i["quantization"] for i in info.inputs if "quantization" in i]),
-        f"- model sha256 `{info.model.sha256}`, opset {info.opset_original} (analysed at "
+        f"- model sha256 {code(info.model.sha256)}, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
-        f"- calibration: {info.calibration.samples} samples from `{info.calibration.path}`, "
+        f"- calibration: {info.calibration.samples} samples from {code(info.calibration.path)}, "
         f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor "
         f"({info.options.get('activations_source', 'default')}), "
         "weights int8 per output channel (symmetric), bias int32",
         *_float16_lines(info.options),
         *_preprocessing_lines(info.preprocessing),
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
-                                else f"`{info.evaluation.path}` ({info.evaluation.samples} samples)"),
+                                else f"{code(info.evaluation.path)} ({info.evaluation.samples} samples)"),
         f"- analysis sessions: onnxruntime {info.ort_level} (QDQ kept as float fake-quant)",
         "",
         "## Model output (all sites int8)",
@@ -126,12 +127,12 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         dep = info.deployed_metrics.get(name)
         top1 = m.top1_agreement if m.top1_agreement is not None else math.nan
         lines.append(
-            f"| `{name}` | {_fmt(m.cosine, 5)} | {_fmt(m.sqnr_db)} | {_fmt(m.worst_sample_cosine, 5)} | "
+            f"| {code(name)} | {_fmt(m.cosine, 5)} | {_fmt(m.sqnr_db)} | {_fmt(m.worst_sample_cosine, 5)} | "
             f"{_fmt(top1)} | {_fmt(dep.cosine if dep is not None else math.nan, 5)} |"
         )
     lines += [
         "",
-        f"Headline: `{head.output}` (worst output) cosine {_fmt(head.cosine, 5)}, "
+        f"Headline: {code(head.output)} (worst output) cosine {_fmt(head.cosine, 5)}, "
         f"SQNR {_fmt(head.sqnr_db)} dB. "
         + ("" if head.measured else f"**Not measured on the int8 model:** the quantizable nodes inside "
            f"{', '.join(head.unmeasured)} stayed float (the deployed check runs the same model); fold the "
@@ -151,9 +152,9 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     ]
     for r in result.layers.head(10).to_dict("records"):
         lines.append(
-            f"| {r[Col.RANK]} | `{r[Col.NODE]}` | {r[Col.KERNEL]} | {_fmt(r[Col.ISOLATED_SQNR_DB])} | "
+            f"| {r[Col.RANK]} | {code(r[Col.NODE])} | {text(r[Col.KERNEL])} | {_fmt(r[Col.ISOLATED_SQNR_DB])} | "
             f"{_fmt(r[Col.CUMULATIVE_SQNR_DB])} | {_fmt(r[Col.ACT_WORST_CHANNEL_SQNR_DB])} | {r[Col.CAUSE]} | "
-            f"{r[Col.REASON]} |"
+            f"{text(r[Col.REASON])} |"
         )
     lines += _diagnosis_section(result.layers)
     intrinsic = result.layers[result.layers[Col.CAUSE] == "intrinsic"]
@@ -165,13 +166,13 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "rescale channels, or change the calibration method."
     )
     for r in intrinsic.head(15).to_dict("records"):
-        lines.append(f"  - `{r[Col.NODE]}` ({r[Col.KERNEL]}): {r[Col.REASON]}")
+        lines.append(f"  - {code(r[Col.NODE])} ({text(r[Col.KERNEL])}): {text(r[Col.REASON])}")
     lines.append(
         f"- **Inherited** ({len(inherited)} sites): low cumulative SQNR but a fine isolated figure: the error "
         "comes from upstream. Fixing these sites would not help."
     )
     for r in inherited.head(15).to_dict("records"):
-        lines.append(f"  - `{r[Col.NODE]}` ({r[Col.KERNEL]}): {r[Col.REASON]}")
+        lines.append(f"  - {code(r[Col.NODE])} ({text(r[Col.KERNEL])}): {text(r[Col.REASON])}")
     lines += _profile_section(result)
     rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
     measured = int(info.options.get("gain_measured") or 0)
@@ -201,7 +202,7 @@ def _diagnosis_section(layers: pd.DataFrame) -> list[str]:
                         "wasted codes, dead or clipped channels, non-finite figures)."]
     lines.append(f"{len(found)} site(s) with a named cause; the first of each site, in rank order:")
     for r in found.head(DIAGNOSIS_LIMIT).to_dict("records"):
-        lines.append(f"- rank {r[Col.RANK]} `{r[Col.NODE]}` ({r[Col.KERNEL]}): {r[Col.DIAGNOSIS]}")
+        lines.append(f"- rank {r[Col.RANK]} {code(r[Col.NODE])} ({text(r[Col.KERNEL])}): {text(r[Col.DIAGNOSIS])}")
     return lines
 
 
@@ -222,7 +223,7 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
         top = flagged.iloc[0]
         lines.append(
             f"- **flag**: {len(flagged)} site(s) clip more than {CLIP_FLAG:.1%} of their evaluation values "
-            f"(worst `{top[Col.NODE]}`: {top[Col.EVAL_CLIP_FRACTION]:.2%}); "
+            f"(worst {code(top[Col.NODE])}: {top[Col.EVAL_CLIP_FRACTION]:.2%}); "
             + ("the evaluation set is the calibration set, so the calibration method itself cuts this much."
                if same else "the calibration set does not cover the evaluation data: calibrate on data like it.")
         )
@@ -234,8 +235,8 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
                   "(saved in run.json `worst_samples`, "
                   "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
         for w in worst:
-            where = f"`{w['file']}`" if w.get("file") else f"sample {w['index']}"
-            lines.append(f"- {where} (index {w['index']}): `{w[Col.OUTPUT]}` cosine {_fmt(float(w['cosine']), 5)}")
+            where = f"{code(w['file'])}" if w.get("file") else f"sample {w['index']}"
+            lines.append(f"- {where} (index {w['index']}): {code(w[Col.OUTPUT])} cosine {_fmt(float(w['cosine']), 5)}")
     return [*lines, ""]
 
 
@@ -244,7 +245,7 @@ def _preprocessing_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
     checked against it (run.json `preprocessing` holds the full record)."""
     lines = []
     for name, entry in record.items():
-        line = f"- preprocessing of `{name}`: {preprocessing_text(entry)}"
+        line = f"- preprocessing of {code(name)}: {preprocessing_text(entry)}"
         evaluation = entry.get("evaluation")
         if isinstance(evaluation, Mapping):
             line += f"; evaluation set: {preprocessing_text(evaluation)}"
@@ -260,7 +261,7 @@ def preprocessing_text(entry: Mapping[str, Any]) -> str:
     if kind != "images":
         return f"arrays fed as stored ({entry.get('dtype')}, sample shape {entry.get('sample_shape')})"
     size = entry.get("size") or {}
-    text = (f"{entry.get('channel_order')} images, resize `{entry.get('resize')}` ({entry.get('interpolation')}) "
+    text = (f"{entry.get('channel_order')} images, resize {code(entry.get('resize'))} ({entry.get('interpolation')}) "
             f"to {size.get('height')}×{size.get('width')}, ×{_fmt(entry.get('scale'))} − mean "
             f"{_numbers(entry.get('mean'))} ÷ std {_numbers(entry.get('std'))}, {entry.get('layout')} "
             f"{entry.get('dtype')}")
@@ -282,7 +283,7 @@ def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
         return []
     lines = ["## Task metrics (FP32 vs int8, evaluation set)", ""]
     for name, figures in rows:
-        lines.append(f"- `{name}`: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
+        lines.append(f"- {code(name)}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
     return [*lines, ""]
 
 
@@ -291,7 +292,7 @@ def _float16_lines(options: dict[str, Any]) -> list[str]:
     nodes = list(options.get("float16_nodes") or [])
     if not nodes:
         return []
-    shown = ", ".join(f"`{n}`" for n in nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
+    shown = ", ".join(f"{code(n)}" for n in nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
     return [f"- float16 on the chip (profile {options.get('profile')}): {shown} kept float, not int8 sites"]
 
 
@@ -300,7 +301,7 @@ def _profile_section(result: SummarySource) -> list[str]:
         return ["", "_No chip profile given: run with `--profile NAME` (see `quantscan profiles`) to rank "
                 "conversion problems and CPU fallback together with precision._"]
     summary = result.compat.summary()
-    lines = ["", f"## Chip profile `{result.profile}`", ""]
+    lines = ["", f"## Chip profile {code(result.profile)}", ""]
     if not summary.empty and result.profile in summary.columns:
         col = summary[result.profile]
         lines.append(
@@ -316,8 +317,8 @@ def _profile_section(result: SummarySource) -> list[str]:
         "_o", kind="mergesort"
     )
     for r in findings.head(20).to_dict("records"):
-        lines.append(f"| `{r[Col.NODE]}` | {r[Col.OP_TYPE]} | {r['rule']} | {r['value']} | {r['limit']} | "
-                     f"{r['severity']} | {r[Col.PLACEMENT]} | {r['fix']} |")
+        lines.append(f"| {code(r[Col.NODE])} | {text(r[Col.OP_TYPE])} | {text(r['rule'])} | {text(r['value'])} | "
+                     f"{text(r['limit'])} | {r['severity']} | {r[Col.PLACEMENT]} | {text(r['fix'])} |")
     if len(findings) > 20:
         lines.append(f"| … {len(findings) - 20} more in compat.csv | | | | | | | |")
     return lines + _handoff_table(result, findings)
@@ -349,8 +350,8 @@ def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
     for r in intrinsic.to_dict("records"):
         if r[Col.NODE] in seen:
             continue
-        rows.append(f"| `{r[Col.NODE]}` | precision: {r[Col.REASON]} | keep float/int16 (`quantscan bisect`) or "
-                    f"rescale channels | {_check_text(layers, r[Col.NODE])} | |")
+        rows.append(f"| {code(r[Col.NODE])} | precision: {text(r[Col.REASON])} | keep float/int16 "
+                    f"(`quantscan bisect`) or rescale channels | {_check_text(layers, r[Col.NODE])} | |")
     if not rows:
         return []
     head = ["", "### Hand-off: nodes — limit — strategy — numeric check — latency", "",
@@ -363,7 +364,7 @@ HANDOFF_NODES_SHOWN = 3
 
 def _nodes_text(nodes: list[str]) -> str:
     """`A` alone, or `A`, `B`, `C` … (N nodes) for a group."""
-    shown = ", ".join(f"`{n}`" for n in nodes[:HANDOFF_NODES_SHOWN])
+    shown = ", ".join(f"{code(n)}" for n in nodes[:HANDOFF_NODES_SHOWN])
     if len(nodes) == 1:
         return shown
     more = " …" if len(nodes) > HANDOFF_NODES_SHOWN else ""
@@ -386,7 +387,7 @@ def _group_check_text(layers: pd.DataFrame, nodes: list[str]) -> str:
 
     worst = min(sites, key=sqnr)
     text = _check_text(layers, worst)
-    return text if len(nodes) == 1 else f"worst `{worst}`: {text}"
+    return text if len(nodes) == 1 else f"worst {code(worst)}: {text}"
 
 
 def _check_text(layers: pd.DataFrame, node: str) -> str:

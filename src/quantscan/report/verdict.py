@@ -22,6 +22,7 @@ import pandas as pd
 
 from quantscan.columns import Col
 from quantscan.records import DEPLOYED_GAP, Headline, OutputMetrics
+from quantscan.report.markdown import code, text
 
 CLOSE_COSINE = 0.999
 """An all-int8 output cosine at or above this is called close to FP32."""
@@ -114,7 +115,7 @@ def _fix(row: Mapping[str, Any], cosine: float, basis: GainSamples | None = None
         text = row.get(column)
         if isinstance(text, str) and text.strip():
             return text.strip()
-    node = f"`{row[Col.NODE]}`"
+    node = f"{code(row[Col.NODE])}"
     base, gain, on = _promised(row, cosine, basis)
     expected = f" (expected output cosine {_g(base + gain, 5)}, {_signed(gain)}, measured{on})" if math.isfinite(
         gain) else ""
@@ -167,8 +168,8 @@ def _deployed_gap(head: Headline, sites: Sequence[Mapping[str, Any]] = ()) -> li
         lines.append("  Where the integer kernels part from the simulation (each site's deployed output against its "
                      "fake-quant output; the drop is what the site adds to the difference of its inputs):")
     for s in sites:
-        lines.append(f"  - `{s.get(Col.NODE)}` ({s.get(Col.KERNEL)}): SQNR {_g(s.get('sqnr_db'))} dB against "
-                     f"fake-quant, {_g(s.get('drop_db'))} dB below its inputs; likely {s.get(Col.REASON)}.")
+        lines.append(f"  - {code(s.get(Col.NODE))} ({text(s.get(Col.KERNEL))}): SQNR {_g(s.get('sqnr_db'))} dB against "
+                     f"fake-quant, {_g(s.get('drop_db'))} dB below its inputs; likely {text(s.get(Col.REASON))}.")
     return lines
 
 
@@ -176,9 +177,9 @@ def _verdict(head: Headline, metrics: Mapping[str, OutputMetrics]) -> str:
     m = metrics.get(head.output)
     sqnr = f", SQNR {_g(m.sqnr_db)} dB" if m is not None else ""
     if _num(head.cosine) >= CLOSE_COSINE:
-        return (f"- **What**: all-int8 output `{head.output}` stays close to FP32 (cosine {_g(head.cosine, 5)}"
+        return (f"- **What**: all-int8 output {code(head.output)} stays close to FP32 (cosine {_g(head.cosine, 5)}"
                 f"{sqnr}).")
-    return (f"- **What is wrong**: all-int8 output `{head.output}` loses precision: cosine {_g(head.cosine, 5)}"
+    return (f"- **What is wrong**: all-int8 output {code(head.output)} loses precision: cosine {_g(head.cosine, 5)}"
             f"{sqnr} against FP32.")
 
 
@@ -203,8 +204,9 @@ def diagnosis_lines(
     elif measured.empty:
         top = layers.iloc[0].to_dict()
         lines += [
-            f"- **Where** (output gain not measured, rank by isolated error): `{top[Col.NODE]}` ({top[Col.KERNEL]}).",
-            f"- **Why**: {top.get(Col.CAUSE, '')}: {top.get(Col.REASON, '')}.",
+            f"- **Where** (output gain not measured, rank by isolated error): {code(top[Col.NODE])} "
+            f"({text(top[Col.KERNEL])}).",
+            f"- **Why**: {top.get(Col.CAUSE, '')}: {text(top.get(Col.REASON, ''))}.",
             f"- **First thing to try**: {_fix(top, cosine)}.",
         ]
     elif _root_cause(layers.iloc[0].to_dict()):
@@ -243,8 +245,8 @@ def _root_cause_lines(layers: pd.DataFrame) -> list[str]:
     same = [str(n) for n in layers.loc[layers.get(Col.DIAGNOSIS_CAUSE, "") == cause, Col.NODE]]
     also = f" and {len(same) - 1} more site(s) with the same cause" if len(same) > 1 else ""
     return [
-        f"- **Where**: `{top[Col.NODE]}` ({top[Col.KERNEL]}){also}.",
-        f"- **Why** ({cause}): {top.get(Col.DIAGNOSIS) or top.get(Col.REASON, '')}.",
+        f"- **Where**: {code(top[Col.NODE])} ({text(top[Col.KERNEL])}){also}.",
+        f"- **Why** ({cause}): {text(top.get(Col.DIAGNOSIS) or top.get(Col.REASON, ''))}.",
         f"- **First thing to try**: {_fix(top, math.nan)}.",
     ]
 
@@ -253,7 +255,7 @@ def _why_measured(top: Mapping[str, Any]) -> str:
     """The why of the site with the largest measured gain. Its own figures can be fine ("ok"): then the
     output loss comes from the layers after it carrying and growing its small error, which is what the
     gain measures; saying only "ok" beside "keep it float" read as a contradiction."""
-    cause, reason = str(top.get(Col.CAUSE, "")), str(top.get(Col.REASON, ""))
+    cause, reason = str(top.get(Col.CAUSE, "")), text(top.get(Col.REASON, ""))
     if cause == "ok":
         return (f"- **Why**: its own error is small ({reason}), but the layers after it carry and amplify it: "
                 "the gain above is that effect at the output, measured.")
@@ -275,7 +277,7 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
     stderr = _num(top.get(Col.GAIN_IF_FLOAT_STDERR)) if promised == gain else math.nan
     spread = f" ± {_g(stderr, 2)} standard error" if math.isfinite(stderr) else ""
     lines = [
-        f"- **Where**: `{top[Col.NODE]}` ({top[Col.KERNEL]}): keeping it float takes the output cosine from "
+        f"- **Where**: {code(top[Col.NODE])} ({text(top[Col.KERNEL])}): keeping it float takes the output cosine from "
         f"{_g(base, 5)} to {_g(base + promised, 5)} ({_signed(promised)}{spread}, measured{on}).",
         _why_measured(top),
         f"- **First thing to try**: {_fix(top, cosine, basis)}.",
@@ -288,7 +290,7 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
     for r in layers.iloc[1: 1 + NEXT_SITES].to_dict("records"):
         g = _num(r.get(Col.GAIN_IF_FLOAT))
         if math.isfinite(g) and g >= NOTABLE_GAIN:
-            nexts.append(f"`{r[Col.NODE]}` ({r[Col.KERNEL]}, {_signed(g)})")
+            nexts.append(f"{code(r[Col.NODE])} ({text(r[Col.KERNEL])}, {_signed(g)})")
     if nexts:
         ranked_on = " on the gain samples" if basis is not None else ""
         lines.append(f"- **Next**: {', '.join(nexts)} (output cosine gain of keeping each float alone{ranked_on}).")
@@ -353,7 +355,7 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
     target = plan.get("target") or {}
     metric = str(target.get("metric", "cosine"))
     sites: Sequence[Mapping[str, Any]] = plan.get("sites") or []
-    names = ", ".join(f"`{s.get(Col.NODE)}` ({s.get('precision')})" for s in sites[:8])
+    names = ", ".join(f"{code(s.get(Col.NODE))} ({text(s.get('precision'))})" for s in sites[:8])
     more = f" and {len(sites) - 8} more (plan.csv)" if len(sites) > 8 else ""
     reached = "reached" if plan.get("reached") else "not reached"
     return [

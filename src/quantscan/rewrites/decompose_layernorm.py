@@ -24,6 +24,7 @@ from quantscan.graph.edit import (
     unique_name,
 )
 from quantscan.graph.index import GraphIndex, opset_version
+from quantscan.graph.infer import infer_shapes
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "decompose-layernorm"
@@ -31,7 +32,7 @@ REWRITE_ID = "decompose-layernorm"
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - rank stays unknown
         return {}
     g = inferred.graph

@@ -20,6 +20,7 @@ import onnx
 
 from quantscan.graph.edit import attr_int, copy_model, get_attr, node_label, set_attr
 from quantscan.graph.index import GraphIndex
+from quantscan.graph.infer import infer_shapes
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "fix-ceil-mode"
@@ -92,7 +93,7 @@ def _extra_pads(node: onnx.NodeProto, shape: tuple[int | str | None, ...] | None
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...] | None]:
     """Every tensor's shape shape inference knows (declared shapes when inference fails)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - a model inference cannot type keeps its declared shapes
         inferred = model
     index = GraphIndex.of(inferred)

@@ -36,6 +36,7 @@ from quantscan.graph.edit import (
 )
 from quantscan.graph.fold import fold_constants
 from quantscan.graph.index import GraphIndex, opset_version
+from quantscan.graph.infer import infer_shapes
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "fix-dim"
@@ -198,7 +199,7 @@ def _targets(
 def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     """Fully static shapes shape inference can prove (with data propagation through shape chains)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - no inference means nothing provably static
         return {}
     g = inferred.graph

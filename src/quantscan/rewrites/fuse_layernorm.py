@@ -23,6 +23,7 @@ from quantscan.graph.edit import (
     unique_name,
 )
 from quantscan.graph.index import GraphIndex, opset_version
+from quantscan.graph.infer import infer_shapes
 from quantscan.patterns import layernorm
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
@@ -101,7 +102,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:
     try:
-        g = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+        g = infer_shapes(model, strict_mode=False).graph
     except Exception:  # noqa: BLE001 - ranks stay unknown
         return {}
     return {

@@ -31,6 +31,7 @@ from onnx import numpy_helper
 
 from quantscan.graph.edit import copy_model, get_attr, node_label, prune_unused, unique_name
 from quantscan.graph.index import GraphIndex, opset_version
+from quantscan.graph.infer import infer_shapes
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "opset-down"
@@ -53,7 +54,7 @@ class _Ctx:
         self.target = target
         self.index = GraphIndex.of(model)
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+            inferred = infer_shapes(model, strict_mode=False)
         except Exception:  # noqa: BLE001 - ranks stay unknown; the adapters that need one refuse
             inferred = model
         self.ranks = {n: len(i.shape) for n, i in GraphIndex.of(inferred).tensors.items() if i.shape is not None}

@@ -59,7 +59,13 @@ from quantscan.rewrites.linear import WEIGHT_OPS, Linear, linear_of
 from quantscan.rewrites.opset_down import opset_down
 from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
 from quantscan.rewrites.smooth import smooth, smooth_sites
-from quantscan.runfolder import atomic_write_bytes
+from quantscan.runfolder import (
+    atomic_write_bytes,
+    is_quantscan_json,
+    is_quantscan_onnx,
+    refuse_foreign_overwrite,
+    refuse_inputs,
+)
 from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
 
@@ -233,7 +239,7 @@ def rewrite(
     steps_wanted = _steps(rewrites, fix_dim, opset_only=opset is not None, freeze=freeze_input)
     source, original = _load(model)
     frozen = frozen_values(original, list(freeze_input)) if freeze_input else {}
-    out_path = _out_path(model, out) if write else None
+    out_path = _out_path(model, out, force) if write else None
 
     opset_before = onnx_opset(original)
     current, steps = _apply_steps(original, steps_wanted, opset, calib=calib, seed=seed, limit=limit,
@@ -478,17 +484,35 @@ def _load(model: str | Path | onnx.ModelProto) -> tuple[str, onnx.ModelProto]:
     return str(loaded.path), loaded.proto
 
 
-def _out_path(model: str | Path | onnx.ModelProto, out: str | Path | None) -> Path | None:
-    """Where to write: `out`, refused when it is the input; else a fresh versioned name beside the input."""
+RECORD_KEYS = ("source", "steps", "proof")
+"""Keys every OUT.rewrite.json has: a JSON file with them is a record quantscan wrote."""
+
+
+def is_rewrite_output(path: Path) -> bool:
+    """A model `rewrite` wrote: its OUT.rewrite.json record is beside it (the model keeps its own
+    producer_name: a rewrite is still the user's model, for the vendor's tools), or quantscan made it."""
+    return (is_quantscan_json(path.with_name(path.name + ".rewrite.json"), RECORD_KEYS)
+            or is_quantscan_onnx(path))
+
+
+def _out_path(model: str | Path | onnx.ModelProto, out: str | Path | None, force: bool) -> Path | None:
+    """Where to write: `out`, refused when it is the input, or a file (or record) quantscan did not write
+    unless `force`; else a fresh versioned name beside the input."""
     src = None if isinstance(model, onnx.ModelProto) else Path(model)
     if out is not None:
         target = Path(out)
+        if not target.name or target.is_dir():
+            raise UsageError(f"-o: expected a file path for the model, found a folder at {out or '.'}")
         if src is not None and (
             target.resolve() == src.resolve() or (target.exists() and os.path.samefile(target, src))
         ):
             raise UsageError(
                 f"-o: expected a path other than the input model, found the input itself ({src})"
             )
+        record = target.with_name(target.name + ".rewrite.json")
+        refuse_inputs([record], [src], "-o")
+        refuse_foreign_overwrite(target, "-o", is_rewrite_output, force)
+        refuse_foreign_overwrite(record, "-o", lambda p: is_quantscan_json(p, RECORD_KEYS), force)
         return target
     if src is None:
         return None

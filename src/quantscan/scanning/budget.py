@@ -295,6 +295,19 @@ def _segmented(footprint: Footprint, budget: int, budget_source: str, batch: int
     )
 
 
+def _largest_fitting_batch(footprint: Footprint, budget: int, most: int) -> int:
+    """The largest batch in 1..most whose estimate fits `budget` (0: none), by bisection: the estimate
+    grows with the batch, and `--batch-size 2147483648` must not mean two billion estimates."""
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate_peak(footprint, mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _fixed(footprint: Footprint, budget: int, budget_source: str, batch: int, why: str,
            segments: int | None = None) -> MemoryPlan:
     """A batch the model or the user set: it fits (in segments if need be), or a one-line error with the estimate."""
@@ -303,9 +316,9 @@ def _fixed(footprint: Footprint, budget: int, budget_source: str, batch: int, wh
         return MemoryPlan(budget, budget_source, batch, why, peak, footprint, segments or 1)
     if any(estimate_peak(footprint, batch, c) <= budget for c in segment_counts(footprint)):
         return _segmented(footprint, budget, budget_source, batch, why)
-    fitting = [b for b in range(1, batch) if estimate_peak(footprint, b) <= budget]
+    fitting = _largest_fitting_batch(footprint, budget, batch - 1)
     smallest = estimate_peak(footprint, batch, max(1, footprint.sites))
-    hint = (f"--batch-size {fitting[-1]} fits" if fitting and why == "--batch-size"
+    hint = (f"--batch-size {fitting} fits" if fitting and why == "--batch-size"
             else f"give at least --max-memory {_round_up(smallest)}")
     flag = f"--batch-size {batch}" if why == "--batch-size" else f"the model's fixed batch of {batch}"
     raise UsageError(

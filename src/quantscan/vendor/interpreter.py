@@ -22,14 +22,20 @@ USUAL_VENVS = ("venv-{tool}", ".venv-{tool}", "venvs/{tool}")
 """Relative to the working directory, the home directory and the working directory's parent."""
 
 
+IMPORTED = "quantscan-imported"
+"""What the import probe prints once the module is imported: exit 0 alone proves nothing (a wrapper
+script, or anything that is not Python, can exit 0 without running a line)."""
+
+
 def imports(python: Path, module: str, timeout: float = 120.0) -> bool:
-    """Whether `python -c "import module"` succeeds (the toolkit's import can take several seconds)."""
+    """Whether `python` imports `module` and says so (the toolkit's import can take several seconds)."""
     try:
-        done = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, timeout=timeout,
-                              check=False)
+        done = subprocess.run([str(python), "-c", f"import {module}; print({IMPORTED!r} + '-' + {module!r})"],
+                              capture_output=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return done.returncode == 0
+    said = f"{IMPORTED}-{module}".encode()
+    return done.returncode == 0 and said in done.stdout.splitlines()
 
 
 def candidates(tool: str) -> list[Path]:
@@ -56,7 +62,8 @@ def find_python(tool: str, given: str | Path | None = None, places: Sequence[Pat
     """
     module = TOOL_MODULES[tool]
     if given is not None:
-        path = Path(given)
+        path = Path(os.path.abspath(given))  # the driver runs in another folder; not resolve(): a venv's
+        # python is a symlink whose target does not know the venv
         if not path.exists():
             raise UsageError(f"--python: expected a Python interpreter, found no file at {path}")
         if not imports(path, module):

@@ -28,6 +28,7 @@ from quantscan.errors import CalibrationError, UsageError
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import LoadedModel, graph_inputs, load_model
 from quantscan.records import Plan
+from quantscan.runfolder import parse_json
 from quantscan.vendor import align, rknn_files
 from quantscan.vendor.result import VendorRun
 
@@ -127,7 +128,7 @@ def vendor_layers(work: Path, analyses: list[str]) -> list[align.VendorLayer]:
             per_layer.setdefault(row.layer, []).append(row)
     files = _layer_files(work / "map_name_to_file.txt")
     sums_path = work / "entire_sums.json"
-    sums = json.loads(sums_path.read_text(encoding="utf-8")) if sums_path.exists() else {}
+    sums = parse_json(sums_path.read_text(encoding="utf-8")) if sums_path.exists() else {}
     out = []
     for layer in order:
         rows = per_layer[layer]
@@ -176,7 +177,7 @@ def run_driver(python: Path, job: dict[str, Any], work: Path, log: Path) -> dict
     if not result_path.exists():
         return {"stages": [], "error": {"stage": "driver", "message": f"the driver exited {done.returncode} "
                                         f"without a result; see {log}"}}
-    result: dict[str, Any] = json.loads(result_path.read_text(encoding="utf-8"))
+    result: dict[str, Any] = parse_json(result_path.read_text(encoding="utf-8"))
     return result
 
 
@@ -314,7 +315,7 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     from quantscan.bisect.exports import rknn_hybrid_cfg
 
     try:
-        plan = Plan.from_json(json.loads(plan_path.read_text(encoding="utf-8")))
+        plan = Plan.from_json(parse_json(plan_path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
     hybrid_work = work / "hybrid"

@@ -228,8 +228,8 @@ def _layer_table(numbers: list[int], lines: list[str]) -> list[VendorLayer]:
         if not in_table or not line or set(line) <= {"-"} or line.startswith("ID "):
             continue
         tokens = line.split()
-        if len(tokens) < 5 or not tokens[0].isdigit():
-            in_table = False
+        if len(tokens) < 5 or not tokens[0].isdigit() or tokens[3].lower() not in ("npu", "cpu"):
+            in_table = False  # a row whose Target is neither NPU nor CPU is not a row of this table
             continue
         vendor_op, _, name = tokens[-1].partition(":")
         layers.append(VendorLayer(

