@@ -492,16 +492,16 @@ def read_text(path: Path) -> str | None:
 def read_hist(path: Path) -> dict[str, np.ndarray] | None:
     import numpy as np
 
-    from quantscan.calib.npyfile import array_bytes, npz_headers
+    from quantscan.npyheaders import array_bytes, npz_member_headers
 
     if not path.is_file():
         return None
     try:  # sizes from the headers first: a hand-made hist.npz of 9 GB of zeros is not read
-        if sum(array_bytes(shape, dtype) for shape, dtype in npz_headers(path).values()) > HIST_MAX_BYTES:
+        if sum(array_bytes(shape, dtype) for shape, dtype in npz_member_headers(path).values()) > HIST_MAX_BYTES:
             return None
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, QuantscanError):
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, QuantscanError):
         return None
 
 

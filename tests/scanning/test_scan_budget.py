@@ -21,15 +21,14 @@ from quantscan import graph as qgraph
 from quantscan.errors import UsageError
 from quantscan.graph.schedule import interleave
 from quantscan.graph.segments import balanced_cuts
+from quantscan.machine import default_budget, machine_memory
 from quantscan.runner import Runner
 from quantscan.scanning.budget import (
     DEFAULT_BATCH,
     Footprint,
     default_aim,
-    default_budget,
     estimate_peak,
     fp32_floor,
-    machine_memory,
     parse_size,
     plan_memory,
 )

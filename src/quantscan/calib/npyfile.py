@@ -17,66 +17,34 @@ import numpy as np
 
 from quantscan.calib.checks import short
 from quantscan.errors import CalibrationError
+from quantscan.npyheaders import ClaimTooLarge, array_bytes, npz_member_headers, read_array_header
 
 
 def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of a .npy file, read from its header only."""
     try:
         with path.open("rb") as f:
-            return _read_header(f)
+            return read_array_header(f)
     except (OSError, ValueError, EOFError) as exc:
         raise CalibrationError(f"{path}: expected a readable .npy array, found {short(exc)}") from None
 
 
 def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of every array in an .npz, without decompressing the data.
-
-    A header that claims more bytes than its archive member holds (a 9 KB file claiming 10^6 samples)
-    is refused here, before anything trusts the shape; the member's stated size is checked again by
-    zipfile as the data is read (a lying directory entry fails its length/CRC check)."""
-    out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    """Shape and dtype of every array in an .npz, without decompressing the data (npyheaders); a header
+    that claims more bytes than its member holds, or an unreadable archive, is bad calibration data."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if info.filename.endswith(".npy"):
-                    with zf.open(info) as f:
-                        shape, dtype = _read_header(f)
-                        claimed = array_bytes(shape, dtype)
-                        if claimed > info.file_size:
-                            raise CalibrationError(
-                                f"{path} (key '{info.filename[:-4]}'): expected {claimed} bytes of data for shape "
-                                f"{list(shape)} {dtype}, found an archive member of {info.file_size} bytes")
-                        out[info.filename[:-4]] = (shape, dtype)
+        return npz_member_headers(path)
+    except ClaimTooLarge as exc:
+        raise CalibrationError(str(exc)) from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise CalibrationError(f"{path}: expected a readable .npz archive, found {short(exc)}") from None
-    return out
-
-
-def array_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
-    """Bytes of an array of `shape` and `dtype`, in Python integers (no overflow on absurd headers)."""
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n * int(dtype.itemsize)
 
 
 def memory_budget() -> int:
     """The default memory budget (half the available RAM): what one array may take when loaded."""
-    from quantscan.scanning.budget import default_budget, machine_memory
+    from quantscan.machine import default_budget, machine_memory
 
     return default_budget(*machine_memory())
-
-
-def _read_header(f: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
-        raise ValueError(f"unsupported .npy format version {version}")
-    return tuple(int(d) for d in shape), np.dtype(dtype)
-
 
 
 def load_array(path: Path, key: str | None, where: str, rows: int | None = None) -> np.ndarray:

@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from quantscan.errors import UsageError
+from quantscan.machine import read_text_or_empty
 
 DEFAULT_BATCH = 8
 """The batch a scan uses when memory allows and neither the model nor `--batch-size` fixes one."""
@@ -141,48 +141,9 @@ def format_size(n: int) -> str:
     return f"{n}B"
 
 
-def machine_memory(meminfo: str | None = None) -> tuple[int, int]:
-    """(available, total) bytes: /proc/meminfo, capped by the cgroup limit when one is set."""
-    text = meminfo if meminfo is not None else _read("/proc/meminfo")
-    fields = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            fields[key] = int(parts[0]) * 1024
-    total = fields.get("MemTotal", 0)
-    available = fields.get("MemAvailable", total)
-    limit = _cgroup_limit()
-    if limit is not None:
-        total = min(total, limit) if total else limit
-        available = min(available, limit) if available else limit
-    return available, total
-
-
-def _cgroup_limit() -> int | None:
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        raw = _read(path).strip()
-        if raw.isdigit() and int(raw) < 2**60:
-            return int(raw)
-    return None
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def default_budget(available: int, total: int) -> int:
-    """Half the available RAM, never more than the machine has (contract's default)."""
-    half = available // 2 if available else total // 2
-    return min(half, total) if total else half
-
-
 def measured_peak_bytes() -> int | None:
     """This process's peak resident memory so far (VmHWM), or None where /proc is missing."""
-    for line in _read("/proc/self/status").splitlines():
+    for line in read_text_or_empty("/proc/self/status").splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return None

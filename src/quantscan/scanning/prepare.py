@@ -27,6 +27,7 @@ from quantscan.columns import Col
 from quantscan.errors import CalibrationError, ModelError, SessionError, UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.graph.subgraphs import unquantized_warning
+from quantscan.machine import default_budget, machine_memory
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model
 from quantscan.records import ActivationScheme
 from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
@@ -35,8 +36,6 @@ from quantscan.scanning.budget import (
     Footprint,
     MemoryPlan,
     default_aim,
-    default_budget,
-    machine_memory,
     plan_memory,
 )
 from quantscan.scanning.calibrate import CalibStats, calibrate, make_plan
