@@ -117,6 +117,34 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
                                 else f"{code(info.evaluation.path)} ({info.evaluation.samples} samples)"),
         f"- analysis sessions: onnxruntime {info.ort_level} (QDQ kept as float fake-quant)",
+        *_output_section(result),
+        *_task_section(result.output_metrics),
+        *_coverage_section(result.layers, info.worst_samples, bool(info.evaluation.same_as_calibration)),
+        "## Top sites",
+        "",
+        "| rank | node | kernel | isolated SQNR dB | cumulative SQNR dB | worst channel dB | cause | why |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += _sites_sections(result.layers)
+    lines += _profile_section(result)
+    rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
+    measured = int(info.options.get("gain_measured") or 0)
+    if measured:
+        per_ordering = info.options.get("gain_candidates")
+        candidates = info.sites if per_ordering == "all" else int(per_ordering or 0)
+        rank_doc = rank_doc_gain(measured, info.sites, candidates,
+                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples,
+                                 list(info.options.get("gain_sample_indices") or []))
+    lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]
+    if result.warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _output_section(result: SummarySource) -> list[str]:
+    """The model output table (fake-quant and deployed figures per output) and the headline paragraph."""
+    info, head = result.run_info, result.headline
+    lines = [
         "",
         "## Model output (all sites int8)",
         "",
@@ -130,7 +158,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
             f"| {code(name)} | {_fmt(m.cosine, 5)} | {_fmt(m.sqnr_db)} | {_fmt(m.worst_sample_cosine, 5)} | "
             f"{_fmt(top1)} | {_fmt(dep.cosine if dep is not None else math.nan, 5)} |"
         )
-    lines += [
+    return lines + [
         "",
         f"Headline: {code(head.output)} (worst output) cosine {_fmt(head.cosine, 5)}, "
         f"SQNR {_fmt(head.sqnr_db)} dB. "
@@ -143,22 +171,21 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         + "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",
         "",
-        *_task_section(result.output_metrics),
-        *_coverage_section(result.layers, info.worst_samples, bool(info.evaluation.same_as_calibration)),
-        "## Top sites",
-        "",
-        "| rank | node | kernel | isolated SQNR dB | cumulative SQNR dB | worst channel dB | cause | why |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in result.layers.head(10).to_dict("records"):
+
+
+def _sites_sections(layers: pd.DataFrame) -> list[str]:
+    """The top-sites table's rows, the diagnosis list, and the intrinsic/inherited split."""
+    lines = []
+    for r in layers.head(10).to_dict("records"):
         lines.append(
             f"| {r[Col.RANK]} | {code(r[Col.NODE])} | {text(r[Col.KERNEL])} | {_fmt(r[Col.ISOLATED_SQNR_DB])} | "
             f"{_fmt(r[Col.CUMULATIVE_SQNR_DB])} | {_fmt(r[Col.ACT_WORST_CHANNEL_SQNR_DB])} | {r[Col.CAUSE]} | "
             f"{text(r[Col.REASON])} |"
         )
-    lines += _diagnosis_section(result.layers)
-    intrinsic = result.layers[result.layers[Col.CAUSE] == "intrinsic"]
-    inherited = result.layers[result.layers[Col.CAUSE] == "inherited"]
+    lines += _diagnosis_section(layers)
+    intrinsic = layers[layers[Col.CAUSE] == "intrinsic"]
+    inherited = layers[layers[Col.CAUSE] == "inherited"]
     lines += ["", "## Cause or symptom", ""]
     lines.append(
         f"- **Intrinsic** ({len(intrinsic)} sites): the site's own quantization loses precision (low isolated "
@@ -173,19 +200,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
     )
     for r in inherited.head(15).to_dict("records"):
         lines.append(f"  - {code(r[Col.NODE])} ({text(r[Col.KERNEL])}): {text(r[Col.REASON])}")
-    lines += _profile_section(result)
-    rank_doc = RANK_DOC_PROFILE if result.compat is not None else RANK_DOC
-    measured = int(info.options.get("gain_measured") or 0)
-    if measured:
-        per_ordering = info.options.get("gain_candidates")
-        candidates = info.sites if per_ordering == "all" else int(per_ordering or 0)
-        rank_doc = rank_doc_gain(measured, info.sites, candidates,
-                                 int(info.options.get("gain_samples") or 0), info.evaluation.samples,
-                                 list(info.options.get("gain_sample_indices") or []))
-    lines += ["", "## How `rank` is computed", "", rank_doc, "", "## Metrics", "", METRIC_DOC]
-    if result.warnings:
-        lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 DIAGNOSIS_LIMIT = 15
