@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from quantscan.bisect.driver import BisectResult
     from quantscan.calib import CalibSet
     from quantscan.model import LoadedModel
+    from quantscan.scanning.calib_advice import CalibAdvice
+    from quantscan.scanning.prepare import ScanContext
 
 TABLES = ("layers", "tensors", "ops", "channels")
 """The CSV tables every run folder holds (compat.csv and partitions.csv only with a profile)."""
@@ -103,6 +105,56 @@ def save_qdq(result: ScanResult, path: str | Path) -> Path:
                                   protect=[result.model.path])
     result.files.append(target)
     return target
+
+
+def calib_advice(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    *,
+    pick: int | None = None,
+    out: str | Path | None = None,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+    **options: Any,
+) -> CalibAdvice:
+    """`quantscan calib-advice`: one calibration pass (per-sample ranges kept), then is the set big enough,
+    which samples decide ranges, and (`pick`) the subset that reproduces the scales; with `out`,
+    calib_advice.csv and (`pick`) `out/picked/`, a folder usable as `--calib`."""
+    from quantscan.records import CalibMethod
+    from quantscan.scanning.prepare import prepare_scan
+
+    if pick is not None and (isinstance(pick, bool) or not isinstance(pick, int) or pick <= 0):
+        raise UsageError(f"--pick: expected a positive integer, found {pick!r}")
+    if str(options.get("calib_method", CalibMethod.MINMAX)) != CalibMethod.MINMAX:
+        raise UsageError(f"--calib-method: calib-advice expected minmax (scales as min/max of per-sample ranges), "
+                         f"found {options['calib_method']}")
+    ctx = prepare_scan(model, calib, progress=progress, runner=runner, **options)
+    return advice_for(ctx, pick, out)
+
+
+def advice_for(ctx: ScanContext, pick: int | None, out: str | Path | None) -> CalibAdvice:
+    """The advice from a prepared scan's pass 1 (`scan --calib-advice` reuses it); files under `out`."""
+    from quantscan.calib.picked import write_picked
+    from quantscan.scanning.calib_advice import advice_records, advise
+
+    ranges = ctx.calib_stats.sample_ranges
+    if ranges is None:
+        raise UsageError("calib-advice: expected --calib-method minmax (per-sample ranges), found "
+                         f"{ctx.opts.calib_method}")
+    cset = ctx.cset
+    names = ([f.name for f in cset.files] if len(cset.files) == cset.n_samples
+             else [f"sample {i}" for i in range(cset.n_samples)])
+    if pick is not None and pick > cset.n_samples:
+        raise UsageError(f"--pick: expected at most the {cset.n_samples} calibration samples, found {pick}")
+    advice = advise(ranges, str(ctx.chip.activations), names, pick, seed=ctx.opts.seed)
+    if out is not None:
+        import pandas as pd
+
+        folder = runfolder.ensure_out_dir(Path(out))
+        runfolder.write_csv(folder / "calib_advice.csv", pd.DataFrame(advice_records(advice)))
+        if pick is not None:
+            write_picked(cset, advice.picked, folder / "picked")
+    return advice
 
 
 def run_bisect(
