@@ -96,6 +96,8 @@ def _write_tables(result: ScanResult, folder: Path) -> list[Path]:
     if result.task is not None and not result.task.empty:
         runfolder.write_csv(folder / "task.csv", result.task)
         written.append(folder / "task.csv")
+    if result.calib_advice is not None:
+        written.append(write_advice(result.calib_advice, folder))
     return written
 
 
@@ -133,28 +135,31 @@ def calib_advice(
 
 
 def advice_for(ctx: ScanContext, pick: int | None, out: str | Path | None) -> CalibAdvice:
-    """The advice from a prepared scan's pass 1 (`scan --calib-advice` reuses it); files under `out`."""
-    from quantscan.calib.picked import write_picked
-    from quantscan.scanning.calib_advice import advice_records, advise
+    """The advice from a prepared scan's pass 1; calib_advice.csv and (`pick`) picked/ under `out`."""
+    from quantscan.scanning.calib_advice import advise_run
 
-    ranges = ctx.calib_stats.sample_ranges
-    if ranges is None:
-        raise UsageError("calib-advice: expected --calib-method minmax (per-sample ranges), found "
-                         f"{ctx.opts.calib_method}")
     cset = ctx.cset
-    names = ([f.name for f in cset.files] if len(cset.files) == cset.n_samples
-             else [f"sample {i}" for i in range(cset.n_samples)])
-    if pick is not None and pick > cset.n_samples:
-        raise UsageError(f"--pick: expected at most the {cset.n_samples} calibration samples, found {pick}")
-    advice = advise(ranges, str(ctx.chip.activations), names, pick, seed=ctx.opts.seed)
+    advice = advise_run(ctx.calib_stats.sample_ranges, str(ctx.chip.activations), cset.files, cset.n_samples,
+                        str(ctx.opts.calib_method), pick, ctx.opts.seed)
     if out is not None:
-        import pandas as pd
-
         folder = runfolder.ensure_out_dir(Path(out))
-        runfolder.write_csv(folder / "calib_advice.csv", pd.DataFrame(advice_records(advice)))
+        write_advice(advice, folder)
         if pick is not None:
+            from quantscan.calib.picked import write_picked
+
             write_picked(cset, advice.picked, folder / "picked")
     return advice
+
+
+def write_advice(advice: CalibAdvice, folder: Path) -> Path:
+    """calib_advice.csv (scanning.calib_advice.ADVICE_COLUMNS)."""
+    import pandas as pd
+
+    from quantscan.scanning.calib_advice import ADVICE_COLUMNS, advice_records
+
+    path = folder / "calib_advice.csv"
+    runfolder.write_csv(path, pd.DataFrame(advice_records(advice), columns=list(ADVICE_COLUMNS)))
+    return path
 
 
 def run_bisect(

@@ -17,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
 from quantscan import quant
+from quantscan.errors import UsageError
 
 SPREAD_TOLERANCE = 0.05
 """The spread (p90 over sites) under which scales count as settled: 5% of a scale is ~6 of 127 codes."""
@@ -252,6 +254,17 @@ class CalibAdvice:
         if self.picked_error is not None:
             line += f"; picked {len(self.picked)} reproduce the scales within {self.picked_error:.2%}"
         return line
+
+
+def advise_run(ranges: SampleRanges | None, scheme: str, files: Sequence[Path], n_samples: int, method: str,
+               pick_n: int | None = None, seed: int = 0) -> CalibAdvice:
+    """`advise` for a scan's pass 1: samples named by their files (when one file each), bad requests refused."""
+    if ranges is None:
+        raise UsageError(f"calib-advice: expected --calib-method minmax (per-sample ranges), found {method}")
+    if pick_n is not None and pick_n > n_samples:
+        raise UsageError(f"--pick: expected at most the {n_samples} calibration samples, found {pick_n}")
+    names = [f.name for f in files] if len(files) == n_samples else [f"sample {i}" for i in range(n_samples)]
+    return advise(ranges, scheme, names, pick_n, seed=seed)
 
 
 def advise(ranges: SampleRanges, scheme: str, names: Sequence[str], pick_n: int | None = None,

