@@ -98,6 +98,18 @@ def test_worker_shards_stack_in_order() -> None:
     np.testing.assert_array_equal(merged.sample_ranges.maxs[:, 0], [2.0, 1.0, 0.5])
 
 
+@pytest.mark.parametrize("scheme", ["uint8", "int8", "uint16", "int16"])
+def test_array_scales_equal_the_plans_qparams_bit_for_bit(scheme: str) -> None:
+    rng = np.random.default_rng(1)
+    lo = np.concatenate([-rng.gamma(1.0, 3.0, 300), rng.uniform(0, 2, 50), [0.0, -1e-40, 0.0, 5.0, -7.0]])
+    hi = np.concatenate([rng.gamma(1.0, 3.0, 300), rng.uniform(2, 4, 50), [0.0, 1e-40, 1e-45, 6.0, -3.0]])
+    lo, hi = lo.astype(np.float32), hi.astype(np.float32)
+    want = np.array([quant.activation_qparams(float(a), float(b), scheme).scale for a, b in zip(lo, hi, strict=True)])
+    got = quant.activation_scales(lo, hi, scheme)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
 def _formula_scale(lo: np.ndarray, hi: np.ndarray, scheme: str) -> np.ndarray:
     if scheme == "int8":
         return np.maximum(np.abs(lo), np.abs(hi)) / 127.0

@@ -9,14 +9,14 @@ draws, leave-one-out, the `--pick` greedy) costs no network pass.
 The statistic (calib_advice.csv): for a subset size n, `draws` bootstrap draws of n samples (with
 replacement, seeded) give each site that many scales; the site's relative spread is
 (p95 - p5) / median of them; the set's spread at n is the 90th percentile over sites. Scales come from
-`quant.activation_qparams` with the run's scheme, the function the plan uses (memoised per range).
+`quant.activation_qparams` with the run's scheme, the function the plan uses (in its array form,
+`quant.activation_scales`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -71,18 +71,11 @@ def per_sample_extremes(lo: np.ndarray, hi: np.ndarray, count: int) -> tuple[np.
 
 
 def scale_function(scheme: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """Elementwise scale of ranges (lo, hi) under `scheme`, via quant.activation_qparams, memoised:
-    subset ranges are drawn from a finite set of per-sample values, so most ranges repeat."""
-
-    @lru_cache(maxsize=1 << 20)
-    def one(lo: float, hi: float) -> float:
-        return float(quant.activation_qparams(lo, hi, scheme).scale)
+    """Elementwise scale of ranges (lo, hi) under `scheme`: quant.activation_scales, the array form of
+    quant.activation_qparams (the plan's function, tested equal), in float64 for the ratios below."""
 
     def scales(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        pairs = np.stack([np.ravel(lo), np.ravel(hi)], axis=1).astype(np.float32)
-        unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
-        values = np.array([one(float(a), float(b)) for a, b in unique], dtype=np.float64)
-        return values[np.ravel(inverse)].reshape(np.shape(lo))
+        return quant.activation_scales(lo, hi, scheme).astype(np.float64)
 
     return scales
 
