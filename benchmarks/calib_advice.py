@@ -13,6 +13,7 @@
     median kept, plus the advice's numpy time, against one FP32 pass over the same decoded batches.
 (c) Pick: `api.scan` calibrated on the `--pick` folder vs on the full set, both evaluated on the full set
     (`eval=`); goal |cosine difference| <= 0.002. Pick 32 where the set has 64 samples, 16 otherwise.
+    Beside it, a seeded random subset of the same size, evaluated the same way.
 The machine is shared and noisy: compare rows of one run, not runs.
 """
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from quantscan.calib import CalibSet
     from quantscan.scanning.calib_advice import SampleRanges
     from quantscan.scanning.calibrate import CalibStats
     from quantscan.scanning.prepare import ScanContext
@@ -107,20 +109,24 @@ def cost_row(model: str, ctx: ScanContext, repeats: int) -> list[str]:
             f"{med['advice']:.3f}", f"{extra / med['fp32']:.2f}x", "yes" if extra <= med["fp32"] else "NO"]
 
 
-def pick_row(model: str, n_samples: int) -> list[str]:
+def pick_row(model: str, cset: CalibSet) -> list[str]:
     from quantscan.api import calib_advice, scan
+    from quantscan.calib.picked import write_picked
 
     model_path, calib = ASSETS / "models" / f"{model}.onnx", ASSETS / "calib" / model
+    n_samples = cset.n_samples
     n = 32 if n_samples >= 64 else 16
     common = {"threads": 1, "gain_candidates": 0, "tensors": "sites", "eval": str(calib)}
     with tempfile.TemporaryDirectory() as tmp:
         advice = calib_advice(model_path, calib, pick=n, out=tmp, threads=1)
         full = scan(model_path, calib, **common).headline.cosine
         picked = scan(model_path, Path(tmp) / "picked", **common).headline.cosine
-        first = scan(model_path, calib, **{**common, "limit": n}).headline.cosine
+        chosen = np.random.default_rng(0).choice(n_samples, n, replace=False)
+        write_picked(cset, [int(i) for i in chosen], Path(tmp) / "random")
+        random = scan(model_path, Path(tmp) / "random", **common).headline.cosine
     diff = picked - full
     return [model, str(n_samples), str(n), f"{advice.picked_error or 0.0:.4f}", f"{full:.5f}", f"{picked:.5f}",
-            f"{diff:+.5f}", f"{first - full:+.5f}", "yes" if abs(diff) <= 0.002 else "NO"]
+            f"{diff:+.5f}", f"{random - full:+.5f}", "yes" if abs(diff) <= 0.002 else "NO"]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -149,7 +155,7 @@ def main() -> int:
         pred += prediction_rows(model, ranges, str(ctx.chip.activations), args.splits)
         cost.append(cost_row(model, ctx, args.repeats))
         if not args.no_cosine:
-            picks.append(pick_row(model, ctx.cset.n_samples))
+            picks.append(pick_row(model, ctx.cset))
         print(f"done {model}", file=sys.stderr)
     print("(a) bootstrap spread on half A vs disjoint held-out subsets of half B (p90 over sites, mean of splits)")
     print(table(["model", "samples", "A/B", "n", "predicted", "measured", "ratio", "within 1.5x"], pred))
@@ -160,7 +166,7 @@ def main() -> int:
         print("\n(c) all-int8 output cosine, calibrated on the picked subset vs the full set, "
               "both evaluated on the full set")
         print(table(["model", "samples", "pick", "worst scale err", "cosine full", "cosine picked", "picked-full",
-                     "first-n - full", "within 0.002"], picks))
+                     "random n - full", "within 0.002"], picks))
     return 0
 
 

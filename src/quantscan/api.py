@@ -163,7 +163,8 @@ def write_advice(advice: CalibAdvice, folder: Path) -> Path:
     from quantscan.scanning.calib_advice import ADVICE_COLUMNS, advice_records
 
     path = folder / "calib_advice.csv"
-    runfolder.write_csv(path, pd.DataFrame(advice_records(advice), columns=list(ADVICE_COLUMNS)))
+    frame = pd.DataFrame(advice_records(advice), columns=list(ADVICE_COLUMNS))
+    runfolder.write_csv(path, frame.astype({"n": "Int64", "draws": "Int64", "k": "Int64"}))  # blank, not 8.0
     return path
 
 

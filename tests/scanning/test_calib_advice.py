@@ -195,6 +195,7 @@ def test_cli_writes_the_csv_and_a_summary_line(tmp_path: Path, capsys: pytest.Ca
 
     table = pd.read_csv(out / "calib_advice.csv")
     assert list(table[table["kind"] == "spread"]["n"]) == [8, 12]
+    assert "8.0" not in (out / "calib_advice.csv").read_text(encoding="utf-8")
     assert (table["kind"] == "decider").any()
     assert "calib-advice (12 samples" in capsys.readouterr().out
     assert main(["calib-advice", str(path), "--calib", str(calib), "--out", str(out), "--pick", "99"]) == 2
