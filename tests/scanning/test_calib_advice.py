@@ -229,3 +229,11 @@ def test_scan_calib_advice_merges_across_workers(tmp_path: Path) -> None:
     assert (tmp_path / "w2" / "calib_advice.csv").is_file()
     summary = (tmp_path / "w2" / "summary.md").read_text(encoding="utf-8")
     assert "## Calibration set" in summary and one.verdict in summary
+
+
+def test_scan_calib_advice_refuses_histogram_methods_before_any_pass(tmp_path: Path) -> None:
+    import quantscan
+
+    path, calib, _ = _model(tmp_path, samples=4)
+    with pytest.raises(UsageError, match="--calib-advice: expected --calib-method minmax"):
+        quantscan.scan(path, calib, calib_method="entropy", calib_advice=True)

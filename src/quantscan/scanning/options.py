@@ -144,6 +144,9 @@ class ScanOptions:
             raise UsageError(f"--calib-method: expected one of {', '.join(methods)}, found {self.calib_method!r}")
         if self.activations is not None and self.activations not in [a.value for a in ActivationScheme]:
             raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
+        if self.calib_advice and self.calib_method != CalibMethod.MINMAX:
+            raise UsageError(f"--calib-advice: expected --calib-method minmax (scales as min/max of per-sample "
+                             f"ranges), found {self.calib_method}")
         if self.tensors not in TENSOR_SETS:
             raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
         count = self.gain_candidates
