@@ -237,3 +237,26 @@ def test_scan_calib_advice_refuses_histogram_methods_before_any_pass(tmp_path: P
     path, calib, _ = _model(tmp_path, samples=4)
     with pytest.raises(UsageError, match="--calib-advice: expected --calib-method minmax"):
         quantscan.scan(path, calib, calib_method="entropy", calib_advice=True)
+
+
+def test_decider_cosine_equals_a_scan_calibrated_without_it(tmp_path: Path) -> None:
+    """Oracle: a separate scan whose calibration folder lacks the sample, evaluated on the full set."""
+    import shutil
+
+    import quantscan
+
+    path, calib, _ = _model(tmp_path, samples=10)
+    planted = np.load(calib / "s03.npy") * 20.0  # one sample far beyond the rest: it alone sets every range
+    np.save(calib / "s03.npy", planted.astype(np.float32))
+    advice = calib_advice(path, calib, activations="uint8", batch_size=4)
+    top = advice.deciders[0]
+    assert top.name == "s03.npy" and top.cosine_without is not None and advice.cosine_full is not None
+    without = tmp_path / "without"
+    shutil.copytree(calib, without)
+    (without / "s03.npy").unlink()
+    full = quantscan.scan(path, calib, activations="uint8", gain_candidates=0).headline.cosine
+    rest = quantscan.scan(path, without, eval=str(calib), activations="uint8", gain_candidates=0).headline.cosine
+    assert advice.cosine_full == pytest.approx(full, abs=1e-6)
+    assert top.cosine_without == pytest.approx(rest, abs=1e-6)
+    assert top.advice(advice.cosine_full) == ("droppable: the cosine does not fall without it" if rest >= full
+                                              else "keep: the cosine falls without it")

@@ -164,10 +164,19 @@ class Decider:
     sites: tuple[str, ...]
     max_drop: float
     """The largest relative scale drop over those sites when the sample is left out."""
+    cosine_without: float | None = None
+    """All-int8 output cosine on the evaluation set when calibrated without this sample (None: not measured)."""
 
     @property
     def k(self) -> int:
         return len(self.sites)
+
+    def advice(self, cosine_full: float | None) -> str:
+        """droppable (an outlier: the cosine does not fall without it) or keep (data that needs its range)."""
+        if cosine_full is None or self.cosine_without is None:
+            return ""
+        return ("droppable: the cosine does not fall without it" if self.cosine_without >= cosine_full
+                else "keep: the cosine falls without it")
 
 
 def deciders(ranges: SampleRanges, scheme: str, names: Sequence[str]) -> list[Decider]:
@@ -237,13 +246,19 @@ class CalibAdvice:
     picked_names: list[str]
     picked_error: float | None
     """The picked subset's worst relative scale error over sites against the full set."""
+    cosine_full: float | None = None
+    """All-int8 output cosine on the evaluation set, calibrated on every sample (with the deciders' cosines)."""
 
     def summary_line(self) -> str:
         """One line: the verdict, the sample deciding most sites, the picked subset's fit."""
         line = f"calib-advice ({self.n_samples} samples, {self.tensors} calibrated tensors): {self.verdict}"
         if self.deciders:
             top = self.deciders[0]
-            line += f"; {top.name} alone sets the range of {top.k} site(s) (scale -{top.max_drop:.1%} without it)"
+            line += f"; {top.name} alone sets the range of {top.k} site(s) (scale -{top.max_drop:.1%} without it"
+            if top.cosine_without is not None and self.cosine_full is not None:
+                line += (f", int8 cosine {self.cosine_full:.5f} -> {top.cosine_without:.5f}: "
+                         f"{top.advice(self.cosine_full)}")
+            line += ")"
         if self.picked_error is not None:
             line += f"; picked {len(self.picked)} reproduce the scales within {self.picked_error:.2%}"
         return line
@@ -276,7 +291,7 @@ def advise(ranges: SampleRanges, scheme: str, names: Sequence[str], pick_n: int 
 
 
 ADVICE_COLUMNS = ("kind", "n", "draws", "spread_p90", "spread_median", "error_p90", "worst_site", "worst_spread",
-                  "sample", "k", "max_drop", "sites")
+                  "sample", "k", "max_drop", "cosine_with", "cosine_without", "advice", "sites")
 """calib_advice.csv: `kind` spread (one row per n) or decider (one row per sample that alone sets a range)."""
 
 
@@ -285,8 +300,10 @@ def advice_records(advice: CalibAdvice) -> list[dict[str, object]]:
     records: list[dict[str, object]] = [
         {"kind": "spread", "n": r.n, "draws": r.draws, "spread_p90": r.spread_p90, "spread_median": r.spread_median,
          "error_p90": r.error_p90, "worst_site": r.worst_site, "worst_spread": r.worst_spread} for r in advice.rows]
-    records += [{"kind": "decider", "sample": d.name, "k": d.k, "max_drop": d.max_drop, "sites": " ".join(d.sites)}
-                for d in advice.deciders]
+    records += [{"kind": "decider", "sample": d.name, "k": d.k, "max_drop": d.max_drop,
+                 "cosine_with": advice.cosine_full if d.cosine_without is not None else None,
+                 "cosine_without": d.cosine_without, "advice": d.advice(advice.cosine_full),
+                 "sites": " ".join(d.sites)} for d in advice.deciders]
     return [{c: rec.get(c) for c in ADVICE_COLUMNS} for rec in records]
 
 
@@ -302,6 +319,12 @@ def advice_markdown(advice: CalibAdvice, deciders_shown: int = 5) -> str:
               f"({r.worst_spread:.1%}) |" for r in advice.rows]
     if advice.deciders:
         lines += ["", "Samples that alone set a tensor's range (leaving one out shrinks those scales):", ""]
-        lines += [f"- `{d.name}`: {d.k} tensor(s), scale -{d.max_drop:.1%} at most without it"
-                  for d in advice.deciders[:deciders_shown]]
+        lines += [_decider_line(d, advice.cosine_full) for d in advice.deciders[:deciders_shown]]
     return "\n".join(lines) + "\n"
+
+
+def _decider_line(d: Decider, cosine_full: float | None) -> str:
+    line = f"- `{d.name}`: {d.k} tensor(s), scale -{d.max_drop:.1%} at most without it"
+    if d.cosine_without is not None and cosine_full is not None:
+        line += f"; int8 cosine {cosine_full:.5f} with it, {d.cosine_without:.5f} without: {d.advice(cosine_full)}"
+    return line

@@ -1,0 +1,57 @@
+"""The all-int8 output cosine with each top deciding sample left out of calibration (calib-advice).
+
+Why: a sample that alone sets a tensor's range is either an outlier that costs every other sample
+resolution (drop it) or the one example of data the model must handle (keep it). Leaving it out needs
+no network pass for the ranges (the per-sample ranges give the rest's min/max) but one evaluation pass
+per sample for the cosine: the FP32 model and the int8 copy planned without it, in one session
+(scanning.gain.Evaluator), on the evaluation set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from quantscan import graph as qgraph
+from quantscan import quant
+from quantscan.scanning.calib_advice import CalibAdvice, Decider, SampleRanges
+from quantscan.scanning.calibrate import make_plan
+from quantscan.scanning.gain import Evaluator, mixed_builder
+from quantscan.scanning.prepare import ScanContext
+
+DECIDERS_EVALUATED = 3
+"""Top deciding samples whose leave-one-out cosine is measured: one evaluation pass each."""
+
+
+def with_decider_cosines(ctx: ScanContext, advice: CalibAdvice, top: int = DECIDERS_EVALUATED) -> CalibAdvice:
+    """`advice` with the all-int8 cosine of the full set and of each top decider left out (the onnxruntime
+    recipe plans through quantize_static, so there it is left unmeasured)."""
+    ranges = ctx.calib_stats.sample_ranges
+    if ranges is None or ctx.quantize_static is not None or not advice.deciders or top <= 0:
+        return advice
+    usable = ranges.usable()
+    full = _cosine(ctx)
+    measured = [replace(d, cosine_without=_cosine(replace(ctx, plan=_plan_without(ctx, usable, d))))
+                for d in advice.deciders[:top]]
+    return replace(advice, cosine_full=full, deciders=[*measured, *advice.deciders[top:]])
+
+
+def _plan_without(ctx: ScanContext, usable: SampleRanges, decider: Decider) -> qgraph.QuantPlan:
+    """The all-int8 plan calibrated on every sample but the decider (tensors not split per sample keep
+    their full range)."""
+    keep = np.arange(usable.n_samples) != decider.sample
+    observers: dict[str, quant.Observer] = dict(ctx.calib_stats.observers)
+    for j, tensor in enumerate(usable.tensors):
+        old = observers[tensor]
+        obs = quant.MinMaxObserver(symmetric=bool(getattr(old, "symmetric", False)))
+        obs.update(np.array([usable.mins[keep, j].min(), usable.maxs[keep, j].max()], np.float32))
+        observers[tensor] = obs
+    plan, _ = make_plan(ctx.prepared.proto, ctx.sites, ctx.origins, observers, ctx.chip.activations)
+    return plan
+
+
+def _cosine(ctx: ScanContext) -> float:
+    """The headline (worst output) cosine of the all-int8 model of `ctx.plan` on the evaluation set."""
+    builder = mixed_builder(ctx)
+    return float(Evaluator(ctx, builder, "cosine").evaluate(builder.precisions(())).worst["cosine"])
