@@ -205,6 +205,8 @@ class RunFiles:
     compat: pd.DataFrame | None
     partitions: pd.DataFrame | None
     plan: dict[str, Any] | None
+    calib_advice: pd.DataFrame | None = None
+    """calib_advice.csv (`scan --calib-advice`)."""
 
 
 def load_run(run_dir: Path) -> RunFiles:
@@ -234,6 +236,7 @@ def load_run(run_dir: Path) -> RunFiles:
         compat=_read_table(run_dir / "compat.csv"),
         partitions=_read_table(run_dir / "partitions.csv"),
         plan=read_plan(run_dir / "plan.json"),
+        calib_advice=_read_table(run_dir / "calib_advice.csv"),
     )
 
 

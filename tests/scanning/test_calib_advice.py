@@ -260,3 +260,16 @@ def test_decider_cosine_equals_a_scan_calibrated_without_it(tmp_path: Path) -> N
     assert top.cosine_without == pytest.approx(rest, abs=1e-6)
     assert top.advice(advice.cosine_full) == ("droppable: the cosine does not fall without it" if rest >= full
                                               else "keep: the cosine falls without it")
+
+
+def test_report_page_plots_spread_against_n(tmp_path: Path) -> None:
+    import quantscan
+
+    path, calib, _ = _model(tmp_path, samples=12)
+    quantscan.scan(path, calib, calib_advice=True, gain_candidates=0, out=tmp_path / "run")
+    page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    assert 'id="calib-advice"' in page and "scale spread against calibration samples" in page
+    assert "Samples that alone set a range" in page
+    plain = tmp_path / "plain"
+    quantscan.scan(path, calib, gain_candidates=0, out=plain)
+    assert 'id="calib-advice"' not in (plain / "report.html").read_text(encoding="utf-8")

@@ -291,7 +291,7 @@ def advise(ranges: SampleRanges, scheme: str, names: Sequence[str], pick_n: int 
 
 
 ADVICE_COLUMNS = ("kind", "n", "draws", "spread_p90", "spread_median", "error_p90", "worst_site", "worst_spread",
-                  "sample", "k", "max_drop", "cosine_with", "cosine_without", "advice", "sites")
+                  "tolerance", "sample", "k", "max_drop", "cosine_with", "cosine_without", "advice", "sites")
 """calib_advice.csv: `kind` spread (one row per n) or decider (one row per sample that alone sets a range)."""
 
 
@@ -299,7 +299,8 @@ def advice_records(advice: CalibAdvice) -> list[dict[str, object]]:
     """calib_advice.csv's rows (ADVICE_COLUMNS), spread rows first, then the deciding samples."""
     records: list[dict[str, object]] = [
         {"kind": "spread", "n": r.n, "draws": r.draws, "spread_p90": r.spread_p90, "spread_median": r.spread_median,
-         "error_p90": r.error_p90, "worst_site": r.worst_site, "worst_spread": r.worst_spread} for r in advice.rows]
+         "error_p90": r.error_p90, "worst_site": r.worst_site, "worst_spread": r.worst_spread,
+         "tolerance": SPREAD_TOLERANCE} for r in advice.rows]
     records += [{"kind": "decider", "sample": d.name, "k": d.k, "max_drop": d.max_drop,
                  "cosine_with": advice.cosine_full if d.cosine_without is not None else None,
                  "cosine_without": d.cosine_without, "advice": d.advice(advice.cosine_full),
