@@ -559,6 +559,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
               + (f", gain if float {gain:+.4g}{spread}" if math.isfinite(gain) else ""))
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
     extra += "" if args.no_report else ", report.html"
+    extra += ", calib_advice.csv" if result.calib_advice is not None else ""
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
     if result.compat is not None:
         _print_case_matches(result.compat.findings, args.cases)
