@@ -142,13 +142,13 @@ def calib_advice(
 def advice_for(ctx: ScanContext, pick: int | None, out: str | Path | None) -> CalibAdvice:
     """The advice from a prepared scan's pass 1 (plus one evaluation pass per top deciding sample, and one
     for the full set: scanning.advice_eval); calib_advice.csv and (`pick`) picked/ under `out`."""
-    from quantscan.scanning.advice_eval import with_decider_cosines
+    from quantscan.scanning.advice_eval import with_coverage, with_decider_cosines
     from quantscan.scanning.calib_advice import advise_run
 
     cset = ctx.cset
     advice = advise_run(ctx.calib_stats.sample_ranges, str(ctx.chip.activations), cset.files, cset.n_samples,
                         str(ctx.opts.calib_method), pick, ctx.opts.seed)
-    advice = with_decider_cosines(ctx, advice)
+    advice = with_coverage(ctx, with_decider_cosines(ctx, advice))
     if out is not None:
         folder = runfolder.ensure_out_dir(Path(out))
         write_advice(advice, folder)

@@ -495,11 +495,8 @@ def _sample_options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_calib_advice(args: argparse.Namespace) -> int:
     from quantscan.api import calib_advice
 
-    if args.eval:
-        raise UsageError("calib-advice: --eval (coverage per site) is not available in this version; "
-                         "`quantscan scan --eval DIR` reports eval clipping per site")
     out = Path(args.out) if args.out else default_out(args.model)
-    _refuse_out_in_data(out, args.calib, None)
+    _refuse_out_in_data(out, args.calib, args.eval)
     advice = calib_advice(args.model, args.calib, pick=args.pick, out=out, progress=_progress_factory(args.quiet),
                           **_sample_options(args))
     print(advice.summary_line())

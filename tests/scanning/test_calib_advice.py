@@ -273,3 +273,47 @@ def test_report_page_plots_spread_against_n(tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     quantscan.scan(path, calib, gain_candidates=0, out=plain)
     assert 'id="calib-advice"' not in (plain / "report.html").read_text(encoding="utf-8")
+
+
+def test_coverage_is_the_reach_past_the_grid_range_per_label() -> None:
+    from quantscan.scanning.calib_advice import coverage
+
+    calib = SampleRanges(["a", "b"], np.array([[-1.0, 0.5], [-2.0, 1.0]], np.float32),
+                         np.array([[3.0, 2.0], [1.0, 4.0]], np.float32))  # a: [-2, 3], b: [0 (widened), 4]
+    evals = SampleRanges(["a", "b"], np.array([[-2.5, 0.0], [-1.0, -1.0], [0.0, 1.0]], np.float32),
+                         np.array([[3.0, 4.0], [5.0, 4.0], [1.0, 2.0]], np.float32))
+    rows = coverage(calib, evals, "uint8", ["cat", "dog", "dog"])
+    got = {(r.site, r.group): (r.samples, r.samples_past, r.reach) for r in rows}
+    assert got[("a", "all")] == (3, 2, pytest.approx(2.0 / 5.0))  # 5 past 3 by 2 on a width of 5
+    assert got[("a", "cat")] == (1, 1, pytest.approx(0.5 / 5.0))
+    assert got[("a", "dog")] == (2, 1, pytest.approx(2.0 / 5.0))
+    assert got[("b", "all")] == (3, 1, pytest.approx(1.0 / 4.0))  # -1 below the widened 0 on a width of 4
+    assert ("b", "cat") not in got
+    sym = {(r.site, r.group): r.reach for r in coverage(calib, evals, "int8")}  # a: ±3, b: ±4
+    assert sym == {("a", "all"): pytest.approx(2.0 / 6.0)}
+
+
+def test_eval_coverage_end_to_end_against_the_reference_evaluator(tmp_path: Path) -> None:
+    path, calib, x = _model(tmp_path, samples=8)
+    evals = tmp_path / "eval"
+    evals.mkdir()
+    xe = np.random.default_rng(9).normal(0, 1, (3, 2, 6, 6)).astype(np.float32)
+    xe[1] *= 6.0  # one evaluation sample far wider than the calibration data
+    for i, sample in enumerate(xe):
+        np.save(evals / f"e{i}.npy", sample[None])
+    advice = calib_advice(path, calib, eval=str(evals), activations="uint8")
+    assert advice.coverage
+    rows = {r.site: r for r in advice.coverage if r.group == "all"}
+    ranges = prepare_scan(path, calib, activations="uint8", gain_candidates=0).calib_stats.sample_ranges
+    assert ranges is not None
+    for tensor in ranges.tensors:
+        c, e = _reference(path, x, tensor), _reference(path, xe, tensor)
+        lo, hi = min(float(c[:, 0].min()), 0.0), max(float(c[:, 1].max()), 0.0)
+        past = np.maximum(np.maximum(e[:, 1] - hi, lo - e[:, 0]), 0.0) / (hi - lo)
+        if not (past > 1e-6).any():
+            assert tensor not in rows or rows[tensor].reach < 1e-5
+            continue
+        row = rows[tensor]
+        assert row.samples == 3 and row.samples_past == int((past > 0).sum())
+        assert row.reach == pytest.approx(float(past.max()), rel=1e-4)
+    assert rows

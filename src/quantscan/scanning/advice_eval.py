@@ -4,7 +4,8 @@ Why: a sample that alone sets a tensor's range is either an outlier that costs e
 resolution (drop it) or the one example of data the model must handle (keep it). Leaving it out needs
 no network pass for the ranges (the per-sample ranges give the rest's min/max) but one evaluation pass
 per sample for the cosine: the FP32 model and the int8 copy planned without it, in one session
-(scanning.gain.Evaluator), on the evaluation set.
+(scanning.gain.Evaluator), on the evaluation set. With `--eval`, the coverage of the evaluation set
+takes one FP32 pass over it (the calibration pass's graph, its per-sample ranges kept).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import numpy as np
 
 from quantscan import graph as qgraph
 from quantscan import quant
-from quantscan.scanning.calib_advice import CalibAdvice, Decider, SampleRanges
-from quantscan.scanning.calibrate import make_plan
+from quantscan.scanning.calib_advice import CalibAdvice, Decider, SampleRanges, coverage
+from quantscan.scanning.calibrate import calibrate, make_plan
 from quantscan.scanning.gain import Evaluator, mixed_builder
+from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
 
 DECIDERS_EVALUATED = 3
@@ -55,3 +57,19 @@ def _cosine(ctx: ScanContext) -> float:
     """The headline (worst output) cosine of the all-int8 model of `ctx.plan` on the evaluation set."""
     builder = mixed_builder(ctx)
     return float(Evaluator(ctx, builder, "cosine").evaluate(builder.precisions(())).worst["cosine"])
+
+
+def with_coverage(ctx: ScanContext, advice: CalibAdvice, progress: ProgressFactory = no_progress) -> CalibAdvice:
+    """With a separate evaluation set (`--eval`): one FP32 pass over it keeping per-sample ranges (the
+    calibration pass's graph), then per tensor and label how far its samples reach past the calibrated range."""
+    calib = ctx.calib_stats.sample_ranges
+    if ctx.opts.eval is None or calib is None:
+        return advice
+    stats = calibrate(ctx.prepared, ctx.sites, ctx.origins, ctx.eval_set, ctx.batch_size, ctx.runner,
+                      ctx.opts.calib_method, ctx.chip.activations, progress, ctx.probe.shapes, ctx.probe.input_shapes)
+    if stats.sample_ranges is None:
+        return advice
+    eset = ctx.eval_set
+    groups = ([None if label is None else eset.label_names[label] for label in eset.labels]
+              if eset.labels and eset.label_names else None)
+    return replace(advice, coverage=coverage(calib, stats.sample_ranges, str(ctx.chip.activations), groups))

@@ -248,6 +248,8 @@ class CalibAdvice:
     """The picked subset's worst relative scale error over sites against the full set."""
     cosine_full: float | None = None
     """All-int8 output cosine on the evaluation set, calibrated on every sample (with the deciders' cosines)."""
+    coverage: list[CoverageRow] | None = None
+    """With a separate evaluation set: where its samples reach past the calibrated ranges."""
 
     def summary_line(self) -> str:
         """One line: the verdict, the sample deciding most sites, the picked subset's fit."""
@@ -259,6 +261,10 @@ class CalibAdvice:
                 line += (f", int8 cosine {self.cosine_full:.5f} -> {top.cosine_without:.5f}: "
                          f"{top.advice(self.cosine_full)}")
             line += ")"
+        if self.coverage is not None:
+            spots = [c for c in self.coverage if c.group == "all"]
+            line += (f"; evaluation data past the calibrated range on {len(spots)} tensor(s)"
+                     + (f", farthest {spots[0].reach:.0%} of the range on {spots[0].site}" if spots else ""))
         if self.picked_error is not None:
             line += f"; picked {len(self.picked)} reproduce the scales within {self.picked_error:.2%}"
         return line
@@ -291,8 +297,10 @@ def advise(ranges: SampleRanges, scheme: str, names: Sequence[str], pick_n: int 
 
 
 ADVICE_COLUMNS = ("kind", "n", "draws", "spread_p90", "spread_median", "error_p90", "worst_site", "worst_spread",
-                  "tolerance", "sample", "k", "max_drop", "cosine_with", "cosine_without", "advice", "sites")
-"""calib_advice.csv: `kind` spread (one row per n) or decider (one row per sample that alone sets a range)."""
+                  "tolerance", "sample", "k", "max_drop", "cosine_with", "cosine_without", "advice", "sites",
+                  "group", "samples", "samples_past", "reach")
+"""calib_advice.csv: `kind` spread (one row per n), decider (one row per sample that alone sets a range) or
+coverage (with `--eval`: per tensor in `sites` and label `group`, the evaluation samples past the range)."""
 
 
 def advice_records(advice: CalibAdvice) -> list[dict[str, object]]:
@@ -305,6 +313,8 @@ def advice_records(advice: CalibAdvice) -> list[dict[str, object]]:
                  "cosine_with": advice.cosine_full if d.cosine_without is not None else None,
                  "cosine_without": d.cosine_without, "advice": d.advice(advice.cosine_full),
                  "sites": " ".join(d.sites)} for d in advice.deciders]
+    records += [{"kind": "coverage", "sites": c.site, "group": c.group, "samples": c.samples,
+                 "samples_past": c.samples_past, "reach": c.reach} for c in advice.coverage or []]
     return [{c: rec.get(c) for c in ADVICE_COLUMNS} for rec in records]
 
 
@@ -321,6 +331,11 @@ def advice_markdown(advice: CalibAdvice, deciders_shown: int = 5) -> str:
     if advice.deciders:
         lines += ["", "Samples that alone set a tensor's range (leaving one out shrinks those scales):", ""]
         lines += [_decider_line(d, advice.cosine_full) for d in advice.deciders[:deciders_shown]]
+    if advice.coverage is not None:
+        lines += ["", "Evaluation data past the calibrated quantizer range (reach: the farthest value past it, "
+                  "as a fraction of the range's width):", ""]
+        lines += [f"- `{c.site}` ({c.group}): {c.samples_past} of {c.samples} evaluation samples, reach {c.reach:.1%}"
+                  for c in advice.coverage[:deciders_shown]] or ["- none: every evaluation value is inside"]
     return "\n".join(lines) + "\n"
 
 
@@ -329,3 +344,51 @@ def _decider_line(d: Decider, cosine_full: float | None) -> str:
     if d.cosine_without is not None and cosine_full is not None:
         line += f"; int8 cosine {cosine_full:.5f} with it, {d.cosine_without:.5f} without: {d.advice(cosine_full)}"
     return line
+
+
+@dataclass(frozen=True)
+class CoverageRow:
+    """How far one group of evaluation samples reaches past one tensor's quantizer range."""
+
+    site: str
+    group: str
+    """A class name from the evaluation set's labels, or "all"."""
+    samples: int
+    samples_past: int
+    """Evaluation samples of the group with a value outside the tensor's quantizer range."""
+    reach: float
+    """The farthest such value past the range, as a fraction of the range's width."""
+
+
+def grid_ranges(lo: np.ndarray, hi: np.ndarray, scheme: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges the quantizer represents: widened to 0, and ±absmax under a symmetric scheme."""
+    lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+    if scheme in ("int8", "int16"):
+        hi = np.maximum(-lo, hi)
+        lo = -hi
+    return lo, hi
+
+
+def coverage(calib: SampleRanges, evals: SampleRanges, scheme: str,
+             groups: Sequence[str | None] | None = None) -> list[CoverageRow]:
+    """Per tensor and group (all, then each label), the evaluation samples past the calibrated quantizer
+    range and how far; only rows where some sample goes past. Tensors need ranges in both sets."""
+    usable = calib.usable()
+    index = {t: j for j, t in enumerate(evals.tensors)}
+    tensors = [t for t in usable.tensors if t in index and np.isfinite(evals.mins[:, index[t]]).all()
+               and np.isfinite(evals.maxs[:, index[t]]).all()]
+    cols_c = [usable.tensors.index(t) for t in tensors]
+    cols_e = [index[t] for t in tensors]
+    lo, hi = grid_ranges(usable.mins[:, cols_c].min(axis=0), usable.maxs[:, cols_c].max(axis=0), scheme)
+    width = np.maximum(hi - lo, np.finfo(np.float32).tiny)
+    past = np.maximum(np.maximum(evals.maxs[:, cols_e] - hi, lo - evals.mins[:, cols_e]), 0.0) / width
+    labels = list(groups) if groups is not None else [None] * evals.n_samples
+    names = ["all", *sorted({g for g in labels if g is not None})]
+    rows = []
+    for j, tensor in enumerate(tensors):
+        for name in names:
+            mask = np.array([name == "all" or g == name for g in labels])
+            hits = past[mask, j] > 0
+            if hits.any():
+                rows.append(CoverageRow(tensor, name, int(mask.sum()), int(hits.sum()), float(past[mask, j].max())))
+    return sorted(rows, key=lambda r: (r.group != "all", -r.reach, r.site, r.group))

@@ -28,7 +28,7 @@ from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.runner import Runner
-from quantscan.scanning.advice_eval import with_decider_cosines
+from quantscan.scanning.advice_eval import with_coverage, with_decider_cosines
 from quantscan.scanning.budget import measured_peak_bytes
 from quantscan.scanning.calib_advice import CalibAdvice, advise_run
 from quantscan.scanning.causes import with_inherited
@@ -196,7 +196,7 @@ def _calib_advice(ctx: ScanContext) -> CalibAdvice:
     pass; the top deciding samples' leave-one-out cosines take one evaluation pass each."""
     advice = advise_run(ctx.calib_stats.sample_ranges, str(ctx.chip.activations), ctx.cset.files,
                         ctx.cset.n_samples, str(ctx.opts.calib_method), seed=ctx.opts.seed)
-    return with_decider_cosines(ctx, advice)
+    return with_coverage(ctx, with_decider_cosines(ctx, advice))
 
 
 def rank_by_impact(
