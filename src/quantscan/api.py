@@ -167,7 +167,8 @@ def write_advice(advice: CalibAdvice, folder: Path) -> Path:
 
     path = folder / "calib_advice.csv"
     frame = pd.DataFrame(advice_records(advice), columns=list(ADVICE_COLUMNS))
-    runfolder.write_csv(path, frame.astype({"n": "Int64", "draws": "Int64", "k": "Int64"}))  # blank, not 8.0
+    counts = {c: "Int64" for c in ("n", "draws", "k", "samples", "samples_past")}  # blank, not 8.0
+    runfolder.write_csv(path, frame.astype(counts))
     return path
 
 

@@ -282,11 +282,12 @@ def test_coverage_is_the_reach_past_the_grid_range_per_label() -> None:
                          np.array([[3.0, 2.0], [1.0, 4.0]], np.float32))  # a: [-2, 3], b: [0 (widened), 4]
     evals = SampleRanges(["a", "b"], np.array([[-2.5, 0.0], [-1.0, -1.0], [0.0, 1.0]], np.float32),
                          np.array([[3.0, 4.0], [5.0, 4.0], [1.0, 2.0]], np.float32))
-    rows = coverage(calib, evals, "uint8", ["cat", "dog", "dog"])
+    rows = coverage(calib, evals, "uint8", ["cat", "dog", None])
     got = {(r.site, r.group): (r.samples, r.samples_past, r.reach) for r in rows}
     assert got[("a", "all")] == (3, 2, pytest.approx(2.0 / 5.0))  # 5 past 3 by 2 on a width of 5
     assert got[("a", "cat")] == (1, 1, pytest.approx(0.5 / 5.0))
-    assert got[("a", "dog")] == (2, 1, pytest.approx(2.0 / 5.0))
+    assert got[("a", "dog")] == (1, 1, pytest.approx(2.0 / 5.0))
+    assert ("a", "(unlabelled)") not in got and got[("b", "dog")] == (1, 1, pytest.approx(1.0 / 4.0))
     assert got[("b", "all")] == (3, 1, pytest.approx(1.0 / 4.0))  # -1 below the widened 0 on a width of 4
     assert ("b", "cat") not in got
     sym = {(r.site, r.group): r.reach for r in coverage(calib, evals, "int8")}  # a: ±3, b: ±4

@@ -346,13 +346,17 @@ def _decider_line(d: Decider, cosine_full: float | None) -> str:
     return line
 
 
+UNLABELLED = "(unlabelled)"
+"""The coverage group of evaluation samples without a label, in a set where others have one."""
+
+
 @dataclass(frozen=True)
 class CoverageRow:
     """How far one group of evaluation samples reaches past one tensor's quantizer range."""
 
     site: str
     group: str
-    """A class name from the evaluation set's labels, or "all"."""
+    """A class name from the evaluation set's labels, UNLABELLED, or "all"."""
     samples: int
     samples_past: int
     """Evaluation samples of the group with a value outside the tensor's quantizer range."""
@@ -382,7 +386,7 @@ def coverage(calib: SampleRanges, evals: SampleRanges, scheme: str,
     lo, hi = grid_ranges(usable.mins[:, cols_c].min(axis=0), usable.maxs[:, cols_c].max(axis=0), scheme)
     width = np.maximum(hi - lo, np.finfo(np.float32).tiny)
     past = np.maximum(np.maximum(evals.maxs[:, cols_e] - hi, lo - evals.mins[:, cols_e]), 0.0) / width
-    labels = list(groups) if groups is not None else [None] * evals.n_samples
+    labels = [UNLABELLED if g is None else g for g in groups] if groups is not None else [None] * evals.n_samples
     names = ["all", *sorted({g for g in labels if g is not None})]
     rows = []
     for j, tensor in enumerate(tensors):
