@@ -136,19 +136,22 @@ def calib_advice(
         raise UsageError(f"--calib-method: calib-advice expected minmax (scales as min/max of per-sample ranges), "
                          f"found {options['calib_method']}")
     ctx = prepare_scan(model, calib, progress=progress, runner=runner, **options)
-    return advice_for(ctx, pick, out)
+    return advice_for(ctx, pick, out, subset_cosines=True)
 
 
-def advice_for(ctx: ScanContext, pick: int | None, out: str | Path | None) -> CalibAdvice:
-    """The advice from a prepared scan's pass 1 (plus one evaluation pass per top deciding sample, and one
-    for the full set: scanning.advice_eval); calib_advice.csv and (`pick`) picked/ under `out`."""
-    from quantscan.scanning.advice_eval import with_coverage, with_decider_cosines
+def advice_for(ctx: ScanContext, pick: int | None, out: str | Path | None, subset_cosines: bool = False) -> CalibAdvice:
+    """The advice from a prepared scan's pass 1 (plus one evaluation pass per top deciding sample, one for
+    the full set, and with `subset_cosines` three per subset size: scanning.advice_eval);
+    calib_advice.csv and (`pick`) picked/ under `out`."""
+    from quantscan.scanning.advice_eval import with_coverage, with_decider_cosines, with_subset_cosines
     from quantscan.scanning.calib_advice import advise_run
 
     cset = ctx.cset
     advice = advise_run(ctx.calib_stats.sample_ranges, str(ctx.chip.activations), cset.files, cset.n_samples,
                         str(ctx.opts.calib_method), pick, ctx.opts.seed)
     advice = with_coverage(ctx, with_decider_cosines(ctx, advice))
+    if subset_cosines:
+        advice = with_subset_cosines(ctx, advice)
     if out is not None:
         folder = runfolder.ensure_out_dir(Path(out))
         write_advice(advice, folder)
@@ -167,7 +170,7 @@ def write_advice(advice: CalibAdvice, folder: Path) -> Path:
 
     path = folder / "calib_advice.csv"
     frame = pd.DataFrame(advice_records(advice), columns=list(ADVICE_COLUMNS))
-    counts = {c: "Int64" for c in ("n", "draws", "k", "samples", "samples_past")}  # blank, not 8.0
+    counts = {c: "Int64" for c in ("n", "draws", "k", "samples", "samples_past", "cosine_draws")}  # blank, not 8.0
     runfolder.write_csv(path, frame.astype(counts))
     return path
 

@@ -318,3 +318,27 @@ def test_eval_coverage_end_to_end_against_the_reference_evaluator(tmp_path: Path
         assert row.samples == 3 and row.samples_past == int((past > 0).sum())
         assert row.reach == pytest.approx(float(past.max()), rel=1e-4)
     assert rows
+
+
+def test_subset_cosine_equals_a_scan_calibrated_on_that_subset(tmp_path: Path) -> None:
+    """A subset's plan from per-sample ranges gives the cosine of a scan calibrated on a folder of it."""
+    import shutil
+    from dataclasses import replace
+
+    import quantscan
+    from quantscan.scanning.advice_eval import _cosine, _plan_for
+
+    path, calib, _ = _model(tmp_path, samples=10)
+    ctx = prepare_scan(path, calib, activations="uint8", batch_size=4, gain_candidates=0)
+    assert ctx.calib_stats.sample_ranges is not None
+    idx = np.array([1, 4, 4, 7])  # a bootstrap draw: repeats allowed
+    got = _cosine(replace(ctx, plan=_plan_for(ctx, ctx.calib_stats.sample_ranges.usable(), idx)))
+    subset = tmp_path / "subset"
+    subset.mkdir()
+    for i in sorted(set(idx.tolist())):
+        shutil.copy(calib / f"s{i:02d}.npy", subset)
+    want = quantscan.scan(path, subset, eval=str(calib), activations="uint8", gain_candidates=0).headline.cosine
+    assert got == pytest.approx(want, abs=1e-6)
+    advice = calib_advice(path, calib, activations="uint8")
+    assert all(r.cosine_draws == 3 and r.cosine_min is not None and r.cosine_mean is not None
+               and r.cosine_min <= r.cosine_mean <= 1.0 for r in advice.rows)

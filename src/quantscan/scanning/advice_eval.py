@@ -24,6 +24,8 @@ from quantscan.scanning.prepare import ScanContext
 
 DECIDERS_EVALUATED = 3
 """Top deciding samples whose leave-one-out cosine is measured: one evaluation pass each."""
+SUBSET_COSINE_DRAWS = 3
+"""Bootstrap subsets per size n whose all-int8 cosine `calib-advice` measures: one evaluation pass each."""
 
 
 def with_decider_cosines(ctx: ScanContext, advice: CalibAdvice, top: int = DECIDERS_EVALUATED) -> CalibAdvice:
@@ -40,17 +42,38 @@ def with_decider_cosines(ctx: ScanContext, advice: CalibAdvice, top: int = DECID
 
 
 def _plan_without(ctx: ScanContext, usable: SampleRanges, decider: Decider) -> qgraph.QuantPlan:
-    """The all-int8 plan calibrated on every sample but the decider (tensors not split per sample keep
-    their full range)."""
-    keep = np.arange(usable.n_samples) != decider.sample
+    """The all-int8 plan calibrated on every sample but the decider."""
+    return _plan_for(ctx, usable, np.flatnonzero(np.arange(usable.n_samples) != decider.sample))
+
+
+def _plan_for(ctx: ScanContext, usable: SampleRanges, samples: np.ndarray) -> qgraph.QuantPlan:
+    """The all-int8 plan calibrated on `samples` (indices, repeats allowed); tensors not split per sample
+    keep their full range."""
     observers: dict[str, quant.Observer] = dict(ctx.calib_stats.observers)
     for j, tensor in enumerate(usable.tensors):
         old = observers[tensor]
         obs = quant.MinMaxObserver(symmetric=bool(getattr(old, "symmetric", False)))
-        obs.update(np.array([usable.mins[keep, j].min(), usable.maxs[keep, j].max()], np.float32))
+        obs.update(np.array([usable.mins[samples, j].min(), usable.maxs[samples, j].max()], np.float32))
         observers[tensor] = obs
     plan, _ = make_plan(ctx.prepared.proto, ctx.sites, ctx.origins, observers, ctx.chip.activations)
     return plan
+
+
+def with_subset_cosines(ctx: ScanContext, advice: CalibAdvice, draws: int = SUBSET_COSINE_DRAWS) -> CalibAdvice:
+    """Per subset size n, the all-int8 output cosine of `draws` bootstrap subsets of n samples (seeded),
+    one evaluation pass each: what the spread of the scales does to the output."""
+    ranges = ctx.calib_stats.sample_ranges
+    if ranges is None or ctx.quantize_static is not None or draws <= 0:
+        return advice
+    usable = ranges.usable()
+    rng = np.random.default_rng(ctx.opts.seed + 1)
+    rows = []
+    for row in advice.rows:
+        cosines = [_cosine(replace(ctx, plan=_plan_for(ctx, usable, rng.integers(0, usable.n_samples, row.n))))
+                   for _ in range(draws)]
+        rows.append(replace(row, cosine_draws=draws, cosine_mean=float(np.mean(cosines)),
+                            cosine_min=float(np.min(cosines))))
+    return replace(advice, rows=rows)
 
 
 def _cosine(ctx: ScanContext) -> float:

@@ -121,6 +121,10 @@ class SpreadRow:
     """90th percentile over sites of the median |scale(subset) - scale(full set)| / scale(full set)."""
     worst_site: str
     worst_spread: float
+    cosine_draws: int = 0
+    """Bootstrap subsets of n whose all-int8 output cosine was measured (one evaluation pass each)."""
+    cosine_mean: float | None = None
+    cosine_min: float | None = None
 
 
 def stability(ranges: SampleRanges, scheme: str, sizes: Sequence[int] | None = None, draws: int = 200,
@@ -297,7 +301,8 @@ def advise(ranges: SampleRanges, scheme: str, names: Sequence[str], pick_n: int 
 
 
 ADVICE_COLUMNS = ("kind", "n", "draws", "spread_p90", "spread_median", "error_p90", "worst_site", "worst_spread",
-                  "tolerance", "sample", "k", "max_drop", "cosine_with", "cosine_without", "advice", "sites",
+                  "tolerance", "cosine_draws", "cosine_mean", "cosine_min",
+                  "sample", "k", "max_drop", "cosine_with", "cosine_without", "advice", "sites",
                   "group", "samples", "samples_past", "reach")
 """calib_advice.csv: `kind` spread (one row per n), decider (one row per sample that alone sets a range) or
 coverage (with `--eval`: per tensor in `sites` and label `group`, the evaluation samples past the range)."""
@@ -308,7 +313,8 @@ def advice_records(advice: CalibAdvice) -> list[dict[str, object]]:
     records: list[dict[str, object]] = [
         {"kind": "spread", "n": r.n, "draws": r.draws, "spread_p90": r.spread_p90, "spread_median": r.spread_median,
          "error_p90": r.error_p90, "worst_site": r.worst_site, "worst_spread": r.worst_spread,
-         "tolerance": SPREAD_TOLERANCE} for r in advice.rows]
+         "tolerance": SPREAD_TOLERANCE, "cosine_draws": r.cosine_draws, "cosine_mean": r.cosine_mean,
+         "cosine_min": r.cosine_min} for r in advice.rows]
     records += [{"kind": "decider", "sample": d.name, "k": d.k, "max_drop": d.max_drop,
                  "cosine_with": advice.cosine_full if d.cosine_without is not None else None,
                  "cosine_without": d.cosine_without, "advice": d.advice(advice.cosine_full),
@@ -324,10 +330,12 @@ def advice_markdown(advice: CalibAdvice, deciders_shown: int = 5) -> str:
              f"Scale spread = 90th percentile over the {advice.tensors} calibrated tensors of (p95 - p5) / median "
              f"of the tensor's scale over {advice.rows[0].draws} bootstrap draws of n samples"
              + (f"; {advice.left_out} tensor(s) left out (not split per sample)." if advice.left_out else "."),
-             "", "| n | spread p90 | spread median | error vs full set p90 | most moving tensor |",
-             "|---|---|---|---|---|"]
+             "", "| n | spread p90 | spread median | error vs full set p90 | most moving tensor | all-int8 cosine |",
+             "|---|---|---|---|---|---|"]
     lines += [f"| {r.n} | {r.spread_p90:.1%} | {r.spread_median:.1%} | {r.error_p90:.1%} | `{r.worst_site}` "
-              f"({r.worst_spread:.1%}) |" for r in advice.rows]
+              f"({r.worst_spread:.1%}) |" + (f" {r.cosine_mean:.5f} (min {r.cosine_min:.5f}, {r.cosine_draws} draws) |"
+                                           if r.cosine_mean is not None and r.cosine_min is not None else " – |")
+              for r in advice.rows]
     if advice.deciders:
         lines += ["", "Samples that alone set a tensor's range (leaving one out shrinks those scales):", ""]
         lines += [_decider_line(d, advice.cosine_full) for d in advice.deciders[:deciders_shown]]
