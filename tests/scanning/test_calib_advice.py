@@ -342,3 +342,19 @@ def test_subset_cosine_equals_a_scan_calibrated_on_that_subset(tmp_path: Path) -
     advice = calib_advice(path, calib, activations="uint8")
     assert all(r.cosine_draws == 3 and r.cosine_min is not None and r.cosine_mean is not None
                and r.cosine_min <= r.cosine_mean <= 1.0 for r in advice.rows)
+
+
+def test_cosine_settles_at_the_first_size_from_which_every_mean_is_close() -> None:
+    from dataclasses import replace
+
+    from quantscan.scanning.calib_advice import COSINE_MARGIN, CalibAdvice, SpreadRow
+
+    def row(n: int, cos: float) -> SpreadRow:
+        return SpreadRow(n, 10, 0.1, 0.1, 0.1, "t", 0.1, 3, cos, cos)
+
+    base = CalibAdvice(64, "uint8", 1, 0, [row(8, 0.990), row(16, 0.9985), row(32, 0.997), row(64, 0.9995)], [],
+                       "v", [], [], None, cosine_full=0.999)
+    assert base.cosine_settles_at() == 64  # 32 falls more than the margin below: 16 does not count
+    closer = replace(base, rows=[row(8, 0.990), row(16, 0.999 - COSINE_MARGIN / 2), row(32, 0.9995), row(64, 1.0)])
+    assert closer.cosine_settles_at() == 16 and "from 16 samples on" in closer.summary_line()
+    assert replace(base, cosine_full=None).cosine_settles_at() is None

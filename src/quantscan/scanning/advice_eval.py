@@ -73,7 +73,8 @@ def with_subset_cosines(ctx: ScanContext, advice: CalibAdvice, draws: int = SUBS
                    for _ in range(draws)]
         rows.append(replace(row, cosine_draws=draws, cosine_mean=float(np.mean(cosines)),
                             cosine_min=float(np.min(cosines))))
-    return replace(advice, rows=rows)
+    full = advice.cosine_full if advice.cosine_full is not None else _cosine(ctx)
+    return replace(advice, rows=rows, cosine_full=full)
 
 
 def _cosine(ctx: ScanContext) -> float:

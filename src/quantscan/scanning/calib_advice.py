@@ -24,6 +24,8 @@ import numpy as np
 from quantscan import quant
 from quantscan.errors import UsageError
 
+COSINE_MARGIN = 0.001
+"""How close to the full set's all-int8 cosine a subset size's mean cosine must come to count as enough."""
 SPREAD_TOLERANCE = 0.05
 """The spread (p90 over sites) under which scales count as settled: 5% of a scale is ~6 of 127 codes."""
 
@@ -255,9 +257,25 @@ class CalibAdvice:
     coverage: list[CoverageRow] | None = None
     """With a separate evaluation set: where its samples reach past the calibrated ranges."""
 
+    def cosine_settles_at(self) -> int | None:
+        """The smallest measured n from which every subset size's mean cosine is within COSINE_MARGIN of
+        the full set's (None when not measured)."""
+        if self.cosine_full is None or not self.rows or self.rows[0].cosine_mean is None:
+            return None
+        settled = None
+        for row in reversed(self.rows):
+            if row.cosine_mean is None or row.cosine_mean < self.cosine_full - COSINE_MARGIN:
+                break
+            settled = row.n
+        return settled
+
     def summary_line(self) -> str:
         """One line: the verdict, the sample deciding most sites, the picked subset's fit."""
         line = f"calib-advice ({self.n_samples} samples, {self.tensors} calibrated tensors): {self.verdict}"
+        enough = self.cosine_settles_at()
+        if enough is not None:
+            line += (f"; the all-int8 output cosine is within {COSINE_MARGIN} of the full set's from {enough} "
+                     f"samples on (mean of {self.rows[0].cosine_draws} bootstrap subsets)")
         if self.deciders:
             top = self.deciders[0]
             line += f"; {top.name} alone sets the range of {top.k} site(s) (scale -{top.max_drop:.1%} without it"
