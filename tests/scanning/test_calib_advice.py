@@ -358,3 +358,18 @@ def test_cosine_settles_at_the_first_size_from_which_every_mean_is_close() -> No
     closer = replace(base, rows=[row(8, 0.990), row(16, 0.999 - COSINE_MARGIN / 2), row(32, 0.9995), row(64, 1.0)])
     assert closer.cosine_settles_at() == 16 and "from 16 samples on" in closer.summary_line()
     assert replace(base, cosine_full=None).cosine_settles_at() is None
+
+
+def test_partials_not_split_per_sample_are_left_out() -> None:
+    from quantscan.scanning.calib_advice import per_sample_extremes
+
+    lo = np.array([[1.0, -2.0], [np.nan, 0.5], [np.inf, np.nan]], np.float32)
+    hi = np.array([[3.0, 2.0], [1.0, np.nan], [np.nan, np.nan]], np.float32)
+    mins, maxs = per_sample_extremes(lo, hi, 3)  # NaN/Inf left out, as the plan's observer does
+    np.testing.assert_array_equal(mins[:2], [-2.0, 0.5])
+    np.testing.assert_array_equal(maxs[:2], [3.0, 1.0])
+    assert np.isnan(mins[2]) and np.isnan(maxs[2])
+    flat_lo, flat_hi = per_sample_extremes(np.array([[-1.0, 4.0]], np.float32), np.array([[5.0, 6.0]], np.float32), 2)
+    assert np.isnan(flat_lo).all() and np.isnan(flat_hi).all()  # one row for a batch of 2: not attributable
+    ranges = SampleRanges(["a", "b"], np.stack([[0.0, 0.0], flat_lo]).T, np.stack([[1.0, 1.0], flat_hi]).T)
+    assert ranges.usable().tensors == ["a"]
