@@ -25,6 +25,8 @@ from quantscan.scanning.run import ScanResult, measure
 if TYPE_CHECKING:
     from quantscan.bisect.driver import BisectResult
     from quantscan.calib import CalibSet
+    from quantscan.scanning.calib_advice import CalibAdvice
+    from quantscan.scanning.prepare import ScanContext
 
 TABLES = ("layers", "tensors", "ops", "channels")
 """The CSV tables every run folder holds (compat.csv and partitions.csv only with a profile)."""
@@ -62,7 +64,12 @@ def save_scan(result: ScanResult, out: str | Path) -> list[Path]:
     t0 = time.perf_counter()
     written = _write_tables(result, folder)
     plan = runfolder.read_plan(folder / "plan.json")  # a bisect run into this folder before the scan
-    runfolder.atomic_write_text(folder / "summary.md", summary_markdown(result, plan))
+    text = summary_markdown(result, plan)
+    if result.calib_advice is not None:
+        from quantscan.scanning.calib_advice import advice_markdown
+
+        text += advice_markdown(result.calib_advice)
+    runfolder.atomic_write_text(folder / "summary.md", text)
     written.append(folder / "summary.md")
     writing = time.perf_counter() - t0
     times = result.run_info.times_s
@@ -97,6 +104,8 @@ def _write_tables(result: ScanResult, folder: Path) -> list[Path]:
     if result.task is not None and not result.task.empty:
         runfolder.write_csv(folder / "task.csv", result.task)
         written.append(folder / "task.csv")
+    if result.calib_advice is not None:
+        written.append(write_advice(result.calib_advice, folder))
     return written
 
 
@@ -107,6 +116,67 @@ def save_qdq(result: ScanResult, path: str | Path, *, force: bool = False) -> Pa
                                   protect=[result.model.path], flag="--save-qdq", force=force)
     result.files.append(target)
     return target
+
+
+def calib_advice(
+    model: str | Path | LoadedModel,
+    calib: str | Path | CalibSet,
+    *,
+    pick: int | None = None,
+    out: str | Path | None = None,
+    progress: ProgressFactory = no_progress,
+    runner: Runner | None = None,
+    **options: Any,
+) -> CalibAdvice:
+    """`quantscan calib-advice`: one calibration pass (per-sample ranges kept), then is the set big enough,
+    which samples decide ranges, and (`pick`) the subset that reproduces the scales; with `out`,
+    calib_advice.csv and (`pick`) `out/picked/`, a folder usable as `--calib`."""
+    from quantscan.records import CalibMethod
+    from quantscan.scanning.prepare import prepare_scan
+
+    if pick is not None and (isinstance(pick, bool) or not isinstance(pick, int) or pick <= 0):
+        raise UsageError(f"--pick: expected a positive integer, found {pick!r}")
+    if str(options.get("calib_method", CalibMethod.MINMAX)) != CalibMethod.MINMAX:
+        raise UsageError(f"--calib-method: calib-advice expected minmax (scales as min/max of per-sample ranges), "
+                         f"found {options['calib_method']}")
+    ctx = prepare_scan(model, calib, progress=progress, runner=runner, **options)
+    return advice_for(ctx, pick, out, subset_cosines=True)
+
+
+def advice_for(ctx: ScanContext, pick: int | None, out: str | Path | None, subset_cosines: bool = False) -> CalibAdvice:
+    """The advice from a prepared scan's pass 1 (plus one evaluation pass per top deciding sample, one for
+    the full set, and with `subset_cosines` three per subset size: scanning.advice_eval);
+    calib_advice.csv and (`pick`) picked/ under `out`."""
+    from quantscan.scanning.advice_eval import with_coverage, with_decider_cosines, with_subset_cosines
+    from quantscan.scanning.calib_advice import advise_run
+
+    cset = ctx.cset
+    advice = advise_run(ctx.calib_stats.sample_ranges, str(ctx.chip.activations), cset.files, cset.n_samples,
+                        str(ctx.opts.calib_method), pick, ctx.opts.seed)
+    advice = with_coverage(ctx, with_decider_cosines(ctx, advice))
+    if subset_cosines:
+        advice = with_subset_cosines(ctx, advice)
+    if out is not None:
+        folder = runfolder.ensure_out_dir(Path(out))
+        write_advice(advice, folder)
+        if pick is not None:
+            from quantscan.calib.picked import write_picked
+
+            write_picked(cset, advice.picked, folder / "picked")
+    return advice
+
+
+def write_advice(advice: CalibAdvice, folder: Path) -> Path:
+    """calib_advice.csv (scanning.calib_advice.ADVICE_COLUMNS)."""
+    import pandas as pd
+
+    from quantscan.scanning.calib_advice import ADVICE_COLUMNS, advice_records
+
+    path = folder / "calib_advice.csv"
+    frame = pd.DataFrame(advice_records(advice), columns=list(ADVICE_COLUMNS))
+    counts = {c: "Int64" for c in ("n", "draws", "k", "samples", "samples_past", "cosine_draws")}  # blank, not 8.0
+    runfolder.write_csv(path, frame.astype(counts))
+    return path
 
 
 def run_bisect(

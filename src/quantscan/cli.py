@@ -24,8 +24,8 @@ from typing import Any
 from quantscan.columns import Col
 from quantscan.errors import QuantscanError, UsageError
 
-COMMANDS = ("scan", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles", "bundle",
-            "overlay", "log", "case", "vendor", "dumps")
+COMMANDS = ("scan", "calib-advice", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles",
+            "bundle", "overlay", "log", "case", "vendor", "dumps")
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -203,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "output error (default 8; 0: all)")
     scan.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                       help="measure in N local processes over disjoint samples, merged exactly (capped by the CPUs)")
+    scan.add_argument("--calib-advice", action="store_true",
+                      help="also write calib_advice.csv: is the calibration set big enough, which samples set ranges")
+    advice = sub.add_parser("calib-advice", help="is the calibration set big enough, which samples decide ranges")
+    advice.add_argument("model")
+    _data_options(advice)
+    _common(advice)
+    advice.add_argument("--pick", type=_positive_int, default=None, metavar="N",
+                        help="copy the N samples that best reproduce the full set's scales to OUT/picked/")
     check = sub.add_parser("check", help="structural compatibility with chip profiles")
     check.add_argument("model")
     check.add_argument("--profile", action="append", default=[])
@@ -459,11 +467,10 @@ def _gain_option(args: argparse.Namespace) -> dict[str, int | str]:
                          f"{args.gain_candidates}") from None
 
 
-def cmd_scan(args: argparse.Namespace) -> int:
-    from quantscan.api import scan
+def _sample_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options that say which samples feed the model and how (scan and calib-advice alike)."""
     from quantscan.calib.recurrent import parse_state
 
-    out = Path(args.out) if args.out else default_out(args.model)
     overrides = {
         "layout": args.layout,
         "channel_order": args.channel_order,
@@ -472,7 +479,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "std": _floats(args.std, "--std"),
         "resize": args.resize,
     }
-    options: dict[str, Any] = {
+    return {
         "calib_method": args.calib_method,
         "activations": args.activations,
         "input_shape": split_input_shapes(args.input_shape)[0],
@@ -492,6 +499,30 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "save_qdq": args.save_qdq,
         "force": args.force,
         "profile": args.profile[0] if args.profile else None,
+    }
+
+
+def cmd_calib_advice(args: argparse.Namespace) -> int:
+    from quantscan.api import calib_advice
+
+    out = Path(args.out) if args.out else default_out(args.model)
+    _refuse_out_in_data(out, args.calib, args.eval)
+    advice = calib_advice(args.model, args.calib, pick=args.pick, out=out, progress=_progress_factory(args.quiet),
+                          **_sample_options(args))
+    print(advice.summary_line())
+    print(f"  wrote {out / 'calib_advice.csv'}" + (f" and {out / 'picked'}/" if args.pick else ""))
+    return EXIT_OK
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from quantscan.api import scan
+
+    out = Path(args.out) if args.out else default_out(args.model)
+    options: dict[str, Any] = {
+        **_sample_options(args),
+        "workers": args.workers,
+        "calib_advice": args.calib_advice,
+        "save_qdq": args.save_qdq,
         "no_report": args.no_report,
         "tensors": args.tensors,
         **_gain_option(args),
@@ -527,6 +558,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
               f"fold them first (`quantscan check {args.model}` names the rewrite flags)", file=sys.stderr)
     if head.metrics.task:
         print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
+    if result.calib_advice is not None:
+        print("  " + result.calib_advice.summary_line())
     for r in top.to_dict("records"):
         gain = float(r.get(Col.GAIN_IF_FLOAT, math.nan))
         stderr = float(r.get(Col.GAIN_IF_FLOAT_STDERR, math.nan))
@@ -536,6 +569,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
               + (f", gain if float {gain:+.4g}{spread}" if math.isfinite(gain) else ""))
     extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
     extra += "" if args.no_report else ", report.html"
+    extra += ", calib_advice.csv" if result.calib_advice is not None else ""
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
     if result.compat is not None:
         _print_case_matches(result.compat.findings, args.cases)
@@ -1098,6 +1132,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 HANDLERS = {
     "scan": cmd_scan,
+    "calib-advice": cmd_calib_advice,
     "check": cmd_check,
     "profiles": cmd_profiles,
     "rewrite": cmd_rewrite,

@@ -334,6 +334,8 @@ class RunFiles:
     plan: dict[str, Any] | None
     device: pd.DataFrame | None = None
     """device.csv (`quantscan dumps` into the same folder)."""
+    calib_advice: pd.DataFrame | None = None
+    """calib_advice.csv (`scan --calib-advice`)."""
 
 
 def load_run(run_dir: Path) -> RunFiles:
@@ -367,6 +369,7 @@ def load_run(run_dir: Path) -> RunFiles:
         partitions=_read_table(run_dir / "partitions.csv"),
         plan=read_plan(run_dir / "plan.json"),
         device=_read_table(run_dir / "device.csv"),
+        calib_advice=_read_table(run_dir / "calib_advice.csv"),
     )
 
 

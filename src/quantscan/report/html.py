@@ -28,7 +28,7 @@ import pandas as pd
 from quantscan.columns import Col
 from quantscan.report.cells import col, esc, fmt, is_missing, metric_value, num, truthy
 from quantscan.report.device import device_body
-from quantscan.report.plots import PlotCounter, depth_figure, layer_figure, pareto_figure, svg
+from quantscan.report.plots import PlotCounter, depth_figure, layer_figure, pareto_figure, spread_figure, svg
 from quantscan.report.summary import preprocessing_text
 from quantscan.runfolder import RunFiles, atomic_write_text, load_run
 
@@ -54,6 +54,7 @@ def render_report(run_dir: Path) -> str:
         _compat_section(files),
         _bisect_section(files, plots),
         _section("device", "Device dumps", device_body(files.device, plots)) if files.device is not None else "",
+        _calib_advice_section(files, plots),
         _about_section(files),
     ]
     return _page(_model_name(files), "\n".join(body))
@@ -746,6 +747,23 @@ def _bisect_section(files: RunFiles, plots: PlotCounter) -> str:
         facts.append(("warning", '<span class="bad">plan.json was made for a different model than run.json</span>'))
     parts.append(_kv_table(facts))
     return _section("bisect", "Bisection", "\n".join(parts))
+
+
+def _calib_advice_section(files: RunFiles, plots: PlotCounter) -> str:
+    """`scan --calib-advice`: spread against n, and the samples that alone set ranges (nothing without it)."""
+    frame = files.calib_advice
+    if frame is None or frame.empty or "kind" not in frame:
+        return ""
+    spread = frame[frame["kind"] == "spread"]
+    parts = []
+    if not spread.empty:
+        tolerance = num(spread["tolerance"].iloc[0]) if "tolerance" in spread else math.nan
+        parts.append(svg(spread_figure(spread, tolerance), plots, "scale spread against calibration samples"))
+    deciders = frame[frame["kind"] == "decider"]
+    if not deciders.empty:
+        shown = [c for c in ("sample", "k", "max_drop", "cosine_with", "cosine_without", "advice") if c in deciders]
+        parts.append("<h3>Samples that alone set a range</h3>" + _frame_table(deciders[shown].head(10)))
+    return _section("calib-advice", "Calibration set", "\n".join(parts))
 
 
 def _target_line(target: Any) -> str:

@@ -402,3 +402,20 @@ def pareto_figure(plan: Mapping[str, Any], points: Sequence[tuple[float, float]]
     ax.set_ylabel(f"output {metric}", fontsize=8)
     ax.legend(fontsize=7, frameon=False, loc="best")
     return fig
+
+
+def spread_figure(spread: pd.DataFrame, tolerance: float) -> Figure:
+    """calib-advice: the scales' bootstrap spread against the number of calibration samples."""
+    n = spread["n"].to_numpy(float)
+    fig, (ax,) = figure(8, 3.0)
+    ax.plot(n, 100 * spread["spread_p90"].to_numpy(float), "o-", color=COLORS["sens"], ms=4,
+            label="p90 over tensors")
+    ax.plot(n, 100 * spread["spread_median"].to_numpy(float), "o-", color=COLORS["cum"], ms=4, label="median")
+    if np.isfinite(tolerance):
+        ax.axhline(100 * tolerance, color=COLORS["ok"], ls="--", lw=1, label=f"settled ({tolerance:.0%})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(n, [str(int(v)) for v in n])
+    ax.set_xlabel("calibration samples n (bootstrap draws)", fontsize=8)
+    ax.set_ylabel("scale spread (p95-p5)/median, %", fontsize=8)
+    ax.legend(fontsize=7, frameon=False, loc="best")
+    return fig

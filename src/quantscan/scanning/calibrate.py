@@ -24,6 +24,7 @@ from quantscan.graph.schedule import interleave
 from quantscan.model import PreparedModel
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
+from quantscan.scanning.calib_advice import SampleRanges, per_sample_extremes
 from quantscan.scanning.options import ProgressFactory, n_batches
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.sites import Site
@@ -36,6 +37,8 @@ class CalibStats:
     observers: dict[str, quant.Observer]
     channel_ranges: dict[str, quant.ChannelRangeObserver]
     warnings: list[str]
+    sample_ranges: SampleRanges | None = None
+    """Per sample, each scale-setting tensor's (min, max) (calib_advice); minmax calibration only."""
 
 
 def channel_axis_for(site: Site, shape: tuple[int, ...]) -> int | None:
@@ -57,13 +60,15 @@ def calibrate(
     progress: ProgressFactory,
     shapes: Mapping[str, tuple[int, ...]],
     input_shapes: Mapping[str, tuple[int, ...]],
+    per_sample: bool = True,
 ) -> CalibStats:
     """Stream the calibration set once; ranges come from reductions inside the graph for minmax.
 
     Every tensor that needs a range or per-channel ranges is reduced over its trailing axes
     (onnxruntime's fast path) to [samples, channels] partial min/max; numpy folds them into the
     tensor's range and, for channel axis 1, the per-channel ranges. Histogram methods (percentile,
-    entropy, mse) need the values themselves, so those tensors are exposed whole.
+    entropy, mse) need the values themselves, so those tensors are exposed whole. For minmax, the same
+    partials also give each sample's (min, max) per tensor (`per_sample`, numpy only: no extra output).
     """
     symmetric = scheme == ActivationScheme.INT8
     targets = sorted(set(origins.values()))
@@ -91,9 +96,11 @@ def calibrate(
     fp32_nodes = [n.name for n in prepared.proto.graph.node]
     graph = GraphHandoff(interleave(reducer.attach(prepared.proto, outputs), fp32_nodes))
     ranges = _Ranges(observers, channel_ranges, method, partials, explicit)
+    if per_sample and method == CalibMethod.MINMAX:
+        ranges.keep_samples(cset.n_samples, batch_size)
     sweep(open_session(runner, graph, ordered=True), cset.batches(batch_size), ranges.update,
           progress=progress, label="calibrating", total=n_batches(cset.n_samples, batch_size))
-    return CalibStats(observers, channel_ranges, calibration_warnings(observers))
+    return CalibStats(observers, channel_ranges, calibration_warnings(observers), ranges.sample_ranges())
 
 
 class _Ranges:
@@ -110,12 +117,36 @@ class _Ranges:
     ) -> None:
         self.observers, self.channel_ranges, self.method = observers, channel_ranges, method
         self.partials, self.explicit = partials, explicit
+        self._left = 0
+        self._batch = 0
+        self._rows: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def keep_samples(self, n_samples: int, batch_size: int) -> None:
+        """Also keep each sample's (min, max) per tensor: batches hold `batch_size` samples, the last
+        one the rest of `n_samples` (CalibSet.batches)."""
+        self._left, self._batch = n_samples, batch_size
+
+    def sample_ranges(self) -> SampleRanges | None:
+        if not self._batch:
+            return None
+        names = list(self.observers)
+        if not self._rows:
+            return SampleRanges(names, np.empty((0, len(names)), np.float32), np.empty((0, len(names)), np.float32))
+        return SampleRanges(names, np.concatenate([r[0] for r in self._rows]),
+                            np.concatenate([r[1] for r in self._rows]))
 
     def update(self, feeds: Feeds, values: Values) -> None:
+        count = min(self._batch, self._left)
+        self._left -= count
+        sample_lo, sample_hi = [], []
         for t, obs in self.observers.items():
             if self.method == CalibMethod.MINMAX:
                 lo, hi = values[self.partials[t][0]], values[self.partials[t][1]]
                 obs.update(np.array([np.min(lo), np.max(hi)], dtype=np.float32))
+                if count:
+                    per_lo, per_hi = per_sample_extremes(lo, hi, count)
+                    sample_lo.append(per_lo)
+                    sample_hi.append(per_hi)
             else:
                 obs.update(values[t] if t in values else feeds[t])
         for t, ch in self.channel_ranges.items():
@@ -124,6 +155,8 @@ class _Ranges:
             else:  # partials [N, C]: fold the samples away
                 lo, hi = values[self.partials[t][0]].min(axis=0), values[self.partials[t][1]].max(axis=0)
             ch.update(np.stack([np.ravel(lo), np.ravel(hi)]))
+        if sample_lo:
+            self._rows.append((np.stack(sample_lo, axis=1), np.stack(sample_hi, axis=1)))
 
 
 def calibration_warnings(observers: Mapping[str, quant.Observer]) -> list[str]:
@@ -133,8 +166,9 @@ def calibration_warnings(observers: Mapping[str, quant.Observer]) -> list[str]:
 
 
 def merge_calib_stats(shards: Sequence[CalibStats]) -> CalibStats:
-    """Min/max calibration of disjoint sample shards (`--workers`) as one: ranges are minima and maxima,
-    so the merge is exact. Histogram observers do not merge (their bins adapt to the data seen)."""
+    """Min/max calibration of disjoint sample shards (`--workers`, in shard order) as one: ranges are
+    minima and maxima, so the merge is exact; per-sample ranges stack in shard order. Histogram
+    observers do not merge (their bins adapt to the data seen)."""
     merged = shards[0]
     for other in shards[1:]:
         for name, obs in merged.observers.items():
@@ -143,7 +177,9 @@ def merge_calib_stats(shards: Sequence[CalibStats]) -> CalibStats:
             obs.merge(other.observers[name])  # type: ignore[arg-type]
         for name, ch in merged.channel_ranges.items():
             ch.merge(other.channel_ranges[name])
-    return CalibStats(merged.observers, merged.channel_ranges, calibration_warnings(merged.observers))
+    per_sample = [s.sample_ranges for s in shards]
+    samples = SampleRanges.concat([s for s in per_sample if s is not None]) if all(per_sample) else None
+    return CalibStats(merged.observers, merged.channel_ranges, calibration_warnings(merged.observers), samples)
 
 
 def make_plan(

@@ -99,6 +99,8 @@ class ScanOptions:
     save_qdq: str | Path | None = None
     force: bool = False
     """Replace an existing `save_qdq` file quantscan did not write (the CLI's --force)."""
+    calib_advice: bool = False
+    """`scan --calib-advice`: the calibration-set advice from pass 1's per-sample ranges (calib_advice.csv)."""
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS
     """API only: the activations joined to their producer when no profile says which (ChipRecipe)."""
     quiet: bool = False
@@ -144,6 +146,9 @@ class ScanOptions:
             raise UsageError(f"--calib-method: expected one of {', '.join(methods)}, found {self.calib_method!r}")
         if self.activations is not None and self.activations not in [a.value for a in ActivationScheme]:
             raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
+        if self.calib_advice and self.calib_method != CalibMethod.MINMAX:
+            raise UsageError(f"--calib-advice: expected --calib-method minmax (scales as min/max of per-sample "
+                             f"ranges), found {self.calib_method}")
         if self.tensors not in TENSOR_SETS:
             raise UsageError(f"--tensors: expected all or sites, found {self.tensors!r}")
         count = self.gain_candidates

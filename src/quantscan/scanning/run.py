@@ -28,7 +28,9 @@ from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.runner import Runner
+from quantscan.scanning.advice_eval import with_coverage, with_decider_cosines
 from quantscan.scanning.budget import measured_peak_bytes
+from quantscan.scanning.calib_advice import CalibAdvice, advise_run
 from quantscan.scanning.causes import with_inherited
 from quantscan.scanning.deployed import deployed_gap_sites
 from quantscan.scanning.evaluate import Evaluation, accumulate_evaluation, finish_evaluation, headline
@@ -81,6 +83,8 @@ class ScanResult:
     """What `api.save_scan` / `api.save_qdq` wrote, in order."""
     task: pd.DataFrame | None = None
     """task.csv (output, task, metric, value) when any task metric was measured."""
+    calib_advice: CalibAdvice | None = None
+    """`scan --calib-advice`: scale spread against n, deciding samples (calib_advice.csv)."""
 
 
 def measure(
@@ -148,6 +152,7 @@ def _measure(
         profile=ctx.chip.profile,
         no_report=ctx.opts.no_report,
         task=task_table(evaluation.task),
+        calib_advice=_calib_advice(ctx) if ctx.opts.calib_advice else None,
     )
 
 
@@ -199,6 +204,14 @@ def _checks_and_record(
     info.memory = memory_record(ctx)
     info.times_s = {k: round(v, 4) for k, v in times.items()}
     return info
+
+
+def _calib_advice(ctx: ScanContext) -> CalibAdvice:
+    """`scan --calib-advice`: pass 1's per-sample ranges (merged across `--workers`), no extra calibration
+    pass; the top deciding samples' leave-one-out cosines take one evaluation pass each."""
+    advice = advise_run(ctx.calib_stats.sample_ranges, str(ctx.chip.activations), ctx.cset.files,
+                        ctx.cset.n_samples, str(ctx.opts.calib_method), seed=ctx.opts.seed)
+    return with_coverage(ctx, with_decider_cosines(ctx, advice))
 
 
 def rank_by_impact(
