@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from quantscan.errors import QuantscanError
-from quantscan.vendor.rknn import run_rknn
+from quantscan.toolchains.rknn.run import run_rknn
 
 STATEFUL = {"silero_vad_openvino_16k"}
 """Recurrent models need their state fed back per sample; the vendor simulator is run one sample at a

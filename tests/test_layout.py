@@ -2,7 +2,7 @@
 
 These are what keep the layout from growing sideways again (issue "One house"): a module-level
 import cycle makes the import order matter, onnxruntime outside `runner.py` spreads session
-knowledge, and printing or exiting outside `cli.py` makes the API unusable from a notebook.
+knowledge, and printing or exiting outside `cli/` makes the API unusable from a notebook.
 The import graph is read with `ast` (module-level imports only, `if TYPE_CHECKING:` blocks
 skipped); the lazy-import promise is checked by importing in a child interpreter.
 """
@@ -271,7 +271,7 @@ HOMONYMS = {
     "kernel": ("quantscan.compat",),  # a Conv's kernel size among a chip profile's parameters
     "rank": ("quantscan.compat",),  # a tensor's rank among a chip profile's parameters
     # the model's input contract in run.json and extract.json, the vendor job's inputs
-    "inputs": ("quantscan.records", "quantscan.runfolder", "quantscan.report.html", "quantscan.vendor",
+    "inputs": ("quantscan.records", "quantscan.runfolder", "quantscan.report.html", "quantscan.toolchains",
                "quantscan.extract"),
 }
 """Column names that also name a different field elsewhere: those modules may spell the other field."""
@@ -296,7 +296,7 @@ def test_each_layers_column_is_spelled_in_one_module() -> None:
     columns = set(LAYERS_COLUMNS)
     spelled: dict[str, set[str]] = {}
     for name, path in _modules().items():
-        if name == "quantscan.columns" or name.endswith("rknn_driver"):  # runs in the vendor's Python
+        if name == "quantscan.columns" or name.endswith("toolchains.rknn.driver"):  # runs in the vendor's Python
             continue
         for value in set(_string_literals(ast.parse(path.read_text(encoding="utf-8")))) & columns:
             if not name.startswith(HOMONYMS.get(value, ("\0",))):

@@ -9,7 +9,7 @@ import onnx
 
 from builders import build, run
 from quantscan.compat.check import check
-from quantscan.vendor import align
+from quantscan.toolchains import align
 
 SOFTMAX = """
 <ir_version: 8, opset_import: ["" : 13]>

@@ -1,6 +1,6 @@
 """The bisection search as a tiny pure state machine (no onnxruntime, onnx, pandas or argparse).
 
-The driver (bisect/driver.py) runs the models, cli.py parses flags, bisect/session.py stores the
+The driver (bisect/driver.py) runs the models, cli/ parses flags, bisect/session.py stores the
 events. The machine is
 Polygraphy-`debug reduce`-like: :meth:`Bisector.next` proposes a candidate (the set of sites kept in
 high precision), the caller runs it and hands back the measured value with :meth:`Bisector.record`.

@@ -20,7 +20,7 @@ import numpy as np
 
 from quantscan.device.dumps import DumpSet
 from quantscan.errors import UsageError
-from quantscan.vendor.rknn_files import parse_error_analysis
+from quantscan.toolchains.rknn.files import parse_error_analysis
 
 MAP_FILE = "map_name_to_file.txt"
 SOURCES = ("runtime", "simulator")

@@ -1,0 +1,273 @@
+"""Argument groups and value parsers shared by the commands (each group adds its flags once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from quantscan.columns import Col
+from quantscan.errors import UsageError
+
+EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse exits 2 on usage errors already; make its message the contract's one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+# --- flag parsing --------------------------------------------------------------------------------------
+
+
+def positive_int(raw: str) -> int:
+    """`--limit`, `--batch-size`, `--threads`, `--opset`: a count, so at least 1."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {raw!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {raw!r}")
+    return value
+
+
+def non_negative_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {raw!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {raw!r}")
+    return value
+
+
+def finite(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, found {raw!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, found {raw!r}")
+    return value
+
+
+def positive_float(raw: str) -> float:
+    value = finite(raw)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, found {raw!r}")
+    return value
+
+
+def cosine_target(raw: str) -> float:
+    """A cosine target a plan can reach: in (0, 1] (`--target-cosine 99` is a slip for 0.99)."""
+    value = finite(raw)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a cosine in (0, 1], found {raw!r}")
+    return value
+
+
+def fraction(raw: str) -> float:
+    """`--target-top1`: an agreement rate in [0, 1]."""
+    value = finite(raw)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], found {raw!r}")
+    return value
+
+
+def split_input_shapes(values: Sequence[str]) -> tuple[dict[str, list[int]], list[str]]:
+    """`--input-shape` takes full shapes (`NAME:1,3,224,224`) and dim settings (`x:0=4`, `batch=8`)."""
+    settings = [v for v in values if "=" in v]
+    return parse_input_shape([v for v in values if "=" not in v]), settings
+
+
+def parse_input_shape(values: Sequence[str]) -> dict[str, list[int]]:
+    """`NAME:1,3,224,224` (repeatable)."""
+    shapes: dict[str, list[int]] = {}
+    for raw in values:
+        name, sep, dims = raw.rpartition(":")
+        try:
+            parsed = [int(d) for d in dims.split(",")]
+        except ValueError:
+            parsed = []
+        if not sep or not name or not parsed or any(d <= 0 for d in parsed):
+            raise UsageError(f"--input-shape: expected NAME:D0,D1,... with positive integers, found {raw!r}")
+        shapes[name] = parsed
+    return shapes
+
+
+def parse_const(values: Sequence[str]) -> dict[str, float]:
+    """`NAME=VALUE` (repeatable): an input the data does not cover, filled with VALUE."""
+    consts: dict[str, float] = {}
+    for raw in values:
+        name, sep, value = raw.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not name or math.isnan(number):
+            raise UsageError(f"--const: expected NAME=NUMBER, found {raw!r}")
+        consts[name] = number
+    return consts
+
+
+def common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="run folder (default reports/<model stem>/)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--threads", type=positive_int, default=None, help="onnxruntime intra-op threads")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def data_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calib", required=True, help="calibration folder (images + preprocess.json, or .npy/.npz)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,... | INPUT:AXIS=V | batch=V",
+                   help="full shape, or a dim setting in the contract's syntax (repeatable)")
+    p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--state", action="append", default=[], metavar="OUT=IN",
+                   help="feed output OUT back as input IN of the next sample, in file order (recurrent models)")
+    p.add_argument("--limit", type=positive_int, default=None, help="use the first N samples")
+    p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
+    p.add_argument("--calib-method", default="minmax")
+    p.add_argument("--activations", default=None, metavar="uint8|int8",
+                   help="activation scheme (default: the --profile's, else uint8)")
+    p.add_argument("--output", action="append", default=[], help="graph output for the headline metric")
+    p.add_argument("--save-qdq", default=None, help="write the fake-quant model here")
+    p.add_argument("--profile", action="append", default=[], help="chip profile name or TOML path")
+    p.add_argument("--fail-below-cosine", type=finite, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="samples per run when the batch dim is free (default: largest up to 8 fitting --max-memory)")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="memory budget, e.g. 8G or 512M (default: half the available RAM)")
+    p.add_argument("--preprocess", default=None, help="preprocess.json for an image folder")
+    p.add_argument("--layout", default=None)
+    p.add_argument("--channel-order", default=None)
+    p.add_argument("--scale", type=positive_float, default=None)
+    p.add_argument("--mean", default=None, help="comma-separated per-channel mean")
+    p.add_argument("--std", default=None, help="comma-separated per-channel std")
+    p.add_argument("--resize", default=None)
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument("--force", action="store_true", help="replace --out or --save-qdq files quantscan did not write")
+    p.add_argument("--tensors", default="all", choices=["all", "sites"],
+                   help="tensors.csv rows: every float tensor (default) or quantization points only (faster)")
+
+
+def task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
+    """Task metrics beside cosine (quantscan.taskmetrics); bisect takes no plugins (it cannot target them)."""
+    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "box", "none"],
+                   help="task metrics on the outputs (default: detected from output shape and files)")
+    if plugins:
+        p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
+                       help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
+    p.add_argument("--charset", default=None,
+                   help="CTC charset (.json list or PP-OCR .txt keys); default charset.json/.txt beside the data")
+    p.add_argument("--mask-threshold", type=float, default=0.5, help="score-map threshold for --task mask IoU")
+
+
+def floats(raw: str | None, flag: str) -> list[float] | None:
+    if raw is None:
+        return None
+    try:
+        return [float(v) for v in raw.split(",")]
+    except ValueError:
+        raise UsageError(f"{flag}: expected comma-separated numbers, found {raw!r}") from None
+
+
+def progress_factory(quiet: bool) -> Any:
+    from quantscan.scanning.options import no_progress
+
+    if quiet or not sys.stderr.isatty():
+        return no_progress
+    from tqdm import tqdm
+
+    def factory(desc: str, total: int | None) -> Any:
+        return tqdm(total=total, desc=desc, unit="batch", leave=False, file=sys.stderr)
+
+    return factory
+
+
+def refuse_out_in_data(out: Path, *data: str | None) -> None:
+    """Our files written into a calibration folder would mix with the data (and be read as data next run)."""
+    from quantscan.runfolder import out_inside_data
+
+    for folder in data:
+        if folder and out_inside_data(out, Path(folder)):
+            raise UsageError(f"--out: expected a run folder outside the data folder {folder}, found {out}")
+
+
+def default_out(model: str) -> Path:
+    return Path("reports") / Path(model).stem
+
+
+# --- commands ------------------------------------------------------------------------------------------
+
+
+def gain_option(args: argparse.Namespace) -> dict[str, int | str]:
+    """--no-gain / --gain-candidates N / --gain-samples N as the scan's options (absent: the defaults)."""
+    samples = {} if args.gain_samples is None else {"gain_samples": args.gain_samples}
+    if args.no_gain:
+        return {"gain_candidates": 0, **samples}
+    if args.gain_candidates is None:
+        return samples
+    if args.gain_candidates == "all":
+        return {"gain_candidates": "all", **samples}
+    try:  # a negative count is refused with the API's own message (ScanOptions.validate)
+        return {"gain_candidates": int(args.gain_candidates), **samples}
+    except ValueError:
+        raise UsageError(f"--gain-candidates: expected a non-negative integer or 'all', found "
+                         f"{args.gain_candidates}") from None
+
+
+def sample_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options that say which samples feed the model and how (scan and calib-advice alike)."""
+    from quantscan.calib.recurrent import parse_state
+
+    overrides = {
+        "layout": args.layout,
+        "channel_order": args.channel_order,
+        "scale": args.scale,
+        "mean": floats(args.mean, "--mean"),
+        "std": floats(args.std, "--std"),
+        "resize": args.resize,
+    }
+    return {
+        "calib_method": args.calib_method,
+        "activations": args.activations,
+        "input_shape": split_input_shapes(args.input_shape)[0],
+        "input_dims": split_input_shapes(args.input_shape)[1],
+        "const": parse_const(args.const),
+        "state": parse_state(args.state),
+        "limit": args.limit,
+        "eval": args.eval,
+        Col.OUTPUT: args.output,
+        "preprocess": args.preprocess,
+        "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
+        "threads": args.threads,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "max_memory": args.max_memory,
+        "workers": args.workers,
+        "save_qdq": args.save_qdq,
+        "force": args.force,
+        "profile": args.profile[0] if args.profile else None,
+    }
+
+
+def print_case_matches(findings: Any, cases: str | None) -> None:
+    """Library cases whose pattern this model's findings contain: the recipe that fixed it before."""
+    from quantscan.cases import match_cases
+
+    for match in match_cases(findings, cases):
+        print(match.line())
+        print(f"  replay: quantscan rewrite MODEL --case {match.case_id} -o OUT.onnx")
+
+
+def profile_label(profile: str, findings: Any) -> str:
+    if profile in set(findings["profile"]):
+        return profile
+    return Path(profile).stem

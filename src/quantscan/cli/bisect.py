@@ -1,0 +1,155 @@
+"""`quantscan bisect MODEL --calib DIR --target-cosine X`: output gain and the bisection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from quantscan.cli.args import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_THRESHOLD,
+    common,
+    cosine_target,
+    data_options,
+    default_out,
+    finite,
+    floats,
+    fraction,
+    parse_const,
+    progress_factory,
+    refuse_out_in_data,
+    split_input_shapes,
+    task_options,
+)
+from quantscan.columns import Col
+from quantscan.errors import UsageError
+
+
+def bisect_parser(sub: Any) -> None:
+    p = sub.add_parser("bisect", help="output gain per site + resumable bisection to a target")
+    p.add_argument("model", nargs="?", default=None)
+    data_options(p)
+    p.set_defaults(calib=None)
+    for action in p._actions:
+        if action.dest == "calib":
+            action.required = False
+    p.add_argument("--target", default=None, metavar="METRIC=VALUE",
+                   help="e.g. top1=0.99, box=0.9, string=0.95, mask_iou=0.9, top5=0.99, cosine=0.995, sqnr=30")
+    p.add_argument("--target-cosine", type=cosine_target, default=None, help="in (0, 1]")
+    p.add_argument("--target-sqnr", type=finite, default=None, help="dB")
+    p.add_argument("--target-top1", type=fraction, default=None, help="in [0, 1]")
+    p.add_argument("--fallback", default="float", choices=["float", "int16"])
+    p.add_argument("--first-bad", action="store_true", help="find the first site (in topological order) that breaks it")
+    p.add_argument("--session", default=None, help="session file (default <out>/session.json)")
+    p.add_argument("--resume", default=None, metavar="FILE", help="continue a session without repeating steps")
+    p.add_argument("--show", default=None, metavar="FILE", help="print where a session stands")
+    p.add_argument("--keep-float", nargs="+", default=[], metavar="NAME")
+    p.add_argument("--force-quant", nargs="+", default=[], metavar="NAME")
+    p.add_argument("--loss-if-only", action="store_true")
+    p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
+                   help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
+    task_options(p, plugins=False)
+    common(p)
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    if args.show:
+        return _show_session(Path(args.show))
+    from quantscan.api import run_bisect
+    from quantscan.bisect.driver import progress_of
+    from quantscan.calib.recurrent import parse_state
+
+    model = args.model
+    if model is None and args.resume is None:
+        raise UsageError("bisect: expected MODEL --calib DIR --target-cosine X, or --resume FILE / --show FILE")
+    out = Path(args.out) if args.out else (default_out(model) if model else Path(args.resume).parent)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    refuse_out_in_data(out, args.calib, args.eval)
+    overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
+                 "mean": floats(args.mean, "--mean"), "std": floats(args.std, "--std"), "resize": args.resize}
+    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force}
+    if args.resume is None:
+        shapes, dims = split_input_shapes(args.input_shape)
+        options.update({
+            "calib_method": args.calib_method, "activations": args.activations, "input_shape": shapes,
+            "input_dims": dims, "const": parse_const(args.const), "state": parse_state(args.state),
+            "limit": args.limit, "eval": args.eval,
+            Col.OUTPUT: args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
+            "max_memory": args.max_memory,
+            "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
+            "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,
+            "profile": args.profile[0] if args.profile else None,
+        })
+        if len(args.profile) > 1:
+            raise UsageError(f"bisect: expected one --profile (the chip to simulate), found {len(args.profile)}")
+
+    def on_step(step: Any, machine: Any) -> None:
+        if not args.quiet:
+            verdict = "meets" if step.passed else "misses"
+            print(f"  step {step.phase}: {len(step.sites)} float sites -> {step.value:.5f} ({verdict} target); "
+                  f"{progress_of(machine).line()}", file=sys.stderr)
+
+    from quantscan.runfolder import check_model_target, claim_out_dir
+
+    if args.save_qdq:  # refused before the bisection, not after it
+        check_model_target(Path(args.save_qdq), flag="--save-qdq", protect=[model], force=args.force)
+    try:
+        with claim_out_dir(out, force=args.force):
+            result = run_bisect(
+                model, args.calib, target_cosine=args.target_cosine, target_sqnr=args.target_sqnr,
+                target_top1=args.target_top1, target=args.target, fallback=args.fallback,
+                mode="first_bad" if args.first_bad else "search",
+                session=args.session, resume=args.resume, keep_float=args.keep_float, force_quant=args.force_quant,
+                loss_if_only=args.loss_if_only, out=out, save_qdq=args.save_qdq, exports=args.export,
+                progress=progress_factory(args.quiet), on_step=on_step, **options,
+            )
+    except KeyboardInterrupt:
+        where = Path(args.session or args.resume or out / "session.json")
+        if where.is_file():
+            print(f"quantscan: interrupted; resume with: quantscan bisect --resume {where}", file=sys.stderr)
+        else:  # interrupted before the first step was saved: naming a file that does not exist misleads
+            print("quantscan: interrupted before the first step was saved; nothing to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    for warning in result.warnings:
+        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    from quantscan.bisect.state import METRICS
+
+    plan = result.plan
+    metric = plan.target.metric
+
+    def value(metrics: dict[str, float] | None) -> str:
+        got = (metrics or {}).get(METRICS.get(metric, metric))
+        return f"{got:.5f}" if isinstance(got, float) else str(got)
+
+    print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)} "
+          f"(all-int8 {value(plan.all_int8)}, all-float {value(plan.all_float)}); "
+          f"{plan.evaluations} evaluations in {plan.seconds} s")
+    for site in plan.sites:
+        print(f"  {site.node} -> {site.precision}")
+    print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
+    return EXIT_OK if result.reached else EXIT_THRESHOLD
+
+
+def _show_session(path: Path) -> int:
+    from quantscan.bisect import BisectSession, describe
+
+    info = describe(BisectSession.load(path))
+    print(f"session {path}: {info['status']}, model {info['model']}, target {info['target']}")
+    print(f"  {info['evaluations']} evaluations, {info['seconds']} s, {info['sites']} sites")
+    if info["outcome"]:
+        print(f"  outcome: {info['outcome']['status']}, float sites {info['outcome']['sites']}, "
+              f"value {info['outcome']['value']}")
+    if info["next"]:
+        print(f"  next: {info['next']['phase']} with {len(info['next']['sites'])} float sites")
+    for step in info["steps"][-10:]:
+        if step.get("kind") == "eval":
+            print(f"  - {step['phase']}: {len(step['sites'])} float sites -> {step['value']:.5f} "
+                  f"({'meets' if step['passed'] else 'misses'})")
+        else:
+            print(f"  - {step.get('kind')}: {step}")
+    return EXIT_OK

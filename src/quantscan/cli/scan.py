@@ -1,0 +1,89 @@
+"""`quantscan MODEL --calib DIR` / `quantscan scan`: the sensitivity scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from quantscan.cli.args import (
+    EXIT_OK,
+    EXIT_THRESHOLD,
+    default_out,
+    gain_option,
+    print_case_matches,
+    progress_factory,
+    refuse_out_in_data,
+    sample_options,
+)
+from quantscan.columns import Col
+from quantscan.errors import UsageError
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from quantscan.api import scan
+
+    out = Path(args.out) if args.out else default_out(args.model)
+    options: dict[str, Any] = {
+        **sample_options(args),
+        "workers": args.workers,
+        "calib_advice": args.calib_advice,
+        "save_qdq": args.save_qdq,
+        "no_report": args.no_report,
+        "tensors": args.tensors,
+        **gain_option(args),
+        "task": args.task,
+        "metric": args.metric,
+        "charset": args.charset,
+        "mask_threshold": args.mask_threshold,
+    }
+    if len(args.profile) > 1:
+        raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
+                         "compare several with `quantscan check MODEL --profile A --profile B`")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: expected a folder, found a file at {out}")
+    refuse_out_in_data(out, args.calib, args.eval)
+    from quantscan.runfolder import claim_out_dir
+
+    with claim_out_dir(out, force=args.force):
+        result = scan(args.model, args.calib, out=out, progress=progress_factory(args.quiet), **options)
+    for warning in result.warnings:
+        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    head = result.headline
+    top = result.layers.head(5)
+    top1 = head.metrics.top1_agreement
+    deployed = head.deployed.cosine if head.deployed is not None else math.nan
+    partial = "" if head.measured else " NOT MEASURED on the int8 model (bodies float):"
+    print(f"{result.model.path.name}: {len(result.sites)} sites, output '{head.output}'{partial} "
+          f"cosine {head.cosine:.5f}, SQNR {head.sqnr_db:.2f} dB"
+          + (f", top-1 agreement {top1:.3f}" if top1 is not None else "")
+          + f" (deployed ORT_ENABLE_ALL cosine {deployed:.5f})")
+    if not head.measured:
+        print(f"quantscan: warning: the cosine above is NOT the int8 model's: the quantizable nodes inside "
+              f"{', '.join(head.unmeasured)} stayed float, in the fake-quant and the deployed check alike; "
+              f"fold them first (`quantscan check {args.model}` names the rewrite flags)", file=sys.stderr)
+    if head.metrics.task:
+        print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
+    if result.calib_advice is not None:
+        print("  " + result.calib_advice.summary_line())
+    for r in top.to_dict("records"):
+        gain = float(r.get(Col.GAIN_IF_FLOAT, math.nan))
+        stderr = float(r.get(Col.GAIN_IF_FLOAT_STDERR, math.nan))
+        spread = f" ± {stderr:.2g}" if math.isfinite(stderr) else ""
+        print(f"  #{r[Col.RANK]} {r[Col.NODE]} ({r[Col.KERNEL]}): isolated {r[Col.ISOLATED_SQNR_DB]:.1f} dB, "
+              f"cumulative {r[Col.CUMULATIVE_SQNR_DB]:.1f} dB, {r[Col.CAUSE]}"
+              + (f", gain if float {gain:+.4g}{spread}" if math.isfinite(gain) else ""))
+    extra = ", compat.csv, partitions.csv" if result.compat is not None else ""
+    extra += "" if args.no_report else ", report.html"
+    extra += ", calib_advice.csv" if result.calib_advice is not None else ""
+    print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
+    if result.compat is not None:
+        print_case_matches(result.compat.findings, args.cases)
+    if args.fail_below_cosine is not None and not head.cosine >= args.fail_below_cosine:
+        print(f"quantscan: output cosine {head.cosine:.5f} is below --fail-below-cosine "
+              f"{args.fail_below_cosine}", file=sys.stderr)
+        return EXIT_THRESHOLD
+    return EXIT_OK

@@ -1,0 +1,67 @@
+"""`quantscan vendor rknn MODEL ...`: the real vendor toolchain beside the scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from quantscan.cli.args import EXIT_OK, common, default_out, non_negative_int, positive_int, refuse_out_in_data
+from quantscan.errors import UsageError
+
+# --- vendor: a real toolchain out of process, lined up with quantscan ----------------------------------
+
+
+def vendor_parser(sub: Any) -> None:
+    p = sub.add_parser("vendor", help="run a real vendor toolchain out of process, line it up with quantscan")
+    p.add_argument("tool", choices=["rknn", "tpu-mlir"])
+    p.add_argument("model")
+    p.add_argument("--calib", required=True, help="calibration folder (the samples both tools get)")
+    p.add_argument("--target", required=True, help="chip, e.g. rk3588 (also the quantscan profile)")
+    p.add_argument("--python", default=None, metavar="PATH",
+                   help="the vendor's Python (default: $QUANTSCAN_RKNN_PYTHON, venv-rknn nearby, python3)")
+    p.add_argument("--limit", type=positive_int, default=None, help="use the first N samples")
+    p.add_argument("--analysis-samples", type=non_negative_int, default=None, metavar="N",
+                   help="samples through the vendor's per-layer analysis (default: all; each one is slow)")
+    p.add_argument("--plan", default=None, metavar="plan.json",
+                   help="also apply a bisect plan through the vendor's mixed precision, report its simulator")
+    p.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
+    common(p)
+
+
+def cmd_vendor(args: argparse.Namespace) -> int:
+    if args.tool != "rknn":
+        raise UsageError(f"vendor: expected rknn, found {args.tool} (tpu-mlir is not driven by this version)")
+    from quantscan.toolchains.rknn.run import run_rknn
+
+    out = Path(args.out) if args.out else default_out(args.model) / "vendor-rknn"
+    refuse_out_in_data(out, args.calib)
+    from quantscan.runfolder import claim_out_dir
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(f"quantscan vendor: {message}", file=sys.stderr)
+
+    with claim_out_dir(out, force=args.force):
+        run = run_rknn(args.model, args.calib, target=args.target, out=out, python=args.python, limit=args.limit,
+                       analysis_samples=args.analysis_samples, plan=args.plan, threads=args.threads, progress=say)
+    output, qs, vendor = run.headline
+    print(f"{run.tool} {run.version} ({run.target}): stage reached {run.stage_reached}"
+          + (f", stopped in {run.error['stage']}: {run.error['message']}" if run.error else ""))
+    if output:
+        print(f"  output '{output}' cosine: quantscan {qs:.5f}, {run.tool} simulator {vendor:.5f} "
+              f"(delta {vendor - qs:+.5f})")
+    loss = ", ".join(f"{k} {v}" for k, v in sorted(run.loss_counts().items()))
+    print(f"  {len(run.table)} vendor layers ({loss or 'no per-layer figures'}); placement mismatches: "
+          f"{run.unexplained_placements} unexplained, {run.explained_placements} explained")
+    if run.plan is not None:
+        got = ", ".join(f"{k} {v:.5f}" for k, v in run.plan["vendor_output_cosine"].items())
+        print(f"  plan {run.plan['plan']}: quantscan claims cosine {run.plan['quantscan_claimed_cosine']:.5f}, "
+              f"{run.tool} hybrid quantization gives {got or 'nothing (' + str(run.plan['error']) + ')'}")
+    print(f"wrote {out}/ (vendor.csv, vendor_findings.csv, vendor.json, {Path(run.log).name}, quantscan/)")
+    if not run.stages:  # the toolkit never ran: an empty vendor.csv is no comparison (CONTRACT: not exit 0)
+        raise UsageError(f"vendor {args.tool}: expected the toolkit to run, found it never reached a stage "
+                         f"({(run.error or {}).get('message', 'no result')}); see {run.log}")
+    return EXIT_OK

@@ -1,0 +1,84 @@
+"""Task metrics beside cosine: does the product still work after int8, not only how close the numbers are.
+
+Why its own pure-numpy module: a score map at cosine 0.74 says nothing about whether a class, a string
+or a mask survives; these figures do. Every accumulator keeps plain sums (`sums()`), so two of them
+built on different batches or worker processes combine exactly with `merge()`, and the figures
+(`results()`) are ratios of those sums. Reference (`ref`) is the FP32 output, `test` the int8 one.
+
+Tasks: `classify` (top-1 / top-5 agreement, accuracy when labels exist), `ctc` (greedy-decoded string
+agreement and character error rate for recognisers), `mask` (IoU of the thresholded score map for
+segmentation and DB-style text detectors), `box` (matched-box agreement for detection heads, after a
+documented decode and NMS written out in numpy), `none`; `--metric module:function` adds a plugin that
+returns named sums per batch.
+
+One task per module: `base`, `classify`, `ctc`, `mask`, `box`, `plugin`, `choose`.
+"""
+
+from quantscan.taskmetrics.base import LABEL_FILE, TASKS, TaskAccumulator, add_sums, group_figures, ratio
+from quantscan.taskmetrics.box import (
+    BOX_MATCH_IOU,
+    DEFAULT_BOX_SCORE,
+    DEFAULT_NMS_IOU,
+    YOLOX_STRIDES,
+    BoxAccumulator,
+    box_iou,
+    box_layout,
+    decode_yolox,
+    match_boxes,
+    nms,
+    yolox_grid,
+    yolox_grid_count,
+)
+from quantscan.taskmetrics.choose import check_task, detect_task, make_accumulator
+from quantscan.taskmetrics.classify import ClassifyAccumulator, class_scores
+from quantscan.taskmetrics.ctc import (
+    CHARSET_FILES,
+    Charset,
+    CtcAccumulator,
+    charset_from_text,
+    edit_distance,
+    find_charset,
+    greedy_decode,
+    load_charset,
+)
+from quantscan.taskmetrics.mask import DEFAULT_MASK_THRESHOLD, MaskIouAccumulator
+from quantscan.taskmetrics.plugin import MetricFunction, PluginAccumulator, load_plugin
+
+__all__ = [
+    "BOX_MATCH_IOU",
+    "BoxAccumulator",
+    "CHARSET_FILES",
+    "Charset",
+    "ClassifyAccumulator",
+    "CtcAccumulator",
+    "DEFAULT_BOX_SCORE",
+    "DEFAULT_MASK_THRESHOLD",
+    "DEFAULT_NMS_IOU",
+    "LABEL_FILE",
+    "MaskIouAccumulator",
+    "MetricFunction",
+    "PluginAccumulator",
+    "TASKS",
+    "TaskAccumulator",
+    "YOLOX_STRIDES",
+    "add_sums",
+    "box_iou",
+    "box_layout",
+    "charset_from_text",
+    "check_task",
+    "class_scores",
+    "decode_yolox",
+    "detect_task",
+    "edit_distance",
+    "find_charset",
+    "greedy_decode",
+    "group_figures",
+    "load_charset",
+    "load_plugin",
+    "make_accumulator",
+    "match_boxes",
+    "nms",
+    "ratio",
+    "yolox_grid",
+    "yolox_grid_count",
+]

@@ -1,0 +1,59 @@
+"""Which task an output gets (`--task auto` detects it from the shape) and its accumulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from quantscan.errors import UsageError
+from quantscan.taskmetrics.base import TASKS, TaskAccumulator
+from quantscan.taskmetrics.box import BoxAccumulator, box_layout
+from quantscan.taskmetrics.classify import ClassifyAccumulator
+from quantscan.taskmetrics.ctc import Charset, CtcAccumulator
+from quantscan.taskmetrics.mask import MaskIouAccumulator
+
+
+def detect_task(shape: Sequence[int], charset: Charset | None, classifier: bool,
+                input_hw: tuple[int, int] | None = None) -> str:
+    """The task an output's shape and the files make clear; `none` when they do not.
+
+    A [1, N, 5+C] output whose N is exactly the YOLOX cell count of the input (strides 8/16/32), a
+    [1, 4+C, N] YOLOv8 head or a [1, 3N, 5+C] YOLOv5 head is a detection head (`box`, see `box_layout`);
+    N alone would be ambiguous, so the input size must be known."""
+    dims = [int(d) for d in shape]
+    if charset is not None and len(dims) == 3 and dims[-1] in (len(charset.symbols), len(charset.symbols) + 1):
+        return "ctc"
+    if classifier:
+        return "classify"
+    nchw_map = len(dims) == 4 and dims[1] == 1 and dims[2] > 1 and dims[3] > 1
+    nhwc_map = len(dims) == 4 and dims[3] == 1 and dims[1] > 1 and dims[2] > 1  # TF exports' heatmaps
+    if nchw_map or nhwc_map:
+        return "mask"
+    if box_layout(dims, input_hw) is not None:
+        return "box"
+    return "none"
+
+
+def make_accumulator(task: str, charset: Charset | None, threshold: float,
+                     input_hw: tuple[int, int] | None = None,
+                     shape: Sequence[int] | None = None) -> TaskAccumulator | None:
+    """One fresh accumulator for `task`; usage error when the task needs a file that is missing. A box
+    head is decoded as its `shape` says (`box_layout`; YOLOX when the shape says nothing)."""
+    if task == "classify":
+        return ClassifyAccumulator()
+    if task == "ctc":
+        if charset is None:
+            raise UsageError("--task ctc: expected a charset (charset.json/.txt beside the data, --charset, "
+                             "or the model's 'character' metadata), found none")
+        return CtcAccumulator(charset)
+    if task == "mask":
+        return MaskIouAccumulator(threshold)
+    if task == "box":
+        return BoxAccumulator(decode=box_layout(shape or (), input_hw) or "yolox", input_hw=input_hw)
+    return None
+
+
+def check_task(task: str) -> str:
+    if task not in TASKS:
+        raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {task!r}")
+    return task

@@ -1,0 +1,131 @@
+"""`ctc`: greedy-decoded string agreement and character error rate for CTC recognisers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from quantscan.errors import UsageError
+from quantscan.runfolder import parse_json
+from quantscan.taskmetrics.base import add_sums, ratio
+
+CHARSET_FILES = ("charset.json", "charset.txt")
+
+
+# --- CTC recognisers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Charset:
+    """The class table of a CTC head: `symbols[i]` is class i's text, `blank` the class that emits nothing."""
+
+    symbols: tuple[str, ...]
+    blank: int = 0
+
+    def fitted(self, classes: int) -> Charset:
+        """PP-OCR keys files omit the trailing space class their models add (use_space_char)."""
+        if len(self.symbols) + 1 == classes:
+            return Charset((*self.symbols, " "), self.blank)
+        return self
+
+
+def greedy_decode(logits: np.ndarray, charset: Charset) -> list[str]:
+    """[N, T, C] (or [T, C]) → strings: argmax per step, collapse repeats, drop blanks."""
+    arr = np.asarray(logits)
+    arr = arr[None] if arr.ndim == 2 else arr
+    best = np.argmax(arr, axis=-1)
+    texts = []
+    for row in best:
+        keep = np.ones(row.shape, dtype=bool)
+        keep[1:] = row[1:] != row[:-1]
+        keep &= row != charset.blank
+        texts.append("".join(charset.symbols[i] if i < len(charset.symbols) else "\ufffd" for i in row[keep]))
+    return texts
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insert, delete, substitute all cost 1), one row at a time."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+@dataclass
+class CtcAccumulator:
+    """String agreement and character error rate of the int8 decode against the FP32 decode."""
+
+    charset: Charset
+    kind: str = "ctc"
+    _s: dict[str, float] = field(default_factory=dict)
+
+    def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
+        charset = self.charset.fitted(np.shape(ref)[-1])
+        r, t = greedy_decode(ref, charset), greedy_decode(test, charset)
+        add_sums(self._s, {
+            "samples": float(len(r)),
+            "string_agree": float(sum(a == b for a, b in zip(r, t, strict=True))),
+            "char_errors": float(sum(edit_distance(a, b) for a, b in zip(r, t, strict=True))),
+            "ref_chars": float(sum(len(a) for a in r)),
+        })
+
+    def merge(self, other: CtcAccumulator) -> None:
+        add_sums(self._s, other._s)
+
+    def sums(self) -> dict[str, float]:
+        return dict(self._s)
+
+    def results(self) -> dict[str, float]:
+        s = self._s
+        return {"string_agreement": ratio(s.get("string_agree", 0), s.get("samples", 0)),
+                "cer": ratio(s.get("char_errors", 0), s.get("ref_chars", 0))}
+
+
+# --- files beside the data and auto-detection --------------------------------------------------------
+
+
+def load_charset(path: Path) -> Charset:
+    """charset.json (a list of characters for classes 1.., or {"characters": [...], "blank": k}) or a
+    PP-OCR style .txt (one character per line, blank 0 before them)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--charset: cannot read {path} ({exc})") from None
+    if Path(path).suffix.lower() != ".json":
+        return _with_blank([line.rstrip("\r\n") for line in text.splitlines()], 0)
+    try:
+        data = parse_json(text)
+    except ValueError:
+        raise UsageError(f"--charset: expected JSON in {path}") from None
+    if isinstance(data, Mapping):
+        chars, blank = data.get("characters"), data.get("blank", 0)
+    else:
+        chars, blank = data, 0
+    if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars) or not isinstance(blank, int):
+        raise UsageError(f'--charset: expected a list of strings or {{"characters": [...], "blank": 0}} in {path}')
+    return _with_blank(chars, blank)
+
+
+def charset_from_text(text: str) -> Charset:
+    """A model's own `character` metadata (PP-OCR exports): one character per line, blank 0 before them."""
+    return _with_blank(text.splitlines(), 0)
+
+
+def _with_blank(chars: Sequence[str], blank: int) -> Charset:
+    symbols = list(chars)
+    symbols.insert(min(max(blank, 0), len(symbols)), "")
+    return Charset(tuple(symbols), blank)
+
+
+def find_charset(data_dir: Path | None) -> Path | None:
+    """charset.json / charset.txt beside the evaluation data, if any."""
+    if data_dir is None or not data_dir.is_dir():
+        return None
+    return next((data_dir / n for n in CHARSET_FILES if (data_dir / n).is_file()), None)

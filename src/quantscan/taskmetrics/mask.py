@@ -1,0 +1,46 @@
+"""`mask`: IoU of the thresholded score map (segmentation, DB-style text detectors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from quantscan.taskmetrics.base import add_sums, ratio
+
+DEFAULT_MASK_THRESHOLD = 0.5
+
+
+# --- masks / score maps ------------------------------------------------------------------------------
+
+
+@dataclass
+class MaskIouAccumulator:
+    """IoU of `ref > threshold` and `test > threshold`: mean per sample (empty/empty counts 1) and pooled."""
+
+    threshold: float = DEFAULT_MASK_THRESHOLD
+    kind: str = "mask"
+    _s: dict[str, float] = field(default_factory=dict)
+
+    def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
+        r = np.asarray(ref).reshape(np.shape(ref)[0], -1) > self.threshold
+        t = np.asarray(test).reshape(np.shape(test)[0], -1) > self.threshold
+        inter = np.count_nonzero(r & t, axis=1).astype(np.float64)
+        union = np.count_nonzero(r | t, axis=1).astype(np.float64)
+        per_sample = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+        add_sums(self._s, {"samples": float(r.shape[0]), "iou_sum": float(per_sample.sum()),
+                            "intersection": float(inter.sum()), "union": float(union.sum())})
+
+    def merge(self, other: MaskIouAccumulator) -> None:
+        add_sums(self._s, other._s)
+
+    def sums(self) -> dict[str, float]:
+        return dict(self._s)
+
+    def results(self) -> dict[str, float]:
+        s = self._s
+        pooled = ratio(s.get("intersection", 0), s.get("union", 0)) if s.get("union") else 1.0
+        return {"mask_iou": ratio(s.get("iou_sum", 0), s.get("samples", 0)), "mask_iou_pooled": pooled,
+                "mask_threshold": self.threshold}

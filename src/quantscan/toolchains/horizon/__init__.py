@@ -1,0 +1,1 @@
+"""Horizon hb_mapper: its checker and makertbin logs."""

@@ -1,0 +1,1 @@
+"""Sophgo tpu-mlir: its model_transform / calibration / model_deploy logs."""
