@@ -7,7 +7,7 @@ models at the protobuf level reaches those directly and reproducibly from one in
 
 Why a worker process: a mutant can segfault onnx or onnxruntime, which would take pytest down; a
 fresh process per run costs seconds of imports. One worker runs many mutants in-process through
-`quantscan.cli.main` with fds 1 and 2 redirected to a file (so onnxruntime's native log lines are
+`quantscan.cli.dispatch` with fds 1 and 2 redirected to a file (so onnxruntime's native log lines are
 caught too), and the driver restarts it when it dies or hangs, recording a crash.
 """
 

@@ -4,7 +4,7 @@ Each test builds the situation for real (a user's file where an output goes, a r
 limited disk, a symlink loop, JSON nested 100,000 deep, an .npz whose header lies, a name that a
 spreadsheet or a Markdown renderer would run, a second command holding the folder's lock) and holds
 quantscan to the contract: exit 2 with one `quantscan: error:` line, the user's files byte for byte
-as they were. Runs go through `quantscan.cli.main` in-process, except where the process itself is
+as they were. Runs go through `quantscan.cli.dispatch` in-process, except where the process itself is
 the subject (an abort in onnx's C++, a file size limit), which run in a child process.
 """
 

@@ -80,7 +80,7 @@ def fold_flags(analysis: ModelAnalysis) -> list[str]:
     for cond in analysis.conditions.values():
         if cond.foldable_by_flags:
             flags += [f for f in condition_flags(analysis, cond) if f not in flags]
-    return sorted(flags, key=lambda f: (not f.startswith("--freeze"), "batch=" not in f, f))
+    return sorted(flags, key=lambda f: (not f.startswith("--freeze-input"), "batch=" not in f, f))
 
 
 def _setting_value(cond: Condition, name: str) -> str:

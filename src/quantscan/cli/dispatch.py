@@ -1,4 +1,4 @@
-"""The command line's entry point: the parser, the dispatch to one module per command, exit codes.
+"""The command line's dispatch: the parser, the table of one module per command, exit codes.
 
 Every command builds API objects and renders what they return. Exit codes (CONTRACT.md): 0 done,
 1 a user threshold failed, 2 bad input or usage (one line on stderr, no traceback unless --debug),
