@@ -251,9 +251,6 @@ def sample_options(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "batch_size": args.batch_size,
         "max_memory": args.max_memory,
-        "workers": args.workers,
-        "save_qdq": args.save_qdq,
-        "force": args.force,
         "profile": args.profile[0] if args.profile else None,
     }
 

@@ -32,6 +32,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "calib_advice": args.calib_advice,
         "save_qdq": args.save_qdq,
+        "force": args.force,
         "no_report": args.no_report,
         "tensors": args.tensors,
         **gain_option(args),
