@@ -44,7 +44,8 @@ from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
 from quantscan.scanning.gain import Evaluator, GainResult, Measured, compute_gain, mixed_builder, sensitivity_order
 from quantscan.scanning.options import ProgressFactory, no_progress
-from quantscan.scanning.prepare import ScanContext, given_input_specs, prepare_scan
+from quantscan.scanning.prepare import ScanContext, prepare_scan
+from quantscan.scanning.samples import given_input_specs
 
 
 @dataclass

@@ -30,7 +30,7 @@ from quantscan.records import Headline, OutputMetrics
 from quantscan.runner import Runner, SegmentedSession, Session
 from quantscan.scanning.calibrate import channel_axis_for
 from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches
-from quantscan.scanning.prepare import Probe, classifier_outputs, headline_outputs
+from quantscan.scanning.probe import Probe, classifier_outputs, headline_outputs
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.scanning.tasks import task_accumulators, task_results
 from quantscan.sites import Site

@@ -97,12 +97,13 @@ def measure(
 ) -> ScanResult:
     """The scan itself: prepare, evaluate, tables. Writes nothing."""
     started = time.perf_counter()
-    workers = worker_count(ScanOptions(**options).validate().workers)
+    opts = ScanOptions(**options).validate()  # the options are parsed here, once, and travel as `opts`
+    workers = worker_count(opts.workers)
     if workers == 1:
-        return _measure(model, calib, progress, runner, None, options, started)
+        return _measure(model, calib, progress, runner, None, opts, started)
     reopenable(calib)
     with process_pool(workers) as pool:  # spawned now: the workers import while this process loads
-        return _measure(model, calib, progress, runner, pool, options, started)
+        return _measure(model, calib, progress, runner, pool, opts, started)
 
 
 def _measure(
@@ -111,12 +112,12 @@ def _measure(
     progress: ProgressFactory,
     runner: Runner | None,
     pool: Executor | None,
-    options: dict[str, Any],
+    opts: ScanOptions,
     started: float,
 ) -> ScanResult:
     """`measure` with its worker pool (None: everything in this process)."""
-    sharded = ShardedCalibration(pool, worker_count(options.get("workers", 1)), calib) if pool else None
-    ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, calibrate_with=sharded, **options)
+    sharded = ShardedCalibration(pool, worker_count(opts.workers), calib) if pool else None
+    ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, calibrate_with=sharded, opts=opts)
     qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
     t0 = time.perf_counter()
     evaluation = _evaluate(ctx, qdq, calib, pool, progress)

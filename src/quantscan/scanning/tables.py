@@ -29,7 +29,8 @@ from quantscan.records import Placement, Severity, severity_rank
 from quantscan.scanning.calibrate import CalibStats
 from quantscan.scanning.causes import diagnosis_columns, no_latency_passes, run_cause_rules
 from quantscan.scanning.evaluate import Evaluation
-from quantscan.scanning.prepare import Probe, ScanContext
+from quantscan.scanning.prepare import ScanContext
+from quantscan.scanning.probe import Probe
 from quantscan.sites import Site
 
 INTRINSIC_SQNR_DB = 25.0

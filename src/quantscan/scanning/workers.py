@@ -42,7 +42,8 @@ from quantscan.scanning.calibrate import CalibStats, calibrate, merge_calib_stat
 from quantscan.scanning.evaluate import EvalSums, Evaluation, accumulate_evaluation, finish_evaluation
 from quantscan.scanning.impact import MeasuredGains, gains_here
 from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches, no_progress
-from quantscan.scanning.prepare import Probe, ScanContext
+from quantscan.scanning.prepare import ScanContext
+from quantscan.scanning.probe import Probe
 from quantscan.sites import Site
 from quantscan.specs import InputSpec
 

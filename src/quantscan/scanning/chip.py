@@ -1,0 +1,68 @@
+"""What a chip profile decides for a scan (`ChipRecipe`): its activation scheme, fusions, CPU and float16
+nodes, consumer-range ops and recipe, from the profile and its compat check, beside the user's options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from quantscan.columns import Col
+from quantscan.model import LoadedModel
+from quantscan.records import ActivationScheme
+from quantscan.scanning.options import ChipRecipe, ScanOptions
+from quantscan.specs import Dim
+
+
+def activations_source(explicit: bool, profile: str | None) -> str:
+    """Why the activation scheme is what it is, as run.json and summary.md say it: an explicit
+    option wins over the profile, the profile over the uint8 default."""
+    if explicit:
+        return "from --activations"
+    return f"from profile {profile}" if profile else "default"
+
+
+def chip_recipe(
+    loaded: LoadedModel, opts: ScanOptions, dims: Mapping[str, tuple[Dim, ...]]
+) -> tuple[Any, ChipRecipe]:
+    """The profile's decisions (and its compat check), or the defaults without one; `opts` is left as
+    the user gave it. An explicit `--activations` wins over the profile's scheme."""
+    if opts.profile is None:
+        return None, ChipRecipe(
+            activations=opts.activations or ActivationScheme.UINT8,
+            activations_source=activations_source(opts.activations is not None, None),
+            fused_activations=opts.fused_activations,
+        )
+    from quantscan.compat import load_profile
+    from quantscan.compat.check import check
+
+    profile = load_profile(opts.profile)
+    shapes = {k: [d if isinstance(d, int) else 1 for d in v] for k, v in dims.items()}
+    compat = check(loaded.proto, [opts.profile], input_shapes=shapes)
+    placement = compat.node_placement.get(profile.name, {})
+    scheme = opts.activations or (
+        ActivationScheme.INT8 if profile.activations == "int8" else ActivationScheme.UINT8
+    )
+    return compat, ChipRecipe(
+        profile=profile.name,
+        activations=scheme,
+        activations_source=activations_source(opts.activations is not None, profile.name),
+        fused_activations=frozenset(profile.fused_activations),
+        cpu_nodes=frozenset(n for n, where in placement.items() if where == "cpu"),
+        float16_nodes=float16_nodes(compat.findings, profile.name),
+        consumer_range_ops=profile.consumer_range_ops,
+        recipe=profile.recipe,
+    )
+
+
+def float16_nodes(findings: pd.DataFrame | None, profile: str) -> frozenset[str]:
+    """The nodes `check`'s float16 rule names for `profile`: the toolkit runs them in float16 between
+    int8 layers (rknn-toolkit2's Softmax), so simulating their output on the int8 grid (a 0..1 Softmax
+    in 1/255 steps) would charge the model a loss the chip does not have. float16's own rounding
+    (<= 2^-11 relative, 1-cos ~1e-7 on a Softmax output) is left out: they are kept float32."""
+    if findings is None or findings.empty:
+        return frozenset()
+    rows = findings[(findings["rule"] == "float16") & (findings["profile"] == profile)]
+    return frozenset(str(n) for n in rows[Col.NODE] if n)
