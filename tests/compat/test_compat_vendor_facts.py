@@ -30,7 +30,7 @@ def test_softmax_is_float16_on_rk3588_and_not_an_int8_precision_risk() -> None:
     assert "float16" in rules and "precision" not in rules
     row = rows[rows["rule"] == "float16"].iloc[0]
     assert (row["value"], row["placement"], row["severity"]) == ("float16", "npu", "info")
-    assert align.check_placements(rows)[row["node"]] == "npu-float16"
+    assert align.predicted_placements(rows)[row["node"]] == "npu-float16"
 
 
 def test_profiles_without_float16_facts_keep_the_precision_finding() -> None:

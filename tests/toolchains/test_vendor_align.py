@@ -60,8 +60,8 @@ def test_a_swapped_layer_is_the_op_that_reads_the_tensor_it_is_named_after() -> 
         outputs=frozenset({"act"}),
         readers={"x": (("Gemm.0", "gemm_out"),), "gemm_out": (("PRelu.0", "act"),)},
     )
-    layers = [align.VendorLayer("gemm_out_sw", "PRelu", 0.9995, 0.999),
-              align.VendorLayer("gemm_out_mm", "Conv", 0.9999, 0.9999)]
+    layers = [align.LayerFigures("gemm_out_sw", "PRelu", 0.9995, 0.999),
+              align.LayerFigures("gemm_out_mm", "Conv", 0.9999, 0.9999)]
     qs_layers = pd.DataFrame({"node": ["Gemm.0"], "output": ["act"], "isolated_cosine": [0.9994]})
     qs_tensors = pd.DataFrame({"tensor": ["gemm_out", "act"], "cumulative_cosine": [0.9998, 0.9991]})
     table = align.align_layers(layers, graph, qs_layers, qs_tensors, [], {}).set_index("layer")
@@ -81,15 +81,15 @@ def test_check_placements_combines_cpu_and_float16_findings() -> None:
         {"node": "Softmax.0", "rule": "precision", "placement": "npu"},
         {"node": "MatMul.0", "rule": "param-limit", "placement": "cpu"},
     ])
-    assert align.check_placements(findings) == {"Softmax.0": "npu-float16", "MatMul.0": "cpu"}
+    assert align.predicted_placements(findings) == {"Softmax.0": "npu-float16", "MatMul.0": "cpu"}
 
 
 def _table() -> pd.DataFrame:
     layers = [
-        align.VendorLayer("hs_out", "HardSwish", 0.99, 0.98),
-        align.VendorLayer("mm_out_rs_sw", "Conv", 0.90, 0.89),
-        align.VendorLayer("logits-rs_sw", "exSoftmax13", 0.999, 0.97),
-        align.VendorLayer("prob", "Reshape", 1.0, 0.97),
+        align.LayerFigures("hs_out", "HardSwish", 0.99, 0.98),
+        align.LayerFigures("mm_out_rs_sw", "Conv", 0.90, 0.89),
+        align.LayerFigures("logits-rs_sw", "exSoftmax13", 0.999, 0.97),
+        align.LayerFigures("prob", "Reshape", 1.0, 0.97),
     ]
     qs_layers = pd.DataFrame({"node": ["Conv.0", "MatMul.0", "Softmax.0"], "output": ["hs_out", "mm_out", "prob"],
                               "isolated_cosine": [0.991, 0.999, 0.9995]})

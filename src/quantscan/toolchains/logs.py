@@ -114,7 +114,7 @@ def read_log(path: str | Path, model: str | Path | None = None, profile: str | P
         matches = map_names(parsed, index)
         unsupported = nodes_of_types(index, parsed.unsupported_ops)
     if model is not None and profile is not None:
-        profile_name, predicted = check_placements(model, profile)
+        profile_name, predicted = check_placement_of(model, profile)
     records = log_findings(parsed, matches)
     records += unsupported_findings(parsed, unsupported)
     records += placement_mismatches(parsed, matches, predicted, profile_name)
@@ -131,7 +131,7 @@ def read_log(path: str | Path, model: str | Path | None = None, profile: str | P
     )
 
 
-def check_placements(model: str | Path, profile: str | Path) -> tuple[str, dict[str, str]]:
+def check_placement_of(model: str | Path, profile: str | Path) -> tuple[str, dict[str, str]]:
     """The profile's name and where `check` places each node of the model (npu/cpu)."""
     from quantscan.compat.check import check
 

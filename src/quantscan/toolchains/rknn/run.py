@@ -36,7 +36,7 @@ from quantscan.toolchains.rknn import files as rknn_files
 DRIVER = Path(__file__).parent / "driver.py"
 TIMEOUT_S = 4 * 3600
 """A build plus accuracy_analysis of every sample of a large model is slow on a small PC, never hours."""
-Progress = Callable[[str], None]
+SayProgress = Callable[[str], None]
 
 
 def graph_names(proto: onnx.ModelProto) -> align.GraphNames:
@@ -116,7 +116,7 @@ def output_cosines(reference: list[list[np.ndarray]], simulated: dict[str, np.nd
     return {name: acc.cosine for name, acc in accs.items()}
 
 
-def vendor_layers(work: Path, analyses: list[str]) -> list[align.VendorLayer]:
+def vendor_layers(work: Path, analyses: list[str]) -> list[align.LayerFigures]:
     """Per layer over the analysed samples: RKNN's single-layer cosine averaged (it prints one per
     sample), the entire cosine pooled over every element of every sample from its golden/simulator
     dumps (entire_sums.json; the per-sample mean where a dump was missing)."""
@@ -139,7 +139,7 @@ def vendor_layers(work: Path, analyses: list[str]) -> list[align.VendorLayer]:
         if pooled is not None and math.isfinite(entire):
             sxy, sxx, syy = pooled[0], pooled[1], pooled[2]
             entire = sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else (1.0 if sxx == syy == 0 else 0.0)
-        out.append(align.VendorLayer(layer, rows[0].op_type, single, entire))
+        out.append(align.LayerFigures(layer, rows[0].op_type, single, entire))
     return out
 
 
@@ -193,7 +193,7 @@ def run_rknn(
     analysis_samples: int | None = None,
     plan: str | Path | None = None,
     threads: int | None = None,
-    progress: Progress | None = None,
+    progress: SayProgress | None = None,
 ) -> VendorRun:
     """Build, simulate and analyse with RKNN-Toolkit2; scan with quantscan; align. Writes into `out`."""
     from quantscan.toolchains.interpreter import find_python
@@ -304,7 +304,7 @@ def _aligned(
     places = [align.VendorPlace(p.name, p.op_type, p.placement) for p in rknn_files.parse_layer_table(log_text)]
     graph = graph_names(loaded.proto)
     findings = scanned.compat.findings if scanned.compat is not None else None
-    predicted = align.check_placements(findings) if findings is not None else {}
+    predicted = align.predicted_placements(findings) if findings is not None else {}
     table = align.align_layers(layers, graph, scanned.layers, scanned.tensors, places, predicted)
     return table, align.placement_findings(places, graph, predicted, tool, target)
 
