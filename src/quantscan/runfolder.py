@@ -166,7 +166,7 @@ RUN_NAMES = frozenset({
     "compat.csv", "partitions.csv", "task.csv", "log_layers.csv", "plan.csv", "gain.csv", "plan.json",
     "session.json", "outputs.csv", "unmatched.csv", "compare.json", "vendor.csv", "vendor_findings.csv",
     "vendor.json", "rknn.log", "rknn_hybrid.log", "ort_quant_config.json", "rknn_hybrid_quant.cfg",
-    "horizon_node_config.yaml", "tidl_16bit_options.json", "tidl_import_16bit.txt",
+    "horizon_node_config.yaml", "tidl_16bit_options.json", "tidl_import_16bit.txt", "device.csv", "calib_advice.csv",
 })
 """Every file name a command writes into its --out folder."""
 

@@ -44,6 +44,21 @@ def test_cli_writes_device_csv_and_its_summary_section(dumped, tmp_path: Path, c
     assert summary.count("## Device dumps") == 1
 
 
+def test_a_device_csv_quantscan_did_not_write_is_kept(dumped, tmp_path: Path, capsys) -> None:
+    """Issue 31's rule holds for dumps too: a user's own device.csv in --out is not replaced (exit 2, the
+    file unchanged) unless --force."""
+    model, calib, folder = dumped
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "device.csv").write_text("my own table\n", encoding="utf-8")
+    argv = ["dumps", str(model), "--calib", str(calib), "--dumps", str(folder), "--out", str(out), "--quiet"]
+    code, _, err = _run(capsys, *argv)
+    assert "not written by quantscan" in _one_line_error(code, err)
+    assert (out / "device.csv").read_text(encoding="utf-8") == "my own table\n"
+    assert _run(capsys, *argv, "--force")[0] == 0
+    assert list(pd.read_csv(out / "device.csv").columns) == DEVICE_COLUMNS
+
+
 def _write(folder: Path, arrays: dict[str, dict[str, np.ndarray]]) -> Path:
     folder.mkdir()
     for stem, values in arrays.items():

@@ -373,3 +373,18 @@ def test_partials_not_split_per_sample_are_left_out() -> None:
     assert np.isnan(flat_lo).all() and np.isnan(flat_hi).all()  # one row for a batch of 2: not attributable
     ranges = SampleRanges(["a", "b"], np.stack([[0.0, 0.0], flat_lo]).T, np.stack([[1.0, 1.0], flat_hi]).T)
     assert ranges.usable().tensors == ["a"]
+
+
+def test_cli_refuses_a_calib_advice_csv_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31's rule holds for calib-advice too: a user's own calib_advice.csv in --out is not replaced
+    (exit 2, the file unchanged) unless --force; the folder is then quantscan's."""
+    path, calib, _ = _model(tmp_path, samples=8)
+    out = tmp_path / "mine"
+    out.mkdir()
+    theirs = out / "calib_advice.csv"
+    theirs.write_text("my own notes\n", encoding="utf-8")
+    assert main(["calib-advice", str(path), "--calib", str(calib), "--out", str(out), "--quiet"]) == 2
+    assert "not written by quantscan" in capsys.readouterr().err
+    assert theirs.read_text(encoding="utf-8") == "my own notes\n"
+    assert main(["calib-advice", str(path), "--calib", str(calib), "--out", str(out), "--quiet", "--force"]) == 0
+    assert theirs.read_text(encoding="utf-8").startswith("kind,")

@@ -14,8 +14,11 @@ def cmd_calib_advice(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else default_out(args.model)
     refuse_out_in_data(out, args.calib, args.eval)
-    advice = calib_advice(args.model, args.calib, pick=args.pick, out=out, progress=progress_factory(args.quiet),
-                          **sample_options(args))
+    from quantscan.runfolder import claim_out_dir
+
+    with claim_out_dir(out, force=args.force):
+        advice = calib_advice(args.model, args.calib, pick=args.pick, out=out, progress=progress_factory(args.quiet),
+                              **sample_options(args))
     print(advice.summary_line())
     print(f"  wrote {out / 'calib_advice.csv'}" + (f" and {out / 'picked'}/" if args.pick else ""))
     return EXIT_OK

@@ -32,6 +32,7 @@ def dumps_parser(sub: Any) -> None:
         p.add_argument(flag, default=default, help="as for scan: how the simulation quantizes")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
     common(p)
 
 
@@ -45,7 +46,10 @@ def cmd_dumps(args: argparse.Namespace) -> int:
                            calib_method=args.calib_method, activations=args.activations, profile=args.profile,
                            input_shape=shapes, input_dims=dims, const=parse_const(args.const), threads=args.threads,
                            seed=args.seed)
-    result.save(out)
+    from quantscan.runfolder import claim_out_dir
+
+    with claim_out_dir(out, force=args.force):
+        result.save(out)
     table = result.table
     print(f"{result.format} dumps of {len(result.samples)} sample(s): {result.aligned_sites} of {result.sites} sites "
           f"aligned, {len(result.alignment.unmatched)} dump tensor(s) matched nothing")
