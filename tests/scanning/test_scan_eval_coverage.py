@@ -117,3 +117,22 @@ def test_detector_calibrated_on_pages_clips_on_photos(assets: Path, tmp_path: Pa
     info = json.loads((tmp_path / "run" / "run.json").read_text(encoding="utf-8"))
     assert {w["file"] for w in info["worst_samples"]} <= set(sets["eval"]) and len(info["worst_samples"]) == 4
     assert "does not cover the evaluation data" in (tmp_path / "run" / "summary.md").read_text(encoding="utf-8")
+
+
+def test_an_eval_set_of_other_sizes_is_bad_input(tmp_path: Path) -> None:
+    """An --eval folder whose samples are not the sizes the calibration set fixes (another model's
+    preprocess.json, say) is one exit-2 line naming the input, the sizes expected and found; it used to
+    reach onnxruntime as a graph quantscan built (exit 3)."""
+    text = MODEL.replace("[N, 3, 4, 4] x", "[N, 3, H, W] x").replace("[N, 2, 4, 4] y", "[N, 2, H, W] y")
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w"))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    calib = _folder(tmp_path / "calib", 1.0, 0)
+    other = tmp_path / "other"
+    other.mkdir()
+    np.savez(other / "000.npz", x=np.ones((1, 3, 6, 6), np.float32))
+    proc = run(str(path), "--calib", str(calib), "--eval", str(other), "--out", str(tmp_path / "out"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "--eval" in lines[0] and "'x'" in lines[0] and "[1, 3, 6, 6]" in lines[0] and "4, 4]" in lines[0]

@@ -44,7 +44,13 @@ from quantscan.scanning.ort_recipe import (
     recipe_sites,
 )
 from quantscan.scanning.probe import Probe, batch_refused, classifier_outputs, headline_outputs, probe_model
-from quantscan.scanning.samples import apply_dim_settings, dims_from_data, sample_sets, stateful_sets
+from quantscan.scanning.samples import (
+    apply_dim_settings,
+    check_eval_shapes,
+    dims_from_data,
+    sample_sets,
+    stateful_sets,
+)
 from quantscan.scanning.settings import fold_setting_consts, unfed
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
 
@@ -203,6 +209,7 @@ def _load_phase(
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
     dims, fixed_batch = dims_from_data(loaded, cset, opts.input_shape, state_consts(opts.state, opts.const))
     dims, fixed_batch = apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
+    check_eval_shapes(eval_set, cset, dims)
     if opts.state and fixed_batch is None and any(s.shape and not isinstance(s.shape[0], int) for s in loaded.inputs):
         # a stateful set feeds one sample at a time: the batch is 1 (and shapes can fold, settings.py)
         dims, fixed_batch = apply_dim_settings(loaded, dims, fixed_batch, ["batch=1"])

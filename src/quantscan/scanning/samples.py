@@ -150,3 +150,21 @@ def sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOpt
         consts=consts, limit=opts.limit,
     )
     return cset, eval_set
+
+
+def check_eval_shapes(eval_set: CalibSet, cset: CalibSet, dims: Mapping[str, tuple[Dim, ...]]) -> None:
+    """An `--eval` set must feed the sizes the calibration set fixed: its samples run through the same
+    analysis graph. A mismatch is bad input, said before any pass (it used to surface as onnxruntime
+    refusing a graph quantscan built: exit 3)."""
+    if eval_set is cset:
+        return
+    shapes = eval_set.sample_shapes()
+    for name, fixed in dims.items():
+        found = shapes.get(name)
+        if found is None or len(found) != len(fixed):
+            continue
+        if any(isinstance(d, int) and d != f for d, f in zip(fixed[1:], found[1:], strict=True)):
+            raise CalibrationError(
+                f"--eval {eval_set.source}: expected samples whose '{name}' is {list(fixed)} (the sizes the "
+                f"calibration set fixes), found {list(found)}"
+            )
