@@ -88,6 +88,18 @@ def test_the_cli_warns_loudly(setup: tuple[Path, Path], tmp_path: Path) -> None:
     assert "NOT the int8 model's" in proc.stderr and "If_7 (4 nodes)" in proc.stderr
 
 
+def test_a_cosine_gate_does_not_pass_on_an_unmeasured_headline(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--fail-below-cosine` exits 1 when the headline is the float model's (its cosine is 1.0 there, so
+    any gate would pass on a figure that says nothing about int8)."""
+    model, calib = setup
+    proc = subprocess.run([sys.executable, "-m", "quantscan", str(model), "--calib", str(calib), "--out",
+                           str(tmp_path / "r"), "--no-report", "--no-gain", "--quiet", "--fail-below-cosine", "0.5"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 1, proc.stderr
+    assert "was not measured on the int8 model" in proc.stderr
+
+
 def test_the_vad_pattern_folded_by_const_measures_its_lstm(tmp_path: Path) -> None:
     """`builders.vad_like` scanned with `--const sr=16000` and the data's sizes: every If folds, and the
     LSTM (exported for its final state only, `LSTM -> ("", Y_h)`) is a site; it used to be refused as

@@ -83,6 +83,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
     print(f"wrote {out}/ (layers.csv, tensors.csv, ops.csv, channels.csv, hist.npz, summary.md, run.json{extra})")
     if result.compat is not None:
         print_case_matches(result.compat.findings, args.cases)
+    if args.fail_below_cosine is not None and not head.measured:
+        # a gate cannot pass on a figure that is not the int8 model's: the quantizable bodies stayed float
+        print(f"quantscan: --fail-below-cosine {args.fail_below_cosine}: the headline was not measured on the "
+              f"int8 model (float inside {', '.join(head.unmeasured)}); fold the control flow first", file=sys.stderr)
+        return EXIT_THRESHOLD
     if args.fail_below_cosine is not None and not head.cosine >= args.fail_below_cosine:
         print(f"quantscan: output cosine {head.cosine:.5f} is below --fail-below-cosine "
               f"{args.fail_below_cosine}", file=sys.stderr)
