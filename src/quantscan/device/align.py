@@ -94,6 +94,9 @@ def _nhwc_perm(ref_shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def to_reference(array: np.ndarray, layout: str, ref_shape: tuple[int, ...]) -> np.ndarray:
     """The dump array in the ONNX tensor's shape and layout."""
+    if "|" in layout:  # a head-split channel order on top of a plain layout (`head_split`)
+        base, split = layout.split("|", 1)
+        return _unsplit(to_reference(array, base, ref_shape), split)
     if layout == "nhwc":
         n, c, h, w = ref_shape
         return np.ascontiguousarray(array.reshape(n, h, w, c).transpose(0, 3, 1, 2))
@@ -102,6 +105,46 @@ def to_reference(array: np.ndarray, layout: str, ref_shape: tuple[int, ...]) -> 
         squeezed = array.reshape(_squeezed(array.shape))
         return np.ascontiguousarray(squeezed.transpose(perm)).reshape(ref_shape)
     return array.reshape(ref_shape)
+
+
+def head_split(array: np.ndarray, ref: np.ndarray) -> tuple[str, float] | None:
+    """The best layout in which `array` holds `ref` with its last axis dumped in a head-split order.
+
+    Why: RKNN dumps an attention block's QKV projection ([B, T, 3·H·D], reshaped to [B, T, 3, H, D] by
+    the graph) with the channel axis in (H, D, 3) order, which no order of the dump's dims undoes. The
+    candidates split the last axis into (3, H, D) for every H·D that divides it, in every order of the
+    three; the best one is kept only when its cosine reaches GOLDEN_MIN, so a fault still shows. Tried
+    only for a dump that holds its tensor's values in another order (`reordered`)."""
+    channels = int(ref.shape[-1]) if ref.ndim else 0
+    if channels % 3 or channels < 12:
+        return None
+    best: tuple[float, str] | None = None
+    for base in layouts(array.shape, ref.shape):
+        plain = to_reference(array, base, ref.shape)
+        for heads in range(2, channels // 3):
+            if (channels // 3) % heads:
+                continue
+            for order in itertools.permutations(range(3)):
+                split = f"split3,{heads},{channels // 3 // heads}:" + ",".join(map(str, order))
+                cos = cosine(_unsplit(plain, split), ref)
+                if best is None or cos > best[0]:
+                    best = (cos, f"{base}|{split}")
+    if best is None or best[0] < GOLDEN_MIN:
+        return None
+    return best[1], best[0]
+
+
+def _unsplit(array: np.ndarray, split: str) -> np.ndarray:
+    """`array` (in the reference layout but its last axis in dump order) with the last axis put back: the
+    dump's channel factors are the reference's (3, H, D) in `order` (dump factor i is reference factor
+    order[i])."""
+    sizes_text, order_text = split[len("split"):].split(":")
+    sizes = [int(s) for s in sizes_text.split(",")]
+    order = [int(i) for i in order_text.split(",")]
+    lead = array.shape[:-1]
+    dumped = array.reshape(*lead, *[sizes[i] for i in order])
+    back = [len(lead) + order.index(j) for j in range(3)]
+    return np.ascontiguousarray(dumped.transpose(*range(len(lead)), *back)).reshape(array.shape)
 
 
 def cosine(x: np.ndarray, y: np.ndarray) -> float:
@@ -180,9 +223,12 @@ def align(
                 aligned.setdefault(other.tensor, other)
                 continue
             if reordered(first[name], fp32[tensor]):
-                unmatched.append(f"{name}: holds the values of {tensor} in an order no layout explains "
-                                 f"(cosine {placed[1]:.3f}; sorted, they agree)")
-                continue
+                split = head_split(first[name], fp32[tensor])
+                if split is None:
+                    unmatched.append(f"{name}: holds the values of {tensor} in an order no layout explains "
+                                     f"(cosine {placed[1]:.3f}; sorted, they agree)")
+                    continue
+                placed = (Aligned(name, tensor, split[0], how), split[1])
         current = aligned.get(tensor)
         if current is None or (current.how != "name" and how == "name"):
             aligned[tensor] = placed[0]
