@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.parser
+import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
@@ -301,3 +302,18 @@ def vad_like() -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.checker.check_model(model)
     return model
+
+
+def reference_outputs(model: Path, qdq: Path, calib: Path) -> tuple[np.ndarray, np.ndarray]:
+    """First output of the FP32 model and of the saved QDQ model on every .npz sample of `calib`, both run
+    by onnx's ReferenceEvaluator (the QDQ model raised to opset 21, where it has int16 QDQ): the oracle
+    the scan's own figures are held to."""
+    fp32 = ReferenceEvaluator(str(model))
+    fq = ReferenceEvaluator(onnx.version_converter.convert_version(onnx.load(qdq), 21))
+    xs, ys = [], []
+    for f in sorted(calib.glob("*.npz")):
+        feed = dict(np.load(f))
+        xs.append(np.asarray(fp32.run(None, feed)[0], np.float64))
+        ys.append(np.asarray(fq.run(None, feed)[0], np.float64))
+    return np.concatenate(xs), np.concatenate(ys)
+

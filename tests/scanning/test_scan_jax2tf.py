@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.parser
-import onnx.version_converter
 import pytest
-from onnx.reference import ReferenceEvaluator
 
 import quantscan
+from builders import reference_outputs
 from quantscan.errors import ModelError
 from quantscan.validate import check_finite_weights
 
@@ -90,14 +89,7 @@ def test_jax2tf_classifier_scans_as_a_classifier(tmp_path: Path) -> None:
     assert not any(k in ("Tanh", "Max") for k in kernels)
     softmax = next(s for s in result.sites if s.kernel.startswith("Softmax["))
     assert "Max" in softmax.kernel  # the −inf identity is part of the kernel, not a site of its own
-    fp32 = ReferenceEvaluator(str(model))
-    fq = ReferenceEvaluator(onnx.version_converter.convert_version(onnx.load(qdq), 21))
-    xs, ys = [], []
-    for f in sorted(calib.glob("*.npz")):
-        feed = dict(np.load(f))
-        xs.append(np.asarray(fp32.run(None, feed)[0], np.float64))
-        ys.append(np.asarray(fq.run(None, feed)[0], np.float64))
-    x, y = np.concatenate(xs), np.concatenate(ys)
+    x, y = reference_outputs(model, qdq, calib)
     metrics = result.output_metrics["probs"]
     assert metrics.top1_agreement == pytest.approx(float(np.mean(x.argmax(1) == y.argmax(1))))
     cosine = float((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))

@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.parser
-import onnx.version_converter
 import pytest
-from onnx.reference import ReferenceEvaluator
 
 import quantscan
+from builders import reference_outputs
 from quantscan.errors import InternalError, SessionError
 from quantscan.runner import Runner
 
@@ -117,14 +116,7 @@ def pos_embed_resize(tmp_path: Path) -> tuple[Path, Path]:
 
 def _reference_cosine(model: Path, qdq: Path, calib: Path) -> float:
     """Output cosine of the saved QDQ model against FP32, both run by onnx's reference evaluator."""
-    fp32 = ReferenceEvaluator(str(model))
-    fq = ReferenceEvaluator(onnx.version_converter.convert_version(onnx.load(qdq), 21))
-    xs, ys = [], []
-    for f in sorted(calib.glob("*.npz")):
-        feed = dict(np.load(f))
-        xs.append(np.asarray(fp32.run(None, feed)[0], np.float64))
-        ys.append(np.asarray(fq.run(None, feed)[0], np.float64))
-    x, y = np.concatenate(xs), np.concatenate(ys)
+    x, y = reference_outputs(model, qdq, calib)
     return float((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))
 
 
