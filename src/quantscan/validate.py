@@ -9,7 +9,7 @@ node or tensor, before any of that code runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from quantscan.columns import Col
 from quantscan.errors import ModelError
+from quantscan.graph.subgraphs import all_graphs
 
 MAX_AXIS = 64
 """Largest |axis| quantscan accepts in an axis-like attribute: no real tensor has more dimensions,
@@ -30,7 +31,7 @@ _VALID_ELEM_TYPES = frozenset(int(v) for v in onnx.TensorProto.DataType.values()
 
 def validate_model(proto: onnx.ModelProto, where: str) -> None:
     """Raise one `ModelError` for the first thing in `proto` that would crash a later stage."""
-    for graph in _graphs(proto.graph):
+    for graph in all_graphs(proto.graph):
         _check_names(graph, where)
         _check_elem_types(graph, where)
         _check_attributes(graph, where)
@@ -42,7 +43,7 @@ def check_finite_weights(proto: onnx.ModelProto, where: str) -> None:
 
     ±inf is a value models use on purpose (the −inf identity of a max-reduction in jax2tf exports,
     additive attention masks): valid. A quantized site's weight must still be finite (make_plan)."""
-    for graph in _graphs(proto.graph):
+    for graph in all_graphs(proto.graph):
         for tensor in graph.initializer:
             if tensor.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
                 continue
@@ -54,18 +55,6 @@ def check_finite_weights(proto: onnx.ModelProto, where: str) -> None:
             if bad:
                 raise ModelError(f"expected weights without NaN in {where}, found {bad} NaN values in "
                                  f"initializer {tensor.name!r}")
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """The main graph and every subgraph (If/Loop/Scan bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub)
 
 
 def _check_names(graph: onnx.GraphProto, where: str) -> None:

@@ -13,18 +13,14 @@ from collections.abc import Iterator
 
 import onnx
 
+from quantscan.graph.subgraphs import all_graphs
+
 
 def _value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
-    yield from graph.input
-    yield from graph.output
-    yield from graph.value_info
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _value_infos(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _value_infos(sub)
+    for g in all_graphs(graph):
+        yield from g.input
+        yield from g.output
+        yield from g.value_info
 
 
 def _dims(vi: onnx.ValueInfoProto) -> Iterator[onnx.TensorShapeProto.Dimension]:

@@ -52,6 +52,14 @@ def node_bodies(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
     return out
 
 
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every subgraph under it (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for _, body in node_bodies(node):
+            yield from all_graphs(body)
+
+
 def bodies(graph: onnx.GraphProto, prefix: str = "") -> Iterator[Body]:
     """Every body under `graph`, depth first in node order (an outer body before the ones inside it)."""
     for node, name in zip(graph.node, stable_node_names(list(graph.node)), strict=True):
