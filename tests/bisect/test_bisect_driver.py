@@ -212,3 +212,17 @@ def test_unmet_target_reuses_the_first_all_int8_measurement(chain: tuple[Path, P
     int8 = [s for s in result.steps if s.phase == "all_int8"]
     assert len(int8) == 1 and int8[0].value < TARGET_SQNR
     assert result.plan.status == "reached"
+
+
+def test_resume_measures_with_the_stored_profile(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    """A session records every option that decides what is measured (scanning.options.MEASUREMENT_OPTIONS),
+    the chip profile among them: a resume used to fall back to the default uint8 scheme."""
+    model, calib = chain
+    session = tmp_path / "s.json"
+    run_bisect(model, calib, target_sqnr=TARGET_SQNR, session=session, threads=1, profile="rk3588")
+    stored = json.loads(session.read_text())["options"]["scan"]
+    assert stored["profile"] == "rk3588" and stored["input_dims"] == [] and stored["state"] == {}
+    resumed = run_bisect(resume=session, keep_float=["mm9"], threads=1)
+    fresh = run_bisect(model, calib, target_sqnr=TARGET_SQNR, session=tmp_path / "f.json", threads=1,
+                       profile="rk3588", keep_float=["mm9"])
+    assert resumed.plan.achieved == pytest.approx(fresh.plan.achieved, abs=1e-9)

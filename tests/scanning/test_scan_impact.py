@@ -24,10 +24,20 @@ import quantscan
 from quantscan.cli import main
 from quantscan.columns import Col
 from quantscan.errors import UsageError
+from quantscan.metrics import SQNR_CAP_DB
 from quantscan.scanning.evaluate import SampleError, largest_error_share_first
 from quantscan.scanning.gain import Evaluator, mixed_builder
 from quantscan.scanning.impact import cumulative_drop, gain_candidates, gain_sample_indices, rank_by_gain
 from quantscan.scanning.prepare import prepare_scan
+from quantscan.scanning.site_result import (
+    ActivationFigures,
+    ChipPlacement,
+    CumulativeFigures,
+    IsolatedFigures,
+    SiteResult,
+    WeightFigures,
+    layers_frame,
+)
 
 WIDTH = 8
 
@@ -186,30 +196,44 @@ def test_few_candidates_measured_first_then_the_old_order(chain: tuple[Path, Pat
                                   some.layers.set_index("node").loc[sorted(named), unchanged])
 
 
+def _site(node: str, *, iso_sqnr: float = 30.0, iso_cos: float = 1.0, cum_cos: float = 1.0,
+          worst_channel: float = 30.0, cum_sqnr: float = 30.0, input_sqnr: float = 30.0, rank: int = 0,
+          severity: str | None = None) -> SiteResult:
+    """A site record carrying just the figures the candidate choice and the rank read."""
+    return SiteResult(
+        node=node, op_type="Conv", kernel="Conv", order=0, output=f"{node}_out", inputs=("x",),
+        isolated=IsolatedFigures(iso_cos, iso_sqnr), cumulative=CumulativeFigures(cum_cos, cum_sqnr),
+        input_sqnr_db=input_sqnr, eval_clip_fraction=0.0, activation=ActivationFigures(worst_channel),
+        weight=WeightFigures(), sensitive_op=False, rank=rank,
+        chip=ChipPlacement("npu", severity=severity) if severity is not None else None,
+    )
+
+
 def test_candidates_take_each_ordering_and_non_finite_sites() -> None:
-    layers = pd.DataFrame({
-        "node": ["a", "b", "c", "d", "e"],
-        "isolated_sqnr_db": [10.0, 40.0, 30.0, math.nan, 50.0],
-        "isolated_cosine": [0.9, 0.99, 0.98, math.nan, 1.0],
-        "cumulative_cosine": [0.9, 0.99, 0.98, 0.5, 1.0],
-        "act_worst_channel_sqnr_db": [30.0, 5.0, 30.0, 30.0, 30.0],
-        "cumulative_sqnr_db": [10.0, 20.0, 30.0, 30.0, 12.0],
-        "cumulative_input_sqnr_db": [math.inf, 10.0, 20.0, 30.0, 50.0],
-    })
-    assert list(cumulative_drop(layers)) == [110.0, -10.0, -10.0, 0.0, 38.0]
-    assert gain_candidates(layers, 1, layers["node"]) == ["a", "b", "d"]
-    assert gain_candidates(layers, 1, layers["node"], named=["c", "zz"]) == ["a", "b", "d", "c"]
-    assert gain_candidates(layers, 2, ["a", "b", "c", "e"]) == ["a", "c", "b", "e"]
-    assert gain_candidates(layers, 0, layers["node"]) == []
+    iso = [10.0, 40.0, 30.0, math.nan, 50.0]
+    iso_cos = [0.9, 0.99, 0.98, math.nan, 1.0]
+    cum_cos = [0.9, 0.99, 0.98, 0.5, 1.0]
+    worst = [30.0, 5.0, 30.0, 30.0, 30.0]
+    cum = [10.0, 20.0, 30.0, 30.0, 12.0]
+    inputs = [math.inf, 10.0, 20.0, 30.0, 50.0]
+    results = [_site(n, iso_sqnr=iso[i], iso_cos=iso_cos[i], cum_cos=cum_cos[i], worst_channel=worst[i],
+                     cum_sqnr=cum[i], input_sqnr=inputs[i]) for i, n in enumerate("abcde")]
+    # the drop is min(input, cap) - min(output, cap): an unquantized (inf) input counts as the cap
+    assert [cumulative_drop(r) for r in results] == [SQNR_CAP_DB - 10.0, -10.0, -10.0, 0.0, 38.0]
+    nodes = [r.node for r in results]
+    assert gain_candidates(results, 1, nodes) == ["a", "b", "d"]
+    assert gain_candidates(results, 1, nodes, named=["c", "zz"]) == ["a", "b", "d", "c"]
+    assert gain_candidates(results, 2, ["a", "b", "c", "e"]) == ["a", "c", "b", "e"]
+    assert gain_candidates(results, 0, nodes) == []
 
 
 def test_rank_by_gain_keeps_rejected_kernels_first() -> None:
-    layers = pd.DataFrame({"node": ["a", "b", "c", "d"], "rank": [1, 2, 3, 4],
-                           "compat_severity": ["", "", "", "error"]})
-    ranked = rank_by_gain(layers, {"c": 0.2, "b": 0.05, "a": math.nan})
-    assert list(ranked["node"]) == ["d", "c", "b", "a"]
-    assert list(ranked["rank"]) == [1, 2, 3, 4]
-    assert math.isnan(ranked.loc[3, "gain_if_float"]) and ranked.loc[1, "gain_if_float"] == 0.2
+    results = [_site(n, rank=i + 1, severity="error" if n == "d" else "") for i, n in enumerate("abcd")]
+    ranked = rank_by_gain(results, {"c": 0.2, "b": 0.05, "a": math.nan})
+    assert [r.node for r in ranked] == ["d", "c", "b", "a"]
+    assert [r.rank for r in ranked] == [1, 2, 3, 4]
+    frame = layers_frame(ranked)
+    assert math.isnan(frame.loc[3, "gain_if_float"]) and frame.loc[1, "gain_if_float"] == 0.2
 
 
 def test_gain_candidates_all_measures_every_site(chain: tuple[Path, Path], tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ from quantscan.records import Plan
 from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
 from quantscan.scanning.gain import Evaluator, GainResult, Measured, compute_gain, mixed_builder, sensitivity_order
-from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.options import MEASUREMENT_OPTIONS, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 from quantscan.scanning.samples import given_input_specs
 
@@ -66,24 +66,7 @@ class BisectResult:
         return self.outcome.status in REACHED
 
 
-SCAN_OPTION_KEYS = (
-    "calib_method",
-    "activations",
-    "input_shape",
-    "const",
-    "limit",
-    "eval",
-    Col.OUTPUT,
-    "preprocess",
-    "preprocess_overrides",
-    "threads",
-    "seed",
-    "batch_size",
-    "task",
-    "charset",
-    "mask_threshold",
-    "max_memory",
-)
+SCAN_OPTION_KEYS = MEASUREMENT_OPTIONS
 """Scan options a session records: a resume must measure exactly what the first run measured."""
 
 
@@ -169,7 +152,7 @@ def bisect_model(
             else compute_gain(ctx, builder, key=gain_key(aim), loss_if_only=loss_if_only, progress=progress)
         )
         stored = _new_session(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant,
-                              options, gains)
+                              gains)
         keep_float, force_quant = (), ()
     machine = machine_for(stored)
     if keep_float or force_quant:
@@ -266,11 +249,11 @@ def _new_session(
     loss_if_only: bool,
     keep_float: Sequence[str],
     force_quant: Sequence[str],
-    options: Mapping[str, Any],
     gains: GainResult | None,
 ) -> BisectSession:
     outputs = ctx.headline_outputs()
-    scan_opts = {k: jsonable(v) for k, v in options.items() if k in SCAN_OPTION_KEYS}
+    # what the run measured with (the validated options, defaults included), so a resume measures the same
+    scan_opts = {k: jsonable(getattr(getattr(ctx.opts, k), "value", getattr(ctx.opts, k))) for k in SCAN_OPTION_KEYS}
     sites = [
         {
             Col.NODE: s.node,

@@ -1,4 +1,8 @@
-"""Argument groups and value parsers shared by the commands (each group adds its flags once).
+"""Argument groups and value parsers shared by the commands.
+
+Each group adds its flags once (`data_options`, `task_options`, `common`) and parses them once into a
+frozen record (`SampleArgs`, `TaskArgs`, `GainArgs`) whose `scan_options()` are `ScanOptions` keywords:
+the Polygraphy `tools/args` shape, where a command holds parsed groups rather than reading the namespace.
 """
 
 from __future__ import annotations
@@ -7,10 +11,10 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from quantscan.columns import Col
 from quantscan.errors import UsageError
 
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -207,52 +211,97 @@ def default_out(model: str) -> Path:
 # --- commands ------------------------------------------------------------------------------------------
 
 
-def gain_option(args: argparse.Namespace) -> dict[str, int | str]:
-    """--no-gain / --gain-candidates N / --gain-samples N as the scan's options (absent: the defaults)."""
-    samples = {} if args.gain_samples is None else {"gain_samples": args.gain_samples}
-    if args.no_gain:
-        return {"gain_candidates": 0, **samples}
-    if args.gain_candidates is None:
-        return samples
-    if args.gain_candidates == "all":
-        return {"gain_candidates": "all", **samples}
-    try:  # a negative count is refused with the API's own message (ScanOptions.validate)
-        return {"gain_candidates": int(args.gain_candidates), **samples}
-    except ValueError:
-        raise UsageError(f"--gain-candidates: expected a non-negative integer or 'all', found "
-                         f"{args.gain_candidates}") from None
+def _scan_keywords(group: Any) -> dict[str, Any]:
+    """A parsed group's fields as `ScanOptions` keywords (the field names are the option names)."""
+    return {f.name: getattr(group, f.name) for f in fields(group)}
 
 
-def sample_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options that say which samples feed the model and how (scan and calib-advice alike)."""
-    from quantscan.calib.recurrent import parse_state
+@dataclass(frozen=True)
+class SampleArgs:
+    """The data flags (`data_options`) parsed once: which samples feed the model, how, and on which chip.
 
-    overrides = {
-        "layout": args.layout,
-        "channel_order": args.channel_order,
-        "scale": args.scale,
-        "mean": floats(args.mean, "--mean"),
-        "std": floats(args.std, "--std"),
-        "resize": args.resize,
-    }
-    return {
-        "calib_method": args.calib_method,
-        "activations": args.activations,
-        "input_shape": split_input_shapes(args.input_shape)[0],
-        "input_dims": split_input_shapes(args.input_shape)[1],
-        "const": parse_const(args.const),
-        "state": parse_state(args.state),
-        "limit": args.limit,
-        "eval": args.eval,
-        Col.OUTPUT: args.output,
-        "preprocess": args.preprocess,
-        "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
-        "threads": args.threads,
-        "seed": args.seed,
-        "batch_size": args.batch_size,
-        "max_memory": args.max_memory,
-        "profile": args.profile[0] if args.profile else None,
-    }
+    Why a record: scan, bisect and calib-advice each used to build the same options dict from the
+    namespace (bisect by hand, with its own key list); now each command parses the group here and hands
+    `scan_options()` on, so a flag added to `data_options` reaches all three the same way."""
+
+    calib_method: str
+    activations: str | None
+    input_shape: dict[str, list[int]]
+    input_dims: list[str]
+    const: dict[str, float]
+    state: dict[str, str]
+    limit: int | None
+    eval: str | None
+    output: list[str]
+    preprocess: str | None
+    preprocess_overrides: dict[str, Any]
+    threads: int | None
+    seed: int
+    batch_size: int | None
+    max_memory: str | None
+    profile: str | None
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace, command: str) -> SampleArgs:
+        from quantscan.calib.recurrent import parse_state
+
+        if len(args.profile) > 1:
+            raise UsageError(f"{command}: expected one --profile (the chip to simulate), found {len(args.profile)}; "
+                             "compare several with `quantscan check MODEL --profile A --profile B`")
+        overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
+                     "mean": floats(args.mean, "--mean"), "std": floats(args.std, "--std"), "resize": args.resize}
+        shapes, dims = split_input_shapes(args.input_shape)
+        return cls(
+            calib_method=args.calib_method, activations=args.activations, input_shape=shapes, input_dims=dims,
+            const=parse_const(args.const), state=parse_state(args.state), limit=args.limit, eval=args.eval,
+            output=args.output, preprocess=args.preprocess,
+            preprocess_overrides={k: v for k, v in overrides.items() if v is not None},
+            threads=args.threads, seed=args.seed, batch_size=args.batch_size, max_memory=args.max_memory,
+            profile=args.profile[0] if args.profile else None,
+        )
+
+    def scan_options(self) -> dict[str, Any]:
+        return _scan_keywords(self)
+
+
+@dataclass(frozen=True)
+class TaskArgs:
+    """The task-metric flags (`task_options`) parsed once (bisect has no `--metric` plugins)."""
+
+    task: str
+    charset: str | None
+    mask_threshold: float
+    metric: list[str]
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> TaskArgs:
+        return cls(args.task, args.charset, args.mask_threshold, list(getattr(args, "metric", [])))
+
+    def scan_options(self) -> dict[str, Any]:
+        return _scan_keywords(self)
+
+
+@dataclass(frozen=True)
+class GainArgs:
+    """--no-gain / --gain-candidates N|all / --gain-samples N parsed once; None: the scan's default."""
+
+    gain_candidates: int | str | None
+    gain_samples: int | None
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> GainArgs:
+        raw = args.gain_candidates
+        if args.no_gain:
+            return cls(0, args.gain_samples)
+        if raw is None or raw == "all":
+            return cls(raw, args.gain_samples)
+        try:  # a negative count is refused with the API's own message (ScanOptions.validate)
+            return cls(int(raw), args.gain_samples)
+        except ValueError:
+            raise UsageError(f"--gain-candidates: expected a non-negative integer or 'all', found {raw}") from None
+
+    def scan_options(self) -> dict[str, Any]:
+        return {k: v for k, v in _scan_keywords(self).items() if v is not None}
 
 
 def print_case_matches(findings: Any, cases: str | None) -> None:

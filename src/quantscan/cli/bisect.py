@@ -12,20 +12,18 @@ from quantscan.cli.args import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_THRESHOLD,
+    SampleArgs,
+    TaskArgs,
     common,
     cosine_target,
     data_options,
     default_out,
     finite,
-    floats,
     fraction,
-    parse_const,
     progress_factory,
     refuse_out_in_data,
-    split_input_shapes,
     task_options,
 )
-from quantscan.columns import Col
 from quantscan.errors import UsageError
 
 
@@ -61,7 +59,6 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         return _show_session(Path(args.show))
     from quantscan.api import run_bisect
     from quantscan.bisect.driver import progress_of
-    from quantscan.calib.recurrent import parse_state
 
     model = args.model
     if model is None and args.resume is None:
@@ -70,23 +67,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     refuse_out_in_data(out, args.calib, args.eval)
-    overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
-                 "mean": floats(args.mean, "--mean"), "std": floats(args.std, "--std"), "resize": args.resize}
     options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force}
     if args.resume is None:
-        shapes, dims = split_input_shapes(args.input_shape)
-        options.update({
-            "calib_method": args.calib_method, "activations": args.activations, "input_shape": shapes,
-            "input_dims": dims, "const": parse_const(args.const), "state": parse_state(args.state),
-            "limit": args.limit, "eval": args.eval,
-            Col.OUTPUT: args.output, "preprocess": args.preprocess, "batch_size": args.batch_size,
-            "max_memory": args.max_memory,
-            "preprocess_overrides": {k: v for k, v in overrides.items() if v is not None},
-            "task": args.task, "charset": args.charset, "mask_threshold": args.mask_threshold,
-            "profile": args.profile[0] if args.profile else None,
-        })
-        if len(args.profile) > 1:
-            raise UsageError(f"bisect: expected one --profile (the chip to simulate), found {len(args.profile)}")
+        options.update({**SampleArgs.parse(args, "bisect").scan_options(), **TaskArgs.parse(args).scan_options()})
 
     def on_step(step: Any, machine: Any) -> None:
         if not args.quiet:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quantscan.cli.args import EXIT_OK, default_out, progress_factory, refuse_out_in_data, sample_options
+from quantscan.cli.args import EXIT_OK, SampleArgs, default_out, progress_factory, refuse_out_in_data
 
 
 def cmd_calib_advice(args: argparse.Namespace) -> int:
@@ -18,7 +18,7 @@ def cmd_calib_advice(args: argparse.Namespace) -> int:
 
     with claim_out_dir(out, force=args.force):
         advice = calib_advice(args.model, args.calib, pick=args.pick, out=out, progress=progress_factory(args.quiet),
-                              **sample_options(args))
+                              **SampleArgs.parse(args, "calib-advice").scan_options())
     print(advice.summary_line())
     print(f"  wrote {out / 'calib_advice.csv'}" + (f" and {out / 'picked'}/" if args.pick else ""))
     return EXIT_OK

@@ -12,12 +12,13 @@ from typing import Any
 from quantscan.cli.args import (
     EXIT_OK,
     EXIT_THRESHOLD,
+    GainArgs,
+    SampleArgs,
+    TaskArgs,
     default_out,
-    gain_option,
     print_case_matches,
     progress_factory,
     refuse_out_in_data,
-    sample_options,
 )
 from quantscan.columns import Col
 from quantscan.errors import UsageError
@@ -28,22 +29,16 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else default_out(args.model)
     options: dict[str, Any] = {
-        **sample_options(args),
+        **SampleArgs.parse(args, "scan").scan_options(),
         "workers": args.workers,
         "calib_advice": args.calib_advice,
         "save_qdq": args.save_qdq,
         "force": args.force,
         "no_report": args.no_report,
         "tensors": args.tensors,
-        **gain_option(args),
-        "task": args.task,
-        "metric": args.metric,
-        "charset": args.charset,
-        "mask_threshold": args.mask_threshold,
+        **GainArgs.parse(args).scan_options(),
+        **TaskArgs.parse(args).scan_options(),
     }
-    if len(args.profile) > 1:
-        raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
-                         "compare several with `quantscan check MODEL --profile A --profile B`")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     refuse_out_in_data(out, args.calib, args.eval)

@@ -14,13 +14,13 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from quantscan import graph as qgraph
 from quantscan.columns import Col
 from quantscan.diagnose import Cause, CauseFinding, SiteFacts, diagnose, inherited
 from quantscan.graph.index import GraphIndex
 from quantscan.scanning.calibrate import CalibStats
+from quantscan.scanning.site_result import Diagnosis, SiteResult
 from quantscan.sites import Site
 
 SOFTMAX_DEPTH = 4
@@ -94,15 +94,14 @@ def site_facts(
     )
 
 
-def diagnosis_columns(findings: list[CauseFinding]) -> dict[str, Any]:
-    """The layers.csv cells for one site: the first (most urgent) finding, the others counted."""
+def diagnosis_of(findings: list[CauseFinding]) -> Diagnosis:
+    """One site's diagnosis cells: the first (most urgent) finding, the others counted."""
     if not findings:
-        return {Col.DIAGNOSIS: "", Col.DIAGNOSIS_CAUSE: "", Col.DIAGNOSIS_FIX: "", Col.DIAGNOSIS_TIER: 2}
+        return Diagnosis()
     first = findings[0]
     others = ", ".join(f.cause.value for f in findings[1:])
     more = f" (+{len(findings) - 1} more: {others})" if others else ""
-    return {Col.DIAGNOSIS: first.text() + more, Col.DIAGNOSIS_CAUSE: first.cause.value,
-            Col.DIAGNOSIS_FIX: _fix_label(first), Col.DIAGNOSIS_TIER: first.tier}
+    return Diagnosis(first.text() + more, first.cause.value, _fix_label(first), first.tier)
 
 
 def _fix_label(finding: CauseFinding) -> str:
@@ -140,32 +139,31 @@ def upstream_sites(index: GraphIndex, site: Site, site_of: Mapping[str, str]) ->
 
 
 def with_inherited(
-    layers: pd.DataFrame,
+    results: Sequence[SiteResult],
     sites: Sequence[Site],
     plan: qgraph.QuantPlan,
     calib: CalibStats,
     index: GraphIndex,
     gains: Mapping[str, float],
-) -> pd.DataFrame:
+) -> list[SiteResult]:
     """Rerun the cause rules, now with measured gains, on sites whose error looks inherited, so the
     inherited-error rule can name the upstream site responsible (diagnose.inherited)."""
     by_node = {s.node: s for s in sites}
     site_of = {n: s.node for s in sites for n in s.nodes}
-    layers = layers.copy()
-    for i, row in zip(layers.index, layers.to_dict("records"), strict=True):
-        site = by_node.get(str(row[Col.NODE]))
-        figures = [float(row.get(k, math.nan)) for k in (Col.ISOLATED_SQNR_DB, Col.CUMULATIVE_SQNR_DB)]
-        if site is None or not inherited.looks_inherited(*figures):
+    out = []
+    for result in results:
+        site = by_node.get(result.node)
+        iso = result.isolated.sqnr_db if result.isolated is not None else math.nan
+        if site is None or not inherited.looks_inherited(iso, result.cumulative.sqnr_db):
+            out.append(result)
             continue
         ups = {u: gains[u] for u in upstream_sites(index, site, site_of) if u in gains}
-        facts = site_facts(site, row, plan, calib, index)
+        facts = site_facts(site, result.figures(), plan, calib, index)
         own = {Col.GAIN_IF_FLOAT: float(gains[site.node])} if site.node in gains else {}
         findings = diagnose(replace(facts, upstream_gains=ups, figures={**facts.figures, **own}))
         named = [f for f in findings if f.cause is Cause.INHERITED]
-        if not named:
-            continue
-        for column, value in diagnosis_columns(findings).items():
-            layers.at[i, column] = value
-        if row.get(Col.CAUSE) == "inherited":
-            layers.at[i, Col.REASON] = named[0].reason
-    return layers
+        if named:
+            reason = named[0].reason if result.cause == "inherited" else result.reason
+            result = replace(result, diagnosis=diagnosis_of(findings), reason=reason)
+        out.append(result)
+    return out

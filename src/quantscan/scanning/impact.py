@@ -31,7 +31,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
@@ -41,6 +40,7 @@ from quantscan.runner import ORT_LEVEL_NAMES
 from quantscan.scanning.gain import GAIN_ORT_LEVEL, compute_gain, mixed_builder, worst_output
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
+from quantscan.scanning.site_result import IsolatedFigures, OutputGain, SiteResult, ranked
 
 if TYPE_CHECKING:
     from quantscan.runner import Runner
@@ -69,40 +69,29 @@ class Impact:
     """node -> the gain's jackknife replicates (`with_gain_stderr` turns them into layers.csv columns)."""
 
 
-def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
-    values = pd.to_numeric(frame[column], errors="coerce") if column in frame else pd.Series(np.nan, frame.index)
-    return values.astype(float)
-
-
-def _lowest(frame: pd.DataFrame, values: pd.Series, n: int) -> list[str]:
+def _lowest(results: Sequence[SiteResult], values: Sequence[float], n: int) -> list[str]:
     """The n sites with the lowest finite value (stable: graph order breaks ties)."""
-    v = values.to_numpy(dtype=float)
+    v = np.asarray(values, dtype=float)
     usable = np.flatnonzero(np.isfinite(v))
     order = usable[np.argsort(v[usable], kind="stable")[:n]]
-    return [str(x) for x in frame[Col.NODE].to_numpy()[order]]
+    return [results[i].node for i in order]
 
 
-def cumulative_drop(layers: pd.DataFrame) -> pd.Series:
+def cumulative_drop(result: SiteResult) -> float:
     """SQNR a site loses between its inputs and its output (dB, capped figures; larger is worse)."""
-    cum = _finite(layers, Col.CUMULATIVE_SQNR_DB).clip(upper=SQNR_CAP_DB)
-    inputs = _finite(layers, Col.CUMULATIVE_INPUT_SQNR_DB).clip(upper=SQNR_CAP_DB)
-    return inputs - cum
+    cum = min(result.cumulative.sqnr_db, SQNR_CAP_DB)
+    inputs = min(result.input_sqnr_db if result.input_sqnr_db is not None else math.nan, SQNR_CAP_DB)
+    return inputs - cum if not (math.isnan(cum) or math.isnan(inputs)) else math.nan
 
 
-def nonfinite_sites(layers: pd.DataFrame) -> list[str]:
-    """Sites whose isolated or cumulative figures are not finite: a finding in itself, always measured."""
-    nan = np.zeros(len(layers), dtype=bool)
-    for column in (Col.ISOLATED_SQNR_DB, Col.ISOLATED_COSINE, Col.CUMULATIVE_COSINE):
-        if column in layers:
-            values = layers[column]
-            is_nan = values.isna() if values.dtype.kind == "f" else values.map(
-                lambda v: isinstance(v, float) and math.isnan(v))
-            nan |= is_nan.to_numpy(dtype=bool)
-    return [str(x) for x in layers[Col.NODE].to_numpy()[nan]]
+def has_nonfinite_figures(result: SiteResult) -> bool:
+    """Isolated or cumulative figures not finite: a finding in itself, always measured."""
+    iso = result.isolated or IsolatedFigures()
+    return any(math.isnan(v) for v in (iso.sqnr_db, iso.cosine, result.cumulative.cosine))
 
 
 def gain_candidates(
-    layers: pd.DataFrame, n: int, site_nodes: Iterable[str], named: Iterable[str] = ()
+    results: Sequence[SiteResult], n: int, site_nodes: Iterable[str], named: Iterable[str] = ()
 ) -> list[str]:
     """The sites worth a gain measurement, strongest orderings first, each site once.
 
@@ -113,12 +102,12 @@ def gain_candidates(
     if n <= 0:
         return []
     sites = set(site_nodes)
-    frame = layers[layers[Col.NODE].isin(sites)].reset_index(drop=True)
+    real = [r for r in results if r.node in sites]
     picked = [
-        *_lowest(frame, _finite(frame, Col.ISOLATED_SQNR_DB), n),
-        *_lowest(frame, _finite(frame, Col.ACT_WORST_CHANNEL_SQNR_DB), n),
-        *_lowest(frame, -cumulative_drop(frame), n),
-        *nonfinite_sites(frame),
+        *_lowest(real, [r.isolated.sqnr_db if r.isolated else math.nan for r in real], n),
+        *_lowest(real, [r.activation.worst_channel_sqnr_db if r.activation else math.nan for r in real], n),
+        *_lowest(real, [-cumulative_drop(r) for r in real], n),
+        *[r.node for r in real if has_nonfinite_figures(r)],
         *[s for s in named if s in sites],
     ]
     return list(dict.fromkeys(picked))
@@ -176,7 +165,7 @@ GainMeasure = Callable[[ScanContext, Sequence[str], CalibSet, ProgressFactory], 
 
 def measure_impact(
     ctx: ScanContext,
-    layers: pd.DataFrame,
+    results: Sequence[SiteResult],
     n: int = DEFAULT_GAIN_CANDIDATES,
     *,
     named: Iterable[str] = (),
@@ -191,7 +180,7 @@ def measure_impact(
     started = time.perf_counter()
     heads = set(ctx.headline_outputs())
     at_output = [s.node for s in ctx.sites if s.output in heads]  # one-node branches: nearly free
-    candidates = gain_candidates(layers, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
+    candidates = gain_candidates(results, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
     if not candidates:
         return Impact({}, [], 0.0)
     indices = gain_sample_indices(sample_order, ctx.eval_set.n_samples, samples)
@@ -209,7 +198,7 @@ def measure_whole_set(ctx: ScanContext, node: str, progress: ProgressFactory = n
     return float(result.table[Col.GAIN_IF_FLOAT].iloc[0]) if len(result.table) else math.nan
 
 
-def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
+def rank_by_gain(results: Sequence[SiteResult], gains: Mapping[str, float]) -> list[SiteResult]:
     """`gain_if_float` where measured; rank: measured (finite) gains first, largest first, then the old rank.
 
     With a chip profile, kernels the converter rejects (an `error` finding) stay ahead of everything,
@@ -217,51 +206,46 @@ def rank_by_gain(layers: pd.DataFrame, gains: dict[str, float]) -> pd.DataFrame:
     rule puts in tier 0/1 (non-finite figures, absurd scales): their gain is often not measurable
     (the figures overflow), and they are the root cause the engineer must see first.
     """
-    layers = layers.copy()
-    layers[Col.GAIN_IF_FLOAT] = [gains.get(str(n), math.nan) for n in layers[Col.NODE]]
-    gain = layers[Col.GAIN_IF_FLOAT].astype(float)
-    measured = np.isfinite(gain)
-    rejected = layers[Col.COMPAT_SEVERITY].eq(Severity.ERROR.value) if Col.COMPAT_SEVERITY in layers else False
-    key = pd.DataFrame({
-        "tier": np.where(rejected, 0, 1),
-        Col.DIAGNOSIS: layers[Col.DIAGNOSIS_TIER].fillna(2).astype(int) if Col.DIAGNOSIS_TIER in layers else 2,
-        "unmeasured": np.where(measured, 0, 1),
-        "gain": np.where(measured, -gain, 0.0),
-        "old": layers[Col.RANK].astype(int),
-    })
-    ordered = key.sort_values(["tier", Col.DIAGNOSIS, "unmeasured", "gain", "old"], kind="mergesort").index
-    layers.loc[ordered, Col.RANK] = np.arange(1, len(layers) + 1)
-    layers[Col.RANK] = layers[Col.RANK].astype(int)
-    return layers.sort_values(Col.RANK).reset_index(drop=True)
+    with_gain = [replace(r, gain=OutputGain(float(gains.get(r.node, math.nan)))) for r in results]
+
+    def key(r: SiteResult) -> tuple[float, ...]:
+        assert r.gain is not None
+        rejected = r.chip is not None and r.chip.severity == Severity.ERROR.value
+        measured = math.isfinite(r.gain.if_float)
+        return (0 if rejected else 1, r.diagnosis.tier, 0 if measured else 1,
+                -r.gain.if_float if measured else 0.0, r.rank)
+
+    return ranked(with_gain, key)
 
 
-def with_gain_stderr(layers: pd.DataFrame, replicates: Mapping[str, np.ndarray]) -> pd.DataFrame:
-    """`layers` (ranked) with each measured gain's jackknife standard error (Col.GAIN_IF_FLOAT_STDERR) and the
-    standard error of its distance to rank 1's gain (Col.GAIN_IF_FLOAT_GAP_STDERR, paired: the replicates of the
-    difference, so a sample that lifts both sites alike does not count).
+def with_gain_stderr(results: Sequence[SiteResult], replicates: Mapping[str, np.ndarray]) -> list[SiteResult]:
+    """`results` (ranked, gains measured) with each measured gain's jackknife standard error and the
+    standard error of its distance to rank 1's gain (paired: the replicates of the difference, so a
+    sample that lifts both sites alike does not count).
 
     Why: on 8 gain samples the order of sites whose gains differ by less than about twice the gap's
     standard error is chance; summary.md calls those a close call (report.verdict.CLOSE_Z).
     """
-    layers = layers.copy()
-    nodes = [str(n) for n in layers[Col.NODE]]
-    layers[Col.GAIN_IF_FLOAT_STDERR] = [jackknife_stderr(replicates[n]) if n in replicates else math.nan for n in nodes]
-    first = replicates.get(nodes[0]) if nodes else None
-    layers[Col.GAIN_IF_FLOAT_GAP_STDERR] = [
-        jackknife_stderr(first - replicates[n]) if first is not None and n in replicates else math.nan for n in nodes
-    ]
-    return layers
+    first = replicates.get(results[0].node) if results else None
+    out = []
+    for r in results:
+        assert r.gain is not None
+        mine = replicates.get(r.node)
+        stderr = jackknife_stderr(mine) if mine is not None else math.nan
+        gap = jackknife_stderr(first - mine) if first is not None and mine is not None else math.nan
+        out.append(replace(r, gain=replace(r.gain, stderr=stderr, gap_stderr=gap)))
+    return out
 
 
 def with_whole_set_gain(
-    ctx: ScanContext, layers: pd.DataFrame, progress: ProgressFactory = no_progress
-) -> pd.DataFrame:
-    """`layers` (ranked) with rank 1's whole-set gain in Col.GAIN_IF_FLOAT_WHOLE_SET, when rank 1 has a positive
-    measured gain: the site summary.md names and whose expected output cosine it states."""
-    layers = layers.copy()
-    layers[Col.GAIN_IF_FLOAT_WHOLE_SET] = math.nan
-    if layers.empty or not float(layers[Col.GAIN_IF_FLOAT].iloc[0]) > 0:
-        return layers
-    first = str(layers[Col.NODE].iloc[0])
-    layers.loc[layers.index[0], Col.GAIN_IF_FLOAT_WHOLE_SET] = measure_whole_set(ctx, first, progress)
-    return layers
+    ctx: ScanContext, results: Sequence[SiteResult], progress: ProgressFactory = no_progress
+) -> list[SiteResult]:
+    """`results` (ranked) with rank 1's whole-set gain, when rank 1 has a positive measured gain: the site
+    summary.md names and whose expected output cosine it states (the others' cell stays NaN)."""
+    out = [replace(r, gain=replace(r.gain or OutputGain(), whole_set=math.nan)) for r in results]
+    if not out or not (out[0].gain is not None and out[0].gain.if_float > 0):
+        return out
+    first = out[0]
+    assert first.gain is not None
+    out[0] = replace(first, gain=replace(first.gain, whole_set=measure_whole_set(ctx, first.node, progress)))
+    return out

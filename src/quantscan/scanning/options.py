@@ -66,6 +66,15 @@ def n_batches(n_samples: int, batch_size: int) -> int:
     return max(1, math.ceil(n_samples / batch_size))
 
 
+MEASUREMENT_OPTIONS: tuple[str, ...] = (
+    "calib_method", "activations", "profile", "input_shape", "input_dims", "const", "state", "limit", "eval",
+    "output", "preprocess", "preprocess_overrides", "threads", "seed", "batch_size", "max_memory",
+    "task", "charset", "mask_threshold",
+)
+"""The `ScanOptions` fields that decide what gets measured (the others decide how it runs or what is
+written): what a bisect session records, so a resume measures exactly what the first run measured."""
+
+
 @dataclass
 class ScanOptions:
     """The scan's knobs, named as the CLI flags."""

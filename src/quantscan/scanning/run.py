@@ -46,7 +46,8 @@ from quantscan.scanning.impact import (
 from quantscan.scanning.inputs import measure_inputs
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, prepare_timed
-from quantscan.scanning.tables import build_tables, ops_table, with_profile
+from quantscan.scanning.site_result import SiteResult, layers_frame
+from quantscan.scanning.tables import ScanTables, build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import task_table
 from quantscan.scanning.workers import (
     ShardedCalibration,
@@ -60,7 +61,8 @@ from quantscan.sites import Site
 
 @dataclass
 class ScanResult:
-    """What a scan found; DataFrames as written to the CSV files of the contract."""
+    """What a scan found: `site_results` typed, one per layers.csv row (rank order), and the DataFrames as
+    written to the CSV files of the contract (`layers` is `site_result.layers_frame(site_results)`)."""
 
     layers: pd.DataFrame
     tensors: pd.DataFrame
@@ -72,6 +74,7 @@ class ScanResult:
     run_info: RunInfo
     warnings: list[str]
     sites: list[Site]
+    site_results: list[SiteResult]
     qdq_model: onnx.ModelProto
     model: LoadedModel
     compat: Any = None
@@ -127,7 +130,7 @@ def _measure(
     tables = build_tables(ctx.loaded, ctx.prepared, ctx.sites, ctx.plan, ctx.calib_stats, evaluation, ctx.order,
                           ctx.probe)
     if ctx.compat is not None and ctx.chip.profile is not None:
-        tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
+        tables.sites = with_profile(tables.sites, ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
     gains_by = ShardedGain(pool, worker_count(ctx.opts.workers)) if pool is not None else gains_here
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
@@ -137,16 +140,17 @@ def _measure(
     info = _checks_and_record(ctx, qdq, head, evaluation, impact, times)
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
-        layers=tables["layers"],
-        tensors=tables["tensors"],
-        ops=tables["ops"],
-        channels=tables["channels"],
+        layers=layers_frame(tables.sites),
+        tensors=tables.tensors,
+        ops=tables.ops,
+        channels=tables.channels,
         hist=evaluation.hist,
         output_metrics=evaluation.output_metrics,
         headline=head,
         run_info=info,
         warnings=list(dict.fromkeys(ctx.warnings)),
         sites=ctx.sites,
+        site_results=tables.sites,
         qdq_model=qdq,
         model=ctx.loaded,
         compat=ctx.compat,
@@ -216,26 +220,25 @@ def _calib_advice(ctx: ScanContext) -> CalibAdvice:
 
 
 def rank_by_impact(
-    ctx: ScanContext, tables: dict[str, pd.DataFrame], progress: ProgressFactory, sample_order: Sequence[int] = (),
+    ctx: ScanContext, tables: ScanTables, progress: ProgressFactory, sample_order: Sequence[int] = (),
     measure: GainMeasure = gains_here,
 ) -> Impact:
-    """Measure the candidates' output gain (on the samples first in `sample_order`: most output error), re-rank layers
-    (and ops' best rank) by it, re-measure rank 1 on the whole evaluation set when asked (`gain_whole_set`)
-    and the gains were taken on fewer samples, and let the inherited-error rule name the upstream site it
-    measured as the cause, in place."""
+    """Measure the candidates' output gain (on the samples first in `sample_order`: most output error), re-rank
+    the sites (and ops' best rank) by it, re-measure rank 1 on the whole evaluation set when asked
+    (`gain_whole_set`) and the gains were taken on fewer samples, and let the inherited-error rule name the
+    upstream site it measured as the cause; `tables` is updated in place."""
     started = time.perf_counter()
     per_ordering = ctx.opts.candidates_per_ordering(len(ctx.sites))
-    impact = measure_impact(ctx, tables["layers"], per_ordering, samples=ctx.opts.gain_samples,
+    impact = measure_impact(ctx, tables.sites, per_ordering, samples=ctx.opts.gain_samples,
                             sample_order=sample_order, progress=progress, measure=measure)
     if impact.gains:
-        tables["layers"] = with_gain_stderr(rank_by_gain(tables["layers"], impact.gains), impact.replicates)
+        results = with_gain_stderr(rank_by_gain(tables.sites, impact.gains), impact.replicates)
         if impact.sample_indices and ctx.opts.gain_whole_set:
-            tables["layers"] = with_whole_set_gain(ctx, tables["layers"], progress)
-        tables["layers"] = with_inherited(tables["layers"], ctx.sites, ctx.plan, ctx.calib_stats,
-                                          GraphIndex(ctx.prepared.proto.graph), impact.gains)
-        layers = tables["layers"]
-        on_chip = layers[layers[Col.PLACEMENT] != "cpu"] if Col.PLACEMENT in layers else layers
-        tables["ops"] = ops_table(on_chip)  # as build_tables made it: site rows only, best rank updated
+            results = with_whole_set_gain(ctx, results, progress)
+        tables.sites = with_inherited(results, ctx.sites, ctx.plan, ctx.calib_stats,
+                                      GraphIndex(ctx.prepared.proto.graph), impact.gains)
+        on_chip = [r for r in tables.sites if r.on_chip]
+        tables.ops = ops_table(layers_frame(on_chip))  # as build_tables made it: site rows only, best rank updated
     impact.seconds = time.perf_counter() - started
     return impact
 

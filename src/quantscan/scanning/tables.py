@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,10 +28,21 @@ from quantscan.model import LoadedModel, PreparedModel
 from quantscan.patterns import softmax
 from quantscan.records import Placement, Severity, severity_rank
 from quantscan.scanning.calibrate import CalibStats
-from quantscan.scanning.causes import diagnosis_columns, no_latency_passes, run_cause_rules
+from quantscan.scanning.causes import diagnosis_of, no_latency_passes, run_cause_rules
 from quantscan.scanning.evaluate import Evaluation
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.probe import Probe
+from quantscan.scanning.site_result import (
+    ActivationFigures,
+    ChipPlacement,
+    CumulativeFigures,
+    IsolatedFigures,
+    SiteResult,
+    WeightFigures,
+    layers_frame,
+    ranked,
+    sort_value,
+)
 from quantscan.sites import Site
 
 INTRINSIC_SQNR_DB = 25.0
@@ -41,10 +53,9 @@ WEIGHT_WORST_CHANNEL_SQNR_DB = 20.0
 """Below this a weight channel holds outliers that a symmetric per-channel int8 scale cannot serve."""
 
 
-def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -> dict[str, float]:
+def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -> WeightFigures:
     if not site.weight or site.weight not in plan.weights:
-        return {Col.WEIGHT_SQNR_DB: math.nan, Col.WEIGHT_WORST_CHANNEL_SQNR_DB: math.nan,
-                Col.WEIGHT_CHANNEL_RANGE_SPREAD: math.nan}
+        return WeightFigures()
     w_init = next(t for t in prepared.proto.graph.initializer if t.name == site.weight)
     w = onnx.numpy_helper.to_array(w_init).astype(np.float32)
     wq = plan.weights[site.weight]
@@ -60,8 +71,18 @@ def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -
     absmax = np.abs(w).max(axis=others)
     nonzero = absmax[absmax > 0].astype(np.float64)
     spread = float(nonzero.max() / nonzero.min()) if nonzero.size >= 2 else 1.0
-    return {Col.WEIGHT_SQNR_DB: acc.sqnr_db, Col.WEIGHT_WORST_CHANNEL_SQNR_DB: ch.worst_channel_sqnr_db,
-            Col.WEIGHT_CHANNEL_RANGE_SPREAD: spread}
+    return WeightFigures(acc.sqnr_db, ch.worst_channel_sqnr_db, spread)
+
+
+@dataclass
+class ScanTables:
+    """What pass 2's accumulators become: one `SiteResult` per site (rank order), tensors.csv,
+    channels.csv, and ops.csv (the sites grouped by op type)."""
+
+    sites: list[SiteResult]
+    tensors: pd.DataFrame
+    ops: pd.DataFrame
+    channels: pd.DataFrame
 
 
 def build_tables(
@@ -73,54 +94,74 @@ def build_tables(
     ev: Evaluation,
     order: Mapping[str, int],
     probe: Probe,
-) -> dict[str, pd.DataFrame]:
-    """layers, tensors, ops and channels, as the CSV files of the contract hold them."""
+) -> ScanTables:
+    """The site records (classified, diagnosed, ranked) and the tensors, ops and channels tables."""
     original_tensors = {o for n in loaded.proto.graph.node for o in n.output} | set(loaded.outputs)
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
-    rows = []
-    channel_rows = []
     index = GraphIndex(prepared.proto.graph)
     passes: dict[str, tuple[str, ...]] | None = None
+    results = []
     for k, site in enumerate(sites):
-        cum = ev.cumulative.get(site.output)
-        iso = ev.isolated.get(k)
-        ch_range = calib_stats.channel_ranges.get(site.output)
-        row: dict[str, Any] = {
-            Col.NODE: site.node,
-            Col.OP_TYPE: site.op_type,
-            Col.KERNEL: site.kernel,
-            Col.ORDER: order.get(site.node, -1),
-            Col.OUTPUT: site.output,
-            Col.INPUTS: ";".join(site.inputs),
-            Col.ISOLATED_COSINE: iso.cosine if iso else math.nan,
-            Col.ISOLATED_SQNR_DB: iso.sqnr_db if iso else math.nan,
-            Col.ISOLATED_MAX_ABS: iso.max_abs if iso else math.nan,
-            Col.CUMULATIVE_COSINE: cum.cosine if cum else math.nan,
-            Col.CUMULATIVE_SQNR_DB: cum.sqnr_db if cum else math.nan,
-            Col.CUMULATIVE_MSE: cum.mse if cum else math.nan,
-            Col.CUMULATIVE_MAX_ABS: cum.max_abs if cum else math.nan,
-            Col.CUMULATIVE_WORST_SAMPLE_COSINE: cum.worst_sample_cosine if cum else math.nan,
-            Col.CUMULATIVE_INPUT_SQNR_DB: _input_sqnr(site, ev, producers),
-            Col.EVAL_CLIP_FRACTION: ev.clip_fraction.get(site.output, math.nan),
-        }
-        act = ev.act_channel.get(k)
-        row[Col.ACT_WORST_CHANNEL_SQNR_DB] = act.worst_channel_sqnr_db if act else math.nan
-        row[Col.ACT_CHANNEL_RANGE_SPREAD] = ch_range.spread() if ch_range else math.nan
-        row[Col.ACT_DEAD_CHANNELS] = ch_range.dead() if ch_range else 0
-        row.update(_weight_stats(prepared, site, plan))
-        row[Col.SENSITIVE_OP] = site.sensitive
-        qp = plan.activations.get(site.output)
-        row[Col.ACT_SCALE] = float(qp.scale) if qp is not None else math.nan
-        row[Col.ACT_ZERO_POINT] = int(qp.zero_point) if qp is not None else 0
-        row[Col.CAUSE], row[Col.REASON] = classify(row)
-        findings = run_cause_rules(site, row, plan, calib_stats, index)
+        result = measured_site(site, k, prepared, plan, calib_stats, ev, order, producers)
+        findings = run_cause_rules(site, result.figures(), plan, calib_stats, index)
         if any(f.cause is Cause.OUTLIER_CHANNELS for f in findings):  # name a no-latency rewrite if one applies
             passes = no_latency_passes(index) if passes is None else passes
-            findings = run_cause_rules(site, row, plan, calib_stats, index, passes)
-        row.update(diagnosis_columns(findings))
+            findings = run_cause_rules(site, result.figures(), plan, calib_stats, index, passes)
+        result = replace(result, diagnosis=diagnosis_of(findings))
         if findings and findings[0].tier < 2:  # figures meaningless or scale absurd: the site's own fault
-            row[Col.CAUSE], row[Col.REASON] = "intrinsic", findings[0].reason
-        rows.append(row)
+            result = replace(result, cause="intrinsic", reason=findings[0].reason)
+        results.append(result)
+    results = rank_sites(results)
+    tensors = tensor_table(prepared, ev, original_tensors, probe, producers)
+    return ScanTables(results, tensors, ops_table(layers_frame(results)), channel_table(sites, plan, calib_stats, ev))
+
+
+def measured_site(
+    site: Site, k: int, prepared: PreparedModel, plan: qgraph.QuantPlan, calib_stats: CalibStats, ev: Evaluation,
+    order: Mapping[str, int], producers: Mapping[str, onnx.NodeProto],
+) -> SiteResult:
+    """Site `k`'s figures from the accumulators, classified (`cause`, `reason`); not yet diagnosed or ranked."""
+    cum = ev.cumulative.get(site.output)
+    iso = ev.isolated.get(k)
+    act = ev.act_channel.get(k)
+    ch_range = calib_stats.channel_ranges.get(site.output)
+    qp = plan.activations.get(site.output)
+    result = SiteResult(
+        node=site.node, op_type=site.op_type, kernel=site.kernel, order=order.get(site.node, -1),
+        output=site.output, inputs=tuple(site.inputs),
+        isolated=IsolatedFigures(iso.cosine, iso.sqnr_db, iso.max_abs) if iso else IsolatedFigures(),
+        cumulative=_cumulative(cum),
+        input_sqnr_db=_input_sqnr(site, ev, producers),
+        eval_clip_fraction=ev.clip_fraction.get(site.output, math.nan),
+        activation=ActivationFigures(
+            worst_channel_sqnr_db=act.worst_channel_sqnr_db if act else math.nan,
+            channel_range_spread=ch_range.spread() if ch_range else math.nan,
+            dead_channels=ch_range.dead() if ch_range else 0,
+            scale=float(qp.scale) if qp is not None else math.nan,
+            zero_point=int(qp.zero_point) if qp is not None else 0,
+        ),
+        weight=_weight_stats(prepared, site, plan),
+        sensitive_op=site.sensitive,
+    )
+    cause, reason = classify(result.figures())
+    return replace(result, cause=cause, reason=reason)
+
+
+def _cumulative(cum: Any) -> CumulativeFigures:
+    """A tensor's cumulative accumulator as figures (all NaN when pass 2 did not compare it)."""
+    if cum is None:
+        return CumulativeFigures()
+    return CumulativeFigures(cum.cosine, cum.sqnr_db, cum.mse, cum.max_abs, cum.worst_sample_cosine)
+
+
+def channel_table(
+    sites: Sequence[Site], plan: qgraph.QuantPlan, calib_stats: CalibStats, ev: Evaluation
+) -> pd.DataFrame:
+    """channels.csv: per site, each activation channel's range and SQNR, each weight channel's absmax."""
+    channel_rows = []
+    for k, site in enumerate(sites):
+        ch_range = calib_stats.channel_ranges.get(site.output)
+        act = ev.act_channel.get(k)
         if ch_range is not None:
             lo, hi = ch_range.ranges()
             ranges = ch_range.widths()
@@ -135,14 +176,10 @@ def build_tables(
             for c, s in enumerate(scale):
                 channel_rows.append({Col.NODE: site.node, Col.OUTPUT: site.output, "channel": c,
                                      "weight_absmax": float(s) * 127.0})
-    layers = pd.DataFrame(rows)
-    layers = rank_sites(layers)
-    tensors = tensor_table(prepared, ev, original_tensors, probe, producers)
-    ops = ops_table(layers)
     channels = pd.DataFrame(channel_rows)
     if not channels.empty:
         channels = channels.groupby([Col.NODE, Col.OUTPUT, "channel"], as_index=False, sort=False).first()
-    return {"layers": layers, "tensors": tensors, "ops": ops, "channels": channels}
+    return channels
 
 
 def _worst_findings(ctx: ScanContext) -> dict[str, dict[str, Any]]:
@@ -171,66 +208,57 @@ def _island_sizes(ctx: ScanContext) -> dict[str, int]:
     return sizes
 
 
-def with_profile(layers: pd.DataFrame, ctx: ScanContext, ev: Evaluation) -> pd.DataFrame:
-    """Add placement/compat_rule/compat_fix, rows for CPU-placed nodes, and the tiered rank."""
+def with_profile(results: Sequence[SiteResult], ctx: ScanContext, ev: Evaluation) -> list[SiteResult]:
+    """Each site's placement and most severe compat finding, a row per CPU-placed node, the tiered rank."""
     worst = _worst_findings(ctx)
     site_nodes = {s.node: s.nodes for s in ctx.sites}
-    rules, fixes, severities = [], [], []
-    for node in layers[Col.NODE]:
-        found = [worst[n] for n in site_nodes.get(node, [node]) if n in worst]
-        found.sort(key=lambda r: -severity_rank(r["severity"]))
-        rules.append(found[0]["rule"] if found else "")
-        fixes.append(found[0]["fix"] if found else "")
-        severities.append(found[0]["severity"] if found else "")
-    layers = layers.assign(
-        placement=Placement.NPU.value, compat_rule=rules, compat_fix=fixes, compat_severity=severities
-    )
-    prepared_nodes = {n.name: n for n in ctx.prepared.proto.graph.node}
+    placed = []
+    for r in results:
+        found = [worst[n] for n in site_nodes.get(r.node, [r.node]) if n in worst]
+        found.sort(key=lambda f: -severity_rank(f["severity"]))
+        first = found[0] if found else {}
+        placed.append(replace(r, chip=ChipPlacement(Placement.NPU.value, first.get("rule", ""), first.get("fix", ""),
+                                                    first.get("severity", ""))))
     sizes = _island_sizes(ctx)
-    cpu_rows = []
+    placed.extend(_cpu_rows(ctx, ev, worst, sizes))
+
+    def tiered(r: SiteResult) -> tuple[float, ...]:
+        assert r.chip is not None
+        if r.chip.severity == Severity.ERROR:
+            tier = 0
+        elif r.cause == "intrinsic" or (r.chip.placement == Placement.CPU and sizes.get(r.node, 1) <= 2):
+            tier = 1
+        else:
+            tier = 2
+        iso = r.isolated.sqnr_db if r.isolated is not None else None
+        return (tier, r.diagnosis.tier, sort_value(iso), sort_value(r.cumulative.sqnr_db))
+
+    return ranked(placed, tiered)
+
+
+def _cpu_rows(
+    ctx: ScanContext, ev: Evaluation, worst: Mapping[str, Mapping[str, Any]], sizes: Mapping[str, int],
+) -> list[SiteResult]:
+    """A row per node the profile runs on the CPU in float: no quantization, only its cumulative figures."""
+    prepared_nodes = {n.name: n for n in ctx.prepared.proto.graph.node}
+    rows = []
     for name in sorted(ctx.chip.cpu_nodes, key=lambda n: ctx.order.get(n, -1)):
         node = prepared_nodes.get(name)
         if node is None or not node.output or node.output[0] not in ctx.probe.float_tensors:
             continue
         finding = worst.get(name, {})
-        cum = ev.cumulative.get(node.output[0])
-        cpu_rows.append({
-            Col.NODE: name, Col.OP_TYPE: node.op_type, Col.KERNEL: node.op_type, Col.ORDER: ctx.order.get(name, -1),
-            Col.OUTPUT: node.output[0], Col.PLACEMENT: Placement.CPU.value,
-            Col.CUMULATIVE_COSINE: cum.cosine if cum else math.nan,
-            Col.CUMULATIVE_SQNR_DB: cum.sqnr_db if cum else math.nan,
-            Col.CUMULATIVE_MSE: cum.mse if cum else math.nan,
-            Col.CUMULATIVE_MAX_ABS: cum.max_abs if cum else math.nan,
-            Col.CUMULATIVE_WORST_SAMPLE_COSINE: cum.worst_sample_cosine if cum else math.nan,
-            Col.SENSITIVE_OP: False, Col.CAUSE: "cpu-fallback",
-            Col.REASON: f"runs on the CPU in float ({finding.get('rule', 'profile')}); "
-                      f"island of {sizes.get(name, 1)} node(s)",
-            Col.COMPAT_RULE: finding.get("rule", ""), Col.COMPAT_FIX: finding.get("fix", ""),
-            Col.COMPAT_SEVERITY: finding.get("severity", ""),
-        })
-    if cpu_rows:
-        layers = pd.concat([layers, pd.DataFrame(cpu_rows)], ignore_index=True)
-        if Col.DIAGNOSIS_TIER in layers.columns:  # CPU rows run float: no quantization cause to name
-            layers[Col.DIAGNOSIS_TIER] = layers[Col.DIAGNOSIS_TIER].fillna(2).astype(int)
-            for column in (Col.DIAGNOSIS, Col.DIAGNOSIS_CAUSE, Col.DIAGNOSIS_FIX):
-                layers[column] = layers[column].fillna("")
-    tier = []
-    for r in layers.to_dict("records"):
-        if r.get(Col.COMPAT_SEVERITY) == Severity.ERROR:
-            tier.append(0)
-        elif r[Col.CAUSE] == "intrinsic" or (r[Col.PLACEMENT] == Placement.CPU and sizes.get(r[Col.NODE], 1) <= 2):
-            tier.append(1)
-        else:
-            tier.append(2)
-    columns = ["_tier", *RANK_TIERS, Col.ISOLATED_SQNR_DB, Col.CUMULATIVE_SQNR_DB]
-    key = layers.assign(_tier=tier).reindex(columns=columns)
-    key[Col.DIAGNOSIS_TIER] = key[Col.DIAGNOSIS_TIER].fillna(2)
-    key = key.replace([np.inf], 1e9).fillna(1e12)
-    ordered = key.sort_values(columns, kind="mergesort").index
-    layers = layers.copy()
-    layers.loc[ordered, Col.RANK] = np.arange(1, len(layers) + 1)
-    layers[Col.RANK] = layers[Col.RANK].astype(int)
-    return layers.sort_values(Col.RANK).reset_index(drop=True)
+        rows.append(SiteResult(
+            node=name, op_type=node.op_type, kernel=node.op_type, order=ctx.order.get(name, -1),
+            output=node.output[0], inputs=None, isolated=None,
+            cumulative=_cumulative(ev.cumulative.get(node.output[0])),
+            input_sqnr_db=None, eval_clip_fraction=None, activation=None, weight=None, sensitive_op=False,
+            cause="cpu-fallback",
+            reason=f"runs on the CPU in float ({finding.get('rule', 'profile')}); "
+                   f"island of {sizes.get(name, 1)} node(s)",
+            chip=ChipPlacement(Placement.CPU.value, finding.get("rule", ""), finding.get("fix", ""),
+                               finding.get("severity", "")),
+        ))
+    return rows
 
 
 def _input_sqnr(site: Site, ev: Evaluation, producers: Mapping[str, onnx.NodeProto]) -> float:
@@ -294,21 +322,15 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not math.isnan(value)
 
 
-RANK_TIERS: tuple[str, ...] = (Col.DIAGNOSIS_TIER,)
-"""Rank keys sorted before the measured figures: 0 = the site's own figures are not finite (a finding
-in itself), 1 = an absurd scale, 2 = the rest. A measured output-gain key belongs right after it."""
+def rank_sites(results: Sequence[SiteResult]) -> list[SiteResult]:
+    """`rank` (summary.md's RANK_DOC), rank 1 first; the results arrive classified and diagnosed."""
 
+    def key(r: SiteResult) -> tuple[float, ...]:
+        iso = r.isolated.sqnr_db if r.isolated is not None else None
+        worst = r.activation.worst_channel_sqnr_db if r.activation is not None else None
+        return (r.diagnosis.tier, sort_value(iso), sort_value(worst), sort_value(r.cumulative.sqnr_db))
 
-def rank_sites(layers: pd.DataFrame) -> pd.DataFrame:
-    """`rank` (summary.md's RANK_DOC), rank 1 first; rows arrive classified (`cause`, `reason`)."""
-    columns = [*RANK_TIERS, Col.ISOLATED_SQNR_DB, Col.ACT_WORST_CHANNEL_SQNR_DB, Col.CUMULATIVE_SQNR_DB]
-    key = layers.reindex(columns=columns).copy()
-    key[Col.DIAGNOSIS_TIER] = key[Col.DIAGNOSIS_TIER].fillna(2)
-    key = key.replace([np.inf], 1e9).fillna(1e12)
-    ordered = key.sort_values(columns, kind="mergesort").index
-    layers.loc[ordered, Col.RANK] = np.arange(1, len(layers) + 1)
-    layers[Col.RANK] = layers[Col.RANK].astype(int)
-    return layers.sort_values(Col.RANK).reset_index(drop=True)
+    return ranked(results, key)
 
 
 def tensor_table(
