@@ -42,8 +42,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from quantscan.scanning.prepare import prepare_scan
 
     ctx = prepare_scan(spec["model"], spec["calib"], limit=spec["limit"], threads=spec["threads"])
-    fp32 = ctx.runner.session(ctx.prepared.proto)
-    batches = list(ctx.eval_set.batches(ctx.batch_size))
+    fp32 = ctx.runner.session(ctx.graph.prepared.proto)
+    batches = list(ctx.data.eval_set.batches(ctx.data.batch_size))
     fp32.run(batches[0])
     passes = []
     for _ in range(3):
@@ -57,10 +57,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     gains = compute_gain(ctx, builder, key="cosine")
     gain_s = time.perf_counter() - t0
-    sites = len(ctx.sites)
+    sites = len(ctx.graph.sites)
     result: dict[str, Any] = {
         "sites": sites,
-        "samples": ctx.eval_set.n_samples,
+        "samples": ctx.data.eval_set.n_samples,
         "fp32_s": floor,
         "gain_s": gain_s,
         "node_work": gains.work_ratio,

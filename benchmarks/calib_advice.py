@@ -82,14 +82,16 @@ def cost_row(model: str, ctx: ScanContext, repeats: int) -> list[str]:
 
     def run(per_sample: bool) -> tuple[float, CalibStats]:
         start = time.perf_counter()
-        stats = calibrate(ctx.prepared, ctx.sites, ctx.origins, ctx.cset, ctx.batch_size, ctx.runner,
-                          ctx.opts.calib_method, ctx.chip.activations, no_progress, ctx.probe.shapes,
-                          ctx.probe.input_shapes, per_sample=per_sample)
+        stats = calibrate(ctx.graph.prepared, ctx.graph.sites, ctx.graph.origins, ctx.data.cset,
+                          ctx.data.batch_size, ctx.runner,
+                          ctx.opts.calib_method, ctx.chip.activations, no_progress, ctx.graph.probe.shapes,
+                          ctx.graph.probe.input_shapes, per_sample=per_sample)
         return time.perf_counter() - start, stats
 
-    outputs = [o.name for o in ctx.prepared.proto.graph.output]
-    plain = ctx.runner.session(qgraph.Reducer(ctx.prepared.opset_to).attach(ctx.prepared.proto, outputs), built=True)
-    batches = list(ctx.cset.batches(ctx.batch_size))
+    outputs = [o.name for o in ctx.graph.prepared.proto.graph.output]
+    plain = ctx.runner.session(qgraph.Reducer(ctx.graph.prepared.opset_to).attach(ctx.graph.prepared.proto,
+                                                                                  outputs), built=True)
+    batches = list(ctx.data.cset.batches(ctx.data.batch_size))
     times: dict[str, list[float]] = {"fp32": [], "with": [], "without": [], "advice": []}
     for _ in range(repeats):
         start = time.perf_counter()
@@ -101,11 +103,11 @@ def cost_row(model: str, ctx: ScanContext, repeats: int) -> list[str]:
         times["with"].append(took)
         start = time.perf_counter()
         assert stats.sample_ranges is not None
-        advise(stats.sample_ranges, str(ctx.chip.activations), [f.name for f in ctx.cset.files], pick_n=16)
+        advise(stats.sample_ranges, str(ctx.chip.activations), [f.name for f in ctx.data.cset.files], pick_n=16)
         times["advice"].append(time.perf_counter() - start)
     med = {k: statistics.median(v) for k, v in times.items()}
     extra = med["with"] - med["without"] + med["advice"]
-    return [model, str(ctx.cset.n_samples), f"{med['fp32']:.3f}", f"{med['without']:.3f}", f"{med['with']:.3f}",
+    return [model, str(ctx.data.cset.n_samples), f"{med['fp32']:.3f}", f"{med['without']:.3f}", f"{med['with']:.3f}",
             f"{med['advice']:.3f}", f"{extra / med['fp32']:.2f}x", "yes" if extra <= med["fp32"] else "NO"]
 
 
@@ -150,12 +152,12 @@ def main() -> int:
     pred, cost, picks = [], [], []
     for model in args.models:
         ctx = prepare_scan(ASSETS / "models" / f"{model}.onnx", ASSETS / "calib" / model, threads=1)
-        assert ctx.calib_stats.sample_ranges is not None
-        ranges = ctx.calib_stats.sample_ranges.usable()
+        assert ctx.quant.calib_stats.sample_ranges is not None
+        ranges = ctx.quant.calib_stats.sample_ranges.usable()
         pred += prediction_rows(model, ranges, str(ctx.chip.activations), args.splits)
         cost.append(cost_row(model, ctx, args.repeats))
         if not args.no_cosine:
-            picks.append(pick_row(model, ctx.cset))
+            picks.append(pick_row(model, ctx.data.cset))
         print(f"done {model}", file=sys.stderr)
     print("(a) bootstrap spread on half A vs disjoint held-out subsets of half B (p90 over sites, mean of splits)")
     print(table(["model", "samples", "A/B", "n", "predicted", "measured", "ratio", "within 1.5x"], pred))

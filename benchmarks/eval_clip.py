@@ -27,17 +27,18 @@ def measure(model: str, limit: int, repeats: int) -> list[str]:
 
     calib = ASSETS / "calib" / model
     ctx = prepare_scan(ASSETS / "models" / f"{model}.onnx", calib, limit=limit, threads=1)
-    reducer = qgraph.Reducer(ctx.prepared.opset_to)
+    reducer = qgraph.Reducer(ctx.graph.prepared.opset_to)
     names: list[str] = []
-    for site in ctx.sites:
-        qp = ctx.plan.activations.get(site.output)
+    for site in ctx.graph.sites:
+        qp = ctx.quant.plan.activations.get(site.output)
         if qp is not None:
-            names += reducer.outside(site.output, *clip_range(qp), len(ctx.probe.shapes.get(site.output, ())))
-    plain_outputs = [o.name for o in ctx.prepared.proto.graph.output]
-    plain = ctx.runner.session(qgraph.Reducer(ctx.prepared.opset_to).attach(ctx.prepared.proto, plain_outputs),
+            names += reducer.outside(site.output, *clip_range(qp), len(ctx.graph.probe.shapes.get(site.output, ())))
+    plain_outputs = [o.name for o in ctx.graph.prepared.proto.graph.output]
+    plain = ctx.runner.session(qgraph.Reducer(ctx.graph.prepared.opset_to).attach(ctx.graph.prepared.proto,
+                                                                                  plain_outputs),
                                built=True)
-    counting = ctx.runner.session(reducer.attach(ctx.prepared.proto, plain_outputs + names), built=True)
-    batches = list(ctx.eval_set.batches(ctx.batch_size))
+    counting = ctx.runner.session(reducer.attach(ctx.graph.prepared.proto, plain_outputs + names), built=True)
+    batches = list(ctx.data.eval_set.batches(ctx.data.batch_size))
     times: dict[str, list[float]] = {"fp32": [], "fp32+clip": []}
     for _ in range(repeats):
         for label, session in (("fp32", plain), ("fp32+clip", counting)):
@@ -47,7 +48,7 @@ def measure(model: str, limit: int, repeats: int) -> list[str]:
             times[label].append(time.perf_counter() - start)
     fp32, both = statistics.median(times["fp32"]), statistics.median(times["fp32+clip"])
     sites = len(names) // 2
-    return [model, str(ctx.eval_set.n_samples), str(sites), f"{fp32:.3f}", f"{both:.3f}",
+    return [model, str(ctx.data.eval_set.n_samples), str(sites), f"{fp32:.3f}", f"{both:.3f}",
             f"{(both - fp32) / fp32:.2f}x"]
 
 

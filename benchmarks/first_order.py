@@ -412,7 +412,7 @@ def first_pass(graph: TorchGraph, qdq: onnx.ModelProto, ctx: ScanContext, batche
                outputs: Sequence[str]) -> Pass1:
     """FP32 outputs (onnxruntime ORT_ENABLE_ALL, timed: the unit of the time ratios), the torch
     all-int8 outputs and their sums, and the checks against onnxruntime."""
-    fp32 = ort_session(ctx.prepared.proto, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    fp32 = ort_session(ctx.graph.prepared.proto, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     qsess = ort_session(qdq, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     fp32.run(list(outputs), batches[0])  # warm-up
     t0 = time.perf_counter()
@@ -432,7 +432,7 @@ def first_pass(graph: TorchGraph, qdq: onnx.ModelProto, ctx: ScanContext, batche
             _sums_of(ref[o], y, sums[o])
             _sums_of(ref[o], ort_y, ort_sums[o])
     with torch.no_grad():
-        env = TorchGraph(ctx.prepared.proto).run(batches[0])
+        env = TorchGraph(ctx.graph.prepared.proto).run(batches[0])
     fp32_diff = max(float(np.abs(env[o].numpy() - reference[0][o]).max()) for o in outputs)
     return Pass1(reference, sums, ort_sums, worst, fp32_diff, fp32_s, pass1_s)
 
@@ -472,19 +472,19 @@ def gradient_terms(graph: TorchGraph, batches: Sequence[Mapping[str, np.ndarray]
 def site_estimates(ctx: ScanContext, act: Mapping[str, float], grads: Mapping[str, Tensor]) -> pd.DataFrame:
     """Per site: the weight+bias term, the activation term by MixedBuilder's rule (pairs only this site
     touches) and by the brief's (the site's own output pair), and the two sums."""
-    floats = {t.name: numpy_helper.to_array(t).astype(np.float32) for t in ctx.prepared.proto.graph.initializer}
-    inputs = {i.name for i in ctx.prepared.proto.graph.input}
+    floats = {t.name: numpy_helper.to_array(t).astype(np.float32) for t in ctx.graph.prepared.proto.graph.initializer}
+    inputs = {i.name for i in ctx.graph.prepared.proto.graph.input}
     touch: dict[str, list[int]] = {}
-    for k, s in enumerate(ctx.sites):
+    for k, s in enumerate(ctx.graph.sites):
         for t in dict.fromkeys([*s.inputs, s.output]):
-            if t in ctx.plan.activations:
+            if t in ctx.quant.plan.activations:
                 touch.setdefault(t, []).append(k)
 
     def post(t: str) -> str:
         return input_alias(t) if t in inputs else t
 
     rows = []
-    for k, s in enumerate(ctx.sites):
+    for k, s in enumerate(ctx.graph.sites):
         w_term = 0.0
         for w in [s.weight, s.bias, *(n for n, _ in s.extra_weights)]:
             if not w or weight_dq_output(w) not in grads:
@@ -493,7 +493,7 @@ def site_estimates(ctx: ScanContext, act: Mapping[str, float], grads: Mapping[st
             dq = torch.from_numpy(floats[w]).double() - _dq_value(ctx, w)
             w_term += float((g * dq).sum())
         only = sum(act.get(post(t), 0.0) for t, ks in touch.items() if ks == [k])
-        own = act.get(post(s.output), 0.0) if s.output in ctx.plan.activations else 0.0
+        own = act.get(post(s.output), 0.0) if s.output in ctx.quant.plan.activations else 0.0
         rows.append({"node": s.node, "weights": w_term, "only_touched": only, "own_output": own,
                      "estimate": w_term + only, "estimate_own": w_term + own})
     return pd.DataFrame(rows)
@@ -501,11 +501,11 @@ def site_estimates(ctx: ScanContext, act: Mapping[str, float], grads: Mapping[st
 
 def _dq_value(ctx: ScanContext, name: str) -> Tensor:
     """The dequantized stored weight or bias, as the QDQ model's DequantizeLinear gives it."""
-    if name in ctx.plan.weights:
-        w = ctx.plan.weights[name]
+    if name in ctx.quant.plan.weights:
+        w = ctx.quant.plan.weights[name]
         q, scale, zp, axis = w.values, w.qparams.scale, w.qparams.zero_point, w.qparams.axis
     else:
-        b = ctx.plan.biases[name]
+        b = ctx.quant.plan.biases[name]
         q, scale, zp, axis = b.values, b.scale, np.zeros(b.scale.shape, np.int32), 0
     q32, s32, z32 = q.astype(np.float32), np.asarray(scale, np.float32), np.asarray(zp, np.float32)
     if s32.ndim == 1 and s32.size > 1:
@@ -538,7 +538,7 @@ def exact_gains(ctx: ScanContext, batches: Sequence[Mapping[str, np.ndarray]],
     base_jit = [headline_cosine(_torch_sums(TorchGraph(all_int8, jitter=jitter), batches, reference, outputs, seed))
                 for seed in range(seeds)]
     rows = []
-    for site in ctx.sites:
+    for site in ctx.graph.sites:
         if only is not None and site.node not in only:
             continue
         model = builder.model(builder.precisions([site.node]))
@@ -595,11 +595,11 @@ def batches_of(cset: CalibSet, size: int) -> list[dict[str, np.ndarray]]:
 def run_model(name: str, worst: int, exact: bool, jitter: float, exact_top: int = 0, seeds: int = 1
               ) -> Iterator[dict[str, Any]]:
     ctx = prepare_scan(ASSETS / "models" / f"{name}.onnx", ASSETS / "calib" / name, threads=1)
-    qdq = build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
+    qdq = build_qdq_model(ctx.graph.prepared.proto, ctx.graph.sites, ctx.quant.plan)
     graph = TorchGraph(qdq)
     outputs = ctx.headline_outputs()
     oracle = pd.read_pickle(ORACLE.format(name))
-    batches = batches_of(ctx.eval_set, ctx.batch_size)
+    batches = batches_of(ctx.data.eval_set, ctx.data.batch_size)
     p1 = first_pass(graph, qdq, ctx, batches, outputs)
     head = min(outputs, key=lambda o: p1.sums[o].cosine())
     act, grads, p2_s = gradient_terms(graph, batches, p1.reference, head, p1.sums[head])
@@ -611,7 +611,7 @@ def run_model(name: str, worst: int, exact: bool, jitter: float, exact_top: int 
                 est.nlargest(exact_top, "estimate")["node"]) | set(oracle.nsmallest(exact_top, "gain_if_float")["node"])
         est = est.merge(exact_gains(ctx, batches, p1.reference, outputs, p1, jitter, only, seeds),
                         on="node", how="left")
-    row = {"model": name, "samples": ctx.eval_set.n_samples, "sites": len(ctx.sites), "head": head,
+    row = {"model": name, "samples": ctx.data.eval_set.n_samples, "sites": len(ctx.graph.sites), "head": head,
            "cosine": p1.sums[head].cosine(), "ort_cosine": p1.ort_sums[head].cosine(),
            "fp32_diff": p1.fp32_max_abs, "qdq_diff": p1.qdq_max_abs,
            "fp32_s": p1.fp32_s, "pass1_x": p1.pass1_s / p1.fp32_s, "pass2_x": p2_s / p1.fp32_s}
@@ -643,8 +643,8 @@ def _worst(ctx: ScanContext, graph: TorchGraph, qdq: onnx.ModelProto, outputs: S
               for o in outputs for i, (e, r) in enumerate(zip(p1.sums[o].sample_error, p1.sums[o].sample_energy,
                                                              strict=True))]
     chosen = sorted(largest_error_share_first(errors)[:n])
-    sub = ctx.eval_set.select(chosen)
-    batches = batches_of(sub, ctx.batch_size)
+    sub = ctx.data.eval_set.select(chosen)
+    batches = batches_of(sub, ctx.data.batch_size)
     q1 = first_pass(graph, qdq, ctx, batches, outputs)
     head = min(outputs, key=lambda o: q1.sums[o].cosine())
     act, grads, _ = gradient_terms(graph, batches, q1.reference, head, q1.sums[head])

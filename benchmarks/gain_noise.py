@@ -69,7 +69,7 @@ def measure(name: str, points: int) -> list[str]:
     gg = GainGraph(builder, ["int8"] * len(builder.sites))
     branches = FloatSiteBranches(builder, gg.base)
     outputs = ctx.headline_outputs()
-    pairs = OutputPairs(qgraph.Reducer(builder.opset), {o: len(ctx.probe.shapes.get(o, ())) for o in outputs})
+    pairs = OutputPairs(qgraph.Reducer(builder.opset), {o: len(ctx.graph.probe.shapes.get(o, ())) for o in outputs})
     for o in outputs:
         pairs.add((o, "int8"), o, o + qgraph.CUMULATIVE_SUFFIX, o, False)
     early = [s.output + qgraph.F32_SUFFIX for s in builder.sites]
@@ -81,8 +81,8 @@ def measure(name: str, points: int) -> list[str]:
             pairs.add((o, f"null{j}"), o, names.get(o, gg.in_int8(o)), o, False)
         tags.append(f"null{j}")
     session = ctx.runner.session(pairs.reducer.attach(gg.model, pairs.outputs()), opt_level="disable", built=True)
-    samples = ctx.eval_set.select(indices) if indices else ctx.eval_set
-    for feeds in samples.batches(ctx.batch_size):
+    samples = ctx.data.eval_set.select(indices) if indices else ctx.data.eval_set
+    for feeds in samples.batches(ctx.data.batch_size):
         pairs.update(session.run(feeds), {})
     base = {o: pairs.row((o, "int8"))["cosine"] for o in outputs}
     worst = min(base, key=lambda o: base[o])

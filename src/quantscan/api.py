@@ -150,8 +150,8 @@ def advice_for(ctx: ScanContext, pick: int | None, out: str | Path | None, subse
     from quantscan.scanning.advice_eval import with_coverage, with_decider_cosines, with_subset_cosines
     from quantscan.scanning.calib_advice import advise_run
 
-    cset = ctx.cset
-    advice = advise_run(ctx.calib_stats.sample_ranges, str(ctx.chip.activations), cset.files, cset.n_samples,
+    cset = ctx.data.cset
+    advice = advise_run(ctx.quant.calib_stats.sample_ranges, str(ctx.chip.activations), cset.files, cset.n_samples,
                         str(ctx.opts.calib_method), pick, ctx.opts.seed)
     advice = with_coverage(ctx, with_decider_cosines(ctx, advice))
     if subset_cosines:

@@ -52,7 +52,7 @@ def test_cached_reference_at_ort_all_gives_the_basic_figures_on_a_real_model(ass
     builder = mixed_builder(ctx)
     plain = Evaluator(ctx, builder, "cosine", runner=Runner(threads=2))
     cached = CachedReferenceEvaluator(ctx, builder, "cosine", runner=Runner(threads=2))
-    for prec in (builder.precisions([]), builder.precisions([s.node for s in ctx.sites[:10]])):
+    for prec in (builder.precisions([]), builder.precisions([s.node for s in ctx.graph.sites[:10]])):
         want, got = plain.evaluate(prec), cached.evaluate(prec)
         c = want.worst["cosine"]
         assert got.worst["cosine"] == pytest.approx(c, abs=1e-6 * math.sqrt(2 * (1 - c)) + 1e-12)

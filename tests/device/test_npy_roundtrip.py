@@ -55,7 +55,7 @@ def test_integer_kernels_do_not_depart(chain, tmp_path: Path) -> None:
 def test_fault_planted_in_the_graph_is_located(chain, tmp_path: Path, kind: str) -> None:
     model, calib, qdq, names = chain
     simulation = simulate(model, calib)
-    sites = [s.output for s in sorted(simulation.ctx.sites, key=lambda s: simulation.ctx.order[s.node])]
+    sites = [s.output for s in sorted(simulation.ctx.graph.sites, key=lambda s: simulation.ctx.graph.order[s.node])]
     clean = open_dumps(dump(qdq, names, calib, tmp_path / "clean"), "npy")
     for k, tensor in enumerate(sites):
         if kind == "channel" and tensor == "y":

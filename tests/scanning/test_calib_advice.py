@@ -64,7 +64,7 @@ def _reference(path: Path, x: np.ndarray, tensor: str) -> np.ndarray:
 def test_per_sample_ranges_match_the_reference_evaluator(tmp_path: Path, batch_size: int) -> None:
     path, calib, x = _model(tmp_path)  # 10 samples: batch 4 leaves a last batch of 2
     ctx = prepare_scan(path, calib, batch_size=batch_size, activations="uint8", gain_candidates=0)
-    ranges = ctx.calib_stats.sample_ranges
+    ranges = ctx.quant.calib_stats.sample_ranges
     assert ranges is not None and ranges.n_samples == len(x)
     assert {"x", "c", "r", "y"} & set(ranges.tensors) and ranges.usable().tensors == ranges.tensors
     for j, tensor in enumerate(ranges.tensors):
@@ -72,7 +72,7 @@ def test_per_sample_ranges_match_the_reference_evaluator(tmp_path: Path, batch_s
         np.testing.assert_allclose(ranges.mins[:, j], want[:, 0], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(ranges.maxs[:, j], want[:, 1], rtol=1e-5, atol=1e-5)
         # and the plan's range is their min/max
-        lo, hi = ctx.calib_stats.observers[tensor].range()
+        lo, hi = ctx.quant.calib_stats.observers[tensor].range()
         assert lo == pytest.approx(float(want[:, 0].min()), abs=1e-5)
         assert hi == pytest.approx(float(want[:, 1].max()), abs=1e-5)
 
@@ -80,7 +80,7 @@ def test_per_sample_ranges_match_the_reference_evaluator(tmp_path: Path, batch_s
 def test_histogram_calibration_keeps_no_per_sample_ranges(tmp_path: Path) -> None:
     path, calib, _ = _model(tmp_path, samples=4)
     ctx = prepare_scan(path, calib, calib_method="percentile", gain_candidates=0)
-    assert ctx.calib_stats.sample_ranges is None
+    assert ctx.quant.calib_stats.sample_ranges is None
     with pytest.raises(UsageError, match="minmax"):
         calib_advice(path, calib, calib_method="percentile")
 
@@ -330,9 +330,10 @@ def test_subset_cosine_equals_a_scan_calibrated_on_that_subset(tmp_path: Path) -
 
     path, calib, _ = _model(tmp_path, samples=10)
     ctx = prepare_scan(path, calib, activations="uint8", batch_size=4, gain_candidates=0)
-    assert ctx.calib_stats.sample_ranges is not None
+    assert ctx.quant.calib_stats.sample_ranges is not None
     idx = np.array([1, 4, 4, 7])  # a bootstrap draw: repeats allowed
-    got = _cosine(replace(ctx, plan=_plan_for(ctx, ctx.calib_stats.sample_ranges.usable(), idx)))
+    plan = _plan_for(ctx, ctx.quant.calib_stats.sample_ranges.usable(), idx)
+    got = _cosine(replace(ctx, quant=replace(ctx.quant, plan=plan)))
     subset = tmp_path / "subset"
     subset.mkdir()
     for i in sorted(set(idx.tolist())):

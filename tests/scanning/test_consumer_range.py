@@ -77,18 +77,18 @@ def test_kernel_before_maxpool_takes_the_pools_output_range(tmp_path: Path) -> N
     assert pooled[0] > own[0] + 0.1  # the pool drops the most negative PReLU outputs: a real clip
     want = quant.activation_qparams(*pooled, ActivationScheme.UINT8)
     for tensor in ("p", "m"):  # the kernel's output and the pool's share one grid, the pool's
-        got = ctx.plan.activations[tensor]
+        got = ctx.quant.plan.activations[tensor]
         assert float(got.scale) == pytest.approx(float(want.scale), rel=1e-5)
         assert int(got.zero_point) == int(want.zero_point)
-    assert ctx.origins["p"] == ctx.origins["m"] == "m"
+    assert ctx.graph.origins["p"] == ctx.graph.origins["m"] == "m"
 
 
 def test_without_the_profile_fact_the_kernel_keeps_its_own_range(tmp_path: Path) -> None:
     path, calib, x = _write(tmp_path, CONV_PRELU_POOL)
     ctx = prepare_scan(path, calib, activations="uint8", gain_candidates=0)
     want = quant.activation_qparams(*_range(path, x, "p"), ActivationScheme.UINT8)
-    assert float(ctx.plan.activations["m"].scale) == pytest.approx(float(want.scale), rel=1e-5)
-    assert ctx.origins["m"] == "p"
+    assert float(ctx.quant.plan.activations["m"].scale) == pytest.approx(float(want.scale), rel=1e-5)
+    assert ctx.graph.origins["m"] == "p"
 
 
 def test_a_kernel_output_read_beside_the_maxpool_keeps_its_own_range(tmp_path: Path) -> None:
@@ -96,5 +96,5 @@ def test_a_kernel_output_read_beside_the_maxpool_keeps_its_own_range(tmp_path: P
     path, calib, x = _write(tmp_path, SHARED_READER)
     ctx = prepare_scan(path, calib, profile="rk3588", gain_candidates=0)
     want = quant.activation_qparams(*_range(path, x, "p"), ActivationScheme.UINT8)
-    assert float(ctx.plan.activations["p"].scale) == pytest.approx(float(want.scale), rel=1e-5)
-    assert ctx.origins["p"] == "p"
+    assert float(ctx.quant.plan.activations["p"].scale) == pytest.approx(float(want.scale), rel=1e-5)
+    assert ctx.graph.origins["p"] == "p"

@@ -91,7 +91,7 @@ def test_weights_mapped_from_a_file_count_fewer_copies_and_only_large_models_map
     opts = ScanOptions(max_memory="8G").validate()  # memory_plan takes validated options (bytes)
     ctx = prepare_scan(*write_chain(tmp_path, samples=2))
     for threshold, expected in ((1, True), (2**40, False), (None, False)):
-        plan = memory_plan(ctx.prepared, ctx.probe, ctx.sites, opts, None, 2, threshold)
+        plan = memory_plan(ctx.graph.prepared, ctx.graph.probe, ctx.graph.sites, opts, None, 2, threshold)
         assert plan.footprint.weights_mapped is expected
 
 
@@ -140,8 +140,8 @@ def test_run_json_records_the_plan_and_the_measured_peak(tmp_path: Path) -> None
 def test_scan_picks_a_smaller_batch_under_a_tight_budget_with_the_same_figures(tmp_path: Path) -> None:
     model, calib = write_chain(tmp_path, samples=12)
     ctx = prepare_scan(model, calib, batch_size=1)
-    assert ctx.memory is not None
-    budget = estimate_peak(ctx.memory.footprint, 2)
+    assert ctx.data.memory is not None
+    budget = estimate_peak(ctx.data.memory.footprint, 2)
     tight = quantscan.scan(model, calib, max_memory=budget, gain_candidates=0)
     loose = quantscan.scan(model, calib, max_memory="8G", gain_candidates=0)
     assert tight.run_info.memory["batch_size"] == 2 and loose.run_info.memory["batch_size"] == DEFAULT_BATCH
@@ -167,18 +167,20 @@ def test_interleaved_analysis_graph_is_valid_and_reductions_follow_their_tensors
     not after the whole network, and every node still after the producers of its inputs."""
     model, calib = write_chain(tmp_path, samples=4, layers=6)
     ctx = prepare_scan(model, calib)
-    qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
-    combined = qgraph.build_analysis_model(ctx.prepared.proto, qdq, ctx.sites, ctx.plan, isolated=range(len(ctx.sites)))
-    reducer = qgraph.Reducer(ctx.prepared.opset_to)
-    first = ctx.sites[0].output
+    qdq = qgraph.build_qdq_model(ctx.graph.prepared.proto, ctx.graph.sites, ctx.quant.plan)
+    combined = qgraph.build_analysis_model(ctx.graph.prepared.proto, qdq, ctx.graph.sites, ctx.quant.plan,
+                                           isolated=range(len(ctx.graph.sites)))
+    reducer = qgraph.Reducer(ctx.graph.prepared.opset_to)
+    first = ctx.graph.sites[0].output
     pair = reducer.pair(first, first + qgraph.CUMULATIVE_SUFFIX, 2)
-    analysis = interleave(reducer.attach(combined, list(pair.names())), [n.name for n in ctx.prepared.proto.graph.node])
+    analysis = interleave(reducer.attach(combined, list(pair.names())),
+                          [n.name for n in ctx.graph.prepared.proto.graph.node])
     available = {i.name for i in analysis.graph.input} | {t.name for t in analysis.graph.initializer} | {""}
     for node in analysis.graph.node:
         assert set(node.input) <= available, node.name
         available.update(node.output)
     position = {o: i for i, n in enumerate(analysis.graph.node) for o in n.output}
-    last_fp32 = max(position[o] for n in ctx.prepared.proto.graph.node for o in n.output)
+    last_fp32 = max(position[o] for n in ctx.graph.prepared.proto.graph.node for o in n.output)
     assert position[pair.sdd] < last_fp32
 
 

@@ -53,7 +53,7 @@ def _convs(tmp: Path, big_bias: float) -> tuple[Path, Path]:
 def test_a_wrapping_int32_bias_is_named_with_its_reason(tmp_path: Path) -> None:
     model, calib = _convs(tmp_path, 5000.0)
     ctx = prepare_scan(model, calib, threads=1)
-    bias = ctx.plan.biases["b2"].values.astype(np.int64)
+    bias = ctx.quant.plan.biases["b2"].values.astype(np.int64)
     assert bias[3] == INT32_LIMIT  # clamped at the limit: any positive accumulator wraps in int32
     out = tmp_path / "run"
     result = quantscan.scan(model, calib, threads=1, out=out, no_report=True)

@@ -86,7 +86,7 @@ def _whole_variant_gains(model: Path, calib: Path) -> dict[str, float]:
     builder = mixed_builder(ctx)
     evaluator = Evaluator(ctx, builder, "cosine")
     base = evaluator.evaluate(builder.precisions([])).worst["cosine"]
-    return {s.node: evaluator.evaluate(builder.precisions([s.node])).worst["cosine"] - base for s in ctx.sites}
+    return {s.node: evaluator.evaluate(builder.precisions([s.node])).worst["cosine"] - base for s in ctx.graph.sites}
 
 
 def test_ranks_follow_the_measured_gains(chain: tuple[Path, Path]) -> None:
@@ -330,12 +330,13 @@ def test_gain_standard_errors_equal_leave_one_out_whole_model_runs(chain: tuple[
     assert len(indices) == 5
     ctx = prepare_scan(model, calib, threads=1)
     builder = mixed_builder(ctx)
-    loo: dict[str, list[float]] = {s.node: [] for s in ctx.sites}
+    loo: dict[str, list[float]] = {s.node: [] for s in ctx.graph.sites}
     for left_out in indices:
-        kept = replace(ctx, eval_set=ctx.eval_set.select([i for i in indices if i != left_out]))
+        held = ctx.data.eval_set.select([i for i in indices if i != left_out])
+        kept = replace(ctx, data=replace(ctx.data, eval_set=held))
         evaluator = Evaluator(kept, builder, "cosine")
         base = evaluator.evaluate(builder.precisions([])).worst["cosine"]
-        for s in ctx.sites:
+        for s in ctx.graph.sites:
             loo[s.node].append(evaluator.evaluate(builder.precisions([s.node])).worst["cosine"] - base)
     layers = result.layers.set_index("node")
     first = str(result.layers["node"].iloc[0])

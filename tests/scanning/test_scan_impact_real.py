@@ -67,9 +67,9 @@ def test_gain_samples_hold_the_most_output_error(assets: Path) -> None:
     ctx = prepare_scan(model, calib, limit=n, threads=1)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    fp32 = ort.InferenceSession(ctx.prepared.proto.SerializeToString(), options)
+    fp32 = ort.InferenceSession(ctx.graph.prepared.proto.SerializeToString(), options)
     qdq = ort.InferenceSession(result.qdq_model.SerializeToString(), options)
-    feeds = next(iter(ctx.eval_set.batches(n)))
+    feeds = next(iter(ctx.data.eval_set.batches(n)))
     out = fp32.get_outputs()[0].name
     ref = np.asarray(fp32.run([out], feeds)[0], dtype=np.float64).reshape(n, -1)
     test = np.asarray(qdq.run([out], feeds)[0], dtype=np.float64).reshape(n, -1)
@@ -98,14 +98,14 @@ def test_rank_1_standard_error_equals_leave_one_out_runs(assets: Path) -> None:
     builder = mixed_builder(ctx)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    feeds = next(iter(ctx.eval_set.select(chosen).batches(len(chosen))))
+    feeds = next(iter(ctx.data.eval_set.select(chosen).batches(len(chosen))))
 
     def run(proto: Any) -> np.ndarray:
         session = ort.InferenceSession(proto.SerializeToString(), options)
         out = session.get_outputs()[0].name
         return np.asarray(session.run([out], feeds)[0], dtype=np.float64).reshape(len(chosen), -1)
 
-    ref, base, variant = run(ctx.prepared.proto), run(builder.model(builder.precisions([]))), run(
+    ref, base, variant = run(ctx.graph.prepared.proto), run(builder.model(builder.precisions([]))), run(
         builder.model(builder.precisions([first])))
 
     def pooled(test: np.ndarray, keep: list[int]) -> float:

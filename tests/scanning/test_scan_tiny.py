@@ -126,7 +126,7 @@ def test_isolated_error_matches_numpy_fake_quant_of_one_site(tmp_path: Path) -> 
     ctx = prepare_scan(model, calib)
     result = quantscan.scan(model, calib)
     conv_site = next(s for s in result.sites if s.op_type == "Conv")
-    qp_in, qp_out = ctx.plan.activations[conv_site.inputs[0]], ctx.plan.activations["y"]
+    qp_in, qp_out = ctx.quant.plan.activations[conv_site.inputs[0]], ctx.quant.plan.activations["y"]
     wq = quant.weight_qparams(w, 0)
     bias_q, bias_scale, _ = quant.quantize_bias(b, float(qp_in.scale), wq.scale)
     conv = ReferenceEvaluator(onnx.parser.parse_model("""

@@ -213,7 +213,7 @@ def _open_session(
 def _refuse_unanalysed_bodies(ctx: ScanContext) -> None:
     """A model with float nodes inside If/Loop/Scan bodies cannot be bisected honestly: all-int8 would
     leave them float and could report the target "already met" with nothing quantized."""
-    warning = unquantized_warning(ctx.prepared.proto)
+    warning = unquantized_warning(ctx.graph.prepared.proto)
     if warning is not None:
         raise UsageError(f"bisect: expected every quantization site analysed, found {warning}")
 
@@ -258,11 +258,11 @@ def _new_session(
         {
             Col.NODE: s.node,
             Col.OUTPUT: s.output,
-            Col.ORDER: ctx.order.get(s.node, k),
+            Col.ORDER: ctx.graph.order.get(s.node, k),
             Col.OP_TYPE: s.op_type,
             Col.KERNEL: s.kernel,
         }
-        for k, s in enumerate(ctx.sites)
+        for k, s in enumerate(ctx.graph.sites)
     ]
     order = (
         sensitivity_order(gains.table, gain_key(target))

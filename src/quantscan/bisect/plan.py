@@ -38,7 +38,7 @@ SummaryBlock = Callable[[str, Mapping[str, Any]], str]
 def original_nodes(ctx: ScanContext, site: Site) -> list[str]:
     """The kernel's nodes as named in the user's model: a folded BatchNormalization comes back."""
     names = list(site.nodes)
-    if site.node in ctx.prepared.bn_folded_into:
+    if site.node in ctx.graph.prepared.bn_folded_into:
         consumers: dict[str, list[onnx.NodeProto]] = {}
         for n in ctx.loaded.proto.graph.node:
             for i in n.input:
@@ -57,7 +57,7 @@ def plan_sites(
     gain = {r[Col.NODE]: r for r in session.gain}
     tensor_prec = builder.tensor_precision(prec)
     sites = []
-    for k, s in enumerate(ctx.sites):  # the builder's sites, typed as the scan's
+    for k, s in enumerate(ctx.graph.sites):  # the builder's sites, typed as the scan's
         if prec[k] == "int8":
             continue
         sites.append(
@@ -67,7 +67,7 @@ def plan_sites(
                 precision=Precision(Precision.parse(prec[k])),
                 op_type=s.op_type,
                 kernel=s.kernel,
-                order=ctx.order.get(s.node, k),
+                order=ctx.graph.order.get(s.node, k),
                 nodes=tuple(original_nodes(ctx, s)),
                 gain_if_float=float(gain.get(s.node, {}).get(Col.GAIN_IF_FLOAT, math.nan)),
                 weights=tuple(w for w in [s.weight, *(n for n, _ in s.extra_weights)] if w),
@@ -136,7 +136,7 @@ def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
     """What the exports need to say how the plan was measured: the profile, its recipe, and the
     quantize_static call of its activation scheme (the one the sites were read from, for recipe
     onnxruntime)."""
-    call = ctx.quantize_static or quantize_static_call(
+    call = ctx.quant.quantize_static or quantize_static_call(
         ctx.chip.activations, ctx.opts.calib_method
     )
     return {"profile": ctx.chip.profile, "recipe": ctx.chip.recipe, "quantize_static": call}

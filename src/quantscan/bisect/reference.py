@@ -66,7 +66,7 @@ class CachedReferenceEvaluator(Evaluator):
         del mixed  # the weights are in `graph` now, handed off before onnxruntime builds its copy
         session = open_session(self.runner, GraphHandoff(graph))
         del graph
-        batches = zip(self.ctx.eval_set.batches(self.ctx.batch_size), reference, strict=True)
+        batches = zip(self.ctx.data.eval_set.batches(self.ctx.data.batch_size), reference, strict=True)
         with_reference = ({**feeds, **{o + REF_SUFFIX: v for o, v in ref.items()}} for feeds, ref in batches)
         sweep(session, with_reference, lambda feeds, values: pairs.update({**feeds, **values}, refs))
         rows = {o: pairs.row((o, "q")) for o in self.outputs}
@@ -78,16 +78,17 @@ class CachedReferenceEvaluator(Evaluator):
         if self._cache_tried:
             return self._reference
         self._cache_tried = True
-        memory = self.ctx.memory
+        memory = self.ctx.data.memory
         per_sample = sum(
-            int(np.prod(self.ctx.probe.shapes.get(o, (1,))[1:], dtype=np.int64)) * 4 for o in self.outputs
+            int(np.prod(self.ctx.graph.probe.shapes.get(o, (1,))[1:], dtype=np.int64)) * 4 for o in self.outputs
         )
-        if memory is None or per_sample * self.ctx.eval_set.n_samples > memory.budget_bytes // CACHE_SHARE:
+        if memory is None or per_sample * self.ctx.data.eval_set.n_samples > memory.budget_bytes // CACHE_SHARE:
             return None
         session = self.runner.session(qgraph.expose(self.builder.proto, self.outputs), built=True,
                                       opt_level=FP32_LEVEL)  # FP32 only, a few outputs: NCHWc pays here
         reference: list[dict[str, np.ndarray]] = []
-        sweep(session, self.ctx.eval_set.batches(self.ctx.batch_size), lambda feeds, values: reference.append(values),
+        sweep(session, self.ctx.data.eval_set.batches(self.ctx.data.batch_size), lambda feeds,
+              values: reference.append(values),
               fetch=self.outputs)
         self._reference = reference
         return self._reference

@@ -69,8 +69,9 @@ def task_factory(ctx: ScanContext, target: Target) -> TaskFactory | None:
     classifiers = ctx.classifier_outputs(outputs)
 
     def build() -> dict[str, list[TaskAccumulator]]:
-        return task_accumulators(ctx.prepared.proto, outputs, ctx.probe.shapes, classifiers, ctx.eval_set, opts,
-                                 ctx.probe.input_shapes)
+        return task_accumulators(ctx.graph.prepared.proto, outputs, ctx.graph.probe.shapes, classifiers,
+                                 ctx.data.eval_set, opts,
+                                 ctx.graph.probe.input_shapes)
 
     if not any(TASK_OF[target.key] == acc.kind for accs in build().values() for acc in accs):
         raise UsageError(f"--target {target.metric}: expected a headline output with {target.key} "

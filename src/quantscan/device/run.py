@@ -69,7 +69,7 @@ class DeviceResult:
 
 
 def _site_rows(ctx: ScanContext) -> list[SiteRow]:
-    return [SiteRow(s.node, s.op_type, s.kernel, ctx.order.get(s.node, -1), s.output) for s in ctx.sites]
+    return [SiteRow(s.node, s.op_type, s.kernel, ctx.graph.order.get(s.node, -1), s.output) for s in ctx.graph.sites]
 
 
 def _samples(cset: CalibSet, indices: list[int]) -> list[dict[str, np.ndarray]]:
@@ -111,12 +111,12 @@ def simulate(
     """The scan's front half (sites, calibration, plan) and its cumulative QDQ model; the FP32 session
     exposes every float tensor (the value alignment looks among them)."""
     ctx, _ = prepare_timed(model, calib, progress=progress, runner=runner, **options)
-    qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
-    fp32_names = [t for t in ctx.probe.tensor_order if t in ctx.probe.float_tensors]
-    fp32_session = ctx.runner.session(qgraph.expose(ctx.prepared.proto, fp32_names), built=True)
+    qdq = qgraph.build_qdq_model(ctx.graph.prepared.proto, ctx.graph.sites, ctx.quant.plan)
+    fp32_names = [t for t in ctx.graph.probe.tensor_order if t in ctx.graph.probe.float_tensors]
+    fp32_session = ctx.runner.session(qgraph.expose(ctx.graph.prepared.proto, fp32_names), built=True)
     mapper = NameMapper(GraphIndex(ctx.loaded.proto.graph, model=ctx.loaded.proto))
     producer = {o: n.name for n in ctx.loaded.proto.graph.node for o in n.output if o}
-    inner = {t: s.output for s in ctx.sites for t, node in producer.items() if node in s.nodes[:-1] and s.fused}
+    inner = {t: s.output for s in ctx.graph.sites for t, node in producer.items() if node in s.nodes[:-1] and s.fused}
     return Simulation(ctx, qdq, fp32_session, mapper, inner)
 
 
@@ -138,11 +138,11 @@ def compare_dumps(
 def compare_with(simulation: Simulation, dset: DumpSet) -> DeviceResult:
     """`compare_dumps` on a prepared simulation (tests plant faults into many dump sets of one model)."""
     ctx, fp32_session = simulation.ctx, simulation.fp32_session
-    indices = sample_indices(dset.keys, _stems(ctx.cset), ctx.cset.n_samples)
-    samples = _samples(ctx.cset, indices)
+    indices = sample_indices(dset.keys, _stems(ctx.data.cset), ctx.data.cset.n_samples)
+    samples = _samples(ctx.data.cset, indices)
     first_dump = dset.load(0)
     first_fp32 = fp32_session.run(samples[0])
-    alignment = align(first_dump, first_fp32, simulation.mapper, prefer=[s.output for s in ctx.sites],
+    alignment = align(first_dump, first_fp32, simulation.mapper, prefer=[s.output for s in ctx.graph.sites],
                       order=dset.order() if dset.order else (), kernel_output=simulation.kernel_output)
     rows = _aligned_rows(_site_rows(ctx), alignment)
     measured = [r for r in rows if r.dump]
@@ -151,7 +151,7 @@ def compare_with(simulation: Simulation, dset: DumpSet) -> DeviceResult:
         raise UsageError(f"--dumps: expected tensors that line up with the model's quantization sites, found none "
                          f"of {len(first_dump)} ({some}{', ...' if len(first_dump) > 4 else ''}) by name or value")
     sim_session = ctx.runner.session(qgraph.expose(simulation.qdq, [r.tensor for r in measured]), built=True)
-    conv_like = {s.output: s.conv_like for s in ctx.sites}
+    conv_like = {s.output: s.conv_like for s in ctx.graph.sites}
     pairs = {r.tensor: SitePairs(_channels(first_fp32[r.tensor].ndim, conv_like.get(r.tensor, False)))
              for r in measured}
     for i, (key, sample) in enumerate(zip(dset.keys, samples, strict=True)):
@@ -165,7 +165,8 @@ def compare_with(simulation: Simulation, dset: DumpSet) -> DeviceResult:
             ref = fp32[row.tensor]
             device = _device_value(dumped[row.dump], row, ref.shape, key)
             pairs[row.tensor].update(ref, sim[row.tensor].reshape(ref.shape), device, key)
-    upstream = feeding_sites(ctx.prepared.proto, [s.output for s in ctx.sites], {r.tensor for r in measured})
+    upstream = feeding_sites(ctx.graph.prepared.proto, [s.output for s in ctx.graph.sites],
+                             {r.tensor for r in measured})
     return DeviceResult(device_table(rows, pairs, upstream), dset.format, list(dset.keys), alignment, len(rows),
                         list(ctx.warnings))
 

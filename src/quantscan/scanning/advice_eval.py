@@ -31,12 +31,12 @@ SUBSET_COSINE_DRAWS = 3
 def with_decider_cosines(ctx: ScanContext, advice: CalibAdvice, top: int = DECIDERS_EVALUATED) -> CalibAdvice:
     """`advice` with the all-int8 cosine of the full set and of each top decider left out (the onnxruntime
     recipe plans through quantize_static, so there it is left unmeasured)."""
-    ranges = ctx.calib_stats.sample_ranges
-    if ranges is None or ctx.quantize_static is not None or not advice.deciders or top <= 0:
+    ranges = ctx.quant.calib_stats.sample_ranges
+    if ranges is None or ctx.quant.quantize_static is not None or not advice.deciders or top <= 0:
         return advice
     usable = ranges.usable()
     full = _cosine(ctx)
-    measured = [replace(d, cosine_without=_cosine(replace(ctx, plan=_plan_without(ctx, usable, d))))
+    measured = [replace(d, cosine_without=_cosine(_with_plan(ctx, _plan_without(ctx, usable, d))))
                 for d in advice.deciders[:top]]
     return replace(advice, cosine_full=full, deciders=[*measured, *advice.deciders[top:]])
 
@@ -49,27 +49,27 @@ def _plan_without(ctx: ScanContext, usable: SampleRanges, decider: Decider) -> q
 def _plan_for(ctx: ScanContext, usable: SampleRanges, samples: np.ndarray) -> qgraph.QuantPlan:
     """The all-int8 plan calibrated on `samples` (indices, repeats allowed); tensors not split per sample
     keep their full range."""
-    observers: dict[str, quant.Observer] = dict(ctx.calib_stats.observers)
+    observers: dict[str, quant.Observer] = dict(ctx.quant.calib_stats.observers)
     for j, tensor in enumerate(usable.tensors):
         old = observers[tensor]
         obs = quant.MinMaxObserver(symmetric=bool(getattr(old, "symmetric", False)))
         obs.update(np.array([usable.mins[samples, j].min(), usable.maxs[samples, j].max()], np.float32))
         observers[tensor] = obs
-    plan, _ = make_plan(ctx.prepared.proto, ctx.sites, ctx.origins, observers, ctx.chip.activations)
+    plan, _ = make_plan(ctx.graph.prepared.proto, ctx.graph.sites, ctx.graph.origins, observers, ctx.chip.activations)
     return plan
 
 
 def with_subset_cosines(ctx: ScanContext, advice: CalibAdvice, draws: int = SUBSET_COSINE_DRAWS) -> CalibAdvice:
     """Per subset size n, the all-int8 output cosine of `draws` bootstrap subsets of n samples (seeded),
     one evaluation pass each: what the spread of the scales does to the output."""
-    ranges = ctx.calib_stats.sample_ranges
-    if ranges is None or ctx.quantize_static is not None or draws <= 0:
+    ranges = ctx.quant.calib_stats.sample_ranges
+    if ranges is None or ctx.quant.quantize_static is not None or draws <= 0:
         return advice
     usable = ranges.usable()
     rng = np.random.default_rng(ctx.opts.seed + 1)
     rows = []
     for row in advice.rows:
-        cosines = [_cosine(replace(ctx, plan=_plan_for(ctx, usable, rng.integers(0, usable.n_samples, row.n))))
+        cosines = [_cosine(_with_plan(ctx, _plan_for(ctx, usable, rng.integers(0, usable.n_samples, row.n))))
                    for _ in range(draws)]
         rows.append(replace(row, cosine_draws=draws, cosine_mean=float(np.mean(cosines)),
                             cosine_min=float(np.min(cosines))))
@@ -78,7 +78,7 @@ def with_subset_cosines(ctx: ScanContext, advice: CalibAdvice, draws: int = SUBS
 
 
 def _cosine(ctx: ScanContext) -> float:
-    """The headline (worst output) cosine of the all-int8 model of `ctx.plan` on the evaluation set."""
+    """The headline (worst output) cosine of the all-int8 model of `ctx.quant.plan` on the evaluation set."""
     builder = mixed_builder(ctx)
     return float(Evaluator(ctx, builder, "cosine").evaluate(builder.precisions(())).worst["cosine"])
 
@@ -86,14 +86,21 @@ def _cosine(ctx: ScanContext) -> float:
 def with_coverage(ctx: ScanContext, advice: CalibAdvice, progress: ProgressFactory = no_progress) -> CalibAdvice:
     """With a separate evaluation set (`--eval`): one FP32 pass over it keeping per-sample ranges (the
     calibration pass's graph), then per tensor and label how far its samples reach past the calibrated range."""
-    calib = ctx.calib_stats.sample_ranges
+    calib = ctx.quant.calib_stats.sample_ranges
     if ctx.opts.eval is None or calib is None:
         return advice
-    stats = calibrate(ctx.prepared, ctx.sites, ctx.origins, ctx.eval_set, ctx.batch_size, ctx.runner,
-                      ctx.opts.calib_method, ctx.chip.activations, progress, ctx.probe.shapes, ctx.probe.input_shapes)
+    graph = ctx.graph
+    stats = calibrate(graph.prepared, graph.sites, graph.origins, ctx.data.eval_set, ctx.data.batch_size,
+                      ctx.runner, ctx.opts.calib_method, ctx.chip.activations, progress, graph.probe.shapes,
+                      graph.probe.input_shapes)
     if stats.sample_ranges is None:
         return advice
-    eset = ctx.eval_set
+    eset = ctx.data.eval_set
     groups = ([None if label is None else eset.label_names[label] for label in eset.labels]
               if eset.labels and eset.label_names else None)
     return replace(advice, coverage=coverage(calib, stats.sample_ranges, str(ctx.chip.activations), groups))
+
+
+def _with_plan(ctx: ScanContext, plan: qgraph.QuantPlan) -> ScanContext:
+    """The same scan with another int8 plan (scales from another subset of the calibration samples)."""
+    return replace(ctx, quant=replace(ctx.quant, plan=plan))

@@ -155,5 +155,6 @@ def deployed_gap_sites(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline) -
         return []
     if abs(dep.cosine - head.cosine) <= DEPLOYED_GAP:
         return []
-    return locate_gap(qdq, ctx.sites, ctx.plan, first_samples(ctx.eval_set, GAP_SAMPLES), ctx.batch_size,
+    return locate_gap(qdq, ctx.graph.sites, ctx.quant.plan, first_samples(ctx.data.eval_set, GAP_SAMPLES),
+                      ctx.data.batch_size,
                       ctx.runner)

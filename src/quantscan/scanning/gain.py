@@ -69,13 +69,13 @@ def mixed_builder(ctx: ScanContext, fallback: str = "float") -> MixedBuilder:
     says so in `qdq_opset`."""
     if fallback not in {p.value for p in Precision}:
         raise UsageError(f"--fallback: expected float or int16, found {fallback!r}")
-    proto = ctx.prepared.proto
+    proto = ctx.graph.prepared.proto
     if fallback == "int16" and onnx_opset(proto) < INT16_OPSET:
         proto = upgrade_opset(proto, INT16_OPSET)
     return MixedBuilder(
         proto,
-        ctx.sites,
-        ctx.plan,
+        ctx.graph.sites,
+        ctx.quant.plan,
         partial(_calibrated_range, ctx),
         fallback=fallback,
         int16_scheme=_int16_scheme(ctx),
@@ -84,7 +84,7 @@ def mixed_builder(ctx: ScanContext, fallback: str = "float") -> MixedBuilder:
 
 
 def _calibrated_range(ctx: ScanContext, tensor: str) -> tuple[float, float]:
-    rmin, rmax = ctx.calib_stats.observers[ctx.origins.get(tensor, tensor)].range()
+    rmin, rmax = ctx.quant.calib_stats.observers[ctx.graph.origins.get(tensor, tensor)].range()
     return float(rmin), float(rmax)
 
 
@@ -189,7 +189,7 @@ class Evaluator:
         mixed outputs so a bisection can target top-5, CTC strings, mask IoU or boxes."""
         self.outputs = ctx.headline_outputs()
         self.classifiers = ctx.classifier_outputs(self.outputs)
-        self.rank = {o: len(ctx.probe.shapes.get(o, ())) for o in self.outputs}
+        self.rank = {o: len(ctx.graph.probe.shapes.get(o, ())) for o in self.outputs}
 
     def evaluate(self, prec: Sequence[str]) -> Measured:
         graph, pairs, refs, tasks = self._graph(prec)
@@ -201,7 +201,7 @@ class Evaluator:
                 for acc in accs:
                     acc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], None)
 
-        sweep(session, self.ctx.eval_set.batches(self.ctx.batch_size), accumulate)
+        sweep(session, self.ctx.data.eval_set.batches(self.ctx.data.batch_size), accumulate)
         figures = task_results(tasks)
         rows = {o: {**pairs.row((o, "q")), **figures.get(o, {})} for o in self.outputs}
         output, worst = worst_output(rows, self.key)
@@ -276,7 +276,7 @@ def compute_gain(
     gg = GainGraph(builder, base_prec)
     outputs = ctx.headline_outputs()
     classifiers = ctx.classifier_outputs(outputs)
-    rank = {o: len(ctx.probe.shapes.get(o, ())) for o in outputs}
+    rank = {o: len(ctx.graph.probe.shapes.get(o, ())) for o in outputs}
     pairs = OutputPairs(qgraph.Reducer(builder.opset), rank)
     refs: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -313,7 +313,7 @@ def compute_gain(
     per_run = len(gg.model.graph.node) + len(pairs.reducer.nodes)
     graph = GraphHandoff(pairs.reducer.attach(gg.take_model(), pairs.outputs(), in_place=True))
     session = open_session(runner, graph, opt_level=opt_level)
-    batches = sweep(session, (samples if samples is not None else ctx.eval_set).batches(ctx.batch_size),
+    batches = sweep(session, (samples if samples is not None else ctx.data.eval_set).batches(ctx.data.batch_size),
                     lambda feeds, values: pairs.update(values, refs), progress=progress, label="output gain")
     executions = per_run * batches
     base_rows = {o: pairs.row((o, "int8")) for o in outputs}
@@ -391,7 +391,7 @@ def _gain_table(
     base_worst = {m: worst_output(base_rows, m)[1][m] for m, _ in _GAIN_KEYS if _has(base_rows, m)}
     base_replicates = _cosine_replicates(pairs, set(), "", outputs)
     rows = []
-    for k, site in enumerate(ctx.sites):  # the builder's sites, typed as the scan's
+    for k, site in enumerate(ctx.graph.sites):  # the builder's sites, typed as the scan's
         if (k, GAIN_TAG) not in changed:
             continue
         tag = f"{GAIN_TAG}{k}"
@@ -400,7 +400,7 @@ def _gain_table(
             Col.NODE: site.node,
             Col.OP_TYPE: site.op_type,
             Col.KERNEL: site.kernel,
-            Col.ORDER: ctx.order.get(site.node, k),
+            Col.ORDER: ctx.graph.order.get(site.node, k),
             Col.OUTPUT: site.output,
             Col.REACHES_OUTPUT: bool(changed[(k, GAIN_TAG)]),
         }

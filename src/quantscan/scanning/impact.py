@@ -179,12 +179,12 @@ def measure_impact(
     `measure` shares the candidates out."""
     started = time.perf_counter()
     heads = set(ctx.headline_outputs())
-    at_output = [s.node for s in ctx.sites if s.output in heads]  # one-node branches: nearly free
-    candidates = gain_candidates(results, n, (s.node for s in ctx.sites), [*named, *at_output] if n > 0 else [])
+    at_output = [s.node for s in ctx.graph.sites if s.output in heads]  # one-node branches: nearly free
+    candidates = gain_candidates(results, n, (s.node for s in ctx.graph.sites), [*named, *at_output] if n > 0 else [])
     if not candidates:
         return Impact({}, [], 0.0)
-    indices = gain_sample_indices(sample_order, ctx.eval_set.n_samples, samples)
-    subset = gain_samples(ctx.eval_set, indices)
+    indices = gain_sample_indices(sample_order, ctx.data.eval_set.n_samples, samples)
+    subset = gain_samples(ctx.data.eval_set, indices)
     measured = measure(ctx, candidates, subset, progress)
     return Impact(measured.gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
                   sample_indices=indices, base=float(measured.base), ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL],

@@ -72,16 +72,18 @@ def measure_inputs(ctx: ScanContext) -> list[InputSite]:
     samples: the FP32 graph runs once per batch (the reference) and once per input and width with that
     input alone fake-quantized."""
     states = set(ctx.opts.state.values())
-    names = [i.name for i in ctx.prepared.proto.graph.input
-             if i.name in ctx.plan.activations and i.name not in states and i.name in ctx.probe.float_tensors]
+    quantized, floats = ctx.quant.plan.activations, ctx.graph.probe.float_tensors
+    names = [i.name for i in ctx.graph.prepared.proto.graph.input
+             if i.name in quantized and i.name not in states and i.name in floats]
     if not names:
         return []
     outputs = ctx.headline_outputs()
     # a plain FP32 graph with few outputs, fed fake-quantized arrays: FP32_LEVEL's fast kernels (runner.py)
-    session = ctx.runner.session(ctx.prepared.proto, built=True, opt_level=FP32_LEVEL)
-    inputs = _InputPass(ctx.plan.activations, names, outputs, session)
-    sweep(session, _first_samples(ctx.eval_set.batches(ctx.batch_size), MAX_SAMPLES), inputs.update, fetch=outputs)
-    return [_site(ctx.plan.activations[n], n, inputs.iso[n], inputs.codes[n], inputs.span[n], inputs.out[(n, 8)],
+    session = ctx.runner.session(ctx.graph.prepared.proto, built=True, opt_level=FP32_LEVEL)
+    inputs = _InputPass(ctx.quant.plan.activations, names, outputs, session)
+    sweep(session, _first_samples(ctx.data.eval_set.batches(ctx.data.batch_size), MAX_SAMPLES), inputs.update,
+          fetch=outputs)
+    return [_site(ctx.quant.plan.activations[n], n, inputs.iso[n], inputs.codes[n], inputs.span[n], inputs.out[(n, 8)],
                   inputs.out[(n, 16)], inputs.seen) for n in names]
 
 

@@ -96,47 +96,69 @@ def consumer_range_origins(
 
 
 @dataclass(frozen=True)
+class SiteGraph:
+    """The model a pass runs: `prepared` is the FP32 analysis copy (same tensor names as the user's
+    model), `probe` the true dtypes/shapes of every tensor, `sites` the quantization sites with their
+    topological `order`, `origins` which site's range a pass-through tensor takes."""
+
+    prepared: PreparedModel
+    probe: Probe
+    sites: list[Site]
+    order: dict[str, int]
+    origins: dict[str, str]
+
+
+@dataclass(frozen=True)
+class QuantSetup:
+    """What calibration found (`calib_stats`, per-sample ranges kept) and the int8 plan built from it;
+    with the onnxruntime recipe, the quantize_static keyword arguments the sites and plan were read from."""
+
+    calib_stats: CalibStats
+    plan: qgraph.QuantPlan
+    quantize_static: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class SampleData:
+    """The calibration and evaluation samples (the same object when no `--eval`), and how they are fed:
+    the batch size and the memory plan (budget, segments, estimated peak; run.json `memory`)."""
+
+    cset: CalibSet
+    eval_set: CalibSet
+    batch_size: int
+    memory: MemoryPlan | None = None
+
+
+@dataclass(frozen=True)
 class ScanContext:
     """Everything up to the quantization plan: what the evaluation, bisection and output gain build on.
 
-    `sites` and `plan` describe the all-int8 model; `prepared` is the FP32 analysis copy (same
-    tensor names as the user's model), `probe` the true dtypes/shapes of every tensor, `cset` /
-    `eval_set` the calibration and evaluation samples, `opts` the user's options, `chip` the profile's
-    decisions. The QDQ model is built from `prepared`, `sites` and `plan` by whoever needs it. Frozen:
-    no field is reassigned (a shard or a sample subset is `dataclasses.replace`); only `warnings`, a list,
-    collects what the later passes find.
+    Three records a pass reads (`graph`: the prepared model and its sites; `quant`: calibration and the
+    plan; `data`: the samples and the memory plan), beside what the user asked (`opts`), what the chip
+    decided (`chip`) and the one onnxruntime runner. The QDQ model is built from `graph.prepared`,
+    `graph.sites` and `quant.plan` by whoever needs it. Frozen: no field is reassigned (a shard or a
+    sample subset is `dataclasses.replace` on `data`, another plan on `quant`); only `warnings`, a
+    list, collects what the later passes find.
     """
 
     loaded: LoadedModel
-    prepared: PreparedModel
-    cset: CalibSet
-    eval_set: CalibSet
+    graph: SiteGraph
+    quant: QuantSetup
+    data: SampleData
     opts: ScanOptions
-    runner: Runner
-    batch_size: int
-    probe: Probe
-    sites: list[Site]
-    origins: dict[str, str]
-    calib_stats: CalibStats
-    plan: qgraph.QuantPlan
-    order: dict[str, int]
-    warnings: list[str]
     chip: ChipRecipe
-    """What the profile decided (scheme, fusions, float nodes, recipe), beside `opts`, what the user asked."""
+    runner: Runner
+    warnings: list[str]
     compat: Any = None
     """compat.CheckResult when a profile was given."""
-    quantize_static: dict[str, Any] | None = None
-    """Recipe onnxruntime: the quantize_static keyword arguments the sites and plan were read from."""
-    memory: MemoryPlan | None = None
-    """The memory plan: budget, batch chosen from the probe's sizes, estimated peak (run.json `memory`)."""
 
     def classifier_outputs(self, outputs: Sequence[str]) -> set[str]:
         """Which of `outputs` are classifier outputs (top-1 agreement applies)."""
-        return classifier_outputs(self.prepared, outputs, self.probe)
+        return classifier_outputs(self.graph.prepared, outputs, self.graph.probe)
 
     def headline_outputs(self) -> list[str]:
         """The graph outputs the headline metric uses (contract: `--output`, else non-state float outputs)."""
-        return headline_outputs(self.probe, self.opts.output)
+        return headline_outputs(self.graph.probe, self.opts.output)
 
 
 def prepare_scan(
@@ -176,9 +198,11 @@ def prepare_timed(
     calib_stats, plan = _calibration_phase(inputs, placed, opts, progress, calibrate_with)
     times["calibration"] = time.perf_counter() - started
     ctx = ScanContext(
-        inputs.loaded, inputs.prepared, inputs.cset, inputs.eval_set, opts, inputs.runner, placed.batch_size,
-        placed.probe, placed.sites, placed.origins, calib_stats, plan, placed.order, inputs.warnings, inputs.chip,
-        inputs.compat, placed.recipe.call if placed.recipe is not None else None, placed.memory,
+        loaded=inputs.loaded,
+        graph=SiteGraph(inputs.prepared, placed.probe, placed.sites, placed.order, placed.origins),
+        quant=QuantSetup(calib_stats, plan, placed.recipe.call if placed.recipe is not None else None),
+        data=SampleData(inputs.cset, inputs.eval_set, placed.batch_size, placed.memory),
+        opts=opts, chip=inputs.chip, runner=inputs.runner, warnings=inputs.warnings, compat=inputs.compat,
     )
     return ctx, times
 

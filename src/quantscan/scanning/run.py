@@ -121,14 +121,15 @@ def _measure(
     """`measure` with its worker pool (None: everything in this process)."""
     sharded = ShardedCalibration(pool, worker_count(opts.workers), calib) if pool else None
     ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, calibrate_with=sharded, opts=opts)
-    qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
+    qdq = qgraph.build_qdq_model(ctx.graph.prepared.proto, ctx.graph.sites, ctx.quant.plan)
     t0 = time.perf_counter()
     evaluation = _evaluate(ctx, qdq, calib, pool, progress)
     times["evaluation"] = time.perf_counter() - t0
     ctx.warnings.extend(evaluation.warnings)
     t0 = time.perf_counter()
-    tables = build_tables(ctx.loaded, ctx.prepared, ctx.sites, ctx.plan, ctx.calib_stats, evaluation, ctx.order,
-                          ctx.probe)
+    tables = build_tables(ctx.loaded, ctx.graph.prepared, ctx.graph.sites, ctx.quant.plan, ctx.quant.calib_stats,
+                          evaluation, ctx.graph.order,
+                          ctx.graph.probe)
     if ctx.compat is not None and ctx.chip.profile is not None:
         tables.sites = with_profile(tables.sites, ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
@@ -136,7 +137,7 @@ def _measure(
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
     times["impact"] = impact.seconds
     head = headline(evaluation)
-    head.unmeasured = quantizable_bodies(ctx.prepared.proto)
+    head.unmeasured = quantizable_bodies(ctx.graph.prepared.proto)
     info = _checks_and_record(ctx, qdq, head, evaluation, impact, times)
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
@@ -149,7 +150,7 @@ def _measure(
         headline=head,
         run_info=info,
         warnings=list(dict.fromkeys(ctx.warnings)),
-        sites=ctx.sites,
+        sites=ctx.graph.sites,
         site_results=tables.sites,
         qdq_model=qdq,
         model=ctx.loaded,
@@ -167,18 +168,18 @@ def _evaluate(
 ) -> Evaluation:
     """Pass 2 over the tensors tensors.csv covers (every float tensor, or `--tensors sites`), here or in
     the workers' shards."""
-    probe, opts = ctx.probe, ctx.opts
+    probe, opts = ctx.graph.probe, ctx.opts
     compare = [t for t in probe.tensor_order if t in probe.float_tensors]
     if opts.tensors == "sites":
-        points = set(ctx.plan.activations) | {s.output for s in ctx.sites} | set(probe.outputs)
+        points = set(ctx.quant.plan.activations) | {s.output for s in ctx.graph.sites} | set(probe.outputs)
         compare = [t for t in compare if t in points]
     if pool is not None:
         return evaluate_in_workers(pool, ctx, calib, qdq, compare, worker_count(opts.workers), progress)
     sums = accumulate_evaluation(
-        ctx.prepared, qdq, ctx.sites, ctx.plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe,
-        opts, segments=ctx.memory.segments if ctx.memory is not None else 1,
+        ctx.graph.prepared, qdq, ctx.graph.sites, ctx.quant.plan, compare, ctx.data.eval_set, ctx.data.batch_size,
+        ctx.runner, progress, probe, opts, segments=ctx.data.memory.segments if ctx.data.memory is not None else 1,
     )
-    return finish_evaluation(sums, ctx.sites, ctx.plan, ctx.eval_set)
+    return finish_evaluation(sums, ctx.graph.sites, ctx.quant.plan, ctx.data.eval_set)
 
 
 def _checks_and_record(
@@ -214,8 +215,8 @@ def _checks_and_record(
 def _calib_advice(ctx: ScanContext) -> CalibAdvice:
     """`scan --calib-advice`: pass 1's per-sample ranges (merged across `--workers`), no extra calibration
     pass; the top deciding samples' leave-one-out cosines take one evaluation pass each."""
-    advice = advise_run(ctx.calib_stats.sample_ranges, str(ctx.chip.activations), ctx.cset.files,
-                        ctx.cset.n_samples, str(ctx.opts.calib_method), seed=ctx.opts.seed)
+    advice = advise_run(ctx.quant.calib_stats.sample_ranges, str(ctx.chip.activations), ctx.data.cset.files,
+                        ctx.data.cset.n_samples, str(ctx.opts.calib_method), seed=ctx.opts.seed)
     return with_coverage(ctx, with_decider_cosines(ctx, advice))
 
 
@@ -228,15 +229,15 @@ def rank_by_impact(
     (`gain_whole_set`) and the gains were taken on fewer samples, and let the inherited-error rule name the
     upstream site it measured as the cause; `tables` is updated in place."""
     started = time.perf_counter()
-    per_ordering = ctx.opts.candidates_per_ordering(len(ctx.sites))
+    per_ordering = ctx.opts.candidates_per_ordering(len(ctx.graph.sites))
     impact = measure_impact(ctx, tables.sites, per_ordering, samples=ctx.opts.gain_samples,
                             sample_order=sample_order, progress=progress, measure=measure)
     if impact.gains:
         results = with_gain_stderr(rank_by_gain(tables.sites, impact.gains), impact.replicates)
         if impact.sample_indices and ctx.opts.gain_whole_set:
             results = with_whole_set_gain(ctx, results, progress)
-        tables.sites = with_inherited(results, ctx.sites, ctx.plan, ctx.calib_stats,
-                                      GraphIndex(ctx.prepared.proto.graph), impact.gains)
+        tables.sites = with_inherited(results, ctx.graph.sites, ctx.quant.plan, ctx.quant.calib_stats,
+                                      GraphIndex(ctx.graph.prepared.proto.graph), impact.gains)
         on_chip = [r for r in tables.sites if r.on_chip]
         tables.ops = ops_table(layers_frame(on_chip))  # as build_tables made it: site rows only, best rank updated
     impact.seconds = time.perf_counter() - started
@@ -246,9 +247,9 @@ def rank_by_impact(
 def _preprocessing(ctx: ScanContext) -> dict[str, dict[str, Any]]:
     """The calibration set's preprocessing as applied; a separate evaluation set's beside it when the
     two differ (each input's record gains `evaluation` then)."""
-    record = {k: dict(v) for k, v in ctx.cset.preprocessing.items()}
-    if ctx.eval_set is not ctx.cset:
-        for name, applied in ctx.eval_set.preprocessing.items():
+    record = {k: dict(v) for k, v in ctx.data.cset.preprocessing.items()}
+    if ctx.data.eval_set is not ctx.data.cset:
+        for name, applied in ctx.data.eval_set.preprocessing.items():
             record.setdefault(name, {})["evaluation"] = dict(applied)
     return record
 
@@ -258,36 +259,36 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
     from quantscan.runner import onnxruntime_version
     from quantscan.version import __version__
 
-    loaded, prepared, opts, runner = ctx.loaded, ctx.prepared, ctx.opts, ctx.runner
+    loaded, prepared, opts, runner = ctx.loaded, ctx.graph.prepared, ctx.opts, ctx.runner
     qdq_pairs = sum(1 for n in qdq.graph.node if n.op_type == "QuantizeLinear")
     return RunInfo(
         versions={"quantscan": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime_version(),
                   "numpy": np.__version__, "pandas": pd.__version__, "python": platform.python_version()},
         model=ModelInfo(str(loaded.path), loaded.sha256, loaded.opset, len(loaded.proto.graph.node)),
-        input_contract={k: list(v) for k, v in ctx.probe.input_shapes.items()},
+        input_contract={k: list(v) for k, v in ctx.graph.probe.input_shapes.items()},
         preprocessing=_preprocessing(ctx),
         worst_samples=list(evaluation.worst_samples),
         inputs=[{"name": s.name, "dtype": str(s.dtype), "shape": list(s.shape)} for s in loaded.inputs],
-        calibration=DataInfo(str(ctx.cset.source), ctx.cset.n_samples, kind=ctx.cset.kind),
-        evaluation=DataInfo(str(ctx.eval_set.source), ctx.eval_set.n_samples,
-                            same_as_calibration=ctx.eval_set is ctx.cset),
+        calibration=DataInfo(str(ctx.data.cset.source), ctx.data.cset.n_samples, kind=ctx.data.cset.kind),
+        evaluation=DataInfo(str(ctx.data.eval_set.source), ctx.data.eval_set.n_samples,
+                            same_as_calibration=ctx.data.eval_set is ctx.data.cset),
         options={"calib_method": opts.calib_method.value, "activations": _value(ctx.chip.activations),
                  "activations_source": ctx.chip.activations_source,
                  "weights": "int8 per-channel symmetric", "profile": str(opts.profile) if opts.profile else None,
                  "float16_nodes": sorted(ctx.chip.float16_nodes),
-                 "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
+                 "bias": "int32 at s_in*s_w", "batch_size": ctx.data.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
                  Col.OUTPUT: list(opts.output), "workers": worker_count(opts.workers)},
         chip=ctx.chip.to_json(),
         opset_used=prepared.opset_to,
         opset_original=prepared.opset_from,
         preparation=copy.copy(prepared.changes),
-        preparation_check_max_abs=ctx.probe.preparation_check,
+        preparation_check_max_abs=ctx.graph.probe.preparation_check,
         ort_level=runner.level_name,
         deployed_ort_level="ORT_ENABLE_ALL",
         threads=opts.threads,
         seed=opts.seed,
-        sites=len(ctx.sites),
+        sites=len(ctx.graph.sites),
         qdq_pairs=qdq_pairs,
         runner={"sessions": runner.stats.sessions_created, "runs": runner.stats.runs},
         headline=head,
@@ -298,10 +299,10 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
 
 def memory_record(ctx: ScanContext) -> dict[str, Any]:
     """run.json's `memory`: the plan, with the peak this process actually reached (VmHWM) filled in."""
-    if ctx.memory is None:
+    if ctx.data.memory is None:
         return {}
-    ctx.memory.measured_peak_bytes = measured_peak_bytes()
-    return ctx.memory.to_json()
+    ctx.data.memory.measured_peak_bytes = measured_peak_bytes()
+    return ctx.data.memory.to_json()
 
 
 def _value(option: Any) -> Any:

@@ -211,7 +211,7 @@ def _island_sizes(ctx: ScanContext) -> dict[str, int]:
 def with_profile(results: Sequence[SiteResult], ctx: ScanContext, ev: Evaluation) -> list[SiteResult]:
     """Each site's placement and most severe compat finding, a row per CPU-placed node, the tiered rank."""
     worst = _worst_findings(ctx)
-    site_nodes = {s.node: s.nodes for s in ctx.sites}
+    site_nodes = {s.node: s.nodes for s in ctx.graph.sites}
     placed = []
     for r in results:
         found = [worst[n] for n in site_nodes.get(r.node, [r.node]) if n in worst]
@@ -240,15 +240,15 @@ def _cpu_rows(
     ctx: ScanContext, ev: Evaluation, worst: Mapping[str, Mapping[str, Any]], sizes: Mapping[str, int],
 ) -> list[SiteResult]:
     """A row per node the profile runs on the CPU in float: no quantization, only its cumulative figures."""
-    prepared_nodes = {n.name: n for n in ctx.prepared.proto.graph.node}
+    prepared_nodes = {n.name: n for n in ctx.graph.prepared.proto.graph.node}
     rows = []
-    for name in sorted(ctx.chip.cpu_nodes, key=lambda n: ctx.order.get(n, -1)):
+    for name in sorted(ctx.chip.cpu_nodes, key=lambda n: ctx.graph.order.get(n, -1)):
         node = prepared_nodes.get(name)
-        if node is None or not node.output or node.output[0] not in ctx.probe.float_tensors:
+        if node is None or not node.output or node.output[0] not in ctx.graph.probe.float_tensors:
             continue
         finding = worst.get(name, {})
         rows.append(SiteResult(
-            node=name, op_type=node.op_type, kernel=node.op_type, order=ctx.order.get(name, -1),
+            node=name, op_type=node.op_type, kernel=node.op_type, order=ctx.graph.order.get(name, -1),
             output=node.output[0], inputs=None, isolated=None,
             cumulative=_cumulative(ev.cumulative.get(node.output[0])),
             input_sqnr_db=None, eval_clip_fraction=None, activation=None, weight=None, sensitive_op=False,

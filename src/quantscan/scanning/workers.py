@@ -232,18 +232,19 @@ def evaluate_in_workers(
     order; the runner counters gain every shard's sessions and runs."""
     source = sample_source(ctx.opts.eval if ctx.opts.eval is not None else reopenable(calib), ctx.loaded.inputs,
                            ctx.opts)
-    bounds = shard_bounds(ctx.eval_set.n_samples, ctx.batch_size, workers)
+    bounds = shard_bounds(ctx.data.eval_set.n_samples, ctx.data.batch_size, workers)
     threads = threads_per_worker(ctx.opts.threads, len(bounds))
-    segments = ctx.memory.segments if ctx.memory is not None else 1
+    segments = ctx.data.memory.segments if ctx.data.memory is not None else 1
     qdq_bytes = qdq.SerializeToString()
     jobs = [
-        EvalShard(ctx.prepared, qdq_bytes, list(ctx.sites), ctx.plan, list(compare), ctx.probe, ctx.opts,
-                  ctx.batch_size, segments, threads, ctx.runner.opt_level, source, start, stop)
+        EvalShard(ctx.graph.prepared, qdq_bytes, list(ctx.graph.sites), ctx.quant.plan, list(compare),
+                  ctx.graph.probe, ctx.opts,
+                  ctx.data.batch_size, segments, threads, ctx.runner.opt_level, source, start, stop)
         for start, stop in bounds
     ]
     bar = progress("measuring", len(jobs))
     try:
-        results = run_sharded(pool, jobs, run_eval_shard, lambda job: run_eval_shard(job, ctx.eval_set))
+        results = run_sharded(pool, jobs, run_eval_shard, lambda job: run_eval_shard(job, ctx.data.eval_set))
         bar.update(len(jobs))
     finally:
         bar.close()
@@ -254,7 +255,7 @@ def evaluate_in_workers(
         ctx.runner.stats.sessions_created += result.sessions
         ctx.runner.stats.runs += result.runs
         ctx.runner.stats.samples += result.samples
-    return finish_evaluation(merged, ctx.sites, ctx.plan, ctx.eval_set)
+    return finish_evaluation(merged, ctx.graph.sites, ctx.quant.plan, ctx.data.eval_set)
 
 
 def run_eval_shard(job: EvalShard, opened: CalibSet | None = None) -> ShardResult:
@@ -290,10 +291,10 @@ class ShardedGain:
 
     def __call__(self, ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
                  progress: ProgressFactory = no_progress) -> MeasuredGains:
-        parts = deal_in_graph_order(candidates, [s.node for s in ctx.sites], self.workers)
+        parts = deal_in_graph_order(candidates, [s.node for s in ctx.graph.sites], self.workers)
         threads = threads_per_worker(ctx.opts.threads, len(parts))
         held = samples.held() if len(parts) > 1 else samples
-        remote = replace(ctx, cset=held, eval_set=held)
+        remote = replace(ctx, data=replace(ctx.data, cset=held, eval_set=held))
         jobs = [GainShard(remote, part, threads) for part in parts]
         results = run_sharded(self.pool, jobs, run_gain_shard,
                               lambda job: run_gain_shard(GainShard(ctx, job.candidates, threads), samples, progress))
@@ -317,6 +318,6 @@ def run_gain_shard(job: GainShard, samples: CalibSet | None = None,
     """This part's gains and the all-int8 figure, from this process' own gain session over `samples`
     (default: the job's), and the sessions and runs it took."""
     runner = Runner(threads=job.threads, opt_level=job.ctx.runner.opt_level)
-    measured = gains_here(job.ctx, job.candidates, samples if samples is not None else job.ctx.eval_set,
+    measured = gains_here(job.ctx, job.candidates, samples if samples is not None else job.ctx.data.eval_set,
                           progress, runner)
     return measured, runner.stats.sessions_created, runner.stats.runs
