@@ -30,14 +30,14 @@ def test_cached_reference_gives_the_evaluator_figures_with_one_fp32_pass(chain_c
     plain = Evaluator(chain_ctx, builder, "cosine", runner=Runner(threads=1))
     runner = Runner(threads=1)
     cached = CachedReferenceEvaluator(chain_ctx, builder, "cosine", runner=runner)
-    configs = [builder.precisions([]), builder.precisions([chain_ctx.sites[2].node]),
-               builder.precisions([s.node for s in chain_ctx.sites[:3]])]
+    configs = [builder.precisions([]), builder.precisions([chain_ctx.graph.sites[2].node]),
+               builder.precisions([s.node for s in chain_ctx.graph.sites[:3]])]
     for prec in configs:
         want, got = plain.evaluate(prec), cached.evaluate(prec)
         for key in ("cosine", "sqnr_db", "mse", "max_abs"):
             assert got.worst[key] == pytest.approx(want.worst[key], rel=1e-9, abs=1e-12), key
     assert cached.cached
-    batches = math.ceil(chain_ctx.eval_set.n_samples / chain_ctx.batch_size)
+    batches = math.ceil(chain_ctx.data.eval_set.n_samples / chain_ctx.data.batch_size)
     assert runner.stats.runs == batches * (1 + len(configs))  # the FP32 pass once, then one run per batch each
 
 

@@ -32,13 +32,13 @@ def test_gain_equals_whole_variant_runs(chain_ctx: ScanContext) -> None:
     base = evaluator.evaluate(builder.precisions([])).worst
     assert gains.all_int8["y"]["cosine"] == pytest.approx(base["cosine"], abs=1e-9)
     table = gains.table.set_index("node")
-    for site in chain_ctx.sites:
+    for site in chain_ctx.graph.sites:
         whole = evaluator.evaluate(builder.precisions([site.node])).worst
         assert table.loc[site.node, "if_float_cosine"] == pytest.approx(whole["cosine"], abs=1e-7)
         assert table.loc[site.node, "gain_if_float"] == pytest.approx(
             whole["cosine"] - base["cosine"], abs=1e-7
         )
-        only = ["float"] * len(chain_ctx.sites)
+        only = ["float"] * len(chain_ctx.graph.sites)
         only[builder.index[site.node]] = "int8"
         alone = evaluator.evaluate(only).worst
         assert table.loc[site.node, "if_only_cosine"] == pytest.approx(alone["cosine"], abs=1e-7)
@@ -52,7 +52,7 @@ def test_gain_work_is_well_under_one_network_per_site(chain_ctx: ScanContext) ->
     gains = compute_gain(chain_ctx, mixed_builder(chain_ctx), runner=runner)
     assert runner.stats.sessions_created == 1
     assert runner.stats.runs == gains.batches == 4  # 32 samples, batch 8: one run per batch
-    sites = len(chain_ctx.sites)
+    sites = len(chain_ctx.graph.sites)
     naive = sites * gains.full_pass_nodes * gains.batches  # one all-int8 network per site and batch
     assert gains.node_executions < 0.8 * naive  # FP32 + all-int8 + reductions included
     assert sum(gains.branch_nodes.values()) < 0.7 * sites * gains.full_pass_nodes
@@ -61,7 +61,7 @@ def test_gain_work_is_well_under_one_network_per_site(chain_ctx: ScanContext) ->
 def test_diff_branch_keeps_only_downstream(chain_ctx: ScanContext) -> None:
     builder = mixed_builder(chain_ctx)
     base = builder.model(builder.precisions([]))
-    last = chain_ctx.sites[-2].node  # the last hidden layer: only it and the head change
+    last = chain_ctx.graph.sites[-2].node  # the last hidden layer: only it and the head change
     branch = diff_branch(base, builder.model(builder.precisions([last])))
     names = {n.name for n in branch.nodes}
     assert "mm0" not in names and "mm1" not in names
@@ -74,7 +74,7 @@ def test_int16_fallback_builds_opset21_model_that_runs(chain_ctx: ScanContext) -
     """Two neighbouring int16 sites: the tensor between them is int16, their weights too."""
     builder = mixed_builder(chain_ctx, "int16")
     assert builder.opset == 21
-    pair = [chain_ctx.sites[2].node, chain_ctx.sites[3].node]
+    pair = [chain_ctx.graph.sites[2].node, chain_ctx.graph.sites[3].node]
     model = builder.model(builder.precisions(pair))
     zero_points = {t.name: t.data_type for t in model.graph.initializer}
     q16 = [
@@ -82,8 +82,8 @@ def test_int16_fallback_builds_opset21_model_that_runs(chain_ctx: ScanContext) -
         for n in model.graph.node
         if n.op_type == "QuantizeLinear" and zero_points.get(n.input[2]) == onnx.TensorProto.INT16
     ]
-    assert q16 == [chain_ctx.sites[2].output + "__f32"]
-    assert zero_points[f"{chain_ctx.sites[2].weight}__quantized"] == onnx.TensorProto.INT16
+    assert q16 == [chain_ctx.graph.sites[2].output + "__f32"]
+    assert zero_points[f"{chain_ctx.graph.sites[2].weight}__quantized"] == onnx.TensorProto.INT16
     evaluator = Evaluator(chain_ctx, builder, "sqnr_db")
     int8 = evaluator.evaluate(builder.precisions([])).worst["sqnr_db"]
     int16 = evaluator.evaluate(builder.precisions(pair)).worst["sqnr_db"]

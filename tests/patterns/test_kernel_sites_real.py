@@ -90,7 +90,7 @@ def respell_softmaxes(model: onnx.ModelProto) -> int:
 
 
 def sites_of(path: Path, assets: Path) -> list[Site]:
-    return prepare_scan(path, asset_calib(assets, MODEL), limit=1).sites
+    return prepare_scan(path, asset_calib(assets, MODEL), limit=1).graph.sites
 
 
 def test_respelled_layernorms_and_softmaxes_are_the_same_kernels(assets: Path, tmp_path: Path) -> None:
@@ -155,8 +155,8 @@ def test_hardswish_respelled_as_x_times_hardsigmoid_keeps_the_sites(assets: Path
     for out, value in want.items():
         np.testing.assert_allclose(got[out], value, rtol=1e-4, atol=1e-5, err_msg=out)
     calib = asset_calib(assets, name)
-    before = prepare_scan(asset_model(assets, name), calib, limit=1).sites
-    after = prepare_scan(path, calib, limit=1).sites
+    before = prepare_scan(asset_model(assets, name), calib, limit=1).graph.sites
+    after = prepare_scan(path, calib, limit=1).graph.sites
     def where(sites: list[Site]) -> list[tuple[str, str, list[str]]]:
         """Node, output and inputs of each site; `_v_*` names are the opset upgrade's own, numbered by it."""
         return [(s.node, s.output, ["_v_" if i.startswith("_v_") else i for i in s.inputs]) for s in sites]

@@ -305,7 +305,7 @@ def test_eval_coverage_end_to_end_against_the_reference_evaluator(tmp_path: Path
     advice = calib_advice(path, calib, eval=str(evals), activations="uint8")
     assert advice.coverage
     rows = {r.site: r for r in advice.coverage if r.group == "all"}
-    ranges = prepare_scan(path, calib, activations="uint8", gain_candidates=0).calib_stats.sample_ranges
+    ranges = prepare_scan(path, calib, activations="uint8", gain_candidates=0).quant.calib_stats.sample_ranges
     assert ranges is not None
     for tensor in ranges.tensors:
         c, e = _reference(path, x, tensor), _reference(path, xe, tensor)
