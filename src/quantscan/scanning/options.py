@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.scanning.budget import parse_size
@@ -68,7 +69,7 @@ def n_batches(n_samples: int, batch_size: int) -> int:
 
 MEASUREMENT_OPTIONS: tuple[str, ...] = (
     "calib_method", "activations", "profile", "input_shape", "input_dims", "const", "state", "limit", "eval",
-    "output", "preprocess", "preprocess_overrides", "threads", "seed", "batch_size", "max_memory",
+    Col.OUTPUT, "preprocess", "preprocess_overrides", "threads", "seed", "batch_size", "max_memory",
     "task", "charset", "mask_threshold",
 )
 """The `ScanOptions` fields that decide what gets measured (the others decide how it runs or what is
