@@ -121,6 +121,39 @@ class Site:
     def fused(self) -> bool:
         return len(self.nodes) > 1
 
+    @property
+    def is_input(self) -> bool:
+        """A model input as a site (`input_sites`): no node, its output is the graph input it quantizes."""
+        return not self.nodes
+
+
+INPUT_OP = "input"
+"""`op_type` and `kernel` of a model input's site row in layers.csv."""
+
+
+def input_sites(model: onnx.ModelProto, sites: Iterable[Site], states: Iterable[str] = ()) -> list[Site]:
+    """The model inputs as sites, in graph-input order: every float graph input a kernel reads as data.
+
+    Why: every NPU quantizes its inputs (the converter's input quantizer, or the first kernel's int8
+    input), and an input whose values crowd into a few codes (power spectra: 88% of a speaker encoder's
+    mel frames in uint8 code 0) costs the output more than any layer after it. As a site of its own
+    it gets isolated/cumulative figures, cause rules and a `gain_if_float` ("feed it float or int16"),
+    and its error is no longer charged to the first kernel that reads it. The site owns its tensor:
+    that tensor's precision is the input site's alone (graph.mixed.MixedBuilder). `node` is the input's
+    name (`input:NAME` if a node has that name). Recurrent state inputs (`states`, fed back from an
+    output) are not sites: their quantization follows the kernels that read them.
+    """
+    read = {t for s in sites for t in s.inputs}
+    skip = set(states) | {t.name for t in model.graph.initializer}
+    node_names = {n.name for n in model.graph.node}
+    found = []
+    for graph_input in model.graph.input:
+        name = graph_input.name
+        if name in read and name not in skip:
+            node = f"{INPUT_OP}:{name}" if name in node_names else name
+            found.append(Site(node=node, op_type=INPUT_OP, kernel=INPUT_OP, nodes=[], inputs=[], output=name))
+    return found
+
 
 # --- site building -------------------------------------------------------------------------------------
 

@@ -85,10 +85,14 @@ class MixedBuilder:
         self.base_plan = plan
         self.index = {s.node: k for k, s in enumerate(self.sites)}
         self.touch: dict[str, list[int]] = {}
+        """tensor -> the sites whose precision decides it (its lowest one among them)."""
         for k, s in enumerate(self.sites):
             for t in dict.fromkeys([*s.inputs, s.output]):
                 if t in plan.activations:
                     self.touch.setdefault(t, []).append(k)
+        for k, s in enumerate(self.sites):
+            if not s.nodes and s.output in self.touch:  # a model input's site owns its tensor
+                self.touch[s.output] = [k]
         self._inits = {t.name: t for t in proto.graph.initializer}
         self._act16: dict[str, quant.QParams] = {}
         self._w16: dict[str, qdq.WeightQuant] = {}

@@ -16,14 +16,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from quantscan import metrics as qm
 from quantscan import quant
+from quantscan.columns import Col
 from quantscan.diagnose import code_waste
-from quantscan.diagnose.base import SiteFacts, human
+from quantscan.diagnose.base import FixKind, SiteFacts, human
 from quantscan.runner import FP32_LEVEL
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.sweep import Feeds, Runs, Values, sweep
+from quantscan.sites import INPUT_OP
 
 CROWDED_SHARE = 0.5
 """A most-used code holding at least this share of an input's values, while quantizing that input alone
@@ -150,16 +153,46 @@ def _cause(
     name: str, qp: quant.QParams, loss: float, top: int, share: float, span: list[float]
 ) -> tuple[str, str, str]:
     """(cause, reason, fix) for an input (`loss`: output cosine lost with it alone quantized): codes crowded
-    by rare peaks, else the code-waste rule, else ok."""
+    by rare peaks, else the code-waste rule, else ok. The fixes are the ones an input has: fix the
+    preprocessing, feed it at 16 bits, or keep it float (a kernel's fixes, such as a rewrite, do not apply)."""
     if share >= CROWDED_SHARE and loss >= CROWDED_LOSS:
         return ("crowded-codes",
                 f"{human(100 * share)}% of its values land in code {top}: rare peaks set the range "
                 "(heavy-tailed data such as a power spectrum)",
-                "feed it compressed (log or dB, as a front end would) and normalised, or quantize this input at "
-                "16 bits")
+                "fix the preprocessing: feed it compressed (log or dB, as a front end would) and normalised; "
+                f"or {WIDER}")
     facts = SiteFacts(node=name, op_type="Input", output=name, lo=span[0], hi=span[1], scale=float(qp.scale),
                       zero_point=int(qp.zero_point), qmin=qp.qmin, qmax=qp.qmax)
     finding = code_waste.check(facts)
     if finding is not None:
-        return finding.cause.value, finding.reason, finding.fix.text()
+        how = _PREPROCESS.get(finding.fix.kind, finding.fix.how)
+        return finding.cause.value, finding.reason, f"fix the preprocessing: {how}; or {WIDER}"
     return "ok", f"its most used code holds {human(100 * share)}% of its values", ""
+
+
+WIDER = "feed int16 (quantize this input at 16 bits) or keep the input float"
+"""The fixes every input has besides its preprocessing (bisect plans either: `--fallback int16|float`)."""
+_PREPROCESS = {
+    FixKind.SCHEME: "normalise it to the range the input scale covers (centre one-sided data, e.g. subtract the "
+                    "mean, or give the input an asymmetric scale)",
+    FixKind.CALIBRATION: "calibrate on inputs preprocessed exactly as deployed (the data is narrower than its range)",
+}
+
+
+def with_input_findings(layers: pd.DataFrame, measured: Sequence[InputSite]) -> pd.DataFrame:
+    """`layers` with each model input's row (sites.input_sites) diagnosed by its measurement here: the
+    cause (crowded codes, code waste), a reason with the output cosine it costs alone, and the input's
+    fixes. An input whose figures show nothing wrong keeps the rows' own diagnosis."""
+    by_name = {m.name: m for m in measured}
+    layers = layers.copy()
+    for i, row in zip(layers.index, layers.to_dict("records"), strict=True):
+        m = by_name.get(str(row.get(Col.OUTPUT)))
+        if row.get(Col.OP_TYPE) != INPUT_OP or m is None or m.cause == "ok":
+            continue
+        reason = (f"{m.reason}; quantized alone ({m.scheme}) it takes the output cosine to "
+                  f"{m.output_cosine:.5f} ({m.output_cosine_16bit:.5f} at 16 bits)")
+        layers.at[i, Col.DIAGNOSIS] = f"{m.cause}: {reason} -> {m.fix}"
+        layers.at[i, Col.DIAGNOSIS_CAUSE] = m.cause
+        layers.at[i, Col.DIAGNOSIS_FIX] = m.fix
+        layers.at[i, Col.CAUSE], layers.at[i, Col.REASON] = "intrinsic", reason
+    return layers
