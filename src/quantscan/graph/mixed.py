@@ -57,6 +57,8 @@ class MixedSite(QuantSite, Protocol):
     def weight_axis(self) -> int | None: ...
     @property
     def quantized_if(self) -> str | None: ...
+    @property
+    def shares(self) -> list[str]: ...
 
 
 class MixedBuilder:
@@ -91,8 +93,10 @@ class MixedBuilder:
                 if t in plan.activations:
                     self.touch.setdefault(t, []).append(k)
         for k, s in enumerate(self.sites):
-            if not s.nodes and s.output in self.touch:  # a model input's site owns its tensor
-                self.touch[s.output] = [k]
+            if not s.nodes:  # a model input's site owns its tensor and the tensors carrying it (sites.Site.shares)
+                for t in (s.output, *s.shares):
+                    if t in self.touch:
+                        self.touch[t] = [k]
         self._inits = {t.name: t for t in proto.graph.initializer}
         self._act16: dict[str, quant.QParams] = {}
         self._w16: dict[str, qdq.WeightQuant] = {}

@@ -261,7 +261,7 @@ def _probe_phase(inputs: _Inputs, opts: ScanOptions, times: dict[str, float]) ->
         sites, origins = recipe_result.sites, recipe_result.origins
         times["quantize_static"] = time.perf_counter() - started
     else:
-        sites, origins = _sites(loaded, prepared, probe, order, inputs.chip, opts.state.values())
+        sites, origins = _sites(loaded, prepared, probe, order, inputs.chip, [*opts.state.values(), *opts.const])
     inputs.warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
     memory, batch_size = _batch_plan(inputs, opts, probe, sites)
     return _Placed(probe, order, sites, origins, recipe_result, memory, batch_size)
@@ -350,7 +350,7 @@ def memory_plan(
 
 def _sites(
     loaded: LoadedModel, prepared: PreparedModel, probe: Probe, order: Mapping[str, int], chip: ChipRecipe,
-    states: Iterable[str] = (),
+    fixed: Iterable[str] = (),
 ) -> tuple[list[Site], dict[str, str]]:
     """Where the chip quantizes (the model inputs first, sites.input_sites), and for every quantized
     tensor the tensor whose range sets its scale."""
@@ -364,7 +364,7 @@ def _sites(
     )
     if not sites:
         raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")
-    sites = [*input_sites(prepared.proto, sites, states), *sites]
+    sites = [*input_sites(prepared.proto, sites, fixed), *sites]
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     site_outputs = {s.output for s in sites}
     quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))
