@@ -19,11 +19,10 @@ import onnx.version_converter
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from tests.conftest import asset_calib, asset_model
 
 import quantscan
 from quantscan.columns import Col
-
-from tests.conftest import asset_calib, asset_model
 
 SR = 16000
 N_FFT, HOP, MELS, FRAMES, HIDDEN = 400, 160, 40, 48, 24
