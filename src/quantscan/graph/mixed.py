@@ -10,8 +10,8 @@ weight quantization and the quantization of the tensors only it touches. A model
 quantscan.sites.input_sites) owns its tensor and the tensors carrying it (`shares`): their precision is
 that site's alone, so "keep the input float" is measurable and the first kernel's gain is its own.
 Int16 sites use symmetric int16 activations (quant.activation_qparams(..., "int16"); under the
-onnxruntime recipe quantize_static's 16-bit counterpart of the call's activation type, asymmetric uint16 beside uint8: see
-scanning/ort_recipe.INT16_ACTIVATIONS) and per-channel int16 weights; their
+onnxruntime recipe quantize_static's 16-bit counterpart of the call's activation type, asymmetric uint16 beside uint8:
+see scanning/ort_recipe.INT16_ACTIVATIONS) and per-channel int16 weights; their
 bias stays float (an int16 x int16 kernel accumulates in 48/64 bits, where the bias grid does not
 matter, and s_in·s_w of two int16 scales would overflow an int32 bias); under the onnxruntime recipe
 it is int32 as quantize_static writes it, the weight scale widened where it would overflow
