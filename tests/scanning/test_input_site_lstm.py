@@ -23,6 +23,9 @@ from tests.conftest import asset_calib, asset_model
 
 import quantscan
 from quantscan.columns import Col
+from quantscan.graph.mixed import FloatSiteBranches, diff_branch
+from quantscan.scanning.gain import mixed_builder
+from quantscan.scanning.prepare import prepare_scan
 
 SR = 16000
 N_FFT, HOP, MELS, FRAMES, HIDDEN = 400, 160, 40, 48, 24
@@ -233,6 +236,21 @@ def test_bisect_keeps_the_input_float_or_feeds_it_int16(scanned: tuple, tmp_path
         assert found.reached
         planned = {s.node: s for s in found.plan.sites}
         assert planned["mel"].precision.value == fallback and planned["mel"].output == "mel"
+
+
+def test_the_input_branch_read_off_the_all_int8_model_is_the_diff(scanned: tuple) -> None:  # type: ignore[type-arg]
+    """The gain graph's branch for "input float" (FloatSiteBranches: the input's and the Transpose output's
+    QDQ pairs dropped, everything downstream) equals `diff_branch` of the whole variant model."""
+    path, calib, _, _ = scanned
+    ctx = prepare_scan(path, calib, threads=1)
+    builder = mixed_builder(ctx)
+    assert builder.sites[0].is_input and builder.sites[0].shares == ["frames"]
+    base = builder.model(builder.precisions([]))
+    fast = FloatSiteBranches(builder, base).branch(0)
+    diffed = diff_branch(base, builder.model(builder.precisions(["mel"])))
+    assert sorted(n.SerializeToString() for n in fast.nodes) == sorted(n.SerializeToString() for n in diffed.nodes)
+    assert fast.produced == diffed.produced and fast.alias == diffed.alias
+    assert {n.op_type for n in fast.nodes} >= {"Transpose", "LSTM", "MatMul"}
 
 
 @pytest.mark.real
