@@ -9,8 +9,8 @@ from quantscan.errors import UsageError
 from quantscan.taskmetrics.base import TASKS, TaskAccumulator
 from quantscan.taskmetrics.box import BoxAccumulator, box_layout
 from quantscan.taskmetrics.classify import ClassifyAccumulator
-from quantscan.taskmetrics.heatmap import HeatmapAccumulator
 from quantscan.taskmetrics.ctc import Charset, CtcAccumulator
+from quantscan.taskmetrics.heatmap import HeatmapAccumulator
 from quantscan.taskmetrics.mask import MaskIouAccumulator
 
 
