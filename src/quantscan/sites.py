@@ -165,7 +165,8 @@ def input_sites(model: onnx.ModelProto, sites: Iterable[Site], fixed: Iterable[s
 
 def carried(graph: onnx.GraphProto, tensor: str) -> list[str]:
     """`tensor` and every tensor holding its values moved, not recomputed: the outputs of scale-preserving
-    ops (PASS_THROUGH_OPS but Concat/Split, a Cast) that read it as their data input, and so on."""
+    ops (PASS_THROUGH_OPS, a Cast) that read it as their data input, a Concat of such tensors only (YOLOX's
+    Focus: four Slices of the image concatenated), and so on."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         if node.input:
@@ -173,7 +174,8 @@ def carried(graph: onnx.GraphProto, tensor: str) -> list[str]:
     found = [tensor]
     for current in found:  # grows while walked
         for node in readers.get(current, []):
-            if node.op_type in (*PASS_THROUGH_OPS, "Cast") and node.op_type not in ("Concat", "Split"):
+            moves = node.op_type in (*PASS_THROUGH_OPS, "Cast") and node.op_type not in ("Concat", "Split")
+            if moves or node.op_type == "Concat" and all(i in found for i in node.input):
                 found.extend(o for o in node.output[:1] if o and o not in found)
     return found
 
