@@ -220,6 +220,9 @@ def test_gain_if_float_of_the_input_matches_the_reference_without_its_qdq(scanne
     assert all_int8 == pytest.approx(result.headline.cosine, abs=2e-4)
     assert row[Col.GAIN_IF_FLOAT] == pytest.approx(input_float - all_int8, abs=5e-4)
     assert row[Col.GAIN_IF_FLOAT] > 0.01 and row[Col.RANK] == 1
+    # the projection's error is inherited, and the inherited-error rule names the input, not the LSTM
+    projection = result.layers[result.layers[Col.NODE] == "projection"].iloc[0]
+    assert projection[Col.DIAGNOSIS_CAUSE] == "inherited-error" and "upstream `mel`" in projection[Col.DIAGNOSIS]
 
 
 def test_bisect_keeps_the_input_float_or_feeds_it_int16(scanned: tuple, tmp_path: Path) -> None:  # type: ignore[type-arg]
