@@ -113,6 +113,10 @@ class Site:
     extra_weights: list[tuple[str, int]] = field(default_factory=list)
     conv_like: bool = False
     sensitive: bool = False
+    shares: list[str] = field(default_factory=list)
+    """A model input's site (`input_sites`): the tensors that carry the input's quantization unchanged
+    through scale-preserving ops to the first kernels (a Transpose to [T, N, F] before an LSTM). The
+    input site decides their precision as it decides the input's."""
     quantized_if: str | None = None
     """A recipe where this kernel quantizes only when an earlier quantized kernel already quantized
     this tensor (onnxruntime's Reshape/MaxPool/Relu...: `is_tensor_quantized(input)`); None: always."""
@@ -120,6 +124,60 @@ class Site:
     @property
     def fused(self) -> bool:
         return len(self.nodes) > 1
+
+    @property
+    def is_input(self) -> bool:
+        """A model input as a site (`input_sites`): no node, its output is the graph input it quantizes."""
+        return not self.nodes
+
+
+INPUT_OP = "input"
+"""`op_type` and `kernel` of a model input's site row in layers.csv."""
+
+
+def input_sites(model: onnx.ModelProto, sites: Iterable[Site], fixed: Iterable[str] = ()) -> list[Site]:
+    """The model inputs as sites, in graph-input order: every float graph input a kernel reads as data,
+    directly or through scale-preserving ops (`carried`).
+
+    Why: every NPU quantizes its inputs (the converter's input quantizer, or the first kernel's int8
+    input), and an input whose values crowd into a few codes (power spectra: 88% of a speaker encoder's
+    mel frames in uint8 code 0) costs the output more than any layer after it. As a site of its own
+    it gets isolated/cumulative figures, cause rules and a `gain_if_float` ("feed it float or int16"),
+    and its error is no longer charged to the first kernel that reads it. The site owns its tensor and
+    the tensors carrying it (`Site.shares`): their precision is the input site's alone
+    (graph.mixed.MixedBuilder). `node` is the input's name (`input:NAME` if a node has that name).
+    Recurrent state inputs and `--const` inputs (`fixed`: fed back from an output, or one value the data
+    does not cover) are not sites: their quantization follows the kernels that read them.
+    """
+    read = {t for s in sites for t in s.inputs}
+    skip = set(fixed) | {t.name for t in model.graph.initializer}
+    node_names = {n.name for n in model.graph.node}
+    found = []
+    for graph_input in model.graph.input:
+        name = graph_input.name
+        reached = [t for t in carried(model.graph, name) if t in read]
+        if reached and name not in skip:
+            node = f"{INPUT_OP}:{name}" if name in node_names else name
+            found.append(Site(node=node, op_type=INPUT_OP, kernel=INPUT_OP, nodes=[], inputs=[], output=name,
+                              shares=[t for t in reached if t != name]))
+    return found
+
+
+def carried(graph: onnx.GraphProto, tensor: str) -> list[str]:
+    """`tensor` and every tensor holding its values moved, not recomputed: the outputs of scale-preserving
+    ops (PASS_THROUGH_OPS, a Cast) that read it as their data input, a Concat of such tensors only (YOLOX's
+    Focus: four Slices of the image concatenated), and so on."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        if node.input:
+            readers.setdefault(node.input[0], []).append(node)
+    found = [tensor]
+    for current in found:  # grows while walked
+        for node in readers.get(current, []):
+            moves = node.op_type in (*PASS_THROUGH_OPS, "Cast") and node.op_type not in ("Concat", "Split")
+            if moves or node.op_type == "Concat" and all(i in found for i in node.input):
+                found.extend(o for o in node.output[:1] if o and o not in found)
+    return found
 
 
 # --- site building -------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def test_respelled_layernorms_and_softmaxes_are_the_same_kernels(assets: Path, t
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
 
     before, after = sites_of(asset_model(assets, MODEL), assets), sites_of(path, assets)
-    assert len(after) == len(before) == 126
+    assert len(after) == len(before) == 127  # 126 kernels and the model input x
     # the opset 12 -> 13 upgrade wraps a Softmax-11 in Reshapes: its output gets an `_intermediate` twin
     assert {s.output for s in after} == {s.output.removesuffix("_intermediate") for s in before}
     norms = [s.kernel for s in after if s.kernel.startswith("LayerNorm[")]

@@ -70,8 +70,10 @@ def _conv_bn_relu(tmp_path: Path, rng: np.random.Generator) -> tuple[Path, Path]
 def test_conv_bn_relu_is_one_site_with_bn_folded(tmp_path: Path) -> None:
     model, calib = _conv_bn_relu(tmp_path, np.random.default_rng(0))
     result = quantscan.scan(model, calib)
-    assert len(result.sites) == 1
-    site = result.sites[0]
+    assert [s.node for s in result.sites if s.is_input] == ["x"]  # the model input is a site of its own
+    kernels = [s for s in result.sites if not s.is_input]
+    assert len(kernels) == 1
+    site = kernels[0]
     assert site.kernel == "Conv+BatchNormalization+Relu"
     assert site.output == "y"
     ops = [n.op_type for n in result.qdq_model.graph.node]
@@ -173,7 +175,7 @@ def test_session_and_run_counts_do_not_grow_with_sites(tmp_path: Path) -> None:
     for n in (2, 12):
         runner = Runner()
         result = quantscan.scan(chain(n), folder, runner=runner, batch_size=1)
-        assert len(result.sites) == n + 1  # the first Relu, then Conv+Relu kernels, the last Conv alone
+        assert len(result.sites) == n + 2  # input c0, the first Relu, then Conv+Relu kernels, the last Conv alone
         counts.append((runner.stats.sessions_created, runner.stats.runs))
     assert counts[0] == counts[1]
 
@@ -228,8 +230,8 @@ def test_matmul_weight_is_per_column_and_hardsigmoid_alpha_is_honoured(tmp_path:
     calib = _calib(tmp_path, "x", [rng.normal(size=(1, 5)).astype(np.float32) for _ in range(8)])
     qdq_path = tmp_path / "q.onnx"
     result = quantscan.scan(model, calib, save_qdq=qdq_path)
-    assert result.sites[0].kernel == "MatMul+HardSigmoid"
-    assert result.sites[0].weight_axis == 1
+    assert [s.kernel for s in result.sites] == ["input", "MatMul+HardSigmoid"]
+    assert result.sites[1].weight_axis == 1
     saved = onnx.load(qdq_path)
     dq = next(n for n in saved.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "w__quantized")
     assert next(a.i for a in dq.attribute if a.name == "axis") == 1

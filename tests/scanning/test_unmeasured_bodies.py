@@ -116,5 +116,6 @@ def test_the_vad_pattern_folded_by_const_measures_its_lstm(tmp_path: Path) -> No
                  state=np.zeros((2, 1, VAD_HIDDEN), np.float32))
     result = scan(path, calib, const={"sr": 16000}, input_shape={"x": [1, 12], "state": [2, 1, VAD_HIDDEN]},
                   no_report=True, gain_candidates=0)
-    assert [(s.node, s.op_type, s.output) for s in result.sites] == [("LSTM_0", "LSTM", "hn")]
+    # x is a site (the model input); `state` is not: the LSTM reads it as its initial state, a parameter
+    assert [(s.node, s.op_type, s.output) for s in result.sites] == [("x", "input", "x"), ("LSTM_0", "LSTM", "hn")]
     assert result.headline.measured and 0 < result.headline.cosine <= 1

@@ -258,7 +258,7 @@ def _new_session(
         {
             Col.NODE: s.node,
             Col.OUTPUT: s.output,
-            Col.ORDER: ctx.graph.order.get(s.node, k),
+            Col.ORDER: ctx.graph.order.get(s.node, -1 if s.is_input else k),  # a model input: before every node
             Col.OP_TYPE: s.op_type,
             Col.KERNEL: s.kernel,
         }

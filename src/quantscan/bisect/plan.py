@@ -67,7 +67,7 @@ def plan_sites(
                 precision=Precision(Precision.parse(prec[k])),
                 op_type=s.op_type,
                 kernel=s.kernel,
-                order=ctx.graph.order.get(s.node, k),
+                order=ctx.graph.order.get(s.node, -1 if s.is_input else k),
                 nodes=tuple(original_nodes(ctx, s)),
                 gain_if_float=float(gain.get(s.node, {}).get(Col.GAIN_IF_FLOAT, math.nan)),
                 weights=tuple(w for w in [s.weight, *(n for n, _ in s.extra_weights)] if w),

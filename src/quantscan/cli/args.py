@@ -163,7 +163,7 @@ def data_options(p: argparse.ArgumentParser) -> None:
 
 def task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
     """Task metrics beside cosine (quantscan.taskmetrics); bisect takes no plugins (it cannot target them)."""
-    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "box", "none"],
+    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "heatmap", "box", "none"],
                    help="task metrics on the outputs (default: detected from output shape and files)")
     if plugins:
         p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",

@@ -69,7 +69,10 @@ class DeviceResult:
 
 
 def _site_rows(ctx: ScanContext) -> list[SiteRow]:
-    return [SiteRow(s.node, s.op_type, s.kernel, ctx.graph.order.get(s.node, -1), s.output) for s in ctx.graph.sites]
+    """The kernels' rows of device.csv: a model input's site (sites.input_sites) is fed, not computed, and
+    board dumps hold what the kernels wrote."""
+    return [SiteRow(s.node, s.op_type, s.kernel, ctx.graph.order.get(s.node, -1), s.output)
+            for s in ctx.graph.sites if not s.is_input]
 
 
 def _samples(cset: CalibSet, indices: list[int]) -> list[dict[str, np.ndarray]]:
@@ -142,7 +145,8 @@ def compare_with(simulation: Simulation, dset: DumpSet) -> DeviceResult:
     samples = _samples(ctx.data.cset, indices)
     first_dump = dset.load(0)
     first_fp32 = fp32_session.run(samples[0])
-    alignment = align(first_dump, first_fp32, simulation.mapper, prefer=[s.output for s in ctx.graph.sites],
+    kernels = [s.output for s in ctx.graph.sites if not s.is_input]
+    alignment = align(first_dump, first_fp32, simulation.mapper, prefer=kernels,
                       order=dset.order() if dset.order else (), kernel_output=simulation.kernel_output)
     rows = _aligned_rows(_site_rows(ctx), alignment)
     measured = [r for r in rows if r.dump]

@@ -6,10 +6,12 @@ what a chip does at a boundary decides its value: an int8 producer writes int8 (
 reads the dequantized int8 value), an int8 consumer quantizes what it reads (a float producer's
 output is quantized on its way in). So a tensor stays quantized when *any* quantized site reads or
 writes it, at the lowest precision among them (int8 < int16): keeping one site float removes its
-weight quantization and the quantization of the tensors only it touches. Int16 sites use symmetric
-int16 activations (quant.activation_qparams(..., "int16"); under the onnxruntime recipe quantize_static's
-16-bit counterpart of the call's activation type, asymmetric uint16 beside uint8: see
-scanning/ort_recipe.INT16_ACTIVATIONS) and per-channel int16 weights; their
+weight quantization and the quantization of the tensors only it touches. A model input's site (no node:
+quantscan.sites.input_sites) owns its tensor and the tensors carrying it (`shares`): their precision is
+that site's alone, so "keep the input float" is measurable and the first kernel's gain is its own.
+Int16 sites use symmetric int16 activations (quant.activation_qparams(..., "int16"); under the
+onnxruntime recipe quantize_static's 16-bit counterpart of the call's activation type, asymmetric uint16 beside uint8:
+see scanning/ort_recipe.INT16_ACTIVATIONS) and per-channel int16 weights; their
 bias stays float (an int16 x int16 kernel accumulates in 48/64 bits, where the bias grid does not
 matter, and s_in·s_w of two int16 scales would overflow an int32 bias); under the onnxruntime recipe
 it is int32 as quantize_static writes it, the weight scale widened where it would overflow
@@ -57,6 +59,8 @@ class MixedSite(QuantSite, Protocol):
     def weight_axis(self) -> int | None: ...
     @property
     def quantized_if(self) -> str | None: ...
+    @property
+    def shares(self) -> list[str]: ...
 
 
 class MixedBuilder:
@@ -85,10 +89,16 @@ class MixedBuilder:
         self.base_plan = plan
         self.index = {s.node: k for k, s in enumerate(self.sites)}
         self.touch: dict[str, list[int]] = {}
+        """tensor -> the sites whose precision decides it (its lowest one among them)."""
         for k, s in enumerate(self.sites):
             for t in dict.fromkeys([*s.inputs, s.output]):
                 if t in plan.activations:
                     self.touch.setdefault(t, []).append(k)
+        for k, s in enumerate(self.sites):
+            if not s.nodes:  # a model input's site owns its tensor and the tensors carrying it (sites.Site.shares)
+                for t in (s.output, *s.shares):
+                    if t in self.touch:
+                        self.touch[t] = [k]
         self._inits = {t.name: t for t in proto.graph.initializer}
         self._act16: dict[str, quant.QParams] = {}
         self._w16: dict[str, qdq.WeightQuant] = {}

@@ -382,6 +382,10 @@ def isolated_twin(
             rename[wname] = weight_dq_names[wname]
     inner = {o for n in site.nodes for o in fp32_nodes[n].output if o}
     out_qp = plan.activations.get(site.output)
+    if not site.nodes:  # a model input as a site (sites.input_sites): its twin is QDQ(x) itself
+        if out_qp is None:
+            return nodes, inits
+        return qdq_nodes(site.output, iso_name(site.output, k), out_qp, f"{site.output}{suffix}__out")
     for node_name in site.nodes:
         node = copy.deepcopy(fp32_nodes[node_name])
         node.name = node.name + suffix

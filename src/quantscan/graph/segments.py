@@ -59,7 +59,11 @@ def split(model: onnx.ModelProto, fp32_nodes: Sequence[str], cuts: Sequence[int]
     producer = {o: p for p, n in enumerate(nodes) for o in n.output if o}
     wanted = [o.name for o in model.graph.output]
     members = [[p for p, s in enumerate(owner) if s == j] for j in range(len(bounds))]
-    members = [_with_constants(m, nodes, producer, owner) for m in members]
+    # a reduction of a graph input alone (a model input's site, sites.input_sites) belongs to no FP32 node
+    # and no segment reads it: the first segment computes it
+    wanted_set = set(wanted)
+    members[0] += [p for p, s in enumerate(owner) if s == -1 and any(o in wanted_set for o in nodes[p].output)]
+    members = [_with_constants(sorted(set(m)), nodes, producer, owner) for m in members]
     produced = [{o for p in m for o in nodes[p].output if o} for m in members]
     inits = {t.name: t for t in model.graph.initializer}
     known = set(producer) | set(inits) | {i.name for i in model.graph.input}

@@ -166,7 +166,8 @@ def _output_section(result: SummarySource) -> list[str]:
            f"{', '.join(head.unmeasured)} stayed float (the deployed check runs the same model); fold the "
            "control flow first (`quantscan check` names the rewrite flags). ")
         + ("Every float output that is not a recurrent state counts and the worst heads: `--output NAME` "
-           "measures the one the application reads (a detector's scores, not a side feature map). "
+           "measures the one the application reads (a detector's scores, not a side feature map; "
+           "`--task heatmap` then says where a score map's peaks land). "
            if len(head.outputs) > 1 and not info.options.get(Col.OUTPUT) else "")
         + "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
         "the fake-quant figure, never mixed into it.",

@@ -118,8 +118,11 @@ def run_cause_rules(
     return diagnose(site_facts(site, row, plan, calib, index, passes))
 
 
-def upstream_sites(index: GraphIndex, site: Site, site_of: Mapping[str, str]) -> set[str]:
-    """Sites (by their `node`) whose output reaches this site's inputs, through any path."""
+def upstream_sites(
+    index: GraphIndex, site: Site, site_of: Mapping[str, str], input_of: Mapping[str, str] | None = None
+) -> set[str]:
+    """Sites (by their `node`) whose output reaches this site's inputs, through any path; `input_of`
+    (tensor -> a model input's site, sites.input_sites) names the inputs it starts from."""
     found: set[str] = set()
     seen: set[str] = set()
     todo = list(site.inputs)
@@ -128,6 +131,8 @@ def upstream_sites(index: GraphIndex, site: Site, site_of: Mapping[str, str]) ->
         if tensor in seen:
             continue
         seen.add(tensor)
+        if input_of and tensor in input_of and input_of[tensor] != site.node:
+            found.add(input_of[tensor])
         producer = index.producer_node(tensor)
         if producer is None:
             continue
@@ -150,6 +155,7 @@ def with_inherited(
     inherited-error rule can name the upstream site responsible (diagnose.inherited)."""
     by_node = {s.node: s for s in sites}
     site_of = {n: s.node for s in sites for n in s.nodes}
+    input_of = {t: s.node for s in sites if s.is_input for t in (s.output, *s.shares)}
     out = []
     for result in results:
         site = by_node.get(result.node)
@@ -157,7 +163,7 @@ def with_inherited(
         if site is None or not inherited.looks_inherited(iso, result.cumulative.sqnr_db):
             out.append(result)
             continue
-        ups = {u: gains[u] for u in upstream_sites(index, site, site_of) if u in gains}
+        ups = {u: gains[u] for u in upstream_sites(index, site, site_of, input_of) if u in gains}
         facts = site_facts(site, result.figures(), plan, calib, index)
         own = {Col.GAIN_IF_FLOAT: float(gains[site.node])} if site.node in gains else {}
         findings = diagnose(replace(facts, upstream_gains=ups, figures={**facts.figures, **own}))

@@ -199,6 +199,11 @@ def _analysis_graph(
     rank = {t: len(probe.shapes.get(t, ())) for t in compare}
     measurable = [t for t in compare if all(d > 0 for d in probe.shapes.get(t, (1,)))]
     pairs = {t: reducer.pair(t, t + qgraph.CUMULATIVE_SUFFIX, rank[t]) for t in measurable}
+    for site in sites:  # a model input's site: its quantized value is the DequantizeLinear beside the input
+        if site.is_input and site.output in plan.activations and site.output not in pairs:
+            rank[site.output] = len(probe.input_shapes.get(site.output, ()))
+            test = qgraph.input_alias(site.output) + qgraph.CUMULATIVE_SUFFIX
+            pairs[site.output] = reducer.pair(site.output, test, rank[site.output])
     iso_pairs = {
         k: reducer.pair(sites[k].output, qgraph.iso_name(sites[k].output, k), rank.get(sites[k].output, 0))
         for k in isolated_ids

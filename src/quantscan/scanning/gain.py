@@ -400,7 +400,7 @@ def _gain_table(
             Col.NODE: site.node,
             Col.OP_TYPE: site.op_type,
             Col.KERNEL: site.kernel,
-            Col.ORDER: ctx.graph.order.get(site.node, k),
+            Col.ORDER: ctx.graph.order.get(site.node, -1 if site.is_input else k),
             Col.OUTPUT: site.output,
             Col.REACHES_OUTPUT: bool(changed[(k, GAIN_TAG)]),
         }

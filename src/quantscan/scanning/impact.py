@@ -180,7 +180,10 @@ def measure_impact(
     started = time.perf_counter()
     heads = set(ctx.headline_outputs())
     at_output = [s.node for s in ctx.graph.sites if s.output in heads]  # one-node branches: nearly free
-    candidates = gain_candidates(results, n, (s.node for s in ctx.graph.sites), [*named, *at_output] if n > 0 else [])
+    # the model inputs (sites.input_sites): one whole-network branch each, and no layer figure stands in for them
+    inputs = [s.node for s in ctx.graph.sites if s.is_input]
+    candidates = gain_candidates(results, n, (s.node for s in ctx.graph.sites),
+                                 [*named, *inputs, *at_output] if n > 0 else [])
     if not candidates:
         return Impact({}, [], 0.0)
     indices = gain_sample_indices(sample_order, ctx.data.eval_set.n_samples, samples)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,10 +20,12 @@ import numpy as np
 from quantscan import metrics as qm
 from quantscan import quant
 from quantscan.diagnose import code_waste
-from quantscan.diagnose.base import SiteFacts, human
+from quantscan.diagnose.base import FixKind, SiteFacts, human
 from quantscan.runner import FP32_LEVEL
 from quantscan.scanning.prepare import ScanContext
+from quantscan.scanning.site_result import SiteResult
 from quantscan.scanning.sweep import Feeds, Runs, Values, sweep
+from quantscan.sites import INPUT_OP
 
 CROWDED_SHARE = 0.5
 """A most-used code holding at least this share of an input's values, while quantizing that input alone
@@ -152,16 +154,45 @@ def _cause(
     name: str, qp: quant.QParams, loss: float, top: int, share: float, span: list[float]
 ) -> tuple[str, str, str]:
     """(cause, reason, fix) for an input (`loss`: output cosine lost with it alone quantized): codes crowded
-    by rare peaks, else the code-waste rule, else ok."""
+    by rare peaks, else the code-waste rule, else ok. The fixes are the ones an input has: fix the
+    preprocessing, feed it at 16 bits, or keep it float (a kernel's fixes, such as a rewrite, do not apply)."""
     if share >= CROWDED_SHARE and loss >= CROWDED_LOSS:
         return ("crowded-codes",
                 f"{human(100 * share)}% of its values land in code {top}: rare peaks set the range "
                 "(heavy-tailed data such as a power spectrum)",
-                "feed it compressed (log or dB, as a front end would) and normalised, or quantize this input at "
-                "16 bits")
+                "fix the preprocessing: feed it compressed (log or dB, as a front end would) and normalised; "
+                f"or {WIDER}")
     facts = SiteFacts(node=name, op_type="Input", output=name, lo=span[0], hi=span[1], scale=float(qp.scale),
                       zero_point=int(qp.zero_point), qmin=qp.qmin, qmax=qp.qmax)
     finding = code_waste.check(facts)
     if finding is not None:
-        return finding.cause.value, finding.reason, finding.fix.text()
+        how = _PREPROCESS.get(finding.fix.kind, finding.fix.how)
+        return finding.cause.value, finding.reason, f"fix the preprocessing: {how}; or {WIDER}"
     return "ok", f"its most used code holds {human(100 * share)}% of its values", ""
+
+
+WIDER = "feed int16 (quantize this input at 16 bits) or keep the input float"
+"""The fixes every input has besides its preprocessing (bisect plans either: `--fallback int16|float`)."""
+_PREPROCESS = {
+    FixKind.SCHEME: "normalise it to the range the input scale covers (centre one-sided data, e.g. subtract the "
+                    "mean, or give the input an asymmetric scale)",
+    FixKind.CALIBRATION: "calibrate on inputs preprocessed exactly as deployed (the data is narrower than its range)",
+}
+
+
+def with_input_findings(results: Sequence[SiteResult], measured: Sequence[InputSite]) -> list[SiteResult]:
+    """`results` with each model input's row (sites.input_sites) diagnosed by its measurement here: the
+    cause (crowded codes, code waste), a reason with the output cosine it costs alone, and the input's
+    fixes. An input whose figures show nothing wrong keeps the rows' own diagnosis."""
+    by_name = {m.name: m for m in measured}
+    out = []
+    for r in results:
+        m = by_name.get(r.output)
+        if r.op_type != INPUT_OP or m is None or m.cause == "ok":
+            out.append(r)
+            continue
+        reason = (f"{m.reason}; quantized alone ({m.scheme}) it takes the output cosine to "
+                  f"{m.output_cosine:.5f} ({m.output_cosine_16bit:.5f} at 16 bits)")
+        diagnosis = replace(r.diagnosis, text=f"{m.cause}: {reason} -> {m.fix}", cause=m.cause, fix=m.fix)
+        out.append(replace(r, diagnosis=diagnosis, cause="intrinsic", reason=reason))
+    return out

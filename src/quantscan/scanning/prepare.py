@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from quantscan.scanning.samples import (
     stateful_sets,
 )
 from quantscan.scanning.settings import fold_setting_consts, unfed
-from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites
+from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites, input_sites
 
 
 def _origin(tensor: str, producers: Mapping[str, onnx.NodeProto], site_outputs: set[str]) -> str:
@@ -285,7 +285,7 @@ def _probe_phase(inputs: _Inputs, opts: ScanOptions, times: dict[str, float]) ->
         sites, origins = recipe_result.sites, recipe_result.origins
         times["quantize_static"] = time.perf_counter() - started
     else:
-        sites, origins = _sites(loaded, prepared, probe, order, inputs.chip)
+        sites, origins = _sites(loaded, prepared, probe, order, inputs.chip, [*opts.state.values(), *opts.const])
     inputs.warnings.extend(w for w in [unquantized_warning(prepared.proto)] if w)
     memory, batch_size = _batch_plan(inputs, opts, probe, sites)
     return _Placed(probe, order, sites, origins, recipe_result, memory, batch_size)
@@ -373,9 +373,11 @@ def memory_plan(
 
 
 def _sites(
-    loaded: LoadedModel, prepared: PreparedModel, probe: Probe, order: Mapping[str, int], chip: ChipRecipe
+    loaded: LoadedModel, prepared: PreparedModel, probe: Probe, order: Mapping[str, int], chip: ChipRecipe,
+    fixed: Iterable[str] = (),
 ) -> tuple[list[Site], dict[str, str]]:
-    """Where the chip quantizes, and for every quantized tensor the tensor whose range sets its scale."""
+    """Where the chip quantizes (the model inputs first, sites.input_sites), and for every quantized
+    tensor the tensor whose range sets its scale."""
     sites = find_sites(
         prepared.proto,
         float_tensors=probe.float_tensors,
@@ -386,6 +388,7 @@ def _sites(
     )
     if not sites:
         raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")
+    sites = [*input_sites(prepared.proto, sites, fixed), *sites]
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     site_outputs = {s.output for s in sites}
     quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))

@@ -43,7 +43,7 @@ from quantscan.scanning.impact import (
     with_gain_stderr,
     with_whole_set_gain,
 )
-from quantscan.scanning.inputs import measure_inputs
+from quantscan.scanning.inputs import InputSite, measure_inputs, with_input_findings
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, prepare_timed
 from quantscan.scanning.site_result import SiteResult, layers_frame
@@ -133,12 +133,16 @@ def _measure(
     if ctx.compat is not None and ctx.chip.profile is not None:
         tables.sites = with_profile(tables.sites, ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    inputs = measure_inputs(ctx)
+    tables.sites = with_input_findings(tables.sites, inputs)
+    times["input_sites"] = time.perf_counter() - t0  # scanning/inputs.py: the model inputs measured as sites
     gains_by = ShardedGain(pool, worker_count(ctx.opts.workers)) if pool is not None else gains_here
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
     times["impact"] = impact.seconds
     head = headline(evaluation)
     head.unmeasured = quantizable_bodies(ctx.graph.prepared.proto)
-    info = _checks_and_record(ctx, qdq, head, evaluation, impact, times)
+    info = _checks_and_record(ctx, qdq, head, evaluation, impact, times, inputs)
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
         layers=layers_frame(tables.sites),
@@ -184,16 +188,14 @@ def _evaluate(
 
 def _checks_and_record(
     ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation: Evaluation, impact: Impact,
-    times: dict[str, float],
+    times: dict[str, float], inputs: Sequence[InputSite] = (),
 ) -> RunInfo:
-    """The deployed-gap check and the model inputs as sites, then run.json's record of the whole scan."""
+    """The deployed-gap check, then run.json's record of the whole scan (the model inputs as sites too)."""
     t0 = time.perf_counter()
     gap_sites = deployed_gap_sites(ctx, qdq, head)
     if gap_sites:
         times["deployed_gap"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    measured_inputs = {i.name: i.to_json() for i in measure_inputs(ctx)}
-    times["input_sites"] = time.perf_counter() - t0  # scanning/inputs.py: the model inputs measured as sites
+    measured_inputs = {i.name: i.to_json() for i in inputs}
     info = run_info(ctx, qdq, head, evaluation)
     for entry in info.inputs:  # the inputs as sites (scanning/inputs.py), beside their contract
         if entry["name"] in measured_inputs:

@@ -7,11 +7,12 @@ built on different batches or worker processes combine exactly with `merge()`, a
 
 Tasks: `classify` (top-1 / top-5 agreement, accuracy when labels exist), `ctc` (greedy-decoded string
 agreement and character error rate for recognisers), `mask` (IoU of the thresholded score map for
-segmentation and DB-style text detectors), `box` (matched-box agreement for detection heads, after a
+segmentation and DB-style text detectors), `heatmap` (peak-location agreement and per-channel figures of
+multi-channel score maps, NCHW or NHWC), `box` (matched-box agreement for detection heads, after a
 documented decode and NMS written out in numpy), `none`; `--metric module:function` adds a plugin that
 returns named sums per batch.
 
-One task per module: `base`, `classify`, `ctc`, `mask`, `box`, `plugin`, `choose`.
+One task per module: `base`, `classify`, `ctc`, `mask`, `heatmap`, `box`, `plugin`, `choose`.
 """
 
 from quantscan.taskmetrics.base import LABEL_FILE, TASKS, TaskAccumulator, add_sums, group_figures, ratio
@@ -41,6 +42,7 @@ from quantscan.taskmetrics.ctc import (
     greedy_decode,
     load_charset,
 )
+from quantscan.taskmetrics.heatmap import HeatmapAccumulator, heatmap_layout
 from quantscan.taskmetrics.mask import DEFAULT_MASK_THRESHOLD, MaskIouAccumulator
 from quantscan.taskmetrics.plugin import MetricFunction, PluginAccumulator, load_plugin
 
@@ -54,6 +56,7 @@ __all__ = [
     "DEFAULT_BOX_SCORE",
     "DEFAULT_MASK_THRESHOLD",
     "DEFAULT_NMS_IOU",
+    "HeatmapAccumulator",
     "LABEL_FILE",
     "MaskIouAccumulator",
     "MetricFunction",
@@ -72,6 +75,7 @@ __all__ = [
     "edit_distance",
     "find_charset",
     "greedy_decode",
+    "heatmap_layout",
     "group_figures",
     "load_charset",
     "load_plugin",

@@ -10,6 +10,7 @@ from quantscan.taskmetrics.base import TASKS, TaskAccumulator
 from quantscan.taskmetrics.box import BoxAccumulator, box_layout
 from quantscan.taskmetrics.classify import ClassifyAccumulator
 from quantscan.taskmetrics.ctc import Charset, CtcAccumulator
+from quantscan.taskmetrics.heatmap import HeatmapAccumulator
 from quantscan.taskmetrics.mask import MaskIouAccumulator
 
 
@@ -48,6 +49,8 @@ def make_accumulator(task: str, charset: Charset | None, threshold: float,
         return CtcAccumulator(charset)
     if task == "mask":
         return MaskIouAccumulator(threshold)
+    if task == "heatmap":  # never auto-detected: a multi-channel map may as well be a feature map
+        return HeatmapAccumulator()
     if task == "box":
         return BoxAccumulator(decode=box_layout(shape or (), input_hw) or "yolox", input_hw=input_hw)
     return None
