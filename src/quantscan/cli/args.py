@@ -207,6 +207,23 @@ def default_out(model: str) -> Path:
 # --- commands ------------------------------------------------------------------------------------------
 
 
+def executor_options(p: argparse.ArgumentParser, *, workers: bool = True) -> None:
+    """`--workers N`, `--executor serial|process|ray`, `--ray-address ADDR` (scan and bisect)."""
+    if workers:
+        p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                       help="measure over N disjoint sample shards, merged exactly (local: capped by the CPUs)")
+    p.add_argument("--executor", choices=["serial", "process", "ray"], default=None,
+                   help="where the shards run (default: process when --workers > 1); ray needs "
+                        "pip install 'quantscan[ray]'")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="the Ray cluster --executor ray joins (e.g. HEAD_IP:6379; default: a local Ray)")
+
+
+def executor_choice(args: argparse.Namespace) -> dict[str, object]:
+    """The executor flags as API options."""
+    return {"workers": args.workers, "executor": args.executor, "ray_address": args.ray_address}
+
+
 def gain_option(args: argparse.Namespace) -> dict[str, int | str]:
     """--no-gain / --gain-candidates N / --gain-samples N as the scan's options (absent: the defaults)."""
     samples = {} if args.gain_samples is None else {"gain_samples": args.gain_samples}

@@ -16,6 +16,8 @@ from quantscan.cli.args import (
     cosine_target,
     data_options,
     default_out,
+    executor_choice,
+    executor_options,
     finite,
     floats,
     fraction,
@@ -53,6 +55,7 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
                    help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
     task_options(p, plugins=False)
+    executor_options(p)
     common(p)
 
 
@@ -72,7 +75,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     refuse_out_in_data(out, args.calib, args.eval)
     overrides = {"layout": args.layout, "channel_order": args.channel_order, "scale": args.scale,
                  "mean": floats(args.mean, "--mean"), "std": floats(args.std, "--std"), "resize": args.resize}
-    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force}
+    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force,
+                               **executor_choice(args)}
     if args.resume is None:
         shapes, dims = split_input_shapes(args.input_shape)
         options.update({

@@ -13,6 +13,7 @@ from quantscan.cli.args import (
     EXIT_OK,
     EXIT_THRESHOLD,
     default_out,
+    executor_choice,
     gain_option,
     print_case_matches,
     progress_factory,
@@ -29,7 +30,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.model)
     options: dict[str, Any] = {
         **sample_options(args),
-        "workers": args.workers,
+        **executor_choice(args),
         "calib_advice": args.calib_advice,
         "save_qdq": args.save_qdq,
         "force": args.force,

@@ -11,7 +11,6 @@ import copy
 import platform
 import time
 from collections.abc import Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
+from quantscan.executors import Executor
 from quantscan.graph.index import GraphIndex
 from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.model import LoadedModel
@@ -52,7 +52,7 @@ from quantscan.scanning.workers import (
     ShardedCalibration,
     ShardedGain,
     evaluate_in_workers,
-    process_pool,
+    executor_for,
     reopenable,
 )
 from quantscan.sites import Site
@@ -98,12 +98,14 @@ def measure(
     """The scan itself: prepare, evaluate, tables. Writes nothing."""
     started = time.perf_counter()
     opts = ScanOptions(**options).validate()  # the options are parsed here, once, and travel as `opts`
-    workers = worker_count(opts.workers)
-    if workers == 1:
+    if opts.executor is None and worker_count(opts.workers) == 1:
         return _measure(model, calib, progress, runner, None, opts, started)
     reopenable(calib)
-    with process_pool(workers) as pool:  # spawned now: the workers import while this process loads
-        return _measure(model, calib, progress, runner, pool, opts, started)
+    executor = executor_for(opts)  # started now: process workers import while this process loads
+    try:
+        return _measure(model, calib, progress, runner, executor, opts, started)
+    finally:
+        executor.close()
 
 
 def _measure(
@@ -115,8 +117,8 @@ def _measure(
     opts: ScanOptions,
     started: float,
 ) -> ScanResult:
-    """`measure` with its worker pool (None: everything in this process)."""
-    sharded = ShardedCalibration(pool, worker_count(opts.workers), calib) if pool else None
+    """`measure` with its executor (None: everything in this process, unsharded)."""
+    sharded = ShardedCalibration(pool, calib) if pool is not None else None
     ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, calibrate_with=sharded, opts=opts)
     qdq = qgraph.build_qdq_model(ctx.prepared.proto, ctx.sites, ctx.plan)
     t0 = time.perf_counter()
@@ -129,7 +131,7 @@ def _measure(
     if ctx.compat is not None and ctx.chip.profile is not None:
         tables["layers"] = with_profile(tables["layers"], ctx, evaluation)
     times["tables"] = time.perf_counter() - t0
-    gains_by = ShardedGain(pool, worker_count(ctx.opts.workers)) if pool is not None else gains_here
+    gains_by = ShardedGain(pool) if pool is not None else gains_here
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
     times["impact"] = impact.seconds
     head = headline(evaluation)
@@ -169,7 +171,7 @@ def _evaluate(
         points = set(ctx.plan.activations) | {s.output for s in ctx.sites} | set(probe.outputs)
         compare = [t for t in compare if t in points]
     if pool is not None:
-        return evaluate_in_workers(pool, ctx, calib, qdq, compare, worker_count(opts.workers), progress)
+        return evaluate_in_workers(pool, ctx, calib, qdq, compare, progress)
     sums = accumulate_evaluation(
         ctx.prepared, qdq, ctx.sites, ctx.plan, compare, ctx.eval_set, ctx.batch_size, ctx.runner, progress, probe,
         opts, segments=ctx.memory.segments if ctx.memory is not None else 1,
