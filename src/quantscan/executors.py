@@ -18,6 +18,7 @@ same bytes from every backend. `fn` must be a module-level function (it is pickl
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import time
@@ -171,7 +172,9 @@ class RayExecutor:
         ref = self.ray.put(common)  # once per map: every task gets the reference, not a copy
         pending = [self.actors[k % len(self.actors)].run.remote(fn, ref, shard) for k, shard in enumerate(shards)]
         try:
-            return list(self.ray.get(pending))
+            # Ray hands numpy arrays back as read-only views of the object store; the merges add shards
+            # into the first one's sums in place, so each result becomes this process' own copy.
+            return [copy.deepcopy(result) for result in self.ray.get(pending)]
         except BaseException:
             for task in pending:
                 self.ray.cancel(task)

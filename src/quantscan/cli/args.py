@@ -220,7 +220,12 @@ def executor_options(p: argparse.ArgumentParser, *, workers: bool = True) -> Non
 
 
 def executor_choice(args: argparse.Namespace) -> dict[str, object]:
-    """The executor flags as API options."""
+    """The executor flags as API options; `--executor ray` without Ray installed is refused here, before
+    any folder is claimed."""
+    if args.executor == "ray":
+        from quantscan.executors import import_ray
+
+        import_ray()
     return {"workers": args.workers, "executor": args.executor, "ray_address": args.ray_address}
 
 
