@@ -156,7 +156,7 @@ class RayExecutor:
         ray = import_ray()
         self.ray, self.started = ray, False
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            join(ray, address)
             self.started = True
         cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = max(1, min(workers, int(cluster_cpus // cpus_per_actor) or 1))
@@ -186,6 +186,19 @@ class RayExecutor:
         self.actors = []
         if self.started:
             self.ray.shutdown()
+
+
+def join(ray: Any, address: str | None) -> None:
+    """`ray.init` at `address` (None: a new local Ray); a cluster that cannot be reached is bad input."""
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, RuntimeError) as exc:
+        if address is None:
+            raise
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--ray-address: expected a running Ray cluster at {address} (`ray start --head` there; "
+                         f"with token auth, RAY_AUTH_MODE=token and its ~/.ray/auth_token here), found: {why}"
+                         ) from None
 
 
 def make_executor(name: str | None, workers: int, *, threads: int | None = None,
