@@ -123,7 +123,7 @@ def object_store_seconds(job: Any) -> float:
         import ray
     except ImportError:
         return math.nan
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # not a running head
     try:
         size = ray.remote(lambda x: len(pickle.dumps(x)))
         ray.get(size.remote(0))  # the worker started

@@ -38,7 +38,7 @@ def ray_session() -> Iterator[Any]:
         import ray
     else:
         ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # its own, not a `ray start`
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors run this file's helpers
     yield ray
     ray.shutdown()

@@ -146,8 +146,9 @@ class ShardActor:
 
 
 class RayExecutor:
-    """One actor per worker on a Ray cluster (`address`: ADDR of `ray start --head`, `auto`, or None for
-    the Ray this process already joined, else a new local one). Shards go to the actors round-robin.
+    """One actor per worker on a Ray cluster (`address`: ADDR of `ray start --head`, or None: the Ray this
+    process already joined, else Ray's own default: the cluster `ray start` runs on this machine, else a
+    new local one). Shards go to the actors round-robin.
     `workers` is capped by the cluster's CPUs: an actor asks for `cpus_per_actor` of them."""
 
     name = "ray"
