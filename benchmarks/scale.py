@@ -170,6 +170,8 @@ def main() -> None:
     parser.add_argument("--executors", nargs="+", default=["process", "ray"])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--costs", type=Path, default=None,
+                        help="part 2's measured costs: read from this JSON file if it exists, else written to it")
     parser.add_argument("--ray-address", default=None,
                         help="a running Ray head for the ray runs (else each run starts a local Ray)")
     parser.add_argument("--bandwidth", type=float, default=1e9, help="bytes/s between head and nodes")
@@ -189,11 +191,17 @@ def main() -> None:
             one = best.get(("process", 1)) or next(iter(best.values()))
             serial = one["wall"] - one["calibration"] - one["evaluation"] - one["impact"]
             calibration = one["calibration"] + one["impact"]  # both split N ways (samples, candidates)
-        small = work / "calib16"
-        small.mkdir()
-        for f in sorted(calib.iterdir())[:16]:
-            (small / f.name).symlink_to(f.resolve())
-        model_n(part2(model, small), serial, calibration, args.samples, args.bandwidth)
+        if args.costs is not None and args.costs.is_file():
+            costs = json.loads(args.costs.read_text())
+        else:
+            small = work / "calib16"
+            small.mkdir()
+            for f in sorted(calib.iterdir())[:16]:
+                (small / f.name).symlink_to(f.resolve())
+            costs = part2(model, small)
+            if args.costs is not None:
+                args.costs.write_text(json.dumps(costs))
+        model_n(costs, serial, calibration, args.samples, args.bandwidth)
 
 
 if __name__ == "__main__":

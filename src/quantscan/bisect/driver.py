@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +190,7 @@ def _prepare(loaded: LoadedModel, cset: CalibSet, calib: str | Path, progress: P
     if opts.executor is None and worker_count(opts.workers) == 1:
         return prepare_scan(loaded, cset, progress=progress, runner=runner, opts=opts)
     executor = executor_for(opts)
+    opts = replace(opts, workers=executor.workers)
     try:
         return prepare_scan(loaded, cset, progress=progress, runner=runner, opts=opts,
                             calibrate_with=ShardedCalibration(executor, calib))

@@ -11,7 +11,7 @@ import copy
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,7 @@ def measure(
         return _measure(model, calib, progress, runner, None, opts, started)
     reopenable(calib)
     executor = executor_for(opts)  # started now: process workers import while this process loads
+    opts = replace(opts, workers=executor.workers)  # the shard count every pass uses and run.json records
     try:
         return _measure(model, calib, progress, runner, executor, opts, started)
     finally:
@@ -276,7 +277,8 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
                  "float16_nodes": sorted(ctx.chip.float16_nodes),
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
-                 Col.OUTPUT: list(opts.output), "workers": worker_count(opts.workers)},
+                 Col.OUTPUT: list(opts.output),
+                 "workers": opts.workers if opts.executor is not None else worker_count(opts.workers)},
         chip=ctx.chip.to_json(),
         opset_used=prepared.opset_to,
         opset_original=prepared.opset_from,

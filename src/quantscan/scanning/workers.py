@@ -95,11 +95,12 @@ class ShardResult:
 
 
 def executor_for(opts: ScanOptions) -> Executor:
-    """The executor `--executor`/`--workers`/`--ray-address` ask for. Local backends get at most one
-    worker per CPU here; Ray caps the actor count by its cluster's CPUs instead."""
-    workers = opts.workers if opts.executor == "ray" else worker_count(opts.workers)
+    """The executor `--executor`/`--workers`/`--ray-address` ask for. Local processes: at most one per CPU
+    here (more would take turns on the cores); `serial` runs exactly `--workers` shards (the reference
+    for any other backend's shard count); Ray caps its actors by the cluster's CPUs."""
+    process = opts.executor == "process" or (opts.executor is None and opts.workers > 1)
+    workers = worker_count(opts.workers) if process else opts.workers
     return make_executor(opts.executor, workers, threads=opts.threads, ray_address=opts.ray_address)
-
 
 
 def shard_bounds(n_samples: int, batch_size: int, workers: int) -> list[Bounds]:
