@@ -26,10 +26,11 @@ from conftest import asset_calib, asset_model
 from quantscan import metrics as qm
 from quantscan.calib import load_calibration
 from quantscan.errors import CalibrationError, UsageError
+from quantscan.executors import threads_per_worker
 from quantscan.model import load_model
 from quantscan.scanning import ScanResult
 from quantscan.scanning.options import worker_count
-from quantscan.scanning.workers import deal_in_graph_order, shard_bounds, threads_per_worker
+from quantscan.scanning.workers import deal_in_graph_order, shard_bounds
 from quantscan.specs import InputSpec
 
 REL = 1e-9

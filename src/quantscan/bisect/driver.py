@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,10 @@ from quantscan.records import Plan
 from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
 from quantscan.scanning.gain import Evaluator, GainResult, Measured, compute_gain, mixed_builder, sensitivity_order
-from quantscan.scanning.options import MEASUREMENT_OPTIONS, ProgressFactory, no_progress
+from quantscan.scanning.options import MEASUREMENT_OPTIONS, ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 from quantscan.scanning.samples import given_input_specs
+from quantscan.scanning.workers import ShardedCalibration, executor_for
 
 
 @dataclass
@@ -133,7 +134,7 @@ def bisect_model(
             f"bisect: expected --fallback float|int16 and mode search|first_bad, found {fallback}, {mode}"
         )
     loaded, cset, identity = _load_inputs(model, calib, options, stored)
-    ctx = prepare_scan(loaded, cset, progress=progress, runner=runner, **options)
+    ctx = _prepare(loaded, cset, calib, progress, runner, options)
     _refuse_unanalysed_bodies(ctx)
     aim = (
         Target(str(stored.options["target_metric"]), float(stored.options["target_value"]),
@@ -164,6 +165,22 @@ def bisect_model(
                    time.perf_counter() - started, summary_block)
 
 
+def _prepare(loaded: LoadedModel, cset: CalibSet, calib: str | Path, progress: ProgressFactory,
+             runner: Runner | None, options: Mapping[str, Any]) -> ScanContext:
+    """Load-to-calibration; with `--executor`/`--workers` > 1, pass 1's sample shards go through the
+    executor seam as the scan's do (the search's steps stay here: each depends on the one before)."""
+    opts = ScanOptions(**options).validate()
+    if opts.executor is None and worker_count(opts.workers) == 1:
+        return prepare_scan(loaded, cset, progress=progress, runner=runner, opts=opts)
+    executor = executor_for(opts)
+    opts = replace(opts, workers=executor.workers)
+    try:
+        return prepare_scan(loaded, cset, progress=progress, runner=runner, opts=opts,
+                            calibrate_with=ShardedCalibration(executor, calib))
+    finally:
+        executor.close()
+
+
 def _as_stored(
     stored: BisectSession, model: str | Path | None, calib: str | Path | None, options: dict[str, Any]
 ) -> tuple[str | Path, str | Path, dict[str, Any], str, str, bool]:
@@ -173,6 +190,7 @@ def _as_stored(
         **stored.options.get("scan", {}),
         "threads": options.get("threads", stored.options["scan"].get("threads")),
         "force": bool(options.get("force", False)),  # this run's --force, not the stored one's
+        **{k: options[k] for k in ("workers", "executor", "ray_address") if k in options},  # where, not what
     }
     return (
         model or stored.model_path,

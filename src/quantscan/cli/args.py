@@ -211,6 +211,29 @@ def default_out(model: str) -> Path:
 # --- commands ------------------------------------------------------------------------------------------
 
 
+def executor_options(p: argparse.ArgumentParser, *, workers: bool = True) -> None:
+    """`--workers N`, `--executor serial|process|ray`, `--ray-address ADDR` (scan and bisect)."""
+    if workers:
+        p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                       help="measure over N disjoint sample shards, merged exactly (local: capped by the CPUs)")
+    p.add_argument("--executor", choices=["serial", "process", "ray"], default=None,
+                   help="where the shards run (default: process when --workers > 1); ray needs "
+                        "pip install 'quantscan[ray]'")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="the Ray cluster --executor ray joins (e.g. HEAD_IP:6379; default: a local Ray)")
+
+
+def executor_choice(args: argparse.Namespace) -> dict[str, object]:
+    """The executor flags as API options; `--executor ray` without Ray installed is refused here, before
+    any folder is claimed."""
+    if args.executor == "ray":
+        from quantscan.executors import check_reachable, import_ray
+
+        import_ray()
+        check_reachable(args.ray_address)
+    return {"workers": args.workers, "executor": args.executor, "ray_address": args.ray_address}
+
+
 def _scan_keywords(group: Any) -> dict[str, Any]:
     """A parsed group's fields as `ScanOptions` keywords (the field names are the option names)."""
     return {f.name: getattr(group, f.name) for f in fields(group)}

@@ -18,6 +18,8 @@ from quantscan.cli.args import (
     cosine_target,
     data_options,
     default_out,
+    executor_choice,
+    executor_options,
     finite,
     fraction,
     progress_factory,
@@ -51,6 +53,7 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
                    help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
     task_options(p, plugins=False)
+    executor_options(p)
     common(p)
 
 
@@ -67,7 +70,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     refuse_out_in_data(out, args.calib, args.eval)
-    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force}
+    options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force,
+                               **executor_choice(args)}
     if args.resume is None:
         options.update({**SampleArgs.parse(args, "bisect").scan_options(), **TaskArgs.parse(args).scan_options()})
 

@@ -26,6 +26,7 @@ from quantscan.cli.args import (
     Parser,
     common,
     data_options,
+    executor_options,
     positive_int,
     task_options,
 )
@@ -69,8 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--gain-samples", type=int, default=None, metavar="N",
                       help="evaluation samples the output gain is measured on: those that carry the most all-int8 "
                            "output error (default 8; 0: all)")
-    scan.add_argument("--workers", type=positive_int, default=1, metavar="N",
-                      help="measure in N local processes over disjoint samples, merged exactly (capped by the CPUs)")
+    executor_options(scan)
     scan.add_argument("--calib-advice", action="store_true",
                       help="also write calib_advice.csv: is the calibration set big enough, which samples set ranges")
     advice = sub.add_parser("calib-advice", help="is the calibration set big enough, which samples decide ranges")

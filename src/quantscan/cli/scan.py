@@ -16,6 +16,7 @@ from quantscan.cli.args import (
     SampleArgs,
     TaskArgs,
     default_out,
+    executor_choice,
     print_case_matches,
     progress_factory,
     refuse_out_in_data,
@@ -30,7 +31,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.model)
     options: dict[str, Any] = {
         **SampleArgs.parse(args, "scan").scan_options(),
-        "workers": args.workers,
+        **executor_choice(args),
         "calib_advice": args.calib_advice,
         "save_qdq": args.save_qdq,
         "force": args.force,

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from quantscan.columns import Col
 from quantscan.errors import UsageError
+from quantscan.executors import EXECUTORS
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.scanning.budget import parse_size
 from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
@@ -106,6 +107,12 @@ class ScanOptions:
     workers: int = 1
     """`--workers N`: pass 2 in N local processes over disjoint sample shards (capped by the CPU count),
     merged exactly (scanning/workers.py)."""
+    executor: str | None = None
+    """`--executor serial|process|ray`: where the shards run (quantscan/executors.py); None: `process`
+    when `workers` > 1, else everything in this process unsharded."""
+    ray_address: str | None = None
+    """`--ray-address ADDR`: the Ray cluster `--executor ray` joins (None: the Ray this process joined,
+    else a new local one)."""
     save_qdq: str | Path | None = None
     force: bool = False
     """Replace an existing `save_qdq` file quantscan did not write (the CLI's --force)."""
@@ -177,6 +184,13 @@ class ScanOptions:
         if self.workers > 1 and self.state:
             raise UsageError(f"--workers: expected 1 with --state (each sample's state is the FP32 output of "
                              f"the sample before, a sequence one process walks), found {self.workers}")
+        if self.executor is not None and self.executor not in EXECUTORS:
+            raise UsageError(f"--executor: expected one of {', '.join(EXECUTORS)}, found {self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise UsageError(f"--ray-address: expected --executor ray, found --executor {self.executor or 'unset'}")
+        if self.executor in ("process", "ray") and self.state:
+            raise UsageError(f"--executor: expected none with --state (each sample's state is the FP32 output of "
+                             f"the sample before, a sequence one process walks), found {self.executor}")
         if self.segments is not None and (not isinstance(self.segments, int) or self.segments < 1):
             raise UsageError(f"segments: expected a positive integer, found {self.segments!r}")
         scheme = None if self.activations is None else ActivationScheme(self.activations)

@@ -11,8 +11,7 @@ import copy
 import platform
 import time
 from collections.abc import Sequence
-from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pandas as pd
 from quantscan import graph as qgraph
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
+from quantscan.executors import Executor
 from quantscan.graph.index import GraphIndex
 from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.model import LoadedModel
@@ -53,7 +53,7 @@ from quantscan.scanning.workers import (
     ShardedCalibration,
     ShardedGain,
     evaluate_in_workers,
-    process_pool,
+    executor_for,
     reopenable,
 )
 from quantscan.sites import Site
@@ -101,12 +101,15 @@ def measure(
     """The scan itself: prepare, evaluate, tables. Writes nothing."""
     started = time.perf_counter()
     opts = ScanOptions(**options).validate()  # the options are parsed here, once, and travel as `opts`
-    workers = worker_count(opts.workers)
-    if workers == 1:
+    if opts.executor is None and worker_count(opts.workers) == 1:
         return _measure(model, calib, progress, runner, None, opts, started)
     reopenable(calib)
-    with process_pool(workers) as pool:  # spawned now: the workers import while this process loads
-        return _measure(model, calib, progress, runner, pool, opts, started)
+    executor = executor_for(opts)  # started now: process workers import while this process loads
+    opts = replace(opts, workers=executor.workers)  # the shard count every pass uses and run.json records
+    try:
+        return _measure(model, calib, progress, runner, executor, opts, started)
+    finally:
+        executor.close()
 
 
 def _measure(
@@ -118,8 +121,8 @@ def _measure(
     opts: ScanOptions,
     started: float,
 ) -> ScanResult:
-    """`measure` with its worker pool (None: everything in this process)."""
-    sharded = ShardedCalibration(pool, worker_count(opts.workers), calib) if pool else None
+    """`measure` with its executor (None: everything in this process, unsharded)."""
+    sharded = ShardedCalibration(pool, calib) if pool is not None else None
     ctx, times = prepare_timed(model, calib, progress=progress, runner=runner, calibrate_with=sharded, opts=opts)
     qdq = qgraph.build_qdq_model(ctx.graph.prepared.proto, ctx.graph.sites, ctx.quant.plan)
     t0 = time.perf_counter()
@@ -137,7 +140,7 @@ def _measure(
     inputs = measure_inputs(ctx)
     tables.sites = with_input_findings(tables.sites, inputs)
     times["input_sites"] = time.perf_counter() - t0  # scanning/inputs.py: the model inputs measured as sites
-    gains_by = ShardedGain(pool, worker_count(ctx.opts.workers)) if pool is not None else gains_here
+    gains_by = ShardedGain(pool) if pool is not None else gains_here
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
     times["impact"] = impact.seconds
     head = headline(evaluation)
@@ -178,7 +181,7 @@ def _evaluate(
         points = set(ctx.quant.plan.activations) | {s.output for s in ctx.graph.sites} | set(probe.outputs)
         compare = [t for t in compare if t in points]
     if pool is not None:
-        return evaluate_in_workers(pool, ctx, calib, qdq, compare, worker_count(opts.workers), progress)
+        return evaluate_in_workers(pool, ctx, calib, qdq, compare, progress)
     sums = accumulate_evaluation(
         ctx.graph.prepared, qdq, ctx.graph.sites, ctx.quant.plan, compare, ctx.data.eval_set, ctx.data.batch_size,
         ctx.runner, progress, probe, opts, segments=ctx.data.memory.segments if ctx.data.memory is not None else 1,
@@ -280,7 +283,8 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
                  "float16_nodes": sorted(ctx.chip.float16_nodes),
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.data.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
-                 Col.OUTPUT: list(opts.output), "workers": worker_count(opts.workers)},
+                 Col.OUTPUT: list(opts.output),
+                 "workers": opts.workers if opts.executor is not None else worker_count(opts.workers)},
         chip=ctx.chip.to_json(),
         opset_used=prepared.opset_to,
         opset_original=prepared.opset_from,

@@ -1,5 +1,6 @@
-"""`--workers N`: calibration (pass 1) and evaluation (pass 2) over disjoint sample shards in N local
-processes: this one, which runs the first shard itself, and N-1 spawned ones.
+"""`--workers N`: calibration (pass 1), evaluation (pass 2) and the gain ranking over N disjoint shards,
+run where the executor seam (quantscan/executors.py: serial, process or ray) puts them and merged in
+shard order, so every backend gives the same bytes.
 
 Why processes: the analysis session spends much of each batch outside onnxruntime's thread pool
 (Python folding of the in-graph sums, the deployed check, task metrics), so one process does not fill
@@ -20,14 +21,10 @@ Shards are whole batches of the single-process run, so each batch, its sums and 
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import onnx
 
@@ -35,13 +32,14 @@ from quantscan import graph as qgraph
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.recurrent import state_consts
 from quantscan.errors import UsageError
+from quantscan.executors import Executor, make_executor
 from quantscan.model import PreparedModel
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.runner import Runner
 from quantscan.scanning.calibrate import CalibStats, calibrate, merge_calib_stats
 from quantscan.scanning.evaluate import EvalSums, Evaluation, accumulate_evaluation, finish_evaluation
 from quantscan.scanning.impact import MeasuredGains, gains_here
-from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches, no_progress
+from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.probe import Probe
 from quantscan.sites import Site
@@ -66,8 +64,8 @@ class SampleSource:
 
 
 @dataclass
-class EvalShard:
-    """One worker's share of pass 2: everything `accumulate_evaluation` needs, in picklable form."""
+class EvalJob:
+    """What every pass-2 shard shares, in picklable form (the object store holds it once under Ray)."""
 
     prepared: PreparedModel
     qdq: bytes
@@ -78,11 +76,12 @@ class EvalShard:
     opts: ScanOptions
     batch_size: int
     segments: int
-    threads: int
     opt_level: str
     source: SampleSource
-    start: int
-    stop: int
+
+
+Bounds = tuple[int, int]
+"""A shard: the [start, stop) sample range of the whole set it covers."""
 
 
 @dataclass
@@ -95,16 +94,20 @@ class ShardResult:
     samples: int = 0
 
 
-def threads_per_worker(total: int | None, workers: int, cpus: int | None = None) -> int:
-    """onnxruntime threads each worker's sessions get: the run's thread total split evenly."""
-    return max(1, (total or cpus or os.cpu_count() or 1) // workers)
+def executor_for(opts: ScanOptions) -> Executor:
+    """The executor `--executor`/`--workers`/`--ray-address` ask for. Local processes: at most one per CPU
+    here (more would take turns on the cores); `serial` runs exactly `--workers` shards (the reference
+    for any other backend's shard count); Ray caps its actors by the cluster's CPUs."""
+    process = opts.executor == "process" or (opts.executor is None and opts.workers > 1)
+    workers = worker_count(opts.workers) if process else opts.workers
+    return make_executor(opts.executor, workers, threads=opts.threads, ray_address=opts.ray_address)
 
 
-def shard_bounds(n_samples: int, batch_size: int, workers: int) -> list[tuple[int, int]]:
+def shard_bounds(n_samples: int, batch_size: int, workers: int) -> list[Bounds]:
     """[start, stop) sample ranges of whole batches, as even as the batch count allows; no empty shard."""
     batches = n_batches(n_samples, batch_size)
     base, extra = divmod(batches, workers)
-    bounds: list[tuple[int, int]] = []
+    bounds: list[Bounds] = []
     batch = 0
     for w in range(workers):
         count = base + (1 if w < extra else 0)
@@ -130,44 +133,9 @@ def sample_source(path: str | Path, inputs: Sequence[InputSpec], opts: ScanOptio
                         state_consts(opts.state, opts.const), opts.limit)
 
 
-def process_pool(workers: int) -> ProcessPoolExecutor:
-    """The `workers - 1` spawned processes beside this one (fork would copy onnxruntime's threads and
-    locks mid-use), started at once: each imports quantscan and onnxruntime while this process loads
-    and probes the model."""
-    children = max(1, workers - 1)
-    pool = ProcessPoolExecutor(max_workers=children, mp_context=multiprocessing.get_context("spawn"))
-    for _ in range(children):
-        pool.submit(_started)
-    return pool
-
-
-Job = TypeVar("Job")
-Result = TypeVar("Result")
-
-
-def run_sharded(pool: Executor, jobs: Sequence[Job], remote: Callable[[Job], Result],
-                local: Callable[[Job], Result]) -> list[Result]:
-    """`jobs[1:]` in the pool (submitted first, so they start at once), `jobs[0]` in this process meanwhile;
-    the results in job order. A failure here cancels the shards not yet started."""
-    futures = [pool.submit(remote, job) for job in jobs[1:]]
-    try:
-        first = local(jobs[0])
-    except BaseException:
-        for future in futures:
-            future.cancel()
-        raise
-    return [first, *(future.result() for future in futures)]
-
-
-def _started() -> None:
-    """A warm-up task: unpickling it imports this module (onnxruntime, numpy, onnx) in the worker; the
-    pause lets the next warm-up task reach the other process."""
-    time.sleep(0.3)
-
-
 @dataclass
-class CalibShard:
-    """One worker's share of pass 1 (min/max calibration)."""
+class CalibJob:
+    """What every pass-1 (min/max calibration) shard shares."""
 
     prepared: PreparedModel
     sites: list[Site]
@@ -177,19 +145,16 @@ class CalibShard:
     scheme: ActivationScheme
     shapes: dict[str, tuple[int, ...]]
     input_shapes: dict[str, tuple[int, ...]]
-    threads: int
     opt_level: str
     source: SampleSource
-    start: int
-    stop: int
 
 
 class ShardedCalibration:
-    """Pass 1 over sample shards in the pool, for the calibration methods whose ranges merge exactly
-    (minmax); `None` from a call means "calibrate in this process" (histogram methods)."""
+    """Pass 1 over sample shards through the executor, for the calibration methods whose ranges merge
+    exactly (minmax); `None` from a call means "calibrate in this process" (histogram methods)."""
 
-    def __init__(self, pool: Executor, workers: int, calib: str | Path | CalibSet) -> None:
-        self.pool, self.workers, self.calib = pool, workers, calib
+    def __init__(self, executor: Executor, calib: str | Path | CalibSet) -> None:
+        self.executor, self.calib = executor, calib
 
     def __call__(self, prepared: PreparedModel, sites: Sequence[Site], origins: Mapping[str, str], cset: CalibSet,
                  batch_size: int, runner: Runner, opts: ScanOptions, scheme: ActivationScheme, probe: Probe,
@@ -197,107 +162,102 @@ class ShardedCalibration:
         if opts.calib_method != CalibMethod.MINMAX:
             return None
         source = sample_source(reopenable(self.calib), inputs, opts)
-        bounds = shard_bounds(cset.n_samples, batch_size, self.workers)
-        threads = threads_per_worker(opts.threads, len(bounds))
-        jobs = [CalibShard(prepared, list(sites), dict(origins), batch_size, opts.calib_method, scheme,
-                           dict(probe.shapes), dict(probe.input_shapes), threads, runner.opt_level, source, a, b)
-                for a, b in bounds]
-        results = run_sharded(self.pool, jobs, run_calib_shard, lambda job: run_calib_shard(job, cset))
-        for _, sessions, runs in results:
+        bounds = shard_bounds(cset.n_samples, batch_size, self.executor.workers)
+        job = CalibJob(prepared, list(sites), dict(origins), batch_size, opts.calib_method, scheme,
+                       dict(probe.shapes), dict(probe.input_shapes), runner.opt_level, source)
+        results = self.executor.map_shards(run_calib_shard, job, bounds,
+                                           local=lambda j, b, t: run_calib_shard(j, b, t, cset))
+        done = [r for r in results if r is not None]
+        for _, sessions, runs in done:
             runner.stats.sessions_created += sessions
             runner.stats.runs += runs
-        return merge_calib_stats([stats for stats, _, _ in results])
+        return merge_calib_stats([stats for stats, _, _ in done])
 
 
-def run_calib_shard(job: CalibShard, opened: CalibSet | None = None) -> tuple[CalibStats, int, int]:
-    """This shard's ranges, from this process' own FP32 session; `opened`: the whole set, already open
-    in this process (else the worker reopens it from `job.source`)."""
-    cset = (opened if opened is not None else job.source.open()).shard(job.start, job.stop)
-    runner = Runner(threads=job.threads, opt_level=job.opt_level)
+def run_calib_shard(job: CalibJob, bounds: Bounds, threads: int | None,
+                    opened: CalibSet | None = None) -> tuple[CalibStats, int, int] | None:
+    """This shard's ranges, from this process' own FP32 session (None for an empty shard); `opened`: the
+    whole set, already open in this process (else the worker reopens it from `job.source`)."""
+    start, stop = bounds
+    if stop <= start:
+        return None
+    cset = (opened if opened is not None else job.source.open()).shard(start, stop)
+    runner = Runner(threads=threads, opt_level=job.opt_level)
     stats = calibrate(job.prepared, job.sites, job.origins, cset, job.batch_size, runner, job.method, job.scheme,
                       no_progress, job.shapes, job.input_shapes)
     return stats, runner.stats.sessions_created, runner.stats.runs
 
 
 def evaluate_in_workers(
-    pool: Executor,
+    executor: Executor,
     ctx: ScanContext,
     calib: str | Path | CalibSet,
     qdq: onnx.ModelProto,
     compare: Sequence[str],
-    workers: int,
     progress: ProgressFactory = no_progress,
+    bounds: Sequence[Bounds] | None = None,
 ) -> Evaluation:
-    """Pass 2 over `workers` shards, the first in this process and the rest in the pool, merged in shard
-    order; the runner counters gain every shard's sessions and runs."""
+    """Pass 2 over the executor's shards (`bounds`: these sample ranges instead, empty ones allowed),
+    merged in shard order; the runner counters gain every shard's sessions and runs."""
     source = sample_source(ctx.opts.eval if ctx.opts.eval is not None else reopenable(calib), ctx.loaded.inputs,
                            ctx.opts)
-    bounds = shard_bounds(ctx.data.eval_set.n_samples, ctx.data.batch_size, workers)
-    threads = threads_per_worker(ctx.opts.threads, len(bounds))
+    if bounds is None:
+        bounds = shard_bounds(ctx.data.eval_set.n_samples, ctx.data.batch_size, executor.workers)
     segments = ctx.data.memory.segments if ctx.data.memory is not None else 1
-    qdq_bytes = qdq.SerializeToString()
-    jobs = [
-        EvalShard(ctx.graph.prepared, qdq_bytes, list(ctx.graph.sites), ctx.quant.plan, list(compare),
-                  ctx.graph.probe, ctx.opts,
-                  ctx.data.batch_size, segments, threads, ctx.runner.opt_level, source, start, stop)
-        for start, stop in bounds
-    ]
-    bar = progress("measuring", len(jobs))
+    job = EvalJob(ctx.graph.prepared, qdq.SerializeToString(), list(ctx.graph.sites), ctx.quant.plan,
+                  list(compare), ctx.graph.probe,
+                  ctx.opts, ctx.data.batch_size, segments, ctx.runner.opt_level, source)
+    bar = progress("measuring", len(bounds))
     try:
-        results = run_sharded(pool, jobs, run_eval_shard, lambda job: run_eval_shard(job, ctx.data.eval_set))
-        bar.update(len(jobs))
+        results = executor.map_shards(run_eval_shard, job, list(bounds),
+                                      local=lambda j, b, t: run_eval_shard(j, b, t, ctx.data.eval_set))
+        bar.update(len(bounds))
     finally:
         bar.close()
-    merged = results[0].sums
-    for result in results[1:]:
+    done = [r for r in results if r is not None]
+    merged = done[0].sums
+    for result in done[1:]:
         merged.merge(result.sums)
-    for result in results:
+    for result in done:
         ctx.runner.stats.sessions_created += result.sessions
         ctx.runner.stats.runs += result.runs
         ctx.runner.stats.samples += result.samples
     return finish_evaluation(merged, ctx.graph.sites, ctx.quant.plan, ctx.data.eval_set)
 
 
-def run_eval_shard(job: EvalShard, opened: CalibSet | None = None) -> ShardResult:
-    """Build this process' own sessions and sum the shard; `opened`: the whole evaluation set, already
-    open in this process (else the worker reopens it from `job.source`)."""
-    eval_set = (opened if opened is not None else job.source.open()).shard(job.start, job.stop)
-    runner = Runner(threads=job.threads, opt_level=job.opt_level)
+def run_eval_shard(job: EvalJob, bounds: Bounds, threads: int | None,
+                   opened: CalibSet | None = None) -> ShardResult | None:
+    """Build this process' own sessions and sum the shard (None for an empty one); `opened`: the whole
+    evaluation set, already open in this process (else the worker reopens it from `job.source`)."""
+    start, stop = bounds
+    if stop <= start:
+        return None
+    eval_set = (opened if opened is not None else job.source.open()).shard(start, stop)
+    runner = Runner(threads=threads, opt_level=job.opt_level)
     sums = accumulate_evaluation(
         job.prepared, onnx.load_from_string(job.qdq), job.sites, job.plan, job.compare, eval_set, job.batch_size,
-        runner, no_progress, job.probe, job.opts, segments=job.segments, offset=job.start,
+        runner, no_progress, job.probe, job.opts, segments=job.segments, offset=start,
     )
     stats = runner.stats
     return ShardResult(sums, stats.sessions_created, stats.runs, stats.samples)
 
 
-
-@dataclass
-class GainShard:
-    """One worker's share of the gain ranking: its candidates, with the scan's context whose sample sets
-    are the gain's few samples, held in memory (`CalibSet.held`)."""
-
-    ctx: ScanContext
-    candidates: list[str]
-    threads: int
-
-
 class ShardedGain:
-    """`impact.GainMeasure` over the pool: candidates dealt out in graph order (a branch from an early
-    site re-runs most of the network, one near the output almost nothing, so each part gets both)."""
+    """`impact.GainMeasure` through the executor: candidates dealt out in graph order (a branch from an
+    early site re-runs most of the network, one near the output almost nothing, so each part gets both).
+    The shards are candidate lists; the context (with the gain's few samples held) is shared."""
 
-    def __init__(self, pool: Executor, workers: int) -> None:
-        self.pool, self.workers = pool, workers
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
 
     def __call__(self, ctx: ScanContext, candidates: Sequence[str], samples: CalibSet,
                  progress: ProgressFactory = no_progress) -> MeasuredGains:
-        parts = deal_in_graph_order(candidates, [s.node for s in ctx.graph.sites], self.workers)
-        threads = threads_per_worker(ctx.opts.threads, len(parts))
+        parts = deal_in_graph_order(candidates, [s.node for s in ctx.graph.sites], self.executor.workers)
         held = samples.held() if len(parts) > 1 else samples
         remote = replace(ctx, data=replace(ctx.data, cset=held, eval_set=held))
-        jobs = [GainShard(remote, part, threads) for part in parts]
-        results = run_sharded(self.pool, jobs, run_gain_shard,
-                              lambda job: run_gain_shard(GainShard(ctx, job.candidates, threads), samples, progress))
+        results = self.executor.map_shards(
+            run_gain_shard, remote, parts,
+            local=lambda _, part, threads: run_gain_shard(ctx, part, threads, samples, progress))
         merged = MeasuredGains({}, results[0][0].base)  # every part ran the same all-int8 model on the same samples
         for part, sessions, runs in results:
             merged.merge(part)
@@ -313,11 +273,10 @@ def deal_in_graph_order(candidates: Sequence[str], order: Sequence[str], parts: 
     return [ranked[k::parts] for k in range(min(parts, len(ranked)))]
 
 
-def run_gain_shard(job: GainShard, samples: CalibSet | None = None,
+def run_gain_shard(ctx: ScanContext, candidates: list[str], threads: int | None, samples: CalibSet | None = None,
                    progress: ProgressFactory = no_progress) -> tuple[MeasuredGains, int, int]:
     """This part's gains and the all-int8 figure, from this process' own gain session over `samples`
-    (default: the job's), and the sessions and runs it took."""
-    runner = Runner(threads=job.threads, opt_level=job.ctx.runner.opt_level)
-    measured = gains_here(job.ctx, job.candidates, samples if samples is not None else job.ctx.data.eval_set,
-                          progress, runner)
+    (default: the context's evaluation set), and the sessions and runs it took."""
+    runner = Runner(threads=threads, opt_level=ctx.runner.opt_level)
+    measured = gains_here(ctx, candidates, samples if samples is not None else ctx.data.eval_set, progress, runner)
     return measured, runner.stats.sessions_created, runner.stats.runs
