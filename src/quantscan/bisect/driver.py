@@ -19,6 +19,8 @@ from typing import Any
 import onnx
 import pandas as pd
 
+from quantscan.bisect.external import Toolchain, ToolchainEvaluator, ToolchainFactory
+from quantscan.bisect.external import verify as verify_plan
 from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, write_plan
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
 from quantscan.bisect.state import (
@@ -129,6 +131,9 @@ def bisect_model(
     on_step: StepCallback | None = None,
     runner: Runner | None = None,
     summary_block: SummaryBlock | None = None,
+    toolchain: ToolchainFactory | None = None,
+    evaluator: str = "quantscan",
+    verify: bool = False,
     **options: Any,
 ) -> BisectResult:
     """Output gain, then a resumable bisection to the target; writes plan files when `out` is given
@@ -138,9 +143,18 @@ def bisect_model(
     session's; options come from the session). The session file is rewritten atomically after the
     gains and after every step, so a kill or Ctrl-C (KeyboardInterrupt propagates) loses at most the
     step in flight.
+
+    `toolchain` (bisect/external.py) is a vendor toolchain made for this model and these samples:
+    `evaluator` its name makes every evaluation of the search a build in it (the session records the
+    evaluator, a resume must name the same one); `verify` applies the final plan and Pareto points in it.
     """
     started = time.perf_counter()
+    if (evaluator != "quantscan" or verify) and toolchain is None:
+        raise UsageError(f"bisect: expected a toolchain for --evaluator {evaluator} / --verify, found none")
     stored, session_path = _open_session(resume, session, out)
+    if stored is not None and str(stored.options.get("evaluator", "quantscan")) != evaluator:
+        raise SessionFileError(f"session was measured with --evaluator {stored.options.get('evaluator', 'quantscan')}"
+                               f", found --evaluator {evaluator}: resume with the same evaluator")
     if stored is not None:
         model, calib, options, fallback, mode, loss_if_only = _as_stored(stored, model, calib, options)
     if model is None or calib is None:
@@ -159,10 +173,12 @@ def bisect_model(
         else target_from_flags(target_cosine, target_sqnr, target_top1, target)
     )
     builder = mixed_builder(ctx, fallback)
-    evaluator = make_evaluator(ctx, builder, aim)
+    chain = toolchain(loaded, cset) if toolchain is not None and (verify or evaluator != "quantscan") else None
+    judge = make_evaluator(ctx, builder, aim) if chain is None or evaluator == "quantscan" else \
+        ToolchainEvaluator(ctx, chain, aim.key)
     measured: dict[tuple[str, ...], tuple[Measured, float]] = {}
     if stored is None:
-        met = mode == "search" and not keep_float and _all_int8_meets(evaluator, builder, aim, measured)
+        met = mode == "search" and not keep_float and _all_int8_meets(judge, builder, aim, measured)
         gains = (
             None
             if mode == "first_bad" or met
@@ -170,15 +186,19 @@ def bisect_model(
         )
         stored = _new_session(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant,
                               options, gains)
+        stored.options["evaluator"] = evaluator
         keep_float, force_quant = (), ()
     machine = machine_for(stored)
     if keep_float or force_quant:
         machine.mark(keep_float, force_quant)
         stored.events = list(machine.events)
     _save(stored, session_path, machine)
-    _drive(machine, builder, evaluator, stored, session_path, progress, on_step, measured)
-    return _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
-                   time.perf_counter() - started, summary_block)
+    _drive(machine, builder, judge, stored, session_path, progress, on_step, measured)
+    result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
+                     time.perf_counter() - started, summary_block, chain if verify else None)
+    if chain is not None:
+        chain.close()  # only after a finished search: an interrupted one resumes from step 1's files
+    return result
 
 
 def _as_stored(
@@ -202,7 +222,8 @@ def _as_stored(
 
 
 def _all_int8_meets(
-    evaluator: Evaluator, builder: MixedBuilder, aim: Target, measured: dict[tuple[str, ...], tuple[Measured, float]]
+    evaluator: Evaluator | ToolchainEvaluator, builder: MixedBuilder, aim: Target,
+    measured: dict[tuple[str, ...], tuple[Measured, float]],
 ) -> bool:
     """Measure all-int8 before the output gains; True when it already meets the target.
 
@@ -315,7 +336,7 @@ def _save(session: BisectSession, path: Path | None, machine: Bisector) -> None:
 def _drive(
     machine: Bisector,
     builder: MixedBuilder,
-    evaluator: Evaluator,
+    evaluator: Evaluator | ToolchainEvaluator,
     session: BisectSession,
     path: Path | None,
     progress: ProgressFactory,
@@ -354,6 +375,7 @@ def _finish(
     exports: Sequence[str] | None,
     seconds: float,
     summary_block: SummaryBlock | None,
+    chain: Toolchain | None = None,
 ) -> BisectResult:
     outcome = machine.outcome
     assert outcome is not None
@@ -362,6 +384,8 @@ def _finish(
     chosen |= machine.keep_float if outcome.status == "already_met" else set()
     prec = builder.precisions(chosen)
     plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds)
+    if chain is not None:
+        plan = verify_plan(plan, ctx, builder.precisions, chain)
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:

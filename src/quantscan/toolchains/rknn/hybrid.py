@@ -53,6 +53,7 @@ class HybridRknn:
     known: list[str] = field(default_factory=list)
     builds: int = 0
     step1_seconds: float = 0.0
+    tool: str = "rknn"
 
     @classmethod
     def create(cls, loaded: LoadedModel, cset: CalibSet, python: Path, target: str, work: Path,
@@ -121,10 +122,15 @@ class HybridRknn:
             "warning": rknn_names.vanished_warning(resolved),
             "honoured": rknn_names.honoured(resolved, places, graph_names(self.loaded.proto)),
             "cfg": str(cfg),
+            "version": result.get("version"),
             "stages": result.get("stages", []),
             "error": result.get("error"),
             "seconds": round(time.perf_counter() - t0, 3),
         }
+
+    def evaluate(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
+        """`bisect.external.Toolchain`'s name for `apply`."""
+        return self.apply(sites, label)
 
     def close(self) -> None:
         """Drop what only builds need (the samples, step 1's model copies: MBs each)."""
