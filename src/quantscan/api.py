@@ -187,37 +187,4 @@ def run_bisect(
     folder gets the plan block on its first screen."""
     from quantscan.bisect.driver import bisect_model  # onnxruntime and pandas: only when a bisection runs
 
-    tool = options.pop("verify_tool", None)
-    evaluator = str(options.pop("evaluator", None) or "quantscan")
-    python, target = options.pop("vendor_python", None), options.pop("vendor_target", None)
-    chosen = {t for t in (tool, evaluator) if t and t != "quantscan"}
-    if len(chosen) > 1:
-        raise UsageError(f"bisect: expected one toolchain for --verify and --evaluator, "
-                         f"found {', '.join(sorted(chosen))}")
-    factory = None
-    if chosen:
-        work = Path(options.get("out") or Path(str(options.get("resume"))).parent) / "toolchain"
-        factory = toolchain_factory(chosen.pop(), python, target, work)
-    return bisect_model(model, calib, summary_block=with_plan_block, toolchain=factory, evaluator=evaluator,
-                        verify=tool is not None, **options)
-
-
-def toolchain_factory(tool: str, python: str | Path | None, target: str | None, work: Path) -> Any:
-    """The vendor toolchain `bisect --verify/--evaluator TOOL` builds with (bisect/external.py), made
-    once the bisection has loaded the model and samples. Its Python is checked now, before any long work."""
-    if tool == "tpu-mlir":
-        raise UsageError("bisect --verify/--evaluator tpu-mlir: expected a tpu-mlir driver, found none in this "
-                         "version (not available yet; rknn is)")
-    if tool != "rknn":
-        raise UsageError(f"bisect --verify/--evaluator: expected rknn or tpu-mlir, found {tool}")
-    if not target:
-        raise UsageError("bisect --verify/--evaluator rknn: expected --vendor-target CHIP (e.g. rk3588), found none")
-    from quantscan.toolchains.interpreter import find_python
-    from quantscan.toolchains.rknn.hybrid import HybridRknn
-
-    vendor_python = find_python("rknn", python)
-
-    def make(loaded: Any, cset: Any) -> HybridRknn:
-        return HybridRknn.create(loaded, cset, vendor_python, str(target), work)
-
-    return make
+    return bisect_model(model, calib, summary_block=with_plan_block, **options)

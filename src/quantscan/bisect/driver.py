@@ -85,8 +85,11 @@ SCAN_OPTION_KEYS = (
     "charset",
     "mask_threshold",
     "max_memory",
+    "profile",
 )
-"""Scan options a session records: a resume must measure exactly what the first run measured."""
+"""Scan options a session records: a resume must measure exactly what the first run measured (the
+profile too: without it a resumed `--profile rk3588` session measured its new steps with the default
+scheme, and `--evaluator rknn` would not know the chip)."""
 
 
 def target_from_flags(
@@ -142,19 +145,11 @@ def bisect_model(
     New run: `model`, `calib`, one `target_*`. Resume: `resume=FILE` (model/calib default to the
     session's; options come from the session). The session file is rewritten atomically after the
     gains and after every step, so a kill or Ctrl-C (KeyboardInterrupt propagates) loses at most the
-    step in flight.
-
-    `toolchain` (bisect/external.py) is a vendor toolchain made for this model and these samples:
-    `evaluator` its name makes every evaluation of the search a build in it (the session records the
-    evaluator, a resume must name the same one); `verify` applies the final plan and Pareto points in it.
+    step in flight. `toolchain`, `evaluator`, `verify`: the vendor in the loop (`_toolchain_judge`).
     """
     started = time.perf_counter()
-    if (evaluator != "quantscan" or verify) and toolchain is None:
-        raise UsageError(f"bisect: expected a toolchain for --evaluator {evaluator} / --verify, found none")
     stored, session_path = _open_session(resume, session, out)
-    if stored is not None and str(stored.options.get("evaluator", "quantscan")) != evaluator:
-        raise SessionFileError(f"session was measured with --evaluator {stored.options.get('evaluator', 'quantscan')}"
-                               f", found --evaluator {evaluator}: resume with the same evaluator")
+    _check_evaluator(stored, evaluator, toolchain is not None, verify)
     if stored is not None:
         model, calib, options, fallback, mode, loss_if_only = _as_stored(stored, model, calib, options)
     if model is None or calib is None:
@@ -173,9 +168,7 @@ def bisect_model(
         else target_from_flags(target_cosine, target_sqnr, target_top1, target)
     )
     builder = mixed_builder(ctx, fallback)
-    chain = toolchain(loaded, cset) if toolchain is not None and (verify or evaluator != "quantscan") else None
-    judge = make_evaluator(ctx, builder, aim) if chain is None or evaluator == "quantscan" else \
-        ToolchainEvaluator(ctx, chain, aim.key)
+    chain, judge = _toolchain_judge(ctx, builder, aim, (loaded, cset), toolchain, evaluator, verify)
     measured: dict[tuple[str, ...], tuple[Measured, float]] = {}
     if stored is None:
         met = mode == "search" and not keep_float and _all_int8_meets(judge, builder, aim, measured)
@@ -186,8 +179,7 @@ def bisect_model(
         )
         stored = _new_session(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant,
                               options, gains)
-        stored.options["evaluator"] = evaluator
-        keep_float, force_quant = (), ()
+        keep_float, force_quant, stored.options["evaluator"] = (), (), evaluator
     machine = machine_for(stored)
     if keep_float or force_quant:
         machine.mark(keep_float, force_quant)
@@ -196,9 +188,32 @@ def bisect_model(
     _drive(machine, builder, judge, stored, session_path, progress, on_step, measured)
     result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
                      time.perf_counter() - started, summary_block, chain if verify else None)
-    if chain is not None:
-        chain.close()  # only after a finished search: an interrupted one resumes from step 1's files
+    if chain is not None:  # only after a finished search: an interrupted one resumes from step 1's files
+        chain.close()
     return result
+
+
+def _toolchain_judge(
+    ctx: ScanContext, builder: MixedBuilder, aim: Target, data: tuple[LoadedModel, CalibSet],
+    toolchain: ToolchainFactory | None, evaluator: str, verify: bool,
+) -> tuple[Toolchain | None, Evaluator | ToolchainEvaluator]:
+    """The vendor toolchain (bisect/external.py), made for this model and these very samples when
+    `--verify` or a toolchain `--evaluator` needs it, and who measures the search's candidates: the
+    toolchain (each evaluation one build in it; the session records which) or quantscan's simulation."""
+    chain = toolchain(*data) if toolchain is not None and (verify or evaluator != "quantscan") else None
+    if chain is None or evaluator == "quantscan":
+        return chain, make_evaluator(ctx, builder, aim)
+    return chain, ToolchainEvaluator(ctx, chain, aim.key)
+
+
+def _check_evaluator(stored: BisectSession | None, evaluator: str, has_toolchain: bool, verify: bool) -> None:
+    """A toolchain evaluator or --verify needs the toolchain; a session resumes with its own evaluator
+    (its steps were measured by it: mixing two would compare two simulators' figures)."""
+    if (evaluator != "quantscan" or verify) and not has_toolchain:
+        raise UsageError(f"bisect: expected a toolchain for --evaluator {evaluator} / --verify, found none")
+    if stored is not None and str(stored.options.get("evaluator", "quantscan")) != evaluator:
+        raise SessionFileError(f"session was measured with --evaluator {stored.options.get('evaluator', 'quantscan')}"
+                               f", found --evaluator {evaluator}: resume with the same evaluator")
 
 
 def _as_stored(

@@ -81,14 +81,15 @@ class ToolchainEvaluator:
 
     def evaluate(self, prec: Sequence[str]) -> Measured:
         sites = kernel_sites(self.ctx, prec)
-        got = self.chain.evaluate(sites, _label("eval", sites))
+        chain = self.chain
+        got = chain.evaluate(sites, _label("eval", sites))
         if got.get("error"):
-            raise UsageError(f"bisect --evaluator {self.chain.tool}: expected a build with {len(sites)} float "
+            raise UsageError(f"bisect --evaluator {chain.tool}: expected a build with {len(sites)} float "
                              f"site(s), found it stopped in {got['error'].get('stage')}: "
                              f"{got['error'].get('message')}; the session keeps every finished step")
         value = float(got.get("cosine", math.nan))
         worst = {"cosine": value}
-        output = ",".join(got.get("vendor_output_cosine", {})) or "output"
+        output = ",".join(got.get("vendor_output_cosine", {})) or chain.tool
         return Measured(rows={output: worst}, output=output, worst=worst)
 
 

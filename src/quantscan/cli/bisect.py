@@ -112,8 +112,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                 mode="first_bad" if args.first_bad else "search",
                 session=args.session, resume=args.resume, keep_float=args.keep_float, force_quant=args.force_quant,
                 loss_if_only=args.loss_if_only, out=out, save_qdq=args.save_qdq, exports=args.export,
-                progress=progress_factory(args.quiet), on_step=on_step, verify_tool=args.verify,
-                evaluator=args.evaluator, vendor_python=args.vendor_python, vendor_target=_chip(args), **options,
+                progress=progress_factory(args.quiet), on_step=on_step, verify=args.verify is not None,
+                evaluator=args.evaluator, toolchain=_toolchain(args, out), **options,
             )
     except KeyboardInterrupt:
         where = Path(args.session or args.resume or out / "session.json")
@@ -155,6 +155,19 @@ def _print_verified(plan: Any) -> None:
     warnings = {got.get("warning") for _, _, got in points if got.get("warning")}
     for warning in sorted(warnings):
         print(f"quantscan: warning: {warning}", file=sys.stderr)
+
+
+def _toolchain(args: argparse.Namespace, out: Path) -> Any:
+    """The vendor toolchain --verify/--evaluator name (one of them: two would be two chips' figures)."""
+    chosen = {t for t in (args.verify, args.evaluator) if t and t != "quantscan"}
+    if len(chosen) > 1:
+        raise UsageError(f"bisect: expected one toolchain for --verify and --evaluator, "
+                         f"found {', '.join(sorted(chosen))}")
+    if not chosen:
+        return None
+    from quantscan.toolchains.rknn.hybrid import toolchain_factory
+
+    return toolchain_factory(chosen.pop(), args.vendor_python, _chip(args), out / "toolchain")
 
 
 def _chip(args: argparse.Namespace) -> str | None:

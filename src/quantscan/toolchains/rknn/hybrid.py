@@ -112,7 +112,8 @@ class HybridRknn:
         sim_path = folder / "sim_outputs.npz"
         simulated = dict(np.load(sim_path)) if sim_path.exists() else {}
         cosines = output_cosines(self.reference, simulated, self.output_names) if simulated else {}
-        places = rknn_files.parse_layer_table(log.read_text(encoding="utf-8", errors="replace"))
+        log_text = log.read_text(encoding="utf-8", errors="replace")
+        places = rknn_files.parse_layer_table(log_text)
         return {
             "float_sites": [s.node for s in sites],
             "vendor_output_cosine": cosines,
@@ -122,7 +123,7 @@ class HybridRknn:
             "warning": rknn_names.vanished_warning(resolved),
             "honoured": rknn_names.honoured(resolved, places, graph_names(self.loaded.proto)),
             "cfg": str(cfg),
-            "version": result.get("version"),
+            "version": result.get("version") or rknn_files.toolkit_version(log_text),
             "stages": result.get("stages", []),
             "error": result.get("error"),
             "seconds": round(time.perf_counter() - t0, 3),
@@ -138,6 +139,27 @@ class HybridRknn:
         for pattern in ("*.model", "*.data", "check*.onnx"):
             for path in self.step1_dir.glob(pattern):
                 path.unlink()
+
+
+def toolchain_factory(tool: str, python: str | Path | None, target: str | None, work: Path) -> Any:
+    """The toolchain `bisect --verify/--evaluator TOOL` builds with (`bisect.external.ToolchainFactory`),
+    made once the bisection has loaded the model and samples. Its Python is checked now, before any
+    long work; tpu-mlir has no hybrid driver in this version."""
+    if tool == "tpu-mlir":
+        raise UsageError("bisect --verify/--evaluator tpu-mlir: expected a tpu-mlir driver, found none in this "
+                         "version (not available yet; rknn is)")
+    if tool != "rknn":
+        raise UsageError(f"bisect --verify/--evaluator: expected rknn or tpu-mlir, found {tool}")
+    if not target:
+        raise UsageError("bisect --verify/--evaluator rknn: expected --profile CHIP (e.g. rk3588), found none")
+    from quantscan.toolchains.interpreter import find_python
+
+    vendor_python = find_python("rknn", python)
+
+    def make(loaded: LoadedModel, cset: CalibSet) -> HybridRknn:
+        return HybridRknn.create(loaded, cset, vendor_python, str(target), work)
+
+    return make
 
 
 def fill_custom(cfg_text: str, lines: Sequence[str]) -> str:

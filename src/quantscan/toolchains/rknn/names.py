@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from quantscan.columns import Col
 from quantscan.records import PlanSite, Precision
 from quantscan.toolchains import align
 from quantscan.toolchains.rknn.files import LayerPlacement, parse_quantization_cfg
@@ -48,7 +49,7 @@ class SiteNames:
         return not self.names
 
     def to_json(self) -> dict[str, object]:
-        return {"node": self.node, "output": self.output, "dtype": self.dtype, "names": list(self.names),
+        return {Col.NODE: self.node, Col.OUTPUT: self.output, "dtype": self.dtype, "names": list(self.names),
                 "vanished": self.vanished}
 
 
@@ -160,7 +161,7 @@ def honoured(resolved: Sequence[SiteNames], places: Sequence[LayerPlacement],
     for site in resolved:
         dtypes = sorted({d for n in (site.nodes or (site.node,)) for d in by_node.get(n, [])})
         ran = dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "not in layer table")
-        rows.append({"node": site.node, "requested": site.dtype, "ran": ran, "dtypes": dtypes,
+        rows.append({Col.NODE: site.node, "requested": site.dtype, "ran": ran, "dtypes": dtypes,
                      "honoured": ran == site.dtype, "names": list(site.names)})
     return rows
 
