@@ -92,7 +92,15 @@ def test_alignment_reproduces_the_recorded_vendor_csv(assets: Path) -> None:
                                places, predicted)
     recorded = pd.read_csv(RK3588 / "vendor.csv", keep_default_na=False)
     assert table["layer"].tolist() == recorded["layer"].tolist()
-    assert table["loss"].tolist() == recorded["loss"].tolist()
+    # issue 32: the classifier FC RKNN names `p2o.pd_op.matmul.0.0_rs_sw` (MatMul and bias fused, named
+    # after the MatMul's output) now has the figures of quantscan's MatMul+Add site; the recorded file
+    # (written before) left them empty. Every other row is as recorded.
+    fc = table["layer"].str.startswith("p2o.pd_op.matmul.0.0_rs_sw")
+    assert fc.sum() == 2 and (recorded.loc[fc, "qs_isolated_cosine"] == "").all()
+    site = pd.read_csv(qs / "layers.csv").set_index("node").loc["MatMul.0"]
+    assert (table.loc[fc, "qs_isolated_cosine"] == site["isolated_cosine"]).all()
+    assert (table.loc[fc, "qs_cumulative_cosine"] == site["cumulative_cosine"]).all()
+    assert table.loc[~fc, "loss"].tolist() == recorded.loc[~fc, "loss"].tolist()
     got, want = table["vendor_entire_cosine"].astype(float), pd.to_numeric(recorded["vendor_entire_cosine"])
     assert np.allclose(got, want, equal_nan=True, rtol=0, atol=1e-12)
     assert meta["layers"] == len(table) and meta["placement_mismatches"]["unexplained"] == 0

@@ -209,6 +209,7 @@ def align_layers(
     cumulative = _by(qs_tensors, "tensor", Col.CUMULATIVE_COSINE)
     placed = _vendor_placement_by_node(vendor_places, graph)
     kernel_of = _site_nodes(qs_layers)
+    first_of = {first: output for output, first in kernel_of.items()}
     rows = []
     for layer in layers:
         mapped = onnx_name(layer.layer, graph)
@@ -217,8 +218,9 @@ def align_layers(
         mapped, same = (moved, True) if moved is not None else (mapped, same)
         node = mapped.node if mapped else ""
         tensor = mapped.tensor if mapped else ""
-        iso = isolated.get(tensor, math.nan) if same else math.nan
-        cum = cumulative.get(tensor, math.nan) if same else math.nan
+        key = _kernel_output(mapped, isolated, first_of) if same and mapped is not None else tensor
+        iso = isolated.get(key, math.nan) if same else math.nan
+        cum = cumulative.get(key, math.nan) if same else math.nan
         rows.append({
             "layer": layer.layer,
             Col.NODE: node,
@@ -277,6 +279,15 @@ def _site_nodes(qs_layers: pd.DataFrame) -> dict[str, str]:
     if qs_layers is None or qs_layers.empty or Col.OUTPUT not in qs_layers or Col.NODE not in qs_layers:
         return {}
     return {str(t): str(n) for t, n in zip(qs_layers[Col.OUTPUT], qs_layers[Col.NODE], strict=True)}
+
+
+def _kernel_output(mapped: Mapped, isolated: Mapping[str, float], first_of: Mapping[str, str]) -> str:
+    """The tensor whose quantscan figures a vendor layer is compared with: its own, or, for a name RKNN
+    derived from a kernel's inner tensor (the classifier FC `p2o.pd_op.matmul.0.0_rs_sw`: MatMul with its
+    bias Add fused, named after the MatMul's output), the output of the site that kernel starts."""
+    if not mapped.derived or mapped.tensor in isolated or mapped.node not in first_of:
+        return mapped.tensor
+    return first_of[mapped.node]
 
 
 def _predicted(predicted: Mapping[str, str], node: str, kernel: str) -> str:
