@@ -187,7 +187,7 @@ def bisect_model(
     _save(stored, session_path, machine)
     _drive(machine, builder, judge, stored, session_path, progress, on_step, measured)
     result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
-                     time.perf_counter() - started, summary_block, chain if verify else None)
+                     time.perf_counter() - started, summary_block, (chain, verify))
     if chain is not None:  # only after a finished search: an interrupted one resumes from step 1's files
         chain.close()
     return result
@@ -390,7 +390,7 @@ def _finish(
     exports: Sequence[str] | None,
     seconds: float,
     summary_block: SummaryBlock | None,
-    chain: Toolchain | None = None,
+    vendor: tuple[Toolchain | None, bool] = (None, False),
 ) -> BisectResult:
     outcome = machine.outcome
     assert outcome is not None
@@ -399,15 +399,17 @@ def _finish(
     chosen |= machine.keep_float if outcome.status == "already_met" else set()
     prec = builder.precisions(chosen)
     plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds)
-    if chain is not None:
+    chain, verify = vendor
+    if chain is not None and verify:
         plan = verify_plan(plan, ctx, builder.precisions, chain)
+    step1_names = chain.names_for(plan.sites) if chain is not None else None
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
         files["qdq"] = save_model(qdq, Path(save_qdq), protect=[ctx.loaded.path], flag="--save-qdq",
                                   force=ctx.opts.force)
     if out is not None:
-        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block))
+        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block, step1_names))
     return BisectResult(
         plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, list(ctx.warnings)
     )

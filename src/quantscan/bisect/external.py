@@ -41,6 +41,10 @@ class Toolchain(Protocol):
         (None or {stage, message}), `vanished`, `honoured`, ... `label` names the build's folder."""
         ...
 
+    def names_for(self, sites: Sequence[PlanSite]) -> dict[str, list[str]]:
+        """Site node -> the names the toolchain's own configuration takes for it (the export's)."""
+        ...
+
     def close(self) -> None:
         """Remove what only builds needed."""
         ...

@@ -129,6 +129,10 @@ class HybridRknn:
             "seconds": round(time.perf_counter() - t0, 3),
         }
 
+    def names_for(self, sites: Sequence[PlanSite]) -> dict[str, list[str]]:
+        """Site node -> the names step 1 kept for it (bisect's rknn_hybrid_quant.cfg export)."""
+        return {r.node: list(r.names) for r in self.resolve(sites)}
+
     def evaluate(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
         """`bisect.external.Toolchain`'s name for `apply`."""
         return self.apply(sites, label)
