@@ -213,7 +213,8 @@ def align_layers(
     rows = []
     for layer in layers:
         mapped = onnx_name(layer.layer, graph)
-        same = mapped is not None and same_values(mapped, layer.op_type, graph)
+        same = mapped is not None and (same_values(mapped, layer.op_type, graph)
+                                       or _fused_site_output(layer.layer, mapped, isolated, first_of))
         moved = swapped(layer.layer, layer.op_type, mapped, graph) if mapped is not None and not same else None
         mapped, same = (moved, True) if moved is not None else (mapped, same)
         node = mapped.node if mapped else ""
@@ -281,12 +282,24 @@ def _site_nodes(qs_layers: pd.DataFrame) -> dict[str, str]:
     return {str(t): str(n) for t, n in zip(qs_layers[Col.OUTPUT], qs_layers[Col.NODE], strict=True)}
 
 
+def _fused_site_output(layer: str, mapped: Mapped, isolated: Mapping[str, float], first_of: Mapping[str, str]) -> bool:
+    """A layer RKNN named after a quantscan *site* output with a layout or fusion suffix holds that site's
+    values even when its op is not the producer's: the fused LayerNorm (`p2o.Add.235_tp-rs`, exNorm),
+    attention (`p2o.MatMul.5_sdpa`), SiLU (`swish_13.tmp_0_tp-rs`, exSwish) or MatMul+bias run as a Conv
+    (`p2o.Add.239-rs`) of PP-OCRv4 rec's neck; a LayerNorm RKNN names after its first node (`_2ln`).
+    Not a `_sw` name: that is the op RKNN moved, the reader."""
+    if not mapped.tensor:
+        return layer.endswith("_2ln") and mapped.node in first_of
+    return mapped.derived and mapped.tensor in isolated and not layer.endswith("_sw")
+
+
 def _kernel_output(mapped: Mapped, isolated: Mapping[str, float], first_of: Mapping[str, str]) -> str:
     """The tensor whose quantscan figures a vendor layer is compared with: its own, or, for a name RKNN
     derived from a kernel's inner tensor (the classifier FC `p2o.pd_op.matmul.0.0_rs_sw`: MatMul with its
     bias Add fused, named after the MatMul's output), the output of the site that kernel starts."""
     if not mapped.derived or mapped.tensor in isolated or mapped.node not in first_of:
         return mapped.tensor
+    # an inner tensor, or a name derived from the kernel's first node (`_2ln`): the site's output
     return first_of[mapped.node]
 
 
