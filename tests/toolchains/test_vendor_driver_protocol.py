@@ -113,6 +113,7 @@ def test_plan_goes_through_hybrid_quantization(tmp_path: Path) -> None:
     # (the fake, like rknn-toolkit2 2.5.0, refuses step 2 on a name its step 1 did not list)
     assert '"mm1": float16' in applied and '"h1": float16' in applied and '"add1"' not in applied
     assert got.plan["names"] == {"mm1": ["mm1", "h1"]} and got.plan["vanished"] == []
+    assert got.plan["dropped"] == {"mm1": ["add1"]}  # the Add's output, folded by step 1
     # honoured: read back from the step-2 build's layer table, node by node
     assert got.plan["honoured"] == [{"node": "mm1", "requested": "float16", "ran": "float16",
                                      "dtypes": ["float16"], "honoured": True, "names": ["mm1", "h1"]}]

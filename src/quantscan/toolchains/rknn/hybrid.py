@@ -120,6 +120,7 @@ class HybridRknn:
             "cosine": min(cosines.values()) if cosines else math.nan,
             "names": {s.node: list(s.names) for s in resolved},
             "vanished": [s.node for s in resolved if s.vanished],
+            "dropped": self._dropped(sites),
             "warning": rknn_names.vanished_warning(resolved),
             "honoured": rknn_names.honoured(resolved, places, graph_names(self.loaded.proto)),
             "cfg": str(cfg),
@@ -128,6 +129,18 @@ class HybridRknn:
             "error": result.get("error"),
             "seconds": round(time.perf_counter() - t0, 3),
         }
+
+    def _dropped(self, sites: Sequence[PlanSite]) -> dict[str, list[str]]:
+        """Site node -> its kernel's tensors step 1 did not keep (folded or renamed: CONTRACT's "any name
+        it dropped"); sites that lost none are left out."""
+        known = set(self.step1())
+        outputs = {n.name: [o for o in n.output if o] for n in self.loaded.proto.graph.node}
+        out = {}
+        for site in sites:
+            gone = [t for n in site.node_names for t in outputs.get(n, ()) if t not in known]
+            if gone:
+                out[site.node] = gone
+        return out
 
     def names_for(self, sites: Sequence[PlanSite]) -> dict[str, list[str]]:
         """Site node -> the names step 1 kept for it (bisect's rknn_hybrid_quant.cfg export)."""

@@ -337,7 +337,7 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
         "float_sites": [s.output for s in plan.sites],
         "quantscan_claimed_cosine": (plan.achieved or {}).get("cosine", math.nan),
         "target": {"metric": plan.target.metric, "value": plan.target.value},
-        **{k: applied[k] for k in ("vendor_output_cosine", "names", "vanished", "warning", "honoured",
+        **{k: applied[k] for k in ("vendor_output_cosine", "names", "vanished", "dropped", "warning", "honoured",
                                    "stages", "error", "seconds")},
         "seconds_step1": round(hybrid.step1_seconds, 3),
     }
