@@ -119,3 +119,21 @@ def test_kernel_nodes_walks_from_site_node_to_output() -> None:
              ("Mul.0", ["b", "k"], ["m"]), ("Div.0", ["m"], ["hs"]), ("Conv.1", ["hs"], ["y"])]
     assert rknn_names.kernel_nodes(nodes, "Conv.0", "hs") == ("Conv.0", "BN.0", "Add.0", "Clip.0", "Mul.0", "Div.0")
     assert rknn_names.kernel_nodes(nodes, "Conv.1", "y") == ("Conv.1",)
+
+
+def test_a_float_site_run_in_float32_is_honoured() -> None:
+    """PP-OCRv4 rec's SE-block Muls ran `FLOAT` (float32) in RKNN's hybrid build: above int8, as asked;
+    an int16 request is honoured only by INT16."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "s"], ["m"], name="Mul.0"),
+         helper.make_node("Relu", ["m"], ["r"], name="Relu.0")],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [1, 4])])
+    names = graph_names(helper.make_model(graph))
+    places = [rknn_files.LayerPlacement(0, "Mul", "FLOAT", "CPU", "Mul.0"),
+              rknn_files.LayerPlacement(1, "Relu", "INT8", "NPU", "Relu.0")]
+    sites = [rknn_names.SiteNames("Mul.0", "m", "float16", ("m",)),
+             rknn_names.SiteNames("Relu.0", "r", "float16", ("r",)),
+             rknn_names.SiteNames("Mul.0", "m", "int16", ("m",))]
+    got = rknn_names.honoured(sites, places, names)
+    assert [(g["ran"], g["honoured"]) for g in got] == [("float", True), ("int8", False), ("float", False)]

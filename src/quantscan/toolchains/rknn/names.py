@@ -28,6 +28,7 @@ from quantscan.records import PlanSite, Precision
 from quantscan.toolchains import align
 from quantscan.toolchains.rknn.files import LayerPlacement, parse_quantization_cfg
 
+_FLOAT_DTYPES = frozenset({"float16", "float", "float32", "fp16", "fp32"})
 _DTYPE_COPY = re.compile(r"(__float16|_int8|_float16|__cvt_[A-Za-z0-9_]+)$")
 """Names of dtype conversions RKNN inserts: they follow the layer's dtype, a cfg need not name them."""
 
@@ -149,7 +150,9 @@ def honoured(resolved: Sequence[SiteNames], places: Sequence[LayerPlacement],
              graph: align.GraphNames) -> list[dict[str, object]]:
     """Per planned site, the precision RKNN ran it at, from the build's Network Layer Information Table:
     the DataType of every layer whose FullName maps to one of the site's nodes (float16, int8, int16,
-    `mixed` when its layers differ, `not in layer table` when none maps)."""
+    `mixed` when its layers differ, `not in layer table` when none maps). A float site is honoured when
+    every one of its layers ran above int8: FLOAT16, or FLOAT (PP-OCRv4 rec's SE-block Muls, run in
+    float32 once their inputs are float16)."""
     by_node: dict[str, list[str]] = {}
     for place in places:
         if place.op_type.endswith("DataConvert") or place.op_type in ("InputOperator", "OutputOperator"):
@@ -161,8 +164,10 @@ def honoured(resolved: Sequence[SiteNames], places: Sequence[LayerPlacement],
     for site in resolved:
         dtypes = sorted({d for n in (site.nodes or (site.node,)) for d in by_node.get(n, [])})
         ran = dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "not in layer table")
+        above_int8 = bool(dtypes) and all(d in _FLOAT_DTYPES for d in dtypes)
         rows.append({Col.NODE: site.node, "requested": site.dtype, "ran": ran, "dtypes": dtypes,
-                     "honoured": ran == site.dtype, "names": list(site.names)})
+                     "honoured": above_int8 if site.dtype == "float16" else ran == site.dtype,
+                     "names": list(site.names)})
     return rows
 
 
