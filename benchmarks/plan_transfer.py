@@ -101,7 +101,8 @@ def measure(plan_path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             "model": model.stem, "plan": str(plan_path), "point": label, "float_sites": len(nodes),
             "claimed": claimed, "interval": interval, "rknn": applied["cosine"],
             "ort": _ort_cosine(plan, sites, hybrid, feeds), "vanished": applied["vanished"],
-            "honoured": sum(1 for h in applied["honoured"] if h["honoured"]),
+            "honoured": sum(1 for h in applied["honoured"] if h["honoured"] is True),
+            "unknown": sum(1 for h in applied["honoured"] if h["honoured"] is None),
             "sites_in_table": len(applied["honoured"]),
             "error": applied["error"], "build_s": applied["seconds"],
         })
@@ -117,13 +118,14 @@ def measure(plan_path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     headers = ["model", "point", "float sites", "claimed", "interval", "RKNN applied", "RKNN - claimed",
-               "ORT applied", "ORT - claimed", "honoured / sites", "vanished", "vendor builds (search + verify)"]
+               "ORT applied", "ORT - claimed", "honoured / sites (unknown)", "vanished",
+               "vendor builds (search + verify)"]
     body = []
     for r in rows:
         body.append([
             r["model"], r["point"], str(r["float_sites"]), f"{r['claimed']:.5f}", _interval(r["interval"]),
             f"{r['rknn']:.5f}", f"{r['rknn'] - r['claimed']:+.5f}", f"{r['ort']:.5f}",
-            f"{r['ort'] - r['claimed']:+.5f}", f"{r['honoured']}/{r['sites_in_table']}",
+            f"{r['ort'] - r['claimed']:+.5f}", f"{r['honoured']}/{r['sites_in_table']} ({r['unknown']})",
             ", ".join(r["vanished"]) or "-", f"{r['builds_search']} + {r['builds_verify']}",
         ])
     return markdown_table(headers, body)

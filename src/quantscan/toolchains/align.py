@@ -38,9 +38,10 @@ LAYOUT_OPS = ("Reshape", "Transpose", "exDataConvert", "DataConvert", "InputOper
 """Ops a toolkit inserts to move between its own layout/dtype and the model's; not ONNX nodes."""
 
 _SUFFIX = re.compile(r"(__cvt_[A-Za-z0-9_]+|__float16|_int8|_float16|_rs_sw|_sw|_rs|-rs|_tp|_mm|#\d+|_2conv\d+|_i\d+"
-                     r"|_2sdpa_[a-z_]+|_sdpa|_2ln)$")
-"""Suffixes RKNN derives layer names with; `_sdpa` and `_2sdpa_q_matmul`/`_2sdpa_q_softmax` are its fused
-attention, `_2ln` a fused LayerNorm (PP-OCRv4 rec: `p2o.MatMul.5_sdpa`, `p2o.ReduceMean.16_2ln`;
+                     r"|_2[a-z][a-z_]*|_sdpa|_Conv[A-Za-z]+)$")
+"""Suffixes RKNN derives layer names with; `_2<what>` is an op it converted (`_2sdpa`, `_2sdpa_q_matmul` /
+`_2sdpa_q_softmax`: fused attention, `_2ln`: LayerNorm, `_2sp`: Split, `_2exswish`), `_sdpa` the attention's
+output, `_Conv<Op>` a fused Conv kernel in the layer table (`p2o.MatMul.6#2_ConvAdd`) (PP-OCRv4 rec,
 rknn-toolkit2 2.5.0)."""
 
 VENDOR_COLUMNS = [

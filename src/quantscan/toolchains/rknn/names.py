@@ -150,7 +150,9 @@ def honoured(resolved: Sequence[SiteNames], places: Sequence[LayerPlacement],
              graph: align.GraphNames) -> list[dict[str, object]]:
     """Per planned site, the precision RKNN ran it at, from the build's Network Layer Information Table:
     the DataType of every layer whose FullName maps to one of the site's nodes (float16, int8, int16,
-    `mixed` when its layers differ, `not in layer table` when none maps). A float site is honoured when
+    `mixed` when its layers differ); a site fused into a layer RKNN names otherwise (SiLU into its Conv,
+    Q x K into the attention) is read from the layer its step-1 name maps to, and without one `honoured`
+    is None (unknown), not False. A float site is honoured when
     every one of its layers ran above int8: FLOAT16, or FLOAT (PP-OCRv4 rec's SE-block Muls, run in
     float32 once their inputs are float16)."""
     by_node: dict[str, list[str]] = {}
@@ -160,14 +162,17 @@ def honoured(resolved: Sequence[SiteNames], places: Sequence[LayerPlacement],
         mapped = align.onnx_name(place.name, graph)
         if mapped is not None and mapped.node:
             by_node.setdefault(mapped.node, []).append(place.dtype.lower())
-    rows = []
+    rows: list[dict[str, object]] = []
     for site in resolved:
-        dtypes = sorted({d for n in (site.nodes or (site.node,)) for d in by_node.get(n, [])})
-        ran = dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "not in layer table")
+        nodes = list(site.nodes or (site.node,))
+        if not any(n in by_node for n in nodes):  # fused into a layer named after its step-1 name's node
+            nodes = [m.node for name in site.names if (m := align.onnx_name(name, graph)) is not None]
+        dtypes = sorted({d for n in nodes for d in by_node.get(n, [])})
+        ran = dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "fused (no layer of its own)")
         above_int8 = bool(dtypes) and all(d in _FLOAT_DTYPES for d in dtypes)
+        verdict = (above_int8 if site.dtype == "float16" else ran == site.dtype) if dtypes else None
         rows.append({Col.NODE: site.node, "requested": site.dtype, "ran": ran, "dtypes": dtypes,
-                     "honoured": above_int8 if site.dtype == "float16" else ran == site.dtype,
-                     "names": list(site.names)})
+                     "honoured": verdict, "names": list(site.names)})
     return rows
 
 
