@@ -497,13 +497,18 @@ class ParetoPoint:
     float_sites: int
     value: float
     sites: tuple[str, ...]
+    verified: dict[str, Any] | None = None
+    """`bisect --verify`: the point applied by the real toolchain (as `Plan.verified`)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"float_sites": self.float_sites, "value": json_float(self.value), "sites": list(self.sites)}
+        return {"float_sites": self.float_sites, "value": json_float(self.value), "sites": list(self.sites),
+                **({"verified": dict(self.verified)} if self.verified is not None else {})}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> ParetoPoint:
-        return cls(int(raw["float_sites"]), float(raw["value"]), tuple(str(s) for s in raw.get("sites", ())))
+        verified = raw.get("verified")
+        return cls(int(raw["float_sites"]), float(raw["value"]), tuple(str(s) for s in raw.get("sites", ())),
+                   dict(verified) if isinstance(verified, dict) else None)
 
 
 @dataclass(frozen=True)
@@ -587,6 +592,9 @@ class Plan:
     recipe: dict[str, Any] | None = None
     """How the plan was measured, for the exports: `profile`, `recipe` (kernels|onnxruntime) and the
     `quantize_static` keyword arguments of its activation scheme (None in older plan files)."""
+    verified: dict[str, Any] | None = None
+    """`bisect --verify`: the plan applied by the real toolchain (CONTRACT: `tool`, `version`, `value`;
+    also `claimed`, `builds`, vanished sites, what each site ran at). None when no toolchain ran."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -625,6 +633,7 @@ class Plan:
             "phases": list(self.phases),
             "steps": [s.to_json() for s in self.steps],
             **({"recipe": dict(self.recipe)} if self.recipe is not None else {}),
+            **({"verified": dict(self.verified)} if self.verified is not None else {}),
         }
 
     @classmethod
@@ -662,6 +671,7 @@ class Plan:
             format=int(raw.get("format", PLAN_FORMAT)),
             tool=str(raw.get("tool", PLAN_TOOL)),
             recipe=dict(raw["recipe"]) if isinstance(raw.get("recipe"), dict) else None,
+            verified=dict(raw["verified"]) if isinstance(raw.get("verified"), dict) else None,
         )
 
 

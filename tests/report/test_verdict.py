@@ -159,3 +159,21 @@ def test_low_cosine_with_no_standout_site_sends_to_bisect() -> None:
     assert "keep `mask_add` float" not in text
     named = "\n".join(diagnosis_lines(_head(0.99, None), {}, layers, None))
     assert "**Where**: `mask_add` (Add): keeping it float" in named
+
+
+def test_plan_block_shows_the_toolchains_figure_beside_each_claim() -> None:
+    """bisect --verify: summary.md says what the real toolchain got for the plan and every Pareto point."""
+    from quantscan.report.verdict import plan_lines
+
+    warning = "1 planned site(s) have no name rknn-toolkit2's step 1 knows, so RKNN keeps them int8: Mul.4"
+    verified = {"tool": "rknn", "version": "2.5.0", "value": 0.99004, "claimed": 0.99631, "warning": warning}
+    plan = {"target": {"metric": "cosine", "value": 0.995}, "reached": True, "status": "reached",
+            "sites": [{"node": "Conv.0", "precision": "float"}], "all_int8": {"cosine": 0.99147},
+            "achieved": {"cosine": 0.99631}, "verified": verified,
+            "pareto": [{"float_sites": 0, "value": 0.99147, "verified": {**verified, "value": 0.99012,
+                                                                          "claimed": 0.99147, "warning": None}}]}
+    lines = plan_lines(plan)
+    assert len(lines) == 2 and lines[1].startswith("- **Applied by rknn 2.5.0** (bisect --verify)")
+    assert "the plan: claimed 0.99631, applied 0.99004" in lines[1]
+    assert "0 float sites: claimed 0.99147, applied 0.99012" in lines[1] and "Mul.4" in lines[1]
+    assert len(plan_lines({**plan, "verified": None, "pareto": []})) == 1

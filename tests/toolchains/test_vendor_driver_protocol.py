@@ -106,12 +106,24 @@ def test_plan_goes_through_hybrid_quantization(tmp_path: Path) -> None:
     plan_path.write_text(json.dumps(plan))
     got = run_rknn(model, calib, target="rk3588", out=tmp_path / "out", python=_fake_python(tmp_path),
                    analysis_samples=0, plan=plan_path)
-    assert got.plan is not None and got.plan["error"] is None
+    assert got.plan is not None and got.plan["error"] is None and got.plan["warning"] is None
     assert got.plan["quantscan_claimed_cosine"] == 0.9991 and "y" in got.plan["vendor_output_cosine"]
-    applied = (tmp_path / "out" / "rknn" / "hybrid" / "applied.quantization.cfg").read_text()
-    # every tensor of the float kernel the toolkit knows (not only its output); the folded Add is dropped
+    applied = (tmp_path / "out" / "rknn" / "hybrid" / "plan" / "chain.quantization.cfg").read_text()
+    # every tensor of the float kernel step 1 knows (not only its output); the folded Add's is not named
+    # (the fake, like rknn-toolkit2 2.5.0, refuses step 2 on a name its step 1 did not list)
     assert '"mm1": float16' in applied and '"h1": float16' in applied and '"add1"' not in applied
-    assert '"add1": float16' in (tmp_path / "out" / "rknn" / "hybrid" / "dropped_layers.txt").read_text()
+    assert got.plan["names"] == {"mm1": ["mm1", "h1"]} and got.plan["vanished"] == []
+    assert got.plan["dropped"] == {"mm1": ["add1"]}  # the Add's output, folded by step 1
+    # honoured: read back from the step-2 build's layer table, node by node
+    assert got.plan["honoured"] == [{"node": "mm1", "requested": "float16", "ran": "float16",
+                                     "dtypes": ["float16"], "honoured": True, "names": ["mm1", "h1"]}]
+    # the simulator's grid is 2**2 finer with two tensors float16: the cosine numpy computes for it
+    import onnx
+
+    xs = np.load(calib / "x.npy")
+    ys = np.concatenate([run(onnx.load(model), {"x": xs[i:i + 1]})[0].ravel() for i in range(3)]).astype(np.float64)
+    sim = np.round(ys * 64.0) / 64.0
+    assert got.plan["vendor_output_cosine"]["y"] == pytest.approx(sim @ ys / np.sqrt((sim @ sim) * (ys @ ys)), abs=1e-9)
 
 
 def test_find_python_refuses_one_without_the_toolkit(tmp_path: Path) -> None:
@@ -168,3 +180,31 @@ def test_vendor_that_never_reaches_the_toolkit_is_not_exit_0(tmp_path: Path,
                  "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "never reached a stage" in err, err
+
+
+def test_relative_out_and_python_reach_the_toolkit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: the driver starts in out/rknn, so a relative job path or interpreter named the wrong
+    file and the run stopped before the toolkit ('stage reached none')."""
+    model, calib = write_chain(tmp_path, samples=2, layers=1)
+    _fake_python(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code = main(["vendor", "rknn", "chain.onnx", "--calib", "calib", "--target", "rk3588", "--quiet",
+                 "--python", "python", "--analysis-samples", "1", "--out", "rel"])
+    assert code == 0 and "stage reached accuracy_analysis" in capsys.readouterr().out
+    assert json.loads((tmp_path / "rel" / "vendor.json").read_text())["stages"][-1] == "accuracy_analysis"
+
+
+def test_a_run_that_never_reached_the_toolkit_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A toolkit whose every call fails before a stage completes: vendor.csv compares nothing, not exit 0."""
+    model, calib = write_chain(tmp_path, samples=2, layers=1)
+    python = _fake_python(tmp_path)
+    api = tmp_path / "fake_site" / "rknn" / "api.py"
+    api.write_text(api.read_text().replace("    def load_onnx(self, model: str, inputs: Any = None, "
+                                           "input_size_list: Any = None) -> int:\n",
+                                           "    def load_onnx(self, model: str, inputs: Any = None, "
+                                           "input_size_list: Any = None) -> int:\n        return -1\n"))
+    code = main(["vendor", "rknn", str(model), "--calib", str(calib), "--target", "rk3588", "--quiet",
+                 "--python", str(python), "--out", str(tmp_path / "o")])
+    captured = capsys.readouterr()
+    assert code == 2 and "stage reached none" in captured.out and "never reached a stage" in captured.err

@@ -92,7 +92,15 @@ def test_alignment_reproduces_the_recorded_vendor_csv(assets: Path) -> None:
                                places, predicted)
     recorded = pd.read_csv(RK3588 / "vendor.csv", keep_default_na=False)
     assert table["layer"].tolist() == recorded["layer"].tolist()
-    assert table["loss"].tolist() == recorded["loss"].tolist()
+    # issue 32: the classifier FC RKNN names `p2o.pd_op.matmul.0.0_rs_sw` (MatMul and bias fused, named
+    # after the MatMul's output) now has the figures of quantscan's MatMul+Add site; the recorded file
+    # (written before) left them empty. Every other row is as recorded.
+    fc = table["layer"].str.startswith("p2o.pd_op.matmul.0.0_rs_sw")
+    assert fc.sum() == 2 and (recorded.loc[fc, "qs_isolated_cosine"] == "").all()
+    site = pd.read_csv(qs / "layers.csv").set_index("node").loc["MatMul.0"]
+    assert (table.loc[fc, "qs_isolated_cosine"] == site["isolated_cosine"]).all()
+    assert (table.loc[fc, "qs_cumulative_cosine"] == site["cumulative_cosine"]).all()
+    assert table.loc[~fc, "loss"].tolist() == recorded.loc[~fc, "loss"].tolist()
     got, want = table["vendor_entire_cosine"].astype(float), pd.to_numeric(recorded["vendor_entire_cosine"])
     assert np.allclose(got, want, equal_nan=True, rtol=0, atol=1e-12)
     assert meta["layers"] == len(table) and meta["placement_mismatches"]["unexplained"] == 0
@@ -325,3 +333,37 @@ def test_scan_rk3588_quantizes_rnet_on_rknns_own_grid(assets: Path, tmp_path: Pa
             same = (abs(layers.loc[tensor, "act_scale"] - want.scale) <= 1e-6 * want.scale
                     and int(layers.loc[tensor, "act_zero_point"]) - 128 == want.zero_point)
             assert same == agrees or (not agrees and tensor != "/prelu1/PRelu_output_0"), (profile, tensor)
+
+
+REC = RECORDED / "ppocrv4_rec-rk3588"
+NECK = ["p2o.Add.235_tp-rs", "p2o.MatMul.5_sdpa", "p2o.Add.239-rs", "p2o.Add.245_tp-rs", "swish_13.tmp_0_tp-rs",
+        "p2o.Add.249-rs", "p2o.Add.255_tp-rs", "p2o.MatMul.17_sdpa", "p2o.Add.259-rs", "p2o.Add.265_tp-rs",
+        "swish_14.tmp_0_tp-rs", "p2o.Add.269-rs"]
+
+
+@pytest.mark.real
+def test_ppocrv4_rec_renamed_layers_get_quantscans_figures(assets: Path) -> None:
+    """Issue 32: PP-OCRv4 rec's vendor.csv left quantscan's figures empty for 12 neck layers RKNN renamed
+    (fused LayerNorm, attention, SiLU, MatMul+bias as Conv) and for its classifier FC. Recorded run:
+    `quantscan vendor rknn ppocrv4_rec.onnx --target rk3588 --limit 16 --analysis-samples 2` (2.5.0); the
+    oracle for each figure is quantscan's own layers.csv row of the site the name was derived from."""
+    import onnx
+
+    graph = graph_names(onnx.load(str(assets / "models" / "ppocrv4_rec.onnx")))
+    work = REC / "rknn"
+    layers = vendor_layers(work, sorted(p.name for p in work.glob("error_analysis_*.txt")))
+    qs_layers = pd.read_csv(REC / "quantscan" / "layers.csv")
+    table = align.align_layers(layers, graph, qs_layers, pd.read_csv(REC / "quantscan" / "tensors.csv"), [], {})
+    recorded = pd.read_csv(REC / "vendor.csv", keep_default_na=False).set_index("layer")
+    rows = table.set_index("layer")
+    by_output = qs_layers.set_index("output")["isolated_cosine"]
+    for layer in NECK:
+        assert recorded.loc[layer, "qs_isolated_cosine"] == ""  # as the run before this change wrote it
+        assert rows.loc[layer, "qs_isolated_cosine"] == by_output[rows.loc[layer, "tensor"]]
+    by_node = qs_layers.set_index("node")["isolated_cosine"]
+    assert rows.loc["p2o.MatMul.25_mm_tp_sw", "qs_isolated_cosine"] == by_node["p2o.MatMul.24"]  # the FC
+    assert rows.loc["p2o.ReduceMean.16_2ln", "qs_isolated_cosine"] == by_node["p2o.ReduceMean.16"]
+    # the Softmax RKNN moved (named after its input) is not given the input's figures
+    assert rows.loc["p2o.Add.277-rs_sw", "node"] == "p2o.Softmax.2"
+    agree = align.agreement(table)
+    assert agree["isolated_layers"] == 127 and agree["spearman_isolated_sites"] >= 0.9

@@ -19,6 +19,8 @@ from typing import Any
 import onnx
 import pandas as pd
 
+from quantscan.bisect.external import Toolchain, ToolchainEvaluator, ToolchainFactory
+from quantscan.bisect.external import verify as verify_plan
 from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, write_plan
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
 from quantscan.bisect.state import (
@@ -68,7 +70,9 @@ class BisectResult:
 
 
 SCAN_OPTION_KEYS = MEASUREMENT_OPTIONS
-"""Scan options a session records: a resume must measure exactly what the first run measured."""
+"""Scan options a session records: a resume must measure exactly what the first run measured (the
+profile too: without it a resumed `--profile rk3588` session measured its new steps with the default
+scheme, and `--evaluator rknn` would not know the chip)."""
 
 
 def target_from_flags(
@@ -113,6 +117,9 @@ def bisect_model(
     on_step: StepCallback | None = None,
     runner: Runner | None = None,
     summary_block: SummaryBlock | None = None,
+    toolchain: ToolchainFactory | None = None,
+    evaluator: str = "quantscan",
+    verify: bool = False,
     **options: Any,
 ) -> BisectResult:
     """Output gain, then a resumable bisection to the target; writes plan files when `out` is given
@@ -121,10 +128,11 @@ def bisect_model(
     New run: `model`, `calib`, one `target_*`. Resume: `resume=FILE` (model/calib default to the
     session's; options come from the session). The session file is rewritten atomically after the
     gains and after every step, so a kill or Ctrl-C (KeyboardInterrupt propagates) loses at most the
-    step in flight.
+    step in flight. `toolchain`, `evaluator`, `verify`: the vendor in the loop (`_toolchain_judge`).
     """
     started = time.perf_counter()
     stored, session_path = _open_session(resume, session, out)
+    _check_evaluator(stored, evaluator, toolchain is not None, verify)
     if stored is not None:
         model, calib, options, fallback, mode, loss_if_only = _as_stored(stored, model, calib, options)
     if model is None or calib is None:
@@ -143,10 +151,10 @@ def bisect_model(
         else target_from_flags(target_cosine, target_sqnr, target_top1, target)
     )
     builder = mixed_builder(ctx, fallback)
-    evaluator = make_evaluator(ctx, builder, aim)
+    chain, judge = _toolchain_judge(ctx, builder, aim, (loaded, cset), toolchain, evaluator, verify)
     measured: dict[tuple[str, ...], tuple[Measured, float]] = {}
     if stored is None:
-        met = mode == "search" and not keep_float and _all_int8_meets(evaluator, builder, aim, measured)
+        met = mode == "search" and not keep_float and _all_int8_meets(judge, builder, aim, measured)
         gains = (
             None
             if mode == "first_bad" or met
@@ -154,15 +162,41 @@ def bisect_model(
         )
         stored = _new_session(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant,
                               gains)
-        keep_float, force_quant = (), ()
+        keep_float, force_quant, stored.options["evaluator"] = (), (), evaluator
     machine = machine_for(stored)
     if keep_float or force_quant:
         machine.mark(keep_float, force_quant)
         stored.events = list(machine.events)
     _save(stored, session_path, machine)
-    _drive(machine, builder, evaluator, stored, session_path, progress, on_step, measured)
-    return _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
-                   time.perf_counter() - started, summary_block)
+    _drive(machine, builder, judge, stored, session_path, progress, on_step, measured)
+    result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
+                     time.perf_counter() - started, summary_block, (chain, verify))
+    if chain is not None:  # only after a finished search: an interrupted one resumes from step 1's files
+        chain.close()
+    return result
+
+
+def _toolchain_judge(
+    ctx: ScanContext, builder: MixedBuilder, aim: Target, data: tuple[LoadedModel, CalibSet],
+    toolchain: ToolchainFactory | None, evaluator: str, verify: bool,
+) -> tuple[Toolchain | None, Evaluator | ToolchainEvaluator]:
+    """The vendor toolchain (bisect/external.py), made for this model and these very samples when
+    `--verify` or a toolchain `--evaluator` needs it, and who measures the search's candidates: the
+    toolchain (each evaluation one build in it; the session records which) or quantscan's simulation."""
+    chain = toolchain(*data) if toolchain is not None and (verify or evaluator != "quantscan") else None
+    if chain is None or evaluator == "quantscan":
+        return chain, make_evaluator(ctx, builder, aim)
+    return chain, ToolchainEvaluator(ctx, chain, aim.key)
+
+
+def _check_evaluator(stored: BisectSession | None, evaluator: str, has_toolchain: bool, verify: bool) -> None:
+    """A toolchain evaluator or --verify needs the toolchain; a session resumes with its own evaluator
+    (its steps were measured by it: mixing two would compare two simulators' figures)."""
+    if (evaluator != "quantscan" or verify) and not has_toolchain:
+        raise UsageError(f"bisect: expected a toolchain for --evaluator {evaluator} / --verify, found none")
+    if stored is not None and str(stored.options.get("evaluator", "quantscan")) != evaluator:
+        raise SessionFileError(f"session was measured with --evaluator {stored.options.get('evaluator', 'quantscan')}"
+                               f", found --evaluator {evaluator}: resume with the same evaluator")
 
 
 def _prepare(loaded: LoadedModel, cset: CalibSet, calib: str | Path, progress: ProgressFactory,
@@ -203,7 +237,8 @@ def _as_stored(
 
 
 def _all_int8_meets(
-    evaluator: Evaluator, builder: MixedBuilder, aim: Target, measured: dict[tuple[str, ...], tuple[Measured, float]]
+    evaluator: Evaluator | ToolchainEvaluator, builder: MixedBuilder, aim: Target,
+    measured: dict[tuple[str, ...], tuple[Measured, float]],
 ) -> bool:
     """Measure all-int8 before the output gains; True when it already meets the target.
 
@@ -316,7 +351,7 @@ def _save(session: BisectSession, path: Path | None, machine: Bisector) -> None:
 def _drive(
     machine: Bisector,
     builder: MixedBuilder,
-    evaluator: Evaluator,
+    evaluator: Evaluator | ToolchainEvaluator,
     session: BisectSession,
     path: Path | None,
     progress: ProgressFactory,
@@ -355,6 +390,7 @@ def _finish(
     exports: Sequence[str] | None,
     seconds: float,
     summary_block: SummaryBlock | None,
+    vendor: tuple[Toolchain | None, bool] = (None, False),
 ) -> BisectResult:
     outcome = machine.outcome
     assert outcome is not None
@@ -363,13 +399,17 @@ def _finish(
     chosen |= machine.keep_float if outcome.status == "already_met" else set()
     prec = builder.precisions(chosen)
     plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds)
+    chain, verify = vendor
+    if chain is not None and verify:
+        plan = verify_plan(plan, ctx, builder.precisions, chain)
+    step1_names = chain.names_for(plan.sites) if chain is not None else None
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
         files["qdq"] = save_model(qdq, Path(save_qdq), protect=[ctx.loaded.path], flag="--save-qdq",
                                   force=ctx.opts.force)
     if out is not None:
-        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block))
+        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block, step1_names))
     return BisectResult(
         plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, list(ctx.warnings)
     )

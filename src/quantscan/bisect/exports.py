@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscan.errors import UsageError
-from quantscan.records import Plan, Precision
+from quantscan.records import Plan, PlanSite, Precision
 from quantscan.runfolder import atomic_write_text, json_text
 from quantscan.scanning.ort_recipe import RECIPE, int16_activations
 
@@ -100,7 +100,13 @@ _DOES_NOT_TRANSFER = (
 # --- RKNN-Toolkit2 -------------------------------------------------------------------------------------
 
 
-def rknn_hybrid_cfg(plan: Plan, node_outputs: Mapping[str, Sequence[str]] | None = None) -> str:
+NodeInfo = tuple[str, Sequence[str], Sequence[str]]
+"""An ONNX node's op type, inputs and outputs (the user's model), by node name."""
+
+
+def rknn_hybrid_cfg(
+    plan: Plan, graph: Mapping[str, NodeInfo] | None = None, step1_names: Mapping[str, Sequence[str]] | None = None,
+) -> str:
     """The `custom_quantize_layers` block of RKNN-Toolkit2's `<model>.quantization.cfg`.
 
     Format: RKNN-Toolkit2 hybrid quantization (rknn-toolkit2 v1.x/v2.x, examples/functions/hybrid_quant
@@ -108,26 +114,56 @@ def rknn_hybrid_cfg(plan: Plan, node_outputs: Mapping[str, Sequence[str]] | None
     writes `<model>.quantization.cfg` (YAML); the user fills `custom_quantize_layers:` with
     `<layer output name>: <dtype>` lines, dtype one of int8, int16, float16, then runs step 2.
     RKNN keys layers by output tensor name. Float sites map to float16 (the NPU's float type).
-    With `node_outputs` (ONNX node -> its output tensors), every tensor of a site's kernel is listed,
-    not only the site's output: rknn-toolkit2 2.5.0 given only a fused Conv+BN+HardSwish's output
-    ran the HardSwish in float16 and kept the Conv int8, with a new int8 point between them (output
-    cosine 0.972, below all-int8's 0.977; tests/fixtures/vendor/rknn-toolkit2-2.5.0). The toolkit's
-    own cfg lists the tensors it kept; the driver drops names it does not know (folded BN inputs).
+    Step 2 aborts on a name step 1 did not keep (`Invalid operands name`, 2.5.0), and given only a fused
+    Conv+BN+HardSwish's output it ran the HardSwish float16 and the Conv int8 (tests/fixtures/vendor).
+    So: with `step1_names` (site node -> the names step 1 kept for it, toolchains/rknn/names.py, when
+    bisect ran a toolchain) exactly those, a site with none said in a comment (RKNN keeps it int8);
+    else, with the model (`graph`), the kernel's tensors step 1 keeps by rule
+    (`_kept_by_rknn`): its output, BatchNormalization outputs, a Conv/MatMul output read only by its
+    activation; pre-BN conv outputs, folded biases and HardSwish/Swish internals are left out. Layers RKNN
+    renames (transformer blocks: `_mm_tp_sw`, `_sdpa`) cannot be predicted without step 1:
+    `quantscan vendor rknn --plan` or `bisect --verify rknn` map them onto step 1's own cfg.
     """
     lines = [
         "# quantscan plan: paste into the custom_quantize_layers section of <model>.quantization.cfg",
         f"# model sha256 {plan.model_sha256}",
         "custom_quantize_layers:",
     ]
-    entries = []
+    if step1_names is None:
+        lines.insert(2, "# names predicted from the ONNX graph; `quantscan vendor rknn --plan plan.json` maps the "
+                        "plan onto the names rknn-toolkit2's step 1 kept")
+    entries, gone = [], []
     for site in plan.sites:
         dtype = "int16" if site.precision == Precision.INT16 else "float16"
-        kernel = [t for n in site.node_names for t in (node_outputs or {}).get(n, ())]
-        entries += [(name, dtype) for name in _unique([*kernel, site.output])]
+        if step1_names is not None:
+            names = list(step1_names.get(site.node, ()))
+        else:
+            names = _kept_by_rknn(site, graph or {})
+        gone += [] if names else [site.node]
+        entries += [(name, dtype) for name in names]
+    lines += [f"# {node}: no name rknn-toolkit2's step 1 kept for it; RKNN keeps it int8" for node in gone]
     if not entries:
-        return "\n".join([*lines[:2], "custom_quantize_layers: {}"]) + "\n"
-    lines += [f"    {json.dumps(name)}: {dtype}" for name, dtype in entries]
+        return "\n".join([*lines[:-1], "custom_quantize_layers: {}"]) + "\n"
+    lines += [f"    {json.dumps(name)}: {dtype}" for name, dtype in dict(entries).items()]
     return "\n".join(lines) + "\n"
+
+
+_ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish"})
+_WEIGHTED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
+def _kept_by_rknn(site: PlanSite, graph: Mapping[str, NodeInfo]) -> list[str]:
+    """The kernel's tensors RKNN's step 1 keeps, by the rule the recorded cfgs show (rknn_hybrid_cfg)."""
+    kernel = [n for n in site.node_names if n in graph]
+    kept = []
+    for node in kernel:
+        op, _, outputs = graph[node]
+        for t in outputs:
+            inner = [graph[r][0] for r in kernel if t in graph[r][1]]
+            by_activation = op in _WEIGHTED and bool(inner) and all(r in _ACTIVATIONS for r in inner)
+            if t == site.output or op == "BatchNormalization" or by_activation:
+                kept.append(t)
+    return _unique(kept) or [site.output]
 
 
 # --- Horizon -------------------------------------------------------------------------------------------
@@ -233,10 +269,12 @@ WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
 
 
 def write_exports(
-    plan: Plan, out: Path, names: Sequence[str] | None = None, node_outputs: Mapping[str, Sequence[str]] | None = None
+    plan: Plan, out: Path, names: Sequence[str] | None = None, graph: Mapping[str, NodeInfo] | None = None,
+    step1_names: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Path]:
     """Write the chosen exports (default: all) into `out`, each atomically; returns name -> path.
-    `node_outputs` (the user's model: node -> output tensors) lets the RKNN cfg list whole kernels."""
+    `graph` (the user's model: node -> op type, inputs, outputs) and `step1_names` (what a toolchain's
+    step 1 kept per site) let the RKNN cfg name what its step 2 takes (`rknn_hybrid_cfg`)."""
     chosen = list(WRITERS) if names is None else list(names)
     unknown = [n for n in chosen if n not in WRITERS]
     if unknown:
@@ -245,6 +283,6 @@ def write_exports(
     for name in chosen:
         file_name, writer = WRITERS[name]
         path = out / file_name
-        atomic_write_text(path, rknn_hybrid_cfg(plan, node_outputs) if name == "rknn" else writer(plan))
+        atomic_write_text(path, rknn_hybrid_cfg(plan, graph, step1_names) if name == "rknn" else writer(plan))
         written[name] = path
     return written

@@ -145,10 +145,12 @@ def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
 def write_plan(
     plan: Plan, session: BisectSession, out: Path, exports: Sequence[str] | None = None,
     model: onnx.ModelProto | None = None, summary_block: SummaryBlock | None = None,
+    step1_names: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Path]:
     """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic;
     `model` (the user's) names every tensor of a kernel where an export needs them (RKNN);
-    `summary_block` puts the plan into a scan's summary.md in `out` (report.verdict.with_plan_block)."""
+    `summary_block` puts the plan into a scan's summary.md in `out` (report.verdict.with_plan_block);
+    `step1_names` what a vendor toolchain's step 1 kept per site (bisect --verify/--evaluator rknn)."""
     out.mkdir(parents=True, exist_ok=True)
     files = {"plan.json": _plan_json(out, plan), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
@@ -164,8 +166,8 @@ def write_plan(
         files["summary.md"] = out / "summary.md"
         text = files["summary.md"].read_text(encoding="utf-8")
         atomic_write_text(files["summary.md"], summary_block(text, plan.to_json()))
-    node_outputs = {n.name: list(n.output) for n in model.graph.node} if model is not None else None
-    files.update(qexports.write_exports(plan, out, exports, node_outputs))
+    graph = {n.name: (n.op_type, list(n.input), list(n.output)) for n in model.graph.node} if model else None
+    files.update(qexports.write_exports(plan, out, exports, graph, step1_names))
     return files
 
 

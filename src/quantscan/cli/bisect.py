@@ -50,6 +50,12 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--keep-float", nargs="+", default=[], metavar="NAME")
     p.add_argument("--force-quant", nargs="+", default=[], metavar="NAME")
     p.add_argument("--loss-if-only", action="store_true")
+    p.add_argument("--verify", default=None, choices=["rknn", "tpu-mlir"],
+                   help="apply the plan and Pareto points in the real toolchain (chip: --profile)")
+    p.add_argument("--evaluator", default="quantscan", choices=["quantscan", "rknn", "tpu-mlir"],
+                   help="who measures each candidate of the search (a toolchain: one build each)")
+    p.add_argument("--vendor-python", default=None, metavar="PATH",
+                   help="the toolchain's Python for --verify/--evaluator (as vendor --python)")
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
                    help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
     task_options(p, plugins=False)
@@ -93,7 +99,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                 mode="first_bad" if args.first_bad else "search",
                 session=args.session, resume=args.resume, keep_float=args.keep_float, force_quant=args.force_quant,
                 loss_if_only=args.loss_if_only, out=out, save_qdq=args.save_qdq, exports=args.export,
-                progress=progress_factory(args.quiet), on_step=on_step, **options,
+                progress=progress_factory(args.quiet), on_step=on_step, verify=args.verify is not None,
+                evaluator=args.evaluator, toolchain=_toolchain(args, out), **options,
             )
     except KeyboardInterrupt:
         where = Path(args.session or args.resume or out / "session.json")
@@ -118,8 +125,47 @@ def cmd_bisect(args: argparse.Namespace) -> int:
           f"{plan.evaluations} evaluations in {plan.seconds} s")
     for site in plan.sites:
         print(f"  {site.node} -> {site.precision}")
+    _print_verified(plan)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
     return EXIT_OK if result.reached else EXIT_THRESHOLD
+
+
+def _print_verified(plan: Any) -> None:
+    """`--verify`: the toolchain's figure beside each claim, and any site it could not be told about."""
+    points = [("plan", len(plan.sites), plan.verified)] if plan.verified else []
+    points += [("pareto", p.float_sites, p.verified) for p in plan.pareto if p.verified]
+    for kind, n, got in points:
+        value = got.get("value")
+        shown = f"{value:.5f}" if isinstance(value, float) and value == value else f"nothing ({got.get('error')})"
+        print(f"  {kind} ({n} float sites): claimed {got.get('claimed', float('nan')):.5f}, "
+              f"{got.get('tool')} {got.get('version')} applied {shown}")
+    warnings = {got.get("warning") for _, _, got in points if got.get("warning")}
+    for warning in sorted(warnings):
+        print(f"quantscan: warning: {warning}", file=sys.stderr)
+
+
+def _toolchain(args: argparse.Namespace, out: Path) -> Any:
+    """The vendor toolchain --verify/--evaluator name (one of them: two would be two chips' figures)."""
+    chosen = {t for t in (args.verify, args.evaluator) if t and t != "quantscan"}
+    if len(chosen) > 1:
+        raise UsageError(f"bisect: expected one toolchain for --verify and --evaluator, "
+                         f"found {', '.join(sorted(chosen))}")
+    if not chosen:
+        return None
+    from quantscan.toolchains.rknn.hybrid import toolchain_factory
+
+    return toolchain_factory(chosen.pop(), args.vendor_python, _chip(args), out / "toolchain")
+
+
+def _chip(args: argparse.Namespace) -> str | None:
+    """The chip a toolchain builds for: --profile, or on --resume the session's profile."""
+    if args.profile:
+        return str(args.profile[0])
+    if args.resume:
+        from quantscan.bisect import BisectSession
+
+        return BisectSession.load(args.resume).options.get("scan", {}).get("profile")
+    return None
 
 
 def _show_session(path: Path) -> int:

@@ -60,6 +60,8 @@ def cmd_vendor(args: argparse.Namespace) -> int:
         got = ", ".join(f"{k} {v:.5f}" for k, v in run.plan["vendor_output_cosine"].items())
         print(f"  plan {run.plan['plan']}: quantscan claims cosine {run.plan['quantscan_claimed_cosine']:.5f}, "
               f"{run.tool} hybrid quantization gives {got or 'nothing (' + str(run.plan['error']) + ')'}")
+        if run.plan.get("warning"):
+            print(f"quantscan: warning: {run.plan['warning']}", file=sys.stderr)
     print(f"wrote {out}/ (vendor.csv, vendor_findings.csv, vendor.json, {Path(run.log).name}, quantscan/)")
     if not run.stages:  # the toolkit never ran: an empty vendor.csv is no comparison (CONTRACT: not exit 0)
         raise UsageError(f"vendor {args.tool}: expected the toolkit to run, found it never reached a stage "

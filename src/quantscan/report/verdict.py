@@ -363,7 +363,22 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
         f"{_g(target.get('value'))} {reached}; keep {len(sites)} site(s) at higher precision: "
         f"{names or 'none'}{more}; {metric} {_g(_metric(plan.get('all_int8'), metric), 5)} all-int8 -> "
         f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan.",
+        *_verified_lines(plan),
     ]
+
+
+def _verified_lines(plan: Mapping[str, Any]) -> list[str]:
+    """`bisect --verify`: what the real toolchain got for the plan and each Pareto point, beside the claim."""
+    points = [("the plan", plan.get("verified"))] + [
+        (f"{p.get('float_sites')} float sites", p.get("verified")) for p in plan.get("pareto") or []]
+    shown = [f"{name}: claimed {_g(got.get('claimed'), 5)}, applied {_g(got.get('value'), 5)}"
+             for name, got in points if isinstance(got, Mapping)]
+    if not shown:
+        return []
+    first = next(got for _, got in points if isinstance(got, Mapping))
+    warning = next((got.get("warning") for _, got in points if isinstance(got, Mapping) and got.get("warning")), None)
+    return [f"- **Applied by {text(first.get('tool'))} {text(first.get('version'))}** (bisect --verify): "
+            + "; ".join(shown) + "." + (f" Warning: {text(warning)}." if warning else "")]
 
 
 def with_plan_block(text: str, plan: Mapping[str, Any] | None) -> str:

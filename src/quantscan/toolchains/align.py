@@ -37,7 +37,12 @@ LOWERING_RATIO = 3.0
 LAYOUT_OPS = ("Reshape", "Transpose", "exDataConvert", "DataConvert", "InputOperator", "OutputOperator")
 """Ops a toolkit inserts to move between its own layout/dtype and the model's; not ONNX nodes."""
 
-_SUFFIX = re.compile(r"(__cvt_[A-Za-z0-9_]+|__float16|_int8|_float16|_rs_sw|_sw|_rs|-rs|_tp|_mm|#\d+|_2conv\d+|_i\d+)$")
+_SUFFIX = re.compile(r"(__cvt_[A-Za-z0-9_]+|__float16|_int8|_float16|_rs_sw|_sw|_rs|-rs|_tp|_mm|#\d+|_2conv\d+|_i\d+"
+                     r"|_2[a-z][a-z_]*|_sdpa|_Conv[A-Za-z]+)$")
+"""Suffixes RKNN derives layer names with; `_2<what>` is an op it converted (`_2sdpa`, `_2sdpa_q_matmul` /
+`_2sdpa_q_softmax`: fused attention, `_2ln`: LayerNorm, `_2sp`: Split, `_2exswish`), `_sdpa` the attention's
+output, `_Conv<Op>` a fused Conv kernel in the layer table (`p2o.MatMul.6#2_ConvAdd`) (PP-OCRv4 rec,
+rknn-toolkit2 2.5.0)."""
 
 VENDOR_COLUMNS = [
     "layer", Col.NODE, "tensor", "is_output", "qs_isolated_cosine", "qs_cumulative_cosine",
@@ -205,16 +210,19 @@ def align_layers(
     cumulative = _by(qs_tensors, "tensor", Col.CUMULATIVE_COSINE)
     placed = _vendor_placement_by_node(vendor_places, graph)
     kernel_of = _site_nodes(qs_layers)
+    first_of = {first: output for output, first in kernel_of.items()}
     rows = []
     for layer in layers:
         mapped = onnx_name(layer.layer, graph)
-        same = mapped is not None and same_values(mapped, layer.op_type, graph)
+        same = mapped is not None and (same_values(mapped, layer.op_type, graph)
+                                       or _fused_site_output(layer.layer, mapped, isolated, first_of))
         moved = swapped(layer.layer, layer.op_type, mapped, graph) if mapped is not None and not same else None
         mapped, same = (moved, True) if moved is not None else (mapped, same)
         node = mapped.node if mapped else ""
         tensor = mapped.tensor if mapped else ""
-        iso = isolated.get(tensor, math.nan) if same else math.nan
-        cum = cumulative.get(tensor, math.nan) if same else math.nan
+        key = _kernel_output(mapped, isolated, first_of) if same and mapped is not None else tensor
+        iso = isolated.get(key, math.nan) if same else math.nan
+        cum = cumulative.get(key, math.nan) if same else math.nan
         rows.append({
             "layer": layer.layer,
             Col.NODE: node,
@@ -273,6 +281,27 @@ def _site_nodes(qs_layers: pd.DataFrame) -> dict[str, str]:
     if qs_layers is None or qs_layers.empty or Col.OUTPUT not in qs_layers or Col.NODE not in qs_layers:
         return {}
     return {str(t): str(n) for t, n in zip(qs_layers[Col.OUTPUT], qs_layers[Col.NODE], strict=True)}
+
+
+def _fused_site_output(layer: str, mapped: Mapped, isolated: Mapping[str, float], first_of: Mapping[str, str]) -> bool:
+    """A layer RKNN named after a quantscan *site* output with a layout or fusion suffix holds that site's
+    values even when its op is not the producer's: the fused LayerNorm (`p2o.Add.235_tp-rs`, exNorm),
+    attention (`p2o.MatMul.5_sdpa`), SiLU (`swish_13.tmp_0_tp-rs`, exSwish) or MatMul+bias run as a Conv
+    (`p2o.Add.239-rs`) of PP-OCRv4 rec's neck; a LayerNorm RKNN names after its first node (`_2ln`).
+    Not a `_sw` name: that is the op RKNN moved, the reader."""
+    if not mapped.tensor:
+        return layer.endswith("_2ln") and mapped.node in first_of
+    return mapped.derived and mapped.tensor in isolated and not layer.endswith("_sw")
+
+
+def _kernel_output(mapped: Mapped, isolated: Mapping[str, float], first_of: Mapping[str, str]) -> str:
+    """The tensor whose quantscan figures a vendor layer is compared with: its own, or, for a name RKNN
+    derived from a kernel's inner tensor (the classifier FC `p2o.pd_op.matmul.0.0_rs_sw`: MatMul with its
+    bias Add fused, named after the MatMul's output), the output of the site that kernel starts."""
+    if not mapped.derived or mapped.tensor in isolated or mapped.node not in first_of:
+        return mapped.tensor
+    # an inner tensor, or a name derived from the kernel's first node (`_2ln`): the site's output
+    return first_of[mapped.node]
 
 
 def _predicted(predicted: Mapping[str, str], node: str, kernel: str) -> str:

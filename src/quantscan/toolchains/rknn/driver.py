@@ -12,7 +12,9 @@ that could not be written.
 Job keys: model, target, inputs (names), input_shapes, dataset (RKNN dataset.txt of .npy paths, one
 line per sample, inputs space-separated), samples (per sample, one .npy path per input), analysis
 (how many of the samples go through accuracy_analysis), work, log, quantized_algorithm,
-hybrid_cfg (optional: `custom_quantize_layers` lines to apply through hybrid quantization).
+hybrid_step1 (optional, true: load and run hybrid quantization step 1 only, its files left in `work`),
+hybrid_step2 (optional, {model, data, cfg}: step 1's files and the cfg to build from by step 2, then
+the simulator as for a plain build).
 """
 
 from __future__ import annotations
@@ -74,39 +76,36 @@ def _config(rknn: Any, job: dict[str, Any]) -> None:
                        quantized_algorithm=job.get("quantized_algorithm", "normal")), "config")
 
 
-def _hybrid_build(rknn: Any, job: dict[str, Any], work: Path) -> Any:
-    """Hybrid quantization: step 1 writes <model>.quantization.cfg, our layers go into its
-    custom_quantize_layers, step 2 builds from it (RKNN-Toolkit2 User Guide, hybrid quantization).
-    Step 2 refuses an RKNN object that loaded a model ("Do not call 'load_onnx' before executing
-    'hybrid_quantization_step2'", 2.5.0), so it runs on a fresh one, which is returned."""
-    from rknn.api import RKNN
-
+def _hybrid_step1(rknn: Any, job: dict[str, Any], work: Path) -> None:
+    """Hybrid quantization step 1 (RKNN-Toolkit2 User Guide, hybrid quantization): calibrates and writes
+    `<model>.quantization.cfg` (every tensor the toolkit kept after its own rewrites), `<model>.model`
+    and `<model>.data` into `work`. quantscan maps the plan onto the cfg's names itself
+    (quantscan.toolchains.rknn.names) and runs step 2 as another job, as many times as it needs."""
     cwd = os.getcwd()
     os.chdir(work)
     try:
-        _check(rknn.hybrid_quantization_step1(dataset=job["dataset"]), "hybrid_quantization_step1")
-        stem = Path(job["model"]).stem
-        cfg = work / f"{stem}.quantization.cfg"
-        text = cfg.read_text(encoding="utf-8")
-        custom = Path(job["hybrid_cfg"]).read_text(encoding="utf-8")
-        known = {ln.strip().rstrip(":") for ln in text.splitlines() if ln.startswith("    ") and ln.endswith(":")}
-        lines = [ln for ln in custom.splitlines()
-                 if ln.startswith("    ") and json.loads(ln.strip().rsplit(":", 1)[0]) in known]
-        (work / "dropped_layers.txt").write_text(
-            "\n".join(ln for ln in custom.splitlines() if ln.startswith("    ") and ln not in lines) + "\n",
-            encoding="utf-8")
-        if "custom_quantize_layers: {}" in text:
-            text = text.replace("custom_quantize_layers: {}", "custom_quantize_layers:\n" + "\n".join(lines))
-        else:
-            text = text.replace("custom_quantize_layers:", "custom_quantize_layers:\n" + "\n".join(lines), 1)
-        cfg.write_text(text, encoding="utf-8")
-        shutil.copy(cfg, work / "applied.quantization.cfg")
-        rknn.release()
-        rknn = RKNN(verbose=True)
+        _check(rknn.hybrid_quantization_step1(dataset=job["dataset"]), "hybrid_step1")
+    finally:
+        os.chdir(cwd)
+
+
+def _hybrid_step2(job: dict[str, Any], work: Path) -> Any:
+    """Step 2 from step 1's files and a cfg with `custom_quantize_layers` filled. It runs on a fresh RKNN
+    object: 2.5.0 refuses one that loaded a model ("Do not call 'load_onnx' before executing
+    'hybrid_quantization_step2'")."""
+    from rknn.api import RKNN
+
+    hybrid = job["hybrid_step2"]
+    rknn = RKNN(verbose=True)
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
         _config(rknn, job)
-        _check(rknn.hybrid_quantization_step2(
-            model_input=f"{stem}.model", data_input=f"{stem}.data", model_quantization_cfg=str(cfg)
-        ), "hybrid_quantization_step2")
+        _check(rknn.hybrid_quantization_step2(model_input=hybrid["model"], data_input=hybrid["data"],
+                                              model_quantization_cfg=hybrid["cfg"]), "hybrid_step2")
+    except Exception:
+        rknn.release()
+        raise
     finally:
         os.chdir(cwd)
     return rknn
@@ -124,18 +123,25 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         result["version"] = version("rknn-toolkit2")
     except Exception:  # the version is a label, not a reason to stop
         result["version"] = None  # quantscan reads it from the log instead
-    rknn = RKNN(verbose=True)  # stdout, which quantscan captures with the C++ layer table into the log
+    step2 = bool(job.get("hybrid_step2"))
+    rknn = None if step2 else RKNN(verbose=True)  # stdout: quantscan captures it (layer table) into the log
     stage = "config"
     try:
         t0 = time.perf_counter()
-        _config(rknn, job)
-        stage = "load_onnx"
-        _check(rknn.load_onnx(job["model"], inputs=job["inputs"], input_size_list=job["input_shapes"]), stage)
-        result["stages"].append(stage)
-        stage = "build"
+        if rknn is not None:
+            _config(rknn, job)
+            stage = "load_onnx"
+            _check(rknn.load_onnx(job["model"], inputs=job["inputs"], input_size_list=job["input_shapes"]), stage)
+            result["stages"].append(stage)
+        stage = "hybrid_step1" if job.get("hybrid_step1") else ("hybrid_step2" if step2 else "build")
         t1 = time.perf_counter()
-        if job.get("hybrid_cfg"):
-            rknn = _hybrid_build(rknn, job, work)
+        if rknn is not None and job.get("hybrid_step1"):
+            _hybrid_step1(rknn, job, work)
+            result["stages"].append(stage)
+            result["times"]["hybrid_step1_s"] = time.perf_counter() - t1
+            return result
+        if rknn is None:
+            rknn = _hybrid_step2(job, work)
         else:
             _check(rknn.build(do_quantization=True, dataset=job["dataset"]), stage)
         result["times"]["build_s"] = time.perf_counter() - t1
@@ -178,7 +184,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         result["error"] = {"stage": stage, "message": " ".join(str(exc).split())[:500],
                            "traceback": traceback.format_exc()[-4000:]}
     finally:
-        rknn.release()
+        if rknn is not None:
+            rknn.release()
     return result
 
 

@@ -160,19 +160,27 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def run_driver(python: Path, job: dict[str, Any], work: Path, log: Path) -> dict[str, Any]:
-    """Run the driver in the vendor's Python, its stdout/stderr (RKNN's whole verbose log) to `log`."""
+def run_driver(
+    python: Path, job: dict[str, Any], work: Path, log: Path, keep_build: bool = False
+) -> dict[str, Any]:
+    """Run the driver in the vendor's Python, its stdout/stderr (RKNN's whole verbose log) to `log`.
+    Paths are made absolute: the driver starts in `work`, so a relative `--out` would name the job file
+    relative to the wrong folder. `keep_build` keeps the toolkit's `.model`/`.data` (hybrid step 1's
+    output, which step 2 builds from)."""
+    work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     job_path = work / "job.json"
     job_path.write_text(json.dumps(job, indent=1), encoding="utf-8")
     (work / "result.json").unlink(missing_ok=True)
     with log.open("w", encoding="utf-8") as fh:
         try:
-            done = subprocess.run([str(python), str(DRIVER), str(job_path)], stdout=fh, stderr=subprocess.STDOUT,
+            done = subprocess.run([str(Path(python).absolute()), str(DRIVER), str(job_path)], stdout=fh,
+                                  stderr=subprocess.STDOUT,
                                   timeout=TIMEOUT_S, check=False, cwd=work)
         except subprocess.TimeoutExpired:
             return {"stages": [], "error": {"stage": "timeout", "message": f"no result after {TIMEOUT_S} s"}}
-    for copy in [*work.glob("check*.onnx"), *work.glob("*.model"), *work.glob("*.data")]:
+    builds = [] if keep_build else [*work.glob("*.model"), *work.glob("*.data")]
+    for copy in [*work.glob("check*.onnx"), *builds]:
         copy.unlink()  # the toolkit's model copies (MBs each); the log and the cfg say what they held
     result_path = work / "result.json"
     if not result_path.exists():
@@ -237,7 +245,7 @@ def run_rknn(
     plan_result = None
     if plan is not None and "error" not in result:
         say("applying the plan through RKNN hybrid quantization")
-        plan_result = apply_plan(Path(plan), vendor_python, job, work, reference, output_names, out)
+        plan_result = apply_plan(Path(plan), vendor_python, job, work, reference, output_names, loaded)
 
     run = VendorRun(
         tool=tool,
@@ -310,36 +318,26 @@ def _aligned(
 
 
 def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
-               reference: list[list[np.ndarray]], output_names: list[str], out: Path) -> dict[str, Any]:
-    """The bisect plan through RKNN hybrid quantization (`rknn_hybrid_quant.cfg`, float sites as
-    float16), its simulator's output cosine beside the cosine quantscan's plan claims."""
-    from quantscan.bisect.exports import rknn_hybrid_cfg
+               reference: list[list[np.ndarray]], output_names: list[str], loaded: LoadedModel) -> dict[str, Any]:
+    """The bisect plan through RKNN hybrid quantization (float sites as float16, each site mapped onto
+    the names hybrid step 1 kept: toolchains/rknn/names.py), its simulator's output cosine beside the
+    cosine quantscan's plan claims, and per site what RKNN actually ran it at."""
+    from quantscan.toolchains.rknn.hybrid import HybridRknn
 
     try:
         plan = Plan.from_json(parse_json(plan_path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
-    hybrid_work = work / "hybrid"
-    hybrid_work.mkdir(parents=True, exist_ok=True)
-    cfg = hybrid_work / "rknn_hybrid_quant.cfg"
-    model = onnx.load(str(job["model"]))
-    node_outputs = {n.name: [o for o in n.output if o] for n in model.graph.node}
-    cfg.write_text(rknn_hybrid_cfg(plan, node_outputs), encoding="utf-8")
-    hybrid_job = {**job, "work": str(hybrid_work.resolve()), "analysis": 0, "hybrid_cfg": str(cfg.resolve())}
-    t0 = time.perf_counter()
-    result = run_driver(python, hybrid_job, hybrid_work, out / "rknn_hybrid.log")
-    sim_path = hybrid_work / "sim_outputs.npz"
-    simulated = dict(np.load(sim_path)) if sim_path.exists() else {}
-    achieved = (plan.achieved or {}).get("cosine", math.nan)
+    hybrid = HybridRknn(loaded, python, str(job["target"]), (work / "hybrid").resolve(), dict(job), reference,
+                        output_names)
+    applied = hybrid.apply(plan.sites, "plan")
     return {
         "plan": str(plan_path),
-        "hybrid_cfg": str(cfg),
+        "hybrid_cfg": applied["cfg"],
         "float_sites": [s.output for s in plan.sites],
-        "quantscan_claimed_cosine": achieved,
+        "quantscan_claimed_cosine": (plan.achieved or {}).get("cosine", math.nan),
         "target": {"metric": plan.target.metric, "value": plan.target.value},
-        "vendor_output_cosine": output_cosines(reference, simulated, output_names) if simulated else {},
-        "stages": result.get("stages", []),
-        "error": result.get("error"),
-        "seconds": time.perf_counter() - t0,
+        **{k: applied[k] for k in ("vendor_output_cosine", "names", "vanished", "dropped", "warning", "honoured",
+                                   "stages", "error", "seconds")},
+        "seconds_step1": round(hybrid.step1_seconds, 3),
     }
-

@@ -1,0 +1,119 @@
+"""`bisect --verify rknn` and `--evaluator rknn` through the real driver protocol, with a stand-in toolkit.
+
+The driver runs in a subprocess exactly as with rknn-toolkit2; only `rknn.api` is fake
+(tests/toolchains/fake_rknn_api.py): its step 1 keeps every tensor but the Adds (folded), its step 2
+refuses a name step 1 did not list (as 2.5.0 does), and its simulator rounds outputs to a grid
+2**k finer than 1/16 when k tensors were set to float16. So the cosine of any set of float sites has a
+numpy oracle: a chain site (MatMul+Add+Relu) names 2 tensors, the head MatMul 1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from builders import run, write_chain
+from quantscan.cli import main
+
+FAKE = Path(__file__).parents[1] / "toolchains" / "fake_rknn_api.py"
+
+
+def _fake_python(tmp: Path) -> Path:
+    pkg = tmp / "fake_site" / "rknn"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    shutil.copy(FAKE, pkg / "api.py")
+    wrapper = tmp / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{tmp / "fake_site"}" exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper
+
+
+def _oracle(model: Path, calib: Path, samples: int) -> dict[int, float]:
+    """k tensors float16 -> the fake simulator's pooled output cosine, computed with numpy."""
+    xs = np.load(calib / "x.npy")
+    ys = np.concatenate([run(onnx.load(model), {"x": xs[i:i + 1]})[0].ravel() for i in range(samples)])
+    ys = ys.astype(np.float64)
+    out = {}
+    for k in range(8):
+        sim = np.round(ys * 16.0 * 2.0**k) / (16.0 * 2.0**k)
+        out[k] = float(sim @ ys / np.sqrt((sim @ sim) * (ys @ ys)))
+    return out
+
+
+def _names(sites: list[str]) -> int:
+    return sum(1 if s == "head" else 2 for s in sites)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, dict[int, float]]:
+    tmp = tmp_path_factory.mktemp("chain")
+    model, calib = write_chain(tmp, samples=6, layers=2)
+    return tmp, model, calib, _oracle(model, calib, 6)
+
+
+def _bisect(tmp: Path, model: Path, calib: Path, out: str, target: float, *extra: str) -> int:
+    return main(["bisect", str(model), "--calib", str(calib), "--profile", "rk3588", "--target-cosine",
+                 f"{target:.9f}", "--quiet", "--out", str(tmp / out), "--export", "rknn", *extra])
+
+
+def test_evaluator_rknn_searches_on_the_toolchains_figures(chain: tuple[Path, Path, Path, dict[int, float]],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    tmp, model, calib, cos = chain
+    target = (cos[2] + cos[3]) / 2  # needs 3 float16 tensors: a chain site and the head, or both chain sites
+    code = _bisect(tmp, model, calib, "ev", target, "--evaluator", "rknn", "--verify", "rknn",
+                   "--vendor-python", str(_fake_python(tmp)))
+    assert code == 0, capsys.readouterr().err
+    plan = json.loads((tmp / "ev" / "plan.json").read_text())
+    sites = [s["node"] for s in plan["sites"]]
+    assert _names(sites) == 3 and plan["achieved"]["cosine"] == pytest.approx(cos[3], abs=1e-9)
+    for step in plan["steps"]:  # every value the search saw is the toolchain's, not quantscan's simulation
+        assert step["value"] == pytest.approx(cos[_names(step["sites"])], abs=1e-9)
+    builds = sorted((tmp / "ev" / "toolchain").glob("eval-*"))
+    assert len(builds) == plan["evaluations"]  # one build per evaluation, none repeated
+    assert plan["verified"]["value"] == pytest.approx(cos[3], abs=1e-9) and plan["verified"]["vanished"] == []
+    assert plan["verified"]["tool"] == "rknn" and plan["verified"]["version"] == "0.0.0-fake"
+    assert all(p["verified"]["value"] == pytest.approx(p["value"], abs=1e-9) for p in plan["pareto"])
+    assert "pareto (0 float sites): claimed" in capsys.readouterr().out
+    session = json.loads((tmp / "ev" / "session.json").read_text())
+    assert session["options"]["evaluator"] == "rknn"
+    # a finished session resumed with the same evaluator runs no build; with another one it is refused
+    assert main(["bisect", "--resume", str(tmp / "ev" / "session.json"), "--quiet", "--evaluator", "rknn",
+                 "--vendor-python", str(tmp / "python")]) == 0
+    assert len(sorted((tmp / "ev" / "toolchain").glob("eval-*"))) == len(builds)
+    capsys.readouterr()
+    assert main(["bisect", "--resume", str(tmp / "ev" / "session.json"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "measured with --evaluator rknn, found --evaluator quantscan" in err
+
+
+def test_verify_puts_the_toolchains_figure_beside_each_claim(chain: tuple[Path, Path, Path, dict[int, float]],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    tmp, model, calib, cos = chain
+    code = _bisect(tmp, model, calib, "ver", 0.999, "--verify", "rknn", "--vendor-python", str(tmp / "python"))
+    assert code in (0, 1), capsys.readouterr().err
+    plan = json.loads((tmp / "ver" / "plan.json").read_text())
+    points = [(plan["sites"] and [s["node"] for s in plan["sites"]], plan.get("verified"))] if plan["reached"] else []
+    points += [(p["sites"], p["verified"]) for p in plan["pareto"]]
+    assert points and all(got["value"] == pytest.approx(cos[_names(list(sites or []))], abs=1e-9)
+                          for sites, got in points)
+    claims = {p["float_sites"]: p["value"] for p in plan["pareto"]}
+    assert all(p["verified"]["claimed"] == claims[p["float_sites"]] for p in plan["pareto"])
+    # one build per distinct set, and the search itself ran no build
+    built = sorted(p.name for p in (tmp / "ver" / "toolchain").iterdir() if p.name.startswith(("verify-", "eval-")))
+    assert all(b.startswith("verify-") for b in built) and len(built) == len({tuple(s or []) for s, _ in points})
+
+
+def test_tpu_mlir_is_not_available_yet(chain: tuple[Path, Path, Path, dict[int, float]],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    tmp, model, calib, _ = chain
+    assert _bisect(tmp, model, calib, "tpu", 0.99, "--verify", "tpu-mlir") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tpu-mlir driver" in err and "not available yet" in err
