@@ -456,7 +456,8 @@ def read_scan(folder: Path) -> dict[str, Any]:
         headline = json.loads((scan / "run.json").read_text())["headline"]
         facts["cosine"] = headline.get("cosine")
         task = headline.get("task") or {}
-        facts["task"] = ", ".join(f"{k} {v:.3g}" for k, v in task.items() if isinstance(v, int | float))
+        shown = [(k, v) for k, v in task.items() if isinstance(v, int | float) and not k.startswith("fp32_")][:2]
+        facts["task"] = ", ".join(f"{k} {v:.3g}" for k, v in shown)
         facts["summary"] = (scan / "summary.md").read_text()
     if (scan / "layers.csv").exists():
         layers = pd.read_csv(scan / "layers.csv").sort_values("rank")
@@ -563,6 +564,20 @@ def markdown_table(rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def collect(entry: dict[str, Any], folder: Path, profiles: list[str]) -> ModelRun | None:
+    """A finished model's run rebuilt from its folder (zoo.json's exit codes, the commands' own files)."""
+    record = folder / "zoo.json"
+    if not record.exists():
+        return None
+    run = ModelRun(entry["name"], entry["family"], entry.get("expect", "ok"))
+    run.steps = {k: Step(**v) for k, v in json.loads(record.read_text())["steps"].items()}
+    run.facts["errors_before"] = compat_errors(folder / "check")
+    for p in profiles:
+        run.facts[f"errors_after_{p}"] = compat_errors(folder / f"check_{p}")
+    run.facts.update(read_scan(folder))
+    return run
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", help="names from zoo.json (default: all)")
@@ -570,12 +585,20 @@ def main() -> int:
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "quantscan-zoo"))
     parser.add_argument("--out", default=None, help="run folders (default: CACHE/runs)")
     parser.add_argument("--results", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--collect", nargs="*", metavar="DIR",
+                        help="run nothing: rebuild the table from these run folders (each holding MODEL/zoo.json)")
     args = parser.parse_args()
     zoo = load_zoo()
     entries = [m for m in zoo["models"] if not args.models or m["name"] in args.models]
     cache = Path(args.cache)
     out = Path(args.out) if args.out else cache / "runs"
     rows = []
+    if args.collect is not None:
+        for entry in entries:
+            runs = [r for d in args.collect if (r := collect(entry, Path(d) / entry["name"], zoo["profiles"]))]
+            rows += [row(runs[-1], zoo["profiles"])] if runs else []
+        print(markdown_table(rows))
+        return 0
     for entry in entries:
         print(f"zoo: {entry['name']} ...", file=sys.stderr, flush=True)
         run = run_model(entry, cache, out, args.limit, zoo["profiles"])
