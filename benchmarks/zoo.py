@@ -374,8 +374,9 @@ class ModelRun:
 
 
 def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profiles: list[str],
-              timeout_s: float = 900.0) -> ModelRun:
-    """Every step on one model; never raises for a step's failure (its exit code is the record)."""
+              timeout_s: float = 900.0, light: bool = False) -> ModelRun:
+    """Every step on one model; never raises for a step's failure (its exit code is the record).
+    `light` (CI) leaves out the two steps that only measure: the FP32 pass and `report`."""
     run = ModelRun(entry["name"], entry["family"], entry.get("expect", "ok"))
     model, calib = fetch_model(entry, cache), build_calib(entry, cache)
     folder = out / entry["name"]
@@ -387,7 +388,8 @@ def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profile
         run.steps[key] = quantscan(args, folder / f"{key}.log", timeout_s)
         return run.steps[key]
 
-    run.steps["fp32"] = fp32_pass(model, calib, limit, _consts(extra))
+    if not light:
+        run.steps["fp32"] = fp32_pass(model, calib, limit, _consts(extra))
     common = ["--quiet", "--force"]
     step("scan", ["scan", str(model), *data, "--out", str(folder / "scan"), "--no-report", *common])
     if run.expect == "refused":
@@ -396,25 +398,28 @@ def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profile
         return run
     step("oracle", ["scan", str(model), *data, "--gain-candidates", "all", "--out", str(folder / "oracle"),
                     "--no-report", *common])
-    _check_loop(run, step, model, folder, profiles, calib)
+    consts = [a for k, v in _consts(extra).items() for a in ("--const", f"{k}={v:g}")]
+    _check_loop(run, step, model, folder, profiles, ["--calib", str(calib), *consts])
     target = _bisect_target(folder / "scan")
     run.facts["target"] = target
     step("bisect", ["bisect", str(model), *data, "--target-cosine", f"{target:.4f}", "--out",
                     str(folder / "bisect"), *common])
-    step("report", ["report", str(folder / "scan")])
+    if not light:
+        step("report", ["report", str(folder / "scan")])
     run.facts.update(read_scan(folder))
     return run
 
 
-def _check_loop(run: ModelRun, step: Any, model: Path, folder: Path, profiles: list[str], calib: Path) -> None:
-    """check on every profile; then per profile rewrite --all-for-profile and check the rewritten model."""
+def _check_loop(run: ModelRun, step: Any, model: Path, folder: Path, profiles: list[str], data: list[str]) -> None:
+    """check on every profile; then per profile rewrite --all-for-profile (its proof on the calibration
+    data, with the scan's --const inputs) and check the rewritten model."""
     prof = [a for p in profiles for a in ("--profile", p)]
     step("check", ["check", str(model), *prof, "--out", str(folder / "check"), "--quiet", "--force"])
     run.facts["errors_before"] = compat_errors(folder / "check")
     for p in profiles:
         rewritten = folder / f"rewritten_{p}.onnx"
-        rw = step(f"rewrite_{p}", ["rewrite", str(model), "--all-for-profile", p, "--calib", str(calib), "--limit",
-                                   "4", "-o", str(rewritten), "--quiet", "--force"])
+        rw = step(f"rewrite_{p}", ["rewrite", str(model), "--all-for-profile", p, *data, "--limit", "4", "-o",
+                                   str(rewritten), "--quiet", "--force"])
         target = rewritten if rw.code in (0, 1) and rewritten.exists() else model
         step(f"recheck_{p}", ["check", str(target), "--profile", p, "--out", str(folder / f"check_{p}"),
                               "--quiet", "--force"])

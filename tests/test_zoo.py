@@ -52,7 +52,7 @@ def test_zoo_holds_sixteen_models_of_ten_families() -> None:
 @pytest.mark.real
 @pytest.mark.parametrize("name", CI_MODELS)
 def test_zoo_job_meets_the_goals(name: str, assets: Path, cache: Path, tmp_path: Path) -> None:
-    run = zoo.run_model(_entry(name), cache, tmp_path, limit=4, profiles=PROFILE, timeout_s=300)
+    run = zoo.run_model(_entry(name), cache, tmp_path, limit=3, profiles=PROFILE, timeout_s=300, light=True)
     record = {k: vars(v) for k, v in run.steps.items()}
     assert zoo.goals(run, PROFILE) == [], json.dumps(record, indent=1, default=str)
     if run.expect == "refused":
