@@ -497,13 +497,25 @@ class ParetoPoint:
     float_sites: int
     value: float
     sites: tuple[str, ...]
+    search_value: float | None = None
+    """What the search measured (its lower bound on the searched samples) when `value` is held out."""
+    interval: Mapping[str, float] | None = None
+    """{low, high} of the metric over rounding realisations and held-out samples."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"float_sites": self.float_sites, "value": json_float(self.value), "sites": list(self.sites)}
+        extra: dict[str, Any] = {}
+        if self.search_value is not None:
+            extra["search_value"] = json_float(self.search_value)
+        if self.interval is not None:
+            extra["interval"] = {k: json_float(v) for k, v in self.interval.items()}
+        return {"float_sites": self.float_sites, "value": json_float(self.value), "sites": list(self.sites), **extra}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> ParetoPoint:
-        return cls(int(raw["float_sites"]), float(raw["value"]), tuple(str(s) for s in raw.get("sites", ())))
+        search, interval = raw.get("search_value"), raw.get("interval")
+        return cls(int(raw["float_sites"]), float(raw["value"]), tuple(str(s) for s in raw.get("sites", ())),
+                   None if search is None else float(search),
+                   {str(k): float(v) for k, v in interval.items()} if isinstance(interval, dict) else None)
 
 
 @dataclass(frozen=True)
@@ -587,6 +599,12 @@ class Plan:
     recipe: dict[str, Any] | None = None
     """How the plan was measured, for the exports: `profile`, `recipe` (kernels|onnxruntime) and the
     `quantize_static` keyword arguments of its activation scheme (None in older plan files)."""
+    interval: Mapping[str, float] | None = None
+    """{low, high} of the achieved metric over rounding realisations and held-out samples (issue 32)."""
+    held_out: Mapping[str, Any] | None = None
+    """How the claims were measured: sample counts, split, realisations, spread, seed, bound."""
+    search: Mapping[str, Any] | None = None
+    """The search's own figures (searched samples, realisation 0, plus its bounds) of achieved/all_int8/all_float."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -625,6 +643,9 @@ class Plan:
             "phases": list(self.phases),
             "steps": [s.to_json() for s in self.steps],
             **({"recipe": dict(self.recipe)} if self.recipe is not None else {}),
+            **({"interval": {k: json_float(v) for k, v in self.interval.items()}} if self.interval is not None else {}),
+            **({"held_out": dict(self.held_out)} if self.held_out is not None else {}),
+            **({"search": {k: _metrics_json(v) for k, v in self.search.items()}} if self.search is not None else {}),
         }
 
     @classmethod
@@ -662,6 +683,11 @@ class Plan:
             format=int(raw.get("format", PLAN_FORMAT)),
             tool=str(raw.get("tool", PLAN_TOOL)),
             recipe=dict(raw["recipe"]) if isinstance(raw.get("recipe"), dict) else None,
+            interval={str(k): float(v) for k, v in raw["interval"].items()}
+            if isinstance(raw.get("interval"), dict) else None,
+            held_out=dict(raw["held_out"]) if isinstance(raw.get("held_out"), dict) else None,
+            search={str(k): _metrics_from(v) for k, v in raw["search"].items()}
+            if isinstance(raw.get("search"), dict) else None,
         )
 
 

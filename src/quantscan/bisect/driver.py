@@ -20,6 +20,8 @@ import onnx
 import pandas as pd
 
 from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, write_plan
+from quantscan.bisect.realise import Judged, RealisedEvaluator, SampleSplit, held_out_claims, split_context
+from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, Rounding
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
 from quantscan.bisect.state import (
     FALLBACKS,
@@ -31,7 +33,7 @@ from quantscan.bisect.state import (
     StepCallback,
     Target,
 )
-from quantscan.bisect.targets import gain_key, make_evaluator, parse_target
+from quantscan.bisect.targets import gain_key, parse_target
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.recurrent import state_consts
 from quantscan.columns import Col
@@ -42,7 +44,7 @@ from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
-from quantscan.scanning.gain import Evaluator, GainResult, Measured, compute_gain, mixed_builder, sensitivity_order
+from quantscan.scanning.gain import GainResult, compute_gain, mixed_builder, sensitivity_order
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 from quantscan.scanning.samples import given_input_specs
@@ -129,6 +131,9 @@ def bisect_model(
     on_step: StepCallback | None = None,
     runner: Runner | None = None,
     summary_block: SummaryBlock | None = None,
+    realisations: int = DEFAULT_REALISATIONS,
+    rounding_spread: float = DEFAULT_SPREAD,
+    holdout: str = "interleave",
     **options: Any,
 ) -> BisectResult:
     """Output gain, then a resumable bisection to the target; writes plan files when `out` is given
@@ -138,6 +143,11 @@ def bisect_model(
     session's; options come from the session). The session file is rewritten atomically after the
     gains and after every step, so a kill or Ctrl-C (KeyboardInterrupt propagates) loses at most the
     step in flight.
+
+    Rounding (issue 32, bisect/robust.py): the search sees the even samples (or `--calib` when `eval` is
+    given) and judges each candidate by its lower bound over `realisations` roundings (activation scales
+    jittered by `rounding_spread`); the plan's figures and intervals come from the held-out samples only.
+    `realisations=1, holdout="none"` is the search before issue 32.
     """
     started = time.perf_counter()
     stored, session_path = _open_session(resume, session, out)
@@ -158,18 +168,22 @@ def bisect_model(
         if stored is not None
         else target_from_flags(target_cosine, target_sqnr, target_top1, target)
     )
+    rounding = (Rounding.from_dict(stored.options.get("rounding")) if stored is not None
+                else Rounding(realisations, rounding_spread, int(options.get("seed") or 0), holdout=holdout))
+    split = split_context(ctx, rounding, bool(options.get("eval")))
     builder = mixed_builder(ctx, fallback)
-    evaluator = make_evaluator(ctx, builder, aim)
-    measured: dict[tuple[str, ...], tuple[Measured, float]] = {}
+    evaluator = RealisedEvaluator(split.search, builder, aim, rounding)
+    measured: dict[tuple[str, ...], tuple[Judged, float]] = {}
     if stored is None:
         met = mode == "search" and not keep_float and _all_int8_meets(evaluator, builder, aim, measured)
         gains = (
             None
             if mode == "first_bad" or met
-            else compute_gain(ctx, builder, key=gain_key(aim), loss_if_only=loss_if_only, progress=progress)
+            else compute_gain(split.search, builder, key=gain_key(aim), loss_if_only=loss_if_only,
+                              progress=progress)
         )
         stored = _new_session(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant,
-                              options, gains)
+                              options, gains, rounding)
         keep_float, force_quant = (), ()
     machine = machine_for(stored)
     if keep_float or force_quant:
@@ -178,7 +192,7 @@ def bisect_model(
     _save(stored, session_path, machine)
     _drive(machine, builder, evaluator, stored, session_path, progress, on_step, measured)
     return _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
-                   time.perf_counter() - started, summary_block)
+                   time.perf_counter() - started, summary_block, (split, rounding))
 
 
 def _as_stored(
@@ -202,7 +216,8 @@ def _as_stored(
 
 
 def _all_int8_meets(
-    evaluator: Evaluator, builder: MixedBuilder, aim: Target, measured: dict[tuple[str, ...], tuple[Measured, float]]
+    evaluator: RealisedEvaluator, builder: MixedBuilder, aim: Target,
+    measured: dict[tuple[str, ...], tuple[Judged, float]],
 ) -> bool:
     """Measure all-int8 before the output gains; True when it already meets the target.
 
@@ -211,9 +226,9 @@ def _all_int8_meets(
     not run twice.
     """
     t0 = time.perf_counter()
-    base = evaluator.evaluate(builder.precisions(()))
+    base = evaluator.judge(builder.precisions(()))
     measured[()] = (base, time.perf_counter() - t0)
-    return aim.met(base.worst[evaluator.key])
+    return aim.met(base.value)
 
 
 def _open_session(
@@ -268,6 +283,7 @@ def _new_session(
     force_quant: Sequence[str],
     options: Mapping[str, Any],
     gains: GainResult | None,
+    rounding: Rounding,
 ) -> BisectSession:
     outputs = ctx.headline_outputs()
     scan_opts = {k: jsonable(v) for k, v in options.items() if k in SCAN_OPTION_KEYS}
@@ -282,7 +298,7 @@ def _new_session(
         for k, s in enumerate(ctx.sites)
     ]
     order = (
-        sensitivity_order(gains.table, gain_key(target))
+        sensitivity_order(gains.table, gain_key(target), broad=rounding.z if rounding.realisations > 1 else 0.0)
         if gains is not None
         else [str(s[Col.NODE]) for s in sorted(sites, key=lambda s: int(str(s[Col.ORDER])))]
     )
@@ -296,6 +312,7 @@ def _new_session(
         "keep_float": list(keep_float),
         "force_quant": list(force_quant),
         "scan": scan_opts,
+        "rounding": rounding.as_dict(),
     }
     gain_rows = gains.table.to_dict("records") if gains is not None else []
     session = BisectSession(str(loaded.path.resolve()), loaded.sha256, identity, opts, sites, order, gain_rows)
@@ -315,12 +332,12 @@ def _save(session: BisectSession, path: Path | None, machine: Bisector) -> None:
 def _drive(
     machine: Bisector,
     builder: MixedBuilder,
-    evaluator: Evaluator,
+    evaluator: RealisedEvaluator,
     session: BisectSession,
     path: Path | None,
     progress: ProgressFactory,
     on_step: StepCallback | None,
-    known: dict[tuple[str, ...], tuple[Measured, float]] | None = None,
+    known: dict[tuple[str, ...], tuple[Judged, float]] | None = None,
 ) -> None:
     """Measure the machine's candidates until it is done; `known` holds sets measured before (all-int8)."""
     bar = progress("bisecting", None)
@@ -330,10 +347,9 @@ def _drive(
             t0 = time.perf_counter()
             measured, seconds = known.pop(cand.sites, (None, 0.0))
             if measured is None:
-                measured = evaluator.evaluate(builder.precisions(cand.sites))
+                measured = evaluator.judge(builder.precisions(cand.sites))
                 seconds = time.perf_counter() - t0
-            metrics = {k: v for k, v in measured.worst.items() if isinstance(v, float)}
-            step = machine.record(measured.worst[evaluator.key], seconds=seconds, metrics=metrics)
+            step = machine.record(measured.value, seconds=seconds, metrics=measured.metrics())
             _save(session, path, machine)
             bar.update(1)
             if on_step is not None:
@@ -354,6 +370,7 @@ def _finish(
     exports: Sequence[str] | None,
     seconds: float,
     summary_block: SummaryBlock | None,
+    judging: tuple[SampleSplit, Rounding],
 ) -> BisectResult:
     outcome = machine.outcome
     assert outcome is not None
@@ -361,7 +378,10 @@ def _finish(
     chosen = set(outcome.sites) if outcome.status in ("reached", "already_met") else set()
     chosen |= machine.keep_float if outcome.status == "already_met" else set()
     prec = builder.precisions(chosen)
-    plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds)
+    ceiling = [n for n in machine.order if n not in machine.force_quant]
+    reported = [(), ceiling, tuple(chosen), *(p.sites for p in machine.pareto())]
+    claims = held_out_claims(judging[0], builder, target, judging[1], reported)
+    plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds, claims)
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
