@@ -19,9 +19,9 @@ from typing import Any
 import onnx
 import pandas as pd
 
-from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, write_plan
+from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, held_out_warning, write_plan
 from quantscan.bisect.realise import Judged, RealisedEvaluator, SampleSplit, held_out_claims, split_context
-from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, Rounding
+from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, Rounding
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
 from quantscan.bisect.state import (
     FALLBACKS,
@@ -134,6 +134,7 @@ def bisect_model(
     realisations: int = DEFAULT_REALISATIONS,
     rounding_spread: float = DEFAULT_SPREAD,
     holdout: str = "interleave",
+    bound_z: float = DEFAULT_Z,
     **options: Any,
 ) -> BisectResult:
     """Output gain, then a resumable bisection to the target; writes plan files when `out` is given
@@ -142,12 +143,7 @@ def bisect_model(
     New run: `model`, `calib`, one `target_*`. Resume: `resume=FILE` (model/calib default to the
     session's; options come from the session). The session file is rewritten atomically after the
     gains and after every step, so a kill or Ctrl-C (KeyboardInterrupt propagates) loses at most the
-    step in flight.
-
-    Rounding (issue 32, bisect/robust.py): the search sees the even samples (or `--calib` when `eval` is
-    given) and judges each candidate by its lower bound over `realisations` roundings (activation scales
-    jittered by `rounding_spread`); the plan's figures and intervals come from the held-out samples only.
-    `realisations=1, holdout="none"` is the search before issue 32.
+    step in flight. Rounding (issue 32): `_rounding`.
     """
     started = time.perf_counter()
     stored, session_path = _open_session(resume, session, out)
@@ -162,14 +158,9 @@ def bisect_model(
     loaded, cset, identity = _load_inputs(model, calib, options, stored)
     ctx = prepare_scan(loaded, cset, progress=progress, runner=runner, **options)
     _refuse_unanalysed_bodies(ctx)
-    aim = (
-        Target(str(stored.options["target_metric"]), float(stored.options["target_value"]),
-               stored.options.get(Col.OUTPUT))
-        if stored is not None
-        else target_from_flags(target_cosine, target_sqnr, target_top1, target)
-    )
-    rounding = (Rounding.from_dict(stored.options.get("rounding")) if stored is not None
-                else Rounding(realisations, rounding_spread, int(options.get("seed") or 0), holdout=holdout))
+    aim = _stored_target(stored) or target_from_flags(target_cosine, target_sqnr, target_top1, target)
+    rounding = _rounding(stored, Rounding(realisations, rounding_spread, int(options.get("seed") or 0), bound_z,
+                                          holdout))
     split = split_context(ctx, rounding, bool(options.get("eval")))
     builder = mixed_builder(ctx, fallback)
     evaluator = RealisedEvaluator(split.search, builder, aim, rounding)
@@ -193,6 +184,21 @@ def bisect_model(
     _drive(machine, builder, evaluator, stored, session_path, progress, on_step, measured)
     return _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
                    time.perf_counter() - started, summary_block, (split, rounding))
+
+
+def _stored_target(stored: BisectSession | None) -> Target | None:
+    if stored is None:
+        return None
+    return Target(str(stored.options["target_metric"]), float(stored.options["target_value"]),
+                  stored.options.get(Col.OUTPUT))
+
+
+def _rounding(stored: BisectSession | None, given: Rounding) -> Rounding:
+    """How candidates are judged (bisect/robust.py): the search sees the even samples (or `--calib` when
+    `eval` is given) and compares each candidate's lower bound over the realisations (activation scales
+    jittered) with the target; the plan's figures and intervals come from the held-out samples only.
+    A resumed session keeps its own; one from before issue 32 searched with one rounding and no split."""
+    return Rounding.from_dict(stored.options.get("rounding")) if stored is not None else given
 
 
 def _as_stored(
@@ -382,6 +388,7 @@ def _finish(
     reported = [(), ceiling, tuple(chosen), *(p.sites for p in machine.pareto())]
     claims = held_out_claims(judging[0], builder, target, judging[1], reported)
     plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds, claims)
+    warning = held_out_warning(plan)
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
@@ -389,9 +396,8 @@ def _finish(
                                   force=ctx.opts.force)
     if out is not None:
         files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block))
-    return BisectResult(
-        plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, list(ctx.warnings)
-    )
+    warnings = [*ctx.warnings, *([warning] if warning else [])]
+    return BisectResult(plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, warnings)
 
 
 @dataclass(frozen=True)

@@ -159,11 +159,24 @@ def with_claims(
                        interval=spread.to_json() if spread is not None else None)
 
     spread = claims.spread(achieved) if achieved is not None else None
+    claimed = float((plan.achieved or {}).get(key, math.nan))
+    meets = plan.reached and not math.isnan(claimed) and claimed >= plan.target.value
     return replace(
         plan, pareto=tuple(held(p) for p in plan.pareto),
         interval=spread.to_json() if spread is not None else None,
-        held_out=claims.record(), search=dict(search),
+        held_out={**claims.record(), "meets_target": meets}, search=dict(search),
     )
+
+
+def held_out_warning(plan: Plan) -> str | None:
+    """Said when the search's set met the target but the held-out samples do not: the plan fits the
+    searched samples more than the model (more samples, or a stricter --bound-z, are the remedies)."""
+    if not plan.reached or plan.held_out is None or plan.held_out.get("meets_target", True):
+        return None
+    key = METRICS[plan.target.metric]
+    return (f"the plan meets {plan.target.metric} >= {plan.target.value} on the searched samples but claims "
+            f"{float((plan.achieved or {}).get(key, math.nan)):.5f} on the {plan.held_out.get('held_out_samples')} "
+            "held-out ones")
 
 
 def plan_recipe(ctx: ScanContext) -> dict[str, Any]:

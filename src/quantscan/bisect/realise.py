@@ -8,7 +8,6 @@ Pareto point), which are the only figures plan.json claims.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -32,6 +31,9 @@ class Judged:
     nominal: Measured
     spread: Spread
     value: float
+    realisations: tuple[Measured, ...] = ()
+    """Every realisation's figures, realisation 0 first (benchmarks/plan_holdout.py compares their
+    per-sample spread with a chip's)."""
 
     def metrics(self) -> Metrics:
         """The step's stored metrics: realisation 0's, plus the interval."""
@@ -89,7 +91,7 @@ class RealisedEvaluator:
         else:
             spread = spread_of_values([float(m.worst[self.key]) for m in measured])
         value = spread.low if self.rounding.realisations > 1 else float(nominal.worst[self.key])
-        return Judged(nominal, spread, value)
+        return Judged(nominal, spread, value, tuple(measured))
 
 
 def _twin(base: Evaluator, ctx: ScanContext, builder: MixedBuilder) -> Evaluator:
@@ -131,6 +133,3 @@ def held_out_claims(
             judged[key] = evaluator.judge(builder.precisions(key))
     return Claims(judged, split, rounding)
 
-
-def finite_or_nan(value: float | None) -> float:
-    return float(value) if value is not None and math.isfinite(value) else math.nan
