@@ -165,3 +165,20 @@ def test_one_realisation_without_holdout_is_the_old_search(chain: tuple[Path, Pa
     assert plan.held_out is not None and plan.held_out["held_out_samples"] == plan.held_out["search_samples"]
     if achieved is not None:  # the claim is the search's own figure again
         assert plan.achieved is not None and plan.achieved["cosine"] == pytest.approx(achieved.value, abs=1e-12)
+
+
+def test_realised_builder_scales_activations_only(chain: tuple[Path, Path]) -> None:
+    """A realisation multiplies each activation scale by its factor; zero points and weights stay."""
+    from quantscan.scanning.gain import mixed_builder, realised_builder
+    from quantscan.scanning.prepare import prepare_scan
+
+    model, calib = chain
+    builder = mixed_builder(prepare_scan(model, calib, threads=1))
+    acts = builder.base_plan.activations
+    factors = {t: 1.0 + 0.1 * k for k, t in enumerate(sorted(acts))}
+    twin = realised_builder(builder, factors)
+    for t, qp in acts.items():
+        got = twin.base_plan.activations[t]
+        np.testing.assert_allclose(got.scale, qp.scale * np.float32(factors[t]), rtol=1e-6)
+        assert np.array_equal(got.zero_point, qp.zero_point)
+    assert twin.base_plan.weights is builder.base_plan.weights and builder.base_plan.activations is acts
