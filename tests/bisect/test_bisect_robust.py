@@ -182,3 +182,15 @@ def test_realised_builder_scales_activations_only(chain: tuple[Path, Path]) -> N
         np.testing.assert_allclose(got.scale, qp.scale * np.float32(factors[t]), rtol=1e-6)
         assert np.array_equal(got.zero_point, qp.zero_point)
     assert twin.base_plan.weights is builder.base_plan.weights and builder.base_plan.activations is acts
+
+
+def test_explicit_eval_folder_is_the_held_out_set(chain: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--eval DIR`: the search runs on --calib, every claim on DIR (no interleaving of either)."""
+    model, calib = chain
+    held = tmp_path / "eval"
+    held.mkdir()
+    x = np.random.default_rng(5).normal(0, 1, (10, np.load(calib / "x.npy").shape[1])).astype(np.float32)
+    np.save(held / "x.npy", x)
+    plan = run_bisect(model, calib, target_cosine=0.9999, eval=str(held), threads=1).plan
+    assert plan.held_out is not None and plan.held_out["split"].startswith("--eval")
+    assert plan.held_out["held_out_samples"] == 10 and plan.held_out["search_samples"] == len(np.load(calib / "x.npy"))
