@@ -497,17 +497,29 @@ class ParetoPoint:
     float_sites: int
     value: float
     sites: tuple[str, ...]
+    search_value: float | None = None
+    """What the search measured (its lower bound on the searched samples) when `value` is held out."""
+    interval: Mapping[str, float] | None = None
+    """{low, high} of the metric over rounding realisations and held-out samples."""
     verified: dict[str, Any] | None = None
     """`bisect --verify`: the point applied by the real toolchain (as `Plan.verified`)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"float_sites": self.float_sites, "value": json_float(self.value), "sites": list(self.sites),
-                **({"verified": dict(self.verified)} if self.verified is not None else {})}
+        extra: dict[str, Any] = {}
+        if self.search_value is not None:
+            extra["search_value"] = json_float(self.search_value)
+        if self.interval is not None:
+            extra["interval"] = {k: json_float(v) for k, v in self.interval.items()}
+        if self.verified is not None:
+            extra["verified"] = dict(self.verified)
+        return {"float_sites": self.float_sites, "value": json_float(self.value), "sites": list(self.sites), **extra}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> ParetoPoint:
-        verified = raw.get("verified")
+        search, interval, verified = raw.get("search_value"), raw.get("interval"), raw.get("verified")
         return cls(int(raw["float_sites"]), float(raw["value"]), tuple(str(s) for s in raw.get("sites", ())),
+                   None if search is None else float(search),
+                   {str(k): float(v) for k, v in interval.items()} if isinstance(interval, dict) else None,
                    dict(verified) if isinstance(verified, dict) else None)
 
 
@@ -592,6 +604,12 @@ class Plan:
     recipe: dict[str, Any] | None = None
     """How the plan was measured, for the exports: `profile`, `recipe` (kernels|onnxruntime) and the
     `quantize_static` keyword arguments of its activation scheme (None in older plan files)."""
+    interval: Mapping[str, float] | None = None
+    """{low, high} of the achieved metric over rounding realisations and held-out samples (issue 32)."""
+    held_out: Mapping[str, Any] | None = None
+    """How the claims were measured: sample counts, split, realisations, spread, seed, bound."""
+    search: Mapping[str, Any] | None = None
+    """The search's own figures (searched samples, realisation 0, plus its bounds) of achieved/all_int8/all_float."""
     verified: dict[str, Any] | None = None
     """`bisect --verify`: the plan applied by the real toolchain (CONTRACT: `tool`, `version`, `value`;
     also `claimed`, `builds`, vanished sites, what each site ran at). None when no toolchain ran."""
@@ -633,6 +651,9 @@ class Plan:
             "phases": list(self.phases),
             "steps": [s.to_json() for s in self.steps],
             **({"recipe": dict(self.recipe)} if self.recipe is not None else {}),
+            **({"interval": {k: json_float(v) for k, v in self.interval.items()}} if self.interval is not None else {}),
+            **({"held_out": dict(self.held_out)} if self.held_out is not None else {}),
+            **({"search": {k: _metrics_json(v) for k, v in self.search.items()}} if self.search is not None else {}),
             **({"verified": dict(self.verified)} if self.verified is not None else {}),
         }
 
@@ -671,6 +692,11 @@ class Plan:
             format=int(raw.get("format", PLAN_FORMAT)),
             tool=str(raw.get("tool", PLAN_TOOL)),
             recipe=dict(raw["recipe"]) if isinstance(raw.get("recipe"), dict) else None,
+            interval={str(k): float(v) for k, v in raw["interval"].items()}
+            if isinstance(raw.get("interval"), dict) else None,
+            held_out=dict(raw["held_out"]) if isinstance(raw.get("held_out"), dict) else None,
+            search={str(k): _metrics_from(v) for k, v in raw["search"].items()}
+            if isinstance(raw.get("search"), dict) else None,
             verified=dict(raw["verified"]) if isinstance(raw.get("verified"), dict) else None,
         )
 

@@ -506,3 +506,23 @@ def test_browser_check_sees_a_blocked_request(browser: Browser, tmp_path: Path) 
     )
     browser.load(probe.as_uri())
     assert browser.problems(probe.as_uri())
+
+
+def test_plan_interval_and_held_out_pareto_points_are_shown(tmp_path: Path) -> None:
+    """Issue 32: the plan card carries the held-out interval, and the Pareto points theirs."""
+    run = _make_run(tmp_path / "run")
+    layers = pd.read_csv(run / "layers.csv")
+    plan = _plan(layers)
+    plan["achieved"] = {"cosine": 0.99713}
+    plan["interval"] = {"low": 0.98211, "high": 0.99826}
+    plan["pareto"] = [{**p, "interval": {"low": p["value"] - 0.001, "high": 1.0}, "search_value": 0.5}
+                      for p in plan["pareto"]]
+    (run / "plan.json").write_text(json.dumps(plan))
+    page = render_report(run)
+    assert "interval [0.98211, 0.99826]" in page
+    assert "Pareto points, held out" in page and "search_value" in page
+    del plan["interval"]
+    plan["pareto"] = [{"float_sites": 1, "value": 0.99}]
+    (run / "plan.json").write_text(json.dumps(plan))
+    older = render_report(run)  # a plan from before issue 32: no interval, no table
+    assert "interval [" not in older and "Pareto points, held out" not in older

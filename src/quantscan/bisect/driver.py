@@ -21,7 +21,9 @@ import pandas as pd
 
 from quantscan.bisect.external import Toolchain, ToolchainEvaluator, ToolchainFactory
 from quantscan.bisect.external import verify as verify_plan
-from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, write_plan
+from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, held_out_warning, write_plan
+from quantscan.bisect.realise import Judged, RealisedEvaluator, SampleSplit, held_out_claims, split_context
+from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, Rounding
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
 from quantscan.bisect.state import (
     FALLBACKS,
@@ -33,7 +35,7 @@ from quantscan.bisect.state import (
     StepCallback,
     Target,
 )
-from quantscan.bisect.targets import gain_key, make_evaluator, parse_target
+from quantscan.bisect.targets import gain_key, parse_target
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.recurrent import state_consts
 from quantscan.columns import Col
@@ -44,7 +46,7 @@ from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
-from quantscan.scanning.gain import Evaluator, GainResult, Measured, compute_gain, mixed_builder, sensitivity_order
+from quantscan.scanning.gain import GainResult, compute_gain, mixed_builder, sensitivity_order
 from quantscan.scanning.options import MEASUREMENT_OPTIONS, ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 from quantscan.scanning.samples import given_input_specs
@@ -120,6 +122,10 @@ def bisect_model(
     toolchain: ToolchainFactory | None = None,
     evaluator: str = "quantscan",
     verify: bool = False,
+    realisations: int = DEFAULT_REALISATIONS,
+    rounding_spread: float = DEFAULT_SPREAD,
+    holdout: str = "interleave",
+    bound_z: float = DEFAULT_Z,
     **options: Any,
 ) -> BisectResult:
     """Output gain, then a resumable bisection to the target; writes plan files when `out` is given
@@ -129,6 +135,7 @@ def bisect_model(
     session's; options come from the session). The session file is rewritten atomically after the
     gains and after every step, so a kill or Ctrl-C (KeyboardInterrupt propagates) loses at most the
     step in flight. `toolchain`, `evaluator`, `verify`: the vendor in the loop (`_toolchain_judge`).
+    Rounding (issue 32): `_rounding`.
     """
     started = time.perf_counter()
     stored, session_path = _open_session(resume, session, out)
@@ -144,24 +151,24 @@ def bisect_model(
     loaded, cset, identity = _load_inputs(model, calib, options, stored)
     ctx = _prepare(loaded, cset, calib, progress, runner, options)
     _refuse_unanalysed_bodies(ctx)
-    aim = (
-        Target(str(stored.options["target_metric"]), float(stored.options["target_value"]),
-               stored.options.get(Col.OUTPUT))
-        if stored is not None
-        else target_from_flags(target_cosine, target_sqnr, target_top1, target)
-    )
+    aim = _stored_target(stored) or target_from_flags(target_cosine, target_sqnr, target_top1, target)
+    rounding = _rounding(stored, Rounding(realisations, rounding_spread, int(options.get("seed") or 0), bound_z,
+                                          holdout))
+    split = split_context(ctx, rounding, bool(options.get("eval")))
     builder = mixed_builder(ctx, fallback)
-    chain, judge = _toolchain_judge(ctx, builder, aim, (loaded, cset), toolchain, evaluator, verify)
-    measured: dict[tuple[str, ...], tuple[Measured, float]] = {}
+    chain, judge = _toolchain_judge(split.search, builder, aim, rounding, (loaded, cset), toolchain, evaluator,
+                                    verify)
+    measured: dict[tuple[str, ...], tuple[Judged, float]] = {}
     if stored is None:
         met = mode == "search" and not keep_float and _all_int8_meets(judge, builder, aim, measured)
         gains = (
             None
             if mode == "first_bad" or met
-            else compute_gain(ctx, builder, key=gain_key(aim), loss_if_only=loss_if_only, progress=progress)
+            else compute_gain(split.search, builder, key=gain_key(aim), loss_if_only=loss_if_only,
+                              progress=progress)
         )
         stored = _new_session(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant,
-                              gains)
+                              gains, rounding)
         keep_float, force_quant, stored.options["evaluator"] = (), (), evaluator
     machine = machine_for(stored)
     if keep_float or force_quant:
@@ -170,22 +177,22 @@ def bisect_model(
     _save(stored, session_path, machine)
     _drive(machine, builder, judge, stored, session_path, progress, on_step, measured)
     result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
-                     time.perf_counter() - started, summary_block, (chain, verify))
+                     time.perf_counter() - started, summary_block, (chain, verify), (split, rounding))
     if chain is not None:  # only after a finished search: an interrupted one resumes from step 1's files
         chain.close()
     return result
 
 
 def _toolchain_judge(
-    ctx: ScanContext, builder: MixedBuilder, aim: Target, data: tuple[LoadedModel, CalibSet],
+    ctx: ScanContext, builder: MixedBuilder, aim: Target, rounding: Rounding, data: tuple[LoadedModel, CalibSet],
     toolchain: ToolchainFactory | None, evaluator: str, verify: bool,
-) -> tuple[Toolchain | None, Evaluator | ToolchainEvaluator]:
+) -> tuple[Toolchain | None, RealisedEvaluator | ToolchainEvaluator]:
     """The vendor toolchain (bisect/external.py), made for this model and these very samples when
     `--verify` or a toolchain `--evaluator` needs it, and who measures the search's candidates: the
     toolchain (each evaluation one build in it; the session records which) or quantscan's simulation."""
     chain = toolchain(*data) if toolchain is not None and (verify or evaluator != "quantscan") else None
     if chain is None or evaluator == "quantscan":
-        return chain, make_evaluator(ctx, builder, aim)
+        return chain, RealisedEvaluator(ctx, builder, aim, rounding)
     return chain, ToolchainEvaluator(ctx, chain, aim.key)
 
 
@@ -215,6 +222,21 @@ def _prepare(loaded: LoadedModel, cset: CalibSet, calib: str | Path, progress: P
         executor.close()
 
 
+def _stored_target(stored: BisectSession | None) -> Target | None:
+    if stored is None:
+        return None
+    return Target(str(stored.options["target_metric"]), float(stored.options["target_value"]),
+                  stored.options.get(Col.OUTPUT))
+
+
+def _rounding(stored: BisectSession | None, given: Rounding) -> Rounding:
+    """How candidates are judged (bisect/robust.py): the search sees the even samples (or `--calib` when
+    `eval` is given) and compares each candidate's lower bound over the realisations (activation scales
+    jittered) with the target; the plan's figures and intervals come from the held-out samples only.
+    A resumed session keeps its own; one from before issue 32 searched with one rounding and no split."""
+    return Rounding.from_dict(stored.options.get("rounding")) if stored is not None else given
+
+
 def _as_stored(
     stored: BisectSession, model: str | Path | None, calib: str | Path | None, options: dict[str, Any]
 ) -> tuple[str | Path, str | Path, dict[str, Any], str, str, bool]:
@@ -237,8 +259,8 @@ def _as_stored(
 
 
 def _all_int8_meets(
-    evaluator: Evaluator | ToolchainEvaluator, builder: MixedBuilder, aim: Target,
-    measured: dict[tuple[str, ...], tuple[Measured, float]],
+    evaluator: RealisedEvaluator | ToolchainEvaluator, builder: MixedBuilder, aim: Target,
+    measured: dict[tuple[str, ...], tuple[Judged, float]],
 ) -> bool:
     """Measure all-int8 before the output gains; True when it already meets the target.
 
@@ -247,9 +269,9 @@ def _all_int8_meets(
     not run twice.
     """
     t0 = time.perf_counter()
-    base = evaluator.evaluate(builder.precisions(()))
+    base = evaluator.judge(builder.precisions(()))
     measured[()] = (base, time.perf_counter() - t0)
-    return aim.met(base.worst[evaluator.key])
+    return aim.met(base.value)
 
 
 def _open_session(
@@ -303,6 +325,7 @@ def _new_session(
     keep_float: Sequence[str],
     force_quant: Sequence[str],
     gains: GainResult | None,
+    rounding: Rounding,
 ) -> BisectSession:
     outputs = ctx.headline_outputs()
     # what the run measured with (the validated options, defaults included), so a resume measures the same
@@ -318,7 +341,7 @@ def _new_session(
         for k, s in enumerate(ctx.graph.sites)
     ]
     order = (
-        sensitivity_order(gains.table, gain_key(target))
+        sensitivity_order(gains.table, gain_key(target), broad=rounding.z if rounding.realisations > 1 else 0.0)
         if gains is not None
         else [str(s[Col.NODE]) for s in sorted(sites, key=lambda s: int(str(s[Col.ORDER])))]
     )
@@ -332,6 +355,7 @@ def _new_session(
         "keep_float": list(keep_float),
         "force_quant": list(force_quant),
         "scan": scan_opts,
+        "rounding": rounding.as_dict(),
     }
     gain_rows = gains.table.to_dict("records") if gains is not None else []
     session = BisectSession(str(loaded.path.resolve()), loaded.sha256, identity, opts, sites, order, gain_rows)
@@ -351,12 +375,12 @@ def _save(session: BisectSession, path: Path | None, machine: Bisector) -> None:
 def _drive(
     machine: Bisector,
     builder: MixedBuilder,
-    evaluator: Evaluator | ToolchainEvaluator,
+    evaluator: RealisedEvaluator | ToolchainEvaluator,
     session: BisectSession,
     path: Path | None,
     progress: ProgressFactory,
     on_step: StepCallback | None,
-    known: dict[tuple[str, ...], tuple[Measured, float]] | None = None,
+    known: dict[tuple[str, ...], tuple[Judged, float]] | None = None,
 ) -> None:
     """Measure the machine's candidates until it is done; `known` holds sets measured before (all-int8)."""
     bar = progress("bisecting", None)
@@ -366,10 +390,9 @@ def _drive(
             t0 = time.perf_counter()
             measured, seconds = known.pop(cand.sites, (None, 0.0))
             if measured is None:
-                measured = evaluator.evaluate(builder.precisions(cand.sites))
+                measured = evaluator.judge(builder.precisions(cand.sites))
                 seconds = time.perf_counter() - t0
-            metrics = {k: v for k, v in measured.worst.items() if isinstance(v, float)}
-            step = machine.record(measured.worst[evaluator.key], seconds=seconds, metrics=metrics)
+            step = machine.record(measured.value, seconds=seconds, metrics=measured.metrics())
             _save(session, path, machine)
             bar.update(1)
             if on_step is not None:
@@ -390,7 +413,8 @@ def _finish(
     exports: Sequence[str] | None,
     seconds: float,
     summary_block: SummaryBlock | None,
-    vendor: tuple[Toolchain | None, bool] = (None, False),
+    vendor: tuple[Toolchain | None, bool],
+    judging: tuple[SampleSplit, Rounding],
 ) -> BisectResult:
     outcome = machine.outcome
     assert outcome is not None
@@ -398,11 +422,15 @@ def _finish(
     chosen = set(outcome.sites) if outcome.status in ("reached", "already_met") else set()
     chosen |= machine.keep_float if outcome.status == "already_met" else set()
     prec = builder.precisions(chosen)
-    plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds)
+    ceiling = [n for n in machine.order if n not in machine.force_quant]
+    reported = [(), ceiling, tuple(chosen), *(p.sites for p in machine.pareto())]
+    claims = held_out_claims(judging[0], builder, target, judging[1], reported)
+    plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds, claims)
     chain, verify = vendor
     if chain is not None and verify:
         plan = verify_plan(plan, ctx, builder.precisions, chain)
     step1_names = chain.names_for(plan.sites) if chain is not None else None
+    warning = held_out_warning(plan)
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
@@ -410,9 +438,8 @@ def _finish(
                                   force=ctx.opts.force)
     if out is not None:
         files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block, step1_names))
-    return BisectResult(
-        plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, list(ctx.warnings)
-    )
+    warnings = [*ctx.warnings, *([warning] if warning else [])]
+    return BisectResult(plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, warnings)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from quantscan.bisect.realise import Judged
+from quantscan.bisect.robust import Spread
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.model import LoadedModel
@@ -95,6 +97,13 @@ class ToolchainEvaluator:
         worst = {"cosine": value}
         output = ",".join(got.get("vendor_output_cosine", {})) or chain.tool
         return Measured(rows={output: worst}, output=output, worst=worst)
+
+    def judge(self, prec: Sequence[str]) -> Judged:
+        """One build's figure as the search compares it: the chip's rounding is the only realisation (no
+        interval: the toolchain's simulator is what the plan is for)."""
+        measured = self.evaluate(prec)
+        value = float(measured.worst[self.key])
+        return Judged(measured, Spread(value, value, value, (value,)), value, (measured,))
 
 
 def verify(plan: Plan, ctx: ScanContext, precisions: Callable[[Sequence[str]], Sequence[str]],

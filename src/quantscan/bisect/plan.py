@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,12 @@ import onnx
 import pandas as pd
 
 from quantscan.bisect import exports as qexports
+from quantscan.bisect.realise import Claims
 from quantscan.bisect.session import BisectSession
-from quantscan.bisect.state import Bisector, Step, Target
+from quantscan.bisect.state import METRICS, Bisector, Step, Target
 from quantscan.columns import Col
 from quantscan.graph.mixed import MixedBuilder
-from quantscan.records import Metrics, Plan, PlanSite, Precision
+from quantscan.records import Metrics, ParetoPoint, Plan, PlanSite, Precision
 from quantscan.runfolder import atomic_write_text, csv_text, read_csv, write_json
 from quantscan.scanning.ort_recipe import quantize_static_call
 from quantscan.scanning.prepare import ScanContext
@@ -89,18 +91,25 @@ def build_plan(
     prec: Sequence[str],
     steps: Sequence[Step],
     seconds: float,
+    claims: Claims | None = None,
 ) -> Plan:
-    """The plan as the contract fixes it, plus the step log and what the exports need."""
+    """The plan as the contract fixes it, plus the step log and what the exports need.
+
+    With `claims` (bisect/realise.py) the metrics, the Pareto values and the intervals are the held-out
+    samples' and the search's own figures go under `search`; without, the search's figures are the claims.
+    """
     outcome = machine.outcome
     assert outcome is not None
 
-    def metrics_of(sites: Sequence[str]) -> Metrics | None:
+    def searched(sites: Sequence[str]) -> Metrics | None:
         step = machine.step_of(sites)
         return {k: float(v) for k, v in step.metrics.items()} if step is not None else None
 
+    metrics_of = claims.metrics if claims is not None else searched
     ceiling = [n for n in machine.order if n not in machine.force_quant]
     output = session.options.get(Col.OUTPUT)
-    return Plan(
+    achieved = outcome.sites if outcome.status != "unreachable" else None
+    plan = Plan(
         model=session.model_path,
         model_sha256=session.model_sha256,
         target=target.record(None if output is None else str(output)),
@@ -110,7 +119,7 @@ def build_plan(
         reached=outcome.status in REACHED,
         all_int8=metrics_of([]),
         all_float=metrics_of(ceiling),
-        achieved=metrics_of(outcome.sites) if outcome.status != "unreachable" else None,
+        achieved=metrics_of(achieved) if achieved is not None else None,
         sites=plan_sites(ctx, builder, session, prec),
         pareto=tuple(machine.pareto()),
         evaluations=len(steps),
@@ -130,6 +139,44 @@ def build_plan(
         steps=tuple(s.record() for s in steps),
         recipe=plan_recipe(ctx),
     )
+    if claims is None:
+        return plan
+    return with_claims(plan, claims, achieved, {"achieved": searched(achieved) if achieved is not None else None,
+                                                "all_int8": searched([]), "all_float": searched(ceiling)})
+
+
+def with_claims(
+    plan: Plan, claims: Claims, achieved: Sequence[str] | None, search: Mapping[str, Metrics | None]
+) -> Plan:
+    """The plan's interval and held-out record, and its Pareto points re-valued on the held-out samples
+    (`value` the held-out figure under quantscan's rounding, `search_value` the search's lower bound)."""
+    key = METRICS[plan.target.metric]
+
+    def held(point: ParetoPoint) -> ParetoPoint:
+        got = claims.metrics(point.sites) or {}
+        spread = claims.spread(point.sites)
+        return replace(point, value=float(got.get(key, math.nan)), search_value=point.value,
+                       interval=spread.to_json() if spread is not None else None)
+
+    spread = claims.spread(achieved) if achieved is not None else None
+    claimed = float((plan.achieved or {}).get(key, math.nan))
+    meets = plan.reached and not math.isnan(claimed) and claimed >= plan.target.value
+    return replace(
+        plan, pareto=tuple(held(p) for p in plan.pareto),
+        interval=spread.to_json() if spread is not None else None,
+        held_out={**claims.record(), "meets_target": meets}, search=dict(search),
+    )
+
+
+def held_out_warning(plan: Plan) -> str | None:
+    """Said when the search's set met the target but the held-out samples do not: the plan fits the
+    searched samples more than the model (more samples, or a stricter --bound-z, are the remedies)."""
+    if not plan.reached or plan.held_out is None or plan.held_out.get("meets_target", True):
+        return None
+    key = METRICS[plan.target.metric]
+    return (f"the plan meets {plan.target.metric} >= {plan.target.value} on the searched samples but claims "
+            f"{float((plan.achieved or {}).get(key, math.nan)):.5f} on the {plan.held_out.get('held_out_samples')} "
+            "held-out ones")
 
 
 def plan_recipe(ctx: ScanContext) -> dict[str, Any]:

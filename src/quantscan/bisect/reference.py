@@ -16,6 +16,7 @@ usually small: logits, a score map); otherwise every evaluation recomputes them 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -71,7 +72,14 @@ class CachedReferenceEvaluator(Evaluator):
         sweep(session, with_reference, lambda feeds, values: pairs.update({**feeds, **values}, refs))
         rows = {o: pairs.row((o, "q")) for o in self.outputs}
         output, worst = worst_output(rows, self.key)
-        return Measured(rows, output, worst)
+        return Measured(rows, output, worst, {o: pairs.sample_sums((o, "q")) for o in self.outputs})
+
+    def for_builder(self, builder: MixedBuilder) -> CachedReferenceEvaluator:
+        """The same evaluator for another builder (a rounding realisation), sharing the FP32 outputs."""
+        self._fp32_outputs()
+        twin = copy.copy(self)
+        twin.builder = builder
+        return twin
 
     def _fp32_outputs(self) -> list[dict[str, np.ndarray]] | None:
         """One FP32 pass over the evaluation set, kept when it fits its share of the budget."""

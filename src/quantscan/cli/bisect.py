@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, HOLDOUTS
 from quantscan.cli.args import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -58,6 +59,14 @@ def bisect_parser(sub: Any) -> None:
                    help="the toolchain's Python for --verify/--evaluator (as vendor --python)")
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
                    help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
+    p.add_argument("--realisations", type=int, default=DEFAULT_REALISATIONS, metavar="N",
+                   help="rounding realisations each candidate is judged under (1: quantscan's rounding only)")
+    p.add_argument("--rounding-spread", type=float, default=DEFAULT_SPREAD, metavar="S",
+                   help="std of log(activation scale factor) in realisations 1.. (default %(default)s)")
+    p.add_argument("--bound-z", type=finite, default=DEFAULT_Z, metavar="Z",
+                   help="the search's lower bound lies Z jackknife standard errors below each realisation's figure")
+    p.add_argument("--holdout", default="interleave", choices=list(HOLDOUTS),
+                   help="interleave: search on even samples, claim on odd ones (--eval: that folder is held out)")
     task_options(p, plugins=False)
     executor_options(p)
     common(p)
@@ -79,7 +88,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force,
                                **executor_choice(args)}
     if args.resume is None:
-        options.update({**SampleArgs.parse(args, "bisect").scan_options(), **TaskArgs.parse(args).scan_options()})
+        options.update({**SampleArgs.parse(args, "bisect").scan_options(), **TaskArgs.parse(args).scan_options(),
+                        "realisations": args.realisations, "rounding_spread": args.rounding_spread,
+                        "holdout": args.holdout, "bound_z": args.bound_z})
 
     def on_step(step: Any, machine: Any) -> None:
         if not args.quiet:
@@ -120,7 +131,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         got = (metrics or {}).get(METRICS.get(metric, metric))
         return f"{got:.5f}" if isinstance(got, float) else str(got)
 
-    print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)} "
+    interval = f" [{plan.interval['low']:.5f}, {plan.interval['high']:.5f}]" if plan.interval is not None else ""
+    print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)}{interval} "
           f"(all-int8 {value(plan.all_int8)}, all-float {value(plan.all_float)}); "
           f"{plan.evaluations} evaluations in {plan.seconds} s")
     for site in plan.sites:

@@ -31,6 +31,7 @@ This module builds graphs only: it opens no session and reads no scan context.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,6 +106,15 @@ class MixedBuilder:
         self._int16_range = int16_range
         self._scheme16 = int16_scheme
         self._quantize_static_rules = quantize_static_rules
+
+    def with_plan(self, plan: qdq.QuantPlan) -> MixedBuilder:
+        """The same builder over another all-int8 plan with the same tensors (a rounding realisation:
+        bisect/robust.py); the int16 caches are shared, they do not depend on the int8 scales."""
+        if set(plan.activations) != set(self.base_plan.activations):
+            raise ValueError("with_plan: the plan must quantize the same activation tensors")
+        twin = copy.copy(self)
+        twin.base_plan = plan
+        return twin
 
     def precisions(self, high: Iterable[str] = (), precision: str | None = None) -> list[str]:
         """int8 everywhere except the named sites, which get `precision` (default: the fallback)."""

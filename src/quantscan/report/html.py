@@ -331,12 +331,15 @@ def _plan_cards(plan: Mapping[str, Any]) -> str:
     spec = ".5f" if "cos" in metric else ".3g"
     achieved = metric_value(plan.get("achieved"), metric)
     ok = not math.isnan(achieved) and achieved >= num(target.get("value"))
+    interval = plan.get("interval")
+    spread = (f"; interval [{fmt(interval.get('low'), spec)}, {fmt(interval.get('high'), spec)}] "
+              "(rounding realisations, held-out samples)" if isinstance(interval, Mapping) else "")
     cards = [
         _card(
             f"{metric}, bisection plan",
             fmt(achieved, spec),
             f"target ≥ {fmt(target.get('value'), spec)}"
-            + (f" on <code>{esc(target[Col.OUTPUT])}</code>" if target.get(Col.OUTPUT) else ""),
+            + (f" on <code>{esc(target[Col.OUTPUT])}</code>" if target.get(Col.OUTPUT) else "") + esc(spread),
             "good" if ok else "bad",
         ),
         _card("sites kept in higher precision", str(len(sites)), esc(_precision_counts(sites))),
@@ -734,6 +737,9 @@ def _bisect_section(files: RunFiles, plots: PlotCounter) -> str:
         parts.append(svg(pareto_figure(plan, points), plots, "bisection Pareto curve"))
     else:
         parts.append(_hint("plan.json has no Pareto points."))
+    intervals = _pareto_intervals(plan.get("pareto"))
+    if intervals is not None:
+        parts.append("<h3>Pareto points, held out</h3>" + _frame_table(intervals))
     sites = [s for s in plan.get("sites") or [] if isinstance(s, Mapping)]
     if sites:
         parts.append("<h3>Sites kept out of int8</h3>" + _frame_table(pd.DataFrame(sites)))
@@ -771,6 +777,17 @@ def _target_line(target: Any) -> str:
         return str(target)
     where = f" on output {target[Col.OUTPUT]}" if target.get(Col.OUTPUT) else ""
     return f"{target.get('metric', '?')} ≥ {target.get('value', '?')}{where}"
+
+
+def _pareto_intervals(pareto: Any) -> pd.DataFrame | None:
+    """Float sites, held-out value, its interval and the search's lower bound per Pareto point (None in a
+    plan from before issue 32, which has no intervals)."""
+    rows = [
+        {"float_sites": p.get("float_sites"), "value": p.get("value"), "low": p["interval"].get("low"),
+         "high": p["interval"].get("high"), "search_value": p.get("search_value")}
+        for p in pareto or [] if isinstance(p, Mapping) and isinstance(p.get("interval"), Mapping)
+    ]
+    return pd.DataFrame(rows) if rows else None
 
 
 def _pareto_points(pareto: Any) -> list[tuple[float, float]]:

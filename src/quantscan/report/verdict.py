@@ -362,7 +362,7 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
         f"- **Bisect plan** (plan.json, status {plan.get('status', '?')}): target {metric} >= "
         f"{_g(target.get('value'))} {reached}; keep {len(sites)} site(s) at higher precision: "
         f"{names or 'none'}{more}; {metric} {_g(_metric(plan.get('all_int8'), metric), 5)} all-int8 -> "
-        f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan.",
+        f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan{_interval_text(plan)}.",
         *_verified_lines(plan),
     ]
 
@@ -379,6 +379,16 @@ def _verified_lines(plan: Mapping[str, Any]) -> list[str]:
     warning = next((got.get("warning") for _, got in points if isinstance(got, Mapping) and got.get("warning")), None)
     return [f"- **Applied by {text(first.get('tool'))} {text(first.get('version'))}** (bisect --verify): "
             + "; ".join(shown) + "." + (f" Warning: {text(warning)}." if warning else "")]
+
+
+def _interval_text(plan: Mapping[str, Any]) -> str:
+    """' (interval [low, high] over R roundings, N held-out samples)', or nothing in an older plan."""
+    interval, held = plan.get("interval"), plan.get("held_out") or {}
+    if not isinstance(interval, Mapping):
+        return ""
+    return (f" (interval [{_g(interval.get('low'), 5)}, {_g(interval.get('high'), 5)}] over "
+            f"{held.get('realisations', '?')} rounding realisation(s) and {held.get('held_out_samples', '?')} "
+            "held-out sample(s))")
 
 
 def with_plan_block(text: str, plan: Mapping[str, Any] | None) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -81,6 +81,21 @@ def mixed_builder(ctx: ScanContext, fallback: str = "float") -> MixedBuilder:
         int16_scheme=_int16_scheme(ctx),
         quantize_static_rules=ctx.chip.recipe == RECIPE,
     )
+
+
+def realised_builder(builder: MixedBuilder, factors: Mapping[str, float]) -> MixedBuilder:
+    """The builder whose activation scales are multiplied by `factors` (tensor -> factor; missing: 1).
+
+    A rounding realisation (bisect/robust.py): a chip calibrates and rounds its own way, so the same
+    float set is judged under scales a few percent off quantscan's. Zero points stay: the range moves
+    around the same integer zero, as it does when a toolchain's calibration finds another maximum.
+    """
+    acts = {
+        t: replace(qp, scale=(qp.scale * factors.get(t, 1.0)).astype(qp.scale.dtype))
+        for t, qp in builder.base_plan.activations.items()
+    }
+    plan = qgraph.QuantPlan(activations=acts, weights=builder.base_plan.weights, biases=builder.base_plan.biases)
+    return builder.with_plan(plan)
 
 
 def _calibrated_range(ctx: ScanContext, tensor: str) -> tuple[float, float]:
@@ -148,6 +163,14 @@ class OutputPairs:
     def row(self, key: tuple[str, str]) -> dict[str, float]:
         return output_row(self.acc[key], self.top1.get(key))
 
+    def sample_sums(self, key: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pair's per-sample (Σxy, Σx², Σy²), in sample order: held-out intervals are made of them."""
+        parts = self.per_sample.get(key, [])
+        if not parts:
+            return np.zeros(0), np.zeros(0), np.zeros(0)
+        sxy, sxx, syy = (np.concatenate([np.reshape(p[i], -1) for p in parts]) for i in range(3))
+        return sxy, sxx, syy
+
     def cosine_replicates(self, key: tuple[str, str]) -> np.ndarray:
         """The pair's pooled cosine with each sample left out in turn (jackknife replicates)."""
         parts = self.per_sample.get(key, [])
@@ -167,6 +190,9 @@ class Measured:
     rows: dict[str, dict[str, float]]
     output: str
     worst: dict[str, float]
+    sums: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """Per output, its per-sample (Σxy, Σx², Σy²): the spread over samples of a robust bisection
+    (bisect/robust.py) is computed from them."""
 
 
 class Evaluator:
@@ -205,7 +231,7 @@ class Evaluator:
         figures = task_results(tasks)
         rows = {o: {**pairs.row((o, "q")), **figures.get(o, {})} for o in self.outputs}
         output, worst = worst_output(rows, self.key)
-        return Measured(rows, output, worst)
+        return Measured(rows, output, worst, {o: pairs.sample_sums((o, "q")) for o in self.outputs})
 
     def _graph(
         self, prec: Sequence[str]
@@ -451,18 +477,26 @@ def _minus(a: float, b: float) -> float:
     return a - b
 
 
-def sensitivity_order(table: pd.DataFrame, key: str) -> list[str]:
-    """Most helpful site first: gain in the target metric, then cosine gain, then graph order."""
+def sensitivity_order(table: pd.DataFrame, key: str, broad: float = 0.0) -> list[str]:
+    """Most helpful site first: gain in the target metric, then cosine gain, then graph order.
+
+    `broad` > 0 (a robust bisection, bisect/robust.py) ranks a cosine gain by gain - broad x its jackknife
+    standard error: a gain carried by a few samples is the kind that does not transfer to a chip."""
     short = _short(key)
 
     def score(value: Any) -> float:
         v = float(value)
         return -math.inf if math.isnan(v) else v
 
+    def gain(r: Mapping[str, Any]) -> float:
+        value = score(r.get(f"gain_if_float_{short}", math.nan))
+        stderr = float(r.get(Col.GAIN_IF_FLOAT_COSINE_STDERR, math.nan))
+        return value - broad * stderr if broad > 0 and short == "cosine" and math.isfinite(stderr) else value
+
     ranked = sorted(
         table.to_dict("records"),
         key=lambda r: (
-            -score(r.get(f"gain_if_float_{short}", math.nan)),
+            -gain(r),
             -score(r.get(Col.GAIN_IF_FLOAT_COSINE, math.nan)),
             int(r[Col.ORDER]),
         ),

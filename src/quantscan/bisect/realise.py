@@ -1,0 +1,141 @@
+"""Candidates measured under several rounding realisations, on the searched or the held-out samples.
+
+bisect/robust.py says why and holds the arithmetic; this module runs the models: one evaluator per
+realisation (the FP32 reference outputs computed once and shared), the sample split of the scan's
+evaluation set, and the held-out claims of a finished search (the plan, all-int8, all-float and every
+Pareto point), which are the only figures plan.json claims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from quantscan.bisect.reference import CachedReferenceEvaluator
+from quantscan.bisect.robust import Rounding, Spread, scale_factors, split_indices, spread_of, spread_of_values
+from quantscan.bisect.state import Target
+from quantscan.bisect.targets import make_evaluator
+from quantscan.calib import CalibSet
+from quantscan.graph.mixed import MixedBuilder
+from quantscan.records import Metrics
+from quantscan.scanning.gain import Evaluator, Measured, realised_builder
+from quantscan.scanning.prepare import ScanContext
+
+ROUNDING_MODEL = "activation scale x exp(spread * N(0,1)) per tensor, realisation 0 = quantscan's rounding"
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One candidate over the realisations: realisation 0's figures, the spread, and the value the
+    search compares with the target (the spread's lower bound; the nominal figure with one realisation)."""
+
+    nominal: Measured
+    spread: Spread
+    value: float
+    realisations: tuple[Measured, ...] = ()
+    """Every realisation's figures, realisation 0 first (benchmarks/plan_holdout.py compares their
+    per-sample spread with a chip's)."""
+
+    def metrics(self) -> Metrics:
+        """The step's stored metrics: realisation 0's, plus the interval."""
+        figures = {k: v for k, v in self.nominal.worst.items() if isinstance(v, float)}
+        return {**figures, "lower_bound": self.spread.low, "upper_bound": self.spread.high}
+
+
+@dataclass(frozen=True)
+class SampleSplit:
+    """The scan context the search measures on, and the one the claims come from."""
+
+    search: ScanContext
+    held: ScanContext
+    note: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"search_samples": self.search.data.eval_set.n_samples,
+                "held_out_samples": self.held.data.eval_set.n_samples, "split": self.note}
+
+
+def _evaluated_on(ctx: ScanContext, samples: CalibSet) -> ScanContext:
+    """The same scan evaluated on other samples (calibration, and so the plan, unchanged)."""
+    return replace(ctx, data=replace(ctx.data, eval_set=samples))
+
+
+def split_context(ctx: ScanContext, rounding: Rounding, explicit_eval: bool) -> SampleSplit:
+    """`--eval DIR`: search on the calibration set, claim on DIR. Otherwise the evaluation set is split,
+    interleaved (robust.split_indices). `--holdout none` and streaming models (`--state`: a sample's
+    state comes from the one before it) keep one set for both."""
+    if rounding.holdout == "none":
+        return SampleSplit(ctx, ctx, "none: the search's samples are also the claimed ones")
+    if ctx.opts.state:
+        return SampleSplit(ctx, ctx, "none: --state models read their samples in order, they cannot be split")
+    if explicit_eval and ctx.data.eval_set is not ctx.data.cset:
+        return SampleSplit(_evaluated_on(ctx, ctx.data.cset), ctx, "--eval: searched on --calib, claimed on --eval")
+    searched, held = split_indices(ctx.data.eval_set.n_samples)
+    return SampleSplit(_evaluated_on(ctx, ctx.data.eval_set.select(searched)),
+                       _evaluated_on(ctx, ctx.data.eval_set.select(held)),
+                       "interleave: even samples searched, odd samples held out")
+
+
+class RealisedEvaluator:
+    """Measures a precision assignment under every realisation of `rounding` on `ctx`'s evaluation set."""
+
+    def __init__(self, ctx: ScanContext, builder: MixedBuilder, target: Target, rounding: Rounding) -> None:
+        self.rounding = rounding
+        base = make_evaluator(ctx, builder, target)
+        self.key = base.key
+        tensors = list(builder.base_plan.activations)
+        self.evaluators: list[Evaluator] = [base]
+        for r in range(1, rounding.realisations):
+            realised = realised_builder(builder, scale_factors(tensors, r, rounding.seed, rounding.spread))
+            self.evaluators.append(_twin(base, ctx, realised))
+
+    def judge(self, prec: Sequence[str]) -> Judged:
+        measured = [e.evaluate(prec) for e in self.evaluators]
+        nominal = measured[0]
+        if self.key == "cosine" and all(m.output in m.sums and m.sums[m.output][0].size for m in measured):
+            spread = spread_of([m.sums[m.output] for m in measured], self.rounding.z)
+        else:
+            spread = spread_of_values([float(m.worst[self.key]) for m in measured])
+        value = spread.low if self.rounding.realisations > 1 else float(nominal.worst[self.key])
+        return Judged(nominal, spread, value, tuple(measured))
+
+
+def _twin(base: Evaluator, ctx: ScanContext, builder: MixedBuilder) -> Evaluator:
+    if isinstance(base, CachedReferenceEvaluator):
+        return base.for_builder(builder)
+    return Evaluator(ctx, builder, base.key, tasks=base.tasks)
+
+
+@dataclass(frozen=True)
+class Claims:
+    """Held-out figures of the sets a finished search reports: site tuple -> judged."""
+
+    judged: Mapping[tuple[str, ...], Judged]
+    split: SampleSplit
+    rounding: Rounding
+
+    def metrics(self, sites: Iterable[str]) -> Metrics | None:
+        j = self.judged.get(tuple(sorted(sites)))
+        return j.metrics() if j is not None else None
+
+    def spread(self, sites: Iterable[str]) -> Spread | None:
+        j = self.judged.get(tuple(sorted(sites)))
+        return j.spread if j is not None else None
+
+    def record(self) -> dict[str, object]:
+        """plan.json's `held_out`: how the claims were measured."""
+        return {**self.split.as_dict(), **self.rounding.as_dict(), "rounding_model": ROUNDING_MODEL}
+
+
+def held_out_claims(
+    split: SampleSplit, builder: MixedBuilder, target: Target, rounding: Rounding, sets: Iterable[Iterable[str]]
+) -> Claims:
+    """Each set measured on the held-out samples under every realisation (each distinct set once)."""
+    evaluator = RealisedEvaluator(split.held, builder, target, rounding)
+    judged: dict[tuple[str, ...], Judged] = {}
+    for sites in sets:
+        key = tuple(sorted(sites))
+        if key not in judged:
+            judged[key] = evaluator.judge(builder.precisions(key))
+    return Claims(judged, split, rounding)
+
