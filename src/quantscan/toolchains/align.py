@@ -39,6 +39,9 @@ LAYOUT_OPS = ("Reshape", "Transpose", "exDataConvert", "DataConvert", "InputOper
 
 _SUFFIX = re.compile(r"(__cvt_[A-Za-z0-9_]+|__float16|_int8|_float16|_rs_sw|_sw|_rs|-rs|_tp|_mm|#\d+|_2conv\d+|_i\d+)$")
 
+TPU_MLIR_SUFFIX = re.compile(r"(_(?:f32|f16|bf16|si8|ui8|i8|u8|i16|i32)|_[A-Z][A-Za-z0-9]*)$")
+"""tpu-mlir names an op `<ONNX output tensor>_<OpType>`, a converted copy adds a dtype (`..._Softmax_f32`)."""
+
 VENDOR_COLUMNS = [
     "layer", Col.NODE, "tensor", "is_output", "qs_isolated_cosine", "qs_cumulative_cosine",
     "vendor_single_cosine", "vendor_entire_cosine", "loss", "vendor_placement", "check_placement",
@@ -96,15 +99,16 @@ class Alignment:
     notes: list[str] = field(default_factory=list)
 
 
-def onnx_name(name: str, graph: GraphNames) -> Mapped | None:
-    """The ONNX tensor/node a vendor name stands for, stripping derived-name suffixes one at a time."""
+def onnx_name(name: str, graph: GraphNames, suffix: re.Pattern[str] = _SUFFIX) -> Mapped | None:
+    """The ONNX tensor/node a vendor name stands for, stripping derived-name suffixes one at a time
+    (`suffix`: the vendor's own; RKNN's by default)."""
     current, derived = name, False
     while current:
         if current in graph.producer:
             return Mapped(graph.producer[current], current, derived)
         if current in graph.op_type:
             return Mapped(current, "", derived)
-        stripped = _SUFFIX.sub("", current)
+        stripped = suffix.sub("", current)
         if stripped == current:
             return None
         current, derived = stripped, True
@@ -199,15 +203,17 @@ def align_layers(
     qs_tensors: pd.DataFrame,
     vendor_places: Sequence[VendorPlace],
     predicted: Mapping[str, str],
+    suffix: re.Pattern[str] = _SUFFIX,
 ) -> pd.DataFrame:
-    """vendor.csv: one row per vendor layer, quantscan's figures for the same tensor beside it."""
+    """vendor.csv: one row per vendor layer, quantscan's figures for the same tensor beside it
+    (`suffix`: the vendor's derived-name suffixes, e.g. `TPU_MLIR_SUFFIX`)."""
     isolated = _by(qs_layers, Col.OUTPUT, Col.ISOLATED_COSINE)
     cumulative = _by(qs_tensors, "tensor", Col.CUMULATIVE_COSINE)
     placed = _vendor_placement_by_node(vendor_places, graph)
     kernel_of = _site_nodes(qs_layers)
     rows = []
     for layer in layers:
-        mapped = onnx_name(layer.layer, graph)
+        mapped = onnx_name(layer.layer, graph, suffix)
         same = mapped is not None and same_values(mapped, layer.op_type, graph)
         moved = swapped(layer.layer, layer.op_type, mapped, graph) if mapped is not None and not same else None
         mapped, same = (moved, True) if moved is not None else (mapped, same)

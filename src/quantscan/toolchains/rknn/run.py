@@ -160,19 +160,21 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def run_driver(python: Path, job: dict[str, Any], work: Path, log: Path) -> dict[str, Any]:
-    """Run the driver in the vendor's Python, its stdout/stderr (RKNN's whole verbose log) to `log`."""
+def run_driver(python: Path, job: dict[str, Any], work: Path, log: Path, driver: Path = DRIVER) -> dict[str, Any]:
+    """Run `driver` (RKNN's by default; tpu-mlir's uses the same file protocol) in the vendor's Python,
+    its stdout/stderr (the toolkit's whole verbose log) to `log`."""
     work.mkdir(parents=True, exist_ok=True)
     job_path = work / "job.json"
     job_path.write_text(json.dumps(job, indent=1), encoding="utf-8")
     (work / "result.json").unlink(missing_ok=True)
     with log.open("w", encoding="utf-8") as fh:
         try:
-            done = subprocess.run([str(python), str(DRIVER), str(job_path)], stdout=fh, stderr=subprocess.STDOUT,
+            done = subprocess.run([str(python), str(driver), str(job_path)], stdout=fh, stderr=subprocess.STDOUT,
                                   timeout=TIMEOUT_S, check=False, cwd=work)
         except subprocess.TimeoutExpired:
             return {"stages": [], "error": {"stage": "timeout", "message": f"no result after {TIMEOUT_S} s"}}
-    for copy in [*work.glob("check*.onnx"), *work.glob("*.model"), *work.glob("*.data")]:
+    bulky = ["check*.onnx", "*.model", "*.data", "*.bmodel", "*_weight.npz", "*_weights.npz", "*.prototxt"]
+    for copy in [p for pattern in bulky for p in work.glob(pattern)]:
         copy.unlink()  # the toolkit's model copies (MBs each); the log and the cfg say what they held
     result_path = work / "result.json"
     if not result_path.exists():
