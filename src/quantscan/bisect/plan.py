@@ -165,7 +165,8 @@ def write_plan(
         text = files["summary.md"].read_text(encoding="utf-8")
         atomic_write_text(files["summary.md"], summary_block(text, plan.to_json()))
     node_outputs = {n.name: list(n.output) for n in model.graph.node} if model is not None else None
-    files.update(qexports.write_exports(plan, out, exports, node_outputs))
+    node_types = {n.name: n.op_type for n in model.graph.node} if model is not None else None
+    files.update(qexports.write_exports(plan, out, exports, node_outputs, node_types))
     return files
 
 
