@@ -3,7 +3,8 @@
 Same shape as `toolchains/rknn/run.py`, for the same reason: both tools get the very tensors quantscan
 feeds (its loader, its preprocess.json), saved as one .npz per sample (keys = input names) that
 run_calibration takes as its dataset and model_runner as its input. tpu-mlir 1.30.2 reads ONNX IR <= 9, so
-the model goes to the driver re-saved at IR 9 (same graph, same names). The driver (`driver.py`, in the
+the model goes to the driver re-saved at IR 9 with its Reshape targets pinned to static shapes (tpu-mlir
+mis-reads computed ones: `quantscan.graph.static_reshape`; same names). The driver (`driver.py`, in the
 vendor's Python) runs model_transform -> run_calibration -> model_deploy INT8 -> model_runner on every
 sample; this module runs quantscan's scan with the target's profile, and lines up: the output cosine of
 tpu-mlir's int8 model against FP32 (onnxruntime on the same samples), and per dumped tensor tpu-mlir's
@@ -64,14 +65,28 @@ def write_samples(cset: CalibSet, names: list[str], folder: Path) -> list[str]:
     return paths
 
 
-def ir9_copy(loaded: LoadedModel, work: Path) -> Path:
-    """The model as tpu-mlir's onnx reads it: IR version lowered to 9 (the graph and names unchanged)."""
-    proto = onnx.ModelProto()
-    proto.CopyFrom(loaded.proto)
-    proto.ir_version = min(proto.ir_version, MAX_IR)
+def converter_copy(loaded: LoadedModel, first_sample: str, work: Path, threads: int | None) -> tuple[Path, int]:
+    """The model as tpu-mlir gets it: every Reshape target pinned to the shape it takes on the samples'
+    static shape (`quantscan.graph.static_reshape`: tpu-mlir 1.30.2 mis-reads computed targets), IR version
+    lowered to 9 (its onnx 1.14 reads no newer); graph and tensor names otherwise unchanged. Returns the
+    path and how many Reshapes were pinned."""
+    from quantscan.graph.static_reshape import pin_reshape_shapes, reshape_outputs, with_outputs
+    from quantscan.runner import Runner
+
+    names = reshape_outputs(loaded.proto)
+    proto = loaded.proto
+    pinned = 0
+    if names:
+        with np.load(first_sample) as data:
+            feeds = {k: data[k] for k in data.files}
+        got = Runner(threads=threads).session(with_outputs(loaded.proto, names)).run(feeds, names)
+        proto, pinned = pin_reshape_shapes(loaded.proto, {n: v.shape for n, v in got.items()})
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    copy.ir_version = min(copy.ir_version, MAX_IR)
     path = work / "model.onnx"
-    onnx.save(proto, str(path))
-    return path.resolve()
+    onnx.save(copy, str(path))
+    return path.resolve(), pinned
 
 
 def vendor_layers(work: Path) -> list[align.LayerFigures]:
@@ -123,7 +138,7 @@ def run_tpumlir(
     work.mkdir(parents=True, exist_ok=True)
     say("writing the preprocessed samples for the toolkit")
     samples = write_samples(cset, names, work / "data")
-    job = _job(loaded, cset, names, samples, target, work)
+    job = _job(loaded, cset, names, samples, target, work, threads)
     times: dict[str, float] = {}
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
@@ -200,11 +215,13 @@ def _quantscan_side(
 
 
 def _job(loaded: LoadedModel, cset: CalibSet, names: list[str], samples: list[str], target: str,
-         work: Path) -> dict[str, Any]:
-    """The driver's job: the IR-9 model copy, the target processor, the samples (their folder is the dataset)."""
+         work: Path, threads: int | None) -> dict[str, Any]:
+    """The driver's job: the converter's model copy, the target processor, the samples (their folder is
+    the dataset)."""
     shapes = {n: (1, *s[1:]) for n, s in cset.sample_shapes().items()}
+    model, pinned = converter_copy(loaded, samples[0], work, threads)
     return {
-        "model": str(ir9_copy(loaded, work)), "name": "model", "target": target, "inputs": names,
+        "model": str(model), "pinned_reshapes": pinned, "name": "model", "target": target, "inputs": names,
         "input_shapes": [list(shapes[n]) for n in names], "dataset": str((work / "data").resolve()),
         "samples": samples, "outputs": [o.name for o in loaded.proto.graph.output], "work": str(work.resolve()),
     }
