@@ -45,7 +45,8 @@ def transform(args: list[str]) -> None:
     model = onnx.load(_arg(args, "--model_def"))
     out = Path(_arg(args, "--mlir"))
     out.write_text(_mlir(_ops(model), {}))
-    Path(str(out) + ".fake.json").write_text(json.dumps({"model": _arg(args, "--model_def"), "float": None}))
+    Path(str(out) + ".fake.json").write_text(json.dumps({"model": _arg(args, "--model_def"), "float": None,
+                                                         "ir_version": model.ir_version}))
 
 
 def deploy(args: list[str]) -> None:

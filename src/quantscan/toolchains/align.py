@@ -145,6 +145,8 @@ def same_values(mapped: Mapped, vendor_op: str, graph: GraphNames) -> bool:
     onnx_op = graph.op_type.get(mapped.node, "").lower()
     if op.startswith("conv") and onnx_op in ("conv", "matmul", "gemm", "globalaveragepool"):
         return True
+    if op == "gemm" and onnx_op == "add":
+        return True  # tpu-mlir merges MatMul + bias Add into one Gemm named after the Add's output
     return bool(onnx_op) and onnx_op in re.sub(r"^ex|\d+$", "", op)
 
 

