@@ -179,6 +179,17 @@ def test_tpu_mlir_qtable_lines() -> None:
     assert all(mode in ("F32", "F16", "BF16", "INT8") for _, mode in pairs)
 
 
+def test_tpu_mlir_qtable_names_ops_as_model_transform_does() -> None:
+    """With the graph, every op of a kernel as `<output>_<OpType>` (tpu-mlir 1.30.2's op names; the recorded
+    real run checks them against model_transform's MLIR), a BatchNormalization left out (folded into its Conv)."""
+    node_outputs = {f"{k}{i}": [f"{k}{i}" if k != "relu" else f"h{i}"] for i in (2, 5) for k in ("mm", "add", "relu")}
+    types = {f"{k}{i}": t for i in (2, 5) for k, t in (("mm", "MatMul"), ("add", "BatchNormalization"),
+                                                      ("relu", "Relu"))}
+    text = exports.tpu_mlir_qtable(PLAN, node_outputs=node_outputs, node_types=types)
+    pairs = [ln.split() for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert pairs == [["mm2_MatMul", "F32"], ["h2_Relu", "F32"], ["mm5_MatMul", "F16"], ["h5_Relu", "F16"]]
+
+
 def test_tidl_lists_are_comma_separated_output_names() -> None:
     """edgeai-tidl-tools: advanced_options:{output_feature,params}_16bit_names_list; TIDL-RT import keys."""
     doc = json.loads(exports.WRITERS["tidl"][1](PLAN))

@@ -196,21 +196,32 @@ def horizon_yaml(plan: Plan) -> str:
 # --- TPU-MLIR ------------------------------------------------------------------------------------------
 
 
-def tpu_mlir_qtable(plan: Plan, float_type: str = "F32") -> str:
+def tpu_mlir_qtable(
+    plan: Plan,
+    float_type: str = "F32",
+    node_outputs: Mapping[str, Sequence[str]] | None = None,
+    node_types: Mapping[str, str] | None = None,
+) -> str:
     """A TPU-MLIR quantize table for `model_deploy.py --quantize INT8 --quantize_table FILE`.
 
     Format: TPU-MLIR developer manual, "Quantization and optimization / Mix Precision" (tpu-mlir
     docs/quick_start, v1.x): one `op_name quantize_mode` pair per line, `#` starts a comment;
     modes F32, F16, BF16, INT8 (INT16 is not a TPU mode: int16 sites fall back to F16, said in a
-    comment). TPU-MLIR names an op by its output tensor (the ONNX output name), so those are the keys.
+    comment). model_transform names an op `<ONNX output tensor>_<ONNX op type>` (tpu-mlir 1.30.2:
+    `p2o.pd_op.hardswish.0.0_HardSwish`), so with the model's nodes (`node_outputs`, `node_types`)
+    every op of the site's kernel is listed under that name; a BatchNormalization is left out (folded
+    into its Conv, whose name it takes). Without them, the site's output tensor alone (older tpu-mlir
+    names, or for `quantscan vendor tpu-mlir --plan`, which maps names against the converted model).
     """
     lines = ["# op_name   quantize_mode", f"# quantscan plan for model sha256 {plan.model_sha256}"]
     for site in plan.sites:
+        mode = float_type
         if site.precision == Precision.INT16:
             lines.append(f"# {site.node}: int16 requested; TPU-MLIR has no INT16 mode, F16 used")
-            lines.append(f"{site.output} F16")
-        else:
-            lines.append(f"{site.output} {float_type}")
+            mode = "F16"
+        names = [f"{out}_{node_types[n]}" for n in site.node_names if node_types and n in node_types
+                 and node_types[n] != "BatchNormalization" for out in (node_outputs or {}).get(n, ())]
+        lines += [f"{name} {mode}" for name in _unique(names or [site.output])]
     return "\n".join(lines) + "\n"
 
 
@@ -274,7 +285,8 @@ def write_exports(
 ) -> dict[str, Path]:
     """Write the chosen exports (default: all) into `out`, each atomically; returns name -> path.
     `graph` (the user's model: node -> op type, inputs, outputs) and `step1_names` (what a toolchain's
-    step 1 kept per site) let the RKNN cfg name what its step 2 takes (`rknn_hybrid_cfg`)."""
+    step 1 kept per site) let the RKNN cfg name what its step 2 takes (`rknn_hybrid_cfg`), and the tpu-mlir qtable name
+    ops as model_transform does (`tpu_mlir_qtable`)."""
     chosen = list(WRITERS) if names is None else list(names)
     unknown = [n for n in chosen if n not in WRITERS]
     if unknown:
@@ -283,6 +295,13 @@ def write_exports(
     for name in chosen:
         file_name, writer = WRITERS[name]
         path = out / file_name
-        atomic_write_text(path, rknn_hybrid_cfg(plan, graph, step1_names) if name == "rknn" else writer(plan))
+        if name == "rknn":
+            text = rknn_hybrid_cfg(plan, graph, step1_names)
+        elif name == "tpu-mlir":
+            text = tpu_mlir_qtable(plan, node_outputs={k: list(v[2]) for k, v in graph.items()} if graph else None,
+                                   node_types={k: v[0] for k, v in graph.items()} if graph else None)
+        else:
+            text = writer(plan)
+        atomic_write_text(path, text)
         written[name] = path
     return written

@@ -1,4 +1,4 @@
-"""`quantscan vendor rknn MODEL ...`: the real vendor toolchain beside the scan.
+"""`quantscan vendor rknn|tpu-mlir MODEL ...`: the real vendor toolchain beside the scan.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ def vendor_parser(sub: Any) -> None:
     p.add_argument("tool", choices=["rknn", "tpu-mlir"])
     p.add_argument("model")
     p.add_argument("--calib", required=True, help="calibration folder (the samples both tools get)")
-    p.add_argument("--target", required=True, help="chip, e.g. rk3588 (also the quantscan profile)")
+    p.add_argument("--target", required=True,
+                   help="chip, e.g. rk3588 or bm1684x (also the quantscan profile)")
     p.add_argument("--python", default=None, metavar="PATH",
                    help="the vendor's Python (default: $QUANTSCAN_RKNN_PYTHON, venv-rknn nearby, python3)")
     p.add_argument("--limit", type=positive_int, default=None, help="use the first N samples")
@@ -31,12 +32,21 @@ def vendor_parser(sub: Any) -> None:
     common(p)
 
 
-def cmd_vendor(args: argparse.Namespace) -> int:
-    if args.tool != "rknn":
-        raise UsageError(f"vendor: expected rknn, found {args.tool} (tpu-mlir is not driven by this version)")
+def _run(args: argparse.Namespace, out: Path, say: Any) -> Any:
+    """The tool's run: RKNN (build, simulator, accuracy_analysis) or tpu-mlir (transform .. model_runner)."""
+    if args.tool == "tpu-mlir":
+        from quantscan.toolchains.tpumlir.run import run_tpumlir
+
+        return run_tpumlir(args.model, args.calib, target=args.target, out=out, python=args.python,
+                           limit=args.limit, plan=args.plan, threads=args.threads, progress=say)
     from quantscan.toolchains.rknn.run import run_rknn
 
-    out = Path(args.out) if args.out else default_out(args.model) / "vendor-rknn"
+    return run_rknn(args.model, args.calib, target=args.target, out=out, python=args.python, limit=args.limit,
+                    analysis_samples=args.analysis_samples, plan=args.plan, threads=args.threads, progress=say)
+
+
+def cmd_vendor(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else default_out(args.model) / f"vendor-{args.tool}"
     refuse_out_in_data(out, args.calib)
     from quantscan.runfolder import claim_out_dir
 
@@ -45,8 +55,7 @@ def cmd_vendor(args: argparse.Namespace) -> int:
             print(f"quantscan vendor: {message}", file=sys.stderr)
 
     with claim_out_dir(out, force=args.force):
-        run = run_rknn(args.model, args.calib, target=args.target, out=out, python=args.python, limit=args.limit,
-                       analysis_samples=args.analysis_samples, plan=args.plan, threads=args.threads, progress=say)
+        run = _run(args, out, say)
     output, qs, vendor = run.headline
     print(f"{run.tool} {run.version} ({run.target}): stage reached {run.stage_reached}"
           + (f", stopped in {run.error['stage']}: {run.error['message']}" if run.error else ""))
@@ -59,7 +68,10 @@ def cmd_vendor(args: argparse.Namespace) -> int:
     if run.plan is not None:
         got = ", ".join(f"{k} {v:.5f}" for k, v in run.plan["vendor_output_cosine"].items())
         print(f"  plan {run.plan['plan']}: quantscan claims cosine {run.plan['quantscan_claimed_cosine']:.5f}, "
-              f"{run.tool} hybrid quantization gives {got or 'nothing (' + str(run.plan['error']) + ')'}")
+              f"{run.tool} mixed precision gives {got or 'nothing (' + str(run.plan['error']) + ')'}")
+        for site in run.plan.get("dropped", []):
+            print(f"  WARNING: plan site '{site}' names no op {run.tool} knows (every tensor of its kernel "
+                  f"vanished in conversion): it stayed int8", file=sys.stderr)
         if run.plan.get("warning"):
             print(f"quantscan: warning: {run.plan['warning']}", file=sys.stderr)
     print(f"wrote {out}/ (vendor.csv, vendor_findings.csv, vendor.json, {Path(run.log).name}, quantscan/)")

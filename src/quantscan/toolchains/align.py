@@ -44,6 +44,9 @@ _SUFFIX = re.compile(r"(__cvt_[A-Za-z0-9_]+|__float16|_int8|_float16|_rs_sw|_sw|
 output, `_Conv<Op>` a fused Conv kernel in the layer table (`p2o.MatMul.6#2_ConvAdd`) (PP-OCRv4 rec,
 rknn-toolkit2 2.5.0)."""
 
+TPU_MLIR_SUFFIX = re.compile(r"(_(?:f32|f16|bf16|si8|ui8|i8|u8|i16|i32)|_[A-Z][A-Za-z0-9]*)$")
+"""tpu-mlir names an op `<ONNX output tensor>_<OpType>`, a converted copy adds a dtype (`..._Softmax_f32`)."""
+
 VENDOR_COLUMNS = [
     "layer", Col.NODE, "tensor", "is_output", "qs_isolated_cosine", "qs_cumulative_cosine",
     "vendor_single_cosine", "vendor_entire_cosine", "loss", "vendor_placement", "check_placement",
@@ -101,15 +104,16 @@ class Alignment:
     notes: list[str] = field(default_factory=list)
 
 
-def onnx_name(name: str, graph: GraphNames) -> Mapped | None:
-    """The ONNX tensor/node a vendor name stands for, stripping derived-name suffixes one at a time."""
+def onnx_name(name: str, graph: GraphNames, suffix: re.Pattern[str] = _SUFFIX) -> Mapped | None:
+    """The ONNX tensor/node a vendor name stands for, stripping derived-name suffixes one at a time
+    (`suffix`: the vendor's own; RKNN's by default)."""
     current, derived = name, False
     while current:
         if current in graph.producer:
             return Mapped(graph.producer[current], current, derived)
         if current in graph.op_type:
             return Mapped(current, "", derived)
-        stripped = _SUFFIX.sub("", current)
+        stripped = suffix.sub("", current)
         if stripped == current:
             return None
         current, derived = stripped, True
@@ -146,6 +150,8 @@ def same_values(mapped: Mapped, vendor_op: str, graph: GraphNames) -> bool:
     onnx_op = graph.op_type.get(mapped.node, "").lower()
     if op.startswith("conv") and onnx_op in ("conv", "matmul", "gemm", "globalaveragepool"):
         return True
+    if op == "gemm" and onnx_op == "add":
+        return True  # tpu-mlir merges MatMul + bias Add into one Gemm named after the Add's output
     return bool(onnx_op) and onnx_op in re.sub(r"^ex|\d+$", "", op)
 
 
@@ -204,8 +210,10 @@ def align_layers(
     qs_tensors: pd.DataFrame,
     vendor_places: Sequence[VendorPlace],
     predicted: Mapping[str, str],
+    suffix: re.Pattern[str] = _SUFFIX,
 ) -> pd.DataFrame:
-    """vendor.csv: one row per vendor layer, quantscan's figures for the same tensor beside it."""
+    """vendor.csv: one row per vendor layer, quantscan's figures for the same tensor beside it
+    (`suffix`: the vendor's derived-name suffixes, e.g. `TPU_MLIR_SUFFIX`)."""
     isolated = _by(qs_layers, Col.OUTPUT, Col.ISOLATED_COSINE)
     cumulative = _by(qs_tensors, "tensor", Col.CUMULATIVE_COSINE)
     placed = _vendor_placement_by_node(vendor_places, graph)
@@ -213,7 +221,7 @@ def align_layers(
     first_of = {first: output for output, first in kernel_of.items()}
     rows = []
     for layer in layers:
-        mapped = onnx_name(layer.layer, graph)
+        mapped = onnx_name(layer.layer, graph, suffix)
         same = mapped is not None and (same_values(mapped, layer.op_type, graph)
                                        or _fused_site_output(layer.layer, mapped, isolated, first_of))
         moved = swapped(layer.layer, layer.op_type, mapped, graph) if mapped is not None and not same else None

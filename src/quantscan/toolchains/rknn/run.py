@@ -161,9 +161,10 @@ def _mean(values: list[float]) -> float:
 
 
 def run_driver(
-    python: Path, job: dict[str, Any], work: Path, log: Path, keep_build: bool = False
+    python: Path, job: dict[str, Any], work: Path, log: Path, keep_build: bool = False, driver: Path = DRIVER,
 ) -> dict[str, Any]:
-    """Run the driver in the vendor's Python, its stdout/stderr (RKNN's whole verbose log) to `log`.
+    """Run `driver` (RKNN's by default; tpu-mlir's uses the same file protocol) in the vendor's Python,
+    its stdout/stderr (the toolkit's whole verbose log) to `log`.
     Paths are made absolute: the driver starts in `work`, so a relative `--out` would name the job file
     relative to the wrong folder. `keep_build` keeps the toolkit's `.model`/`.data` (hybrid step 1's
     output, which step 2 builds from)."""
@@ -174,13 +175,14 @@ def run_driver(
     (work / "result.json").unlink(missing_ok=True)
     with log.open("w", encoding="utf-8") as fh:
         try:
-            done = subprocess.run([str(Path(python).absolute()), str(DRIVER), str(job_path)], stdout=fh,
+            done = subprocess.run([str(Path(python).absolute()), str(driver), str(job_path)], stdout=fh,
                                   stderr=subprocess.STDOUT,
                                   timeout=TIMEOUT_S, check=False, cwd=work)
         except subprocess.TimeoutExpired:
             return {"stages": [], "error": {"stage": "timeout", "message": f"no result after {TIMEOUT_S} s"}}
-    builds = [] if keep_build else [*work.glob("*.model"), *work.glob("*.data")]
-    for copy in [*work.glob("check*.onnx"), *builds]:
+    bulky = ["check*.onnx", "*.bmodel", "*_weight.npz", "*_weights.npz", "*.prototxt"]
+    bulky += [] if keep_build else ["*.model", "*.data"]
+    for copy in [p for pattern in bulky for p in work.glob(pattern)]:
         copy.unlink()  # the toolkit's model copies (MBs each); the log and the cfg say what they held
     result_path = work / "result.json"
     if not result_path.exists():
