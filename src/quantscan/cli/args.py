@@ -164,6 +164,9 @@ def task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
     if plugins:
         p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
                        help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
+        p.add_argument("--channel-groups", action="append", default=[], metavar="OUTPUT[@AXIS]=LABEL:A-B,...",
+                       help="an output's channels measured per named group, e.g. output0=box:0-3,scores:4-21 "
+                            "(axis 1 unless @AXIS; repeatable)")
     p.add_argument("--charset", default=None,
                    help="CTC charset (.json list or PP-OCR .txt keys); default charset.json/.txt beside the data")
     p.add_argument("--mask-threshold", type=float, default=0.5, help="score-map threshold for --task mask IoU")

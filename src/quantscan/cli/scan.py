@@ -40,6 +40,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "metric": args.metric,
         "charset": args.charset,
         "mask_threshold": args.mask_threshold,
+        "channel_groups": args.channel_groups,
     }
     if len(args.profile) > 1:
         raise UsageError(f"scan: expected one --profile (the chip to simulate), found {len(args.profile)}; "
