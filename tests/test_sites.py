@@ -125,3 +125,33 @@ def test_initializers_listed_as_inputs_still_count_as_weights() -> None:
     (site,) = sites_of(model)
     assert site.kernel == "Conv+HardSwish[Add+Clip+Mul+Div]"
     assert (site.weight, site.inputs) == ("w", ["x"])
+
+
+# --- the model inputs as sites (issue 26) ---------------------------------------------------------------
+
+FOCUS = """<ir_version: 8, opset_import: ["" : 13]>
+    g (float[1,3,8,8] x, float[1,3,4,4] other) => (float[1,4,4,4] y, float[1,4,4,4] z) {
+        s0 = Slice (x, st0, en, ax, two)
+        s1 = Slice (x, st1, en, ax, two)
+        c = Concat <axis = 1> (s0, s1)
+        y = Conv (c, w)
+        m = Concat <axis = 1> (s0, other)
+        z = Conv (m, w)
+    }"""
+
+
+def test_an_input_reaching_its_kernel_through_moves_is_one_site_sharing_them() -> None:
+    """YOLOX's Focus in small: a Concat of the input's own Slices carries the input (the Conv reads the
+    input's values, moved); a Concat with another tensor computes a new scale and does not."""
+    from quantscan.sites import INPUT_OP, input_sites
+
+    inits = {"st0": np.array([0, 0], np.int64), "st1": np.array([1, 1], np.int64),
+             "en": np.array([8, 8], np.int64), "ax": np.array([2, 3], np.int64), "two": np.array([2, 2], np.int64),
+             "w": np.ones((4, 6, 1, 1), np.float32)}
+    model = parse(FOCUS, inits)
+    kernels = sites_of(model)
+    (site,) = input_sites(model, kernels)
+    assert (site.node, site.op_type, site.output, site.nodes) == ("x", INPUT_OP, "x", [])
+    assert site.shares == ["c"] and site.is_input
+    assert input_sites(model, kernels, fixed=["x"]) == []  # a --const or --state input is no site
+    assert [s.node for s in input_sites(model, [k for k in kernels if "c" not in k.inputs])] == []

@@ -136,7 +136,7 @@ INPUT_OP = "input"
 
 
 def input_sites(model: onnx.ModelProto, sites: Iterable[Site], fixed: Iterable[str] = ()) -> list[Site]:
-    """The model inputs as sites, in graph-input order: every float graph input a kernel reads as data,
+    """The model inputs as sites, in graph-input order: every float32 graph input a kernel reads as data,
     directly or through scale-preserving ops (`carried`).
 
     Why: every NPU quantizes its inputs (the converter's input quantizer, or the first kernel's int8
@@ -156,7 +156,9 @@ def input_sites(model: onnx.ModelProto, sites: Iterable[Site], fixed: Iterable[s
     for graph_input in model.graph.input:
         name = graph_input.name
         reached = [t for t in carried(model.graph, name) if t in read]
-        if reached and name not in skip:
+        # float32 only: a float64 input is Cast to float32 in the analysis copy, and that Cast's output is
+        # what a kernel reads and what is quantized (QuantizeLinear takes no double)
+        if reached and name not in skip and graph_input.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
             node = f"{INPUT_OP}:{name}" if name in node_names else name
             found.append(Site(node=node, op_type=INPUT_OP, kernel=INPUT_OP, nodes=[], inputs=[], output=name,
                               shares=[t for t in reached if t != name]))

@@ -136,3 +136,63 @@ def test_scan_headline_is_the_chosen_output_and_its_peaks_match_the_reference(tm
     assert task["peak_agreement"] == pytest.approx(same) and task["peak_within_1px"] == pytest.approx(near)
     assert task["score_cosine"] == pytest.approx(_cosine(ref, test), abs=1e-5)
     assert task["channels"] == 2
+
+
+def split_head() -> onnx.ModelProto:
+    """A YOLOv8-like split head [N, 4+2, A]: 4 box coordinates in pixels (x100) beside 2 sigmoid scores."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32), "wb"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (2, 8, 1, 1)).astype(np.float32), "ws"),
+             numpy_helper.from_array(np.array(100.0, np.float32), "pixels"),
+             numpy_helper.from_array(np.array([0, 0, -1], np.int64), "flat")]
+    nodes = [helper.make_node("Conv", ["image", "w1"], ["f0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["f0"], ["f"]),
+             helper.make_node("Conv", ["f", "wb"], ["b0"]), helper.make_node("Mul", ["b0", "pixels"], ["b1"]),
+             helper.make_node("Conv", ["f", "ws"], ["s0"]), helper.make_node("Sigmoid", ["s0"], ["s1"]),
+             helper.make_node("Concat", ["b1", "s1"], ["c"], axis=1),
+             helper.make_node("Reshape", ["c", "flat"], ["output0"])]
+    graph = helper.make_graph(nodes, "split_head", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                              ["N", 3, 16, 16])], [helper.make_tensor_value_info("output0", TensorProto.FLOAT,
+                              ["N", 6, 256])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _sqnr(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    return float(10 * np.log10((x * x).sum() / ((x - y) ** 2).sum()))
+
+
+def test_channel_groups_measure_a_split_head_per_group(tmp_path: Path) -> None:
+    path = tmp_path / "head.onnx"
+    onnx.save(split_head(), path)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(4)
+    images = [rng.uniform(0, 1, (2, 3, 16, 16)).astype(np.float32) for _ in range(4)]
+    for i, a in enumerate(images):
+        np.savez(calib / f"{i}.npz", image=a)
+    qdq = tmp_path / "q.onnx"
+    result = quantscan.scan(path, calib, task="none", channel_groups=["output0=box:0-3,scores:4-5"], save_qdq=qdq,
+                            gain_candidates=0, quiet=True)
+    fp32 = ReferenceEvaluator(str(path))
+    fq = ReferenceEvaluator(onnx.version_converter.convert_version(onnx.load(qdq), 21))
+    ref = np.concatenate([fp32.run(None, {"image": a})[0] for a in images])
+    test = np.concatenate([fq.run(None, {"image": a})[0] for a in images])
+    task = result.output_metrics["output0"].task
+    for label, rows in (("box", slice(0, 4)), ("scores", slice(4, 6))):
+        assert task[f"{label}_cosine"] == pytest.approx(_cosine(ref[:, rows], test[:, rows]), abs=1e-5)
+        assert task[f"{label}_sqnr_db"] == pytest.approx(_sqnr(ref[:, rows], test[:, rows]), abs=0.05)
+    # the pooled figure is the pixels' alone: the scores' own figure differs from it by dB
+    pooled = result.output_metrics["output0"].sqnr_db
+    assert pooled == pytest.approx(_sqnr(ref, test), abs=0.05) and pooled == pytest.approx(task["box_sqnr_db"], abs=0.1)
+    assert abs(task["scores_sqnr_db"] - pooled) > 3
+
+
+def test_channel_groups_spec_is_checked_before_any_pass(tmp_path: Path) -> None:
+    path = tmp_path / "head.onnx"
+    onnx.save(split_head(), path)
+    with pytest.raises(UsageError, match="--channel-groups: expected OUTPUT"):
+        quantscan.scan(path, tmp_path, channel_groups=["output0=box:3-1"])

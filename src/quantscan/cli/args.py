@@ -168,6 +168,9 @@ def task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
     if plugins:
         p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
                        help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
+        p.add_argument("--channel-groups", action="append", default=[], metavar="OUTPUT[@AXIS]=LABEL:A-B,...",
+                       help="an output's channels measured per named group, e.g. output0=box:0-3,scores:4-21 "
+                            "(axis 1 unless @AXIS; repeatable)")
     p.add_argument("--charset", default=None,
                    help="CTC charset (.json list or PP-OCR .txt keys); default charset.json/.txt beside the data")
     p.add_argument("--mask-threshold", type=float, default=0.5, help="score-map threshold for --task mask IoU")
@@ -295,10 +298,12 @@ class TaskArgs:
     charset: str | None
     mask_threshold: float
     metric: list[str]
+    channel_groups: list[str]
 
     @classmethod
     def parse(cls, args: argparse.Namespace) -> TaskArgs:
-        return cls(args.task, args.charset, args.mask_threshold, list(getattr(args, "metric", [])))
+        return cls(args.task, args.charset, args.mask_threshold, list(getattr(args, "metric", [])),
+                   list(getattr(args, "channel_groups", None) or []))
 
     def scan_options(self) -> dict[str, Any]:
         return _scan_keywords(self)

@@ -6,6 +6,10 @@ after it ("intrinsic"). Per quantized float input (recurrent state inputs aside)
 (QDQ(x) against x), where its codes go, the cause rules that apply to data (code waste, one-sided or
 signed data, codes crowded by rare peaks), and the output when only this input is quantized, at the
 scan's scheme and at 16 bits: the FP32 model run on the fake-quantized input, no extra graph.
+
+The input is also a site of the scan (sites.input_sites): its layers.csv row gets its isolated and
+cumulative figures and its gain_if_float from the scan's own passes, and its cause, reason and fix from
+here (`with_input_findings`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from quantscan.executors import EXECUTORS
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.scanning.budget import parse_size
 from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
-from quantscan.taskmetrics import TASKS
+from quantscan.taskmetrics import TASKS, parse_channel_groups
 
 TENSOR_SETS = ("all", "sites")
 DEFAULT_GAIN_CANDIDATES = 16
@@ -136,6 +136,9 @@ class ScanOptions:
     """CTC class table; default charset.json/.txt beside the evaluation data, else the model's metadata."""
     mask_threshold: float = 0.5
     """Score-map threshold for `--task mask` IoU."""
+    channel_groups: Sequence[str] = ()
+    """`OUTPUT[@AXIS]=LABEL:A-B,...` specs: that output's channels measured per named group
+    (quantscan.taskmetrics.groups), for split heads whose pooled cosine the large channels decide."""
 
     gain_candidates: int | str = DEFAULT_GAIN_CANDIDATES
     """How many sites per ordering get their output gain measured (scanning.impact); 0 turns it off
@@ -175,6 +178,8 @@ class ScanOptions:
             raise UsageError(f"--gain-samples: expected a non-negative integer, found {self.gain_samples!r}")
         if self.task not in TASKS:
             raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {self.task!r}")
+        for spec in self.channel_groups:
+            parse_channel_groups(spec)  # refused now, not after the calibration pass
         if self.batch_size is not None and (
             isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size <= 0
         ):

@@ -15,6 +15,7 @@ import pandas as pd
 from quantscan import taskmetrics as tm
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
+from quantscan.errors import UsageError
 from quantscan.scanning.options import ScanOptions
 
 CHARSET_METADATA_KEY = "character"
@@ -54,7 +55,8 @@ def task_accumulators(
 ) -> dict[str, list[tm.TaskAccumulator]]:
     """Per headline output: the chosen (or auto-detected) task's accumulator, then any --metric plugins."""
     plugins = [opts.metric] if isinstance(opts.metric, str) else list(opts.metric)  # API: one spec or many
-    if opts.task == "none" and not plugins:
+    groups = _channel_groups(opts, outputs)
+    if opts.task == "none" and not plugins and not groups:
         return {}
     needs_charset = opts.task in ("auto", "ctc")
     charset = resolve_charset(proto, eval_set, opts) if needs_charset else None
@@ -68,8 +70,21 @@ def task_accumulators(
         if built is not None:
             accs.append(built)
         accs.extend(tm.load_plugin(spec) for spec in plugins)
+        accs.extend(tm.ChannelGroupAccumulator(g) for g in groups.get(name, []))
         if accs:
             found[name] = accs
+    return found
+
+
+def _channel_groups(opts: ScanOptions, outputs: Sequence[str]) -> dict[str, list[tm.ChannelGroups]]:
+    """`--channel-groups` per headline output; one naming another output is refused (say `--output`)."""
+    found: dict[str, list[tm.ChannelGroups]] = {}
+    for spec in [opts.channel_groups] if isinstance(opts.channel_groups, str) else opts.channel_groups:
+        parsed = tm.parse_channel_groups(spec)
+        if parsed.output not in outputs:
+            raise UsageError(f"--channel-groups: expected a headline output ({', '.join(outputs)}; --output NAME "
+                             f"chooses), found {parsed.output!r}")
+        found.setdefault(parsed.output, []).append(parsed)
     return found
 
 

@@ -12,7 +12,8 @@ multi-channel score maps, NCHW or NHWC), `box` (matched-box agreement for detect
 documented decode and NMS written out in numpy), `none`; `--metric module:function` adds a plugin that
 returns named sums per batch.
 
-One task per module: `base`, `classify`, `ctc`, `mask`, `heatmap`, `box`, `plugin`, `choose`.
+One task per module: `base`, `classify`, `ctc`, `mask`, `heatmap`, `box`, `plugin`, `choose`; `groups`
+(`--channel-groups`: an output's channels measured per named group) goes beside any of them.
 """
 
 from quantscan.taskmetrics.base import LABEL_FILE, TASKS, TaskAccumulator, add_sums, group_figures, ratio
@@ -42,6 +43,7 @@ from quantscan.taskmetrics.ctc import (
     greedy_decode,
     load_charset,
 )
+from quantscan.taskmetrics.groups import ChannelGroupAccumulator, ChannelGroups, parse_channel_groups
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator, heatmap_layout
 from quantscan.taskmetrics.mask import DEFAULT_MASK_THRESHOLD, MaskIouAccumulator
 from quantscan.taskmetrics.plugin import MetricFunction, PluginAccumulator, load_plugin
@@ -50,6 +52,8 @@ __all__ = [
     "BOX_MATCH_IOU",
     "BoxAccumulator",
     "CHARSET_FILES",
+    "ChannelGroupAccumulator",
+    "ChannelGroups",
     "Charset",
     "ClassifyAccumulator",
     "CtcAccumulator",
@@ -82,6 +86,7 @@ __all__ = [
     "make_accumulator",
     "match_boxes",
     "nms",
+    "parse_channel_groups",
     "ratio",
     "yolox_grid",
     "yolox_grid_count",
