@@ -82,3 +82,21 @@ def test_ppocrv4_rec_reshape_shapes_are_no_dtype_finding(assets: Path) -> None:
     found = _rows(assets, "ppocrv4_rec", ["rk3588", "ethos-u"])
     dtype = found[(found["rule"] == "dtype") & found["op_type"].isin(["Reshape", "Resize", "Expand", "Tile"])]
     assert dtype.empty, dtype[["node", "profile"]].values.tolist()
+
+
+def test_bm1684x_keeps_ppocrv4_recs_layernorms_and_softmaxes_float(assets: Path) -> None:
+    """Oracle: the lowered model tpu-mlir 1.30.2 wrote for PP-OCRv4 rec on bm1684x (quantscan vendor tpu-mlir,
+    16 samples) has five float32 `tpu.LayerNorm` ops, named after the last Add of each decomposed
+    LayerNorm (p2o.Add.235/245/255/265/275), and three float32 `tpu.Softmax`; everything else int8."""
+    import onnx
+
+    rows = _rows(assets, "ppocrv4_rec", ["bm1684x"])
+    kept = set(rows[rows["rule"] == "float16"]["node"])
+    model = onnx.load(str(assets / "models" / "ppocrv4_rec.onnx"), load_external_data=False)
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    op_type = {n.name: n.op_type for n in model.graph.node}
+    lasts = {producer[f"p2o.Add.{k}"] for k in (235, 245, 255, 265, 275)}
+    assert lasts <= kept
+    assert {n for n in kept if op_type[n] == "Softmax"} == {n for n, t in op_type.items() if t == "Softmax"}
+    assert {op_type[n] for n in kept} == {"ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div", "Mul", "Softmax"}
+    assert not {n for n in kept if op_type[n] in ("Conv", "MatMul")}  # int8 on the chip
