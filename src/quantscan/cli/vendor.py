@@ -25,9 +25,11 @@ def vendor_parser(sub: Any) -> None:
                    help="the vendor's Python (default: $QUANTSCAN_RKNN_PYTHON, venv-rknn nearby, python3)")
     p.add_argument("--limit", type=positive_int, default=None, help="use the first N samples")
     p.add_argument("--analysis-samples", type=non_negative_int, default=None, metavar="N",
-                   help="samples through the vendor's per-layer analysis (default: all; each one is slow)")
+                   help="rknn: samples through accuracy_analysis (default: all; each one is slow); "
+                        "tpu-mlir dumps every sample")
     p.add_argument("--plan", default=None, metavar="plan.json",
-                   help="also apply a bisect plan through the vendor's mixed precision, report its simulator")
+                   help="also apply a bisect plan through the vendor's mixed precision (RKNN hybrid "
+                        "quantization, a tpu-mlir qtable), report what it reaches")
     p.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
     common(p)
 
