@@ -105,7 +105,8 @@ def test_bm1684x_keeps_ppocrv4_recs_layernorms_and_softmaxes_float(assets: Path)
     types = driver.element_types(lowered)
     ops = {driver.loc_names(lowered)[m.group(2)]: m.group(1)
            for m in re.finditer(r'"(tpu\.\w+)".*loc\(#(loc\d+)\)', lowered)}
-    float_ops = {name for name, t in types.items() if t == "float32" and ops.get(name) in ("tpu.LayerNorm", "tpu.Softmax")}
+    float_ops = {name for name, t in types.items()
+                 if t == "float32" and ops.get(name) in ("tpu.LayerNorm", "tpu.Softmax")}
     assert len(float_ops) == 8 and {t for n, t in types.items() if ops.get(n) in ("tpu.Conv2D", "tpu.MatMul")} <= {
         "int8", "uint8"}
     rows = _rows(assets, "ppocrv4_rec", ["bm1684x"])
