@@ -82,3 +82,39 @@ def test_ppocrv4_rec_reshape_shapes_are_no_dtype_finding(assets: Path) -> None:
     found = _rows(assets, "ppocrv4_rec", ["rk3588", "ethos-u"])
     dtype = found[(found["rule"] == "dtype") & found["op_type"].isin(["Reshape", "Resize", "Expand", "Tile"])]
     assert dtype.empty, dtype[["node", "profile"]].values.tolist()
+
+
+def test_bm1684x_keeps_ppocrv4_recs_layernorms_and_softmaxes_float(assets: Path) -> None:
+    """Oracle: the lowered model tpu-mlir 1.30.2 wrote for PP-OCRv4 rec on bm1684x (recorded:
+    tests/fixtures/vendor/tpu-mlir-1.30.2/ppocrv4_rec-bm1684x/tpumlir/tpu_mlir_ops.mlir): its float32 ops are
+    five `tpu.LayerNorm`, each named after the last Add of a decomposed LayerNorm, and three `tpu.Softmax`."""
+    import importlib.util
+    import re
+
+    import onnx
+
+    from quantscan.toolchains import align
+    from quantscan.toolchains.tpumlir import run as tpurun
+
+    spec = importlib.util.spec_from_file_location("tpumlir_driver", tpurun.DRIVER)
+    assert spec is not None and spec.loader is not None
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    lowered = (Path(__file__).parents[1] / "fixtures" / "vendor" / "tpu-mlir-1.30.2" / "ppocrv4_rec-bm1684x"
+               / "tpumlir" / "tpu_mlir_ops.mlir").read_text()
+    types = driver.element_types(lowered)
+    ops = {driver.loc_names(lowered)[m.group(2)]: m.group(1)
+           for m in re.finditer(r'"(tpu\.\w+)".*loc\(#(loc\d+)\)', lowered)}
+    float_ops = {name for name, t in types.items()
+                 if t == "float32" and ops.get(name) in ("tpu.LayerNorm", "tpu.Softmax")}
+    assert len(float_ops) == 8 and {t for n, t in types.items() if ops.get(n) in ("tpu.Conv2D", "tpu.MatMul")} <= {
+        "int8", "uint8"}
+    rows = _rows(assets, "ppocrv4_rec", ["bm1684x"])
+    kept = set(rows[rows["rule"] == "float16"]["node"])
+    model = onnx.load(str(assets / "models" / "ppocrv4_rec.onnx"), load_external_data=False)
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    op_type = {n.name: n.op_type for n in model.graph.node}
+    assert {producer[align.TPU_MLIR_SUFFIX.sub("", name)] for name in float_ops} <= kept
+    assert {n for n in kept if op_type[n] == "Softmax"} == {n for n, t in op_type.items() if t == "Softmax"}
+    assert {op_type[n] for n in kept} == {"ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div", "Mul", "Softmax"}
+    assert not {n for n in kept if op_type[n] in ("Conv", "MatMul")}  # int8 on the chip

@@ -95,7 +95,8 @@ def main() -> int:
         print("Traceback (most recent call last):\nRuntimeError: fake failure", flush=True)
         return 1
     if tool == "run_calibration":
-        Path(_arg(args, "-o")).write_text("# fake calibration table\n")
+        method = _arg(args, "--cali_method") if "--cali_method" in args else "kl (default)"
+        Path(_arg(args, "-o")).write_text(f"# fake table\n# quantization threshold calculation method: {method}\n")
         return 0
     {"model_transform": transform, "model_deploy": deploy, "model_runner": runner}[tool](args)
     return 0

