@@ -16,8 +16,8 @@ Part 2 measures, in this process, what a model of N nodes needs (the `--model` a
   the object store's put+get time for it here; `result bytes` and `merge`: one shard's sums and the
   time to add them into the total;
 - `serial`: what no shard takes (imports, load, probe, plan, tables, writing), from part 1.
-Then T(N) = serial + (calibration + gain ranking) / N + setup + per_sample x S / N + job transfer + N x (result transfer
-+ merge), with transfers at `--bandwidth` (default 1 GB/s, 10 GbE) to and from the head, and the N
+Then T(N) = serial + (calibration + gain ranking) / N + setup + per_sample x S / N + N x (job transfer + result transfer
++ merge), with transfers at `--bandwidth` (default 1 GB/s, 10 GbE) through the head's link, and the N
 where the gain from one more node falls under its cost. Shards are whole batches, so N also stops at
 S / batch. Nothing here is asserted.
 """
@@ -139,12 +139,12 @@ def model_n(costs: dict[str, float], serial: float, calibration: float, samples:
     """T(N) for N nodes of one core each, and where it stops scaling."""
     batch = int(costs["batch"])
     max_shards = math.ceil(samples / batch)
-    job_s = costs["job_bytes"] / bandwidth
-    per_node = costs["result_bytes"] / bandwidth + costs["merge"]
+    # Every node pulls the job from the head's object store and sends its sums back through the head's link
+    # (the worst case: Ray may also serve a pull from a node that already holds the object), then the merge.
+    per_node = (costs["job_bytes"] + costs["result_bytes"]) / bandwidth + costs["merge"]
 
     def wall(n: int) -> float:
-        return (serial + calibration / n + costs["setup"] + costs["per_sample"] * samples / n + job_s
-                + n * per_node)
+        return serial + calibration / n + costs["setup"] + costs["per_sample"] * samples / n + n * per_node
 
     best = min(range(1, max_shards + 1), key=wall)
     root = math.sqrt((costs["per_sample"] * samples + calibration) / per_node) if per_node else math.inf
@@ -159,8 +159,8 @@ def model_n(costs: dict[str, float], serial: float, calibration: float, samples:
         shards = min(n, max_shards)
         print(f"| {n}{' (= ' + str(shards) + ' shards)' if shards < n else ''} | {wall(shards):.1f} | "
               f"{one / wall(shards):.2f}x | {one / (n * wall(shards)):.2f} |")
-    print(f"fastest at N = {best} (whole batches: at most {max_shards} shards of {batch}); the merge and result "
-          f"transfer would only stop it at N ~ {root:.0f}; the serial part caps the speed-up at "
+    print(f"fastest at N = {best} (whole batches: at most {max_shards} shards of {batch}); the transfers through "
+          f"the head and the merge alone would stop it at N ~ {root:.0f}; the serial part caps the speed-up at "
           f"{one / serial:.1f}x")
 
 

@@ -217,7 +217,7 @@ def check_reachable(address: str | None) -> None:
 
 def _unreachable(address: str, exc: BaseException) -> UsageError:
     why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return UsageError(f"--ray-address: expected a running Ray cluster at {address} (`ray start --head` there; "
+    return UsageError(f"--ray-address: expected a running Ray cluster at {address} (start its head there; "
                       f"with token auth, RAY_AUTH_MODE=token and its ~/.ray/auth_token here), found: {why}")
 
 
