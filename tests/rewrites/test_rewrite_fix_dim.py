@@ -172,3 +172,26 @@ def test_the_same_size_after_freezing_the_setting_folds_and_is_proven(tmp_path: 
 def test_a_size_every_branch_accepts_is_not_refused() -> None:
     result = fix_dim(build(SR_BRANCHES), ["x:1=1"], check_load=True)
     assert not result.refusals and result.changes
+
+
+STATEFUL = """<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,576] x, float[2,?,128] state) => (float[1,576] y, float[2,?,128] state_out) {
+    y = Relu (x)
+    state_out = Identity (state)
+}"""
+"""silero-vad's declared state: axis 1 (its batch) neither fixed nor named."""
+
+
+def test_rewrite_names_its_own_flag_for_a_const_of_unknown_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from quantscan.cli import main
+
+    onnx.save(build(STATEFUL), tmp_path / "m.onnx")
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "x.npy", rng_array((2, 576)))
+    args = ["rewrite", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "calib"), "--const", "state=0",
+            "-o", str(tmp_path / "out.onnx"), "--quiet"]
+    assert main([*args, "--fix-dim", "batch=1"]) == 2
+    assert "--fix-dim state:1=N" in capsys.readouterr().err
+    assert main([*args, "--fix-dim", "state:1=1"]) == 0  # the advice, followed, works
