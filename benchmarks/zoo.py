@@ -562,6 +562,8 @@ def row(run: ModelRun, profiles: list[str]) -> list[str]:
         errs = f"{before}→{after}"
     plan = f"{f['plan_sites']} sites" if "plan_sites" in f else "–"
     missed = goals(run, profiles)
+    if f.get("partial"):
+        missed.append("not finished in this run")
     return [run.name, run.family, codes, f"{fp.wall_s:.1f}", _ratio(scan.wall_s, fp.wall_s),
             _ratio(scan.peak_mb, fp.peak_mb), f"{f['cosine']:.4f}" if f.get("cosine") is not None else "–",
             f.get("task") or "–", f"`{best[0]}` ({best[1]:+.2g})" if best else "–", top3_verdict(f),
@@ -583,10 +585,16 @@ def markdown_table(rows: list[list[str]]) -> str:
 def collect(entry: dict[str, Any], folder: Path, profiles: list[str]) -> ModelRun | None:
     """A finished model's run rebuilt from its folder (zoo.json's exit codes, the commands' own files)."""
     record = folder / "zoo.json"
-    if not record.exists():
-        return None
     run = ModelRun(entry["name"], entry["family"], entry.get("expect", "ok"))
-    run.steps = {k: Step(**v) for k, v in json.loads(record.read_text())["steps"].items()}
+    if record.exists():
+        run.steps = {k: Step(**v) for k, v in json.loads(record.read_text())["steps"].items()}
+    else:  # still running or stopped: the steps that finished, from their logs (no wall or peak)
+        logs = sorted(folder.glob("*.log"), key=lambda f: f.stat().st_mtime)
+        run.steps = {f.stem: Step(int(f.read_text().splitlines()[1].split()[1]), float("nan"), float("nan"))
+                     for f in logs if len(f.read_text().splitlines()) > 1}
+        if not run.steps:
+            return None
+        run.facts["partial"] = True
     run.facts["errors_before"] = compat_errors(folder / "check")
     for p in profiles:
         run.facts[f"errors_after_{p}"] = compat_errors(folder / f"check_{p}")
