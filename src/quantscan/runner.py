@@ -449,6 +449,22 @@ def _one_line(exc: BaseException) -> str:
     return text[: cut + 1] + " (message shortened)" if cut > 0 else text[:MESSAGE_LIMIT] + " (message shortened)"
 
 
+def load_error(model: onnx.ModelProto) -> str | None:
+    """Why onnxruntime would refuse `model` at load (one line), or None when it loads. Type and shape
+    checks run on every If branch, taken or not, so a rewrite can make a model unloadable through a
+    branch that never runs (after constant folding: ORT_ENABLE_BASIC, the level every analysis and
+    proof session uses, fails where ORT_DISABLE_ALL still loads); this is how a rewrite finds out before
+    it hands such a model on."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = SILENT
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        return _one_line(exc)
+    return None
+
+
 def onnxruntime_version() -> str:
     """The onnxruntime version run.json records (asked here: this module is the only onnxruntime user)."""
     return str(ort.__version__)

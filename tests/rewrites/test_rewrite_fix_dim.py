@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -111,3 +113,85 @@ def test_ppocr_cls_paddle_minus_one_dims(assets) -> None:  # type: ignore[no-unt
     onnx.checker.check_model(res.model, full_check=True)
     x = calib_images(asset_calib(assets, "ppocr_mobile_v2_cls"), limit=1)[0]
     assert_same_outputs(model, res.model, {"x": x})
+
+
+SR_BRANCHES = """<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,T] x, int64 sr) => (float[1,T] y) {
+    rate = Constant <value = int64 {16000}> ()
+    is16 = Equal (sr, rate)
+    y = If (is16) <
+        then_branch = g1 () => (float[1,T] a) { a = Relu (x) },
+        else_branch = g2 () => (float[1,T] b) {
+            one = Constant <value = int64[1] {1}> ()
+            s = Squeeze (x, one)
+            b = Unsqueeze (s, one)
+        }
+    >
+}"""
+"""silero-vad's shape: a branch chosen by the `sr` setting that is only valid for some lengths (the 8 kHz
+branch squeezes an axis the 16 kHz framing makes 576 long)."""
+
+
+def _ort_loads(model: onnx.ModelProto) -> bool:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception:
+        return False
+    return True
+
+
+def test_a_size_that_breaks_a_branch_it_never_runs_is_refused_with_the_flag_that_folds_it() -> None:
+    model = build(SR_BRANCHES)
+    declared = onnx.ModelProto()
+    declared.CopyFrom(model)
+    declared.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 576
+    assert _ort_loads(model) and not _ort_loads(declared)  # the oracle: onnxruntime itself refuses it
+    result = fix_dim(model, ["x:1=576"], check_load=True)
+    assert not result.changes and _ort_loads(result.model)
+    (refusal,) = result.refusals
+    assert refusal.node == "x:1=576" and "--freeze-input sr=VALUE" in refusal.reason
+
+
+def test_the_same_size_after_freezing_the_setting_folds_and_is_proven(tmp_path: Path) -> None:
+    from quantscan.calib import load_calibration
+    from quantscan.model import graph_inputs
+    from quantscan.rewrites.pipeline import rewrite
+
+    model = build(SR_BRANCHES)
+    np.save(tmp_path / "x.npy", rng_array((2, 576)))
+    calib = load_calibration(tmp_path, graph_inputs(model), consts={"sr": 16000})
+    report = rewrite(model, [], freeze_input=["sr=16000"], fix_dim=["x:1=576"], calib=calib, write=False)
+    assert report.passed and "If" not in report.op_counts_after
+    assert [vi.type.tensor_type.shape.dim[1].dim_value for vi in report.model.graph.input] == [576]
+
+
+def test_a_size_every_branch_accepts_is_not_refused() -> None:
+    result = fix_dim(build(SR_BRANCHES), ["x:1=1"], check_load=True)
+    assert not result.refusals and result.changes
+
+
+STATEFUL = """<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,576] x, float[2,?,128] state) => (float[1,576] y, float[2,?,128] state_out) {
+    y = Relu (x)
+    state_out = Identity (state)
+}"""
+"""silero-vad's declared state: axis 1 (its batch) neither fixed nor named."""
+
+
+def test_rewrite_names_its_own_flag_for_a_const_of_unknown_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from quantscan.cli import main
+
+    onnx.save(build(STATEFUL), tmp_path / "m.onnx")
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "x.npy", rng_array((2, 576)))
+    args = ["rewrite", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "calib"), "--const", "state=0",
+            "-o", str(tmp_path / "out.onnx"), "--quiet"]
+    assert main([*args, "--fix-dim", "batch=1"]) == 2
+    assert "--fix-dim state:1=N" in capsys.readouterr().err
+    assert main([*args, "--fix-dim", "state:1=1"]) == 0  # the advice, followed, works

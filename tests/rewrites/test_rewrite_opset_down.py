@@ -194,3 +194,29 @@ def test_cli_all_for_profile_reports_before_after(tmp_path: Path) -> None:
     assert "opset-down: 1 changes" in proc.stdout
     assert "check horizon-x3: errors 1 -> 0" in proc.stdout
     assert onnx.load(tmp_path / "out.onnx").opset_import[0].version == 11
+
+
+REDUCE_NOOP = """<ir_version: 8, opset_import: ["" : 15]>
+g (float[2,3,4] x) => (float[2,4] y) {
+    axes = Constant <value = int64[1] {1}> ()
+    y = ReduceSum <keepdims = 0, noop_with_empty_axes = 1> (x, axes)
+}"""
+"""tf2onnx's ReduceSum (basic-pitch's CQT magnitude): noop_with_empty_axes=1 beside constant axes."""
+
+
+def test_reduce_with_noop_flag_and_constant_axes_lowers_to_11() -> None:
+    m = build(REDUCE_NOOP)
+    res = opset_down(m, 11)
+    assert res.changes and not res.refusals and opset_of(res.model) == 11
+    onnx.checker.check_model(res.model, full_check=True)
+    (node,) = [n for n in res.model.graph.node if n.op_type == "ReduceSum"]
+    assert {a.name for a in node.attribute} == {"axes", "keepdims"} and len(node.input) == 1
+    assert_same_outputs(m, res.model, {"x": X})  # the reference evaluator on both
+    np.testing.assert_allclose(run(res.model, {"x": X})[0], X.sum(axis=1), rtol=1e-6)
+
+
+def test_reduce_with_noop_flag_and_no_axes_is_refused() -> None:
+    m = build('<ir_version: 8, opset_import: ["" : 15]>'
+              'g (float[2,3] x) => (float[2,3] y) { y = ReduceSum <noop_with_empty_axes = 1> (x) }')
+    res = opset_down(m, 11)
+    assert not res.changes and any("noop_with_empty_axes=1 without axes" in r.reason for r in res.refusals)

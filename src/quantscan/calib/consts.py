@@ -41,7 +41,7 @@ def _const_array(spec: InputSpec, value: float) -> np.ndarray:
             raise UsageError(
                 f"--const {spec.name}: expected known sizes, found axis {axis} of input "
                 f"'{spec.name}' unknown (shape {fmt(spec.shape)}); "
-                f"give it with --input-shape {spec.name}:{axis}=N"
+                f"give it with --input-shape {spec.name}:{axis}=N (rewrite: --fix-dim {spec.name}:{axis}=N)"
             )
     try:
         number = float(value)

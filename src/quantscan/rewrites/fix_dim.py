@@ -38,6 +38,7 @@ from quantscan.graph.fold import fold_constants
 from quantscan.graph.index import GraphIndex, opset_version
 from quantscan.graph.infer import infer_shapes
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.runner import load_error
 
 REWRITE_ID = "fix-dim"
 MAX_ROUNDS = 32
@@ -88,15 +89,103 @@ def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
     return "?" if not dim.HasField("dim_value") else str(dim.dim_value)
 
 
-def fix_dim(model: onnx.ModelProto, dims: Sequence[str | DimSetting]) -> RewriteResult:
-    """Fix the requested dims and fold the shape chains they make static; new model + record."""
+def fix_dim(
+    model: onnx.ModelProto, dims: Sequence[str | DimSetting], frozen: Sequence[str] = (), check_load: bool = False
+) -> RewriteResult:
+    """Fix the requested dims and fold the shape chains they make static; new model + record. With
+    `check_load` (the rewrite pipeline, whose result is handed on), a dim that would make the model
+    unloadable through an If branch it cannot run is refused (see `_contradicting`; `frozen`: the
+    freeze-input settings of the same request, applied after this pass), the others applied; in-memory
+    planning leaves it out (it costs a session per dim)."""
     settings = [d if isinstance(d, DimSetting) else parse_dim_spec(d) for d in dims]
+    refused = _contradicting(model, settings, frozen) if check_load else {}
+    result = _fix_dims(model, [s for s in settings if s.text not in refused])
+    result.refusals.extend(Refusal(REWRITE_ID, s.text, refused[s.text]) for s in settings if s.text in refused)
+    return result
+
+
+def _contradicting(model: onnx.ModelProto, settings: Sequence[DimSetting], frozen: Sequence[str]) -> dict[str, str]:
+    """The settings that make onnxruntime refuse a model it loaded before, with the reason.
+
+    Why: onnxruntime type-checks every If branch, taken or not. silero-vad's wheel model holds a 16 kHz
+    and an 8 kHz branch chosen by its `sr` input; fixing the input length at 576 (16 kHz framing) makes
+    the 8 kHz branch's Squeeze invalid, so the fixed model cannot be loaded at all until the If on `sr`
+    is folded (`--freeze-input sr=16000`, which runs before fix-dim). Only models with a top-level If
+    are tried (elsewhere a contradiction would sit in the graph that runs: the dims are simply wrong)."""
+    if not settings or not any(n.op_type == "If" for n in model.graph.node) or load_error(model) is not None:
+        return {}
+    if load_error(_declared_only(model, settings, frozen)) is None:
+        return {}
+    hint = _freeze_hint(model)
+    refused: dict[str, str] = {}
+    for s in settings:
+        error = load_error(_declared_only(model, [s], frozen))
+        if error is not None:
+            refused[s.text] = (f"{s.text} makes onnxruntime refuse the model through an If branch that "
+                               f"this size never runs ({error[:160]}); {hint}")
+    if not refused:  # only together: refuse them all, they cannot be applied as one
+        error = load_error(_declared_only(model, settings, frozen)) or ""
+        refused = {s.text: f"together these sizes make onnxruntime refuse the model ({error[:160]}); {hint}"
+                   for s in settings}
+    return refused
+
+
+def _declared_only(model: onnx.ModelProto, settings: Sequence[DimSetting], frozen: Sequence[str]) -> onnx.ModelProto:
+    """`model` with only the declared dims set (no folding), then the frozen inputs folded: what
+    onnxruntime would be given once the request's later freeze-input has run."""
+    declared = _set_dims(copy_model(model), settings, RewriteResult(model=model), {})
+    if not frozen:
+        return declared
+    from quantscan.rewrites.freeze_input import freeze_input  # freeze_input imports this module
+
+    return freeze_input(declared, frozen).model
+
+
+def _freeze_hint(model: onnx.ModelProto) -> str:
+    """The flag that folds the top-level Ifs on setting inputs first (they decide which branch runs)."""
+    from quantscan.graph.conditions import if_conditions
+
+    settings = sorted({s for path, c in if_conditions(model).items() if "/" not in path for s in c.settings})
+    if not settings:
+        return "fold the If that holds the branch first"
+    flags = " ".join(f"--freeze-input {s}=VALUE" for s in settings)
+    return f"fold the If first: add {flags} (the value you deploy with)"
+
+
+def _fix_dims(model: onnx.ModelProto, settings: Sequence[DimSetting]) -> RewriteResult:
     out = copy_model(model)
     result = RewriteResult(model=out)
     graph = out.graph
+    fixed_params: dict[str, int] = {}
+    _set_dims(out, settings, result, fixed_params)
+    if not result.changes:
+        return result
+    unknowns: list[str] = []
     init_names = {t.name for t in graph.initializer}
     inputs = [vi for vi in graph.input if vi.name not in init_names]
-    fixed_params: dict[str, int] = {}
+    for vi in list(graph.output) + list(graph.value_info) + inputs:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in fixed_params:
+                dim.dim_value = fixed_params[dim.dim_param]
+            elif dim.HasField("dim_value") and dim.dim_value < 0:
+                # Paddle writes -1 for "dynamic": not a valid ONNX dim, and once an input dim is fixed it
+                # contradicts shape inference. Unknown is what it meant.
+                dim.Clear()
+                unknowns.append(vi.name)
+    if unknowns:
+        names = ", ".join(sorted(set(unknowns)))
+        result.changes.append(Change(REWRITE_ID, names, "declared -1 dims made unknown (invalid in ONNX)"))
+    _fold_static_shapes(out, result)
+    _fold_decided_ifs(out, result)
+    return result
+
+
+def _set_dims(
+    out: onnx.ModelProto, settings: Sequence[DimSetting], result: RewriteResult, fixed_params: dict[str, int]
+) -> onnx.ModelProto:
+    """Set the declared input dims (in place), recording changes, refusals and the dim_params fixed."""
+    init_names = {t.name for t in out.graph.initializer}
+    inputs = [vi for vi in out.graph.input if vi.name not in init_names]
     for s in settings:
         for vi, axis in _targets(s, inputs, result):
             shape_dims = vi.type.tensor_type.shape.dim
@@ -113,24 +202,7 @@ def fix_dim(model: onnx.ModelProto, dims: Sequence[str | DimSetting]) -> Rewrite
                 fixed_params[dim.dim_param] = s.value
             dim.dim_value = s.value
             result.changes.append(Change(REWRITE_ID, vi.name, f"{where}: {before} -> {s.value} ({s.text})"))
-    if not result.changes:
-        return result
-    unknowns: list[str] = []
-    for vi in list(graph.output) + list(graph.value_info) + inputs:
-        for dim in vi.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param") and dim.dim_param in fixed_params:
-                dim.dim_value = fixed_params[dim.dim_param]
-            elif dim.HasField("dim_value") and dim.dim_value < 0:
-                # Paddle writes -1 for "dynamic": not a valid ONNX dim, and once an input dim is fixed it
-                # contradicts shape inference. Unknown is what it meant.
-                dim.Clear()
-                unknowns.append(vi.name)
-    if unknowns:
-        names = ", ".join(sorted(set(unknowns)))
-        result.changes.append(Change(REWRITE_ID, names, "declared -1 dims made unknown (invalid in ONNX)"))
-    _fold_static_shapes(out, result)
-    _fold_decided_ifs(out, result)
-    return result
+    return out
 
 
 def _fold_decided_ifs(model: onnx.ModelProto, result: RewriteResult) -> None:

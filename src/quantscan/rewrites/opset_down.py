@@ -184,6 +184,18 @@ def _drop_default(attr: str, default: object) -> Adapter:
     return adapt
 
 
+def _drop_noop_when_axes_given(node: onnx.NodeProto, ctx: _Ctx) -> str | None:
+    """`noop_with_empty_axes` (opset 13/18) only decides what empty or absent axes mean; once constant,
+    non-empty axes sit in the attribute (`_input_to_attr` runs first) it changes nothing and is dropped.
+    tf2onnx writes noop_with_empty_axes=1 on its ReduceSums (basic-pitch's CQT magnitude)."""
+    if get_attr(node, "noop_with_empty_axes", 0) == 1 and not get_attr(node, "axes", None):
+        return f"noop_with_empty_axes=1 without axes (an identity) has no spelling at opset {ctx.target}"
+    kept = [a for a in node.attribute if a.name != "noop_with_empty_axes"]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    return None
+
+
 def _all(*adapters: Adapter) -> Adapter:
     def adapt(node: onnx.NodeProto, ctx: _Ctx) -> str | None:
         for a in adapters:
@@ -308,8 +320,8 @@ _ADAPTERS: dict[tuple[str, int], Adapter] = {
     ("Unsqueeze", 13): _input_to_attr("axes", 1),
     ("Split", 13): _input_to_attr("split", 1),
     ("Split", 18): _drop_default("num_outputs", None),
-    ("ReduceSum", 13): _all(_input_to_attr("axes", 1), _drop_default("noop_with_empty_axes", 0)),
-    **{(op, 18): _all(_input_to_attr("axes", 1), _drop_default("noop_with_empty_axes", 0)) for op in _REDUCE_OPS},
+    ("ReduceSum", 13): _all(_input_to_attr("axes", 1), _drop_noop_when_axes_given),
+    **{(op, 18): _all(_input_to_attr("axes", 1), _drop_noop_when_axes_given) for op in _REDUCE_OPS},
     ("Softmax", 13): _softmax_13,
     ("LogSoftmax", 13): _softmax_13,
     ("Hardmax", 13): _softmax_13,

@@ -320,7 +320,7 @@ def _apply_steps(
         elif rid in CALIBRATED:
             result = calibrated_step(rid, current, calib, limit=limit, runner=runner, alpha=smooth_alpha)
         else:
-            result = _plain_step(rid, args, current)
+            result = _plain_step(rid, args, current, frozen=_freeze_settings(steps_wanted))
         noop = "" if result.changes else _applied_nowhere(rid, result)
         steps.append(StepReport(rid.value, result.exact, result.changes, result.refusals, noop))
         if not noop:
@@ -332,10 +332,17 @@ def _apply_steps(
     return current, steps
 
 
-def _plain_step(rid: RewriteId, args: Sequence[str], current: onnx.ModelProto) -> RewriteResult:
-    """A pass that needs nothing but the model (and, for fix-dim and freeze-input, its settings)."""
+def _freeze_settings(steps_wanted: Sequence[tuple[RewriteId, Sequence[str]]]) -> Sequence[str]:
+    return next((args for rid, args in steps_wanted if rid is RewriteId.FREEZE_INPUT), ())
+
+
+def _plain_step(
+    rid: RewriteId, args: Sequence[str], current: onnx.ModelProto, frozen: Sequence[str] = ()
+) -> RewriteResult:
+    """A pass that needs nothing but the model (and, for fix-dim and freeze-input, its settings; fix-dim
+    also the request's freeze-input settings, which run after it and fold the Ifs its sizes may break)."""
     if rid is RewriteId.FIX_DIM:
-        return fix_dims(current, args)
+        return fix_dims(current, args, frozen=frozen, check_load=True)
     if rid is RewriteId.FREEZE_INPUT:
         return freeze_inputs(current, args)
     return REWRITES[rid](current)
