@@ -116,6 +116,13 @@ def measure(plan_path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _vanished(nodes: list[str]) -> str:
+    """The sites RKNN could not be told about: all when few, else how many and the first three."""
+    if len(nodes) <= 3:
+        return ", ".join(nodes) or "-"
+    return f"{len(nodes)}: {', '.join(nodes[:3])}, ..."
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     headers = ["model", "point", "float sites", "claimed", "interval", "RKNN applied", "RKNN - claimed",
                "ORT applied", "ORT - claimed", "honoured / sites (unknown)", "vanished",
@@ -126,7 +133,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             r["model"], r["point"], str(r["float_sites"]), f"{r['claimed']:.5f}", _interval(r["interval"]),
             f"{r['rknn']:.5f}", f"{r['rknn'] - r['claimed']:+.5f}", f"{r['ort']:.5f}",
             f"{r['ort'] - r['claimed']:+.5f}", f"{r['honoured']}/{r['sites_in_table']} ({r['unknown']})",
-            ", ".join(r["vanished"]) or "-", f"{r['builds_search']} + {r['builds_verify']}",
+            _vanished(r["vanished"]), f"{r['builds_search']} + {r['builds_verify']}",
         ])
     return markdown_table(headers, body)
 

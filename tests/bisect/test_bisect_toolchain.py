@@ -117,3 +117,35 @@ def test_tpu_mlir_is_not_available_yet(chain: tuple[Path, Path, Path, dict[int, 
     assert _bisect(tmp, model, calib, "tpu", 0.99, "--verify", "tpu-mlir") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tpu-mlir driver" in err and "not available yet" in err
+
+
+def test_evaluator_search_resumes_after_a_failed_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The toolkit fails on the 4th build: exit 2 with the finished steps kept; the resumed search runs
+    only what was left (no finished step is built twice) and ends where an uninterrupted one ends."""
+    model, calib = write_chain(tmp_path, samples=6, layers=2)
+    cos = _oracle(model, calib, 6)
+    python = _fake_python(tmp_path)
+    api = tmp_path / "fake_site" / "rknn" / "api.py"
+    counter = tmp_path / "builds.txt"
+    api.write_text(api.read_text().replace(
+        "        assert self.model is None, \"step 2 on an RKNN object that loaded a model fails in 2.5.0\"\n",
+        "        assert self.model is None, \"step 2 on an RKNN object that loaded a model fails in 2.5.0\"\n"
+        f"        count = Path({str(counter)!r})\n"
+        "        done = int(count.read_text()) + 1 if count.exists() else 1\n"
+        "        count.write_text(str(done))\n"
+        "        if done == 4:\n"
+        "            return -1\n"))
+    target = (cos[2] + cos[3]) / 2
+    args = ["--evaluator", "rknn", "--vendor-python", str(python)]
+    assert _bisect(tmp_path, model, calib, "ev", target, *args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stopped in hybrid_step2" in err and "keeps every finished step" in err
+    session = json.loads((tmp_path / "ev" / "session.json").read_text())
+    before = [e for e in session["events"] if e.get("kind") == "eval"]
+    assert len(before) == 3  # the builds that finished
+    assert main(["bisect", "--resume", str(tmp_path / "ev" / "session.json"), "--quiet", *args]) == 0
+    plan = json.loads((tmp_path / "ev" / "plan.json").read_text())
+    assert [s["sites"] for s in plan["steps"][:3]] == [e["sites"] for e in before]
+    assert int(counter.read_text()) == plan["evaluations"] + 1  # every step built once, plus the failed build
+    assert _names([s["node"] for s in plan["sites"]]) == 3
+    assert plan["achieved"]["cosine"] == pytest.approx(cos[3], abs=1e-9)

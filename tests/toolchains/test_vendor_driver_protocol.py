@@ -208,3 +208,25 @@ def test_a_run_that_never_reached_the_toolkit_exits_2(tmp_path: Path, capsys: py
                  "--python", str(python), "--out", str(tmp_path / "o")])
     captured = capsys.readouterr()
     assert code == 2 and "stage reached none" in captured.out and "never reached a stage" in captured.err
+
+
+def test_a_failed_hybrid_step1_is_recorded_not_fatal(tmp_path: Path) -> None:
+    """The plain build compared fine; a plan whose step 1 fails is an error in vendor.json's plan."""
+    model, calib = write_chain(tmp_path, samples=2, layers=1)
+    python = _fake_python(tmp_path)
+    api = tmp_path / "fake_site" / "rknn" / "api.py"
+    api.write_text(api.read_text().replace("    def hybrid_quantization_step1(self, dataset: str = \"\", "
+                                           "**kwargs: Any) -> int:\n",
+                                           "    def hybrid_quantization_step1(self, dataset: str = \"\", "
+                                           "**kwargs: Any) -> int:\n        return -1\n"))
+    plan = {"format": 1, "model": str(model), "model_sha256": "0" * 64,
+            "target": {"metric": "cosine", "value": 0.999, "output": "y"}, "fallback": "float", "mode": "bisect",
+            "status": "reached", "reached": True, "achieved": {"cosine": 0.9991},
+            "sites": [{"node": "mm0", "nodes": ["mm0", "add0", "relu0"], "output": "h0", "precision": "float"}],
+            "pareto": [], "evaluations": 3}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    got = run_rknn(model, calib, target="rk3588", out=tmp_path / "out", python=python, analysis_samples=0,
+                   plan=tmp_path / "plan.json")
+    assert got.stages[-1] == "simulator" and got.plan is not None
+    assert got.plan["error"]["stage"] == "hybrid_step1" and "rknn hybrid step 1" in got.plan["error"]["message"]
+    assert json.loads((tmp_path / "out" / "vendor.json").read_text())["plan"]["error"]["stage"] == "hybrid_step1"

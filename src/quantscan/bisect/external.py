@@ -53,8 +53,9 @@ class Toolchain(Protocol):
 
 
 ToolchainFactory = Callable[[LoadedModel, CalibSet], Toolchain]
-"""Made by quantscan.api from `--evaluator/--verify TOOL --vendor-python PATH --vendor-target CHIP`,
-called by the bisection with the model and the very samples it measures on."""
+"""Made by the CLI from `--evaluator/--verify TOOL --vendor-python PATH` and `--profile CHIP`
+(toolchains/rknn/hybrid.toolchain_factory), called by the bisection with the model and the very samples it
+measures on."""
 
 
 def kernel_sites(ctx: ScanContext, prec: Sequence[str]) -> list[PlanSite]:

@@ -332,7 +332,12 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
         raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
     hybrid = HybridRknn(loaded, python, str(job["target"]), (work / "hybrid").resolve(), dict(job), reference,
                         output_names)
-    applied = hybrid.apply(plan.sites, "plan")
+    try:
+        applied = hybrid.apply(plan.sites, "plan")
+    except UsageError as exc:  # step 1 failed: the plain build's comparison still stands, said in vendor.json
+        applied = {"cfg": None, "vendor_output_cosine": {}, "names": {}, "vanished": [], "dropped": {},
+                   "warning": None, "honoured": [], "stages": [], "error": {"stage": "hybrid_step1",
+                                                                             "message": str(exc)}, "seconds": 0.0}
     return {
         "plan": str(plan_path),
         "hybrid_cfg": applied["cfg"],
