@@ -142,12 +142,7 @@ def bisect_model(
     _check_evaluator(stored, evaluator, toolchain is not None, verify)
     if stored is not None:
         model, calib, options, fallback, mode, loss_if_only = _as_stored(stored, model, calib, options)
-    if model is None or calib is None:
-        raise UsageError("bisect: expected MODEL and --calib DIR (or --resume FILE)")
-    if fallback not in FALLBACKS or mode not in MODES:
-        raise UsageError(
-            f"bisect: expected --fallback float|int16 and mode search|first_bad, found {fallback}, {mode}"
-        )
+    model, calib = _checked_request(model, calib, fallback, mode)
     loaded, cset, identity = _load_inputs(model, calib, options, stored)
     ctx = _prepare(loaded, cset, calib, progress, runner, options)
     _refuse_unanalysed_bodies(ctx)
@@ -181,6 +176,19 @@ def bisect_model(
     if chain is not None:  # only after a finished search: an interrupted one resumes from step 1's files
         chain.close()
     return result
+
+
+def _checked_request(
+    model: str | Path | None, calib: str | Path | None, fallback: str, mode: str
+) -> tuple[str | Path, str | Path]:
+    """Refuse a request that names no model or data, or an unknown fallback or mode, before any work."""
+    if model is None or calib is None:
+        raise UsageError("bisect: expected MODEL and --calib DIR (or --resume FILE)")
+    if fallback not in FALLBACKS or mode not in MODES:
+        raise UsageError(
+            f"bisect: expected --fallback float|int16 and mode search|first_bad, found {fallback}, {mode}"
+        )
+    return model, calib
 
 
 def _toolchain_judge(
