@@ -104,10 +104,11 @@ def test_detector_first_bad_site_for_box_agreement(assets: Path, tmp_path: Path)
     """ddddocr_common_det (YOLOX) on three images: every step measures box agreement on the decoded,
     NMS-filtered detections; all-float agrees exactly, all-int8 loses boxes, and the search names a
     measured boundary (first_bad mode: no gain pass, ~8 evaluations). One sample set for search and claims
-    (`holdout="none"`): split three ways, the one held-out image keeps every box."""
+    and one rounding (`holdout="none"`, `realisations=1`: the step value is then the box agreement itself):
+    split three ways, the one held-out image keeps every box."""
     result = run_bisect(assets / "models/ddddocr_common_det.onnx", assets / "calib/ddddocr_common_det",
                         target="box=0.99", mode="first_bad", limit=3, threads=2, out=tmp_path / "run",
-                        holdout="none")
+                        holdout="none", realisations=1)
     plan = result.plan
     assert plan.target.metric == "box" and plan.status == "found" and plan.first_bad
     assert plan.all_float is not None and plan.all_float["box_agreement"] == 1.0

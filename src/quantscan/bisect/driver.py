@@ -172,7 +172,8 @@ def bisect_model(
     _save(stored, session_path, machine)
     _drive(machine, builder, judge, stored, session_path, progress, on_step, measured)
     result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
-                     time.perf_counter() - started, summary_block, (chain, verify), (split, rounding))
+                     time.perf_counter() - started, summary_block, (chain, verify),
+                     (split, rounding) if evaluator == "quantscan" else None)
     if chain is not None:  # only after a finished search: an interrupted one resumes from step 1's files
         chain.close()
     return result
@@ -422,8 +423,10 @@ def _finish(
     seconds: float,
     summary_block: SummaryBlock | None,
     vendor: tuple[Toolchain | None, bool],
-    judging: tuple[SampleSplit, Rounding],
+    judging: tuple[SampleSplit, Rounding] | None,
 ) -> BisectResult:
+    """The plan from the finished search. Its claims are the held-out samples' under quantscan's roundings
+    (`judging`), or, when a toolchain measured the search (`judging` None), the toolchain's own figures."""
     outcome = machine.outcome
     assert outcome is not None
     steps = [e for e in machine.events if isinstance(e, Step)]
@@ -432,7 +435,7 @@ def _finish(
     prec = builder.precisions(chosen)
     ceiling = [n for n in machine.order if n not in machine.force_quant]
     reported = [(), ceiling, tuple(chosen), *(p.sites for p in machine.pareto())]
-    claims = held_out_claims(judging[0], builder, target, judging[1], reported)
+    claims = held_out_claims(judging[0], builder, target, judging[1], reported) if judging is not None else None
     plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds, claims)
     chain, verify = vendor
     if chain is not None and verify:
