@@ -333,8 +333,11 @@ def test_every_flag_a_message_names_exists() -> None:
     flags = _parser_flags()
     missing = []
     for path in sorted((REPO / "src" / "quantscan").rglob("*.py")):
+        if path.parent.parent.name == "toolchains" and path.name == "driver.py":
+            continue  # runs in the vendor's interpreter: its `--` strings are the vendor tools' own flags
         for text in _message_strings(ast.parse(path.read_text())):
-            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text):
+            # a flag with an underscore is another tool's (tpu-mlir's `--cali_method`): ours use hyphens
+            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*(?!\w)", text):
                 if flag not in flags:
                     missing.append(f"{path.name}: {flag} in {text[:60]!r}")
     assert not missing, missing

@@ -227,13 +227,14 @@ def test_gain_if_float_of_the_input_matches_the_reference_without_its_qdq(scanne
 
 def test_bisect_keeps_the_input_float_or_feeds_it_int16(scanned: tuple, tmp_path: Path) -> None:  # type: ignore[type-arg]
     """Bisect's gain of the input at each fallback is the reference's, and a target halfway to it is met by
-    planning the input alone at that precision (plan.json: node and output `mel`)."""
+    planning the input alone at that precision (plan.json: node and output `mel`). One sample set and one
+    rounding (`holdout="none"`, `realisations=1`): the reference measures every window, as the gains then do."""
     path, calib, windows, _ = scanned
     all_int8, input_float, input_int16 = _reference_gains(path, windows)
     for fallback, reached in (("float", input_float), ("int16", input_int16)):
         target = all_int8 + 0.5 * (reached - all_int8)
         found = quantscan.run_bisect(path, calib, target_cosine=target, fallback=fallback, quiet=True,
-                                     out=tmp_path / fallback)
+                                     out=tmp_path / fallback, holdout="none", realisations=1)
         gain = found.gains.set_index(Col.NODE).loc["mel", Col.GAIN_IF_FLOAT]
         assert gain == pytest.approx(reached - all_int8, abs=5e-4)
         assert found.reached
