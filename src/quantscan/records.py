@@ -185,6 +185,21 @@ class Headline:
     unmeasured: list[str] = field(default_factory=list)
     """Control-flow nodes whose bodies hold quantizable nodes the scan left float (`If_0 (223 nodes)`):
     when any, the figures are of a partly quantized model, not the int8 model, and must say so."""
+    deployed_samples: int | None = None
+    """How many evaluation samples the deployed check ran on (the first ones; `--deployed-samples`);
+    None: every sample."""
+    deployed_basis: OutputMetrics | None = None
+    """The fake-quant figures on the deployed check's samples, when those are fewer than all: the gap is
+    taken between two figures of the same samples."""
+
+    def deployed_gap(self) -> float | None:
+        """Deployed minus fake-quant output cosine on the same samples; None when either is not finite."""
+        if self.deployed is None:
+            return None
+        basis = self.deployed_basis if self.deployed_basis is not None else self.metrics
+        if not (math.isfinite(self.deployed.cosine) and math.isfinite(basis.cosine)):
+            return None
+        return self.deployed.cosine - basis.cosine
 
     @property
     def measured(self) -> bool:
@@ -207,6 +222,8 @@ class Headline:
             "deployed": self.deployed.to_json() if self.deployed is not None else {},
             "outputs": list(self.outputs),
             "unmeasured": list(self.unmeasured),
+            **({"deployed_samples": self.deployed_samples} if self.deployed_samples is not None else {}),
+            **({"deployed_basis": self.deployed_basis.to_json()} if self.deployed_basis is not None else {}),
         }
 
     @classmethod
@@ -218,6 +235,8 @@ class Headline:
             deployed=OutputMetrics.from_json(deployed) if deployed else None,
             outputs=[str(o) for o in data.get("outputs", [])],
             unmeasured=[str(u) for u in data.get("unmeasured", [])],
+            deployed_samples=int(data["deployed_samples"]) if data.get("deployed_samples") is not None else None,
+            deployed_basis=OutputMetrics.from_json(data["deployed_basis"]) if data.get("deployed_basis") else None,
         )
 
 

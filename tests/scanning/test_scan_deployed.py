@@ -15,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 import quantscan
 from builders import build
 from conftest import asset_calib, asset_model
+from quantscan.errors import UsageError
 from quantscan.scanning.deployed import INT32_LIMIT
 from quantscan.scanning.prepare import prepare_scan
 
@@ -101,3 +103,69 @@ def test_real_pnet_with_a_head_bias_beyond_int32_names_that_head(assets: Path, t
     named = result.run_info.deployed_gap_sites
     assert [s["node"] for s in named] == ["/conv4_2/Conv"]
     assert named[0]["reason"].startswith("int32 bias saturation")
+
+
+def _first_samples_scan(model: Path, calib: Path, tmp: Path, **options: object) -> quantscan.ScanResult:
+    return quantscan.scan(model, calib, threads=1, batch_size=2, gain_candidates=0, out=tmp, no_report=True,
+                          **options)  # type: ignore[arg-type]
+
+
+def _cosine(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
+    return float(x @ y / np.sqrt((x @ x) * (y @ y)))
+
+
+def _mse(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean((x.astype(np.float64) - y.astype(np.float64)) ** 2))
+
+
+def _outputs(model: Path, feeds: dict[str, np.ndarray], level: ort.GraphOptimizationLevel) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_the_deployed_check_on_the_first_samples_measures_those_samples(tmp_path: Path) -> None:
+    """`deployed_samples=3` over 8 samples (batches of 2: the second batch is cut): the deployed figure and,
+    beside it, the fake-quant figure are those of the first 3 samples, by onnxruntime run directly on the
+    saved QDQ model (integer kernels at ORT_ENABLE_ALL, float Q/DQ with every optimisation off) and the
+    contract's cosine written out."""
+    model, calib = _convs(tmp_path, 0.5)
+    spread = np.load(calib / "x.npy") * np.logspace(0, 2, 8, dtype=np.float32)[:, None, None, None]
+    np.save(calib / "x.npy", spread)  # samples unlike each other: 3 of them measure differently from 8
+    qdq = tmp_path / "qdq.onnx"
+    head = _first_samples_scan(model, calib, tmp_path / "part", deployed_samples=3, save_qdq=qdq).headline
+    x = {"x": np.load(calib / "x.npy")[:3]}
+    fp32 = _outputs(model, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    deployed = _outputs(qdq, x, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    fake = _outputs(qdq, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    assert head.deployed_samples == 3
+    assert head.deployed is not None and head.deployed_basis is not None
+    assert head.deployed.cosine == pytest.approx(_cosine(fp32, deployed), abs=1e-6)
+    assert head.deployed_basis.cosine == pytest.approx(_cosine(fp32, fake), abs=1e-6)
+    assert head.deployed.mse == pytest.approx(_mse(fp32, deployed), rel=1e-4)
+    assert head.deployed_basis.mse == pytest.approx(_mse(fp32, fake), rel=1e-4)
+    assert head.deployed_gap() == pytest.approx(head.deployed.cosine - head.deployed_basis.cosine)
+    assert not head.deployed_basis.mse == pytest.approx(head.metrics.mse, rel=1e-2)  # not the 8-sample figure
+    run = json.loads((tmp_path / "part" / "run.json").read_text())
+    assert run["headline"]["deployed_samples"] == 3 and "deployed_basis" in run["headline"]
+    assert "first 3 samples" in (tmp_path / "part" / "summary.md").read_text()
+    every = _first_samples_scan(model, calib, tmp_path / "all", deployed_samples="all").headline
+    assert every.deployed_samples == 8 and every.deployed_basis is None  # the headline itself is the basis
+
+
+def test_shards_keep_the_deployed_check_on_the_first_samples_of_the_whole_set(tmp_path: Path) -> None:
+    model, calib = _convs(tmp_path, 5000.0)
+    one = _first_samples_scan(model, calib, tmp_path / "one", deployed_samples=5)
+    shards = _first_samples_scan(model, calib, tmp_path / "two", deployed_samples=5, workers=2, executor="serial")
+    assert one.headline.deployed is not None and shards.headline.deployed is not None
+    assert shards.headline.deployed.cosine == pytest.approx(one.headline.deployed.cosine, rel=1e-9)
+    assert shards.headline.deployed_samples == 5
+
+
+def test_no_deployed_check(tmp_path: Path) -> None:
+    model, calib = _convs(tmp_path, 5000.0)
+    result = _first_samples_scan(model, calib, tmp_path / "none", deployed_samples=0)
+    assert result.headline.deployed is None and result.run_info.deployed_gap_sites == []
+    with pytest.raises(UsageError, match="--deployed-samples"):
+        _first_samples_scan(model, calib, tmp_path / "bad", deployed_samples=-1)

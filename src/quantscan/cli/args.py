@@ -159,6 +159,9 @@ def data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace --out or --save-qdq files quantscan did not write")
     p.add_argument("--tensors", default="all", choices=["all", "sites"],
                    help="tensors.csv rows: every float tensor (default) or quantization points only (faster)")
+    p.add_argument("--deployed-samples", default=None, metavar="N|all",
+                   help="run the deployed check (QDQ model at ORT_ENABLE_ALL) on the first N evaluation samples "
+                        "(default 32; all: every sample; 0: skip it)")
 
 
 def task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
@@ -212,6 +215,18 @@ def default_out(model: str) -> Path:
 
 
 # --- commands ------------------------------------------------------------------------------------------
+
+
+def deployed_samples(raw: str | None) -> dict[str, int | str]:
+    """`--deployed-samples N|all` as an API option ({} when not given: the scan's default)."""
+    if raw is None:
+        return {}
+    if raw == "all":
+        return {"deployed_samples": raw}
+    try:  # a negative count is refused with the API's own message (ScanOptions.validate)
+        return {"deployed_samples": int(raw)}
+    except ValueError:
+        raise UsageError(f"--deployed-samples: expected a non-negative integer or 'all', found {raw}") from None
 
 
 def executor_options(p: argparse.ArgumentParser, *, workers: bool = True) -> None:

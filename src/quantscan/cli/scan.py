@@ -16,6 +16,7 @@ from quantscan.cli.args import (
     SampleArgs,
     TaskArgs,
     default_out,
+    deployed_samples,
     executor_choice,
     print_case_matches,
     progress_factory,
@@ -37,6 +38,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "force": args.force,
         "no_report": args.no_report,
         "tensors": args.tensors,
+        **deployed_samples(args.deployed_samples),
         **GainArgs.parse(args).scan_options(),
         **TaskArgs.parse(args).scan_options(),
     }

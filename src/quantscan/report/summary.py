@@ -148,7 +148,8 @@ def _output_section(result: SummarySource) -> list[str]:
         "",
         "## Model output (all sites int8)",
         "",
-        "| output | cosine | SQNR dB | worst-sample cosine | top-1 agreement | deployed cosine (ORT_ENABLE_ALL) |",
+        "| output | cosine | SQNR dB | worst-sample cosine | top-1 agreement | deployed cosine (ORT_ENABLE_ALL"
+        + (f", first {head.deployed_samples} samples" if head.deployed_basis is not None else "") + ") |",
         "|---|---|---|---|---|---|",
     ]
     for name, m in result.output_metrics.items():
@@ -170,7 +171,10 @@ def _output_section(result: SummarySource) -> list[str]:
            "`--task heatmap` then says where a score map's peaks land). "
            if len(head.outputs) > 1 and not info.options.get(Col.OUTPUT) else "")
         + "The deployed figure runs the saved QDQ model with onnxruntime's integer kernels; it is reported beside "
-        "the fake-quant figure, never mixed into it.",
+        "the fake-quant figure, never mixed into it"
+        + (f" (on the first {head.deployed_samples} samples, where fake-quant gives cosine "
+           f"{_fmt(head.deployed_basis.cosine, 5)}; `--deployed-samples all` runs it on every sample)."
+           if head.deployed_basis is not None else "."),
         "",
     ]
 

@@ -150,10 +150,8 @@ def _introducing(
 
 def deployed_gap_sites(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline) -> list[GapSite]:
     """The sites behind a fake-quant vs deployed output gap above DEPLOYED_GAP (none when there is none)."""
-    dep = head.deployed
-    if dep is None or not (math.isfinite(dep.cosine) and math.isfinite(head.cosine)):
-        return []
-    if abs(dep.cosine - head.cosine) <= DEPLOYED_GAP:
+    gap = head.deployed_gap()
+    if gap is None or abs(gap) <= DEPLOYED_GAP:
         return []
     return locate_gap(qdq, ctx.graph.sites, ctx.quant.plan, first_samples(ctx.data.eval_set, GAP_SAMPLES),
                       ctx.data.batch_size,

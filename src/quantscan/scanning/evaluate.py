@@ -10,7 +10,7 @@ accumulators, so memory does not grow with the sample count.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from quantscan.model import PreparedModel
 from quantscan.records import Headline, OutputMetrics
 from quantscan.runner import Runner, SegmentedSession, Session
 from quantscan.scanning.calibrate import channel_axis_for
-from quantscan.scanning.options import ProgressFactory, ScanOptions, n_batches
+from quantscan.scanning.options import EVERY_SAMPLE, ProgressFactory, ScanOptions, n_batches
 from quantscan.scanning.probe import Probe, classifier_outputs, headline_outputs
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.scanning.tasks import task_accumulators, task_results
@@ -66,6 +66,10 @@ class Evaluation:
     """Every evaluation sample with finite headline outputs, largest share of the pooled output error
     first (ties by index, see `largest_error_share_first`): the output gain is measured on the first
     few, the samples that decide the whole set's output cosine."""
+    deployed_samples: int = 0
+    """Samples the deployed check ran on (the first ones, `ScanOptions.deployed_samples`)."""
+    deployed_basis: dict[str, OutputMetrics] = field(default_factory=dict)
+    """Fake-quant figures per headline output on those samples, when they are fewer than all."""
 
 
 @dataclass
@@ -86,11 +90,14 @@ class EvalSums:
     sample_cosines: list[tuple[float, int, str]]
     seen: int
     sample_errors: list[SampleError] = field(default_factory=list)
+    deployed_basis: dict[str, qm.ErrorAccumulator] = field(default_factory=dict)
+    """Fake-quant against FP32 on the deployed check's samples only (the gap compares like with like)."""
+    deployed_seen: int = 0
 
     def merge(self, other: EvalSums) -> EvalSums:
         """Add `other` (the same analysis over other samples) into this one, in place; returns self."""
         for group, theirs in ((self.cumulative, other.cumulative), (self.isolated, other.isolated),
-                              (self.deployed, other.deployed)):
+                              (self.deployed, other.deployed), (self.deployed_basis, other.deployed_basis)):
             for key, acc in group.items():
                 acc.merge(theirs[key])  # type: ignore[index]
         for k, ch in self.act_channel.items():
@@ -110,6 +117,7 @@ class EvalSums:
         self.sample_cosines.extend(other.sample_cosines)
         self.sample_errors.extend(other.sample_errors)
         self.seen += other.seen
+        self.deployed_seen += other.deployed_seen
         return self
 
 
@@ -151,10 +159,12 @@ def accumulate_evaluation(
         session = SegmentedSession(runner, split(graph.take(), fp32_nodes, cuts))
     else:
         session = open_session(runner, graph, ordered=True)
-    deployed = runner.session(qdq, opt_level="all", built=True)
+    def deployed() -> Session:  # built on first use: a shard past the deployed samples never needs it
+        return runner.session(qdq, opt_level="all", built=True)
+
     task = task_accumulators(prepared.proto, spec.headline, probe.shapes, spec.classifiers, eval_set, opts,
                              probe.input_shapes)
-    sums = _EvalPass(spec, deployed, task, eval_set.labels, offset)
+    sums = _EvalPass(spec, deployed, task, eval_set.labels, offset, deployed_limit(opts, eval_set.n_samples + offset))
     sweep(session, eval_set.batches(batch_size), sums.update, progress=progress, label="measuring",
           total=n_batches(eval_set.n_samples, batch_size), fetch=sums.wanted)
     return sums.sums()
@@ -230,19 +240,37 @@ def _analysis_graph(
     return GraphHandoff(interleave(attached, fp32_nodes)), spec
 
 
+def deployed_limit(opts: ScanOptions, n_samples: int) -> int:
+    """How many of the first evaluation samples the deployed check runs on.
+
+    Why not all: the check runs the whole QDQ model a second time, at ORT_ENABLE_ALL (1.3-1.8 FP32 passes
+    per sample, benchmarks/floor.py), to find a *systematic* difference between onnxruntime's integer
+    kernels and the simulation; the first few dozen samples show one as well as a thousand do, and the
+    fake-quant figure it is compared with is taken on the same samples (`EvalSums.deployed_basis`)."""
+    limit = opts.deployed_samples
+    return n_samples if limit == EVERY_SAMPLE else min(int(limit), n_samples)
+
+
 class _EvalPass:
     """Pass 2's accumulator: every batch's in-graph sums folded into float64 accumulators, plus the
-    deployed (ORT_ENABLE_ALL) run of the QDQ model on the same batch."""
+    deployed (ORT_ENABLE_ALL) run of the QDQ model on the same batch while within the first
+    `deployed_limit` samples of the whole evaluation set."""
 
     def __init__(
         self,
         spec: _AnalysisSpec,
-        deployed: Session,
+        deployed: Callable[[], Session],
         task: dict[str, list[TaskAccumulator]],
         labels: Sequence[Any] | None,
         offset: int,
+        deployed_limit: int,
     ) -> None:
-        self.spec, self.deployed, self.task, self.labels, self.offset = spec, deployed, task, labels, offset
+        self.spec, self.task, self.labels, self.offset = spec, task, labels, offset
+        self._deployed_factory = deployed
+        self._deployed: Session | None = None
+        self.deployed_limit = deployed_limit
+        self.deployed_basis = {o: qm.ErrorAccumulator() for o in spec.headline}
+        self.deployed_seen = 0
         self.names = spec.outputs()
         self.hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in spec.hist_codes}
         self.cumulative = {t: qm.ErrorAccumulator() for t in spec.pairs}
@@ -273,13 +301,36 @@ class _EvalPass:
         self.sample_errors.extend(errors)
         if self.seen < HIST_SAMPLES:
             _count_codes(self.spec.hist_codes, self.hist_counts, values)
+        room = self.deployed_limit - self.seen  # this batch's samples still within the deployed check's
         self.seen += n
         self._fold(values, batch_labels)
-        dep = self.deployed.run(feeds, self.spec.headline)
+        self._deployed_check(feeds, values, batch_labels, n, room)
+
+    def _deployed_check(self, feeds: Feeds, values: Values, batch_labels: Sequence[Any] | None, n: int,
+                        room: int) -> None:
+        """The QDQ model at ORT_ENABLE_ALL on this batch's first `room` samples (all of it when its arrays
+        cannot be cut along a sample axis), beside the fake-quant figures of the same samples."""
+        if room <= 0:
+            return
+        k = min(room, n)
+        arrays = [*feeds.values(), *(values[o] for o in self.spec.headline),
+                  *(values[o + qgraph.CUMULATIVE_SUFFIX] for o in self.spec.headline)]
+        if k < n and not all(a.ndim and a.shape[0] == n for a in arrays):
+            k = n
+
+        def cut(a: np.ndarray) -> np.ndarray:
+            return a if k == n else a[:k]
+
+        if self._deployed is None:
+            self._deployed = self._deployed_factory()
+        dep = self._deployed.run({name: cut(a) for name, a in feeds.items()}, self.spec.headline)
+        labels = batch_labels[:k] if batch_labels is not None else None
         for o, acc in self.deployed_acc.items():
-            acc.update(values[o], dep[o])
+            acc.update(cut(values[o]), dep[o])
+            self.deployed_basis[o].update(cut(values[o]), cut(values[o + qgraph.CUMULATIVE_SUFFIX]))
         for o, t1 in self.deployed_top1.items():
-            t1.update(values[o], dep[o], batch_labels)
+            t1.update(cut(values[o]), dep[o], labels)
+        self.deployed_seen += k
 
     def _fold(self, values: Values, batch_labels: Sequence[Any] | None) -> None:
         spec = self.spec
@@ -298,7 +349,8 @@ class _EvalPass:
     def sums(self) -> EvalSums:
         return EvalSums(self.spec.headline, self.cumulative, self.isolated, self.act_channel, self.top1,
                         self.deployed_acc, self.deployed_top1, self.task, self.hist_counts, self.clip_counts,
-                        self.sample_cosines, self.seen - self.offset, self.sample_errors)
+                        self.sample_cosines, self.seen - self.offset, self.sample_errors, self.deployed_basis,
+                        self.deployed_seen)
 
 
 def finish_evaluation(
@@ -324,13 +376,16 @@ def finish_evaluation(
         if o in cumulative:
             output_metrics[o] = measure_output(cumulative[o], sums.top1.get(o))
             output_metrics[o].task = figures.get(o, {})
-        deployed_metrics[o] = measure_output(sums.deployed[o], sums.deployed_top1.get(o))
+        if sums.deployed_seen:
+            deployed_metrics[o] = measure_output(sums.deployed[o], sums.deployed_top1.get(o))
     hist = _histograms(sites, plan, sums.hist_counts)
     clip = {t: (c[0] / c[1] if c[1] else math.nan) for t, c in sums.clip_counts.items()}
     return Evaluation(
         cumulative, sums.isolated, sums.act_channel, hist, output_metrics, deployed_metrics, headline, warnings,
         sums.seen, sums.task, clip, worst_samples(sums.sample_cosines, eval_set, sums.sample_errors),
-        largest_error_share_first(sums.sample_errors),
+        largest_error_share_first(sums.sample_errors), sums.deployed_seen,
+        {o: measure_output(sums.deployed_basis[o], None) for o in sums.deployed_basis
+         if 0 < sums.deployed_seen < sums.seen},
     )
 
 
@@ -490,6 +545,8 @@ def headline(evaluation: Evaluation) -> Headline:
         metrics=evaluation.output_metrics[worst],
         deployed=evaluation.deployed_metrics.get(worst),
         outputs=list(evaluation.output_metrics),
+        deployed_samples=evaluation.deployed_samples,
+        deployed_basis=evaluation.deployed_basis.get(worst),
     )
 
 

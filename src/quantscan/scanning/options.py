@@ -24,6 +24,9 @@ from quantscan.taskmetrics import TASKS, parse_channel_groups
 TENSOR_SETS = ("all", "sites")
 DEFAULT_GAIN_CANDIDATES = 16
 ALL_SITES = "all"
+EVERY_SAMPLE = "all"
+DEFAULT_DEPLOYED_SAMPLES = 32
+"""The deployed check's samples by default (scanning.evaluate.deployed_limit says why not all)."""
 """`gain_candidates="all"` (`--gain-candidates all`): measure every site's gain, the ranking with no
 candidate rule. Why offered: no per-site figure predicts which site's repair moves the output
 (benchmarks/RESULTS.md, scan_gain oracle: |Spearman| <= 0.18), so the rule can miss the best site; every
@@ -153,6 +156,10 @@ class ScanOptions:
     of it, tens of network passes per sample; why the worst ones: they carry the error a float site
     removes, where the first samples of a classifier often carry none (benchmarks/RESULTS.md)."""
 
+    deployed_samples: int | str = DEFAULT_DEPLOYED_SAMPLES
+    """How many of the first evaluation samples the deployed check (the QDQ model at ORT_ENABLE_ALL) runs
+    on; EVERY_SAMPLE: all of them; 0: no deployed check."""
+
     gain_whole_set: bool = False
     """Re-measure rank 1's gain on every evaluation sample (layers.csv `gain_if_float_whole_set`) when the
     gain samples are fewer. Off by default: it re-runs FP32 and all-int8 over the whole set, measured as
@@ -176,6 +183,9 @@ class ScanOptions:
             raise UsageError(f"--gain-candidates: expected a non-negative integer or 'all', found {count!r}")
         if not isinstance(self.gain_samples, int) or isinstance(self.gain_samples, bool) or self.gain_samples < 0:
             raise UsageError(f"--gain-samples: expected a non-negative integer, found {self.gain_samples!r}")
+        count = self.deployed_samples
+        if count != EVERY_SAMPLE and (not isinstance(count, int) or isinstance(count, bool) or count < 0):
+            raise UsageError(f"--deployed-samples: expected a non-negative integer or 'all', found {count!r}")
         if self.task not in TASKS:
             raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {self.task!r}")
         for spec in self.channel_groups:
