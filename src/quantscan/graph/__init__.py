@@ -25,12 +25,13 @@ from quantscan.graph.qdq import (
     weight_dq,
     weight_dq_output,
 )
-from quantscan.graph.reduce import PairSums, Reducer
+from quantscan.graph.reduce import ChannelSums, PairSums, Reducer
 
 __all__ = [
     "CUMULATIVE_SUFFIX",
     "F32_SUFFIX",
     "BiasQuant",
+    "ChannelSums",
     "PairSums",
     "QuantPlan",
     "QuantSite",

@@ -58,6 +58,25 @@ class PairSums:
         return sxy, sxx, syy, sdd, max_abs, per_sample
 
 
+@dataclass
+class ChannelSums:
+    """Output names of per-channel Σx² and Σ(x−y)²: [C] sums, or [N, C] partials when `partial`."""
+
+    sxx: str
+    sdd: str
+    partial: bool
+
+    def names(self) -> tuple[str, str]:
+        return (self.sxx, self.sdd)
+
+    def fold(self, values: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel (Σx², Σ(x−y)²) of the batch in float64 (`ChannelErrorAccumulator.update_sums`)."""
+        sums = [np.asarray(values[name], dtype=np.float64) for name in self.names()]
+        if self.partial:
+            sums = [s.reshape(s.shape[0], -1).sum(axis=0) for s in sums]
+        return sums[0], sums[1]
+
+
 def _fold(values: np.ndarray, n: int, how: str) -> np.ndarray:
     """Partials [n, ...] from the graph to one float64 value per sample."""
     flat = np.asarray(values, dtype=np.float64).reshape(n, -1)
@@ -153,13 +172,20 @@ class Reducer:
             shape=self._node("Shape", [vx], y + "_dims"),
         )
 
-    def channel_sums(self, x: str, y: str, rank: int, axis: int) -> tuple[str, str]:
-        """Per-channel Σx² and Σ(x−y)² pooled over every other axis (samples included)."""
-        others = [a for a in range(rank) if a != axis]
+    def channel_sums(self, x: str, y: str, rank: int, axis: int) -> ChannelSums:
+        """Per-channel Σx² and Σ(x−y)² over every other axis (samples included, folded by `ChannelSums`).
+
+        Channel axis 1 of a rank ≥ 3 tensor: [N, C] partials over the trailing axes (the fast path), and
+        Σx² is the error pair's own (`sum_sq`), not computed twice. Other axes: pooled in the graph."""
         d = self._node("Sub", [x, y], y + "_cdiff")
-        return (
+        if axis == 1 and rank >= 3:
+            sdd = self.reduce("ReduceSum", self._node("Mul", [d, d], y + "_cdsq"), list(range(2, rank)), y + "_csdd")
+            return ChannelSums(self.sum_sq(x, rank), sdd, partial=True)
+        others = [a for a in range(rank) if a != axis]
+        return ChannelSums(
             self.reduce("ReduceSum", self._node("Mul", [x, x], x + "_csq"), others, x + "_csxx"),
             self.reduce("ReduceSum", self._node("Mul", [d, d], y + "_cdsq"), others, y + "_csdd"),
+            partial=False,
         )
 
     def channel_min_max(self, x: str, rank: int, axis: int) -> tuple[str, str]:

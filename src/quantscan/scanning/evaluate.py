@@ -176,7 +176,7 @@ class _AnalysisSpec:
 
     pairs: dict[str, qgraph.PairSums]
     iso_pairs: dict[int, qgraph.PairSums]
-    channel_pairs: dict[int, tuple[str, str]]
+    channel_pairs: dict[int, qgraph.ChannelSums]
     hist_codes: dict[int, tuple[str, str]]
     clip_names: dict[str, tuple[str, str]]
     headline: list[str]
@@ -184,7 +184,7 @@ class _AnalysisSpec:
 
     def outputs(self) -> list[str]:
         names = [n for p in [*self.pairs.values(), *self.iso_pairs.values()] for n in p.names()]
-        names += [n for pair in self.channel_pairs.values() for n in pair]
+        names += [n for pair in self.channel_pairs.values() for n in pair.names()]
         names += [n for o in self.headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
         return names + [n for pair in self.clip_names.values() for n in pair]
 
@@ -219,7 +219,7 @@ def _analysis_graph(
         for k in isolated_ids
         if sites[k].output in pairs
     }
-    channel_pairs: dict[int, tuple[str, str]] = {}
+    channel_pairs: dict[int, qgraph.ChannelSums] = {}
     hist_codes: dict[int, tuple[str, str]] = {}
     for k, site in enumerate(sites):
         qp = plan.activations.get(site.output)
@@ -339,7 +339,7 @@ class _EvalPass:
         for k, acc in self.isolated.items():
             acc.update_sums(*spec.iso_pairs[k].fold(values))
         for k, ch in self.act_channel.items():
-            ch.update_sums(values[spec.channel_pairs[k][0]], values[spec.channel_pairs[k][1]])
+            ch.update_sums(*spec.channel_pairs[k].fold(values))
         for o, t1 in self.top1.items():
             t1.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
         for o, accs in self.task.items():
