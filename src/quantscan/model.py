@@ -42,8 +42,12 @@ QUANTIZED_OPS = frozenset(
         "DynamicQuantizeMatMul",
         "QGemm",
         "QAttention",
+        "DynamicQuantizeLSTM",
+        "MatMulNBits",
+        "QEmbedLayerNormalization",
     }
 )
+"""Op types only a quantized model holds; any `QLinear*` op counts too (onnxruntime adds them over time)."""
 MIN_ANALYSIS_OPSET = 13
 """Per-channel QuantizeLinear/DequantizeLinear (the `axis` attribute) exists from opset 13."""
 
@@ -196,7 +200,8 @@ def ensure_not_quantized(proto: onnx.ModelProto, name: str) -> None:
     (QDQ pairs, QLinear*, *Integer ops) is the toolchain's output, not its input: check would flag its
     QuantizeLinear/DequantizeLinear pairs as hundreds of unsupported ops, and a rewrite would prove
     itself against int8 arithmetic. One line says so instead."""
-    found = sorted({n.op_type for n in proto.graph.node if n.op_type in QUANTIZED_OPS})
+    found = sorted({n.op_type for n in proto.graph.node
+                    if n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear")})
     if found:
         raise ModelError(
             f"expected a float model, found an already-quantized one ({', '.join(found)} in {name}); "
