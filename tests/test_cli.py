@@ -192,12 +192,12 @@ def _ort_static_qdq(model: Path, calib: Path, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", [
-    ["scan", "--calib", "CALIB", "--out", "OUT"],
-    ["bisect", "--calib", "CALIB", "--target-cosine", "0.99", "--out", "OUT"],
-    ["check", "--profile", "rk3588", "--profile", "ethos-u", "--out", "OUT"],
-    ["rewrite", "--all-for-profile", "rk3588", "--calib", "CALIB", "-o", "OUT"],
-    ["rewrite", "--cleanup", "-o", "OUT"],
-    ["rewrite", "--recover", "--calib", "CALIB", "-o", "OUT"],
+    ["scan", "MODEL", "--calib", "CALIB", "--out", "OUT"],
+    ["check", "MODEL", "--profile", "rk3588", "--profile", "ethos-u", "--out", "OUT"],
+    ["rewrite", "MODEL", "--all-for-profile", "rk3588", "--calib", "CALIB", "-o", "OUT"],
+    ["rewrite", "MODEL", "--cleanup", "-o", "OUT"],
+    ["rewrite", "MODEL", "--recover", "--calib", "CALIB", "-o", "OUT"],
+    ["vendor", "rknn", "MODEL", "--calib", "CALIB", "--target", "rk3588", "--out", "OUT"],
 ])
 def test_static_qdq_model_is_refused_by_every_command(tiny: tuple[Path, Path], tmp_path: Path,
                                                       command: list[str]) -> None:
@@ -206,8 +206,8 @@ def test_static_qdq_model_is_refused_by_every_command(tiny: tuple[Path, Path], t
     model, calib = tiny
     qdq = _ort_static_qdq(model, calib, tmp_path / "tiny.ort_qdq.onnx")
     out = tmp_path / "out"
-    args = [str(calib) if a == "CALIB" else str(out) if a == "OUT" else a for a in command]
-    proc = run(args[0], qdq, *args[1:])
+    places = {"MODEL": str(qdq), "CALIB": str(calib), "OUT": str(out)}
+    proc = run(*[places.get(a, a) for a in command])
     assert_bad_input(proc, "expected a float model", "already-quantized", "QuantizeLinear")
     assert not out.is_file()
     assert not out.is_dir() or {p.name for p in out.iterdir()} <= {OUT_MARKER}  # a claimed, empty run folder
