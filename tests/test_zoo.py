@@ -52,6 +52,8 @@ def test_the_ci_models_are_pinned_and_flagged() -> None:
     assert sorted(flagged) == sorted(CI_MODELS)
     for m in zoo.load_zoo()["models"]:
         assert len(m["sha256"]) == 64 and "==" in m["package"], m["name"]
+        if m.get("derive", {}).get("from"):  # derived from another entry: pinned to that entry's bytes
+            assert m["derive"]["source_sha256"] == _entry(m["derive"]["from"])["sha256"], m["name"]
 
 
 def test_zoo_holds_sixteen_models_of_ten_families() -> None:
@@ -86,3 +88,4 @@ def test_wordpiece_follows_berts_own_examples() -> None:
     assert zoo.bert_words("Héllo,  WORLD!\x00") == ["hello", ",", "world", "!"]
     ids = zoo.encode("Café, unaffable world!", vocab, length=6)
     assert ids == [vocab[t] for t in ("[CLS]", "cafe", ",", "un", "##aff", "[SEP]")]  # truncated to 6
+
