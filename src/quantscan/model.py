@@ -42,8 +42,12 @@ QUANTIZED_OPS = frozenset(
         "DynamicQuantizeMatMul",
         "QGemm",
         "QAttention",
+        "DynamicQuantizeLSTM",
+        "MatMulNBits",
+        "QEmbedLayerNormalization",
     }
 )
+"""Op types only a quantized model holds; any `QLinear*` op counts too (onnxruntime adds them over time)."""
 MIN_ANALYSIS_OPSET = 13
 """Per-channel QuantizeLinear/DequantizeLinear (the `axis` attribute) exists from opset 13."""
 
@@ -187,13 +191,22 @@ def graph_inputs(proto: onnx.ModelProto) -> list[InputSpec]:
 
 def ensure_float_model(model: LoadedModel) -> None:
     """Scan and bisect measure int8 against FP32: a model that is already quantized has no FP32 reference."""
-    found = sorted({n.op_type for n in model.proto.graph.node if n.op_type in QUANTIZED_OPS})
+    ensure_not_quantized(model.proto, model.path.name)
+    check_finite_weights(model.proto, model.path.name)
+
+
+def ensure_not_quantized(proto: onnx.ModelProto, name: str) -> None:
+    """Every command reads the float model the chip's toolchain will quantize. An already-quantized one
+    (QDQ pairs, QLinear*, *Integer ops) is the toolchain's output, not its input: check would flag its
+    QuantizeLinear/DequantizeLinear pairs as hundreds of unsupported ops, and a rewrite would prove
+    itself against int8 arithmetic. One line says so instead."""
+    found = sorted({n.op_type for n in proto.graph.node
+                    if n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear")})
     if found:
         raise ModelError(
-            f"expected a float model, found an already-quantized one ({', '.join(found)} in {model.path.name}); "
+            f"expected a float model, found an already-quantized one ({', '.join(found)} in {name}); "
             "give quantscan the FP32 model it came from"
         )
-    check_finite_weights(model.proto, model.path.name)
 
 
 # --- preparation -------------------------------------------------------------------------------------

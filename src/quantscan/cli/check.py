@@ -18,13 +18,14 @@ from quantscan.cli.args import (
 
 def cmd_check(args: argparse.Namespace) -> int:
     from quantscan.compat.check import check
-    from quantscan.model import load_model
+    from quantscan.model import ensure_not_quantized, load_model
     from quantscan.runfolder import claim_out_dir, refuse_inputs, write_csv
 
     out = Path(args.out) if args.out else default_out(args.model)
     refuse_inputs([out / "compat.csv", out / "partitions.csv"], [args.model], "--out")
+    loaded = load_model(args.model)
+    ensure_not_quantized(loaded.proto, loaded.path.name)  # before --out is claimed: nothing written
     with claim_out_dir(out, force=args.force):
-        loaded = load_model(args.model)
         profiles = args.profile or ["generic-npu"]
         shapes = parse_input_shape(args.input_shape)
         result = check(loaded.proto, profiles, input_shapes=shapes or None)

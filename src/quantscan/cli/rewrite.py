@@ -153,9 +153,11 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         return _cmd_recover(args)
     from quantscan.calib import load_calibration
     from quantscan.compat.rewrite_plan import plan_for_profile, split_applicable
-    from quantscan.model import load_model
+    from quantscan.model import ensure_not_quantized, load_model
     from quantscan.rewrites.pipeline import rewrite
 
+    first = load_model(args.model)
+    ensure_not_quantized(first.proto, first.path.name)  # before any plan or size is printed
     steps = list(args.steps)
     fix_dims = list(args.fix_dim)
     if args.case:

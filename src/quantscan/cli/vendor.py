@@ -62,6 +62,10 @@ def cmd_vendor(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"quantscan vendor: {message}", file=sys.stderr)
 
+    from quantscan.model import ensure_not_quantized, load_model
+
+    loaded = load_model(args.model)
+    ensure_not_quantized(loaded.proto, loaded.path.name)  # before the folder is claimed and samples written
     with claim_out_dir(out, force=args.force):
         run = _run(args, out, say)
     output, qs, vendor = run.headline

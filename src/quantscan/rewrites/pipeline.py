@@ -34,7 +34,7 @@ from quantscan.errors import UsageError
 from quantscan.graph.edit import node_label
 from quantscan.graph.index import GraphIndex
 from quantscan.metrics import ErrorAccumulator
-from quantscan.model import graph_inputs, load_model, onnx_opset, upgrade_opset
+from quantscan.model import ensure_not_quantized, graph_inputs, load_model, onnx_opset, upgrade_opset
 from quantscan.records import RewriteId
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 from quantscan.rewrites.bias_correct import bias_correct, bias_sites, with_int8_weights
@@ -488,6 +488,7 @@ def _load(model: str | Path | onnx.ModelProto) -> tuple[str, onnx.ModelProto]:
     if isinstance(model, onnx.ModelProto):
         return "<in-memory model>", model
     loaded = load_model(model)
+    ensure_not_quantized(loaded.proto, loaded.path.name)
     return str(loaded.path), loaded.proto
 
 
