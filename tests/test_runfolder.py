@@ -98,3 +98,18 @@ def test_a_mistyped_run_json_key_is_one_line(tmp_path: Path) -> None:
     path.write_text(json.dumps({"format": 1, "sites": True}))
     with pytest.raises(ReportError, match=r'"sites" to be a JSON integer, found bool'):
         read_run_json(path)
+
+
+def test_a_failed_command_leaves_no_folder_it_created_but_keeps_the_users(tmp_path: Path) -> None:
+    """A bad-input refusal inside the claim removes the folder the claim made (nothing but the lock was
+    in it); a folder that existed before, and what it holds, stay."""
+    new = tmp_path / "new" / "run"
+    with pytest.raises(UsageError), runfolder.claim_out_dir(new):
+        raise UsageError("refused")
+    assert not new.exists() and new.parent.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError), runfolder.claim_out_dir(kept):
+        raise UsageError("refused")
+    assert (kept / "notes.txt").read_text() == "mine"

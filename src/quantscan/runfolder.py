@@ -190,7 +190,10 @@ def claim_out_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
     the user's: refused without --force. The lock (flock on the marker, dropped by the kernel if the
     process dies) makes a second command into the same folder a one-line refusal, not a race whose
     last writer wins.
+    A folder this call created is removed again when the command fails before writing anything into
+    it (a refused model leaves no empty folder holding only the lock behind).
     """
+    created = not Path(out).exists()
     out = ensure_out_dir(Path(out))
     if not force and not is_quantscan_folder(out):
         clash = sorted(p.name for p in out.iterdir() if p.name in RUN_NAMES)
@@ -207,8 +210,22 @@ def claim_out_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
             raise UsageError(f"--out: another quantscan is writing into {out}; wait for it to finish or "
                              "choose another folder") from None
         yield out
+    except BaseException:
+        if created:
+            _remove_if_only_marker(out)
+        raise
     finally:
         os.close(fd)  # closing drops the lock
+
+
+def _remove_if_only_marker(out: Path) -> None:
+    """Remove a run folder that holds nothing but our marker (best effort: the error in flight matters)."""
+    try:
+        if [p.name for p in out.iterdir()] == [OUT_MARKER]:
+            (out / OUT_MARKER).unlink()
+            out.rmdir()
+    except OSError:
+        pass
 
 
 def parse_json(text: str | bytes) -> Any:
