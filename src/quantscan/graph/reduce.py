@@ -221,14 +221,20 @@ class Reducer:
         lo_c = self._const(x + "_clip_lo", np.array(min(max(lo, -top), top), dtype))
         hi_c = self._const(x + "_clip_hi", np.array(min(max(hi, -top), top), dtype))
         inside = self._node("And", [
-            self._node("LessOrEqual", [self.reduce("ReduceMax", x, None, x + "_max"), hi_c], x + "_le_hi"),
-            self._node("GreaterOrEqual", [self.reduce("ReduceMin", x, None, x + "_min"), lo_c], x + "_ge_lo"),
+            self._at_most(self.reduce("ReduceMax", x, None, x + "_max"), hi_c, x + "_le_hi"),
+            self._at_most(lo_c, self.reduce("ReduceMin", x, None, x + "_min"), x + "_ge_lo"),
         ], x + "_inside")
         count = self._name(x + "_nout")
         self.nodes.append(helper.make_node(
             "If", [inside], [count], name=count + "_node",
             then_branch=self._zero_count(x), else_branch=self._outside_count(x, lo_c, hi_c)))
         return count, self._node("Size", [x], x + "_size")
+
+    def _at_most(self, a: str, b: str, base: str) -> str:
+        """a <= b as Less or Equal (LessOrEqual needs opset 12; analysis graphs may be opset 11); false
+        when either is NaN."""
+        return self._node("Or", [self._node("Less", [a, b], base + "_lt"), self._node("Equal", [a, b], base + "_eq")],
+                          base)
 
     def _zero_count(self, x: str) -> onnx.GraphProto:
         """The guard's branch when every element is inside: a count of 0."""
