@@ -156,10 +156,13 @@ def bisect_model(
     builder = mixed_builder(ctx, fallback)
     chain, judge = _toolchain_judge(split.search, builder, aim, rounding, (loaded, cset), toolchain, evaluator,
                                     verify)
-    executor = _search_executor(ctx.opts, chain)
+    workers = int(options.get("workers") or 1)  # as asked: ctx.opts holds the processes pass 1 could use
+    executor = _search_executor(replace(ctx.opts, workers=workers), chain)
+    if isinstance(judge, ToolchainEvaluator):
+        judge.pool.executor = executor
     try:
         run = _Search(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant, rounding,
-                      split, builder, chain, judge, executor, evaluator, verify)
+                      split, builder, chain, judge, executor, evaluator, verify, workers)
         return _search(run, stored, session_path, progress, on_step, out, save_qdq, exports, summary_block, started)
     finally:
         if executor is not None:
@@ -187,6 +190,7 @@ class _Search:
     executor: Executor | None
     evaluator: str
     verify: bool
+    workers: int
 
 
 def _search(run: _Search, stored: BisectSession | None, session_path: Path | None, progress: ProgressFactory,
@@ -229,7 +233,7 @@ def _width(run: _Search) -> int:
     or Ray tasks; the simulation: the executor's workers, capped by the CPUs or the cluster)."""
     if run.executor is None:
         return 1
-    return max(1, run.ctx.opts.workers if isinstance(run.judge, ToolchainEvaluator) else run.executor.workers)
+    return max(1, run.workers if isinstance(run.judge, ToolchainEvaluator) else run.executor.workers)
 
 
 def _round_measure(run: _Search) -> Measure:
@@ -251,7 +255,7 @@ def _search_executor(opts: ScanOptions, chain: Toolchain | None) -> Executor | N
         return None
     resources = {f"toolchain:{chain.tool}": float(opts.workers)} if chain is not None else None
     name = "serial" if chain is not None and opts.executor != "ray" else opts.executor
-    workers = opts.workers if chain is not None else worker_count(opts.workers) if name != "ray" else opts.workers
+    workers = worker_count(opts.workers) if chain is None and name in (None, "process") else opts.workers
     return make_executor(name, workers, threads=opts.threads, ray_address=opts.ray_address, resources=resources)
 
 
