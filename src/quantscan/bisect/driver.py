@@ -157,7 +157,7 @@ def bisect_model(
     chain, judge = _toolchain_judge(split.search, builder, aim, rounding, (loaded, cset), toolchain, evaluator,
                                     verify)
     workers = int(options.get("workers") or 1)  # as asked: ctx.opts holds the processes pass 1 could use
-    executor = _search_executor(replace(ctx.opts, workers=workers), chain)
+    executor = _search_executor(replace(ctx.opts, workers=workers), chain, isinstance(judge, ToolchainEvaluator))
     if isinstance(judge, ToolchainEvaluator):
         judge.pool.executor = executor
     try:
@@ -246,16 +246,17 @@ def _round_measure(run: _Search) -> Measure:
                            run.builder)
 
 
-def _search_executor(opts: ScanOptions, chain: Toolchain | None) -> Executor | None:
-    """Where the search's rounds run: none with one worker and no `--executor` (one candidate after
-    another here). Toolchain builds wait on subprocesses, so locally they need no process pool: a serial
-    executor runs them in threads; a local Ray started here offers the toolchain's resource (its Python was
-    found on this machine), a cluster's nodes offer what they were started with."""
-    if opts.executor is None and worker_count(opts.workers) == 1 and opts.workers == 1:
+def _search_executor(opts: ScanOptions, chain: Toolchain | None, builds: bool) -> Executor | None:
+    """Where the search's rounds (and `--verify`'s builds) run: none with one worker and no `--executor`
+    (one candidate after another here). When the search is toolchain builds (`builds`), they wait on
+    subprocesses, so locally they need no process pool: a serial executor runs them in threads. A local Ray
+    started here offers the toolchain's resource (its Python was found on this machine); a cluster's nodes
+    offer what they were started with."""
+    if opts.executor is None and opts.workers == 1:
         return None
     resources = {f"toolchain:{chain.tool}": float(opts.workers)} if chain is not None else None
-    name = "serial" if chain is not None and opts.executor != "ray" else opts.executor
-    workers = worker_count(opts.workers) if chain is None and name in (None, "process") else opts.workers
+    name = "serial" if builds and opts.executor != "ray" else opts.executor
+    workers = worker_count(opts.workers) if name in (None, "process") else opts.workers
     return make_executor(name, workers, threads=opts.threads, ray_address=opts.ray_address, resources=resources)
 
 
