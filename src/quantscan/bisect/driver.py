@@ -470,9 +470,9 @@ def _drive(feed: SpeculativeFeed, session: BisectSession, path: Path | None, pro
     """Measure rounds until the machine is done, feeding it each round's results in its own order; the
     session is saved after every step, with the results measured ahead (`spare`) beside the events. Spare
     results a resumed session holds are fed first, never measured again."""
-    bar = progress("bisecting", None)
-    stored = {sites: spare for sites, spare in (Spare.from_dict(raw) for raw in session.spare)}
+    stored = _stored_spare(session, path)
     feed.spare.update(stored)
+    bar = progress("bisecting", None)
     assert feed.counts is not None
     try:
         while (cand := feed.machine.next()) is not None:
@@ -489,6 +489,15 @@ def _drive(feed: SpeculativeFeed, session: BisectSession, path: Path | None, pro
                     on_step(step, feed.machine)
     finally:
         bar.close()
+
+
+def _stored_spare(session: BisectSession, path: Path | None) -> dict[tuple[str, ...], Spare]:
+    """The sets a session measured ahead; one that cannot be read is a damaged file (one line, exit 2)."""
+    try:
+        return dict(Spare.from_dict(raw) for raw in session.spare)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SessionFileError(f"session {path} is damaged: expected spare sets of the form quantscan writes, "
+                               f"found {type(exc).__name__}: {exc}") from None
 
 
 def _finish(
