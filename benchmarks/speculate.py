@@ -57,6 +57,36 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def replay(session_path: Path, widths: list[int]) -> str:
+    """Rounds each W would take on a finished session's measured values, without measuring: the serial
+    steps are the value table; a set the serial search never asked for (measured ahead, never fed) gets
+    the verdict `unknown` (pass, then fail: the two bounds)."""
+    from quantscan.bisect.session import BisectSession, machine_for
+    from quantscan.bisect.speculate import Spare, SpeculativeFeed
+
+    stored = BisectSession.load(session_path)
+    values = {s.sites: s.value for s in stored.steps()}
+    rows = ["| workers | steps | rounds (unasked sets pass) | rounds (unasked sets fail) | sets measured |",
+            "|---|---|---|---|---|"]
+    for width in widths:
+        got = []
+        for unknown in (float("inf"), float("-inf")):
+            fresh = machine_for(BisectSession.from_json({**stored.to_json(), "events": [], "format": 1}, session_path))
+
+            def measure(cands: Any, unknown: float = unknown) -> list[Any]:
+                return [Spare(values.get(c.sites, unknown), {}, 0.0) for c in cands]
+
+            feed = SpeculativeFeed(fresh, measure, width)
+            while feed.machine.next() is not None:
+                feed.round()
+                list(feed.feed())
+            assert [s.sites for s in feed.machine.steps] == [s.sites for s in stored.steps()]
+            assert feed.counts is not None
+            got.append((feed.counts.rounds, feed.counts.measured))
+        rows.append(f"| {width} | {len(values)} | {got[0][0]} | {got[1][0]} | {got[0][1]}-{got[1][1]} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?")
@@ -65,8 +95,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/speculate"))
     parser.add_argument("--read", nargs="+", default=[], metavar="W=DIR[:WALL]",
                         help="rows from run folders already made (WALL: their measured wall seconds)")
+    parser.add_argument("--replay", type=Path, default=None, metavar="SESSION",
+                        help="rounds per --workers W on a finished session's values (no measurement)")
     args, extra = parser.parse_known_args()
     extra = [e for e in extra if e != "--"]
+    if args.replay is not None:
+        print(replay(args.replay, args.workers))
+        return
     rows = []
     for given in args.read:
         workers, rest = given.split("=", 1)
