@@ -8,7 +8,9 @@ user's clone still runs the tiny-model tests.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,3 +51,19 @@ def asset_model(assets: Path, name: str) -> Path:
 
 def asset_calib(assets: Path, name: str) -> Path:
     return assets / "calib" / name
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One local Ray of 2 CPUs for every Ray test (not the deprecated local_mode: real workers in real
+    processes), offering 2 of the resource `toolchain:fake` (tests/bisect/test_bisect_speculate.py routes
+    its fake toolchain's builds by it); skipped without the extra (failed under CI=true, where .ci/run
+    installs it). A test module whose own functions run remotely registers itself for pickling by value."""
+    if os.environ.get("CI") == "true":
+        import ray
+    else:
+        ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, resources={"toolchain:fake": 2}, include_dashboard=False,
+             log_to_driver=False)  # its own, not a `ray start`
+    yield ray
+    ray.shutdown()

@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +31,11 @@ RUN_FILES = ("layers.csv", "tensors.csv", "channels.csv", "ops.csv", "hist.npz")
 
 
 @pytest.fixture(scope="session")
-def ray_session() -> Iterator[Any]:
-    """One local Ray of 2 CPUs for every test here; skipped without the extra (failed under CI=true,
-    where .ci/run installs it)."""
-    if os.environ.get("CI") == "true":
-        import ray
-    else:
-        ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # its own, not a `ray start`
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors run this file's helpers
-    yield ray
-    ray.shutdown()
+def ray_session(ray_cluster: Any) -> Any:
+    """The shared local Ray (conftest.ray_cluster), with this file's helpers pickled by value (the actors
+    run them)."""
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray_cluster
 
 
 def shifted(common: int, shard: int, threads: int | None) -> tuple[int, int | None, int]:

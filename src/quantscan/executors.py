@@ -19,12 +19,13 @@ same bytes from every backend. `fn` must be a module-level function (it is pickl
 from __future__ import annotations
 
 import copy
+import json
 import multiprocessing
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from quantscan.errors import UsageError
@@ -54,6 +55,13 @@ class Executor(Protocol):
         done with what this process already holds (open samples), used for shards run here."""
         ...
 
+    def map_tasks(self, fn: Callable[[Common, Shard, int | None], Result], common: Common, items: Sequence[Shard],
+                  resources: Mapping[str, float] | None = None) -> list[Result]:
+        """`fn(common, item, threads)` for every item, results in item order, up to `workers` at once: tasks
+        that wait on something else (a vendor build in its own subprocess), so locally they are threads;
+        under Ray each is a task that needs `resources` (e.g. {"toolchain:rknn": 1}: a node that has it)."""
+        ...
+
     def close(self) -> None:
         """Stop what the executor started (processes, actors, a Ray it started itself)."""
         ...
@@ -78,8 +86,23 @@ class SerialExecutor:
         run = local if local is not None else fn
         return [run(common, shard, self.threads) for shard in shards]
 
+    def map_tasks(self, fn: Callable[[Common, Shard, int | None], Result], common: Common, items: Sequence[Shard],
+                  resources: Mapping[str, float] | None = None) -> list[Result]:
+        return in_threads(fn, common, items, self.workers, self.threads)
+
     def close(self) -> None:
         return None
+
+
+def in_threads(fn: Callable[[Common, Shard, int | None], Result], common: Common, items: Sequence[Shard],
+               workers: int, threads: int | None) -> list[Result]:
+    """Items in up to `workers` threads of this process (each item's work is a subprocess: the threads
+    only wait), results in item order; one worker: in order, here."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(common, item, threads) for item in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        futures = [pool.submit(fn, common, item, threads) for item in items]
+        return [future.result() for future in futures]
 
 
 class ProcessExecutor:
@@ -110,6 +133,11 @@ class ProcessExecutor:
                 future.cancel()
             raise
         return [first, *(future.result() for future in futures)]
+
+    def map_tasks(self, fn: Callable[[Common, Shard, int | None], Result], common: Common, items: Sequence[Shard],
+                  resources: Mapping[str, float] | None = None) -> list[Result]:
+        """Threads here, not the pool's processes: the tasks are subprocesses already (module docstring)."""
+        return in_threads(fn, common, items, self.workers, self.threads)
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
@@ -147,6 +175,11 @@ class ShardActor:
         return os.getpid()
 
 
+def run_task(fn: ShardFn, common: Any, item: Any) -> Any:
+    """A Ray task's body (`RayExecutor.map_tasks`): the item, with no thread count of its own."""
+    return fn(common, item, None)
+
+
 class RayExecutor:
     """One actor per worker on a Ray cluster (`address`: ADDR of `ray start --head`, or None: the Ray this
     process already joined, else Ray's own default: the cluster `ray start` runs on this machine, else a
@@ -155,11 +188,12 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, workers: int, address: str | None = None, cpus_per_actor: float = 1.0) -> None:
+    def __init__(self, workers: int, address: str | None = None, cpus_per_actor: float = 1.0,
+                 resources: Mapping[str, float] | None = None) -> None:
         ray = import_ray()
         self.ray, self.started = ray, False
         if not ray.is_initialized():
-            join(ray, address)
+            join(ray, address, resources)
             self.started = True
         cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = max(1, min(workers, int(cluster_cpus // cpus_per_actor) or 1))
@@ -183,6 +217,25 @@ class RayExecutor:
                 self.ray.cancel(task)
             raise
 
+    def map_tasks(self, fn: Callable[[Common, Shard, int | None], Result], common: Common, items: Sequence[Shard],
+                  resources: Mapping[str, float] | None = None) -> list[Result]:
+        """One Ray task per item on a node offering `resources` (no CPU asked: the actors may hold them all,
+        and the resource's count is how many of these a node runs at once); refused at once when no node
+        offers them (Ray would wait for such a node forever)."""
+        if not items:
+            return []
+        wanted = dict(resources or {})
+        check_offered(self.ray.cluster_resources(), wanted)
+        remote = self.ray.remote(num_cpus=0, resources=wanted or None, max_retries=RAY_RETRIES)(run_task)
+        ref = self.ray.put(common)
+        pending = [remote.remote(fn, ref, item) for item in items]
+        try:
+            return [copy.deepcopy(result) for result in self.ray.get(pending)]
+        except BaseException:
+            for task in pending:
+                self.ray.cancel(task)
+            raise
+
     def close(self) -> None:
         for actor in self.actors:
             self.ray.kill(actor)
@@ -191,11 +244,29 @@ class RayExecutor:
             self.ray.shutdown()
 
 
-def join(ray: Any, address: str | None) -> None:
+def check_offered(cluster: Mapping[str, float], wanted: Mapping[str, float]) -> None:
+    """Every resource a task needs is offered by some node of the cluster, else one line saying what to start."""
+    missing = {k: v for k, v in wanted.items() if cluster.get(k, 0.0) < v}
+    if missing:
+        offer = json.dumps({k: max(1, int(v)) for k, v in missing.items()})
+        raise UsageError(f"--executor ray: expected a node offering {', '.join(missing)}, found none in the cluster; "
+                         f"start one where the toolchain's Python is: ray start --address HEAD_IP:6379 "
+                         f"--resources '{offer}'")
+
+
+def join(ray: Any, address: str | None, resources: Mapping[str, float] | None = None) -> None:
     """`ray.init` at `address` (None: Ray's default); a cluster that cannot be reached is bad input.
-    Why the socket first: Ray's client retries an address where nothing listens for minutes."""
+    Why the socket first: Ray's client retries an address where nothing listens for minutes. `resources`:
+    what a Ray this process starts itself offers (its own machine's toolchains); a running cluster keeps
+    what its nodes were started with."""
     check_reachable(address)
     try:
+        if address is None and resources:
+            try:
+                ray.init(address=None, include_dashboard=False, log_to_driver=False, resources=dict(resources))
+                return
+            except ValueError:  # a `ray start` runs here: it offers what it was started with
+                pass
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError) as exc:
         if address is None:
@@ -222,13 +293,14 @@ def _unreachable(address: str, exc: BaseException) -> UsageError:
 
 
 def make_executor(name: str | None, workers: int, *, threads: int | None = None,
-                  ray_address: str | None = None) -> Executor:
-    """The backend `--executor` names; None: `process` when `workers` > 1, else `serial`."""
+                  ray_address: str | None = None, resources: Mapping[str, float] | None = None) -> Executor:
+    """The backend `--executor` names; None: `process` when `workers` > 1, else `serial`. `resources`: what a
+    local Ray started here offers (`RayExecutor`)."""
     chosen = name or ("process" if workers > 1 else "serial")
     if chosen == "serial":
         return SerialExecutor(workers, threads)
     if chosen == "process":
         return ProcessExecutor(workers, threads)
     if chosen == "ray":
-        return RayExecutor(workers, ray_address)
+        return RayExecutor(workers, ray_address, resources=resources)
     raise UsageError(f"--executor: expected one of {', '.join(EXECUTORS)}, found {name!r}")

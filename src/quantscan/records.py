@@ -632,6 +632,10 @@ class Plan:
     verified: dict[str, Any] | None = None
     """`bisect --verify`: the plan applied by the real toolchain (CONTRACT: `tool`, `version`, `value`;
     also `claimed`, `builds`, vanished sites, what each site ran at). None when no toolchain ran."""
+    speculation: Mapping[str, int] | None = None
+    """`--workers` > 1: the search measured in rounds (bisect/speculate.py): `workers`, `rounds`, `measured`
+    (sets measured, speculation included), `unused` (measured, never asked for), `reused_from_session`.
+    None with one worker (a round is one evaluation)."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -674,6 +678,7 @@ class Plan:
             **({"held_out": dict(self.held_out)} if self.held_out is not None else {}),
             **({"search": {k: _metrics_json(v) for k, v in self.search.items()}} if self.search is not None else {}),
             **({"verified": dict(self.verified)} if self.verified is not None else {}),
+            **({"speculation": dict(self.speculation)} if self.speculation is not None else {}),
         }
 
     @classmethod
@@ -717,6 +722,8 @@ class Plan:
             search={str(k): _metrics_from(v) for k, v in raw["search"].items()}
             if isinstance(raw.get("search"), dict) else None,
             verified=dict(raw["verified"]) if isinstance(raw.get("verified"), dict) else None,
+            speculation={str(k): int(v) for k, v in raw["speculation"].items()}
+            if isinstance(raw.get("speculation"), dict) else None,
         )
 
 

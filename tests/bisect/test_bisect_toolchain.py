@@ -151,3 +151,28 @@ def test_evaluator_search_resumes_after_a_failed_build(tmp_path: Path, capsys: p
     assert int(counter.read_text()) == plan["evaluations"] + 1  # every step built once, plus the failed build
     assert _names([s["node"] for s in plan["sites"]]) == 3
     assert plan["achieved"]["cosine"] == pytest.approx(cos[3], abs=1e-9)
+
+
+def test_evaluator_builds_side_by_side_give_the_serial_search(chain: tuple[Path, Path, Path, dict[int, float]],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`--workers 2`: the real hybrid driver protocol with two step-2 builds at once (threads, each build its
+    own subprocess and folder; step 1 once, before them): the same steps and plan as one build at a time,
+    in fewer rounds, and every build still a figure of the numpy oracle."""
+    tmp, model, calib, cos = chain
+    target = (cos[2] + cos[3]) / 2
+    python = str(_fake_python(tmp))
+    plans = {}
+    for workers in (1, 2):
+        code = _bisect(tmp, model, calib, f"w{workers}", target, "--evaluator", "rknn", "--vendor-python", python,
+                       "--workers", str(workers))
+        assert code == 0, capsys.readouterr().err
+        plans[workers] = json.loads((tmp / f"w{workers}" / "plan.json").read_text())
+    one, two = plans[1], plans[2]
+    assert [(s["sites"], s["value"], s["passed"]) for s in two["steps"]] == [
+        (s["sites"], s["value"], s["passed"]) for s in one["steps"]]
+    assert two["sites"] == one["sites"] and two["achieved"] == one["achieved"]
+    assert two["speculation"]["rounds"] < one["evaluations"] and "speculation" not in one
+    builds = sorted((tmp / "w2" / "toolchain").glob("eval-*"))
+    assert len(builds) == one["evaluations"] + two["speculation"]["unused"]
+    assert len(list((tmp / "w2" / "toolchain").glob("step1"))) == 1
+    assert "rounds of up to 2" in capsys.readouterr().out

@@ -19,12 +19,14 @@ from typing import Any
 import onnx
 import pandas as pd
 
-from quantscan.bisect.external import Toolchain, ToolchainEvaluator, ToolchainFactory
+from quantscan.bisect.batch import HereRound, SimulationRound, ToolchainRound, spare_of
+from quantscan.bisect.external import BuildPool, Toolchain, ToolchainEvaluator, ToolchainFactory
 from quantscan.bisect.external import verify as verify_plan
 from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, held_out_warning, write_plan
 from quantscan.bisect.realise import Judged, RealisedEvaluator, SampleSplit, held_out_claims, split_context
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, Rounding
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
+from quantscan.bisect.speculate import Measure, Spare, SpeculativeFeed
 from quantscan.bisect.state import (
     FALLBACKS,
     MODES,
@@ -40,6 +42,7 @@ from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.recurrent import state_consts
 from quantscan.columns import Col
 from quantscan.errors import UsageError
+from quantscan.executors import Executor, make_executor
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, load_model
@@ -153,30 +156,108 @@ def bisect_model(
     builder = mixed_builder(ctx, fallback)
     chain, judge = _toolchain_judge(split.search, builder, aim, rounding, (loaded, cset), toolchain, evaluator,
                                     verify)
+    workers = int(options.get("workers") or 1)  # as asked: ctx.opts holds the processes pass 1 could use
+    executor = _search_executor(replace(ctx.opts, workers=workers), chain, isinstance(judge, ToolchainEvaluator))
+    if isinstance(judge, ToolchainEvaluator):
+        judge.pool.executor = executor
+    try:
+        run = _Search(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant, rounding,
+                      split, builder, chain, judge, executor, evaluator, verify, workers)
+        return _search(run, stored, session_path, progress, on_step, out, save_qdq, exports, summary_block, started)
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+@dataclass
+class _Search:
+    """What the search and the plan are made from (`bisect_model` prepares it, `_search` runs it)."""
+
+    ctx: ScanContext
+    loaded: LoadedModel
+    identity: dict[str, Any]
+    aim: Target
+    fallback: str
+    mode: str
+    loss_if_only: bool
+    keep_float: Sequence[str]
+    force_quant: Sequence[str]
+    rounding: Rounding
+    split: SampleSplit
+    builder: MixedBuilder
+    chain: Toolchain | None
+    judge: RealisedEvaluator | ToolchainEvaluator
+    executor: Executor | None
+    evaluator: str
+    verify: bool
+    workers: int
+
+
+def _search(run: _Search, stored: BisectSession | None, session_path: Path | None, progress: ProgressFactory,
+            on_step: StepCallback | None, out: str | Path | None, save_qdq: str | Path | None,
+            exports: Sequence[str] | None, summary_block: SummaryBlock | None, started: float) -> BisectResult:
+    """Gains, session, the search in rounds (bisect/speculate.py), then the plan."""
+    ctx, builder, judge, aim, split, chain = run.ctx, run.builder, run.judge, run.aim, run.split, run.chain
+    keep_float, force_quant, mode = run.keep_float, run.force_quant, run.mode
     measured: dict[tuple[str, ...], tuple[Judged, float]] = {}
     if stored is None:
         met = mode == "search" and not keep_float and _all_int8_meets(judge, builder, aim, measured)
         gains = (
             None
             if mode == "first_bad" or met
-            else compute_gain(split.search, builder, key=gain_key(aim), loss_if_only=loss_if_only,
+            else compute_gain(split.search, builder, key=gain_key(aim), loss_if_only=run.loss_if_only,
                               progress=progress)
         )
-        stored = _new_session(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant,
-                              gains, rounding)
-        keep_float, force_quant, stored.options["evaluator"] = (), (), evaluator
+        stored = _new_session(ctx, run.loaded, run.identity, aim, run.fallback, mode, run.loss_if_only, keep_float,
+                              force_quant, gains, run.rounding)
+        keep_float, force_quant, stored.options["evaluator"] = (), (), run.evaluator
     machine = machine_for(stored)
     if keep_float or force_quant:
         machine.mark(keep_float, force_quant)
         stored.events = list(machine.events)
     _save(stored, session_path, machine)
-    _drive(machine, builder, judge, stored, session_path, progress, on_step, measured)
+    feed = SpeculativeFeed(machine, _round_measure(run), _width(run))
+    feed.spare.update({sites: spare_of(j, seconds) for sites, (j, seconds) in measured.items()})
+    _drive(feed, stored, session_path, progress, on_step)
+    pool = judge.pool if isinstance(judge, ToolchainEvaluator) else BuildPool(chain, run.executor) if chain else None
     result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
-                     time.perf_counter() - started, summary_block, (chain, verify),
-                     (split, rounding) if evaluator == "quantscan" else None)
+                     time.perf_counter() - started, summary_block, (chain, run.verify, pool),
+                     (split, run.rounding) if run.evaluator == "quantscan" else None, feed)
     if chain is not None:  # only after a finished search: an interrupted one resumes from step 1's files
         chain.close()
     return result
+
+
+def _width(run: _Search) -> int:
+    """How many candidates a round measures: `--workers` (toolchain builds: as many at once, in threads
+    or Ray tasks; the simulation: the executor's workers, capped by the CPUs or the cluster)."""
+    if run.executor is None:
+        return 1
+    return max(1, run.workers if isinstance(run.judge, ToolchainEvaluator) else run.executor.workers)
+
+
+def _round_measure(run: _Search) -> Measure:
+    """Who measures a round's candidates (bisect/batch.py)."""
+    if isinstance(run.judge, ToolchainEvaluator):
+        return ToolchainRound(run.judge, run.builder)
+    if run.executor is None:
+        return HereRound(run.judge, run.builder)
+    return SimulationRound(run.executor, run.split.search, run.fallback, run.aim, run.rounding, run.judge,
+                           run.builder)
+
+
+def _search_executor(opts: ScanOptions, chain: Toolchain | None, builds: bool) -> Executor | None:
+    """Where the search's rounds (and `--verify`'s builds) run: none with one worker and no `--executor`
+    (one candidate after another here). When the search is toolchain builds (`builds`), they wait on
+    subprocesses, so locally they need no process pool: a serial executor runs them in threads. A local Ray
+    started here offers the toolchain's resource (its Python was found on this machine); a cluster's nodes
+    offer what they were started with."""
+    if opts.executor is None and opts.workers == 1:
+        return None
+    resources = {f"toolchain:{chain.tool}": float(opts.workers)} if chain is not None else None
+    name = "serial" if builds and opts.executor != "ray" else opts.executor
+    workers = worker_count(opts.workers) if name in (None, "process") else opts.workers
+    return make_executor(name, workers, threads=opts.threads, ray_address=opts.ray_address, resources=resources)
 
 
 def _checked_request(
@@ -374,40 +455,49 @@ def _new_session(
     return session
 
 
-def _save(session: BisectSession, path: Path | None, machine: Bisector) -> None:
+def _save(session: BisectSession, path: Path | None, machine: Bisector,
+          spare: Mapping[tuple[str, ...], Spare] | None = None) -> None:
     session.events = list(machine.events)
+    if spare is not None:
+        session.spare = [got.as_dict(sites) for sites, got in spare.items()]
     session.status = machine.outcome.status if machine.outcome is not None else "running"
     if path is not None:
         session.save(path)
 
 
-def _drive(
-    machine: Bisector,
-    builder: MixedBuilder,
-    evaluator: RealisedEvaluator | ToolchainEvaluator,
-    session: BisectSession,
-    path: Path | None,
-    progress: ProgressFactory,
-    on_step: StepCallback | None,
-    known: dict[tuple[str, ...], tuple[Judged, float]] | None = None,
-) -> None:
-    """Measure the machine's candidates until it is done; `known` holds sets measured before (all-int8)."""
+def _drive(feed: SpeculativeFeed, session: BisectSession, path: Path | None, progress: ProgressFactory,
+           on_step: StepCallback | None) -> None:
+    """Measure rounds until the machine is done, feeding it each round's results in its own order; the
+    session is saved after every step, with the results measured ahead (`spare`) beside the events. Spare
+    results a resumed session holds are fed first, never measured again."""
+    stored = _stored_spare(session, path)
+    feed.spare.update(stored)
     bar = progress("bisecting", None)
-    known = known if known is not None else {}
+    assert feed.counts is not None
     try:
-        while (cand := machine.next()) is not None:
-            t0 = time.perf_counter()
-            measured, seconds = known.pop(cand.sites, (None, 0.0))
-            if measured is None:
-                measured = evaluator.judge(builder.precisions(cand.sites))
-                seconds = time.perf_counter() - t0
-            step = machine.record(measured.value, seconds=seconds, metrics=measured.metrics())
-            _save(session, path, machine)
-            bar.update(1)
-            if on_step is not None:
-                on_step(step, machine)
+        while (cand := feed.machine.next()) is not None:
+            if cand.sites not in feed.spare:
+                try:
+                    feed.round()
+                finally:
+                    _save(session, path, feed.machine, feed.spare)
+            for step in feed.feed():
+                feed.counts.reused += step.sites in stored
+                _save(session, path, feed.machine, feed.spare)
+                bar.update(1)
+                if on_step is not None:
+                    on_step(step, feed.machine)
     finally:
         bar.close()
+
+
+def _stored_spare(session: BisectSession, path: Path | None) -> dict[tuple[str, ...], Spare]:
+    """The sets a session measured ahead; one that cannot be read is a damaged file (one line, exit 2)."""
+    try:
+        return dict(Spare.from_dict(raw) for raw in session.spare)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SessionFileError(f"session {path} is damaged: expected spare sets of the form quantscan writes, "
+                               f"found {type(exc).__name__}: {exc}") from None
 
 
 def _finish(
@@ -422,8 +512,9 @@ def _finish(
     exports: Sequence[str] | None,
     seconds: float,
     summary_block: SummaryBlock | None,
-    vendor: tuple[Toolchain | None, bool],
+    vendor: tuple[Toolchain | None, bool, BuildPool | None],
     judging: tuple[SampleSplit, Rounding] | None,
+    feed: SpeculativeFeed | None = None,
 ) -> BisectResult:
     """The plan from the finished search. Its claims are the held-out samples' under quantscan's roundings
     (`judging`), or, when a toolchain measured the search (`judging` None), the toolchain's own figures."""
@@ -437,9 +528,11 @@ def _finish(
     reported = [(), ceiling, tuple(chosen), *(p.sites for p in machine.pareto())]
     claims = held_out_claims(judging[0], builder, target, judging[1], reported) if judging is not None else None
     plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds, claims)
-    chain, verify = vendor
+    if feed is not None and feed.width > 1 and feed.counts is not None:
+        plan = replace(plan, speculation=feed.counts.as_dict(len(feed.spare)))
+    chain, verify, pool = vendor
     if chain is not None and verify:
-        plan = verify_plan(plan, ctx, builder.precisions, chain)
+        plan = verify_plan(plan, ctx, builder.precisions, chain, pool)
     step1_names = chain.names_for(plan.sites) if chain is not None else None
     warning = held_out_warning(plan)
     qdq = builder.model(prec)

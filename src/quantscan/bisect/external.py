@@ -11,19 +11,24 @@ workers (the Ray executor) can map `evaluate` over candidates: each call is one 
   quantscan's ranking (the output gains), so the cheap simulation decides what to try and the chip
   decides what passes.
 * `verify` applies the plan and every Pareto point once and records `verified` beside each claim.
+* `BuildPool` runs builds where `--executor` puts them (issue 29): locally up to `--workers` at once in
+  threads (each build is a subprocess already), under Ray one task each on a node offering the resource
+  `toolchain:TOOL` (a node started with `--resources '{"toolchain:rknn": 2}'` has the toolchain's Python).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from quantscan.bisect.realise import Judged
 from quantscan.bisect.robust import Spread
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
+from quantscan.executors import Executor
 from quantscan.model import LoadedModel
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.scanning.gain import Measured
@@ -45,6 +50,10 @@ class Toolchain(Protocol):
 
     def names_for(self, sites: Sequence[PlanSite]) -> dict[str, list[str]]:
         """Site node -> the names the toolchain's own configuration takes for it (the export's)."""
+        ...
+
+    def prepare(self) -> None:
+        """Run what every build shares (RKNN's hybrid step 1) once, before builds run side by side."""
         ...
 
     def close(self) -> None:
@@ -74,24 +83,72 @@ def _label(prefix: str, sites: Sequence[PlanSite]) -> str:
     return f"{prefix}-{len(sites):03d}-{digest}"
 
 
+Build = tuple[Sequence[PlanSite], str]
+"""One build: the sites kept above int8 and the label naming its folder."""
+
+
+def build_task(chain: Toolchain, build: Build, threads: int | None) -> tuple[dict[str, Any], float]:
+    """One build where the executor put it (a module-level function: Ray pickles it by reference); its
+    result and its own wall time (the time a serial run's step would have taken)."""
+    t0 = time.perf_counter()
+    got = chain.evaluate(*build)
+    return got, time.perf_counter() - t0
+
+
+def prepare_task(chain: Toolchain, _item: object, threads: int | None) -> None:
+    chain.prepare()
+
+
+@dataclass
+class BuildPool:
+    """Builds of one toolchain through the executor seam (module docstring); `builds` counts them.
+    Without an executor every build runs here, one after another, as before issue 29."""
+
+    chain: Toolchain
+    executor: Executor | None = None
+    builds: int = 0
+    prepared: bool = False
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """The Ray resource a node with this toolchain's Python offers (README "On a cluster")."""
+        return {f"toolchain:{self.chain.tool}": 1.0}
+
+    def run(self, builds: Sequence[Build]) -> list[tuple[dict[str, Any], float]]:
+        """Every build's result and seconds, in order (step 1 first, once, where the builds will run)."""
+        if self.executor is None or len(builds) == 0:
+            results = [build_task(self.chain, b, None) for b in builds]
+        else:
+            if not self.prepared:
+                self.executor.map_tasks(prepare_task, self.chain, [None], self.resources)
+                self.prepared = True
+            results = self.executor.map_tasks(build_task, self.chain, list(builds), self.resources)
+        self.builds += len(builds)
+        return results
+
+
 class ToolchainEvaluator:
     """`Evaluator.evaluate(prec) -> Measured` through a toolchain build (the `cosine` target only: the
     toolchain's simulator output compared with FP32 on the same samples)."""
 
-    def __init__(self, ctx: ScanContext, chain: Toolchain, key: str) -> None:
+    def __init__(self, ctx: ScanContext, chain: Toolchain, key: str, pool: BuildPool | None = None) -> None:
         if key != "cosine":
             raise UsageError(f"bisect --evaluator {chain.tool}: expected a cosine target (the toolchain's "
                              f"simulator is compared by output cosine), found {key}")
         self.ctx = ctx
         self.chain = chain
         self.key = key
+        self.pool = pool if pool is not None else BuildPool(chain)
 
     def evaluate(self, prec: Sequence[str]) -> Measured:
         sites = kernel_sites(self.ctx, prec)
+        (got, _), = self.pool.run([(sites, _label("eval", sites))])
+        return self._measured(got, len(sites))
+
+    def _measured(self, got: dict[str, Any], n_sites: int) -> Measured:
         chain = self.chain
-        got = chain.evaluate(sites, _label("eval", sites))
         if got.get("error"):
-            raise UsageError(f"bisect --evaluator {chain.tool}: expected a build with {len(sites)} float "
+            raise UsageError(f"bisect --evaluator {chain.tool}: expected a build with {n_sites} float "
                              f"site(s), found it stopped in {got['error'].get('stage')}: "
                              f"{got['error'].get('message')}; the session keeps every finished step")
         value = float(got.get("cosine", math.nan))
@@ -99,31 +156,43 @@ class ToolchainEvaluator:
         output = ",".join(got.get("vendor_output_cosine", {})) or chain.tool
         return Measured(rows={output: worst}, output=output, worst=worst)
 
-    def judge(self, prec: Sequence[str]) -> Judged:
-        """One build's figure as the search compares it: the chip's rounding is the only realisation (no
-        interval: the toolchain's simulator is what the plan is for)."""
-        measured = self.evaluate(prec)
+    def _judged(self, measured: Measured) -> Judged:
         value = float(measured.worst[self.key])
         return Judged(measured, Spread(value, value, value, (value,)), value, (measured,))
 
+    def judge(self, prec: Sequence[str]) -> Judged:
+        """One build's figure as the search compares it: the chip's rounding is the only realisation (no
+        interval: the toolchain's simulator is what the plan is for)."""
+        return self._judged(self.evaluate(prec))
+
+    def judge_many(self, precs: Sequence[Sequence[str]]) -> list[tuple[Judged | UsageError, float]]:
+        """Several candidates' builds at once (bisect/speculate.py), each judged or the error that stopped
+        it, with the build's own seconds."""
+        sites = [kernel_sites(self.ctx, prec) for prec in precs]
+        results = self.pool.run([(s, _label("eval", s)) for s in sites])
+        out: list[tuple[Judged | UsageError, float]] = []
+        for kept, (got, seconds) in zip(sites, results, strict=True):
+            try:
+                out.append((self._judged(self._measured(got, len(kept))), seconds))
+            except UsageError as exc:
+                out.append((exc, seconds))
+        return out
+
 
 def verify(plan: Plan, ctx: ScanContext, precisions: Callable[[Sequence[str]], Sequence[str]],
-           chain: Toolchain) -> Plan:
+           chain: Toolchain, pool: BuildPool | None = None) -> Plan:
     """The plan and every Pareto point applied by the toolchain, `verified` recorded beside each claim
-    (one build per distinct set; a set the plan and a point share is built once)."""
-    done: dict[frozenset[str], dict[str, Any]] = {}
+    (one build per distinct set; a set the plan and a point share is built once). The builds are
+    independent: they run together through `pool` (the executor seam)."""
     claimed = (plan.achieved or {}).get("cosine", math.nan)
-
-    def apply(nodes: Sequence[str], value: float) -> dict[str, Any]:
-        key = frozenset(nodes)
-        if key not in done:
-            sites = kernel_sites(ctx, precisions(list(nodes)))
-            done[key] = chain.evaluate(sites, _label("verify", sites))
-        return _verified(chain.tool, done[key], value)
-
     plan_nodes = [s.node for s in plan.sites]
-    top = apply(plan_nodes, claimed) if plan.reached else None
-    pareto = tuple(replace(p, verified=apply(p.sites, p.value)) for p in plan.pareto)
+    wanted = ([plan_nodes] if plan.reached else []) + [list(p.sites) for p in plan.pareto]
+    distinct = list(dict.fromkeys(frozenset(nodes) for nodes in wanted))
+    sites = [kernel_sites(ctx, precisions(sorted(nodes))) for nodes in distinct]
+    results = (pool if pool is not None else BuildPool(chain)).run([(s, _label("verify", s)) for s in sites])
+    done = {key: got for key, (got, _) in zip(distinct, results, strict=True)}
+    top = _verified(chain.tool, done[frozenset(plan_nodes)], claimed) if plan.reached else None
+    pareto = tuple(replace(p, verified=_verified(chain.tool, done[frozenset(p.sites)], p.value)) for p in plan.pareto)
     if top is not None:
         top["builds"] = len(done)
     return replace(plan, verified=top, pareto=pareto)

@@ -27,10 +27,10 @@ FORMAT = 2
 """Session file format version; a newer one is refused, never guessed at. Format 2 adds `digest`."""
 TOOL = "quantscan-bisect"
 KNOWN_KEYS = frozenset({"format", "tool", "status", "created", "updated", "model", "calibration", "options",
-                        "sites", Col.ORDER, "gain", "events", "digest"})
+                        "sites", Col.ORDER, "gain", "events", "spare", "digest"})
 REQUIRED_KEYS = ("model", "calibration", "options", "sites", Col.ORDER)
 SHAPES: dict[str, type] = {"model": dict, "calibration": dict, "options": dict, "sites": list, Col.ORDER: list,
-                           "gain": list, "events": list, "status": str}
+                           "gain": list, "events": list, "spare": list, "status": str}
 
 
 def content_digest(raw: Mapping[str, Any]) -> str:
@@ -81,6 +81,8 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
         (Col.ORDER, isinstance(raw.get(Col.ORDER), list) and all(isinstance(n, str) for n in raw[Col.ORDER])),
         ("gain", isinstance(raw.get("gain", []), list) and all(_gain_row(g) for g in raw.get("gain", []))),
         ("events", isinstance(raw.get("events", []), list) and all(isinstance(e, dict) for e in raw.get("events", []))),
+        ("spare", isinstance(raw.get("spare", []), list) and all(
+            isinstance(e, dict) and isinstance(e.get("sites"), list) and "value" in e for e in raw.get("spare", []))),
     ]
     wrong = [name for name, ok in checks if not ok]
     if wrong:
@@ -147,6 +149,9 @@ class BisectSession:
     gain: list[dict[str, Any]]
     events: list[Event] = field(default_factory=list)
     status: str = "running"
+    spare: list[dict[str, Any]] = field(default_factory=list)
+    """Sets measured ahead of the search (bisect/speculate.py) that it has not asked for yet: a resume
+    feeds them to the machine when it does, instead of measuring them again. Written only when any."""
     format: int = FORMAT
     created: float = field(default_factory=time.time)
 
@@ -164,6 +169,7 @@ class BisectSession:
             Col.ORDER: self.order,
             "gain": jsonable(self.gain),
             "events": [e.as_dict() for e in self.events],
+            **({"spare": jsonable(self.spare)} if self.spare else {}),
         }
 
     @classmethod
@@ -187,6 +193,7 @@ class BisectSession:
                 order=list(raw[Col.ORDER]),
                 gain=list(raw.get("gain", [])),
                 events=[event_from_dict(e) for e in raw.get("events", [])],
+                spare=[dict(e) for e in raw.get("spare", [])],
                 status=str(raw.get("status", "running")),
                 format=fmt,
                 created=float(raw.get("created", 0.0)),

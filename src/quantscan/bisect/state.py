@@ -218,7 +218,8 @@ class Bisector:
         self.outcome: Outcome | None = None
         self._pending: Candidate | None = None
         self._gen: _Search = self._run()
-        self._apply_mark(Mark(tuple(keep_float), tuple(force_quant)), log=False)
+        self._initial = Mark(tuple(keep_float), tuple(force_quant))
+        self._apply_mark(self._initial, log=False)
 
     # --- public interface -----------------------------------------------------------------------------
 
@@ -270,6 +271,20 @@ class Bisector:
                     f"{list(event.sites)} (was the file edited, or the ordering changed?)"
                 )
             self.record(event.value, seconds=event.seconds, metrics=event.metrics)
+
+    def fork(self) -> Bisector:
+        """A copy of this machine at the same point, rebuilt by replaying its events (no measurement):
+        what it would propose after an outcome can be asked of the copy (bisect/speculate.py)."""
+        twin = Bisector(self.order, self.target, topo=self.topo, mode=self.mode,
+                        keep_float=self._initial.keep_float, force_quant=self._initial.force_quant)
+        twin.replay(self.events)
+        return twin
+
+    def suppose(self, passed: bool) -> None:
+        """Record a supposed outcome of the pending candidate (on a fork: what would come next if it passed,
+        or failed). The search's choices read only whether a value meets the target, so the target itself
+        (pass) or -inf (fail) leads exactly where any measured value with that verdict would."""
+        self.record(self.target.value if passed else -math.inf)
 
     def pareto(self) -> list[ParetoPoint]:
         """'number of high-precision sites -> output metric' over the measured sets, Pareto-optimal only."""

@@ -134,7 +134,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     interval = f" [{plan.interval['low']:.5f}, {plan.interval['high']:.5f}]" if plan.interval is not None else ""
     print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)}{interval} "
           f"(all-int8 {value(plan.all_int8)}, all-float {value(plan.all_float)}); "
-          f"{plan.evaluations} evaluations in {plan.seconds} s")
+          f"{plan.evaluations} evaluations in {plan.seconds} s{_rounds(plan.speculation)}")
     for site in plan.sites:
         print(f"  {site.node} -> {site.precision}")
     _print_verified(plan)
@@ -178,6 +178,14 @@ def _chip(args: argparse.Namespace) -> str | None:
 
         return BisectSession.load(args.resume).options.get("scan", {}).get("profile")
     return None
+
+
+def _rounds(speculation: Any) -> str:
+    """`--workers` > 1: how many rounds the search took, and the sets measured ahead that it never asked for."""
+    if not speculation:
+        return ""
+    return (f", {speculation['rounds']} rounds of up to {speculation['workers']} "
+            f"({speculation['unused']} set(s) measured ahead unused)")
 
 
 def _show_session(path: Path) -> int:

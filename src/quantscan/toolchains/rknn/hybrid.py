@@ -5,8 +5,9 @@ from its files with `custom_quantize_layers` filled. So `HybridRknn` runs step 1
 samples, maps every requested set of sites onto step 1's names (`names.resolve`: a name it does not
 know aborts step 2), and runs step 2 plus the simulator per set: `bisect --verify rknn` applies the
 plan and its Pareto points this way, `bisect --evaluator rknn` every candidate of the search. Each
-`apply` is one independent job in its own folder (step 1's files are only read), so a pool of
-workers could map it over candidates.
+`apply` is one independent job in its own folder (step 1's files are only read), so the executor seam
+maps it over candidates (bisect/external.BuildPool): threads here, or Ray tasks on nodes that have the
+toolkit, which then read and write `work` at the same path (a shared filesystem).
 """
 
 from __future__ import annotations
@@ -149,6 +150,10 @@ class HybridRknn:
     def evaluate(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
         """`bisect.external.Toolchain`'s name for `apply`."""
         return self.apply(sites, label)
+
+    def prepare(self) -> None:
+        """Step 1 before builds run side by side (`apply` would otherwise start it in each of them)."""
+        self.step1()
 
     def close(self) -> None:
         """Drop what only builds need (the samples, step 1's model copies: MBs each)."""
