@@ -613,6 +613,9 @@ class Plan:
     verified: dict[str, Any] | None = None
     """`bisect --verify`: the plan applied by the real toolchain (CONTRACT: `tool`, `version`, `value`;
     also `claimed`, `builds`, vanished sites, what each site ran at). None when no toolchain ran."""
+    unmeasured: tuple[str, ...] = ()
+    """Control-flow nodes whose bodies hold quantizable nodes the search left float (`p2o.Loop.0 (114
+    nodes)`): every figure of the plan is of the model with those bodies float, not the all-int8 model."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -655,6 +658,7 @@ class Plan:
             **({"held_out": dict(self.held_out)} if self.held_out is not None else {}),
             **({"search": {k: _metrics_json(v) for k, v in self.search.items()}} if self.search is not None else {}),
             **({"verified": dict(self.verified)} if self.verified is not None else {}),
+            **({"unmeasured": list(self.unmeasured)} if self.unmeasured else {}),
         }
 
     @classmethod
@@ -698,6 +702,7 @@ class Plan:
             search={str(k): _metrics_from(v) for k, v in raw["search"].items()}
             if isinstance(raw.get("search"), dict) else None,
             verified=dict(raw["verified"]) if isinstance(raw.get("verified"), dict) else None,
+            unmeasured=tuple(str(u) for u in raw.get("unmeasured", ())),
         )
 
 
