@@ -334,9 +334,11 @@ def loop_decoder(seed: int = 0, limit: float = 3.0) -> onnx.ModelProto:
          helper.make_node("Less", ["peak", "limit"], ["go_on"], name="body/Less"),
          helper.make_node("Identity", ["s_out"], ["s_step"], name="body/Identity")],
         "decoder_body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("s_in", f, ["N", 8])],
-        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []), helper.make_tensor_value_info("s_out", f, ["N", 8]),
+        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_out", f, ["N", 8]),
          helper.make_tensor_value_info("s_step", f, ["N", 8])])
     nodes = [
         helper.make_node("MatMul", ["x", "W1"], ["h"], name="enc/MatMul"),

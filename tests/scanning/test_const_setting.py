@@ -9,7 +9,6 @@ The oracle is the two-step route users were told to take: freeze first, then sca
 from __future__ import annotations
 
 import json
-
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from tests.builders import build
 
 import quantscan
 from quantscan.calib import load_calibration
-from quantscan.errors import InternalError, UsageError
+from quantscan.errors import InternalError
 from quantscan.model import load_model, set_input_dims
 from quantscan.rewrites.pipeline import rewrite
 from quantscan.runner import Runner

@@ -12,9 +12,9 @@ data, is not: the fix then says so and names the export, not a rewrite that woul
 from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
-from quantscan.records import Finding, RewriteId
 from quantscan.graph.edit import node_label
 from quantscan.graph.index import CONTROL_FLOW_OPS
+from quantscan.records import Finding, RewriteId
 from quantscan.rewrites.opset_down import blocking_nodes
 
 RULE_ID = "opset"
