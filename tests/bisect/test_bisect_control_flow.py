@@ -22,7 +22,7 @@ import pytest
 from builders import loop_decoder
 from quantscan.api import run_bisect
 from quantscan.report.verdict import plan_lines
-from quantscan.scanning.gain import Evaluator, compute_gain, mixed_builder
+from quantscan.scanning.gain import Evaluator, compute_gain, gain_ort_level, mixed_builder
 from quantscan.scanning.prepare import prepare_scan
 
 
@@ -49,6 +49,10 @@ def test_gains_through_the_loop_equal_whole_variant_runs(decoder: tuple[Path, Pa
         whole = evaluator.evaluate(builder.precisions([site])).worst["cosine"]
         assert gains.loc[site, "gain_if_float"] == pytest.approx(whole - base, abs=1e-7)
     assert gains.loc["enc/MatMul", "gain_if_float"] != pytest.approx(0.0, abs=1e-6)  # the Loop carries it
+    # the gain session runs BASIC for a looped model (its body runs per iteration): the same gains as DISABLE
+    assert gain_ort_level(builder.proto) == "basic"
+    plain = compute_gain(ctx, builder, key="cosine", opt_level="disable").table.set_index("node")
+    np.testing.assert_allclose(plain["gain_if_float"], gains.loc[plain.index, "gain_if_float"], atol=1e-7)
 
 
 def test_bisect_searches_the_top_level_and_says_the_body_stayed_float(decoder: tuple[Path, Path],
