@@ -317,3 +317,47 @@ def reference_outputs(model: Path, qdq: Path, calib: Path) -> tuple[np.ndarray, 
         ys.append(np.asarray(fq.run(None, feed)[0], np.float64))
     return np.concatenate(xs), np.concatenate(ys)
 
+
+
+def loop_decoder(seed: int = 0, limit: float = 3.0) -> onnx.ModelProto:
+    """SLANet's pattern in small: a top-level encoder (MatMul+Relu, a Div by a constant, dynamic batch),
+    then an attention-style decoder inside a Loop whose stop condition reads data (ReduceMax < limit,
+    at most 4 steps), then a head (MatMul, Softmax) on the Loop's last state. The body's MatMul/Tanh are
+    quantizable nodes no flag folds; the top-level MatMuls are the sites a scan or bisect can measure."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(seed)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["s_in", "Wb"], ["bm"], name="body/MatMul"),
+         helper.make_node("Tanh", ["bm"], ["bt"], name="body/Tanh"),
+         helper.make_node("Add", ["bt", "d"], ["s_out"], name="body/Add"),
+         helper.make_node("ReduceMax", ["s_out"], ["peak"], keepdims=0, name="body/ReduceMax"),
+         helper.make_node("Less", ["peak", "limit"], ["go_on"], name="body/Less"),
+         helper.make_node("Identity", ["s_out"], ["s_step"], name="body/Identity")],
+        "decoder_body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_in", f, ["N", 8])],
+        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_out", f, ["N", 8]),
+         helper.make_tensor_value_info("s_step", f, ["N", 8])])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="enc/MatMul"),
+        helper.make_node("Relu", ["h"], ["hr"], name="enc/Relu"),
+        helper.make_node("Div", ["hr", "two"], ["d"], name="enc/Div"),
+        helper.make_node("Loop", ["steps", "start", "d"], ["s_last", "s_all"], name="decoder/Loop", body=body),
+        helper.make_node("MatMul", ["s_last", "W2"], ["logits"], name="head/MatMul"),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1, name="head/Softmax"),
+    ]
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 8)).astype(np.float32), "W1"),
+             numpy_helper.from_array((rng.normal(size=(8, 8)) * 0.5).astype(np.float32), "Wb"),
+             numpy_helper.from_array(rng.normal(size=(8, 3)).astype(np.float32), "W2"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(limit, np.float32), "limit"),
+             numpy_helper.from_array(np.array(4, np.int64), "steps"),
+             numpy_helper.from_array(np.array(True), "start")]
+    graph = helper.make_graph(nodes, "loop_decoder", [helper.make_tensor_value_info("x", f, ["N", 4])],
+                              [helper.make_tensor_value_info("probs", f, ["N", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model

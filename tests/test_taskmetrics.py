@@ -99,6 +99,26 @@ def test_edit_distance_worked_by_hand() -> None:
     assert tm.edit_distance("abc", "abc") == 0
 
 
+def _levenshtein(a: str, b: str) -> int:
+    """The textbook full-table recurrence, written out: the oracle for the vectorised rows."""
+    d = [[i + j if i == 0 or j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+    return d[-1][-1]
+
+
+def test_edit_distance_matches_the_full_table_on_random_and_unicode_strings() -> None:
+    rng = np.random.default_rng(7)
+    alphabet = list("ab<>/td") + ["é", "表", "\U0001F600"]
+    for _ in range(200):
+        a = "".join(rng.choice(alphabet, size=int(rng.integers(0, 14))))
+        b = "".join(rng.choice(alphabet, size=int(rng.integers(0, 14))))
+        assert tm.edit_distance(a, b) == _levenshtein(a, b), (a, b)
+    long_a, long_b = ("".join(rng.choice(alphabet, size=n)) for n in (300, 250))
+    assert tm.edit_distance(long_a, long_b) == _levenshtein(long_a, long_b)
+
+
 def test_mask_iou_on_hand_made_masks() -> None:
     ref = np.zeros((2, 1, 4, 4), np.float32)
     test = np.zeros((2, 1, 4, 4), np.float32)

@@ -636,6 +636,9 @@ class Plan:
     """`--workers` > 1: the search measured in rounds (bisect/speculate.py): `workers`, `rounds`, `measured`
     (sets measured, speculation included), `unused` (measured, never asked for), `reused_from_session`.
     None with one worker (a round is one evaluation)."""
+    unmeasured: tuple[str, ...] = ()
+    """Control-flow nodes whose bodies hold quantizable nodes the search left float (`p2o.Loop.0 (114
+    nodes)`): every figure of the plan is of the model with those bodies float, not the all-int8 model."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -679,6 +682,7 @@ class Plan:
             **({"search": {k: _metrics_json(v) for k, v in self.search.items()}} if self.search is not None else {}),
             **({"verified": dict(self.verified)} if self.verified is not None else {}),
             **({"speculation": dict(self.speculation)} if self.speculation is not None else {}),
+            **({"unmeasured": list(self.unmeasured)} if self.unmeasured else {}),
         }
 
     @classmethod
@@ -724,6 +728,7 @@ class Plan:
             verified=dict(raw["verified"]) if isinstance(raw.get("verified"), dict) else None,
             speculation={str(k): int(v) for k, v in raw["speculation"].items()}
             if isinstance(raw.get("speculation"), dict) else None,
+            unmeasured=tuple(str(u) for u in raw.get("unmeasured", ())),
         )
 
 

@@ -1,4 +1,5 @@
-"""Rule `weights`: NaN/Inf constants are an error naming the tensor; finite ones stay silent."""
+"""Rule `weights`: NaN constants, and ±inf read as a weight, are an error naming the tensor; a −inf
+identity feeding Max (jax2tf, magika) is a warning; finite ones stay silent."""
 
 from __future__ import annotations
 
@@ -32,3 +33,18 @@ def test_nan_and_inf_weights_are_an_error_naming_the_tensor() -> None:
 def test_finite_weights_stay_silent() -> None:
     found = check(conv(np.ones((4, 3, 3, 3), np.float32)), ["generic-npu"]).findings
     assert (found["rule"] == "weights").sum() == 0
+
+
+def test_a_minus_inf_identity_is_a_warning_not_an_error() -> None:
+    """jax2tf's Max(ReduceMax(x), -inf): the model is valid (the scan accepts it), so the check says so."""
+    m = parser.parse_model('<ir_version: 8, opset_import: ["" : 13]>\n'
+                           "g (float[2,5] x) => (float[2] y) { r = ReduceMax <axes = [1], keepdims = 0> (x)\n"
+                           " y = Max (r, neginf) }")
+    m.graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, np.float32), "neginf"))
+    found = check(m, ["generic-npu"]).findings
+    rows = found[found["rule"] == "weights"]
+    assert list(rows["severity"]) == ["warn"] and list(rows["op_type"]) == ["Max"]
+    assert "re-export" not in str(rows.iloc[0]["fix"])
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(np.nan, np.float32), "neginf"))
+    found = check(m, ["generic-npu"]).findings
+    assert list(found.loc[found["rule"] == "weights", "severity"]) == ["error"]

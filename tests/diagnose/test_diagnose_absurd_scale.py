@@ -33,3 +33,7 @@ def test_bounded_op_output_stays_silent() -> None:
     probs = [1e-6] * 50 + [0.99]
     assert absurd_scale.check(facts([0.0] * 51, probs, op_type="Softmax")) is None
     assert absurd_scale.check(facts([0.0] * 51, probs, op_type="Conv")) is not None  # the same range elsewhere
+    # magika's Softmax written out: one kernel whose first node is the ReduceMax
+    written_out = "Softmax[ReduceMax+Max+Reshape+Expand+Sub+Exp+ReduceSum+Reshape+Expand+Div]"
+    assert absurd_scale.check(facts([0.0] * 51, probs, op_type="ReduceMax", kernel=written_out)) is None
+    assert absurd_scale.check(facts([0.0] * 51, probs, op_type="ReduceMax", kernel="ReduceMax")) is not None

@@ -16,17 +16,22 @@ from quantscan.patterns.base import NoMatch
 AXES = """
     ax = Constant <value = int64[1] {-1}> ()
     ax1 = Constant <value = int64[1] {1}> ()
+    rs = Constant <value = int64[3] {2, 4, 1}> ()
 """
 SPELLINGS = {
     "plain": "e = Exp (x)\n s = ReduceSum <keepdims = 1> (e, ax)\n h = Div (e, s)",
     "stable": "m = ReduceMax <axes = [-1], keepdims = 1> (x)\n d = Sub (x, m)\n e = Exp (d)\n"
               " s = ReduceSum <keepdims = 1> (e, ax)\n h = Div (e, s)",
     "reciprocal": "e = Exp (x)\n s = ReduceSum <keepdims = 1> (e, ax)\n r = Reciprocal (s)\n h = Mul (r, e)",
+    "restored": "m0 = ReduceMax <axes = [-1], keepdims = 0> (x)\n m = Unsqueeze (m0, ax)\n d = Sub (x, m)\n"
+                " e = Exp (d)\n s0 = ReduceSum <keepdims = 0> (e, ax)\n shp = Shape (x)\n s1 = Reshape (s0, rs)\n"
+                " s = Expand (s1, shp)\n h = Div (e, s)",
 }
 OPS = {
     "plain": "Exp+ReduceSum+Div",
     "stable": "ReduceMax+Sub+Exp+ReduceSum+Div",
     "reciprocal": "Exp+ReduceSum+Reciprocal+Mul",
+    "restored": "ReduceMax+Unsqueeze+Sub+Exp+ReduceSum+Reshape+Expand+Div",
 }
 
 
@@ -40,7 +45,7 @@ def test_fires_on_each_spelling(spelling: str) -> None:
     found = softmax.match_from(index, "x")
     assert isinstance(found, softmax.SoftmaxMatch), found
     assert found.x == "x" and found.output == "h" and found.axes == (-1,)
-    assert found.op_types() == OPS[spelling] and found.stable == (spelling == "stable")
+    assert found.op_types() == OPS[spelling] and found.stable == (spelling in ("stable", "restored"))
     assert not found.shared(index)
 
 
@@ -51,6 +56,7 @@ def test_fires_on_each_spelling(spelling: str) -> None:
         (SPELLINGS["plain"].replace("h = Div (e, s)", "h = Div (s, e)"), "not divided"),
         (SPELLINGS["plain"].replace("h = Div (e, s)", "h = Mul (e, s)"), "not divided"),
         (SPELLINGS["plain"].replace("<keepdims = 1> (e, ax)", "<keepdims = 0> (e, ax)"), "keepdims"),
+        (SPELLINGS["restored"].replace("s1 = Reshape (s0, rs)", "s1 = Identity (s0)"), "restoring"),
     ],
 )
 def test_silent_on_near_miss(body: str, reason: str) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-from builders import assert_same_outputs, build, run
+from builders import assert_same_outputs, build, loop_decoder, run
 from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.compat.check import check
@@ -220,3 +220,39 @@ def test_reduce_with_noop_flag_and_no_axes_is_refused() -> None:
               'g (float[2,3] x) => (float[2,3] y) { y = ReduceSum <noop_with_empty_axes = 1> (x) }')
     res = opset_down(m, 11)
     assert not res.changes and any("noop_with_empty_axes=1 without axes" in r.reason for r in res.refusals)
+
+
+def test_a_loop_blocks_opset_down_which_is_skipped_while_the_others_apply(tmp_path: Path) -> None:
+    """SLANet's case in small (issue 26): a valid opset-13 model with an attention decoder in a Loop whose
+    stop condition reads data. No flag folds that Loop, so opset-down cannot apply: `--all-for-profile
+    horizon-x3` skips it with its reason and applies fix-dim and div-to-mul (exit 0); the check of the
+    result still reports the opset error, and its fix names the re-export, not a rewrite that would be
+    skipped again. Oracle: onnxruntime on the original model, the Loop's output compared by value."""
+    m = loop_decoder()
+    res = opset_down(m, 11)
+    assert not res.changes and [r.reason.split(":")[0] for r in res.refusals] == ["Loop"]
+    rep = rewrite(m, ["div-to-mul"], fix_dim=["batch=1"], opset=11, write=False)
+    by_id = {s.rewrite: s for s in rep.steps}
+    assert by_id["div-to-mul"].changes and by_id["fix-dim"].changes
+    assert not by_id["opset-down"].changes and "Loop" in by_id["opset-down"].noop
+    assert rep.passed and rep.opset_after == 13 and "Div" not in rep.op_counts_after
+    x = np.random.default_rng(3).normal(size=(1, 4)).astype(np.float32)
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+    got = ort.InferenceSession(rep.model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    (finding,) = [f for f in check(rep.model, ["horizon-x3"]).records if f.rule == "opset"]
+    assert finding.severity == "error" and "re-export the model at opset 11" in finding.fix
+    assert "Loop" in finding.fix and "rewrite " not in finding.fix
+    with pytest.raises(UsageError, match="cannot lower the model's opset 13: Loop"):
+        rewrite(m, [], opset=11, write=False)  # opset-down alone: nothing applies, a refusal
+
+    path = tmp_path / "decoder.onnx"
+    onnx.save(m, path)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "quantscan", "rewrite", str(path), "--all-for-profile", "horizon-x3",
+                           "-o", str(tmp_path / "out.onnx")], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "opset-down: 0 changes, 1 left alone (no-op, skipped: --opset 11: cannot lower" in proc.stdout
+    assert "div-to-mul: 1 changes" in proc.stdout and (tmp_path / "out.onnx").exists()

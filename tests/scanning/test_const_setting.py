@@ -8,6 +8,7 @@ The oracle is the two-step route users were told to take: freeze first, then sca
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from tests.builders import build
 
 import quantscan
 from quantscan.calib import load_calibration
-from quantscan.errors import InternalError, UsageError
+from quantscan.errors import InternalError
 from quantscan.model import load_model, set_input_dims
 from quantscan.rewrites.pipeline import rewrite
 from quantscan.runner import Runner
@@ -130,9 +131,11 @@ g (float[N, 8] x) => (float[N, 4] y) {
 """
 
 
-def test_an_if_no_const_decides_stays_float_and_bisect_refuses(tmp_path: Path) -> None:
+def test_an_if_no_const_decides_stays_float_and_bisect_says_so(tmp_path: Path) -> None:
     """What the consts do not decide is left as it was: the scan says what stays float inside the If,
-    and bisect refuses rather than report a target met with nothing quantized."""
+    and bisect (a valid model is never refused, issue 26) searches the top-level sites and records in
+    its plan that every figure leaves the If's body float, rather than report a met target as the
+    int8 model's."""
     from quantscan.api import run_bisect
 
     model, calib = _setup(tmp_path)
@@ -140,8 +143,10 @@ def test_an_if_no_const_decides_stays_float_and_bisect_refuses(tmp_path: Path) -
     result = quantscan.scan(model, calib, gain_candidates=0, quiet=True)
     (warning,) = [w for w in result.warnings if "not analysed" in w]
     assert "If" in warning and "--freeze-input" in warning
-    with pytest.raises(UsageError, match=r"not analysed.*If.*--freeze-input"):
-        run_bisect(model, calib, target_cosine=0.99)
+    bisected = run_bisect(model, calib, target_cosine=0.99, out=tmp_path / "b")
+    assert [u.split(" ")[0] for u in bisected.plan.unmeasured] == ["If_3"]
+    assert any("not analysed" in w for w in bisected.warnings)
+    assert json.loads((tmp_path / "b" / "plan.json").read_text())["unmeasured"] == list(bisected.plan.unmeasured)
 
 
 def test_a_state_input_is_never_frozen(tmp_path: Path) -> None:

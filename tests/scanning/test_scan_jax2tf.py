@@ -1,5 +1,6 @@
 """A jax2tf-style classifier: a −inf constant (the identity of a max-reduction feeding Max), GELU in
-jax's tanh spelling (x³ as x·(x·x), constants first), Softmax written out as Exp/ReduceSum/Div.
+jax's tanh spelling (x³ as x·(x·x), constants first), Softmax written out as Exp/ReduceSum/Div, with
+keepdims=1 or (magika, through tf2onnx) keepdims=0 and the axis put back by Reshape/Expand.
 
 Oracle: onnx's ReferenceEvaluator running the FP32 model and the saved QDQ model, top-1 agreement and
 cosine written out in numpy.
@@ -45,7 +46,28 @@ g (float[N, 16] x) => (float[N, 10] probs) {
 """
 
 
-def jax2tf_classifier(tmp_path: Path) -> tuple[Path, Path]:
+TF2ONNX_SOFTMAX = """
+  rm = ReduceMax <axes = [1], keepdims = 0> (logits)
+  m0 = Max (neginf, rm)
+  shp = Shape (logits)
+  n = Slice (shp, z0, o0)
+  col = Concat <axis = 0> (n, o0)
+  m1 = Reshape (m0, col)
+  m = Expand (m1, shp)
+  d = Sub (logits, m)
+  e = Exp (d)
+  z0s = ReduceSum <keepdims = 0, noop_with_empty_axes = 1> (e, ax)
+  z1 = Reshape (z0s, col)
+  z = Expand (z1, shp)
+  probs = Div (e, z)
+}
+"""
+"""magika's head (jax2tf through tf2onnx): keepdims=0 reductions whose axis is put back by a Reshape to
+[N, 1] (the batch read with Shape/Slice) and an Expand to the logits' shape, before the Sub and the Div."""
+MAGIKA_CLASSIFIER = JAX2TF_CLASSIFIER[:JAX2TF_CLASSIFIER.index("  rm = ReduceMax")] + TF2ONNX_SOFTMAX
+
+
+def jax2tf_classifier(tmp_path: Path, text: str = JAX2TF_CLASSIFIER) -> tuple[Path, Path]:
     rng = np.random.default_rng(3)
     inits = {
         "w1": rng.normal(0, 0.4, (16, 32)).astype(np.float32),
@@ -58,8 +80,10 @@ def jax2tf_classifier(tmp_path: Path) -> tuple[Path, Path]:
         "half": np.array(0.5, np.float32),
         "neginf": np.array(-np.inf, np.float32),
         "ax": np.array([1], np.int64),
+        "z0": np.array([0], np.int64),
+        "o0": np.array([1], np.int64),
     }
-    model = onnx.parser.parse_model(JAX2TF_CLASSIFIER)
+    model = onnx.parser.parse_model(text)
     model.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
     onnx.checker.check_model(model, full_check=True)
     path = tmp_path / "jax2tf.onnx"
@@ -80,8 +104,9 @@ def test_minus_inf_constant_is_valid_and_nan_is_not() -> None:
         check_finite_weights(model, "m.onnx")
 
 
-def test_jax2tf_classifier_scans_as_a_classifier(tmp_path: Path) -> None:
-    model, calib = jax2tf_classifier(tmp_path)
+@pytest.mark.parametrize("text", [JAX2TF_CLASSIFIER, MAGIKA_CLASSIFIER], ids=["keepdims", "restored"])
+def test_jax2tf_classifier_scans_as_a_classifier(tmp_path: Path, text: str) -> None:
+    model, calib = jax2tf_classifier(tmp_path, text)
     qdq = tmp_path / "qdq.onnx"
     result = quantscan.scan(model, calib, save_qdq=qdq)
     kernels = [s.kernel for s in result.sites]

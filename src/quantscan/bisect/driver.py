@@ -44,7 +44,6 @@ from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.executors import Executor, make_executor
 from quantscan.graph.mixed import MixedBuilder
-from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import jsonable, save_model
@@ -148,7 +147,6 @@ def bisect_model(
     model, calib = _checked_request(model, calib, fallback, mode)
     loaded, cset, identity = _load_inputs(model, calib, options, stored)
     ctx = _prepare(loaded, cset, calib, progress, runner, options)
-    _refuse_unanalysed_bodies(ctx)
     aim = _stored_target(stored) or target_from_flags(target_cosine, target_sqnr, target_top1, target)
     rounding = _rounding(stored, Rounding(realisations, rounding_spread, int(options.get("seed") or 0), bound_z,
                                           holdout))
@@ -373,14 +371,6 @@ def _open_session(
     if session is not None and path is not None and path.exists():
         raise SessionFileError(f"session file {path} already exists: continue it with --resume {path}")
     return None, path
-
-
-def _refuse_unanalysed_bodies(ctx: ScanContext) -> None:
-    """A model with float nodes inside If/Loop/Scan bodies cannot be bisected honestly: all-int8 would
-    leave them float and could report the target "already met" with nothing quantized."""
-    warning = unquantized_warning(ctx.graph.prepared.proto)
-    if warning is not None:
-        raise UsageError(f"bisect: expected every quantization site analysed, found {warning}")
 
 
 def _load_inputs(

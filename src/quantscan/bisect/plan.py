@@ -22,6 +22,7 @@ from quantscan.bisect.session import BisectSession
 from quantscan.bisect.state import METRICS, Bisector, Step, Target
 from quantscan.columns import Col
 from quantscan.graph.mixed import MixedBuilder
+from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.records import Metrics, ParetoPoint, Plan, PlanSite, Precision
 from quantscan.runfolder import atomic_write_text, csv_text, read_csv, write_json
 from quantscan.scanning.ort_recipe import quantize_static_call
@@ -138,6 +139,7 @@ def build_plan(
         phases=tuple(sorted({s.phase for s in steps})),
         steps=tuple(s.record() for s in steps),
         recipe=plan_recipe(ctx),
+        unmeasured=tuple(quantizable_bodies(ctx.graph.prepared.proto)),
     )
     if claims is None:
         return plan

@@ -135,6 +135,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)}{interval} "
           f"(all-int8 {value(plan.all_int8)}, all-float {value(plan.all_float)}); "
           f"{plan.evaluations} evaluations in {plan.seconds} s{_rounds(plan.speculation)}")
+    if plan.unmeasured:
+        print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
+              "(no site there was searched)")
     for site in plan.sites:
         print(f"  {site.node} -> {site.precision}")
     _print_verified(plan)

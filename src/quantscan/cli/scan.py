@@ -63,7 +63,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if not head.measured:
         print(f"quantscan: warning: the cosine above is NOT the int8 model's: the quantizable nodes inside "
               f"{', '.join(head.unmeasured)} stayed float, in the fake-quant and the deployed check alike; "
-              f"fold them first (`quantscan check {args.model}` names the rewrite flags)", file=sys.stderr)
+              f"fold an If first (`quantscan check {args.model}` names the rewrite flags; no flag folds a Loop "
+              "or Scan)", file=sys.stderr)
     if head.metrics.task:
         print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
     if result.calib_advice is not None:

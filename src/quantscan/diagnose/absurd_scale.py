@@ -16,7 +16,8 @@ RATIO = 1.0e4
 """Range over typical magnitude beyond which the scale is absurd (~13 bits more than int8 holds)."""
 BOUNDED = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "HardSigmoid"})
 """Ops whose output range is set by the op itself: a 6625-class Softmax has most channels near 0 and
-one near 1 by design; its scale (1/255) is not an outlier's doing, so only sentinels count there."""
+one near 1 by design; its scale (1/255) is not an outlier's doing, so only sentinels count there. A
+Softmax written out (jax2tf's ReduceMax/.../Div, one kernel) is bounded the same: `SiteFacts.bounded_by`."""
 
 
 def check(facts: SiteFacts) -> CauseFinding | None:
@@ -26,7 +27,7 @@ def check(facts: SiteFacts) -> CauseFinding | None:
     typical = facts.typical_magnitude()
     ratio = peak / typical if typical > 0 else math.inf
     sentinel = peak >= SENTINEL
-    if not sentinel and (facts.op_type in BOUNDED or not (math.isfinite(ratio) and ratio > RATIO)):
+    if not sentinel and (facts.bounded_by(BOUNDED) or not (math.isfinite(ratio) and ratio > RATIO)):
         return None
     evidence = {"peak_abs": peak, "typical_abs": typical, "ratio": ratio, "scale": facts.scale}
     what = "a float-min/max sentinel" if sentinel else "outliers"

@@ -107,6 +107,13 @@ class SiteFacts:
     """Measured `gain_if_float` of the sites upstream of this one (empty until the gain is measured)."""
     passes: tuple[str, ...] = ()
     """No-latency rewrites that can rescale this site's output channels (`smooth`, `equalize`)."""
+    kernel: str = ""
+    """The kernel the site is (`Softmax[ReduceMax+...+Div]` for a recognised decomposed Softmax, whose
+    first node, `op_type`, is a ReduceMax); empty when unknown."""
+
+    def bounded_by(self, ops: frozenset[str]) -> bool:
+        """The site's op, or the op its recognised kernel computes, is one of `ops`."""
+        return self.op_type in ops or self.kernel.split("[", 1)[0] in ops
 
     def typical_magnitude(self) -> float:
         """Median per-channel max |value| over channels without sentinels (NaN when unknown): what the

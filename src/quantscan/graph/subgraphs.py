@@ -214,13 +214,22 @@ def _quantizable(graph: onnx.GraphProto) -> int:
 
 
 def unquantized_warning(model: onnx.ModelProto) -> str | None:
-    """One line naming the control-flow nodes whose bodies the scan does not quantize, and the way out."""
+    """One line naming the control-flow nodes whose bodies the scan does not quantize, and the way out:
+    an If on a setting input folds with a flag; no flag folds a Loop or Scan (a decoder's trip count is
+    data), whose body is then float in every figure, as on an NPU, whose compiler leaves control flow to
+    the CPU."""
     found = unquantized_bodies(model)
     if not found:
         return None
     listed = ", ".join(f"{name} ({count} nodes)" for name, count in found[:5])
-    return (
-        f"not analysed: the nodes inside {listed} stay float (quantscan quantizes the top-level graph, "
-        "not If/Loop/Scan bodies); fold an If on a setting input with `--const NAME=VALUE` on the scan, "
-        "or first with `quantscan rewrite MODEL --freeze-input NAME=VALUE`"
-    )
+    ops = {n.op_type for n, name in zip(model.graph.node, stable_node_names(list(model.graph.node)), strict=True)
+           if name in dict(found)}
+    ways = []
+    if "If" in ops:
+        ways.append("fold an If on a setting input with `--const NAME=VALUE` on the scan, or first with "
+                    "`quantscan rewrite MODEL --freeze-input NAME=VALUE`")
+    if ops - {"If"}:
+        ways.append(f"no flag folds a {'/'.join(sorted(ops - {'If'}))}: every figure is of the model with its body "
+                    "float (an NPU runs control flow on the CPU); the top-level sites are measured")
+    return (f"not analysed: the nodes inside {listed} stay float (quantscan quantizes the top-level graph, "
+            f"not If/Loop/Scan bodies); {'; '.join(ways)}")

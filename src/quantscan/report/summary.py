@@ -164,8 +164,8 @@ def _output_section(result: SummarySource) -> list[str]:
         f"Headline: {code(head.output)} (worst output) cosine {_fmt(head.cosine, 5)}, "
         f"SQNR {_fmt(head.sqnr_db)} dB. "
         + ("" if head.measured else f"**Not measured on the int8 model:** the quantizable nodes inside "
-           f"{', '.join(head.unmeasured)} stayed float (the deployed check runs the same model); fold the "
-           "control flow first (`quantscan check` names the rewrite flags). ")
+           f"{', '.join(head.unmeasured)} stayed float (the deployed check runs the same model); fold an If "
+           "first (`quantscan check` names the rewrite flags; no flag folds a Loop or Scan). ")
         + ("Every float output that is not a recurrent state counts and the worst heads: `--output NAME` "
            "measures the one the application reads (a detector's scores, not a side feature map; "
            "`--task heatmap` then says where a score map's peaks land). "

@@ -363,8 +363,18 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
         f"{_g(target.get('value'))} {reached}; keep {len(sites)} site(s) at higher precision: "
         f"{names or 'none'}{more}; {metric} {_g(_metric(plan.get('all_int8'), metric), 5)} all-int8 -> "
         f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan{_interval_text(plan)}.",
+        *_unmeasured_lines(plan),
         *_verified_lines(plan),
     ]
+
+
+def _unmeasured_lines(plan: Mapping[str, Any]) -> list[str]:
+    """Said once: the plan's figures leave control-flow bodies float (no site inside was searched)."""
+    bodies = plan.get("unmeasured") or []
+    if not bodies:
+        return []
+    return [f"- **Not the int8 model:** every figure of the plan leaves the quantizable nodes inside "
+            f"{', '.join(code(b) for b in bodies)} float; the search covered the top-level sites only."]
 
 
 def _verified_lines(plan: Mapping[str, Any]) -> list[str]:

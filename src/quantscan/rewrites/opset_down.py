@@ -112,8 +112,13 @@ def opset_down(model: onnx.ModelProto, target: int) -> RewriteResult:
 
 def blocking_ops(model: onnx.ModelProto, target: int) -> list[str]:
     """The op types that keep `model` from `target` (empty when opset-down would apply), for findings."""
+    return sorted({op for _, op in blocking_nodes(model, target)})
+
+
+def blocking_nodes(model: onnx.ModelProto, target: int) -> list[tuple[str, str]]:
+    """(node label, op type) of every node that keeps `model` from `target`, in graph order."""
     res = opset_down(model, target)
-    return sorted({r.reason.split(":", 1)[0] for r in res.refusals if r.node})
+    return [(r.node, r.reason.split(":", 1)[0]) for r in res.refusals if r.node]
 
 
 def _convert(node: onnx.NodeProto, current: int, ctx: _Ctx) -> str | None:

@@ -226,9 +226,10 @@ def rewrite(
     exist), refusing with the ops that block it. Without `out`, a model given by path is written beside
     itself as `<stem>.rewritten.onnx` (then `.rewritten.1.onnx`, ...); `write=False` only proves.
     Raises UsageError for unknown ids, bad dimension syntax, `out` equal to the input, a request where
-    no rewrite applied anywhere (the error lists why, from the refusals) and an opset it cannot lower. A
-    pass that applies nowhere among others that apply is skipped and reported (`StepReport.noop`), the
-    way `--all-for-profile` skips one: `--fix-dim batch=1 --cleanup` on a clean graph still fixes the dim.
+    no rewrite applied anywhere (the error lists why, from the refusals), opset-down included. A pass
+    that applies nowhere among others that apply is skipped and reported (`StepReport.noop`), the way
+    `--all-for-profile` skips one: `--fix-dim batch=1 --cleanup` on a clean graph still fixes the dim, and
+    an opset the Loop bodies block is skipped with its blockers while the other passes apply.
     `clamp_mask_value` is the finite value `clamp-mask` writes; without one, the smallest magnitude of
     `CLAMP_CANDIDATES` whose proof is exact on the same data is chosen (else `CLAMP_VALUE`).
     `freeze_input` holds `NAME=VALUE` settings (`freeze-input`, applied right after fix-dim); the proof
@@ -466,13 +467,20 @@ def _steps(
 
 
 def _opset_down(model: onnx.ModelProto, target: int, steps: list[StepReport]) -> onnx.ModelProto:
-    """Lower the opset last (the other rewrites may need the newer one), or say which ops block it."""
+    """Lower the opset last (the other rewrites may need the newer one), or say which ops block it.
+
+    Blocked, it is one more pass that applies nowhere: skipped with its reason when another pass
+    changed the model (a valid Loop-decoder model still gets its fix-dim and div-to-mul), a refusal when
+    it was the only one that could have (the `_apply_steps` rule for every pass)."""
     result = opset_down(model, target)
-    steps.append(StepReport(RewriteId.OPSET_DOWN.value, result.exact, result.changes, result.refusals))
+    noop = ""
     if not result.changes:
         blockers = sorted({r.reason for r in result.refusals})
         shown = "; ".join(blockers[:5]) + (f" (and {len(blockers) - 5} more)" if len(blockers) > 5 else "")
-        raise UsageError(f"--opset {target}: cannot lower the model's opset {onnx_opset(model)}: {shown}")
+        noop = f"--opset {target}: cannot lower the model's opset {onnx_opset(model)}: {shown}"
+        if not any(s.changes for s in steps):
+            raise UsageError(noop)
+    steps.append(StepReport(RewriteId.OPSET_DOWN.value, result.exact, result.changes, result.refusals, noop))
     return result.model
 
 

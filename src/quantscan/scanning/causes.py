@@ -91,6 +91,7 @@ def site_facts(
         figures={k: float(row[k]) for k in FIGURES if k in row},
         feeds_softmax=feeds_softmax(index, site.output),
         passes=(passes or {}).get(site.output, ()),
+        kernel=site.kernel,
     )
 
 

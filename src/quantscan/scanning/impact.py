@@ -37,7 +37,7 @@ from quantscan.columns import Col
 from quantscan.metrics import SQNR_CAP_DB, jackknife_stderr
 from quantscan.records import Severity
 from quantscan.runner import ORT_LEVEL_NAMES
-from quantscan.scanning.gain import GAIN_ORT_LEVEL, compute_gain, mixed_builder, worst_output
+from quantscan.scanning.gain import compute_gain, gain_ort_level, mixed_builder, worst_output
 from quantscan.scanning.options import DEFAULT_GAIN_CANDIDATES, DEFAULT_GAIN_SAMPLES, ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.site_result import IsolatedFigures, OutputGain, SiteResult, ranked
@@ -189,8 +189,9 @@ def measure_impact(
     indices = gain_sample_indices(sample_order, ctx.data.eval_set.n_samples, samples)
     subset = gain_samples(ctx.data.eval_set, indices)
     measured = measure(ctx, candidates, subset, progress)
+    level = ORT_LEVEL_NAMES[gain_ort_level(ctx.graph.prepared.proto)]
     return Impact(measured.gains, candidates, time.perf_counter() - started, samples=subset.n_samples,
-                  sample_indices=indices, base=float(measured.base), ort_level=ORT_LEVEL_NAMES[GAIN_ORT_LEVEL],
+                  sample_indices=indices, base=float(measured.base), ort_level=level,
                   replicates=measured.replicates)
 
 

@@ -48,14 +48,23 @@ def greedy_decode(logits: np.ndarray, charset: Charset) -> list[str]:
 
 
 def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (insert, delete, substitute all cost 1), one row at a time."""
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
+    """Levenshtein distance (insert, delete, substitute all cost 1), one row at a time in numpy.
+
+    Why numpy: a decoder's strings run to thousands of characters (SLANet's 501 HTML tokens), and the
+    pure-Python double loop took 6.7 s per sample there. Row i from row i-1: x[j] = min(prev[j] + 1,
+    prev[j-1] + (a[i] != b[j])), then the insertions cur[j] = min(x[j], cur[j-1] + 1), which is
+    j + the running minimum of x[k] - k (`np.minimum.accumulate`)."""
+    if not a or not b:
+        return len(a) + len(b)
+    codes = np.frombuffer(b.encode("utf-32-le"), dtype=np.uint32)
+    steps = np.arange(len(b) + 1)
+    prev = steps.copy()
+    for i, ca in enumerate(np.frombuffer(a.encode("utf-32-le"), dtype=np.uint32), 1):
+        x = np.empty_like(prev)
+        x[0] = i
+        x[1:] = np.minimum(prev[1:] + 1, prev[:-1] + (codes != ca))
+        prev = np.minimum.accumulate(x - steps) + steps
+    return int(prev[-1])
 
 
 @dataclass
