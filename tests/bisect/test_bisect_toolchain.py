@@ -27,7 +27,7 @@ FAKE = Path(__file__).parents[1] / "toolchains" / "fake_rknn_api.py"
 
 def _fake_python(tmp: Path) -> Path:
     pkg = tmp / "fake_site" / "rknn"
-    pkg.mkdir(parents=True)
+    pkg.mkdir(parents=True, exist_ok=True)  # the module-scoped chain folder: several tests make it
     (pkg / "__init__.py").write_text("")
     shutil.copy(FAKE, pkg / "api.py")
     wrapper = tmp / "python"
