@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper
 from conftest import REPO
 from quantscan import cli
 from quantscan.errors import InternalError, SessionError
+from quantscan.runfolder import OUT_MARKER
 from quantscan.runner import Runner, _one_line
 
 CONV = """
@@ -317,16 +318,24 @@ def _parser_flags() -> set[str]:
     return flags
 
 
+FOREIGN_COMMANDS = ("ray start",)
+"""Another tool's command a message spells out for the user (its flags are that tool's)."""
+
+
 def _message_strings(tree: ast.AST) -> list[str]:
-    """Every string constant that is not a docstring (docstrings may quote other tools' flags)."""
-    docstrings = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                docstrings.add(id(first.value))
-    return [n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    """Every string constant that is not documentation (a docstring, or an attribute's string statement
+    after it: they may quote other tools' and benchmarks' flags)."""
+    skip = {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    texts = []
+    for node in ast.walk(tree):  # an f-string is one message: its literal parts read together
+        if isinstance(node, ast.JoinedStr):
+            parts = [v for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+            skip.update(id(v) for v in parts)
+            texts.append(" ".join(str(v.value) for v in parts))
+    texts += [n.value for n in ast.walk(tree)
+              if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+    return [t for t in texts if not any(command in t for command in FOREIGN_COMMANDS)]
 
 
 def test_every_flag_a_message_names_exists() -> None:
@@ -470,7 +479,9 @@ def test_interrupted_bisect_names_only_a_session_that_exists(
             "--out", tmp_path / "o"]
     code, _, err = main(capfd, *argv)
     assert code == 130 and "nothing to resume" in err and "--resume" not in err
-    (tmp_path / "o").mkdir(exist_ok=True)  # the lock on --out made it already
+    assert not (tmp_path / "o").exists()  # the folder the claim made, holding only its lock, is gone again
+    (tmp_path / "o").mkdir()  # a bisect interrupted later has written its marker and session there
+    (tmp_path / "o" / OUT_MARKER).write_text("")
     (tmp_path / "o" / "session.json").write_text("{}")
     code, _, err = main(capfd, *argv)
     assert code == 130 and f"--resume {tmp_path / 'o' / 'session.json'}" in err

@@ -480,6 +480,7 @@ def test_the_lock_is_free_after_a_failed_command(tmp_path: Path, calib: Path,
                                                  capfd: pytest.CaptureFixture[str]) -> None:
     path = save(conv_model(), tmp_path / "m.onnx")
     out = tmp_path / "o"
+    out.mkdir()  # the user's folder: it stays after the failure (one the command made is removed again)
     code, _, _ = main(capfd, "scan", path, "--calib", tmp_path / "none", "--out", out)
     assert code == 2
     holder = os.open(out / ".quantscan", os.O_RDWR)

@@ -126,20 +126,20 @@ def _outputs(model: Path, feeds: dict[str, np.ndarray], level: ort.GraphOptimiza
 
 
 def test_the_deployed_check_on_the_first_samples_measures_those_samples(tmp_path: Path) -> None:
-    """`deployed_samples=3` over 8 samples (batches of 2: the second batch is cut): the deployed figure and,
-    beside it, the fake-quant figure are those of the first 3 samples, by onnxruntime run directly on the
-    saved QDQ model (integer kernels at ORT_ENABLE_ALL, float Q/DQ with every optimisation off) and the
-    contract's cosine written out."""
+    """`deployed_samples=3` over 8 samples in batches of 2: the check takes whole batches (a model with a
+    fixed batch dim takes no other count), so the deployed figure and, beside it, the fake-quant figure are
+    those of the first 4 samples, by onnxruntime run directly on the saved QDQ model (integer kernels at
+    ORT_ENABLE_ALL, float Q/DQ with every optimisation off) and the contract's cosine written out."""
     model, calib = _convs(tmp_path, 0.5)
     spread = np.load(calib / "x.npy") * np.logspace(0, 2, 8, dtype=np.float32)[:, None, None, None]
     np.save(calib / "x.npy", spread)  # samples unlike each other: 3 of them measure differently from 8
     qdq = tmp_path / "qdq.onnx"
     head = _first_samples_scan(model, calib, tmp_path / "part", deployed_samples=3, save_qdq=qdq).headline
-    x = {"x": np.load(calib / "x.npy")[:3]}
+    x = {"x": np.load(calib / "x.npy")[:4]}
     fp32 = _outputs(model, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     deployed = _outputs(qdq, x, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     fake = _outputs(qdq, x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    assert head.deployed_samples == 3
+    assert head.deployed_samples == 4
     assert head.deployed is not None and head.deployed_basis is not None
     assert head.deployed.cosine == pytest.approx(_cosine(fp32, deployed), abs=1e-6)
     assert head.deployed_basis.cosine == pytest.approx(_cosine(fp32, fake), abs=1e-6)
@@ -148,8 +148,8 @@ def test_the_deployed_check_on_the_first_samples_measures_those_samples(tmp_path
     assert head.deployed_gap() == pytest.approx(head.deployed.cosine - head.deployed_basis.cosine)
     assert not head.deployed_basis.mse == pytest.approx(head.metrics.mse, rel=1e-2)  # not the 8-sample figure
     run = json.loads((tmp_path / "part" / "run.json").read_text())
-    assert run["headline"]["deployed_samples"] == 3 and "deployed_basis" in run["headline"]
-    assert "first 3 samples" in (tmp_path / "part" / "summary.md").read_text()
+    assert run["headline"]["deployed_samples"] == 4 and "deployed_basis" in run["headline"]
+    assert "first 4 samples" in (tmp_path / "part" / "summary.md").read_text()
     every = _first_samples_scan(model, calib, tmp_path / "all", deployed_samples="all").headline
     assert every.deployed_samples == 8 and every.deployed_basis is None  # the headline itself is the basis
 
@@ -160,7 +160,7 @@ def test_shards_keep_the_deployed_check_on_the_first_samples_of_the_whole_set(tm
     shards = _first_samples_scan(model, calib, tmp_path / "two", deployed_samples=5, workers=2, executor="serial")
     assert one.headline.deployed is not None and shards.headline.deployed is not None
     assert shards.headline.deployed.cosine == pytest.approx(one.headline.deployed.cosine, rel=1e-9)
-    assert shards.headline.deployed_samples == 5
+    assert shards.headline.deployed_samples == one.headline.deployed_samples == 6  # whole batches of 2
 
 
 def test_no_deployed_check(tmp_path: Path) -> None:

@@ -241,7 +241,7 @@ def _analysis_graph(
 
 
 def deployed_limit(opts: ScanOptions, n_samples: int) -> int:
-    """How many of the first evaluation samples the deployed check runs on.
+    """How many of the first evaluation samples the deployed check runs on (rounded up to whole batches).
 
     Why not all: the check runs the whole QDQ model a second time, at ORT_ENABLE_ALL (1.3-1.8 FP32 passes
     per sample, benchmarks/floor.py), to find a *systematic* difference between onnxruntime's integer
@@ -308,29 +308,20 @@ class _EvalPass:
 
     def _deployed_check(self, feeds: Feeds, values: Values, batch_labels: Sequence[Any] | None, n: int,
                         room: int) -> None:
-        """The QDQ model at ORT_ENABLE_ALL on this batch's first `room` samples (all of it when its arrays
-        cannot be cut along a sample axis), beside the fake-quant figures of the same samples."""
+        """The QDQ model at ORT_ENABLE_ALL on this batch when it starts within the deployed check's samples
+        (whole batches: a model whose batch dim is fixed takes no other count), beside the fake-quant
+        figures of the same samples."""
         if room <= 0:
             return
-        k = min(room, n)
-        arrays = [*feeds.values(), *(values[o] for o in self.spec.headline),
-                  *(values[o + qgraph.CUMULATIVE_SUFFIX] for o in self.spec.headline)]
-        if k < n and not all(a.ndim and a.shape[0] == n for a in arrays):
-            k = n
-
-        def cut(a: np.ndarray) -> np.ndarray:
-            return a if k == n else a[:k]
-
         if self._deployed is None:
             self._deployed = self._deployed_factory()
-        dep = self._deployed.run({name: cut(a) for name, a in feeds.items()}, self.spec.headline)
-        labels = batch_labels[:k] if batch_labels is not None else None
+        dep = self._deployed.run(feeds, self.spec.headline)
         for o, acc in self.deployed_acc.items():
-            acc.update(cut(values[o]), dep[o])
-            self.deployed_basis[o].update(cut(values[o]), cut(values[o + qgraph.CUMULATIVE_SUFFIX]))
+            acc.update(values[o], dep[o])
+            self.deployed_basis[o].update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX])
         for o, t1 in self.deployed_top1.items():
-            t1.update(cut(values[o]), dep[o], labels)
-        self.deployed_seen += k
+            t1.update(values[o], dep[o], batch_labels)
+        self.deployed_seen += n
 
     def _fold(self, values: Values, batch_labels: Sequence[Any] | None) -> None:
         spec = self.spec
