@@ -207,15 +207,8 @@ class RayExecutor:
         if not shards:
             return []
         ref = self.ray.put(common)  # once per map: every task gets the reference, not a copy
-        pending = [self.actors[k % len(self.actors)].run.remote(fn, ref, shard) for k, shard in enumerate(shards)]
-        try:
-            # Ray hands numpy arrays back as read-only views of the object store; the merges add shards
-            # into the first one's sums in place, so each result becomes this process' own copy.
-            return [copy.deepcopy(result) for result in self.ray.get(pending)]
-        except BaseException:
-            for task in pending:
-                self.ray.cancel(task)
-            raise
+        return self._gather([self.actors[k % len(self.actors)].run.remote(fn, ref, shard)
+                             for k, shard in enumerate(shards)])
 
     def map_tasks(self, fn: Callable[[Common, Shard, int | None], Result], common: Common, items: Sequence[Shard],
                   resources: Mapping[str, float] | None = None) -> list[Result]:
@@ -228,7 +221,12 @@ class RayExecutor:
         check_offered(self.ray.cluster_resources(), wanted)
         remote = self.ray.remote(num_cpus=0, resources=wanted or None, max_retries=RAY_RETRIES)(run_task)
         ref = self.ray.put(common)
-        pending = [remote.remote(fn, ref, item) for item in items]
+        return self._gather([remote.remote(fn, ref, item) for item in items])
+
+    def _gather(self, pending: list[Any]) -> list[Any]:
+        """The tasks' results in order, each this process' own copy (Ray hands numpy arrays back as
+        read-only views of the object store, and the merges add shards into the first one's sums in
+        place); on any failure or interrupt the tasks still running are cancelled."""
         try:
             return [copy.deepcopy(result) for result in self.ray.get(pending)]
         except BaseException:
