@@ -361,3 +361,73 @@ def loop_decoder(seed: int = 0, limit: float = 3.0) -> onnx.ModelProto:
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+DECODER_TOKENS = ("<tr>", "</tr>", "<td></td>", "<td", ">", " colspan=\"2\"")
+"""A class table in SLANet's form: these characters between sos (class 0) and eos (the last class)."""
+
+
+def greedy_decoder(steps: int = 6, dim: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """SLANet's decoder in small: an encoder MatMul gives a context, then a Loop that adds the embedding
+    of its previous token, picks the next by ArgMax and carries it one-hot into the next step; the steps'
+    scores come out [N, T, C] through Transpose and Softmax, with the `character` metadata of
+    `DECODER_TOKENS` (C = len + 2: a count CTC's blank + space would fit too)."""
+    f = TensorProto.FLOAT
+    classes = len(DECODER_TOKENS) + 2
+    rng = np.random.default_rng(seed)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["prev", "E"], ["emb"], name="body/MatMul"),
+         helper.make_node("Add", ["emb", "ctx"], ["z"], name="body/Add"),
+         helper.make_node("ArgMax", ["z"], ["tok"], axis=1, keepdims=0, name="body/ArgMax"),
+         helper.make_node("OneHot", ["tok", "depth", "onoff"], ["nxt"], axis=-1, name="body/OneHot"),
+         helper.make_node("Identity", ["cond"], ["cond_out"], name="body/cond"),
+         helper.make_node("Identity", ["z"], ["z_step"], name="body/step")],
+        "greedy_body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("prev", f, ["N", classes])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("nxt", f, ["N", classes]),
+         helper.make_tensor_value_info("z_step", f, ["N", classes])])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["ctx"], name="enc/MatMul"),
+        helper.make_node("Shape", ["ctx"], ["ctx_shape"], name="enc/Shape"),
+        helper.make_node("ConstantOfShape", ["ctx_shape"], ["zeros"], name="enc/Zeros",
+                         value=numpy_helper.from_array(np.zeros(1, np.float32))),
+        helper.make_node("Add", ["zeros", "sos_row"], ["start_tok"], name="enc/Start"),
+        helper.make_node("Loop", ["steps", "go", "start_tok"], ["last", "z_all"], name="decoder/Loop", body=body),
+        helper.make_node("Transpose", ["z_all"], ["z_ntc"], perm=[1, 0, 2], name="head/Transpose"),
+        helper.make_node("Softmax", ["z_ntc"], ["probs"], axis=-1, name="head/Softmax"),
+    ]
+    sos_row = np.zeros((1, classes), np.float32)
+    sos_row[0, 0] = 1.0
+    inits = [numpy_helper.from_array(rng.normal(size=(dim, classes)).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.normal(size=(classes, classes)) * 2).astype(np.float32), "E"),
+             numpy_helper.from_array(sos_row, "sos_row"),
+             numpy_helper.from_array(np.array(classes, np.int64), "depth"),
+             numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "onoff"),
+             numpy_helper.from_array(np.array(steps, np.int64), "steps"),
+             numpy_helper.from_array(np.array(True), "go")]
+    graph = helper.make_graph(nodes, "greedy_decoder", [helper.make_tensor_value_info("x", f, ["N", dim])],
+                              [helper.make_tensor_value_info("probs", f, ["N", steps, classes])], inits)
+    return _with_tokens(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+def ctc_head(steps: int = 6, dim: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """A plain CTC head of the same [N, T, C] shape and metadata as `greedy_decoder`: MatMul, Softmax."""
+    f = TensorProto.FLOAT
+    classes = len(DECODER_TOKENS) + 2
+    w = np.random.default_rng(seed).normal(size=(dim, classes)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["z"], name="head/MatMul"),
+         helper.make_node("Softmax", ["z"], ["probs"], axis=-1, name="head/Softmax")],
+        "ctc_head", [helper.make_tensor_value_info("x", f, ["N", steps, dim])],
+        [helper.make_tensor_value_info("probs", f, ["N", steps, classes])], [numpy_helper.from_array(w, "W")])
+    return _with_tokens(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+def _with_tokens(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.ir_version = 8
+    onnx.helper.set_model_props(model, {"character": "\n".join(DECODER_TOKENS)})
+    onnx.checker.check_model(model, full_check=True)
+    return model

@@ -208,12 +208,14 @@ def find_sites(
     node_pos = {id(n): i for i, n in enumerate(index.nodes)}
     channels_first = channels_first_tensors(index)
     for idx, node in enumerate(index.nodes):
-        if idx in claimed or node.name in skip or not _is_compute(index, node) or main_output(node) not in dependent:
+        if idx in claimed or node.name in skip or not _is_compute(index, node):
+            continue
+        if main_output(node, index) not in dependent:
             continue
         kernel_nodes, output, labels = _grow_kernel(index, node, fused_activations)
         if any(node_pos[id(n)] in claimed or n.name in skip for n in kernel_nodes[1:]):
             # a part already taken, or a part the chip runs on the CPU: the node is a kernel alone
-            kernel_nodes, output, labels = [node], main_output(node), [node.op_type]
+            kernel_nodes, output, labels = [node], main_output(node, index), [node.op_type]
         claimed.update(node_pos[id(n)] for n in kernel_nodes)
         if node.name in folded:
             labels.insert(1, "BatchNormalization")
@@ -278,14 +280,20 @@ def _is_compute(index: GraphIndex, node: onnx.NodeProto) -> bool:
         return False
     if node.op_type == "Cast" and node.input and index.is_float(node.input[0]):
         return False  # float-to-float cast: a no-op on the chip, same scale in and out
-    out = main_output(node)
+    out = main_output(node, index)
     return bool(out) and index.is_float(out)
 
 
-def main_output(node: onnx.NodeProto) -> str:
+def main_output(node: onnx.NodeProto, index: GraphIndex | None = None) -> str:
     """The output a kernel's quantization sits on: the first one the graph uses. An LSTM exported for
-    its final state only leaves Y empty (`LSTM(...) -> ("", Y_h)`): Y_h is then its output."""
-    return next((o for o in node.output if o), "")
+    its final state only leaves Y empty (`LSTM(...) -> ("", Y_h)`): Y_h is then its output. With the
+    `index`, an output nobody reads is passed over too: a Loop's first outputs are often final states
+    left unread (SLANet's decoder returns 23 values, the class scores the 7th), and a quantizer on a
+    dead tensor would measure nothing the model's outputs see. No output read: the first one."""
+    named = [o for o in node.output if o]
+    if index is not None and len(named) > 1:
+        return next((o for o in named if index.use_count(o)), named[0])
+    return named[0] if named else ""
 
 
 def _grow_kernel(
@@ -296,7 +304,7 @@ def _grow_kernel(
     if kernel is not None:
         in_order = sorted(kernel.nodes, key=lambda n: _graph_position(index, n))
         return in_order, kernel.output, [f"{kernel.kernel}[{kernel.op_types()}]"]
-    nodes, out, labels = [node], main_output(node), [node.op_type]
+    nodes, out, labels = [node], main_output(node, index), [node.op_type]
     if node.op_type in ANCHOR_OPS and _has_const_weight(index, node):
         for _ in range(2):
             affine = index.single_user(out)

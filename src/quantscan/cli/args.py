@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscan.errors import UsageError
+from quantscan.taskmetrics.base import TASKS
 
 EXIT_OK, EXIT_THRESHOLD, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -166,7 +167,7 @@ def data_options(p: argparse.ArgumentParser) -> None:
 
 def task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
     """Task metrics beside cosine (quantscan.taskmetrics); bisect takes no plugins (it cannot target them)."""
-    p.add_argument("--task", default="auto", choices=["auto", "classify", "ctc", "mask", "heatmap", "box", "none"],
+    p.add_argument("--task", default="auto", choices=list(TASKS),
                    help="task metrics on the outputs (default: detected from output shape and files)")
     if plugins:
         p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",

@@ -132,7 +132,7 @@ class ScanOptions:
     "sites" (quantization points and graph outputs only: several times less reduction work on
     models whose kernels hide many internal tensors, e.g. decomposed HardSwish/LayerNorm)."""
     task: str = "auto"
-    """Task metrics on the headline outputs: auto|classify|ctc|mask|none (see quantscan.taskmetrics)."""
+    """Task metrics on the headline outputs: auto|classify|ctc|decoder|mask|heatmap|box|none (quantscan.taskmetrics)."""
     metric: Sequence[str] = ()
     """`module:function` plugins called with the FP32 and int8 outputs per batch, returning named sums."""
     charset: str | Path | None = None

@@ -48,7 +48,7 @@ from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
 from quantscan.scanning.prepare import ScanContext, prepare_timed
 from quantscan.scanning.site_result import SiteResult, layers_frame
 from quantscan.scanning.tables import ScanTables, build_tables, ops_table, with_profile
-from quantscan.scanning.tasks import task_table
+from quantscan.scanning.tasks import decoder_notes, task_table
 from quantscan.scanning.workers import (
     ShardedCalibration,
     ShardedGain,
@@ -129,6 +129,8 @@ def _measure(
     evaluation = _evaluate(ctx, qdq, calib, pool, progress)
     times["evaluation"] = time.perf_counter() - t0
     ctx.warnings.extend(evaluation.warnings)
+    ctx.warnings.extend(decoder_notes(ctx.graph.prepared.proto, ctx.headline_outputs(), ctx.graph.probe.shapes,
+                                      ctx.data.eval_set, ctx.opts))
     t0 = time.perf_counter()
     tables = build_tables(ctx.loaded, ctx.graph.prepared, ctx.graph.sites, ctx.quant.plan, ctx.quant.calib_stats,
                           evaluation, ctx.graph.order,

@@ -16,6 +16,7 @@ from quantscan import taskmetrics as tm
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
 from quantscan.errors import UsageError
+from quantscan.graph.decoders import decoder_outputs
 from quantscan.scanning.options import ScanOptions
 
 CHARSET_METADATA_KEY = "character"
@@ -61,10 +62,12 @@ def task_accumulators(
     needs_charset = opts.task in ("auto", "ctc")
     charset = resolve_charset(proto, eval_set, opts) if needs_charset else None
     hw = image_size(input_shapes or {})
+    decoders = decoder_outputs(proto.graph, outputs) if opts.task == "auto" else {}
     found: dict[str, list[tm.TaskAccumulator]] = {}
     for name in outputs:
         shape = list(shapes.get(name, ()))
-        task = tm.detect_task(shape, charset, name in classifiers, hw) if opts.task == "auto" else opts.task
+        task = (tm.detect_task(shape, charset, name in classifiers, hw, name in decoders) if opts.task == "auto"
+                else opts.task)
         accs: list[tm.TaskAccumulator] = []
         built = tm.make_accumulator(task, charset, opts.mask_threshold, hw, shape)
         if built is not None:
@@ -74,6 +77,30 @@ def task_accumulators(
         if accs:
             found[name] = accs
     return found
+
+
+def decoder_notes(proto: onnx.ModelProto, outputs: Sequence[str], shapes: Mapping[str, Sequence[int]],
+                  eval_set: CalibSet, opts: ScanOptions) -> list[str]:
+    """One line per headline output that an autoregressive decoder emits, saying which task `--task auto`
+    gave it and why: the CTC-looking charset of such a model must not pass unremarked, and an output left
+    without a task metric says what would give it one."""
+    if opts.task != "auto":
+        return []
+    decoders = decoder_outputs(proto.graph, outputs)
+    charset = resolve_charset(proto, eval_set, opts) if decoders else None
+    notes = []
+    for name, loop in decoders.items():
+        dims = [int(d) for d in shapes.get(name, ())]
+        head = f"output '{name}' comes from an autoregressive decoder ({loop} feeds its ArgMax back)"
+        if tm.detect_task(dims, charset, False, None, True) == "decoder":
+            notes.append(f"{head}: task decoder (tokens until the end token, not CTC's collapse of repeats)")
+        elif charset is None:
+            notes.append(f"{head}: no task metric, no charset names its end token (--charset with C - 2 "
+                         "characters, for [sos] + characters + [eos], gives one)")
+        else:
+            notes.append(f"{head}: no task metric, its last axis ({dims[-1] if dims else '?'}) is not "
+                         f"[sos] + {len(charset.symbols) - 1} characters + [eos]")
+    return notes
 
 
 def _channel_groups(opts: ScanOptions, outputs: Sequence[str]) -> dict[str, list[tm.ChannelGroups]]:

@@ -6,13 +6,14 @@ built on different batches or worker processes combine exactly with `merge()`, a
 (`results()`) are ratios of those sums. Reference (`ref`) is the FP32 output, `test` the int8 one.
 
 Tasks: `classify` (top-1 / top-5 agreement, accuracy when labels exist), `ctc` (greedy-decoded string
-agreement and character error rate for recognisers), `mask` (IoU of the thresholded score map for
-segmentation and DB-style text detectors), `heatmap` (peak-location agreement and per-channel figures of
-multi-channel score maps, NCHW or NHWC), `box` (matched-box agreement for detection heads, after a
-documented decode and NMS written out in numpy), `none`; `--metric module:function` adds a plugin that
-returns named sums per batch.
+agreement and character error rate for recognisers), `decoder` (the token sequences of an autoregressive
+decoder, greedy until its end token, for a Loop that feeds its ArgMax back), `mask` (IoU of the
+thresholded score map for segmentation and DB-style text detectors), `heatmap` (peak-location agreement
+and per-channel figures of multi-channel score maps, NCHW or NHWC), `box` (matched-box agreement for
+detection heads, after a documented decode and NMS written out in numpy), `none`; `--metric
+module:function` adds a plugin that returns named sums per batch.
 
-One task per module: `base`, `classify`, `ctc`, `mask`, `heatmap`, `box`, `plugin`, `choose`; `groups`
+One task per module: `base`, `classify`, `ctc`, `decoder`, `mask`, `heatmap`, `box`, `plugin`, `choose`; `groups`
 (`--channel-groups`: an output's channels measured per named group) goes beside any of them.
 """
 
@@ -41,8 +42,10 @@ from quantscan.taskmetrics.ctc import (
     edit_distance,
     find_charset,
     greedy_decode,
+    levenshtein,
     load_charset,
 )
+from quantscan.taskmetrics.decoder import DecoderAccumulator, TokenTable, decode_tokens, token_table
 from quantscan.taskmetrics.groups import ChannelGroupAccumulator, ChannelGroups, parse_channel_groups
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator, heatmap_layout
 from quantscan.taskmetrics.mask import DEFAULT_MASK_THRESHOLD, MaskIouAccumulator
@@ -57,6 +60,7 @@ __all__ = [
     "Charset",
     "ClassifyAccumulator",
     "CtcAccumulator",
+    "DecoderAccumulator",
     "DEFAULT_BOX_SCORE",
     "DEFAULT_MASK_THRESHOLD",
     "DEFAULT_NMS_IOU",
@@ -67,6 +71,7 @@ __all__ = [
     "PluginAccumulator",
     "TASKS",
     "TaskAccumulator",
+    "TokenTable",
     "YOLOX_STRIDES",
     "add_sums",
     "box_iou",
@@ -74,6 +79,7 @@ __all__ = [
     "charset_from_text",
     "check_task",
     "class_scores",
+    "decode_tokens",
     "decode_yolox",
     "detect_task",
     "edit_distance",
@@ -81,6 +87,7 @@ __all__ = [
     "greedy_decode",
     "heatmap_layout",
     "group_figures",
+    "levenshtein",
     "load_charset",
     "load_plugin",
     "make_accumulator",
@@ -88,6 +95,7 @@ __all__ = [
     "nms",
     "parse_channel_groups",
     "ratio",
+    "token_table",
     "yolox_grid",
     "yolox_grid_count",
 ]

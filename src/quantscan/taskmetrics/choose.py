@@ -10,18 +10,25 @@ from quantscan.taskmetrics.base import TASKS, TaskAccumulator
 from quantscan.taskmetrics.box import BoxAccumulator, box_layout
 from quantscan.taskmetrics.classify import ClassifyAccumulator
 from quantscan.taskmetrics.ctc import Charset, CtcAccumulator
+from quantscan.taskmetrics.decoder import DecoderAccumulator, TokenTable, token_table
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator
 from quantscan.taskmetrics.mask import MaskIouAccumulator
 
 
 def detect_task(shape: Sequence[int], charset: Charset | None, classifier: bool,
-                input_hw: tuple[int, int] | None = None) -> str:
+                input_hw: tuple[int, int] | None = None, decoder: bool = False) -> str:
     """The task an output's shape and the files make clear; `none` when they do not.
+
+    `decoder`: the output comes from an autoregressive Loop/Scan (`graph.decoders`). Its [N, T, C]
+    scores are `decoder` when the charset fits `[sos] + characters + [eos]`, else `none` (the end token
+    is unknown), never `ctc`, whose decode is not the model's.
 
     A [1, N, 5+C] output whose N is exactly the YOLOX cell count of the input (strides 8/16/32), a
     [1, 4+C, N] YOLOv8 head or a [1, 3N, 5+C] YOLOv5 head is a detection head (`box`, see `box_layout`);
     N alone would be ambiguous, so the input size must be known."""
     dims = [int(d) for d in shape]
+    if decoder:
+        return "decoder" if len(dims) == 3 and token_table(charset, dims[-1]) is not None else "none"
     if charset is not None and len(dims) == 3 and dims[-1] in (len(charset.symbols), len(charset.symbols) + 1):
         return "ctc"
     if classifier:
@@ -47,6 +54,8 @@ def make_accumulator(task: str, charset: Charset | None, threshold: float,
             raise UsageError("--task ctc: expected a charset (charset.json/.txt beside the data, --charset, "
                              "or the model's 'character' metadata), found none")
         return CtcAccumulator(charset)
+    if task == "decoder":
+        return DecoderAccumulator(_token_table(charset, shape))
     if task == "mask":
         return MaskIouAccumulator(threshold)
     if task == "heatmap":  # never auto-detected: a multi-channel map may as well be a feature map
@@ -60,3 +69,15 @@ def check_task(task: str) -> str:
     if task not in TASKS:
         raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {task!r}")
     return task
+
+
+def _token_table(charset: Charset | None, shape: Sequence[int] | None) -> TokenTable:
+    """The start/end tokens of a decoder output of `shape`; usage error when the charset does not fit."""
+    classes = int(shape[-1]) if shape else 0
+    table = token_table(charset, classes)
+    if table is None:
+        found = "no charset" if charset is None else f"{len(charset.symbols) - 1} characters"
+        raise UsageError(f"--task decoder: expected a charset of C - 2 characters ([sos] + characters + [eos] "
+                         f"= the output's C={classes} classes; --charset, charset.json/.txt beside the data, "
+                         f"or the model's 'character' metadata), found {found}")
+    return table
