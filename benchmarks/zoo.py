@@ -27,6 +27,7 @@ beside the checkout): their clips and crops came from the same wheels, and no wh
 speech recording we found.
 
 Run: python benchmarks/zoo.py [--models a b ...] [--limit 8] [--cache DIR] [--out DIR] [--results]
+     [--steps scan bisect ...]   (only these steps; an earlier run's steps in the same --out stay)
      python benchmarks/zoo.py --collect DIR [DIR ...]   (the table again from finished run folders; runs
      split over several processes are merged this way, the last folder holding a model wins)
 """
@@ -45,6 +46,7 @@ import tempfile
 import time
 import wave
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -554,10 +556,15 @@ class ModelRun:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
+STEPS = ("fp32", "scan", "oracle", "check", "bisect", "report")
+"""What `--steps` can choose; `check` stands for check, the three rewrites and the three re-checks."""
+
+
 def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profiles: list[str],
-              timeout_s: float = 900.0, light: bool = False) -> ModelRun:
+              timeout_s: float = 900.0, light: bool = False, steps: Sequence[str] = STEPS) -> ModelRun:
     """Every step on one model; never raises for a step's failure (its exit code is the record).
-    `light` (CI) leaves out the two steps that only measure: the FP32 pass and `report`."""
+    `light` (CI) leaves out the two steps that only measure: the FP32 pass and `report`. `steps` runs
+    only those (bisect's target then comes from a scan folder an earlier run left, else 0.99)."""
     run = ModelRun(entry["name"], entry["family"], entry.get("expect", "ok"))
     model, calib = fetch_model(entry, cache), build_calib(entry, cache)
     folder = out / entry["name"]
@@ -569,10 +576,11 @@ def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profile
         run.steps[key] = quantscan(args, folder / f"{key}.log", timeout_s)
         return run.steps[key]
 
-    if not light:
+    if not light and "fp32" in steps:
         run.steps["fp32"] = fp32_pass(model, calib, limit, extra)
     common = ["--quiet", "--force"]
-    step("scan", ["scan", str(model), *data, "--out", str(folder / "scan"), "--no-report", *common])
+    if "scan" in steps:
+        step("scan", ["scan", str(model), *data, "--out", str(folder / "scan"), "--no-report", *common])
     if run.expect == "refused":
         step("bisect", ["bisect", str(model), *data, "--target-cosine", "0.99", "--out", str(folder / "bisect"),
                         *common])
@@ -581,15 +589,19 @@ def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profile
             step(f"rewrite_{profiles[0]}", ["rewrite", str(model), "--all-for-profile", profiles[0], *data, "-o",
                                             str(folder / "rewritten.onnx"), *common])
         return run
-    step("oracle", ["scan", str(model), *data, "--gain-candidates", "all", "--out", str(folder / "oracle"),
-                    "--no-report", *common])
+    if "oracle" in steps:
+        step("oracle", ["scan", str(model), *data, "--gain-candidates", "all", "--out", str(folder / "oracle"),
+                        "--no-report", *common])
     consts = [a for k, v in _consts(extra).items() for a in ("--const", f"{k}={v:g}")]
-    _check_loop(run, step, model, folder, profiles, ["--calib", str(calib), *consts, *entry.get("rewrite_args", [])])
+    if "check" in steps:
+        _check_loop(run, step, model, folder, profiles,
+                    ["--calib", str(calib), *consts, *entry.get("rewrite_args", [])])
     target = _bisect_target(folder / "scan")
     run.facts["target"] = target
-    step("bisect", ["bisect", str(model), *data, "--target-cosine", f"{target:.4f}", "--out",
-                    str(folder / "bisect"), *common])
-    if not light:
+    if "bisect" in steps:
+        step("bisect", ["bisect", str(model), *data, "--target-cosine", f"{target:.4f}", "--out",
+                        str(folder / "bisect"), *common])
+    if not light and "report" in steps:
         step("report", ["report", str(folder / "scan")])
     run.facts.update(read_scan(folder))
     return run
@@ -783,6 +795,9 @@ def main() -> int:
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "quantscan-zoo"))
     parser.add_argument("--out", default=None, help="run folders (default: CACHE/runs)")
     parser.add_argument("--results", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS),
+                        help="run only these steps (check: check, rewrites, re-checks); the steps an earlier run "
+                             "left in the same --out folder stay in its row")
     parser.add_argument("--collect", nargs="*", metavar="DIR",
                         help="run nothing: rebuild the table from these run folders (each holding MODEL/zoo.json)")
     args = parser.parse_args()
@@ -799,12 +814,17 @@ def main() -> int:
         return 0
     for entry in entries:
         print(f"zoo: {entry['name']} ...", file=sys.stderr, flush=True)
-        run = run_model(entry, cache, out, args.limit, zoo["profiles"])
-        rows.append(row(run, zoo["profiles"]))
-        print("| " + " | ".join(rows[-1]) + " |", file=sys.stderr, flush=True)
-        (out / entry["name"] / "zoo.json").write_text(json.dumps(
+        run = run_model(entry, cache, out, args.limit, zoo["profiles"], steps=args.steps)
+        record = out / entry["name"] / "zoo.json"
+        if set(args.steps) != set(STEPS) and record.exists():  # a partial run: the earlier steps stay
+            run.steps = {**{k: Step(**v) for k, v in json.loads(record.read_text())["steps"].items()}, **run.steps}
+        record.write_text(json.dumps(
             {"steps": {k: vars(v) for k, v in run.steps.items()},
              "facts": {k: v for k, v in run.facts.items() if k != "summary"}}, indent=1, default=str))
+        if set(args.steps) != set(STEPS):  # the row from every step's files, not only this run's
+            run = collect(entry, out / entry["name"], zoo["profiles"]) or run
+        rows.append(row(run, zoo["profiles"]))
+        print("| " + " | ".join(rows[-1]) + " |", file=sys.stderr, flush=True)
     table = markdown_table(rows)
     print(table)
     if args.results:

@@ -89,3 +89,21 @@ def test_wordpiece_follows_berts_own_examples() -> None:
     ids = zoo.encode("Café, unaffable world!", vocab, length=6)
     assert ids == [vocab[t] for t in ("[CLS]", "cafe", ",", "un", "##aff", "[SEP]")]  # truncated to 6
 
+
+
+def test_steps_runs_only_the_chosen_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--steps bisect` (the zoo rows whose bisect passed the cap): only bisect runs, and its target is
+    taken from the scan an earlier run left in the folder (all-int8 0.998 -> halfway, 0.999)."""
+    called: list[str] = []
+    monkeypatch.setattr(zoo, "fetch_model", lambda entry, cache: tmp_path / "m.onnx")
+    monkeypatch.setattr(zoo, "build_calib", lambda entry, cache: tmp_path / "calib")
+    monkeypatch.setattr(zoo, "quantscan", lambda args, log, timeout_s: called.append(" ".join(args[:1] + args[-6:]))
+                        or zoo.Step(0, 1.0, 1.0))
+    (tmp_path / "out" / "m" / "scan").mkdir(parents=True)
+    (tmp_path / "out" / "m" / "scan" / "run.json").write_text(json.dumps({"headline": {"cosine": 0.998}}))
+    (tmp_path / "out" / "m" / "scan" / "summary.md").write_text("")
+    entry = {"name": "m", "family": "f"}
+    run = zoo.run_model(entry, tmp_path, tmp_path / "out", limit=2, profiles=PROFILE, steps=["bisect"])
+    assert list(run.steps) == ["bisect"] and len(called) == 1 and "--target-cosine 0.9990" in called[0]
+    run = zoo.run_model(entry, tmp_path, tmp_path / "out", limit=2, profiles=PROFILE, steps=["check"], light=True)
+    assert list(run.steps) == ["check", "rewrite_rk3588", "recheck_rk3588"]
