@@ -60,20 +60,21 @@ def test_only_a_loop_feeding_its_argmax_back_is_a_decoder() -> None:
     assert decoder_outputs(loop_decoder().graph, ["probs"]) == {}  # a Loop whose body never picks a token
 
 
-@pytest.mark.parametrize(("build", "kind"), [(greedy_decoder, "decoder"), (ctc_head, "ctc")])
-def test_scan_picks_the_decode_the_graph_implies(build: Any, kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("build", "task", "kind"), [(greedy_decoder, "auto", "decoder"), (ctc_head, "auto", "ctc"),
+                                                     (ctc_head, "decoder", "decoder")])
+def test_scan_picks_the_decode_the_graph_implies(build: Any, task: str, kind: str, tmp_path: Path) -> None:
     model = tmp_path / "m.onnx"
     onnx.save(build(), model)
-    shape = (8, 4) if kind == "decoder" else (8, 6, 4)
+    shape = (8, 4) if build is greedy_decoder else (8, 6, 4)
     calib = tmp_path / "calib"
     calib.mkdir()
     np.save(calib / "x.npy", np.random.default_rng(3).normal(size=shape).astype(np.float32))
-    result = scan(model, calib, threads=1)
+    result = scan(model, calib, threads=1, task=task)
     assert set(result.task["task"]) == {kind}
     expected = {"decoder": {"sequence_agreement", "token_error_rate"}, "ctc": {"string_agreement", "cer"}}[kind]
     assert set(result.task["metric"]) == expected
-    said = [w for w in result.warnings if "autoregressive decoder" in w]
-    assert len(said) == (kind == "decoder") and (not said or "task decoder" in said[0])
+    said = [w for w in result.warnings if "autoregressive decoder" in w]  # auto says why; an explicit task not
+    assert len(said) == (build is greedy_decoder) and (not said or "task decoder" in said[0])
 
 
 def test_decode_is_paddles_loop_and_the_error_rate_its_edit_distance() -> None:

@@ -59,7 +59,7 @@ def task_accumulators(
     groups = _channel_groups(opts, outputs)
     if opts.task == "none" and not plugins and not groups:
         return {}
-    needs_charset = opts.task in ("auto", "ctc")
+    needs_charset = opts.task in ("auto", "ctc", "decoder")
     charset = resolve_charset(proto, eval_set, opts) if needs_charset else None
     hw = image_size(input_shapes or {})
     decoders = decoder_outputs(proto.graph, outputs) if opts.task == "auto" else {}
