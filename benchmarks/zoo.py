@@ -740,9 +740,10 @@ def row(run: ModelRun, profiles: list[str]) -> list[str]:
     scan = s.get("scan", Step(1, float("nan"), float("nan")))
     oracle = f.get("oracle") or {}
     best = next(iter(oracle.items()), None)
-    closed = "–" if run.expect == "refused" else ("y" if loop_closed(run, profiles) else "**n**")
+    checked = run.expect != "refused" and "check" in s  # not run (--steps): no figure, not "0→0"
+    closed = "–" if not checked else ("y" if loop_closed(run, profiles) else "**n**")
     errs = "–"
-    if run.expect != "refused":
+    if checked:
         before = sum(len(v) for v in f.get("errors_before", {}).values())
         after = sum(len(f.get(f"errors_after_{p}", {}).get(p, [])) for p in profiles)
         errs = f"{before}→{after}"
