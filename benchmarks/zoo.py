@@ -220,10 +220,12 @@ def _write_preprocess(folder: Path, spec: dict[str, Any], files: list[str]) -> N
 
 
 def photos(spec: dict[str, Any], cache: Path, folder: Path) -> None:
-    """skimage's photographs, as shipped (quantscan resizes them), with the model's preprocessing."""
+    """skimage's photographs, as shipped (quantscan resizes them), with the model's preprocessing; the
+    spec's `photos` list, when given, picks the ones in the model's domain (a table recogniser reads grids
+    and printed pages, not cats: on photographs SLANet's decoder ran to its 501-step cap)."""
     whl = zipfile.ZipFile(wheel(cache, SKIMAGE))
     names = []
-    for i, photo in enumerate(PHOTOS):
+    for i, photo in enumerate(spec.get("photos", PHOTOS)):
         name = f"{i:03d}_{photo}"
         (folder / name).write_bytes(whl.read(f"skimage/data/{photo}"))
         names.append(name)
@@ -443,16 +445,17 @@ RECIPES = {"photos": photos, "sentences": sentences, "lines": lines, "asset": as
 
 
 def build_calib(entry: dict[str, Any], cache: Path) -> Path:
-    """The entry's calibration folder in the cache (built once; a half-built one is rebuilt)."""
+    """The entry's calibration folder in the cache (built once per recipe; a half-built one is rebuilt)."""
     folder = cache / "calib" / entry["name"]
     done = folder.with_suffix(".done")
-    if done.exists():
+    recipe = json.dumps(entry["calib"], sort_keys=True)
+    if done.exists() and done.read_text() == recipe:  # built from this very recipe (an edited one rebuilds)
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     for f in folder.iterdir():
         f.unlink()
     RECIPES[entry["calib"]["recipe"]](entry["calib"], cache, folder)
-    done.write_text("")
+    done.write_text(recipe)
     return folder
 
 

@@ -107,3 +107,21 @@ def test_steps_runs_only_the_chosen_commands(tmp_path: Path, monkeypatch: pytest
     assert list(run.steps) == ["bisect"] and len(called) == 1 and "--target-cosine 0.9990" in called[0]
     run = zoo.run_model(entry, tmp_path, tmp_path / "out", limit=2, profiles=PROFILE, steps=["check"], light=True)
     assert list(run.steps) == ["check", "rewrite_rk3588", "recheck_rk3588"]
+
+
+def test_a_calibration_folder_is_rebuilt_when_its_recipe_changes(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache keeps a built folder per recipe: an entry whose recipe was edited (SLANet's photos became
+    table-like scans) must not go on reading the old folder."""
+    built: list[list[str]] = []
+
+    def recipe(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+        built.append(list(spec["photos"]))
+        (folder / "a.npy").write_bytes(b"")
+
+    monkeypatch.setitem(zoo.RECIPES, "fake", recipe)
+    entry = {"name": "m", "calib": {"recipe": "fake", "photos": ["page.png"]}}
+    zoo.build_calib(entry, tmp_path)
+    zoo.build_calib(entry, tmp_path)
+    zoo.build_calib({**entry, "calib": {"recipe": "fake", "photos": ["chessboard_GRAY.png"]}}, tmp_path)
+    assert built == [["page.png"], ["chessboard_GRAY.png"]]
