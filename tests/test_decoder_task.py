@@ -13,7 +13,8 @@ from __future__ import annotations
 import ast
 import zipfile
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -23,11 +24,13 @@ import pytest
 from builders import DECODER_TOKENS, ctc_head, greedy_decoder, loop_decoder
 from quantscan import taskmetrics as tm
 from quantscan.api import scan
-from quantscan.calib import load_calibration
+from quantscan.calib import CalibSet, load_calibration
 from quantscan.errors import UsageError
 from quantscan.graph.decoders import decoder_outputs
 from quantscan.model import graph_inputs
+from quantscan.scanning.options import ScanOptions
 from quantscan.scanning.prepare import prepare_scan
+from quantscan.scanning.tasks import task_accumulators
 
 
 def paddle_decode(scores: np.ndarray, sos: int, eos: int) -> list[list[int]]:
@@ -109,6 +112,15 @@ def test_the_class_table_must_be_sos_characters_eos() -> None:
     assert tm.detect_task([1, 6, classes], charset, False) == "ctc"  # without the graph's word: CTC's shape
     with pytest.raises(UsageError, match="--task decoder: expected a charset of C - 2 characters"):
         tm.make_accumulator("decoder", charset, 0.5, None, [1, 6, classes + 1])
+    # explicit --task decoder on a decoder's two outputs (SLANet: token scores and [N, T, 4] boxes): the
+    # token output is measured, the boxes are left alone; with no output fitting, the refusal says why
+    proto, calib = greedy_decoder(), cast(CalibSet, SimpleNamespace(source=None))  # no files beside the data
+    shapes = {"probs": [1, 6, classes], "boxes": [1, 6, 4]}
+    opts = ScanOptions(task="decoder", charset=None)
+    accs = task_accumulators(proto, ["boxes", "probs"], shapes, set(), calib, opts)
+    assert {k: [a.kind for a in v] for k, v in accs.items()} == {"probs": ["decoder"]}
+    with pytest.raises(UsageError, match="found 6 characters"):
+        task_accumulators(proto, ["boxes"], shapes, set(), calib, opts)
 
 
 @pytest.mark.real

@@ -63,11 +63,12 @@ def task_accumulators(
     charset = resolve_charset(proto, eval_set, opts) if needs_charset else None
     hw = image_size(input_shapes or {})
     decoders = decoder_outputs(proto.graph, outputs) if opts.task == "auto" else {}
+    tokens = _token_outputs(outputs, shapes, charset) if opts.task == "decoder" else set()
     found: dict[str, list[tm.TaskAccumulator]] = {}
     for name in outputs:
         shape = list(shapes.get(name, ()))
         task = (tm.detect_task(shape, charset, name in classifiers, hw, name in decoders) if opts.task == "auto"
-                else opts.task)
+                else "none" if tokens and name not in tokens else opts.task)
         accs: list[tm.TaskAccumulator] = []
         built = tm.make_accumulator(task, charset, opts.mask_threshold, hw, shape)
         if built is not None:
@@ -77,6 +78,14 @@ def task_accumulators(
         if accs:
             found[name] = accs
     return found
+
+
+def _token_outputs(outputs: Sequence[str], shapes: Mapping[str, Sequence[int]], charset: tm.Charset | None) -> set[str]:
+    """The outputs whose class axis fits the charset's token table: `--task decoder` measures those and
+    leaves a decoder's other outputs alone (SLANet's [N, 501, 4] boxes beside its token scores); with
+    none fitting, every output is tried and the first refuses with the reason."""
+    return {name for name in outputs
+            if len(shapes.get(name, ())) == 3 and tm.token_table(charset, int(shapes[name][-1])) is not None}
 
 
 def decoder_notes(proto: onnx.ModelProto, outputs: Sequence[str], shapes: Mapping[str, Sequence[int]],
