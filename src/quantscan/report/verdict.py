@@ -206,8 +206,8 @@ def _hidden_part(m: OutputMetrics | None) -> str:
     agree = _num(m.task.get("box_agreement"))
     boxes = (f"; detections agree at box_agreement {_g(agree, 4)} (`bisect --target box=X` aims at them)"
              if math.isfinite(agree) else "")
-    return (f" That pooled figure is its large values': its `{name}` part alone is at SQNR {_g(worst)} dB{cos}, "
-            f"and the site gains below are measured on the pooled output{boxes}.")
+    return (f" The pooled figure is set by the output's large values: its `{name}` part alone is at SQNR "
+            f"{_g(worst)} dB{cos}, and the site gains below are measured on the pooled output{boxes}.")
 
 
 def diagnosis_lines(
