@@ -91,3 +91,8 @@ def test_a_batch_built_inside_the_graph_names_no_fix_dim() -> None:
     found = check(outer, ["rk3588"], input_shapes={"x": [2, 8, 16]}).findings
     batch = found[(found["attribute"] == "batch") & (found["rule"] == "param-limit")]
     assert batch["fix"].tolist() == ["fix-dim batch=1"] and fix_dim(outer, ["batch=1"]).changes
+    static = parser.parse_model(PER_SAMPLE.replace("N,8,16", "2,8,16"))  # batch 2 written in the file
+    found = check(static, ["rk3588"]).findings
+    fixes = set(found[found["attribute"] == "batch"]["fix"])
+    assert fixes and all(f.startswith("re-export the model with batch 1") for f in fixes)
+    assert not fix_dim(static, ["batch=1"]).changes

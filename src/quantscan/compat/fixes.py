@@ -98,19 +98,27 @@ _LIMIT_FIXES: dict[str, str] = {
 }
 
 
-INNER_BATCH_FIX = ("keep this layer on CPU, or re-export with that axis folded into another: no symbolic input dim "
-                   "sets this batch (e.g. a Reshape folds attention areas or heads into axis 0), so no fix-dim "
-                   "changes it")
-"""A batch limit broken by a tensor whose axis 0 no symbolic input dim sets: fix-dim would be a no-op."""
+INNER_BATCH_FIX = ("keep this layer on CPU, or re-export with that axis folded into another: no input dim sets this "
+                   "batch (e.g. a Reshape folds attention areas or heads into axis 0), so no fix-dim changes it")
+STATIC_BATCH_FIX = ("re-export the model with batch 1: this is its input's batch, fixed in the file, and fix-dim "
+                    "changes only symbolic dims")
 
 
-def limit_fix(attribute: str, op: str, value: object, batch_from_input: bool = True) -> Fix:
-    """What to do about a parameter outside the profile's limit. A batch limit is a fix-dim when the
-    batch is a symbolic input dim's (`batch_from_input`); otherwise fix-dim has nothing to change."""
+def batch_fix(value: object, symbolic: set[int], static: set[int]) -> Fix:
+    """What to do about a batch past the limit, by where it comes from: the size the check gave a symbolic
+    input batch (`fix-dim batch=1` changes it), a static input batch (a re-export), or neither (made
+    inside the graph, as area attention folds 4 areas into axis 0 of a batch-1 model)."""
+    if value in symbolic:
+        return rewrite_fix(RewriteId.FIX_DIM, "batch=1")
+    return Fix(STATIC_BATCH_FIX if value in static else INNER_BATCH_FIX)
+
+
+def limit_fix(attribute: str, op: str, value: object) -> Fix:
+    """What to do about a parameter outside the profile's limit (a batch limit: `batch_fix`)."""
     if op in ("Conv", "ConvTranspose") and attribute in ("stride", "kernel") and _is_1d_long(value):
         return Fix("reshape the signal into frames and use a stride-1 Conv (or a MatMul on frames)")
     if attribute == "batch":
-        return rewrite_fix(RewriteId.FIX_DIM, "batch=1") if batch_from_input else Fix(INNER_BATCH_FIX)
+        return rewrite_fix(RewriteId.FIX_DIM, "batch=1")
     if attribute == "ceil_mode" and op in ("MaxPool", "AveragePool"):
         return rewrite_fix(RewriteId.FIX_CEIL_MODE)
     return Fix(_LIMIT_FIXES.get(attribute, "change the parameter to a supported value, or keep the layer on CPU"))

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.fixes import limit_fix
+from quantscan.compat.fixes import batch_fix, limit_fix
 from quantscan.compat.params import Params
 from quantscan.compat.profiles import Limit
+from quantscan.compat.rules.rank_size import batch_origins
 from quantscan.records import Finding
 
 RULE_ID = "param-limit"
@@ -81,7 +82,7 @@ def _check(ctx: RuleContext, i: int, limit: Limit, params: Params) -> Finding | 
     note = f"; {limit.note}" if limit.note else ""
     if op in ctx.profile.float16_ops:  # the float16 rule's fact, said once here rather than as a 2nd finding
         note += f"; within the limit, {ctx.profile.name} runs {op} in float16 (not an int8 site)"
-    fix = limit_fix(limit.attribute, op, value, batch_from_input=_symbolic_batch(ctx, value))
+    fix = batch_fix(value, *batch_origins(ctx)) if limit.attribute == "batch" else limit_fix(limit.attribute, op, value)
     return Finding(
         node=ctx.name(i),
         op_type=op,
@@ -98,13 +99,6 @@ def _check(ctx: RuleContext, i: int, limit: Limit, params: Params) -> Finding | 
         unverified=limit.origin.unverified,
         forces_cpu=True,
     )
-
-
-def _symbolic_batch(ctx: RuleContext, value: Any) -> bool:
-    """`value` is the size the check gave a symbolic input batch (axis 0): `fix-dim batch=1` changes it.
-    A batch no such dim sets (a static input's, or one a Reshape builds inside the graph, as area
-    attention folds its 4 areas into axis 0) is out of fix-dim's reach."""
-    return any(f.axis == 0 and f.value == value for f in ctx.analysis.loaded.fills)
 
 
 def _show(value: Any) -> str:
