@@ -82,3 +82,12 @@ def test_check_names_fuse_softmax_where_the_chip_runs_softmax_and_the_loop_close
     assert not horizon.empty and "fuse-softmax" not in set(horizon["fix"])
     after = check(fuse_softmax(model).model, ["ethos-u"]).findings
     assert after[after["rule"] == "unsupported-op"]["op_type"].tolist() == ["Transpose"]
+
+
+def test_check_names_fuse_softmax_only_where_the_rewrite_applies() -> None:
+    """exp(x) also read elsewhere: the rewrite refuses, so check names no rewrite for those parts."""
+    model = attention(17, extra_out=", float[4,6,6] ey", extra="ey = Identity (e)")
+    assert not fuse_softmax(model).changes
+    found = check(model, ["ethos-u"]).findings
+    parts = found[(found["rule"] == "unsupported-op") & found["op_type"].isin({"ReduceMax", "Exp", "ReduceSum", "Div"})]
+    assert not parts.empty and "fuse-softmax" not in set(parts["fix"])

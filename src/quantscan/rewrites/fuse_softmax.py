@@ -11,6 +11,8 @@ softmax is fused. Refused: several axes, an intermediate read elsewhere, an unkn
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx
 
 from quantscan.graph.edit import copy_model, node_label, prune_unused, splice, unique_name
@@ -42,7 +44,7 @@ def fuse_softmax(model: onnx.ModelProto) -> RewriteResult:
         if not isinstance(found, softmax.SoftmaxMatch):
             continue
         label = node_label(found.nodes[0])
-        refusal = _refusal(found, index, opset, ranks)
+        refusal = refusal_of(found, index, opset, ranks)
         if refusal:
             result.refusals.append(Refusal(REWRITE_ID, label, refusal))
             continue
@@ -61,8 +63,9 @@ def fuse_softmax(model: onnx.ModelProto) -> RewriteResult:
     return result
 
 
-def _refusal(found: softmax.SoftmaxMatch, index: GraphIndex, opset: int, ranks: dict[str, int]) -> str:
-    """Why this match cannot become one Softmax node ("" when it can)."""
+def refusal_of(found: softmax.SoftmaxMatch, index: GraphIndex, opset: int, ranks: Mapping[str, int]) -> str:
+    """Why this match cannot become one Softmax node ("" when it can); `check` asks it too, so that it
+    names the rewrite only where the rewrite applies."""
     if len(found.axes) != 1:
         return f"normalises over axes {list(found.axes)}: Softmax takes one axis"
     shared = found.shared(index)

@@ -17,6 +17,7 @@ from quantscan.compat.fixes import Fix, rewrite_fix, unsupported_op_fix
 from quantscan.graph.index import CONTROL_FLOW_OPS, IDENTITY_OPS
 from quantscan.patterns import softmax
 from quantscan.records import Finding, RewriteId, Severity
+from quantscan.rewrites.fuse_softmax import refusal_of
 
 RULE_ID = "unsupported-op"
 LAYOUT_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "Identity", "Dropout"})
@@ -35,12 +36,16 @@ def run(ctx: RuleContext) -> list[Finding]:
 
 
 def _softmax_parts(ctx: RuleContext) -> set[int]:
-    """Positions of the nodes of every written-out Softmax over one axis (`patterns.softmax`)."""
-    position = {id(n): k for k, n in enumerate(ctx.view.nodes)}
+    """Positions of the nodes of every written-out Softmax (`patterns.softmax`) that `fuse-softmax` fuses."""
+    view = ctx.view
+    position = {id(n): k for k, n in enumerate(view.nodes)}
     parts: set[int] = set()
-    for node in ctx.view.nodes:
-        found = softmax.match_at(ctx.view, node) if node.op_type == "Exp" else None
-        if isinstance(found, softmax.SoftmaxMatch) and len(found.axes) == 1:
+    for node in view.nodes:
+        found = softmax.match_at(view, node) if node.op_type == "Exp" else None
+        if not isinstance(found, softmax.SoftmaxMatch):
+            continue
+        shape = view.info(found.x).shape
+        if not refusal_of(found, view, view.opset(), {found.x: len(shape)} if shape is not None else {}):
             parts.update(position[id(n)] for n in found.nodes)
     return parts
 
