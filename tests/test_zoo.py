@@ -63,6 +63,20 @@ def test_zoo_holds_sixteen_models_of_ten_families() -> None:
     assert {m.get("expect", "ok") for m in models} == {"ok", "refused"}
 
 
+def test_derived_entries_name_their_recipe_script_and_venv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `derive` recipe is one zoo.py implements, its export script is in the checkout, and an
+    export venv that is not there is said with the pins to install (CI never builds these entries)."""
+    derived = [m for m in zoo.load_zoo()["models"] if "derive" in m]
+    assert {m["derive"]["recipe"] for m in derived} <= set(zoo.DERIVERS)
+    for m in derived:
+        assert "script" not in m["derive"] or (REPO / m["derive"]["script"]).is_file(), m["name"]
+    yolo = _entry("helmet_yolo12")["derive"]
+    assert len(yolo["source_sha256"]) == 64 and any(p.startswith("ultralytics==") for p in yolo["venv"])
+    monkeypatch.setenv("ZOO_ULTRA_PYTHON", str(REPO / "no-such-venv" / "python"))
+    with pytest.raises(SystemExit, match="ZOO_ULTRA_PYTHON.*ultralytics==8.3.253|ultralytics==8.3.253.*ZOO_ULTRA"):
+        zoo.ultralytics_python(yolo)
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("name", CI_MODELS)
 def test_zoo_job_meets_the_goals(name: str, assets: Path, cache: Path, tmp_path: Path) -> None:

@@ -750,6 +750,7 @@ class RewriteId(StrEnum):
     CLEANUP = "cleanup"
     DECOMPOSE_LAYERNORM = "decompose-layernorm"
     FUSE_LAYERNORM = "fuse-layernorm"
+    FUSE_SOFTMAX = "fuse-softmax"
     GELU_TANH = "gelu-tanh"
     DIV_TO_MUL = "div-to-mul"
     FIX_CEIL_MODE = "fix-ceil-mode"

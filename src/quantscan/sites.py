@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from quantscan.graph.edit import attr_int
 from quantscan.graph.index import GraphIndex, other_input
 from quantscan.patterns import fused_activation, gelu, hardswish, layernorm, silu, softmax
 from quantscan.patterns.base import Match
@@ -193,11 +194,13 @@ def find_sites(
     bn_folded_into: Iterable[str] = (),
     fused_activations: frozenset[str] = DEFAULT_FUSED_ACTIVATIONS,
     cpu_nodes: Iterable[str] = (),
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> list[Site]:
     """Group the prepared graph into kernels and describe where each one is quantized.
 
     `float_tensors` are the tensors the runtime produced as float (from a probe run): shape
     computations (int64) and booleans are never sites. `cpu_nodes` stay float (a profile's fallback).
+    `shapes`: the probe's tensor shapes, where the graph declares none (they place channel axes).
     """
     index = GraphIndex(model.graph, float_tensors=float_tensors, initializers_are_weights=True)
     dependent = data_dependent(model.graph)
@@ -206,7 +209,7 @@ def find_sites(
     claimed: set[int] = set()
     sites: list[Site] = []
     node_pos = {id(n): i for i, n in enumerate(index.nodes)}
-    channels_first = channels_first_tensors(index)
+    channels_first = channels_first_tensors(index, shapes)
     for idx, node in enumerate(index.nodes):
         if idx in claimed or node.name in skip or not _is_compute(index, node):
             continue
@@ -233,19 +236,35 @@ _LAYOUT_KEEPERS = frozenset({"Add", "Sub", "Mul", "Div", "Relu", "Clip", "LeakyR
                              "Identity", "Dropout", "Split", "Slice", "Pow", "Sqrt", "Abs", "Neg", "Erf"})
 
 
-def channels_first_tensors(index: GraphIndex) -> set[str]:
+def channels_first_tensors(index: GraphIndex, shapes: Mapping[str, tuple[int, ...]] | None = None) -> set[str]:
     """Tensors in the NCHW layout of a convolutional network: the channel axis is 1 (CONTRACT.md).
 
     Conv-like producers start the layout; elementwise ops, activations, padding and concatenation keep
-    it; reshapes and transposes end it. So an SE block's Mul after a Conv has its channels on axis 1,
-    not on the last (width) axis.
+    it; transposes end it, and so do reshapes, except one that keeps axes 0 and 1 and only merges or
+    splits the spatial axes (`_keeps_channels`). So an SE block's Mul after a Conv has its channels on
+    axis 1, not on the last (width) axis, and a YOLOv8 head's class scores ([N, C, H*W] after
+    `view(N, C, -1)`, then a Sigmoid) have their C classes on axis 1, not thousands of anchors.
     """
     found: set[str] = set()
     for node in index.nodes:
         keeps = node.op_type in _LAYOUT_KEEPERS and any(i in found for i in node.input)
-        if node.op_type in _LAYOUT_SOURCES or keeps:
+        flattens = node.op_type == "Reshape" and node.input[0] in found and _keeps_channels(index, node, shapes)
+        if node.op_type in _LAYOUT_SOURCES or keeps or flattens:
             found.update(o for o in node.output if o)
     return found
+
+
+def _keeps_channels(index: GraphIndex, reshape: onnx.NodeProto, shapes: Mapping[str, tuple[int, ...]] | None) -> bool:
+    """A Reshape of an [N, C, ...] tensor to a constant [N, C, ...] shape of rank >= 3 (0 copies the
+    input's dim, as the spec says unless `allowzero`): axis 1 still holds the same C channels."""
+    target = index.constant(reshape.input[1]) if len(reshape.input) > 1 else None
+    dims = index.info(reshape.input[0]).shape or (shapes or {}).get(reshape.input[0])
+    if target is None or target.ndim != 1 or target.size < 3 or dims is None or len(dims) < 3:
+        return False
+    copies = not attr_int(reshape, "allowzero", 0)
+    batch, channels = (int(t) for t in target[:2])
+    same_batch = batch == dims[0] or (copies and batch == 0) or not isinstance(dims[0], int)  # symbolic N
+    return same_batch and isinstance(dims[1], int) and (channels == dims[1] or (copies and channels == 0))
 
 
 VALUE_FREE_OPS = frozenset({"Shape", "Size"})

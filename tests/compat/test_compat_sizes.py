@@ -63,3 +63,36 @@ def test_a_recurrent_state_layer_axis_is_not_a_batch() -> None:
 def test_silero_has_no_batch_finding_on_its_state(assets: Path) -> None:
     found = check(assets / "models" / "silero_vad_openvino_16k.onnx", ["rk3588", "rk3568"]).findings
     assert found[found["attribute"] == "batch"].empty
+
+
+AREA_ATTENTION = """<ir_version: 8, opset_import: ["" : 13]>
+g (float[1,8,4,4] x) => (float[4,2,16] y) {
+    areas = Constant <value = int64[3] {4, 2, 16}> ()
+    r = Reshape (x, areas)
+    y = Softmax <axis = -1> (r)
+}"""
+PER_SAMPLE = """<ir_version: 8, opset_import: ["" : 13]>
+g (float[N,8,16] x) => (float[N,8,16] y) {
+    y = Softmax <axis = -1> (x)
+}"""
+
+
+def test_a_batch_built_inside_the_graph_names_no_fix_dim() -> None:
+    """YOLOv12's area attention folds 4 areas into axis 0 of a batch-1 model: rk3588's batch limit on
+    Slice/Softmax fires, and `fix-dim batch=1` would change nothing. Oracle: the fix-dim rewrite itself
+    (no change on that model; a change where the batch is a symbolic input's, which keeps the fix)."""
+    from quantscan.rewrites.fix_dim import fix_dim
+
+    inner = parser.parse_model(AREA_ATTENTION)
+    records = [r for r in check(inner, ["rk3588"]).records if r.attribute == "batch"]
+    assert [r.value for r in records] == ["4"] and not fix_dim(inner, ["batch=1"]).changes
+    assert records[0].rewrite is None and "CPU" in records[0].fix
+    outer = parser.parse_model(PER_SAMPLE)
+    found = check(outer, ["rk3588"], input_shapes={"x": [2, 8, 16]}).findings
+    batch = found[(found["attribute"] == "batch") & (found["rule"] == "param-limit")]
+    assert batch["fix"].tolist() == ["fix-dim batch=1"] and fix_dim(outer, ["batch=1"]).changes
+    static = parser.parse_model(PER_SAMPLE.replace("N,8,16", "2,8,16"))  # batch 2 written in the file
+    found = check(static, ["rk3588"]).findings
+    fixes = set(found[found["attribute"] == "batch"]["fix"])
+    assert fixes and all(f.startswith("re-export the model with batch 1") for f in fixes)
+    assert not fix_dim(static, ["batch=1"]).changes

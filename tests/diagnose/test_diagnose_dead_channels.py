@@ -15,3 +15,5 @@ def test_many_dead_channels_fire() -> None:
 def test_few_dead_or_softmax_stay_silent() -> None:
     assert dead_channels.check(facts([0.0] * 16, [0.0] + [1.0] * 15)) is None
     assert dead_channels.check(facts([0.0] * 8, [0.0] * 4 + [1.0] * 4, op_type="Softmax")) is None
+    assert dead_channels.check(facts([0.0] * 8, [0.0] * 4 + [1.0] * 4, op_type="ReduceMax",
+                                     kernel="Softmax[ReduceMax+Sub+Exp+ReduceSum+Div]")) is None

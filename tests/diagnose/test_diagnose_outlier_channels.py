@@ -32,3 +32,15 @@ def test_names_the_no_latency_rewrite_that_applies() -> None:
         f = outlier_channels.check(facts(list(-0 * hi), list(hi), passes=passes))
         assert f is not None and f.fix.value == value
         assert (f.fix.kind is FixKind.REWRITE) == bool(passes)
+
+
+def test_softmax_probabilities_stay_silent() -> None:
+    """YOLOv12's area attention writes its softmax out (ReduceMax/Sub/Exp/ReduceSum/Div, one kernel): the
+    last axis of the probabilities is key positions, not channels; the same wide column that fires on a
+    Conv stays silent there, written out or not."""
+    hi = WIDTHS.copy()
+    hi[7] = 50.0
+    assert outlier_channels.check(facts(list(-0 * hi), list(hi))) is not None
+    written_out = facts(list(-0 * hi), list(hi), op_type="ReduceMax", kernel="Softmax[ReduceMax+Sub+Exp+ReduceSum+Div]")
+    assert outlier_channels.check(written_out) is None
+    assert outlier_channels.check(facts(list(-0 * hi), list(hi), op_type="Softmax")) is None

@@ -177,3 +177,22 @@ def test_plan_block_shows_the_toolchains_figure_beside_each_claim() -> None:
     assert "the plan: claimed 0.99631, applied 0.99004" in lines[1]
     assert "0 float sites: claimed 0.99147, applied 0.99012" in lines[1] and "Mul.4" in lines[1]
     assert len(plan_lines({**plan, "verified": None, "pareto": []})) == 1
+
+
+def test_a_split_head_part_the_pooled_figure_hides_is_said() -> None:
+    """A YOLOv8-style head pools pixel coordinates with class scores: cosine 0.9998 / 35 dB overall while
+    the scores alone are at 15.5 dB (the YOLOv12 helmet detector). The What line names the weak part and
+    that gains are pooled; a part within 10 dB of the pooled SQNR adds nothing."""
+    task = {"coords_sqnr_db": 35.04, "coords_cosine": 0.9998, "scores_sqnr_db": 15.46, "scores_cosine": 0.98730,
+            "box_agreement": 1.0}
+    pooled = OutputMetrics(0.99984, 35.04, 0.1, 1.0, 0.2, 0.9997, 0.99984, task=task)
+    head = Headline("output0", pooled, None, ["output0"])
+    text = "\n".join(diagnosis_lines(head, {"output0": pooled}, LAYERS, None))
+    assert "stays close to FP32" in text
+    assert "its `scores` part alone is at SQNR 15.46 dB, cosine 0.9873" in text
+    assert "box_agreement 1" in text and "--target box=" in text
+    near = OutputMetrics(0.99984, 35.04, 0.1, 1.0, 0.2, 0.9997, 0.99984, task={**task, "scores_sqnr_db": 26.0})
+    assert "part alone" not in "\n".join(diagnosis_lines(head, {"output0": near}, LAYERS, None))
+    grouped = OutputMetrics(0.5, 3.0, 0.1, 1.0, 0.2, 0.4, 0.5, task={"tail_sqnr_db": -9.0, "tail_cosine": 0.1})
+    text = "\n".join(diagnosis_lines(Headline("y", grouped, None, ["y"]), {"y": grouped}, LAYERS, None))
+    assert "its `tail` part alone is at SQNR -9 dB" in text and "box_agreement" not in text

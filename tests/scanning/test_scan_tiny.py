@@ -318,3 +318,37 @@ def test_channel_axis_is_1_for_elementwise_ops_on_conv_outputs(tmp_path: Path) -
     assert mul.conv_like
     rows = result.channels[(result.channels["node"] == mul.node) & result.channels["act_range"].notna()]
     assert len(rows) == 6  # channels, not the width of 5
+
+
+def test_channel_axis_stays_1_through_a_reshape_that_keeps_n_and_c(tmp_path: Path) -> None:
+    """A YOLOv8 head's scores: Conv [1,C,H,W] -> Reshape [1,C,-1] -> Sigmoid. Its channels are the C
+    classes on axis 1, not the H*W anchors on the last axis (the helmet detector showed "1924 outlier
+    channels" on a 2-class score tensor). Oracle: each channel's min/max of the reference evaluator's
+    Sigmoid output over axis 1. A Reshape that splits the channels (heads) ends the layout."""
+    rng = np.random.default_rng(11)
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[1, 3, 4, 5] x) => (float[1, 3, 20] y, float[1, 2, 3, 20] z) {
+      c = Conv (x, w)
+      shape = Constant <value = int64[3] {1, 3, -1}> ()
+      r = Reshape (c, shape)
+      y = Sigmoid (r)
+      heads = Constant <value = int64[4] {1, 2, 3, -1}> ()
+      c2 = Conv (x, w2)
+      h = Reshape (c2, heads)
+      z = Sigmoid (h)
+    }
+    """
+    inits = {"w": rng.normal(size=(3, 3, 1, 1)).astype(np.float32) * [[[[1.0]]], [[[4.0]]], [[[0.2]]]],
+             "w2": rng.normal(size=(6, 3, 1, 1)).astype(np.float32)}
+    model = _save(tmp_path, text, {k: np.asarray(v, np.float32) for k, v in inits.items()})
+    samples = [rng.normal(size=(1, 3, 4, 5)).astype(np.float32) for _ in range(3)]
+    result = quantscan.scan(model, _calib(tmp_path, "x", samples), fused_activations=frozenset())
+    sites = {s.op_type + s.output: s for s in result.sites}
+    assert sites["Sigmoidy"].conv_like and not sites["Sigmoidz"].conv_like
+    ref = ReferenceEvaluator(onnx.load(model))
+    y = np.concatenate([ref.run(None, {"x": x})[0] for x in samples])
+    rows = result.channels[(result.channels["node"] == sites["Sigmoidy"].node) & result.channels["act_range"].notna()]
+    assert len(rows) == 3  # the 3 channels, not the 20 positions
+    np.testing.assert_allclose(rows.sort_values("channel")["act_min"], y.min(axis=(0, 2)), rtol=1e-5)
+    np.testing.assert_allclose(rows.sort_values("channel")["act_max"], y.max(axis=(0, 2)), rtol=1e-5)

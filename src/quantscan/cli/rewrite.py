@@ -50,7 +50,7 @@ def rewrite_parser(sub: Any) -> None:
     p.add_argument("model")
     p.add_argument("--fold-bn", nargs=0, action=_StepAction, const="fold-bn", dest="fold_bn")
     p.add_argument("--decompose", action=_StepAction, choices=["hardswish", "hardsigmoid", "layernorm"])
-    p.add_argument("--fuse", action=_StepAction, choices=["hardswish", "layernorm"])
+    p.add_argument("--fuse", action=_StepAction, choices=["hardswish", "layernorm", "softmax"])
     p.add_argument("--cleanup", nargs=0, action=_StepAction, const="cleanup", dest="cleanup")
     p.add_argument("--gelu-tanh", nargs=0, action=_StepAction, const="gelu-tanh", dest="gelu_tanh")
     p.add_argument("--clamp-mask", nargs=0, action=_StepAction, const="clamp-mask", dest="clamp_mask",

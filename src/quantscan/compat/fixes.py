@@ -98,8 +98,23 @@ _LIMIT_FIXES: dict[str, str] = {
 }
 
 
+INNER_BATCH_FIX = ("keep this layer on CPU, or re-export with that axis folded into another: no input dim sets this "
+                   "batch (e.g. a Reshape folds attention areas or heads into axis 0), so no fix-dim changes it")
+STATIC_BATCH_FIX = ("re-export the model with batch 1: this is its input's batch, fixed in the file, and fix-dim "
+                    "changes only symbolic dims")
+
+
+def batch_fix(value: object, symbolic: set[int], static: set[int]) -> Fix:
+    """What to do about a batch past the limit, by where it comes from: the size the check gave a symbolic
+    input batch (`fix-dim batch=1` changes it), a static input batch (a re-export), or neither (made
+    inside the graph, as area attention folds 4 areas into axis 0 of a batch-1 model)."""
+    if value in symbolic:
+        return rewrite_fix(RewriteId.FIX_DIM, "batch=1")
+    return Fix(STATIC_BATCH_FIX if value in static else INNER_BATCH_FIX)
+
+
 def limit_fix(attribute: str, op: str, value: object) -> Fix:
-    """What to do about a parameter outside the profile's limit (a batch limit is a fix-dim)."""
+    """What to do about a parameter outside the profile's limit (a batch limit: `batch_fix`)."""
     if op in ("Conv", "ConvTranspose") and attribute in ("stride", "kernel") and _is_1d_long(value):
         return Fix("reshape the signal into frames and use a stride-1 Conv (or a MatMul on frames)")
     if attribute == "batch":

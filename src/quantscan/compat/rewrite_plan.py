@@ -30,6 +30,7 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FUSE_HARDSWISH,
     RewriteId.DECOMPOSE_LAYERNORM,
     RewriteId.FUSE_LAYERNORM,
+    RewriteId.FUSE_SOFTMAX,
     RewriteId.GELU_TANH,
     RewriteId.CLAMP_MASK,
     RewriteId.RECIPROCAL,

@@ -1,6 +1,7 @@
 """Rule: dead channels: channels constant on every calibration sample (a ReLU that never fires, a
 pruned filter). Harmless to precision but a sign the calibration data misses part of the domain.
-Silent for Softmax outputs: masked positions are constant zero by design.
+Silent for Softmax outputs (written out as ReduceMax/Exp/ReduceSum/Div too): masked positions are
+constant zero by design.
 
 Fix: calibration with data that exercises them (or prune them).
 """
@@ -17,7 +18,7 @@ MIN_FRACTION = 0.25
 
 def check(facts: SiteFacts) -> CauseFinding | None:
     widths = facts.ch_hi - facts.ch_lo
-    if widths.size < 2 or facts.op_type in ("Softmax", "LogSoftmax"):
+    if widths.size < 2 or facts.bounded_by(frozenset({"Softmax", "LogSoftmax"})):
         return None
     dead = int(np.count_nonzero(np.nan_to_num(widths, nan=0.0) == 0))
     if dead == 0 or dead / widths.size < MIN_FRACTION:

@@ -4,6 +4,10 @@ channel widths), so a per-tensor scale leaves the others a handful of codes.
 Fix: `rewrite --smooth` or `--equalize` where the graph lets them rescale these channels (exact in FP32,
 no latency: the channels' range moves into the next layer's per-channel weights); else int16 at this
 site (or per-channel activations where the chip has them).
+
+Silent for a Softmax's output, written out or not: its range is [0, 1] by construction, its last axis
+holds key positions or classes (an attention row's keys, not channels a scale could be split by), and
+no rewrite rescales them; its precision shows in its own isolated SQNR instead.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ Z_LIMIT = 8.0
 MIN_RATIO = 8.0
 """...and it must be this many times the median width (3 bits lost), or the spread is harmless."""
 MIN_CHANNELS = 4
+PROBABILITIES = frozenset({"Softmax", "LogSoftmax"})
 
 
 def check(facts: SiteFacts) -> CauseFinding | None:
+    if facts.bounded_by(PROBABILITIES):
+        return None
     widths = facts.ch_hi - facts.ch_lo
     widths = widths[np.isfinite(widths) & (widths > 0) & (widths < SENTINEL)]
     if widths.size < MIN_CHANNELS:

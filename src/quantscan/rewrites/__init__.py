@@ -19,6 +19,7 @@ from quantscan.rewrites.fix_dim import DimSetting, fix_dim, parse_dim_spec
 from quantscan.rewrites.fold_bn import fold_batchnorm
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
+from quantscan.rewrites.fuse_softmax import fuse_softmax
 from quantscan.rewrites.gelu_tanh import gelu_tanh
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "fold_batchnorm",
     "fuse_hardswish",
     "fuse_layernorm",
+    "fuse_softmax",
     "gelu_tanh",
     "parse_dim_spec",
 ]

@@ -38,7 +38,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
     index = GraphIndex(graph, ir_version=out.ir_version)
     taken = index.taken_names()
     opset = opset_version(out)
-    ranks = _ranks(out)
+    ranks = tensor_ranks(out)
     position = {n.output[0]: k for k, n in enumerate(graph.node) if n.output}
     result = RewriteResult(model=out)
     remove: set[int] = set()
@@ -100,7 +100,8 @@ def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
     return result
 
 
-def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+def tensor_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Each tensor's rank where shape inference knows it (empty when inference fails)."""
     try:
         g = infer_shapes(model, strict_mode=False).graph
     except Exception:  # noqa: BLE001 - ranks stay unknown

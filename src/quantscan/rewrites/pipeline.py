@@ -54,6 +54,7 @@ from quantscan.rewrites.freeze_input import freeze_input as freeze_inputs
 from quantscan.rewrites.freeze_input import frozen_values, parse_freeze_spec
 from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
+from quantscan.rewrites.fuse_softmax import fuse_softmax
 from quantscan.rewrites.gelu_tanh import gelu_tanh
 from quantscan.rewrites.linear import WEIGHT_OPS, Linear, linear_of
 from quantscan.rewrites.opset_down import opset_down
@@ -79,6 +80,7 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.CLEANUP: cleanup,
     RewriteId.DECOMPOSE_LAYERNORM: decompose_layernorm,
     RewriteId.FUSE_LAYERNORM: fuse_layernorm,
+    RewriteId.FUSE_SOFTMAX: fuse_softmax,
     RewriteId.GELU_TANH: gelu_tanh,
     RewriteId.CLAMP_MASK: clamp_mask,
     RewriteId.DIV_TO_MUL: div_to_mul,

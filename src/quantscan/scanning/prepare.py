@@ -385,6 +385,7 @@ def _sites(
         bn_folded_into=prepared.bn_folded_into,
         fused_activations=chip.fused_activations,
         cpu_nodes=chip.cpu_nodes | chip.float16_nodes,
+        shapes=probe.shapes,
     )
     if not sites:
         raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.fixes import limit_fix
+from quantscan.compat.fixes import batch_fix, limit_fix
 from quantscan.compat.params import Params
 from quantscan.compat.profiles import Limit
+from quantscan.compat.rules.rank_size import batch_origins
 from quantscan.records import Finding
 
 RULE_ID = "param-limit"
@@ -81,7 +82,7 @@ def _check(ctx: RuleContext, i: int, limit: Limit, params: Params) -> Finding | 
     note = f"; {limit.note}" if limit.note else ""
     if op in ctx.profile.float16_ops:  # the float16 rule's fact, said once here rather than as a 2nd finding
         note += f"; within the limit, {ctx.profile.name} runs {op} in float16 (not an int8 site)"
-    fix = limit_fix(limit.attribute, op, value)
+    fix = batch_fix(value, *batch_origins(ctx)) if limit.attribute == "batch" else limit_fix(limit.attribute, op, value)
     return Finding(
         node=ctx.name(i),
         op_type=op,

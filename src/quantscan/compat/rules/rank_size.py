@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from quantscan.compat.context import RuleContext
-from quantscan.compat.fixes import Fix, rewrite_fix
+from quantscan.compat.fixes import Fix, batch_fix
 from quantscan.compat.params import recurrent_batch_axis
 from quantscan.graph.index import GraphIndex
-from quantscan.records import Finding, RewriteId
+from quantscan.records import Finding
 
 RULE_ID = "rank-size"
 
@@ -53,6 +53,14 @@ def batch_sizes(view: GraphIndex) -> set[int]:
     return sizes
 
 
+def batch_origins(ctx: RuleContext) -> tuple[set[int], set[int]]:
+    """The batch sizes the check gave symbolic input batches (axis 0), and the static input batches."""
+    symbolic = {f.value for f in ctx.analysis.loaded.fills if f.axis == 0}
+    original = ctx.analysis.original
+    static = {s[0] for s in (original.info(n).shape for n in original.inputs) if s and isinstance(s[0], int)}
+    return symbolic, static
+
+
 def _violations(ctx: RuleContext, i: int) -> Iterator[Finding]:
     p = ctx.profile
     tensors = [t for t in ctx.view.node_inputs(i) if not ctx.view.is_const(t)] + ctx.view.node_outputs(i)
@@ -76,7 +84,7 @@ def _violations(ctx: RuleContext, i: int) -> Iterator[Finding]:
             and shape[0] > p.max_batch
             and shape[0] in batches
         ):
-            yield _finding(ctx, i, t, "batch", shape[0], f"<= {p.max_batch}", rewrite_fix(RewriteId.FIX_DIM, "batch=1"))
+            yield _finding(ctx, i, t, "batch", shape[0], f"<= {p.max_batch}", batch_fix(shape[0], *batch_origins(ctx)))
         n = int(np.prod(dims, dtype=np.int64)) if len(dims) == len(shape) else None
         if p.max_elements is not None and n is not None and n > p.max_elements:
             yield _finding(ctx, i, t, "elements", n, f"<= {p.max_elements}", "tile the input (smaller crops)")

@@ -1,7 +1,9 @@
 """Rule `unsupported-op`: op types the profile does not run on the NPU, and custom-domain ops.
 
 An op listed under `ops.cpu` runs but on the CPU (warn); an op in no list is rejected by the
-converter (error) or left on the CPU (warn), as the profile's `ops.unsupported` says. An op listed
+converter (error) or left on the CPU (warn), as the profile's `ops.unsupported` says. A part of a
+Softmax written out (ReduceMax/Sub/Exp/ReduceSum/Div) on a chip that runs Softmax names `fuse-softmax`,
+which leaves one Softmax node in its place. An op listed
 under `ops.folded` with constant parameters (a Reshape to a constant shape) is removed by the
 converter: no finding; with a run-time parameter it is a CPU op (warn). Control-flow
 ops are left to the control-flow rule so one node gets one explanation.
@@ -13,7 +15,9 @@ from quantscan.columns import Col
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import Fix, rewrite_fix, unsupported_op_fix
 from quantscan.graph.index import CONTROL_FLOW_OPS, IDENTITY_OPS
+from quantscan.patterns import softmax
 from quantscan.records import Finding, RewriteId, Severity
+from quantscan.rewrites.fuse_softmax import refusal_of
 
 RULE_ID = "unsupported-op"
 LAYOUT_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "Identity", "Dropout"})
@@ -23,14 +27,30 @@ them (a folded BatchNormalization is not one of these: its fold is the `fold-bn`
 
 def run(ctx: RuleContext) -> list[Finding]:
     out = []
+    fusable = _softmax_parts(ctx) if "Softmax" in ctx.profile.npu_ops else set()
     for i in ctx.analysis.live():
-        finding = _check(ctx, i)
+        finding = _check(ctx, i, fusable)
         if finding is not None:
             out.append(finding)
     return out
 
 
-def _check(ctx: RuleContext, i: int) -> Finding | None:
+def _softmax_parts(ctx: RuleContext) -> set[int]:
+    """Positions of the nodes of every written-out Softmax (`patterns.softmax`) that `fuse-softmax` fuses."""
+    view = ctx.view
+    position = {id(n): k for k, n in enumerate(view.nodes)}
+    parts: set[int] = set()
+    for node in view.nodes:
+        found = softmax.match_at(view, node) if node.op_type == "Exp" else None
+        if not isinstance(found, softmax.SoftmaxMatch):
+            continue
+        shape = view.info(found.x).shape
+        if not refusal_of(found, view, view.opset(), {found.x: len(shape)} if shape is not None else {}):
+            parts.update(position[id(n)] for n in found.nodes)
+    return parts
+
+
+def _check(ctx: RuleContext, i: int, fusable: set[int]) -> Finding | None:
     node, p = ctx.view.nodes[i], ctx.profile
     op = node.op_type
     if op in CONTROL_FLOW_OPS or op in IDENTITY_OPS or op in p.npu_ops:
@@ -49,7 +69,8 @@ def _check(ctx: RuleContext, i: int) -> Finding | None:
         )
     if _folded_away(ctx, i):
         return None
-    fix = _div_by_constant_fix(ctx, i) or unsupported_op_fix(op, p)
+    fix = (rewrite_fix(RewriteId.FUSE_SOFTMAX) if i in fusable else None) or _div_by_constant_fix(ctx, i) \
+        or unsupported_op_fix(op, p)
     if op in p.cpu_ops or op in p.folded_ops:
         why = "listed as a CPU op" if op in p.cpu_ops else "only removed when constant folding applies"
         return Finding(
