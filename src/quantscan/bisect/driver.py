@@ -217,6 +217,10 @@ def _search(run: _Search, stored: BisectSession | None, session_path: Path | Non
     feed = SpeculativeFeed(machine, _round_measure(run), _width(run))
     feed.spare.update({sites: spare_of(j, seconds) for sites, (j, seconds) in measured.items()})
     _drive(feed, stored, session_path, progress, on_step)
+    if isinstance(judge, RealisedEvaluator):  # which graph the search's evaluations ran on (bisect/switched.py)
+        stored.options["evaluation_graph"] = judge.graph_note()
+        stored.options["evaluation_graph_timing"] = judge.graph_timing()
+        _save(stored, session_path, feed.machine, feed.spare)
     pool = judge.pool if isinstance(judge, ToolchainEvaluator) else BuildPool(chain, run.executor) if chain else None
     result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
                      time.perf_counter() - started, summary_block, (chain, run.verify, pool),

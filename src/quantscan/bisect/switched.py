@@ -44,12 +44,17 @@ class Timings:
     old: list[float] = field(default_factory=list)
     new: list[float] = field(default_factory=list)
 
+    def summary(self) -> dict[str, float]:
+        return {"switchable": len(self.new), "per_evaluation": len(self.old),
+                "switchable_median_s": round(float(np.median(self.new)), 4) if self.new else 0.0,
+                "per_evaluation_median_s": round(float(np.median(self.old)), 4) if self.old else 0.0}
+
     def prefer_new(self) -> bool:
         """The switchable session's first run pays onnxruntime's warm-up (0.9 s against 0.06 s later on
         MiniLM): it is judged on its runs after the first."""
         if len(self.new) < 2:
             return True
-        return not self.old or min(self.new[1:]) < min(self.old)
+        return not self.old or float(np.median(self.new[1:])) < float(np.median(self.old))
 
 
 class SwitchedSession:
