@@ -11,6 +11,7 @@ graph runs a weighted site twice (graph/switchable.py `_switch_sites`); 16-wide 
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -161,3 +162,21 @@ def test_switchable_figures_equal_per_evaluation_on_a_real_model(assets: Path) -
     compare_paths(ctx, builder, assignments(builder, 3, seed=1))
     wide = mixed_builder(ctx, "int16")
     compare_paths(ctx, wide, assignments(wide, 2, seed=2))
+
+
+def test_a_bisection_records_which_graph_its_evaluations_ran_on(wide_ctx: ScanContext, tmp_path: Path) -> None:
+    """session.json `options.evaluation_graph` says the switchable graph was built, and the timing which
+    path ran how often (every evaluation is one or the other)."""
+    from quantscan.api import run_bisect
+
+    model = tmp_path / "wide.onnx"
+    onnx.save(wide_mlp(), model)
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "x.npy", np.random.default_rng(1).normal(0, 1, (12, 384)).astype(np.float32))
+    out = tmp_path / "run"
+    result = run_bisect(model, tmp_path / "calib", target_cosine=0.99999, out=out, threads=1)
+    options = json.loads((out / "session.json").read_text())["options"]
+    assert options["evaluation_graph"] == "switchable"
+    timing = options["evaluation_graph_timing"]
+    assert timing["switchable"] >= 1 and timing["per_evaluation"] >= 1
+    assert timing["switchable"] + timing["per_evaluation"] == 4 * result.plan.evaluations  # 4 realisations each

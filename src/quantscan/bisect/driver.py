@@ -221,6 +221,7 @@ def _search(run: _Search, stored: BisectSession | None, session_path: Path | Non
         stored.options["evaluation_graph"] = judge.graph_note()
         stored.options["evaluation_graph_timing"] = judge.graph_timing()
         _save(stored, session_path, feed.machine, feed.spare)
+        judge.release()
     pool = judge.pool if isinstance(judge, ToolchainEvaluator) else BuildPool(chain, run.executor) if chain else None
     result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
                      time.perf_counter() - started, summary_block, (chain, run.verify, pool),

@@ -104,6 +104,12 @@ class RealisedEvaluator:
             return "per evaluation: the FP32 outputs do not fit their share of the memory budget"
         return base.switch.note
 
+    def release(self) -> None:
+        """Free the switchable session (bisect/switched.py) once no more candidates come."""
+        base = self.evaluators[0]
+        if isinstance(base, CachedReferenceEvaluator):
+            base.switch.close()
+
     def graph_timing(self) -> dict[str, float]:
         """Evaluations on each path and their median seconds (timing-dependent: which path is faster)."""
         base = self.evaluators[0]

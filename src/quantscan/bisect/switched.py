@@ -99,9 +99,14 @@ class SwitchedSession:
         assert self._session is not None
         sweep(self._session, ({**feeds, **selectors} for feeds in batches), accumulate)
 
+    def close(self) -> None:
+        """Drop the session (its weights) once the search is over: the held-out claims build their own."""
+        self._session = None
+        self._graph = None
+
     def _ready(self, assemble: Assemble) -> bool:
-        if self._session is not None or self._refused:
-            return not self._refused
+        if self._graph is not None or self._refused:
+            return not self._refused and self._session is not None
         acts, weights = self._builder.variants()
         graph = build_switchable(self._builder.proto, self._builder.sites, acts, weights)
         if graph is None:
