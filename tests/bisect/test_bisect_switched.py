@@ -76,7 +76,6 @@ def run_both(ctx: ScanContext, builder: MixedBuilder, precs: list[list[str]]) ->
     runner = Runner(threads=1)
     acts, weights = builder.variants()
     switchable = build_switchable(builder.proto, builder.sites, acts, weights)
-    assert switchable is not None
     session = runner.session(switchable.model, built=True)
     outputs = [o.name for o in builder.proto.graph.output]
     batch = next(iter(ctx.data.eval_set.batches(4)))
@@ -180,3 +179,31 @@ def test_a_bisection_records_which_graph_its_evaluations_ran_on(wide_ctx: ScanCo
     timing = options["evaluation_graph_timing"]
     assert timing["switchable"] >= 1 and timing["per_evaluation"] >= 1
     assert timing["switchable"] + timing["per_evaluation"] == 4 * result.plan.evaluations  # 4 realisations each
+
+
+def test_a_pair_onnxruntime_fuses_across_a_quantizable_tensor_keeps_the_per_evaluation_path(tmp_path: Path) -> None:
+    """x @ x then + x: two sites, the MatMul's output quantizable between them. Where it is float, the plain
+    model's MatMul and Add may become one Gemm at ORT_ENABLE_BASIC; the switchable graph would always hold a
+    Where between them, so it is not built, the session says why, and the figures are the old path's."""
+    from quantscan.graph.switchable import NotSwitchable
+
+    nodes = [helper.make_node("MatMul", ["x", "x"], ["t"], name="mm"),
+             helper.make_node("Add", ["t", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "mmadd", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 8, 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), tmp_path / "m.onnx")
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "x.npy", np.random.default_rng(2).normal(0, 1, (8, 8, 8)).astype(np.float32))
+    ctx = prepare_scan(tmp_path / "m.onnx", tmp_path / "calib", threads=1, batch_size=4)
+    builder = mixed_builder(ctx)
+    assert "t" in builder.touch
+    acts, weights = builder.variants()
+    with pytest.raises(NotSwitchable, match="MatMul mm and Add add across quantizable tensor t"):
+        build_switchable(builder.proto, builder.sites, acts, weights)
+    ev = CachedReferenceEvaluator(ctx, builder, "cosine")
+    ev.switch.policy = "always"
+    plain = CachedReferenceEvaluator(ctx, builder, "cosine")
+    plain.switch.policy = "never"
+    for prec in assignments(builder, 2):
+        same_figures(ev.evaluate(prec), plain.evaluate(prec))
+    assert ev.switch.note.startswith("per evaluation: onnxruntime fuses MatMul mm and Add add"), ev.switch.note

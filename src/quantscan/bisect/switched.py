@@ -11,8 +11,9 @@ quantized weights: `_switch_sites` says why), so on a model whose run costs more
 (a large conv net) it is slower. The first evaluation goes the old way, the next on the switchable
 session, and from then on the faster of the two (the figures are the same either way). It is not built
 when it would take more than 1/SWITCH_SHARE of the memory budget, or when the graph has a shape the
-switchable graph does not model (`build_switchable` None); an assignment whose plan holds a quantization
-the graph has no variant for (quantize_static's int16 bias) goes the old way alone.
+switchable graph does not reproduce bit for bit (`NotSwitchable`: a node in two sites, a quantizable tensor
+inside a weighted site, a pair onnxruntime fuses across a quantizable tensor); an assignment whose plan
+holds a quantization the graph has no variant for (quantize_static's int16 bias) goes the old way alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import onnx
 
 from quantscan.graph.mixed import MixedBuilder
-from quantscan.graph.switchable import SwitchableGraph, build_switchable
+from quantscan.graph.switchable import NotSwitchable, SwitchableGraph, build_switchable
 from quantscan.runner import Runner, Session
 from quantscan.scanning.budget import MemoryPlan, format_size
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
@@ -108,9 +109,10 @@ class SwitchedSession:
         if self._graph is not None or self._refused:
             return not self._refused and self._session is not None
         acts, weights = self._builder.variants()
-        graph = build_switchable(self._builder.proto, self._builder.sites, acts, weights)
-        if graph is None:
-            return self._refuse("per evaluation: a node belongs to two sites, or a site's inner tensor is quantized")
+        try:
+            graph = build_switchable(self._builder.proto, self._builder.sites, acts, weights)
+        except NotSwitchable as exc:
+            return self._refuse(f"per evaluation: {exc}")
         need = _initializer_bytes(graph.model) + graph.weight_variant_bytes()
         if self._memory is not None and need > self._memory.budget_bytes // SWITCH_SHARE:
             return self._refuse(f"per evaluation: the switchable graph needs ~{format_size(need)}, over 1/"

@@ -156,16 +156,15 @@ def build_switchable(
     sites: Sequence[qdq.QuantSite],
     activations: Mapping[str, tuple[QParams, QParams | None]],
     weights: Mapping[str, list[WeightVariant]],
-) -> SwitchableGraph | None:
+) -> SwitchableGraph:
     """The switchable model of `model`: `activations` maps each quantizable tensor to its (int8, int16 or
     None) parameters, `weights` each weight/bias name sites list to its stored variants (int8 first).
-    None when a node belongs to two sites, or a site's internal tensor is quantizable (not modelled)."""
+    Raises NotSwitchable when the graph has a shape this construction does not reproduce exactly."""
+    _check_no_fusion_across(model.graph, activations)
     out = copy_without_initializers(model)
     graph = out.graph
     new_inits: list[TensorProto] = []
     site_switches = _switch_sites(graph, sites, weights, set(activations), new_inits)
-    if site_switches is None:
-        return None
     new_nodes: list[onnx.NodeProto] = []
     aswitches = _switch_activations(graph, activations, new_nodes, new_inits)
     graph.node.extend(new_nodes)
@@ -174,6 +173,36 @@ def build_switchable(
     _declare_inputs(graph, aswitches, site_switches)
     variants = {w: list(weights[w]) for s in site_switches for w in s.weights}
     return SwitchableGraph(qdq.topological_sort(out), aswitches, variants, site_switches)
+
+
+def _fused(producer: onnx.NodeProto, consumer: onnx.NodeProto, tensor: str, constants: set[str]) -> bool:
+    """Whether onnxruntime's ORT_ENABLE_BASIC makes one kernel of `producer` -> `consumer` (ConvAddFusion,
+    ConvMulFusion, ConvBNFusion: the consumer's other inputs constant; MatMulAddFusion, GemmSumFusion;
+    DivMulFusion: 1/x then a Mul), which rounds otherwise than the two nodes."""
+    pair = (producer.op_type, consumer.op_type)
+    if producer.op_type == "Conv" and consumer.op_type in ("Add", "Mul", "BatchNormalization"):
+        return all(j in constants for j in consumer.input if j and j != tensor)
+    if pair == ("Div", "Mul"):
+        return bool(producer.input) and producer.input[0] in constants
+    return pair in (("MatMul", "Add"), ("Gemm", "Sum"))
+
+
+class NotSwitchable(ValueError):
+    """The graph has a shape the switchable construction does not reproduce bit for bit."""
+
+
+def _check_no_fusion_across(graph: onnx.GraphProto, activations: Iterable[str]) -> None:
+    """A quantizable tensor between a pair onnxruntime fuses: in the plain model, where the tensor is float,
+    the two nodes become one kernel; here a `Where` always sits between them, so they never would."""
+    constants = {t.name for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    wanted = set(activations)
+    for node in graph.node:
+        for i in node.input:
+            producer = producers.get(i)
+            if i in wanted and producer is not None and _fused(producer, node, i, constants):
+                raise NotSwitchable(f"onnxruntime fuses {producer.op_type} {producer.name} and {node.op_type} "
+                                    f"{node.name} across quantizable tensor {i} when it is float")
 
 
 def _declare_inputs(graph: onnx.GraphProto, acts: Sequence[ActivationSwitch], sites: Sequence[SiteSwitch]) -> None:
@@ -191,7 +220,7 @@ def _switch_sites(
     weights: Mapping[str, list[WeightVariant]],
     activations: set[str],
     new_inits: list[TensorProto],
-) -> list[SiteSwitch] | None:
+) -> list[SiteSwitch]:
     """Every site whose nodes read a switchable weight runs once per weight configuration a plan can give
     it (int8: every weight's first variant; int16: the second, or float where it has none), each copy
     reading its DequantizeLinear outputs directly, and once as it is (float weights).
@@ -201,11 +230,10 @@ def _switch_sites(
     Gemm; on a weight that a `Where` picks per run it does none of this, and the products round otherwise
     (1e-5 on MiniLM). Each copy reads constants as the plain QDQ model does, so its kernels are the same."""
     by_site = _weighted_sites(graph, sites, weights)
-    if by_site is None:
-        return None
     readers = _outside_readers(graph)
-    if any(_internal(nodes, readers) & activations for nodes in by_site.values()):
-        return None  # a QDQ pair between two nodes of one site: not modelled (build_qdq_model puts one there)
+    inner = sorted({t for nodes in by_site.values() for t in _internal(nodes, readers)} & activations)
+    if inner:  # build_qdq_model puts a QDQ pair between two nodes of one site: the copies do not
+        raise NotSwitchable(f"tensor {inner[0]} inside a weighted site is quantizable")
     dq: dict[tuple[str, int], str] = {}
     new_nodes: list[onnx.NodeProto] = []
     switches = []
@@ -224,14 +252,13 @@ def _switch_sites(
 
 
 def _weighted_sites(graph: onnx.GraphProto, sites: Sequence[qdq.QuantSite],
-                    weights: Mapping[str, list[WeightVariant]]) -> dict[int, list[onnx.NodeProto]] | None:
-    """Site index -> its nodes, in graph order, for the sites whose nodes read a switchable weight; None
-    when a node belongs to two sites."""
+                    weights: Mapping[str, list[WeightVariant]]) -> dict[int, list[onnx.NodeProto]]:
+    """Site index -> its nodes, in graph order, for the sites whose nodes read a switchable weight."""
     owner: dict[str, int] = {}
     for k, s in enumerate(sites):
         for n in s.nodes:
             if n in owner:
-                return None
+                raise NotSwitchable(f"node {n} belongs to two sites")
             owner[n] = k
     weighted = {owner[n.name] for n in graph.node if n.name in owner and any(weights.get(i) for i in n.input)}
     by_site: dict[int, list[onnx.NodeProto]] = {k: [] for k in weighted}
