@@ -200,6 +200,8 @@ def _search(run: _Search, stored: BisectSession | None, session_path: Path | Non
     measured: dict[tuple[str, ...], tuple[Judged, float]] = {}
     if stored is None:
         met = mode == "search" and not keep_float and _all_int8_meets(judge, builder, aim, measured)
+        if isinstance(judge, RealisedEvaluator):
+            judge.release()  # its switchable session is rebuilt after the gain graph's session is gone
         gains = (
             None
             if mode == "first_bad" or met

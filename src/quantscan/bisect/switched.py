@@ -67,7 +67,7 @@ class SwitchedSession:
         self._runner = runner
         self._memory = memory
         self.timings = Timings()
-        self.note = "switchable graph not built yet"
+        self.note = "per evaluation: too few evaluations to build the switchable graph"
         """What the bisect records (session.json `options.evaluation_graph`): why the graph was not built,
         or that it was."""
         self._graph: SwitchableGraph | None = None
