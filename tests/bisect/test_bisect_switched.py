@@ -33,8 +33,11 @@ from quantscan.scanning.gain import Measured, mixed_builder
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 
 
-def wide_mlp(seed: int = 0) -> onnx.ModelProto:
-    """x[N,384] -> MatMul 384x256 + bias -> Relu -> MatMul 256x64 + bias -> Tanh -> MatMul 64x10 -> y."""
+def wide_mlp(seed: int = 0, acts: tuple[str, str] = ("Relu", "Tanh")) -> onnx.ModelProto:
+    """x[N,384] -> MatMul 384x256 + bias -> Relu -> MatMul 256x64 + bias -> Tanh -> MatMul 64x10 -> y.
+
+    With a Tanh first, the first MatMul + Add is a site of its own reading the model input (Relu joins its
+    producer's site, Tanh does not): its If branches must read the input's quantized alias."""
     rng = np.random.default_rng(seed)
     dims = [384, 256, 64]
     nodes, inits, prev = [], [], "x"
@@ -42,7 +45,7 @@ def wide_mlp(seed: int = 0) -> onnx.ModelProto:
         w = rng.normal(0, 1 / np.sqrt(dims[i]), (dims[i], dims[i + 1])).astype(np.float32)
         b = rng.normal(0, 0.1, dims[i + 1]).astype(np.float32)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-        act = "Relu" if i == 0 else "Tanh"
+        act = acts[i]
         nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"mm{i}"], name=f"mm{i}"),
                   helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"add{i}"], name=f"add{i}"),
                   helper.make_node(act, [f"add{i}"], [f"h{i}"], name=f"act{i}")]
@@ -61,6 +64,19 @@ def wide_ctx(tmp_path_factory: pytest.TempPathFactory) -> ScanContext:
     (tmp / "calib").mkdir()
     np.save(tmp / "calib" / "x.npy", np.random.default_rng(1).normal(0, 1, (12, 384)).astype(np.float32))
     return prepare_scan(tmp / "wide.onnx", tmp / "calib", threads=1, batch_size=4)
+
+
+def test_a_branched_site_reading_the_model_input_reads_it_quantized(tmp_path: Path) -> None:
+    onnx.save(wide_mlp(acts=("Tanh", "Tanh")), tmp_path / "wide.onnx")
+    (tmp_path / "calib").mkdir()
+    np.save(tmp_path / "calib" / "x.npy", np.random.default_rng(1).normal(0, 1, (8, 384)).astype(np.float32))
+    ctx = prepare_scan(tmp_path / "wide.onnx", tmp_path / "calib", threads=1, batch_size=4)
+    builder = mixed_builder(ctx)
+    first = next(s for s in builder.sites if "mm0" in s.nodes)
+    assert set(first.nodes) == {"mm0", "add0"} and "x" in builder.touch  # a MatMul + Add site on the input
+    run_both(ctx, builder, assignments(builder, 4))
+    int16 = mixed_builder(ctx, "int16")  # copies side by side (no branches): the same alias
+    run_both(ctx, int16, assignments(int16, 3))
 
 
 def assignments(builder: MixedBuilder, count: int, seed: int = 0) -> list[list[str]]:

@@ -165,6 +165,7 @@ def build_switchable(
     out = copy_without_initializers(model)
     graph = out.graph
     new_inits: list[TensorProto] = []
+    _read_inputs_through_alias(graph, activations)
     site_switches = _switch_sites(graph, sites, weights, set(activations), new_inits)
     new_nodes: list[onnx.NodeProto] = []
     aswitches = _switch_activations(graph, activations, new_nodes, new_inits)
@@ -204,6 +205,15 @@ def _check_no_fusion_across(graph: onnx.GraphProto, activations: Iterable[str]) 
             if i in wanted and producer is not None and _fused(producer, node, i, constants):
                 raise NotSwitchable(f"onnxruntime fuses {producer.op_type} {producer.name} and {node.op_type} "
                                     f"{node.name} across quantizable tensor {i} when it is float")
+
+
+def _read_inputs_through_alias(graph: onnx.GraphProto, activations: Iterable[str]) -> None:
+    """Every node reading a quantizable model input reads its alias (as build_qdq_model rewires them),
+    before sites are copied or moved into If branches: a branch body is not a top-level node."""
+    inputs = {i.name for i in graph.input}
+    aliased = {t: qdq.input_alias(t) for t in activations if t in inputs}
+    for node in graph.node:
+        node.input[:] = [aliased.get(i, i) for i in node.input]
 
 
 def _declare_inputs(graph: onnx.GraphProto, acts: Sequence[ActivationSwitch], sites: Sequence[SiteSwitch]) -> None:
@@ -388,12 +398,10 @@ def _switch_activations(
     """Each quantizable activation's producer writes `t__f32`; an If over its QDQ arms writes `t`."""
     graph_inputs = {i.name for i in graph.input}
     producers = {o: n for n in graph.node for o in n.output}
-    aliased: dict[str, str] = {}
     switches: list[ActivationSwitch] = []
     for tensor, (q8, q16) in activations.items():
         if tensor in graph_inputs:
-            src, dst = tensor, qdq.input_alias(tensor)
-            aliased[tensor] = dst
+            src, dst = tensor, qdq.input_alias(tensor)  # its readers read the alias (_read_inputs_through_alias)
         elif tensor in producers:
             producer = producers[tensor]
             producer.output[list(producer.output).index(tensor)] = tensor + qdq.F32_SUFFIX
@@ -402,16 +410,11 @@ def _switch_activations(
             continue  # build_qdq_model quantizes no tensor without a producer either
         switches.append(ActivationSwitch(tensor, q8, q16))
         new_nodes.extend(_activation_arms(tensor, src, dst, q8, q16, new_inits))
-    if aliased:
-        for node in graph.node:
-            for pos, name in enumerate(node.input):
-                if name in aliased:
-                    node.input[pos] = aliased[name]
     return switches
 
 
 def _activation_arms(tensor: str, src: str, dst: str, q8: QParams, q16: QParams | None,
-                         new_inits: list[TensorProto]) -> list[onnx.NodeProto]:
+                     new_inits: list[TensorProto]) -> list[onnx.NodeProto]:
     """If(t@q8) {Q, DQ at the fed int8 scale} else If(t@q16) {Q, DQ int16} else {Identity}: only the chosen
     arm runs, and the float arm costs no copy (Identity aliases its input)."""
     tag = qdq.activation_tag(tensor)
