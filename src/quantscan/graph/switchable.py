@@ -61,8 +61,8 @@ class SiteSwitch:
     """A site whose nodes read switchable weights: one copy of its nodes per weight configuration.
 
     `weights` are the switchable weights its nodes read; each configuration gives, per weight, the index of
-    the stored variant its copy reads (-1: the float initializer). The original nodes stay as they are,
-    the float configuration; `Where(site@<k>@c<j>, copy j, ...)` picks."""
+    the stored variant its copy reads (-1: the float initializer). The original nodes are the float
+    configuration; `site@<k>@c<j>` picks copy j (an If over the branches, or a Where over side-by-side copies)."""
 
     index: int
     weights: list[str]
