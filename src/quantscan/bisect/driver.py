@@ -200,6 +200,8 @@ def _search(run: _Search, stored: BisectSession | None, session_path: Path | Non
     measured: dict[tuple[str, ...], tuple[Judged, float]] = {}
     if stored is None:
         met = mode == "search" and not keep_float and _all_int8_meets(judge, builder, aim, measured)
+        if isinstance(judge, RealisedEvaluator):
+            judge.release()  # its switchable session is rebuilt after the gain graph's session is gone
         gains = (
             None
             if mode == "first_bad" or met
@@ -216,7 +218,18 @@ def _search(run: _Search, stored: BisectSession | None, session_path: Path | Non
     _save(stored, session_path, machine)
     feed = SpeculativeFeed(machine, _round_measure(run), _width(run))
     feed.spare.update({sites: spare_of(j, seconds) for sites, (j, seconds) in measured.items()})
-    _drive(feed, stored, session_path, progress, on_step)
+    session = stored
+
+    def noted(step: Step, machine: Bisector) -> None:
+        _note_graph(session, judge)  # saved with the next step: a search stopped by a cap still says
+        if on_step is not None:
+            on_step(step, machine)
+
+    _drive(feed, stored, session_path, progress, noted)
+    if isinstance(judge, RealisedEvaluator):
+        _note_graph(stored, judge)
+        _save(stored, session_path, feed.machine, feed.spare)
+        judge.release()
     pool = judge.pool if isinstance(judge, ToolchainEvaluator) else BuildPool(chain, run.executor) if chain else None
     result = _finish(ctx, builder, machine, stored, session_path, aim, out, save_qdq, exports,
                      time.perf_counter() - started, summary_block, (chain, run.verify, pool),
@@ -224,6 +237,13 @@ def _search(run: _Search, stored: BisectSession | None, session_path: Path | Non
     if chain is not None:  # only after a finished search: an interrupted one resumes from step 1's files
         chain.close()
     return result
+
+
+def _note_graph(session: BisectSession, judge: RealisedEvaluator | ToolchainEvaluator) -> None:
+    """Which graph the search's evaluations ran on (bisect/switched.py), in session.json's options."""
+    if isinstance(judge, RealisedEvaluator):
+        session.options["evaluation_graph"] = judge.graph_note()
+        session.options["evaluation_graph_timing"] = judge.graph_timing()
 
 
 def _width(run: _Search) -> int:

@@ -89,6 +89,34 @@ class RealisedEvaluator:
             realised = realised_builder(builder, scale_factors(tensors, r, rounding.seed, rounding.spread))
             self.evaluators.append(_twin(base, ctx, realised))
 
+    def use_switchable(self, policy: str) -> None:
+        """How evaluations pick their graph (bisect/switched.py): `measured`, `always` or `never`."""
+        base = self.evaluators[0]
+        if isinstance(base, CachedReferenceEvaluator):
+            base.switch.policy = policy
+
+    def graph_note(self) -> str:
+        """Which graph the evaluations ran on, and why (session.json `options.evaluation_graph`)."""
+        base = self.evaluators[0]
+        if not isinstance(base, CachedReferenceEvaluator):
+            return "per evaluation: a task-metric target reads whole outputs (gain.Evaluator)"
+        if not base.cached:
+            return "per evaluation: the FP32 outputs do not fit their share of the memory budget"
+        return base.switch.note
+
+    def release(self) -> None:
+        """Free the switchable session (bisect/switched.py) once no more candidates come."""
+        base = self.evaluators[0]
+        if isinstance(base, CachedReferenceEvaluator):
+            base.switch.close()
+
+    def graph_timing(self) -> dict[str, float]:
+        """Evaluations on each path and their median seconds (timing-dependent: which path is faster)."""
+        base = self.evaluators[0]
+        if not isinstance(base, CachedReferenceEvaluator):
+            return {}
+        return base.switch.timings.summary()
+
     def judge(self, prec: Sequence[str]) -> Judged:
         measured = [e.evaluate(prec) for e in self.evaluators]
         nominal = measured[0]

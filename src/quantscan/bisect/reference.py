@@ -17,13 +17,15 @@ usually small: logits, a score map); otherwise every evaluation recomputes them 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from quantscan import graph as qgraph
+from quantscan.bisect.switched import SwitchedSession
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.runner import FP32_LEVEL, Runner
 from quantscan.scanning.gain import Evaluator, Measured, OutputPairs, worst_output
@@ -44,6 +46,8 @@ class CachedReferenceEvaluator(Evaluator):
         super().__init__(ctx, builder, key, runner)
         self._reference: list[dict[str, np.ndarray]] | None = None
         self._cache_tried = False
+        self.switch = SwitchedSession(builder, self.runner, ctx.data.memory)
+        """The switchable session (bisect/switched.py), shared with the realisation twins."""
 
     @property
     def cached(self) -> bool:
@@ -54,22 +58,52 @@ class CachedReferenceEvaluator(Evaluator):
         reference = self._fp32_outputs()
         if reference is None:
             return super().evaluate(prec)
+        started = time.perf_counter()
+        if self.switch.wanted():
+            selectors = self.switch.selectors(self.builder, prec, lambda model: self._assemble(model, reference))
+            if selectors is not None:
+                pairs, refs = self._pairs()
+                self.switch.run(self._with_reference(reference), selectors,
+                                lambda feeds, values: pairs.update({**feeds, **values}, refs))
+                self.switch.timings.new.append(time.perf_counter() - started)
+                return self._measured(pairs)
+        measured = self._per_evaluation(prec, reference)
+        self.switch.timings.old.append(time.perf_counter() - started)
+        return measured
+
+    def _per_evaluation(self, prec: Sequence[str], reference: list[dict[str, np.ndarray]]) -> Measured:
+        """The assignment's own QDQ model and session (the switchable session's oracle, and its fallback)."""
         sites, plan = self.builder.plan(prec)
-        mixed = qgraph.build_qdq_model(self.builder.proto, sites, plan)
+        graph = self._assemble(qgraph.build_qdq_model(self.builder.proto, sites, plan), reference)
+        # the weights are in `graph` now, handed off before onnxruntime builds its copy
+        session = open_session(self.runner, GraphHandoff(graph))
+        del graph
+        pairs, refs = self._pairs()
+        sweep(session, self._with_reference(reference), lambda feeds, values: pairs.update({**feeds, **values}, refs))
+        return self._measured(pairs)
+
+    def _pairs(self) -> tuple[OutputPairs, dict[tuple[str, str], tuple[str, str]]]:
+        """Fresh accumulators of (fed FP32, mixed) per headline output; their reduction nodes are named
+        the same every time (Reducer numbers them in order), so they fit a graph assembled earlier."""
         pairs = OutputPairs(qgraph.Reducer(self.builder.opset), self.rank)
         refs: dict[tuple[str, str], tuple[str, str]] = {}
         for o in self.outputs:
             pairs.add((o, "q"), o + REF_SUFFIX, o, o, o in self.classifiers)
             refs[(o, "q")] = (o + REF_SUFFIX, o)
+        return pairs, refs
+
+    def _assemble(self, model: onnx.ModelProto, reference: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
+        """`model` with the output reductions and the FP32 outputs as inputs (reduced in place)."""
+        pairs, _ = self._pairs()
         fed = [o + REF_SUFFIX for o in self.outputs]
-        graph = _with_inputs(pairs.reducer.attach(mixed, [n for n in pairs.outputs() if n not in fed], in_place=True),
-                             reference[0], self.outputs)
-        del mixed  # the weights are in `graph` now, handed off before onnxruntime builds its copy
-        session = open_session(self.runner, GraphHandoff(graph))
-        del graph
+        reduced = pairs.reducer.attach(model, [n for n in pairs.outputs() if n not in fed], in_place=True)
+        return _with_inputs(reduced, reference[0], self.outputs)
+
+    def _with_reference(self, reference: list[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
         batches = zip(self.ctx.data.eval_set.batches(self.ctx.data.batch_size), reference, strict=True)
-        with_reference = ({**feeds, **{o + REF_SUFFIX: v for o, v in ref.items()}} for feeds, ref in batches)
-        sweep(session, with_reference, lambda feeds, values: pairs.update({**feeds, **values}, refs))
+        return ({**feeds, **{o + REF_SUFFIX: v for o, v in ref.items()}} for feeds, ref in batches)
+
+    def _measured(self, pairs: OutputPairs) -> Measured:
         rows = {o: pairs.row((o, "q")) for o in self.outputs}
         output, worst = worst_output(rows, self.key)
         return Measured(rows, output, worst, {o: pairs.sample_sums((o, "q")) for o in self.outputs})

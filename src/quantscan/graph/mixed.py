@@ -51,6 +51,10 @@ INT16_OPSET = 21
 """QuantizeLinear/DequantizeLinear take int16 from this opset on."""
 
 
+Variant = qdq.WeightQuant | qdq.BiasQuant
+"""A stored quantization of a weight or bias."""
+
+
 class MixedSite(QuantSite, Protocol):
     """What a mixed-precision model needs of a site beyond QDQ insertion (`quantscan.sites.Site` is one)."""
 
@@ -197,6 +201,27 @@ class MixedBuilder:
             plan.weights[site.weight] = weight
         values, bias_scale, _ = quant.quantize_bias(bias, s_in, weight.qparams.scale)
         plan.biases[site.bias] = qdq.BiasQuant(site.bias, values, bias_scale)
+
+    def variants(self) -> tuple[dict[str, tuple[quant.QParams, quant.QParams | None]], dict[str, list[Variant]]]:
+        """Every quantization `plan` can give: per activation its (int8, int16 or None) parameters, per
+        weight/bias a site lists its stored quantizations (int8 or int32 first, then int16): what the
+        switchable graph (graph/switchable.py) holds. The int16 entries are this builder's cached objects,
+        the ones `plan` returns. quantize_static's int16 biases (`_bias_int16`) depend on the assignment
+        and are not among them."""
+        int16 = self.fallback == Precision.INT16.value
+        base = self.base_plan
+        acts = {t: (base.activations[t], self._act_int16(t) if int16 else None) for t in self.touch}
+        weights: dict[str, list[Variant]] = {}
+        for s in self.sites:
+            if s.bias and s.bias in base.biases:
+                weights.setdefault(s.bias, [base.biases[s.bias]])
+            for w, axis in [(s.weight, s.weight_axis), *s.extra_weights]:
+                if not w or w not in base.weights:
+                    continue
+                found = weights.setdefault(w, [base.weights[w]])
+                if int16 and (axis is not None or self._quantize_static_rules) and len(found) == 1:
+                    found.append(self._weight_int16(w, 0 if axis is None else axis))
+        return acts, weights
 
     def model(self, prec: Sequence[str]) -> onnx.ModelProto:
         sites, plan = self.plan(prec)
