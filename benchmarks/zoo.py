@@ -513,6 +513,12 @@ runpy.run_module('quantscan', run_name='__main__', alter_sys=True)
 """Runs `python -m quantscan ARGS` and writes the process's own peak RSS (VmHWM, kB) at exit."""
 
 
+BISECT_BUDGET = 0.75
+"""bisect gets `--max-minutes` of this share of the step's cap: a search still reducing its plan then
+stops with the smallest plan it measured (status budget), leaving time for its held-out claims, rather
+than being killed with nothing (-9)."""
+
+
 def quantscan(args: list[str], log: Path, timeout_s: float) -> Step:
     """`python -m quantscan ARGS` with this checkout's src first on the path, measured."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -631,7 +637,7 @@ def run_model(entry: dict[str, Any], cache: Path, out: Path, limit: int, profile
     run.facts["target"] = target
     if "bisect" in steps:
         step("bisect", ["bisect", str(model), *data, "--target-cosine", f"{target:.4f}", "--out",
-                        str(folder / "bisect"), *common])
+                        str(folder / "bisect"), "--max-minutes", f"{BISECT_BUDGET * timeout_s / 60:.2f}", *common])
     if not light and "report" in steps:
         step("report", ["report", str(folder / "scan")])
     run.facts.update(read_scan(folder))
@@ -705,6 +711,7 @@ def read_scan(folder: Path) -> dict[str, Any]:
     if plan.exists():
         p = json.loads(plan.read_text())
         facts["plan_sites"] = len(p.get("sites", []))
+        facts["plan_status"] = p.get("status")
         facts["plan_achieved"] = p.get("achieved")
     return facts
 
@@ -779,6 +786,8 @@ def row(run: ModelRun, profiles: list[str]) -> list[str]:
         after = sum(len(f.get(f"errors_after_{p}", {}).get(p, [])) for p in profiles)
         errs = f"{before}→{after}"
     plan = f"{f['plan_sites']} sites" if "plan_sites" in f else "–"
+    if f.get("plan_status") in ("budget", "budget_no_plan"):
+        plan += " (time budget: not minimal)" if f["plan_status"] == "budget" else " (time budget: no plan yet)"
     missed = goals(run, profiles)
     if f.get("partial"):
         missed.append("not finished in this run")

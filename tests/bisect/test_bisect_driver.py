@@ -19,6 +19,7 @@ from builders import chain_model, write_chain
 from quantscan.api import run_bisect
 from quantscan.bisect import BisectSession, SessionFileError
 from quantscan.bisect.realise import Judged
+from quantscan.errors import UsageError
 from quantscan.records import Plan
 from quantscan.runner import Runner
 
@@ -229,3 +230,48 @@ def test_resume_measures_with_the_stored_profile(chain: tuple[Path, Path], tmp_p
     fresh = run_bisect(model, calib, target_sqnr=TARGET_SQNR, session=tmp_path / "f.json", threads=1,
                        profile="rk3588", keep_float=["mm9"])
     assert resumed.plan.achieved == pytest.approx(fresh.plan.achieved, abs=1e-9)
+
+
+def test_time_budget_gives_the_smallest_passing_plan_then_resume_finishes(
+    chain: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--max-minutes`: a clock that moves a minute per step stops the search once the budget is spent; the
+    plan is the smallest set measured to meet the target so far (status budget, exit 0 in the CLI), and a
+    resume without a budget finishes the very search a run without one makes, repeating no step."""
+    from types import SimpleNamespace
+
+    from quantscan.bisect import driver
+
+    model, calib = chain
+    reference = run_bisect(model, calib, target_sqnr=TARGET_SQNR, threads=1)
+    k = next(i for i, s in enumerate(reference.steps) if s.phase in ("reduce", "prune"))
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(driver, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    session = tmp_path / "s.json"
+
+    def tick(step: object, machine: object) -> None:
+        clock.now += 60.0
+
+    stopped = run_bisect(model, calib, target_sqnr=TARGET_SQNR, session=session, threads=1,
+                         max_minutes=k - 0.5, on_step=tick)
+    passing = [s for s in reference.steps[:k] if s.passed]
+    smallest = min(passing, key=lambda s: (len(s.sites), -s.value))
+    assert stopped.plan.status == "budget" and stopped.plan.reached
+    assert {s.node for s in stopped.plan.sites} == set(smallest.sites)
+    assert len(stopped.steps) == k
+    assert json.loads(session.read_text())["status"] == "budget"
+    from quantscan.report.verdict import plan_lines
+
+    assert "time budget" in " ".join(plan_lines(stopped.plan.to_json()))
+    monkeypatch.undo()
+    rerun: list[tuple[str, ...]] = []
+    resumed = run_bisect(resume=session, threads=1, on_step=lambda s, m: rerun.append(tuple(s.sites)))
+    assert not set(rerun) & {tuple(s.sites) for s in stopped.steps}
+    assert resumed.plan.status == reference.plan.status
+    assert resumed.plan.sites == reference.plan.sites
+
+
+def test_time_budget_must_be_positive(chain: tuple[Path, Path]) -> None:
+    model, calib = chain
+    with pytest.raises(UsageError, match="--max-minutes: expected a positive number"):
+        run_bisect(model, calib, target_sqnr=TARGET_SQNR, threads=1, max_minutes=0)

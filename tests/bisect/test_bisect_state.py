@@ -143,3 +143,36 @@ def test_target_validation() -> None:
     with pytest.raises(UsageError):
         Target("cosine", math.nan)
     assert not Target("cosine", 0.9).met(math.nan)
+
+
+def test_stop_early_takes_the_smallest_measured_passing_set_and_replay_goes_on() -> None:
+    """A time budget ends the search where it stands: the plan is the smallest set measured to meet the
+    target (what the later phases would only shrink), and the same events replayed go on searching."""
+    weights = {n: 0.001 for n in SITES} | {"s3": 0.05, "s7": 0.04}
+    value = additive(weights)
+    finished = Bisector(SITES, Target("cosine", 0.985))
+    reference = run(finished, value)
+    machine = Bisector(SITES, Target("cosine", 0.985))
+    k = next(i for i, s in enumerate(reference) if s.phase in ("reduce", "prune"))
+    for _ in range(k):
+        cand = machine.next()
+        assert cand is not None
+        machine.record(value(frozenset(cand.sites)))
+    outcome = machine.stop_early()
+    passing = [s for s in reference[:k] if s.value >= 0.985]
+    smallest = min(passing, key=lambda s: (len(s.sites), -s.value))
+    assert outcome.status == "budget" and outcome.sites == smallest.sites and machine.next() is None
+    assert value(frozenset(outcome.sites)) >= 0.985
+    again = Bisector(SITES, Target("cosine", 0.985))
+    again.replay(machine.events)
+    assert again.next() is not None  # not an event: a resumed search continues
+    run(again, value)
+    assert again.outcome is not None and again.outcome.sites == finished.outcome.sites  # type: ignore[union-attr]
+
+
+def test_stop_early_before_any_pass_has_no_plan() -> None:
+    machine = Bisector(SITES, Target("cosine", 0.985))
+    cand = machine.next()
+    assert cand is not None and cand.phase == "all_float"
+    outcome = machine.stop_early()
+    assert outcome.status == "budget_no_plan" and outcome.sites == () and math.isnan(outcome.value)

@@ -28,6 +28,7 @@ from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAUL
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
 from quantscan.bisect.speculate import Measure, Spare, SpeculativeFeed
 from quantscan.bisect.state import (
+    BUDGET,
     FALLBACKS,
     MODES,
     Bisector,
@@ -128,6 +129,7 @@ def bisect_model(
     rounding_spread: float = DEFAULT_SPREAD,
     holdout: str = "interleave",
     bound_z: float = DEFAULT_Z,
+    max_minutes: float | None = None,
     **options: Any,
 ) -> BisectResult:
     """Output gain, then a resumable bisection to the target; writes plan files when `out` is given
@@ -137,9 +139,12 @@ def bisect_model(
     session's; options come from the session). The session file is rewritten atomically after the
     gains and after every step, so a kill or Ctrl-C (KeyboardInterrupt propagates) loses at most the
     step in flight. `toolchain`, `evaluator`, `verify`: the vendor in the loop (`_toolchain_judge`).
-    Rounding (issue 32): `_rounding`.
+    Rounding (issue 32): `_rounding`. `max_minutes`: a time budget from the start of this call; when it is
+    spent the search stops after the step in flight and the plan is the smallest measured set that meets
+    the target (status `budget`, resumable like an interrupted one).
     """
     started = time.perf_counter()
+    deadline = _deadline(started, max_minutes)
     stored, session_path = _open_session(resume, session, out)
     _check_evaluator(stored, evaluator, toolchain is not None, verify)
     if stored is not None:
@@ -160,7 +165,7 @@ def bisect_model(
         judge.pool.executor = executor
     try:
         run = _Search(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant, rounding,
-                      split, builder, chain, judge, executor, evaluator, verify, workers)
+                      split, builder, chain, judge, executor, evaluator, verify, workers, deadline)
         return _search(run, stored, session_path, progress, on_step, out, save_qdq, exports, summary_block, started)
     finally:
         if executor is not None:
@@ -189,6 +194,8 @@ class _Search:
     evaluator: str
     verify: bool
     workers: int
+    deadline: float | None = None
+    """time.perf_counter() value past which no new round starts (`--max-minutes`)."""
 
 
 def _search(run: _Search, stored: BisectSession | None, session_path: Path | None, progress: ProgressFactory,
@@ -225,7 +232,7 @@ def _search(run: _Search, stored: BisectSession | None, session_path: Path | Non
         if on_step is not None:
             on_step(step, machine)
 
-    _drive(feed, stored, session_path, progress, noted)
+    _drive(feed, stored, session_path, progress, noted, run.deadline)
     if isinstance(judge, RealisedEvaluator):
         _note_graph(stored, judge)
         _save(stored, session_path, feed.machine, feed.spare)
@@ -475,8 +482,17 @@ def _save(session: BisectSession, path: Path | None, machine: Bisector,
         session.save(path)
 
 
+def _deadline(started: float, max_minutes: float | None) -> float | None:
+    """The perf_counter value the search stops at, None without a budget."""
+    if max_minutes is None:
+        return None
+    if not (math.isfinite(max_minutes) and max_minutes > 0):
+        raise UsageError(f"--max-minutes: expected a positive number of minutes, found {max_minutes}")
+    return started + 60.0 * max_minutes
+
+
 def _drive(feed: SpeculativeFeed, session: BisectSession, path: Path | None, progress: ProgressFactory,
-           on_step: StepCallback | None) -> None:
+           on_step: StepCallback | None, deadline: float | None = None) -> None:
     """Measure rounds until the machine is done, feeding it each round's results in its own order; the
     session is saved after every step, with the results measured ahead (`spare`) beside the events. Spare
     results a resumed session holds are fed first, never measured again."""
@@ -486,6 +502,10 @@ def _drive(feed: SpeculativeFeed, session: BisectSession, path: Path | None, pro
     assert feed.counts is not None
     try:
         while (cand := feed.machine.next()) is not None:
+            if deadline is not None and time.perf_counter() >= deadline:
+                feed.machine.stop_early()
+                _save(session, path, feed.machine, feed.spare)
+                break
             if cand.sites not in feed.spare:
                 try:
                     feed.round()
@@ -531,7 +551,7 @@ def _finish(
     outcome = machine.outcome
     assert outcome is not None
     steps = [e for e in machine.events if isinstance(e, Step)]
-    chosen = set(outcome.sites) if outcome.status in ("reached", "already_met") else set()
+    chosen = set(outcome.sites) if outcome.status in ("reached", "already_met", BUDGET) else set()
     chosen |= machine.keep_float if outcome.status == "already_met" else set()
     prec = builder.precisions(chosen)
     ceiling = [n for n in machine.order if n not in machine.force_quant]

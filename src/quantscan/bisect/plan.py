@@ -19,7 +19,7 @@ import pandas as pd
 from quantscan.bisect import exports as qexports
 from quantscan.bisect.realise import Claims
 from quantscan.bisect.session import BisectSession
-from quantscan.bisect.state import METRICS, Bisector, Step, Target
+from quantscan.bisect.state import BUDGET, BUDGET_NO_PLAN, METRICS, Bisector, Step, Target
 from quantscan.columns import Col
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.graph.subgraphs import quantizable_bodies
@@ -30,7 +30,7 @@ from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
 
 PLAN_CSV_COLUMNS = (Col.NODE, Col.OUTPUT, "precision", Col.OP_TYPE, Col.KERNEL, Col.ORDER, Col.GAIN_IF_FLOAT)
-REACHED = ("reached", "already_met", "found", "no_bad_layer")
+REACHED = ("reached", "already_met", "found", "no_bad_layer", BUDGET)
 """Outcome statuses that mean the target was met (exit code 0)."""
 INT16_NOTE = "int16 QuantizeLinear needs opset 21: the prepared copy was raised with onnx.version_converter"
 
@@ -109,7 +109,7 @@ def build_plan(
     metrics_of = claims.metrics if claims is not None else searched
     ceiling = [n for n in machine.order if n not in machine.force_quant]
     output = session.options.get(Col.OUTPUT)
-    achieved = outcome.sites if outcome.status != "unreachable" else None
+    achieved = outcome.sites if outcome.status not in ("unreachable", BUDGET_NO_PLAN) else None
     plan = Plan(
         model=session.model_path,
         model_sha256=session.model_sha256,

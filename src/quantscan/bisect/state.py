@@ -55,6 +55,10 @@ task metrics, see quantscan.taskmetrics)."""
 FALLBACKS: tuple[str, ...] = tuple(p.value for p in Precision)
 """The precisions a site not kept int8 can get (`--fallback`)."""
 MODES = ("search", "first_bad")
+BUDGET = "budget"
+"""Outcome of a search stopped by its time budget with a measured plan that meets the target (not minimal)."""
+BUDGET_NO_PLAN = "budget_no_plan"
+"""Outcome of a search stopped by its time budget before any measured set met the target."""
 PHASES = ("all_float", "all_int8", "search", "reduce", "prune", "first_bad")
 REDUCE_MIN = 6
 """Search results with more members than this go through QuickXplain before the greedy prune."""
@@ -172,7 +176,8 @@ def _float(value: Any) -> float:
 
 @dataclass
 class Outcome:
-    """Where the search ended. `status`: reached | unreachable | already_met | no_bad_layer | found."""
+    """Where the search ended. `status`: reached | unreachable | already_met | no_bad_layer | found |
+    budget | budget_no_plan (stopped by its time budget: `Bisector.stop_early`)."""
 
     status: str
     sites: tuple[str, ...]
@@ -246,6 +251,24 @@ class Bisector:
         self.events.append(step)
         self._advance(value)
         return step
+
+    def stop_early(self) -> Outcome:
+        """End the search where it stands (`bisect --max-minutes`), not as an event: a resumed session
+        replays its steps and goes on from here.
+
+        Why the smallest measured passing set: every later phase only makes the plan smaller, so it is
+        the plan the search would fall back to; status `budget` says it was not reduced to 1-minimal.
+        With no measured pass yet (or in first_bad mode) there is no plan: `budget_no_plan`."""
+        passing = [
+            s for s in self.known.values()
+            if self.mode == "search" and s.passed and self.keep_float <= set(s.sites)
+            and not self.force_quant & set(s.sites)
+        ]
+        best = min(passing, key=lambda s: (len(s.sites), -s.value), default=None)
+        self._pending = None
+        self.outcome = (Outcome(BUDGET, best.sites, best.value) if best is not None
+                        else Outcome(BUDGET_NO_PLAN, (), math.nan))
+        return self.outcome
 
     def mark(self, keep_float: Iterable[str] = (), force_quant: Iterable[str] = ()) -> Mark:
         """A manual step: pin sites, then restart the search around them (measured sets are reused)."""

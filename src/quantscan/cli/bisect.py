@@ -65,6 +65,9 @@ def bisect_parser(sub: Any) -> None:
                    help="std of log(activation scale factor) in realisations 1.. (default %(default)s)")
     p.add_argument("--bound-z", type=finite, default=DEFAULT_Z, metavar="Z",
                    help="the search's lower bound lies Z jackknife standard errors below each realisation's figure")
+    p.add_argument("--max-minutes", type=finite, default=None, metavar="M",
+                   help="time budget: after M minutes the search stops and the plan is the smallest measured set "
+                        "that meets the target (status budget, not reduced to minimal; --resume goes on)")
     p.add_argument("--holdout", default="interleave", choices=list(HOLDOUTS),
                    help="interleave: search on even samples, claim on odd ones (--eval: that folder is held out)")
     task_options(p, plugins=False)
@@ -86,7 +89,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     refuse_out_in_data(out, args.calib, args.eval)
     options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force,
-                               **executor_choice(args)}
+                               "max_minutes": args.max_minutes, **executor_choice(args)}
     if args.resume is None:
         options.update({**SampleArgs.parse(args, "bisect").scan_options(), **TaskArgs.parse(args).scan_options(),
                         "realisations": args.realisations, "rounding_spread": args.rounding_spread,
@@ -138,11 +141,25 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if plan.unmeasured:
         print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
               "(no site there was searched)")
+    _print_budget(plan.status, out / "session.json" if args.session is None and args.resume is None
+                  else Path(args.session or args.resume))
     for site in plan.sites:
         print(f"  {site.node} -> {site.precision}")
     _print_verified(plan)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
     return EXIT_OK if result.reached else EXIT_THRESHOLD
+
+
+def _print_budget(status: str, session: Path) -> None:
+    """A search stopped by --max-minutes: what its plan is, and how to go on."""
+    from quantscan.bisect.state import BUDGET, BUDGET_NO_PLAN
+
+    if status == BUDGET:
+        print("  stopped by --max-minutes: the plan meets the target but was not reduced to minimal; "
+              f"quantscan bisect --resume {session} goes on")
+    elif status == BUDGET_NO_PLAN:
+        print("  stopped by --max-minutes before any measured set met the target; "
+              f"quantscan bisect --resume {session} goes on")
 
 
 def _print_verified(plan: Any) -> None:

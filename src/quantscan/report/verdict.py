@@ -390,9 +390,21 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
         f"{_g(target.get('value'))} {reached}; keep {len(sites)} site(s) at higher precision: "
         f"{names or 'none'}{more}; {metric} {_g(_metric(plan.get('all_int8'), metric), 5)} all-int8 -> "
         f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan{_interval_text(plan)}.",
+        *_budget_lines(plan),
         *_unmeasured_lines(plan),
         *_verified_lines(plan),
     ]
+
+
+def _budget_lines(plan: Mapping[str, Any]) -> list[str]:
+    """A search stopped by `--max-minutes`: its plan is a measured pass, not the smallest one."""
+    if plan.get("status") == "budget":
+        return ["  The search stopped at its time budget (`--max-minutes`): the plan meets the target on the "
+                "searched samples but was not reduced to minimal; `bisect --resume` goes on."]
+    if plan.get("status") == "budget_no_plan":
+        return ["  The search stopped at its time budget (`--max-minutes`) before any set met the target; "
+                "`bisect --resume` goes on."]
+    return []
 
 
 def _unmeasured_lines(plan: Mapping[str, Any]) -> list[str]:
