@@ -111,7 +111,7 @@ def test_steps_runs_only_the_chosen_commands(tmp_path: Path, monkeypatch: pytest
     called: list[str] = []
     monkeypatch.setattr(zoo, "fetch_model", lambda entry, cache: tmp_path / "m.onnx")
     monkeypatch.setattr(zoo, "build_calib", lambda entry, cache: tmp_path / "calib")
-    monkeypatch.setattr(zoo, "quantscan", lambda args, log, timeout_s: called.append(" ".join(args[:1] + args[-6:]))
+    monkeypatch.setattr(zoo, "quantscan", lambda args, log, timeout_s: called.append(" ".join(args))
                         or zoo.Step(0, 1.0, 1.0))
     (tmp_path / "out" / "m" / "scan").mkdir(parents=True)
     (tmp_path / "out" / "m" / "scan" / "run.json").write_text(json.dumps({"headline": {"cosine": 0.998}}))
@@ -119,6 +119,7 @@ def test_steps_runs_only_the_chosen_commands(tmp_path: Path, monkeypatch: pytest
     entry = {"name": "m", "family": "f"}
     run = zoo.run_model(entry, tmp_path, tmp_path / "out", limit=2, profiles=PROFILE, steps=["bisect"])
     assert list(run.steps) == ["bisect"] and len(called) == 1 and "--target-cosine 0.9990" in called[0]
+    assert f"--max-minutes {zoo.BISECT_BUDGET * 900 / 60:.2f}" in called[0]  # stops with a plan before the cap
     run = zoo.run_model(entry, tmp_path, tmp_path / "out", limit=2, profiles=PROFILE, steps=["check"], light=True)
     assert list(run.steps) == ["check", "rewrite_rk3588", "recheck_rk3588"]
 
