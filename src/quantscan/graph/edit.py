@@ -229,3 +229,36 @@ def attr_float(node: onnx.NodeProto, name: str, default: float) -> float:
         if attr.name == name:
             return float(attr.f)
     return default
+
+
+class Replacements:
+    """Matched node groups, each replaced by new nodes where its last node stood, edited in one splice.
+
+    Why one place: every fusing rewrite (HardSwish, GELU's tanh form, LayerNorm, Softmax) edits so:
+    positions taken on the original node list, one `splice` at the end (a topological order stays
+    topological), then the constants only the removed nodes read are pruned."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.graph = graph
+        self._position = {n.output[0]: k for k, n in enumerate(graph.node) if n.output}
+        self._remove: set[int] = set()
+        self._insert: dict[int, list[onnx.NodeProto]] = {}
+        self._orphans: set[str] = set()
+
+    def overlaps(self, old: Iterable[onnx.NodeProto]) -> bool:
+        """True when a node of `old` is already replaced by an earlier group."""
+        return any(self._position[n.output[0]] in self._remove for n in old)
+
+    def replace(self, old: Iterable[onnx.NodeProto], new: list[onnx.NodeProto], keep: str) -> None:
+        """`old` goes, `new` takes the place of its last node; the inputs of `old` other than `keep` (the
+        data input the new nodes read) are pruned if nothing else reads them."""
+        old = list(old)
+        positions = [self._position[n.output[0]] for n in old]
+        self._remove.update(positions)
+        self._insert[max(positions)] = new
+        self._orphans.update(i for n in old for i in n.input if i != keep)
+
+    def apply(self) -> None:
+        if self._remove:
+            splice(self.graph, self._remove, self._insert)
+            prune_unused(self.graph, self._orphans)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import onnx
 
-from quantscan.graph.edit import copy_model, node_label, prune_unused, splice
+from quantscan.graph.edit import Replacements, copy_model, node_label
 from quantscan.graph.index import GraphIndex, opset_version
 from quantscan.patterns import hardswish
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
@@ -28,20 +28,15 @@ def fuse_hardswish(model: onnx.ModelProto) -> RewriteResult:
     graph = out.graph
     index = GraphIndex(graph, ir_version=out.ir_version)
     opset = opset_version(out)
-    position = {n.output[0]: k for k, n in enumerate(graph.node) if n.output}
+    edits = Replacements(graph)
     result = RewriteResult(model=out)
-    remove: set[int] = set()
-    insert: dict[int, list[onnx.NodeProto]] = {}
-    orphans: set[str] = set()
-    used: set[int] = set()
     for node in index.nodes:
         match = hardswish.match_at(index, node)
         if not isinstance(match, hardswish.HardSwishMatch) or match.spelling not in hardswish.DECOMPOSED:
             continue
         x, nodes = match.x, list(match.nodes)
         label = node_label(nodes[0])
-        positions = [position[n.output[0]] for n in nodes]
-        if used.intersection(positions):
+        if edits.overlaps(nodes):
             continue
         if opset < MIN_OPSET:
             result.refusals.append(
@@ -56,16 +51,10 @@ def fuse_hardswish(model: onnx.ModelProto) -> RewriteResult:
                 )
             )
             continue
-        last = max(positions)
         y = nodes[-1].output[0]
         fused = onnx.helper.make_node("HardSwish", [x], [y], name=nodes[0].name or f"HardSwish:{y}")
-        used.update(positions)
-        remove.update(positions)
-        insert[last] = [fused]
-        orphans.update(i for n in nodes for i in n.input if i != x)
+        edits.replace(nodes, [fused], keep=x)
         kinds = "+".join(n.op_type for n in nodes)
         result.changes.append(Change(REWRITE_ID, label, f"{kinds} -> HardSwish"))
-    if remove:
-        splice(graph, remove, insert)
-        prune_unused(graph, orphans)
+    edits.apply()
     return result

@@ -15,11 +15,10 @@ import numpy as np
 import onnx
 
 from quantscan.graph.edit import (
+    Replacements,
     add_initializer,
     copy_model,
     node_label,
-    prune_unused,
-    splice,
     unique_name,
 )
 from quantscan.graph.index import GraphIndex, opset_version
@@ -39,11 +38,8 @@ def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
     taken = index.taken_names()
     opset = opset_version(out)
     ranks = tensor_ranks(out)
-    position = {n.output[0]: k for k, n in enumerate(graph.node) if n.output}
+    edits = Replacements(graph)
     result = RewriteResult(model=out)
-    remove: set[int] = set()
-    insert: dict[int, list[onnx.NodeProto]] = {}
-    orphans: set[str] = set()
     for node in index.nodes:
         found = layernorm.match_at(index, node)
         if not isinstance(found, layernorm.LayerNormMatch):
@@ -88,15 +84,10 @@ def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
         fused = onnx.helper.make_node(
             "LayerNormalization", inputs, [y], name=base, axis=axes[0], epsilon=found.eps
         )
-        positions = [position[n.output[0]] for n in found.nodes]
-        remove.update(positions)
-        insert[max(positions)] = [fused]
-        orphans.update(i for n in found.nodes for i in n.input if i != found.x)
+        edits.replace(found.nodes, [fused], keep=found.x)
         detail = f"{len(found.nodes)} ops -> LayerNormalization(axis {axes[0]}, eps {found.eps:g})"
         result.changes.append(Change(REWRITE_ID, label, detail))
-    if remove:
-        splice(graph, remove, insert)
-        prune_unused(graph, orphans)
+    edits.apply()
     return result
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from quantscan.graph.edit import copy_model, node_label, prune_unused, splice, unique_name
+from quantscan.graph.edit import Replacements, copy_model, node_label, unique_name
 from quantscan.graph.index import GraphIndex, opset_version
 from quantscan.patterns import softmax
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
@@ -34,11 +34,8 @@ def fuse_softmax(model: onnx.ModelProto) -> RewriteResult:
     taken = index.taken_names()
     opset = opset_version(out)
     ranks = tensor_ranks(out) if opset < PER_AXIS_OPSET else {}
-    position = {n.output[0]: k for k, n in enumerate(graph.node) if n.output}
+    edits = Replacements(graph)
     result = RewriteResult(model=out)
-    remove: set[int] = set()
-    insert: dict[int, list[onnx.NodeProto]] = {}
-    orphans: set[str] = set()
     for node in index.nodes:
         found = softmax.match_at(index, node) if node.op_type == "Exp" else None
         if not isinstance(found, softmax.SoftmaxMatch):
@@ -51,15 +48,10 @@ def fuse_softmax(model: onnx.ModelProto) -> RewriteResult:
         axis = int(found.axes[0])
         name = unique_name(found.nodes[0].name or f"softmax:{found.output}", taken)
         fused = onnx.helper.make_node("Softmax", [found.x], [found.output], name=name, axis=axis)
-        positions = [position[n.output[0]] for n in found.nodes]
-        remove.update(positions)
-        insert[max(positions)] = [fused]
-        orphans.update(i for n in found.nodes for i in n.input if i != found.x)
+        edits.replace(found.nodes, [fused], keep=found.x)
         ops = "/".join(n.op_type for n in found.nodes)
         result.changes.append(Change(REWRITE_ID, label, f"{len(found.nodes)} ops ({ops}) -> Softmax(axis {axis})"))
-    if remove:
-        splice(graph, remove, insert)
-        prune_unused(graph, orphans)
+    edits.apply()
     return result
 
 

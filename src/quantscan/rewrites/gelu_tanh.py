@@ -16,15 +16,14 @@ import numpy as np
 import onnx
 
 from quantscan.graph.edit import (
+    Replacements,
     copy_model,
     elem_types,
     get_attr,
     node_label,
     np_dtype,
-    prune_unused,
     scalar_input,
     set_attr,
-    splice,
     unique_name,
 )
 from quantscan.graph.index import GraphIndex
@@ -42,11 +41,8 @@ def gelu_tanh(model: onnx.ModelProto) -> RewriteResult:
     index = GraphIndex(graph, ir_version=out.ir_version)
     taken = index.taken_names()
     types = elem_types(out)
-    position = {n.output[0]: k for k, n in enumerate(graph.node) if n.output}
+    edits = Replacements(graph)
     result = RewriteResult(model=out, exact=False)
-    remove: set[int] = set()
-    insert: dict[int, list[onnx.NodeProto]] = {}
-    orphans: set[str] = set()
     for node in index.nodes:
         if node.op_type == "Gelu" and node.domain in ("", "ai.onnx"):
             if get_attr(node, "approximate", b"none") in (b"none", "none"):
@@ -68,14 +64,9 @@ def gelu_tanh(model: onnx.ModelProto) -> RewriteResult:
         dtype = np_dtype(types.get(x))
         base = node.name or f"gelu:{nodes[-1].output[0]}"
         new = _tanh_form(out, x, nodes[-1].output[0], dtype, base, taken)
-        positions = [position[n.output[0]] for n in nodes]
-        remove.update(positions)
-        insert[max(positions)] = new
-        orphans.update(i for n in nodes for i in n.input if i != x)
+        edits.replace(nodes, new, keep=x)
         result.changes.append(Change(REWRITE_ID, label, f"{'+'.join(n.op_type for n in nodes)} -> tanh GELU"))
-    if remove:
-        splice(graph, remove, insert)
-        prune_unused(graph, orphans)
+    edits.apply()
     return result
 
 
