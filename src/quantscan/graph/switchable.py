@@ -315,13 +315,7 @@ def _site_copies(site: SiteSwitch, nodes: Sequence[onnx.NodeProto], dq: Mapping[
     copies: list[onnx.NodeProto] = []
     for j, config in enumerate(site.configs):
         chosen = {w: dq[(w, i)] for w, i in zip(site.weights, config, strict=True) if i >= 0}
-        for node in nodes:
-            new = onnx.NodeProto()
-            new.CopyFrom(node)
-            new.name = f"{node.name}@k{k}c{j}"
-            new.input[:] = [i + f"@k{k}c{j}" if i in produced else chosen.get(i, i) for i in node.input]
-            new.output[:] = [o + f"@k{k}c{j}" if o else o for o in node.output]
-            copies.append(new)
+        copies.extend(_renamed_copies(nodes, produced, chosen, f"@k{k}c{j}"))
     for node in nodes:
         node.input[:] = [i + f"@fl{k}" if i in picked else i for i in node.input]
         node.output[:] = [o + f"@fl{k}" if o in picked else o for o in node.output]
@@ -332,6 +326,21 @@ def _site_copies(site: SiteSwitch, nodes: Sequence[onnx.NodeProto], dq: Mapping[
             copies.append(helper.make_node("Where", [site_selector(k, j), f"{o}@k{k}c{j}", otherwise], [out],
                                            name=f"{out}@k{k}c{j}__Where"))
             otherwise = out
+    return copies
+
+
+def _renamed_copies(nodes: Sequence[onnx.NodeProto], produced: set[str], chosen: Mapping[str, str],
+                    suffix: str) -> list[onnx.NodeProto]:
+    """A copy of the site's nodes for one weight configuration: the tensors they make renamed with
+    `suffix`, each weight read through its `chosen` DequantizeLinear output."""
+    copies = []
+    for node in nodes:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.name = f"{node.name}{suffix}"
+        new.input[:] = [i + suffix if i in produced else chosen.get(i, i) for i in node.input]
+        new.output[:] = [o + suffix if o else o for o in node.output]
+        copies.append(new)
     return copies
 
 
@@ -353,14 +362,7 @@ def _site_branches(site: SiteSwitch, nodes: Sequence[onnx.NodeProto], dq: Mappin
     picked = sorted(o for o in produced if readers.get(o, set()) - own)
 
     def branch(j: int, chosen: Mapping[str, str]) -> onnx.GraphProto:
-        body = []
-        for node in nodes:
-            new = onnx.NodeProto()
-            new.CopyFrom(node)
-            new.name = f"{node.name}@k{k}b{j}"
-            new.input[:] = [i + f"@k{k}b{j}" if i in produced else chosen.get(i, i) for i in node.input]
-            new.output[:] = [o + f"@k{k}b{j}" if o else o for o in node.output]
-            body.append(new)
+        body = _renamed_copies(nodes, produced, chosen, f"@k{k}b{j}")
         outs = [helper.make_empty_tensor_value_info(o + f"@k{k}b{j}") for o in picked]
         return helper.make_graph(body, f"site{k}b{j}", [], outs)
 
