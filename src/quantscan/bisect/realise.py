@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from quantscan.bisect.reference import CachedReferenceEvaluator
 from quantscan.bisect.robust import Rounding, Spread, scale_factors, split_indices, spread_of, spread_of_values
 from quantscan.bisect.state import Target
+from quantscan.bisect.switched import SwitchedSession
 from quantscan.bisect.targets import make_evaluator
 from quantscan.calib import CalibSet
 from quantscan.graph.mixed import MixedBuilder
@@ -89,11 +90,15 @@ class RealisedEvaluator:
             realised = realised_builder(builder, scale_factors(tensors, r, rounding.seed, rounding.spread))
             self.evaluators.append(_twin(base, ctx, realised))
 
+    def _switch(self) -> SwitchedSession | None:
+        """The switchable session the evaluators share (None: a task-metric target, gain.Evaluator)."""
+        base = self.evaluators[0]
+        return base.switch if isinstance(base, CachedReferenceEvaluator) else None
+
     def use_switchable(self, policy: str) -> None:
         """How evaluations pick their graph (bisect/switched.py): `measured`, `always` or `never`."""
-        base = self.evaluators[0]
-        if isinstance(base, CachedReferenceEvaluator):
-            base.switch.policy = policy
+        if (switch := self._switch()) is not None:
+            switch.policy = policy
 
     def graph_note(self) -> str:
         """Which graph the evaluations ran on, and why (session.json `options.evaluation_graph`)."""
@@ -106,16 +111,13 @@ class RealisedEvaluator:
 
     def release(self) -> None:
         """Free the switchable session (bisect/switched.py) once no more candidates come."""
-        base = self.evaluators[0]
-        if isinstance(base, CachedReferenceEvaluator):
-            base.switch.close()
+        if (switch := self._switch()) is not None:
+            switch.close()
 
     def graph_timing(self) -> dict[str, float]:
         """Evaluations on each path and their median seconds (timing-dependent: which path is faster)."""
-        base = self.evaluators[0]
-        if not isinstance(base, CachedReferenceEvaluator):
-            return {}
-        return base.switch.timings.summary()
+        switch = self._switch()
+        return switch.timings.summary() if switch is not None else {}
 
     def judge(self, prec: Sequence[str]) -> Judged:
         measured = [e.evaluate(prec) for e in self.evaluators]
