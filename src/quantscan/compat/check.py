@@ -22,7 +22,7 @@ from quantscan.columns import Col
 from quantscan.compat.analysis import ModelAnalysis, analyse
 from quantscan.compat.context import RuleContext
 from quantscan.compat.partitions import Partitioning, colour, partition
-from quantscan.compat.profiles import DEFAULT_PROFILE, Profile, load_profile
+from quantscan.compat.profiles import DEFAULT_PROFILE, Profile, expand, load_profile
 from quantscan.compat.result import PARTITION_COLUMNS, CheckResult
 from quantscan.compat.rules import BODY_RULES, RULES, Rule, control_flow
 from quantscan.graph.subgraphs import Body, bodies, body_model, scope_of
@@ -35,10 +35,11 @@ def check(
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> CheckResult:
-    """Check `model` against `profiles` (names or TOML paths; default generic-npu).
+    """Check `model` against `profiles` (names or TOML paths; `all` = every shipped one; default generic-npu).
 
-    Profiles are validated before the model is read, so a typo fails fast. Raises ProfileError,
-    ModelError or UsageError (bad input_shapes) for bad input; never for odd graphs.
+    The model is loaded and analysed once, whatever the number of profiles: only the rules and the
+    partitioning run per profile. Profiles are validated before the model is read, so a typo fails fast.
+    Raises ProfileError, ModelError or UsageError (bad input_shapes) for bad input; never for odd graphs.
     """
     loaded = _profiles(profiles)
     analysis = analyse(model, input_shapes)
@@ -68,7 +69,7 @@ def check(
 
 def _profiles(specs: Sequence[str | Path]) -> list[Profile]:
     out: list[Profile] = []
-    for spec in list(specs) or [DEFAULT_PROFILE]:
+    for spec in expand(list(specs) or [DEFAULT_PROFILE]):
         p = load_profile(spec)
         if p.name not in {q.name for q in out}:
             out.append(p)

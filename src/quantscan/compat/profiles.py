@@ -8,7 +8,7 @@ each error is one line naming the file, the key and the expected type.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ from quantscan.errors import ProfileError
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
 DEFAULT_PROFILE = "generic-npu"
+ALL_PROFILES = "all"
+"""`--profile all`: every shipped profile, checked on one analysis of the model (`check` only)."""
 _ONNX_OPS = frozenset(s.name for s in onnx.defs.get_all_schemas_with_history())
 # `npu = "*"` (the onnxruntime recipe runs every op): the inference domains only, not the training
 # preview ops (Adam, Gradient, ...) no exported model carries.
@@ -128,6 +130,16 @@ def shipped_names() -> list[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.toml"))
 
 
+def expand(specs: Sequence[str | Path]) -> list[str | Path]:
+    """The profiles `specs` name, `all` replaced by every shipped name, each named once, in order."""
+    out: list[str | Path] = []
+    for spec in specs:
+        for one in shipped_names() if str(spec) == ALL_PROFILES and not isinstance(spec, Path) else [spec]:
+            if one not in out:
+                out.append(one)
+    return out
+
+
 def list_profiles() -> list[ProfileInfo]:
     """Every shipped profile, sorted by name."""
     out = []
@@ -145,10 +157,14 @@ def resolve(spec: str | Path) -> Path:
         if not path.is_file():
             raise ProfileError(f"expected a chip profile TOML file, found no file at {path}")
         return path
+    if text == ALL_PROFILES:
+        raise ProfileError(f"expected one chip profile, found '{ALL_PROFILES}' (every shipped profile: only "
+                           f"`quantscan check` takes it)")
     candidate = SHIPPED_DIR / f"{text}.toml"
     if not candidate.is_file():
         known = ", ".join(shipped_names())
-        raise ProfileError(f"unknown profile '{text}' (known: {known}; or give a path to a .toml file)")
+        raise ProfileError(f"unknown profile '{text}' (known: {known}; '{ALL_PROFILES}' in check; or give a path "
+                           f"to a .toml file)")
     return candidate
 
 

@@ -31,6 +31,21 @@ PARTITION_COLUMNS = (
     "bytes_estimated",
 )
 
+PROFILE_TABLE_COLUMNS = (
+    "profile",
+    "errors",
+    "warnings",
+    "infos",
+    "cpu_islands",
+    "npu_islands",
+    "cpu_nodes",
+    "npu_nodes",
+    "folded_nodes",
+    "bytes_crossing",
+    "worst",
+)
+"""profiles.csv: one row per profile checked, the chip-choice table of `check --profile all`."""
+
 
 @dataclass
 class CheckResult:
@@ -68,6 +83,13 @@ class CheckResult:
     def summary_rows(self) -> list[dict[str, object]]:
         """The same summary as one dict per profile (for summary.md/report tables)."""
         return [{"profile": p, **self._summary(p)} for p in self.profiles]
+
+    def profile_table(self) -> pd.DataFrame:
+        """One row per profile (profiles.csv), the chips that take the model most nearly as it is first:
+        fewest errors, then fewest CPU islands (each one a round trip off the NPU), then fewest warnings."""
+        table = pd.DataFrame(self.summary_rows(), columns=list(PROFILE_TABLE_COLUMNS))
+        order = ["errors", "cpu_islands", "warnings", "profile"]
+        return table.sort_values(order, kind="stable").reset_index(drop=True)
 
     def _summary(self, profile: str) -> dict[str, object]:
         rows = self._rows(profile)
