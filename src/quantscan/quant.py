@@ -121,9 +121,13 @@ def activation_scales(rmin: np.ndarray, rmax: np.ndarray, scheme: str = "uint8")
     return np.where(scale < _FLOAT32_TINY, 1.0, scale).astype(np.float32)
 
 
-def weight_qparams(w: np.ndarray, axis: int, bits: int = 8) -> QParams:
+def weight_qparams(w: np.ndarray, axis: int, bits: int = 8, per_channel: bool = True) -> QParams:
     """Symmetric per-output-channel parameters: scale_c = absmax_c / 127 (int8) or / 32767 (int16).
 
+    `per_channel=False` is a chip without per-channel weight scales (NXP Neutron, TIDL): one scale,
+    the whole tensor's absmax / 127, given to every channel. It stays in per-channel form (the same
+    value on each channel along `axis`) so every reader of a weight plan (bias scales, channel tables,
+    the QDQ graph) takes it unchanged; the stored values are those of a per-tensor scale.
     An all-zero channel gets scale 1 (CONTRACT.md): any positive scale represents it exactly, and 1
     keeps the bias scale s_in * s_w finite.
     """
@@ -138,6 +142,8 @@ def weight_qparams(w: np.ndarray, axis: int, bits: int = 8) -> QParams:
     ax = _normalize_axis(axis, arr.ndim)
     others = tuple(i for i in range(arr.ndim) if i != ax)
     absmax = np.abs(arr.astype(np.float32)).max(axis=others, initial=0.0).astype(np.float64)
+    if not per_channel:
+        absmax = np.full_like(absmax, absmax.max(initial=0.0))
     scale = absmax / qmax
     scale = np.where(scale < _FLOAT32_TINY, 1.0, scale)
     return QParams(scale.astype(np.float32), np.zeros(scale.shape, dtype=dtype), ax)

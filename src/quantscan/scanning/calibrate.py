@@ -188,8 +188,10 @@ def make_plan(
     origins: Mapping[str, str],
     observers: Mapping[str, quant.Observer],
     scheme: ActivationScheme,
+    per_channel_weights: bool = True,
 ) -> tuple[qgraph.QuantPlan, list[str]]:
-    """Ranges -> QuantPlan; warnings for zero ranges and clamped biases."""
+    """Ranges -> QuantPlan; warnings for zero ranges and clamped biases. `per_channel_weights=False`:
+    one weight scale per tensor (the chip's profile says it has no per-channel scales)."""
     plan = qgraph.QuantPlan()
     warnings: list[str] = []
     for tensor, origin in origins.items():
@@ -210,7 +212,7 @@ def make_plan(
             if not np.all(np.isfinite(w)):  # e.g. a BatchNormalization with a NaN epsilon folded into it
                 raise ModelError(f"expected finite weights, found NaN/Inf in weight {name!r} of node "
                                  f"{site.node!r} after preparation (check the BatchNormalization folded into it)")
-            qp = quant.weight_qparams(w, axis)
+            qp = quant.weight_qparams(w, axis, per_channel=per_channel_weights)
             plan.weights[name] = qgraph.WeightQuant(name, qp, quant.quantize(w, qp))
         if site.bias and site.weight in plan.weights and site.inputs and site.inputs[0] in plan.activations:
             b = onnx.numpy_helper.to_array(inits[site.bias]).astype(np.float32)

@@ -54,6 +54,7 @@ def chip_recipe(
         float16_nodes=float16_nodes(compat.findings, profile.name),
         consumer_range_ops=profile.consumer_range_ops,
         recipe=profile.recipe,
+        per_channel_weights=profile.per_channel_weights,
     )
 
 

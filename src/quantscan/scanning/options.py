@@ -236,6 +236,8 @@ class ChipRecipe:
     their output (scanning/prepare.py consumer_range_origins)."""
     recipe: str = "kernels"
     """"kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
+    per_channel_weights: bool = True
+    """False when the profile's chip has one weight scale per tensor (`per_channel_weights = false`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -243,4 +245,5 @@ class ChipRecipe:
             "activations_source": self.activations_source, "recipe": self.recipe,
             "fused_activations": sorted(self.fused_activations), "cpu_nodes": sorted(self.cpu_nodes),
             "float16_nodes": sorted(self.float16_nodes), "consumer_range_ops": sorted(self.consumer_range_ops),
+            "per_channel_weights": self.per_channel_weights,
         }

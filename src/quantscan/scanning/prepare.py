@@ -336,7 +336,7 @@ def _calibration_phase(
         plan = placed.recipe.plan
     else:
         plan, plan_warnings = make_plan(inputs.prepared.proto, placed.sites, placed.origins, calib_stats.observers,
-                                        scheme)
+                                        scheme, inputs.chip.per_channel_weights)
     inputs.warnings.extend(plan_warnings)
     inputs.warnings.extend(calib_stats.warnings)
     return calib_stats, plan
