@@ -77,3 +77,21 @@ def test_neutron_scans_per_tensor_weights_and_ax650_per_channel(tmp_path: Path) 
         assert row["weight_worst_channel_sqnr_db"] == pytest.approx(expected, abs=1e-3), profile
         assert result.run_info.chip["per_channel_weights"] is per_channel
     assert sqnr_db(w[1], numpy_fake_quant(w, False)[1]) < 20 < sqnr_db(w[1], numpy_fake_quant(w, True)[1])
+
+
+@pytest.mark.real
+def test_real_model_per_tensor_weights_on_neutron(assets: Path) -> None:
+    """MTCNN RNet: under neutron every Conv/Gemm weight has one scale (channels.csv weight_absmax equal
+    across its channels) and no site's worst weight channel is better than under ax650's per-channel
+    scales; some are much worse (the spread per-tensor scales pay for)."""
+    model = assets / "models" / "mtcnn_rnet.onnx"
+    calib = assets / "calib" / "mtcnn_rnet"
+    neutron = quantscan.scan(model, calib, profile="neutron", limit=4, gain_candidates=0)
+    ax650 = quantscan.scan(model, calib, profile="ax650", limit=4, gain_candidates=0)
+    absmax = neutron.channels.dropna(subset=["weight_absmax"]).groupby("node")["weight_absmax"]
+    assert len(absmax) >= 4 and (absmax.nunique() == 1).all()
+    key = ["node", "weight_worst_channel_sqnr_db"]
+    both = neutron.layers[key].merge(ax650.layers[key], on="node", suffixes=("_tensor", "_channel")).dropna()
+    assert len(both) >= 4
+    worse = both["weight_worst_channel_sqnr_db_channel"] - both["weight_worst_channel_sqnr_db_tensor"]
+    assert (worse >= -1e-6).all() and worse.max() > 3.0
