@@ -134,9 +134,10 @@ def expand(specs: Sequence[str | Path]) -> list[str | Path]:
     """The profiles `specs` name, `all` replaced by every shipped name, each named once, in order."""
     out: list[str | Path] = []
     for spec in specs:
-        for one in shipped_names() if str(spec) == ALL_PROFILES and not isinstance(spec, Path) else [spec]:
-            if one not in out:
-                out.append(one)
+        names: list[str | Path] = [*shipped_names()] if spec == ALL_PROFILES else [spec]
+        for name in names:
+            if name not in out:
+                out.append(name)
     return out
 
 
