@@ -14,6 +14,7 @@ import pytest
 
 import quantscan
 from quantscan import quant
+from quantscan.api import save_scan
 
 GRAPH = """<ir_version: 8, opset_import: ["" : 13]>
 g (float[N, 4, 6, 6] x) => (float[N, 2, 6, 6] y) {
@@ -76,6 +77,10 @@ def test_neutron_scans_per_tensor_weights_and_ax650_per_channel(tmp_path: Path) 
         expected = sqnr_db(w[1], numpy_fake_quant(w, per_channel)[1])
         assert row["weight_worst_channel_sqnr_db"] == pytest.approx(expected, abs=1e-3), profile
         assert result.run_info.chip["per_channel_weights"] is per_channel
+        save_scan(result, tmp_path / profile)
+        summary = (tmp_path / profile / "summary.md").read_text(encoding="utf-8")
+        said = "weights int8 per output channel" if per_channel else "weights int8 per tensor (profile neutron"
+        assert said in summary, profile
     assert sqnr_db(w[1], numpy_fake_quant(w, False)[1]) < 20 < sqnr_db(w[1], numpy_fake_quant(w, True)[1])
 
 

@@ -95,6 +95,14 @@ def gain_basis(options: Mapping[str, Any], evaluation: int) -> GainSamples | Non
     return GainSamples(count, evaluation, float(cosine))
 
 
+def _weight_granularity(chip: Mapping[str, Any]) -> str:
+    """How the weight scales were simulated: per output channel, or one per tensor when the profile's
+    chip has no per-channel scales (run.json chip.per_channel_weights)."""
+    if chip.get("per_channel_weights", True):
+        return "per output channel"
+    return f"per tensor (profile {chip.get('profile')}: no per-channel weight scales)"
+
+
 def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = None) -> str:
     """summary.md's text: the diagnosis (with `plan`, a bisect plan.json's content, when one is in the
     run folder), setup, output metrics, headline, top sites, causes, the profile, the docs."""
@@ -111,7 +119,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         f"- calibration: {info.calibration.samples} samples from {code(info.calibration.path)}, "
         f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor "
         f"({info.options.get('activations_source', 'default')}), "
-        "weights int8 per output channel (symmetric), bias int32",
+        f"weights int8 {_weight_granularity(info.chip)} (symmetric), bias int32",
         *_float16_lines(info.options),
         *_preprocessing_lines(info.preprocessing),
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
