@@ -1,4 +1,4 @@
-"""A profile without per-channel weight scales (`per_channel_weights = false`: neutron, tda4-tidl) is
+"""A profile without per-channel weight scales (`per_channel_weights = false`: neutron, tda4-tidl, hailo8) is
 scanned with one weight scale per tensor: a Conv whose output channels span very different ranges
 loses its small channel there, as the chip does (issue 44: NXP Neutron's NeutronQuantizer is
 per-tensor). The oracle is the per-tensor and per-channel symmetric int8 formulas written in numpy."""
