@@ -210,9 +210,10 @@ def qnn_overrides(plan: Plan) -> dict[str, Any]:
     (a QuantType name; JSON has no enums: map with `QuantType[name]`); with `add_qtype_converts` (its
     default) onnxruntime adds the `convert` entries around a 16-bit tensor itself. QNN HTP's 16-bit mode
     is W8A16 (16-bit activations, 8-bit weights), so an int16 site's output (and the int16 tensors the
-    plan measured between int16 sites) become QUInt16 and its weights stay QUInt8; a float site has no QDQ form on HTP and is written as 16-bit too (said in `note`),
-    its nodes also listed in `float_nodes` for a CPU-fallback build (`nodes_to_exclude`). Tensor names are
-    the ONNX model's own: onnxruntime keeps them. tests/chip: quantize() with this config on a real model.
+    plan measured between int16 sites) become QUInt16 and its weights stay QUInt8; a float site has no
+    QDQ form on HTP and is written as 16-bit too (said in `note`), its nodes also listed in `float_nodes`
+    for a CPU-fallback build (`nodes_to_exclude`). Tensor names are the ONNX model's own: onnxruntime
+    keeps them. tests/bisect/test_chip_exports.py runs quantize() with this config on a real model.
     """
     overrides: dict[str, list[dict[str, Any]]] = {}
     for site in plan.sites:
