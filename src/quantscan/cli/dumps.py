@@ -52,7 +52,13 @@ def cmd_dumps(args: argparse.Namespace) -> int:
 
         if args.format not in (None, "npy"):
             raise UsageError(f"--prefixes: expected --format npy (prefix outputs are numpy files), found {args.format}")
-        dumps = board_dumps(read_kit(args.prefixes), args.dumps)
+        from quantscan.model import file_sha256
+
+        kit = read_kit(args.prefixes)
+        if Path(args.model).is_file() and file_sha256(Path(args.model)) != kit.model_sha256:
+            raise UsageError(f"--prefixes: expected a kit cut from {args.model}, found one cut from {kit.model} "
+                             "(another sha256): its tensors would be compared with another network's")
+        dumps = board_dumps(kit, args.dumps)
     result = compare_dumps(args.model, args.calib, dumps, fmt=args.format, progress=progress_factory(args.quiet),
                            calib_method=args.calib_method, activations=args.activations, profile=args.profile,
                            input_shape=shapes, input_dims=dims, const=parse_const(args.const), threads=args.threads,
