@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +277,16 @@ def test_from_plan_writes_the_asked_exports_and_refuses_another_model(tmp_path: 
     assert (out / "atc_keep_dtype.cfg").read_text() == "mm\n"
     assert json.loads((out / "pulsar2_layer_configs.json").read_text())["quant"]["layer_configs"] == [
         {"start_tensor_names": ["x"], "end_tensor_names": ["y"], "data_type": "U16"}]
+    har = tmp_path / "m.har"  # a parsed Hailo model: a tar holding the HN, whose layer fc1 came from mm
+    hn = tmp_path / "m.hn"
+    hn.write_text(json.dumps({"name": "m", "layers": {"m/fc1": {"original_names": ["mm"]}}}))
+    with tarfile.open(har, "w") as archive:
+        archive.add(hn, arcname="m.hn")
+    done = _cli("bisect", "--from-plan", str(plan_file), "--export", "hailo", "--hailo-hn", str(har),
+                "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    lines = (out / "hailo_model_script.alls").read_text().splitlines()
+    assert lines[-1] == "quantization_param(fc1, precision_mode=a16_w16)" and "PREDICTED" not in "".join(lines)
     other = tmp_path / "other.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), other)
     refused = _cli("bisect", str(other), "--from-plan", str(plan_file), "--export", "atc", "--out", str(out))

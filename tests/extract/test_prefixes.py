@@ -102,6 +102,11 @@ def test_cli_writes_the_kit_and_dumps_reads_the_board_folder(tmp_path: Path) -> 
                 "--out", str(tmp_path / "run"), "--quiet")
     assert done.returncode == 0, done.stderr
     assert f"of {len(manifest['prefixes'])} sites aligned" in done.stdout
+    (tmp_path / "other").mkdir()
+    other, _ = write_chain(tmp_path / "other", samples=4, layers=4)
+    refused = _cli("dumps", str(other), "--calib", str(calib), "--dumps", str(outputs), "--prefixes", str(kit),
+                   "--out", str(tmp_path / "run2"))
+    assert refused.returncode == 2 and refused.stderr.startswith("quantscan: error: --prefixes: expected a kit cut")
     refused = _cli("extract", str(model), "--prefixes", "--node", "mm0", "-o", str(tmp_path / "kit2"))
     assert refused.returncode == 2 and refused.stderr.startswith("quantscan: error: extract --prefixes: expected no")
 

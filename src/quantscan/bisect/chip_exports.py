@@ -19,12 +19,15 @@ the vendor examples the tests check the files against.
 from __future__ import annotations
 
 import json
+import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onnx
 
+from quantscan.errors import UsageError
 from quantscan.records import Plan, PlanSite, Precision
 
 NodeInfo = tuple[str, Sequence[str], Sequence[str]]
@@ -124,6 +127,26 @@ def hailo_names_from_hn(hn: Mapping[str, Any]) -> dict[str, list[str]]:
         for original in (body or {}).get("original_names", []) or []:
             out.setdefault(str(original), []).append(str(layer).split("/")[-1])
     return out
+
+
+def read_hn(path: str | Path) -> dict[str, Any]:
+    """A parsed Hailo model's HN: the .hn JSON itself, or the one inside a .har (a tar archive)."""
+    source = Path(path)
+    try:
+        if tarfile.is_tarfile(source):
+            with tarfile.open(source) as har:
+                member = next((m for m in har.getmembers() if m.name.endswith(".hn")), None)
+                handle = har.extractfile(member) if member is not None else None
+                if handle is None:
+                    raise UsageError(f"--hailo-hn: expected a .hn member in the archive {source}, found none")
+                raw = json.loads(handle.read().decode("utf-8"))
+        else:
+            raw = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError, tarfile.TarError) as exc:
+        raise UsageError(f"--hailo-hn: expected a Hailo .hn (JSON) or .har, found {source} unreadable ({exc})") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("layers"), dict):
+        raise UsageError(f"--hailo-hn: expected an HN with a `layers` object, found none in {source}")
+    return raw
 
 
 def hailo_alls(plan: Plan, model: ModelNodes | None = None, hn: Mapping[str, Any] | None = None) -> str:

@@ -302,13 +302,15 @@ def default_exports(profile: str | None) -> list[str]:
 def write_exports(
     plan: Plan, out: Path, names: Sequence[str] | None = None, graph: Mapping[str, NodeInfo] | None = None,
     step1_names: Mapping[str, Sequence[str]] | None = None, model: onnx.ModelProto | None = None,
+    hailo_hn: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write the chosen exports (default: `default_exports` of the plan's profile) into `out`, each
     atomically; returns name -> path.
     `graph` (the user's model: node -> op type, inputs, outputs) and `step1_names` (what a toolchain's
     step 1 kept per site) let the RKNN cfg name what its step 2 takes (`rknn_hybrid_cfg`), and the tpu-mlir qtable name
     ops as model_transform does (`tpu_mlir_qtable`); `model` (the user's) lets the chip exports name what
-    their tools keep after fusion (chip_exports.py)."""
+    their tools keep after fusion (chip_exports.py), `hailo_hn` (a parsed Hailo model's HN) the .alls Hailo's
+    own layer names instead of predicted ones."""
     chosen = default_exports((plan.recipe or {}).get("profile")) if names is None else list(names)
     unknown = [n for n in chosen if n not in EXPORT_NAMES]
     if unknown:
@@ -320,7 +322,7 @@ def write_exports(
     for name in chosen:
         if name in CHIP_WRITERS:
             file_name, chip_writer = CHIP_WRITERS[name]
-            text = chip_writer(plan, nodes)
+            text = chips.hailo_alls(plan, nodes, hailo_hn) if name == "hailo" else chip_writer(plan, nodes)
         else:
             file_name, writer = WRITERS[name]
             text = _legacy_text(name, writer, plan, graph, step1_names)
@@ -353,13 +355,14 @@ def read_plan(path: str | Path) -> Plan:
 
 def export_from_plan(
     plan_path: str | Path, out: str | Path, names: Sequence[str] | None = None, model: str | Path | None = None,
+    hailo_hn: str | Path | None = None,
 ) -> dict[str, Path]:
     """Any export of an existing plan.json, without searching again (`bisect --from-plan`).
 
     The model (default: the plan's own `model` path, when that file is there) gives the exports the names
     their tools keep after fusion; it must be the model the plan was measured on (same sha256), else the
     names would address another network's layers. Without a model file the exports name the plan's
-    nodes and tensors as they are."""
+    nodes and tensors as they are. `hailo_hn`: a parsed Hailo model (.hn or .har) for exact .alls names."""
     from quantscan.model import load_model
 
     plan = read_plan(plan_path)
@@ -373,4 +376,5 @@ def export_from_plan(
         proto = loaded.proto
     target = Path(out)
     target.mkdir(parents=True, exist_ok=True)
-    return write_exports(plan, target, names, model=proto)
+    hn = chips.read_hn(hailo_hn) if hailo_hn is not None else None
+    return write_exports(plan, target, names, model=proto, hailo_hn=hn)

@@ -63,6 +63,9 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--from-plan", default=None, metavar="plan.json",
                    help="write the --export files of an existing plan (no search); MODEL, if given, must be the "
                         "plan's model (default: the model path the plan records)")
+    p.add_argument("--hailo-hn", default=None, metavar="FILE",
+                   help="with --from-plan: the parsed Hailo model (.hn or .har) whose layer names the .alls uses "
+                        "(default: names predicted from the ONNX graph)")
     p.add_argument("--realisations", type=int, default=DEFAULT_REALISATIONS, metavar="N",
                    help="rounding realisations each candidate is judged under (1: quantscan's rounding only)")
     p.add_argument("--rounding-spread", type=float, default=DEFAULT_SPREAD, metavar="S",
@@ -84,6 +87,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         return _show_session(Path(args.show))
     if args.from_plan:
         return _export_from_plan(args)
+    if args.hailo_hn:
+        raise UsageError("--hailo-hn: expected --from-plan plan.json (the HN names a plan's layers), found none")
     from quantscan.api import run_bisect
     from quantscan.bisect.driver import progress_of
 
@@ -163,7 +168,7 @@ def _export_from_plan(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path(args.from_plan).parent
     with claim_out_dir(out, force=args.force):
-        files = export_from_plan(args.from_plan, out, args.export, args.model)
+        files = export_from_plan(args.from_plan, out, args.export, args.model, args.hailo_hn)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in files.values())) + ")")
     return EXIT_OK
 
