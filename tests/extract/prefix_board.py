@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper
+from onnx import numpy_helper, version_converter
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 Fault = Callable[[np.ndarray], np.ndarray]
@@ -48,6 +48,13 @@ def perturbed(model: onnx.ModelProto, node: str, fault: Fault) -> onnx.ModelProt
     return out
 
 
+def _with_per_channel_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Per-channel DequantizeLinear (its `axis`) needs opset 13: an older prefix (YOLOX exports are 11) is
+    raised to 13 first, as onnxruntime's own quantization docs advise."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    return version_converter.convert_version(model, 13) if opset < 13 else model
+
+
 def run_board(kit: Path, outputs: Path, work: Path, fault_node: str | None = None, fault: Fault | None = None) -> Path:
     """Every prefix of `kit` quantized and run by onnxruntime on the kit's samples; outputs as the kit says."""
     import json
@@ -62,6 +69,7 @@ def run_board(kit: Path, outputs: Path, work: Path, fault_node: str | None = Non
         model = onnx.load(kit / prefix["file"])
         if fault_node is not None and fault is not None:
             model = perturbed(model, fault_node, fault)
+        model = _with_per_channel_opset(model)
         source, quantized = work / f"{prefix['file']}.float.onnx", work / prefix["file"]
         onnx.save(model, source)
         quantize_static(str(source), str(quantized), _Reader(feeds), quant_format=QuantFormat.QDQ,
