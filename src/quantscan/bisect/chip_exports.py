@@ -169,7 +169,8 @@ def hailo_alls(plan: Plan, model: ModelNodes | None = None, hn: Mapping[str, Any
     predicted = hailo_layer_names(model) if model is not None and by_hn is None else {}
     if by_hn is None:
         lines.append("# layer names PREDICTED from the ONNX graph (unverified): check them against the parsed "
-                     "model's HN (each layer's original_names), or give it: bisect --from-plan plan.json --hailo-hn FILE")
+                     "model's HN (each layer's original_names), or give it: "
+                     "bisect --from-plan plan.json --hailo-hn FILE")
     layers: list[str] = []
     for site in plan.sites:
         names = (_unique(n for node in site.node_names for n in by_hn.get(node, [])) if by_hn is not None
