@@ -37,6 +37,7 @@ from onnx import helper
 from quantscan import graph as qgraph
 from quantscan.calib import load_calibration
 from quantscan.calib.npyfile import npz_bytes
+from quantscan.columns import Col
 from quantscan.device.dumps import DumpSet
 from quantscan.errors import UsageError
 from quantscan.extract import Extractor
@@ -65,12 +66,12 @@ class Prefix:
     nodes: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "file": self.file, "node": self.node, "kernel": self.kernel,
+        return {"index": self.index, "file": self.file, Col.NODE: self.node, Col.KERNEL: self.kernel,
                 "tensor": self.tensor, "nodes": self.nodes}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Prefix:
-        return cls(int(raw["index"]), str(raw["file"]), str(raw["node"]), str(raw.get("kernel", "")),
+        return cls(int(raw["index"]), str(raw["file"]), str(raw[Col.NODE]), str(raw.get(Col.KERNEL, "")),
                    str(raw["tensor"]), int(raw.get("nodes", 0)))
 
     @property
