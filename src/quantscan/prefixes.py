@@ -8,9 +8,10 @@ tensor. Gathered per sample, those outputs are the contract's npy dumps (one .np
 tensor names of the original model), and `dumps --prefixes KIT` reads them so.
 
 - `write_kit(model, out, every=K, calib=...)`: `prefix_NNN.onnx` for every K-th kernel (kernel
-  boundaries are sites.py's, through `extract.Extractor`: a cut inside a fused Conv+BN+activation would
-  compile into another kernel than the full model's), each the ancestors of its end tensor with that
-  tensor as its one output, the model's own inputs, names and opset; with --calib, the samples' inputs
+  boundaries are sites.py's, through `extract.Extractor`, on the model after the scan's cleanup rewrite:
+  a cut inside a fused Conv+BN+activation would compile into another kernel than the full model's), each
+  the ancestors of its end tensor with that tensor as its one output, the model's own inputs, names and
+  opset; with --calib, the samples' inputs
   (`inputs/<sample>.npz`, what to feed every prefix) and the FP32 values of every end tensor
   (`fp32/<sample>.npz`: itself a valid npy dumps folder, the dumps of a board without error);
   `prefixes.json` says which prefix ends at which tensor and where the board's outputs go.
@@ -141,6 +142,15 @@ def kernel_ends(model: ModelArg, every: int = 1, **data: Any) -> tuple[Extractor
     return ex, ends
 
 
+def cleaned(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model after the scan's own cleanup (Identity/Dropout removed, constants folded), which is what
+    its sites and `dumps` see: an Identity between a Conv+Add and its HardSigmoid would otherwise end a
+    kernel early, at a tensor no dumps site has. Values are the same; the prefixes are cut from this copy."""
+    from quantscan.rewrites.cleanup import cleanup
+
+    return cleanup(proto).model
+
+
 def prefix_model(ex: Extractor, tensor: str) -> tuple[onnx.ModelProto, int]:
     """The ancestors of `tensor` as a model whose one output is `tensor` (checked), and its node count.
     Graph inputs keep the original declarations (names, dims, dynamic axes): a prefix takes the same feeds."""
@@ -175,8 +185,8 @@ def write_kit(
     from quantscan.model import load_model
 
     loaded = load_model(model)
-    ex, ends = kernel_ends(loaded.proto, every, calib=calib, consts=consts, input_shapes=input_shapes, seed=seed,
-                           runner=runner)
+    ex, ends = kernel_ends(cleaned(loaded.proto), every, calib=calib, consts=consts, input_shapes=input_shapes,
+                           seed=seed, runner=runner)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     width = max(3, len(str(ends[-1][0]))) if ends else 3
