@@ -187,6 +187,7 @@ def write_kit(
     loaded = load_model(model)
     ex, ends = kernel_ends(cleaned(loaded.proto), every, calib=calib, consts=consts, input_shapes=input_shapes,
                            seed=seed, runner=runner)
+    ex.typed([tensor for *_, tensor in ends])  # an untypable end is refused before any file is written
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     width = max(3, len(str(ends[-1][0]))) if ends else 3
