@@ -353,6 +353,23 @@ class Extractor:
             onnx.checker.check_model(model, full_check=True)
         return model, kept, inputs, outputs
 
+    def ancestors(self, tensor: str) -> list[int]:
+        """The producer of `tensor` and every node it depends on, constants included, in graph order."""
+        wanted = {self.producer[tensor]}
+        stack = list(wanted)
+        while stack:
+            for read in self.reads[stack.pop()]:
+                up = self.producer.get(read)
+                if up is not None and up not in wanted:
+                    wanted.add(up)
+                    stack.append(up)
+        return sorted(wanted)
+
+    def typed(self, names: Sequence[str]) -> list[onnx.ValueInfoProto]:
+        """Value infos of `names`, probing the model on data once where inference left a type open."""
+        self._ensure_types(names)
+        return [self._value_info(n) for n in names]
+
     # -- types
 
     def _value_info(self, name: str) -> onnx.ValueInfoProto:

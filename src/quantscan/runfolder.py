@@ -167,6 +167,8 @@ RUN_NAMES = frozenset({
     "session.json", "outputs.csv", "unmatched.csv", "compare.json", "vendor.csv", "vendor_findings.csv",
     "vendor.json", "rknn.log", "rknn_hybrid.log", "ort_quant_config.json", "rknn_hybrid_quant.cfg",
     "horizon_node_config.yaml", "tidl_16bit_options.json", "tidl_import_16bit.txt", "device.csv", "calib_advice.csv",
+    "hailo_model_script.alls", "pulsar2_layer_configs.json", "qnn_quant_overrides.json", "amct_quant.cfg",
+    "atc_keep_dtype.cfg", "prefixes.json",
 })
 """Every file name a command writes into its --out folder."""
 

@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import onnx
+
+from quantscan.bisect import chip_exports as chips
 from quantscan.errors import UsageError
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.runfolder import atomic_write_text, json_text
@@ -278,30 +281,100 @@ WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
 }
 """Export name -> (file name in the run folder, writer)."""
 
+CHIP_WRITERS: dict[str, tuple[str, Callable[[Plan, chips.ModelNodes | None], str]]] = {
+    "hailo": ("hailo_model_script.alls", lambda p, m: chips.hailo_alls(p, m)),
+    "pulsar2": ("pulsar2_layer_configs.json", lambda p, m: json_text(chips.pulsar2_layer_configs(p, m), indent=1)),
+    "qnn": ("qnn_quant_overrides.json", lambda p, _m: json_text(chips.qnn_overrides(p), indent=1)),
+    "amct": ("amct_quant.cfg", chips.amct_config),
+    "atc": ("atc_keep_dtype.cfg", chips.atc_keep_dtype),
+}
+"""The chip exports (chip_exports.py): export name -> (file name, writer of the plan and the model's nodes).
+Written when asked for (`--export`) or when bisect ran with their chip's profile (PROFILE_EXPORTS)."""
+
+EXPORT_NAMES = (*WRITERS, *CHIP_WRITERS)
+
+
+def default_exports(profile: str | None) -> list[str]:
+    """What bisect writes without --export: the long-standing six, plus the chip's own when its profile ran."""
+    return [*WRITERS, *chips.PROFILE_EXPORTS.get(profile or "", ())]
+
 
 def write_exports(
     plan: Plan, out: Path, names: Sequence[str] | None = None, graph: Mapping[str, NodeInfo] | None = None,
-    step1_names: Mapping[str, Sequence[str]] | None = None,
+    step1_names: Mapping[str, Sequence[str]] | None = None, model: onnx.ModelProto | None = None,
+    hailo_hn: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
-    """Write the chosen exports (default: all) into `out`, each atomically; returns name -> path.
+    """Write the chosen exports (default: `default_exports` of the plan's profile) into `out`, each
+    atomically; returns name -> path.
     `graph` (the user's model: node -> op type, inputs, outputs) and `step1_names` (what a toolchain's
     step 1 kept per site) let the RKNN cfg name what its step 2 takes (`rknn_hybrid_cfg`), and the tpu-mlir qtable name
-    ops as model_transform does (`tpu_mlir_qtable`)."""
-    chosen = list(WRITERS) if names is None else list(names)
-    unknown = [n for n in chosen if n not in WRITERS]
+    ops as model_transform does (`tpu_mlir_qtable`); `model` (the user's) lets the chip exports name what
+    their tools keep after fusion (chip_exports.py), `hailo_hn` (a parsed Hailo model's HN) the .alls Hailo's
+    own layer names instead of predicted ones."""
+    chosen = default_exports((plan.recipe or {}).get("profile")) if names is None else list(names)
+    unknown = [n for n in chosen if n not in EXPORT_NAMES]
     if unknown:
-        raise UsageError(f"--export: expected one of {', '.join(WRITERS)}, found {', '.join(unknown)}")
+        raise UsageError(f"--export: expected one of {', '.join(EXPORT_NAMES)}, found {', '.join(unknown)}")
+    if graph is None and model is not None:
+        graph = {n.name: (n.op_type, list(n.input), list(n.output)) for n in model.graph.node}
+    nodes = chips.ModelNodes.of(model) if model is not None else None
     written = {}
     for name in chosen:
-        file_name, writer = WRITERS[name]
-        path = out / file_name
-        if name == "rknn":
-            text = rknn_hybrid_cfg(plan, graph, step1_names)
-        elif name == "tpu-mlir":
-            text = tpu_mlir_qtable(plan, node_outputs={k: list(v[2]) for k, v in graph.items()} if graph else None,
-                                   node_types={k: v[0] for k, v in graph.items()} if graph else None)
+        if name in CHIP_WRITERS:
+            file_name, chip_writer = CHIP_WRITERS[name]
+            text = chips.hailo_alls(plan, nodes, hailo_hn) if name == "hailo" else chip_writer(plan, nodes)
         else:
-            text = writer(plan)
+            file_name, writer = WRITERS[name]
+            text = _legacy_text(name, writer, plan, graph, step1_names)
+        path = out / file_name
         atomic_write_text(path, text)
         written[name] = path
     return written
+
+
+def _legacy_text(name: str, writer: Callable[[Plan], str], plan: Plan, graph: Mapping[str, NodeInfo] | None,
+                 step1_names: Mapping[str, Sequence[str]] | None) -> str:
+    """The text of one of the six first exports (the two that read the model's names get it)."""
+    if name == "rknn":
+        return rknn_hybrid_cfg(plan, graph, step1_names)
+    if name == "tpu-mlir":
+        return tpu_mlir_qtable(plan, node_outputs={k: list(v[2]) for k, v in graph.items()} if graph else None,
+                               node_types={k: v[0] for k, v in graph.items()} if graph else None)
+    return writer(plan)
+
+
+def read_plan(path: str | Path) -> Plan:
+    """A plan.json as `Plan`; anything else is bad input, said in one line."""
+    from quantscan.runfolder import parse_json
+
+    try:
+        return Plan.from_json(parse_json(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--from-plan: expected a quantscan plan.json, found {path} unreadable ({exc})") from exc
+
+
+def export_from_plan(
+    plan_path: str | Path, out: str | Path, names: Sequence[str] | None = None, model: str | Path | None = None,
+    hailo_hn: str | Path | None = None,
+) -> dict[str, Path]:
+    """Any export of an existing plan.json, without searching again (`bisect --from-plan`).
+
+    The model (default: the plan's own `model` path, when that file is there) gives the exports the names
+    their tools keep after fusion; it must be the model the plan was measured on (same sha256), else the
+    names would address another network's layers. Without a model file the exports name the plan's
+    nodes and tensors as they are. `hailo_hn`: a parsed Hailo model (.hn or .har) for exact .alls names."""
+    from quantscan.model import load_model
+
+    plan = read_plan(plan_path)
+    source = Path(model) if model is not None else Path(plan.model)
+    proto = None
+    if model is not None or source.is_file():
+        loaded = load_model(source)
+        if loaded.sha256 != plan.model_sha256:
+            raise UsageError(f"--from-plan: expected the model the plan was measured on (sha256 "
+                             f"{plan.model_sha256[:12]}...), found {source} with sha256 {loaded.sha256[:12]}...")
+        proto = loaded.proto
+    target = Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    hn = chips.read_hn(hailo_hn) if hailo_hn is not None else None
+    return write_exports(plan, target, names, model=proto, hailo_hn=hn)

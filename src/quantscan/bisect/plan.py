@@ -215,8 +215,7 @@ def write_plan(
         files["summary.md"] = out / "summary.md"
         text = files["summary.md"].read_text(encoding="utf-8")
         atomic_write_text(files["summary.md"], summary_block(text, plan.to_json()))
-    graph = {n.name: (n.op_type, list(n.input), list(n.output)) for n in model.graph.node} if model else None
-    files.update(qexports.write_exports(plan, out, exports, graph, step1_names))
+    files.update(qexports.write_exports(plan, out, exports, step1_names=step1_names, model=model))
     return files
 
 

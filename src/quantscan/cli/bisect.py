@@ -58,7 +58,14 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--vendor-python", default=None, metavar="PATH",
                    help="the toolchain's Python for --verify/--evaluator (as vendor --python)")
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
-                   help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt (default: all)")
+                   help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt hailo pulsar2 qnn amct atc (default: the "
+                        "first six, plus the chip's own under --profile hailo8/ax650/qnn-htp/ascend310/hisilicon-svp)")
+    p.add_argument("--from-plan", default=None, metavar="plan.json",
+                   help="write the --export files of an existing plan (no search); MODEL, if given, must be the "
+                        "plan's model (default: the model path the plan records)")
+    p.add_argument("--hailo-hn", default=None, metavar="FILE",
+                   help="with --from-plan: the parsed Hailo model (.hn or .har) whose layer names the .alls uses "
+                        "(default: names predicted from the ONNX graph)")
     p.add_argument("--realisations", type=int, default=DEFAULT_REALISATIONS, metavar="N",
                    help="rounding realisations each candidate is judged under (1: quantscan's rounding only)")
     p.add_argument("--rounding-spread", type=float, default=DEFAULT_SPREAD, metavar="S",
@@ -78,6 +85,10 @@ def bisect_parser(sub: Any) -> None:
 def cmd_bisect(args: argparse.Namespace) -> int:
     if args.show:
         return _show_session(Path(args.show))
+    if args.from_plan:
+        return _export_from_plan(args)
+    if args.hailo_hn:
+        raise UsageError("--hailo-hn: expected --from-plan plan.json (the HN names a plan's layers), found none")
     from quantscan.api import run_bisect
     from quantscan.bisect.driver import progress_of
 
@@ -148,6 +159,18 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     _print_verified(plan)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
     return EXIT_OK if result.reached else EXIT_THRESHOLD
+
+
+def _export_from_plan(args: argparse.Namespace) -> int:
+    """`bisect --from-plan plan.json [--export ...] [MODEL] [--out DIR]`: exports of a plan already made."""
+    from quantscan.bisect.exports import export_from_plan
+    from quantscan.runfolder import claim_out_dir
+
+    out = Path(args.out) if args.out else Path(args.from_plan).parent
+    with claim_out_dir(out, force=args.force):
+        files = export_from_plan(args.from_plan, out, args.export, args.model, args.hailo_hn)
+    print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in files.values())) + ")")
+    return EXIT_OK
 
 
 def _print_budget(status: str, session: Path) -> None:

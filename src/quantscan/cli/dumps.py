@@ -17,6 +17,7 @@ from quantscan.cli.args import (
     split_input_shapes,
 )
 from quantscan.columns import Col
+from quantscan.errors import UsageError
 
 # --- dumps: what the chip computed, beside FP32 and the simulation -----------------------------------
 
@@ -30,6 +31,9 @@ def dumps_parser(sub: Any) -> None:
                    help="dump format (default: detected; npy = one .npz per sample keyed by ONNX tensor names)")
     for flag, default in (("--calib-method", "minmax"), ("--activations", None), ("--profile", None)):
         p.add_argument(flag, default=default, help="as for scan: how the simulation quantizes")
+    p.add_argument("--prefixes", default=None, metavar="KIT",
+                   help="--dumps holds the board's outputs of the prefix models of KIT (extract --prefixes): "
+                        "DUMPS/<prefix>/<sample>.npy, gathered into npy dumps")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     p.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--force", action="store_true", help="replace files in --out quantscan did not write")
@@ -42,7 +46,20 @@ def cmd_dumps(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.model)
     refuse_out_in_data(out, args.calib, args.dumps)
     shapes, dims = split_input_shapes(args.input_shape)
-    result = compare_dumps(args.model, args.calib, args.dumps, fmt=args.format, progress=progress_factory(args.quiet),
+    dumps: Any = args.dumps
+    if args.prefixes:
+        from quantscan.prefixes import board_dumps, read_kit
+
+        if args.format not in (None, "npy"):
+            raise UsageError(f"--prefixes: expected --format npy (prefix outputs are numpy files), found {args.format}")
+        from quantscan.model import file_sha256
+
+        kit = read_kit(args.prefixes)
+        if Path(args.model).is_file() and file_sha256(Path(args.model)) != kit.model_sha256:
+            raise UsageError(f"--prefixes: expected a kit cut from {args.model}, found one cut from {kit.model} "
+                             "(another sha256): its tensors would be compared with another network's")
+        dumps = board_dumps(kit, args.dumps)
+    result = compare_dumps(args.model, args.calib, dumps, fmt=args.format, progress=progress_factory(args.quiet),
                            calib_method=args.calib_method, activations=args.activations, profile=args.profile,
                            input_shape=shapes, input_dims=dims, const=parse_const(args.const), threads=args.threads,
                            seed=args.seed)

@@ -38,7 +38,13 @@ def extract_parser(sub: Any) -> None:
                    help="shrink while CMD (with {model} replaced) keeps failing (exit != 0)")
     p.add_argument("--fail-regex", default=None, help="with --until-fails: output must also match this")
     p.add_argument("--timeout", type=positive_float, default=None, help="with --until-fails: seconds per try")
-    p.add_argument("-o", "--output-model", dest="output_model", required=True)
+    p.add_argument("--prefixes", action="store_true",
+                   help="write the first-N-kernel models (one per kernel boundary) into the -o folder, for "
+                        "compilers that cannot dump layers; with --calib also their inputs and FP32 outputs")
+    p.add_argument("--every", type=positive_int, default=1, metavar="K",
+                   help="with --prefixes: a prefix at every K-th kernel (and the last one)")
+    p.add_argument("-o", "--output-model", dest="output_model", required=True,
+                   help="the extracted model; with --prefixes, the kit's folder")
     p.add_argument("--force", action="store_true", help="replace an existing -o file quantscan did not write")
     common(p)
 
@@ -56,6 +62,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     consts, shapes = parse_const(args.const), parse_input_shape(args.input_shape)
     out = Path(args.output_model)
+    if args.prefixes:
+        return _prefix_kit(args, out, consts, shapes)
     if args.until_fails is None:
         if not args.node:
             raise UsageError("extract: expected --node NAME (or --until-fails CMD), found neither")
@@ -91,4 +99,25 @@ def cmd_extract(args: argparse.Namespace) -> int:
     if args.calib:
         written = save_inputs(shrunk, args.calib, out, consts=consts)
         print("wrote " + " and ".join(str(p) for p in written))
+    return EXIT_OK
+
+
+def _prefix_kit(args: argparse.Namespace, out: Path, consts: dict[str, float], shapes: dict[str, Any]) -> int:
+    """`extract MODEL --prefixes [--every K] [--calib DIR] -o DIR`: the prefix kit (quantscan.prefixes)."""
+    from quantscan.prefixes import PREFIXES_JSON, write_kit
+    from quantscan.runfolder import claim_out_dir
+
+    if args.node or args.until_fails:
+        raise UsageError("extract --prefixes: expected no --node/--until-fails (prefixes cover every kernel), "
+                         f"found {'--node' if args.node else '--until-fails'}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o: expected a folder for --prefixes, found a file at {out}")
+    with claim_out_dir(out, force=args.force):
+        kit = write_kit(args.model, out, every=args.every, calib=args.calib, samples=args.samples, consts=consts,
+                        input_shapes=shapes, seed=args.seed)
+    said = f", inputs and FP32 outputs of {len(kit.samples)} sample(s)" if kit.samples else ""
+    print(f"wrote {out}/ ({len(kit.prefixes)} prefix models of {kit.kernels} kernels{said}, {PREFIXES_JSON})")
+    print(f"  compile and run each prefix on the board, save its output as OUTPUTS/<prefix>/<sample>.npy "
+          f"(inputs: {out}/inputs/<sample>.npz), then: quantscan dumps {args.model} --calib CALIB "
+          f"--dumps OUTPUTS --format npy --prefixes {out}")
     return EXIT_OK
