@@ -18,6 +18,7 @@ import pandas as pd
 from quantscan.columns import Col
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
 from quantscan.report.markdown import code, text
+from quantscan.report.taskverdict import task_verdict
 from quantscan.report.verdict import GainSamples, diagnosis_lines, rank_doc_gain
 
 
@@ -251,12 +252,17 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
         lines.append(f"- evaluation values outside the calibrated range: at most {_fmt(float(clip.max()))} of a "
                      f"site's values (no site above {CLIP_FLAG:.1%}); column `eval_clip_fraction` in layers.csv")
     if worst:
-        lines += ["", "Worst evaluation samples by their share of the output error, with their output cosine "
+        by_task = any("task_metric" in w for w in worst)
+        order = "their task metric (what the application reads)" if by_task else "their share of the output error"
+        lines += ["", f"Worst evaluation samples by {order}, with their output cosine "
                   "(saved in run.json `worst_samples`, "
                   "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
         for w in worst:
             where = f"{code(w['file'])}" if w.get("file") else f"sample {w['index']}"
-            lines.append(f"- {where} (index {w['index']}): {code(w[Col.OUTPUT])} cosine {_fmt(float(w['cosine']), 5)}")
+            task = (f"{code(w['task_output'])} {w['task_metric']} {_fmt(float(w['task_value']), 4)}; "
+                    if "task_metric" in w else "")
+            lines.append(f"- {where} (index {w['index']}): {task}{code(w[Col.OUTPUT])} cosine "
+                         f"{_fmt(float(w['cosine']), 5)}")
     return [*lines, ""]
 
 
@@ -303,6 +309,9 @@ def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
         return []
     lines = ["## Task metrics (FP32 vs int8, evaluation set)", ""]
     for name, figures in rows:
+        verdict = task_verdict(figures)
+        if verdict is not None:
+            lines.append(f"- **{code(name)}**: {verdict}.")
         lines.append(f"- {code(name)}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
     return [*lines, ""]
 

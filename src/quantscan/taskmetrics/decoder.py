@@ -5,6 +5,13 @@ token per step from a start token until an end token; CTC's "collapse repeats, d
 merge two real `<td></td>` cells into one and read the padding after the end as text. The decode here
 is PaddleOCR's `TableLabelDecode`/`AttnLabelDecode`: argmax per step, stop at the first end token after
 step 0, skip start and end tokens; the class table is `[sos] + characters + [eos]`.
+
+`--task decoder:output=NAME,bos=K,eos=K` names the tokens instead (a g2p decoder: `<s>` = 2, `</s>` = 3),
+for a Loop, a Scan or an unrolled decoder alike (its output is [N, T, C] per-step scores either way); the
+first step is then a real prediction, so the end token is looked for from step 0. Both sides are read
+as the application reads them: the FP32 sequence up to its end token, the int8 one up to its own (an
+int8 decode that misses the end token reads on, and those tokens count as errors); the steps after the
+end, which the application never reads, never count. `token_error_rate` = edit distance / FP32 tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ class TokenTable:
 
     sos: int
     eos: int
+    first_end_step: int = 1
+    """The first step where an end token ends the sequence: 1 for PaddleOCR's tables (step 0 may echo the
+    start), 0 for a table named by `bos=`/`eos=` (every step is a prediction)."""
 
 
 def token_table(charset: Charset | None, classes: int) -> TokenTable | None:
@@ -43,8 +53,8 @@ def decode_tokens(scores: np.ndarray, table: TokenTable) -> list[np.ndarray]:
     best = np.argmax(arr[None] if arr.ndim == 2 else arr, axis=-1)
     rows = []
     for row in best:
-        ends = np.flatnonzero(row[1:] == table.eos)
-        kept = row[: ends[0] + 1] if len(ends) else row
+        ends = np.flatnonzero(row[table.first_end_step:] == table.eos)
+        kept = row[: ends[0] + table.first_end_step] if len(ends) else row
         rows.append(kept[(kept != table.sos) & (kept != table.eos)])
     return rows
 
@@ -55,16 +65,26 @@ class DecoderAccumulator:
 
     table: TokenTable
     kind: str = "decoder"
+    sample_metric: str = "token_error_rate"
+    higher_is_worse: bool = True
     _s: dict[str, float] = field(default_factory=dict)
+    _samples: list[float] = field(default_factory=list)
 
     def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
         r, t = decode_tokens(ref, self.table), decode_tokens(test, self.table)
+        errors = [levenshtein(a, b) for a, b in zip(r, t, strict=True)]
         add_sums(self._s, {
             "samples": float(len(r)),
             "sequence_agree": float(sum(np.array_equal(a, b) for a, b in zip(r, t, strict=True))),
-            "token_errors": float(sum(levenshtein(a, b) for a, b in zip(r, t, strict=True))),
+            "token_errors": float(sum(errors)),
             "ref_tokens": float(sum(len(a) for a in r)),
         })
+        self._samples.extend(e / max(len(a), 1) for e, a in zip(errors, r, strict=True))
+
+    def take_samples(self) -> list[float]:
+        """Per sample of the batches fed since the last call: its edit distance over its FP32 tokens."""
+        out, self._samples = self._samples, []
+        return out
 
     def merge(self, other: DecoderAccumulator) -> None:
         add_sums(self._s, other._s)

@@ -22,7 +22,10 @@ class MaskIouAccumulator:
 
     threshold: float = DEFAULT_MASK_THRESHOLD
     kind: str = "mask"
+    sample_metric: str = "mask_iou"
+    higher_is_worse: bool = False
     _s: dict[str, float] = field(default_factory=dict)
+    _samples: list[float] = field(default_factory=list)
 
     def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
         r = np.asarray(ref).reshape(np.shape(ref)[0], -1) > self.threshold
@@ -32,6 +35,12 @@ class MaskIouAccumulator:
         per_sample = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
         add_sums(self._s, {"samples": float(r.shape[0]), "iou_sum": float(per_sample.sum()),
                             "intersection": float(inter.sum()), "union": float(union.sum())})
+        self._samples.extend(float(v) for v in per_sample)
+
+    def take_samples(self) -> list[float]:
+        """Per sample of the batches fed since the last call: its mask IoU (worst samples by IoU)."""
+        out, self._samples = self._samples, []
+        return out
 
     def merge(self, other: MaskIouAccumulator) -> None:
         add_sums(self._s, other._s)
