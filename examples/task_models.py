@@ -7,7 +7,8 @@
   for `</s>`), the decoder 20 greedy steps unrolled (GRU op, Gemm to 74 phoneme logits, ArgMax fed back
   through the embedding), output `logits` [N, 20, 74]; phoneme table `<pad>, <unk>, <s>, </s>, ...`, so
   `--task decoder:output=logits,bos=2,eos=3`. Calibration: one .npz per word (`chars` int64 [1, 24],
-  `lengths` int32 [1]) for the 31 first headwords of the wheel's homographs.en (real English words).
+  `lengths` int32 [1]) for the 31 first headwords of the wheel's homographs.en (real English words);
+  the next 93 headwords are the held-out evaluation set `calib/g2p_en_gru_eval`.
   `g2p_reference()` is g2p_en's own numpy `predict`, the oracle the export is checked against.
 - `face`: MediaPipe's BlazeFace short-range detector (boxes `regressors` [1, 896, 16], logits
   `classificators` [1, 896, 1]) and the 468-point face-landmark model (`conv2d_20` [1, 1404, 1, 1] =
@@ -44,6 +45,8 @@ STEPS = 20
 MAX_LETTERS = 23
 """Longest word taken (+ `</s>` = the `chars` input's 24 columns)."""
 WORDS = 31
+EVAL_WORDS = 93
+"""Held-out words after the calibration words (three times as many)."""
 
 
 def wheel_member(requirement: str, member: str, cache: Path) -> bytes:
@@ -68,8 +71,8 @@ def g2p_checkpoint(cache: Path) -> dict[str, np.ndarray]:
             return {k: np.asarray(npz[k], np.float32) for k in npz.files}
 
 
-def g2p_words(cache: Path, count: int = WORDS) -> list[str]:
-    """The first `count` distinct headwords of homographs.en (letters only, at most MAX_LETTERS)."""
+def g2p_words(cache: Path) -> list[str]:
+    """The distinct headwords of homographs.en, in file order (letters only, at most MAX_LETTERS)."""
     text = wheel_member(G2P_WHEEL, "g2p_en/homographs.en", cache).decode("utf8")
     words: list[str] = []
     for line in text.splitlines():
@@ -77,7 +80,7 @@ def g2p_words(cache: Path, count: int = WORDS) -> list[str]:
         if line.startswith("#") or not word.isalpha() or len(word) > MAX_LETTERS or word in words:
             continue
         words.append(word)
-    return words[:count]
+    return words
 
 
 def _gru_onnx_weights(w_ih: np.ndarray, w_hh: np.ndarray, b_ih: np.ndarray, b_hh: np.ndarray) -> list[np.ndarray]:
@@ -181,12 +184,13 @@ def build_g2p(dest: Path, cache: Path) -> Path:
     weights = g2p_checkpoint(cache)
     model_path = dest / "g2p_en_gru.onnx"
     onnx.save(g2p_model(weights), model_path)
-    calib = dest / "calib" / "g2p_en_gru"
-    calib.mkdir(parents=True, exist_ok=True)
     words = g2p_words(cache)
-    for k, word in enumerate(words):
-        chars, lengths = encode_word(word)
-        np.savez(calib / f"{k:03d}_{word}.npz", chars=chars, lengths=lengths)
+    for folder, chosen in (("g2p_en_gru", words[:WORDS]), ("g2p_en_gru_eval", words[WORDS:EVAL_WORDS + WORDS])):
+        calib = dest / "calib" / folder
+        calib.mkdir(parents=True, exist_ok=True)
+        for k, word in enumerate(chosen):
+            chars, lengths = encode_word(word)
+            np.savez(calib / f"{k:03d}_{word}.npz", chars=chars, lengths=lengths)
     (dest / "g2p_en_gru_words.json").write_text(json.dumps(
         {w: g2p_reference(weights, w) for w in words}, indent=1))
     return model_path

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -429,12 +429,8 @@ class SampleTaskFigure:
     metric: str
     value: float
     higher_is_worse: bool
-
-    def badness(self) -> float:
-        """Larger is worse, whichever way the metric runs (NaN last)."""
-        if math.isnan(self.value):
-            return -math.inf
-        return self.value if self.higher_is_worse else -self.value
+    severity: float = math.nan
+    """Comparable across metrics, larger is worse (`_worst_task_figure` sets it)."""
 
 
 @dataclass(frozen=True)
@@ -490,7 +486,7 @@ def worst_samples(
     worst_task = _worst_task_figure(task)
     if worst_task:  # ties (no decision flipped anywhere) keep the error-share order
         share = {i: r for r, i in enumerate(largest_error_share_first(errors))}
-        order = sorted(worst_task, key=lambda i: (-worst_task[i].badness(), share.get(i, len(share)), i))
+        order = sorted(worst_task, key=lambda i: (-worst_task[i].severity, share.get(i, len(share)), i))
     elif errors:
         order = [i for i in largest_error_share_first(errors) if i in lowest]
     else:
@@ -509,13 +505,27 @@ def worst_samples(
 
 
 def _worst_task_figure(task: Sequence[SampleTaskFigure]) -> dict[int, SampleTaskFigure]:
-    """Per sample, its worst task figure over the outputs (largest `badness`)."""
-    worst: dict[int, SampleTaskFigure] = {}
+    """Per sample, its worst task figure over the outputs, figures of different units made comparable:
+    a higher-is-worse figure (pixels, an error rate, a flip) over its largest value on the set, a
+    lower-is-worse one (an IoU, an agreement, in [0, 1]) as 1 − value."""
+    top: dict[str, float] = {}
+    for figure in task:
+        if figure.higher_is_worse and math.isfinite(figure.value):
+            top[figure.metric] = max(top.get(figure.metric, 0.0), figure.value)
+
+    def severity(figure: SampleTaskFigure) -> float:
+        if math.isnan(figure.value):
+            return -math.inf
+        if figure.higher_is_worse:
+            return figure.value / top[figure.metric] if top.get(figure.metric) else 0.0
+        return 1.0 - figure.value
+
+    worst: dict[int, tuple[float, SampleTaskFigure]] = {}
     for figure in task:
         held = worst.get(figure.index)
-        if held is None or figure.badness() > held.badness():
-            worst[figure.index] = figure
-    return worst
+        if held is None or severity(figure) > held[0]:
+            worst[figure.index] = (severity(figure), figure)
+    return {i: replace(f, severity=v) for i, (v, f) in worst.items()}
 
 
 def node_bytes(model: onnx.ModelProto, probe: Probe) -> list[int]:

@@ -157,8 +157,9 @@ def decoder_notes(proto: onnx.ModelProto, outputs: Sequence[str], shapes: Mappin
         if tm.detect_task(dims, charset, False, None, True) == "decoder":
             notes.append(f"{head}: task decoder (tokens until the end token, not CTC's collapse of repeats)")
         elif charset is None:
-            notes.append(f"{head}: no task metric, no charset names its end token (--charset with C - 2 "
-                         "characters, for [sos] + characters + [eos], gives one)")
+            notes.append(f"{head}: no task metric, no charset names its end token (--task decoder:output="
+                         f"{name},bos=K,eos=K names the tokens; --charset with C - 2 characters, for [sos] + "
+                         "characters + [eos], gives one too)")
         else:
             notes.append(f"{head}: no task metric, its last axis ({dims[-1] if dims else '?'}) is not "
                          f"[sos] + {len(charset.symbols) - 1} characters + [eos]")
