@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import onnx
@@ -27,6 +27,8 @@ from quantscan import taskmetrics as tm
 from quantscan.api import scan
 from quantscan.errors import UsageError
 from quantscan.metrics import ErrorAccumulator
+from quantscan.report.taskverdict import task_verdict
+from quantscan.scanning.evaluate import SampleTaskFigure, worst_samples
 
 RNG = np.random.default_rng(40)
 
@@ -272,6 +274,58 @@ def test_decoder_with_bos_eos_stops_at_each_end_token() -> None:
                                                     / sum(len(a) for a in r))
 
 
+# --- worst samples by the task metric -----------------------------------------------------------------
+
+
+def test_worst_samples_follow_the_task_metric_not_the_cosine() -> None:
+    """The 0.79-IoU image comes first although its output cosine is the best of the three."""
+    eval_set = SimpleNamespace(files=[Path(f"{i}.png") for i in range(3)], n_samples=3)
+    cosines = [(0.70, 0, "mask"), (0.99, 1, "mask"), (0.95, 2, "mask")]
+    figures = [SampleTaskFigure(i, "mask", "mask_iou", v, False) for i, v in enumerate([0.98, 0.79, 0.95])]
+    rows = worst_samples(cosines, eval_set, (), figures)  # type: ignore[arg-type]
+    assert [r["index"] for r in rows] == [1, 2, 0]
+    assert rows[0]["task_value"] == 0.79 and rows[0]["file"] == "1.png"
+    assert [r["index"] for r in worst_samples(cosines, eval_set)] == [0, 2, 1]  # without a task: cosine
+
+
+def test_worst_samples_compare_figures_of_different_units() -> None:
+    """A flipped presence decision (1 of 1) outranks a landmark error that is not the set's largest."""
+    eval_set = SimpleNamespace(files=[], n_samples=3)
+    figures = [SampleTaskFigure(0, "lm", "keypoint_mean_px", 9.0, True),
+               SampleTaskFigure(1, "lm", "keypoint_mean_px", 3.0, True),
+               SampleTaskFigure(2, "lm", "keypoint_mean_px", 1.0, True),
+               SampleTaskFigure(0, "p", "presence_flip", 0.0, True),
+               SampleTaskFigure(1, "p", "presence_flip", 0.0, True),
+               SampleTaskFigure(2, "p", "presence_flip", 1.0, True)]
+    rows = worst_samples([], eval_set, (), figures)  # type: ignore[arg-type]
+    assert [r["index"] for r in rows][:1] in ([0], [2])  # both at the top of their own metric
+    assert [r["index"] for r in rows][2] == 1
+
+
+def test_mask_keeps_its_worst_sample() -> None:
+    ref = np.zeros((3, 1, 4, 4))
+    test = np.zeros((3, 1, 4, 4))
+    ref[:, :, :2] = 1
+    test[0, :, :2] = 1  # IoU 1
+    test[1, :, :1] = 1  # IoU 4 / 8
+    test[2, :, :3] = 1  # IoU 8 / 12
+    acc = tm.MaskIouAccumulator()
+    acc.update(ref[:2], test[:2], None)
+    other = tm.MaskIouAccumulator()
+    other.update(ref[2:], test[2:], None)
+    acc.merge(other)
+    assert acc.results()["mask_iou_worst"] == pytest.approx(0.5)
+
+
+def test_verdict_sentences_name_what_the_application_reads() -> None:
+    assert task_verdict({"detections_kept": 7, "detections_lost": 1, "detections_added": 0,
+                         "detections_fp32": 8, "matched_iou": 0.855}) == \
+        "of 8 FP32 detections int8 keeps 7, loses 1 and adds 0; matched boxes at IoU 0.855, score change n/a"
+    assert "flips on 31.2% of samples (5)" in (task_verdict({"presence_flip_rate": 5 / 16, "presence_flips": 5,
+                                                             "presence_threshold": 0.5}) or "")
+    assert task_verdict({"cosine": 0.9}) is None
+
+
 # --- the scan wiring ---------------------------------------------------------------------------------
 
 
@@ -322,6 +376,19 @@ def test_scan_measures_keypoints_and_detects_presence(tmp_path: Path) -> None:
     task_csv = (out / "task.csv").read_text()
     assert "keypoints,keypoint_mean_px" in task_csv and "presence,presence_flip_rate" in task_csv
     assert "landmarks move" in (out / "summary.md").read_text()
+
+
+def test_cli_refuses_a_spec_in_one_line_before_any_work(tmp_path: Path) -> None:
+    model = tmp_path / "kp.onnx"
+    onnx.save(presence_model(), model)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "0.npy", RNG.normal(0, 1, (2, 8)).astype(np.float32))
+    done = cli(model, "--calib", calib, "--task", "keypoints:count=3", "--out", tmp_path / "run")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "quantscan: error: --task keypoints: expected output=..., found 'keypoints:count=3'"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_scan_refuses_a_spec_naming_no_headline_output(tmp_path: Path) -> None:

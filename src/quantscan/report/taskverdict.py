@@ -52,7 +52,8 @@ def _classify(f: Mapping[str, float]) -> str:
 
 
 def _mask(f: Mapping[str, float]) -> str:
-    return f"mask IoU {_g(f['mask_iou'])} (mean over samples)"
+    return (f"mask IoU {_g(f['mask_iou'])} (mean over samples), {_g(f.get('mask_iou_worst', math.nan))} on the "
+            "worst sample")
 
 
 def _box(f: Mapping[str, float]) -> str:
