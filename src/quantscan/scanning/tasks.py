@@ -94,6 +94,22 @@ def task_accumulators(
     return found
 
 
+def check_task_specs(proto: onnx.ModelProto, outputs: Sequence[str], shapes: Mapping[str, Sequence[int]],
+                     input_shapes: Mapping[str, Sequence[int]], opts: ScanOptions) -> None:
+    """Refuse a `--task` spec that cannot fit the model (an output it names that is not measured, a
+    keypoint layout the shape does not divide, an anchor file of another count) before the calibration
+    pass, not after it. Specs that need the evaluation data's charset are checked where they are built."""
+    plan = tm.task_plan(opts.task)
+    if not plan.bound:
+        return
+    _check_named(plan, outputs)
+    hw, producers = image_size(input_shapes), output_producers(proto.graph, outputs)
+    for spec in plan.bound:
+        if spec.kind in ("keypoints", "anchors", "presence") or (spec.kind == "decoder" and "eos" in spec.params):
+            tm.spec_accumulator(spec, None, opts.mask_threshold, hw, list(shapes.get(spec.outputs()[0], ())),
+                                producers)
+
+
 SHAPE_ONLY_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 """Ops that only move values: the op an output "comes from" is the first one behind them."""
 

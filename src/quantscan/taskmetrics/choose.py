@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from quantscan.errors import UsageError
 from quantscan.taskmetrics.anchors import (
     BOX_FORMATS,
@@ -19,7 +21,7 @@ from quantscan.taskmetrics.classify import ClassifyAccumulator
 from quantscan.taskmetrics.ctc import Charset, CtcAccumulator
 from quantscan.taskmetrics.decoder import DecoderAccumulator, TokenTable, token_table
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator
-from quantscan.taskmetrics.keypoints import DEFAULT_PCK_PX, KeypointAccumulator
+from quantscan.taskmetrics.keypoints import DEFAULT_PCK_PX, KeypointAccumulator, keypoint_array
 from quantscan.taskmetrics.mask import MaskIouAccumulator
 from quantscan.taskmetrics.presence import (
     LOGIT_THRESHOLD,
@@ -94,7 +96,10 @@ def spec_accumulator(spec: TaskSpec, charset: Charset | None, threshold: float,
     its shape-only ops (a Sigmoid makes a presence score a probability, an anchor head's scores too)."""
     output = spec.outputs()[0] if spec.outputs() else ""
     if spec.kind == "keypoints":
-        return KeypointAccumulator(spec.integer("count"), spec.integer("dims"), spec.number("scale", 1.0) or 1.0,
+        count, dims = spec.integer("count"), spec.integer("dims")
+        if shape and all(int(d) > 0 for d in shape):
+            keypoint_array(np.zeros([1, *shape[1:]]), count, dims)  # a layout that cannot fit is refused now
+        return KeypointAccumulator(count, dims, spec.number("scale", 1.0) or 1.0,
                                    spec.number("pck", DEFAULT_PCK_PX) or DEFAULT_PCK_PX)
     if spec.kind == "presence":
         probability = producers.get(output) == "Sigmoid"
