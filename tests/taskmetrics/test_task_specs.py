@@ -23,8 +23,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from builders import DECODER_TOKENS, greedy_decoder
 from quantscan import taskmetrics as tm
-from quantscan.api import scan
+from quantscan.api import run_bisect, scan
+from quantscan.bisect.targets import parse_target
 from quantscan.errors import UsageError
 from quantscan.metrics import ErrorAccumulator
 from quantscan.report.taskverdict import task_verdict
@@ -324,6 +326,24 @@ def test_verdict_sentences_name_what_the_application_reads() -> None:
     assert "flips on 31.2% of samples (5)" in (task_verdict({"presence_flip_rate": 5 / 16, "presence_flips": 5,
                                                              "presence_threshold": 0.5}) or "")
     assert task_verdict({"cosine": 0.9}) is None
+
+
+def test_bisect_targets_sequence_agreement_up_to_the_end_token(tmp_path: Path) -> None:
+    """`bisect --target sequence=X` with the tokens named by the spec: the plan's figures are decoder ones."""
+    model = tmp_path / "dec.onnx"
+    onnx.save(greedy_decoder(), model)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(8):
+        np.save(calib / f"{i}.npy", RNG.normal(0, 1, (1, 4)).astype(np.float32))
+    eos = len(DECODER_TOKENS) + 1
+    assert parse_target("sequence=0.9").key == "sequence_agreement"
+    result = run_bisect(model, calib, target="sequence=0.99", task=f"decoder:output=probs,bos=0,eos={eos}",
+                        out=tmp_path / "run", threads=1, holdout="none")
+    plan = result.plan
+    assert plan.target.metric == "sequence"
+    assert plan.all_float is not None and plan.all_float["sequence_agreement"] == 1.0
+    assert plan.achieved is not None and plan.achieved["sequence_agreement"] >= 0.99
 
 
 # --- the scan wiring ---------------------------------------------------------------------------------
