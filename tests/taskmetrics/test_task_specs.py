@@ -274,6 +274,12 @@ def test_decoder_with_bos_eos_stops_at_each_end_token() -> None:
     assert got["sequence_agreement"] == pytest.approx(np.mean([a == b for a, b in zip(r, t, strict=True)]))
     assert got["token_error_rate"] == pytest.approx(sum(_edit(a, b) for a, b in zip(r, t, strict=True))
                                                     / sum(len(a) for a in r))
+    x, y = [], []  # the steps FP32 reads: up to and including its end token
+    for i, tokens in enumerate(r):
+        x.append(ref[i, : len(tokens) + 1].ravel())
+        y.append(test[i, : len(tokens) + 1].ravel())
+    xs, ys = np.concatenate(x), np.concatenate(y)
+    assert got["cosine_to_end"] == pytest.approx(xs @ ys / math.sqrt((xs @ xs) * (ys @ ys)))
 
 
 # --- worst samples by the task metric -----------------------------------------------------------------

@@ -40,7 +40,8 @@ def _presence(f: Mapping[str, float]) -> str:
 
 def _decoder(f: Mapping[str, float]) -> str:
     return (f"{_g(100 * f['sequence_agreement'], 4)}% of sequences identical up to the end token, token error "
-            f"rate {_g(100 * f.get('token_error_rate', math.nan), 3)}%")
+            f"rate {_g(100 * f.get('token_error_rate', math.nan), 3)}%, scores' cosine over the steps read "
+            f"{_g(f.get('cosine_to_end', math.nan), 5)}")
 
 
 def _ctc(f: Mapping[str, float]) -> str:

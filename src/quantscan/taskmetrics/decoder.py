@@ -16,11 +16,13 @@ end, which the application never reads, never count. `token_error_rate` = edit d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from quantscan.metrics import cosine_from_sums
 from quantscan.taskmetrics.base import add_sums, ratio
 from quantscan.taskmetrics.ctc import Charset, levenshtein
 
@@ -59,9 +61,22 @@ def decode_tokens(scores: np.ndarray, table: TokenTable) -> list[np.ndarray]:
     return rows
 
 
+def read_steps(scores: np.ndarray, table: TokenTable) -> np.ndarray:
+    """[N, T] bool: the steps the application reads, from the first up to and including the first end
+    token (every step when there is none)."""
+    arr = np.asarray(scores)
+    best = np.argmax(arr[None] if arr.ndim == 2 else arr, axis=-1)
+    steps = np.arange(best.shape[1])
+    ends = (best == table.eos) & (steps >= table.first_end_step)[None]
+    last = np.where(ends.any(axis=1), np.argmax(ends, axis=1), best.shape[1] - 1)
+    return steps[None] <= last[:, None]
+
+
 @dataclass
 class DecoderAccumulator:
-    """Sequence agreement and token error rate of the int8 decode against the FP32 decode."""
+    """Sequence agreement and token error rate of the int8 decode against the FP32 decode, and
+    `cosine_to_end`: the scores' cosine over the steps FP32 reads (up to its end token), the figure the
+    output's headline cosine would be if the padding steps after the end did not count."""
 
     table: TokenTable
     kind: str = "decoder"
@@ -73,6 +88,11 @@ class DecoderAccumulator:
     def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
         r, t = decode_tokens(ref, self.table), decode_tokens(test, self.table)
         errors = [levenshtein(a, b) for a, b in zip(r, t, strict=True)]
+        read = read_steps(ref, self.table)
+        x = np.where(read[..., None], np.asarray(ref, np.float64).reshape(read.shape + (-1,)), 0.0)
+        y = np.where(read[..., None], np.asarray(test, np.float64).reshape(read.shape + (-1,)), 0.0)
+        add_sums(self._s, {"read_sxy": float(np.sum(x * y)), "read_sxx": float(np.sum(x * x)),
+                           "read_syy": float(np.sum(y * y))})
         add_sums(self._s, {
             "samples": float(len(r)),
             "sequence_agree": float(sum(np.array_equal(a, b) for a, b in zip(r, t, strict=True))),
@@ -95,4 +115,6 @@ class DecoderAccumulator:
     def results(self) -> dict[str, float]:
         s = self._s
         return {"sequence_agreement": ratio(s.get("sequence_agree", 0), s.get("samples", 0)),
-                "token_error_rate": ratio(s.get("token_errors", 0), s.get("ref_tokens", 0))}
+                "token_error_rate": ratio(s.get("token_errors", 0), s.get("ref_tokens", 0)),
+                "cosine_to_end": float(cosine_from_sums(s.get("read_sxy", 0.0), s.get("read_sxx", 0.0),
+                                                        s.get("read_syy", 0.0))) if s.get("samples") else math.nan}
