@@ -224,6 +224,7 @@ def test_anchors_without_anchors_decode_in_box_space() -> None:
     acc.update_outputs({"b": boxes, "s": scores}, {"b": moved, "s": scores}, "b", None)
     got = acc.results()
     assert (got["detections_kept"], got["detections_lost"], got["detections_added"]) == (1, 1, 1)
+    assert got["detection_agreement"] == pytest.approx(2 / 4)  # one match among 2 FP32 + 2 int8 boxes
     assert got["matched_iou"] == pytest.approx(1520 / 1680)  # 38×40 overlap of two 40×40 boxes
 
 

@@ -50,7 +50,7 @@ METRICS = {
     "box": "box_agreement",
     "peak": "peak_agreement",
     "sequence": "sequence_agreement",
-    "detections": "detection_recall",
+    "detections": "detection_agreement",
 }
 """Target metric name -> key in an output-metrics row (analyze.output_row spelling; from top5 on they are
 task metrics, see quantscan.taskmetrics; `sequence` and `detections` need `--task decoder:...` /

@@ -13,13 +13,14 @@ decode, written out here:
 Scores [N, A, 1] or [N, A]: through a sigmoid, as BlazeFace's logits need, unless the graph's last op on
 them is a Sigmoid or Softmax (they are probabilities then; `sigmoid=yes|no` overrides). A detection is a
 box whose score >= `score_threshold` (default 0.5), kept by single-class greedy NMS at `iou` (default 0.3;
-MediaPipe blends overlapping boxes instead, which moves coordinates but not which faces are found).
+MediaPipe blends overlapping boxes instead; plain NMS here treats FP32 and int8 alike).
 
 FP32 and int8 detections are matched one-to-one, highest IoU first, at IoU >= 0.5 (BOX_MATCH_IOU):
 `detections_kept` (matched), `detections_lost` (FP32 only), `detections_added` (int8 only),
 `matched_iou` (mean over matched pairs), `score_change` (mean |Δ score| over matched pairs),
-`detections_fp32`. Per image (worst samples): the matched IoUs summed over matched + lost + added
-detections (1 when neither side detects anything).
+`detections_fp32`, `detection_recall` (kept / FP32) and `detection_agreement` (2·kept / (FP32 + int8)).
+Per image (worst samples): the sum of its matched IoUs over its matched + lost + added detections (1 when
+neither side detects anything).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def absolute_boxes(raw: np.ndarray, box: str) -> np.ndarray:
     if box == "xyxy":
         return r
     return np.concatenate([r[:, :2] - r[:, 2:4] / 2, r[:, :2] + r[:, 2:4] / 2], axis=1)
+
+
+def _agreement(s: dict[str, float]) -> float:
+    """F1 of the matching, 2·kept / (FP32 + int8 detections): a lost face and an added one both count;
+    1 when neither side detects anything (what `bisect --target detections=X` aims at)."""
+    both = 2 * s.get("kept", 0.0) + s.get("lost", 0.0) + s.get("added", 0.0)
+    return 2 * s.get("kept", 0.0) / both if both else 1.0
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -160,5 +168,6 @@ class AnchorAccumulator:
             "score_change": ratio(s.get("score_change", 0.0), s.get("kept", 0.0)),
             "detections_fp32": s.get("fp32", 0.0),
             "detection_recall": ratio(s.get("kept", 0.0), s.get("fp32", 0.0)) if s.get("fp32") else math.nan,
+            "detection_agreement": _agreement(s),
             "score_threshold": self.score_threshold,
         }
