@@ -58,6 +58,8 @@ def test_spec_parses_the_contract_spellings() -> None:
     "decoder:output=a,bos=-1,eos=3",  # not a token id
     "keypoints:output=a,colour=red",  # unknown key
     "landmark:output=a",  # unknown task
+    "keypoints:output=a,scale=0",  # no pixels per unit
+    "anchors:boxes=b,scores=s,iou=1.5",  # not an overlap
 ])
 def test_spec_refuses_what_it_cannot_read(text: str) -> None:
     with pytest.raises(UsageError, match="--task"):

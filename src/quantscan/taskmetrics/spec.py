@@ -92,8 +92,15 @@ def parse_task_spec(text: str) -> TaskSpec:
     spec = TaskSpec(kind, params)
     for key in ("count", "dims", "bos", "eos"):
         spec.integer(key)
-    for key in ("scale", "pck", "score_threshold", "iou", "threshold"):
-        spec.number(key)
+    for key in ("scale", "pck"):
+        number = spec.number(key)
+        if number is not None and not number > 0:
+            raise UsageError(f"--task {kind}: expected a positive {key}, found {params[key]!r}")
+    for key in ("score_threshold", "iou"):
+        number = spec.number(key)
+        if number is not None and not 0 <= number <= 1:
+            raise UsageError(f"--task {kind}: expected {key} in [0, 1], found {params[key]!r}")
+    spec.number("threshold")
     return spec
 
 
