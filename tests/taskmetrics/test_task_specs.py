@@ -457,9 +457,9 @@ def g2p(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def faces(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """BlazeFace and the face-landmark model, converted by tflite2onnx in its own interpreter."""
-    python = os.environ.get("TFLITE2ONNX_PYTHON", "/work/venvs/tasks-tfl/bin/python")
+    python = os.environ.get("TFLITE2ONNX_PYTHON") or str(_task_models().converter_python(WHEEL_CACHE))
     if subprocess.run([python, "-c", "import tflite2onnx"], capture_output=True).returncode != 0:
-        pytest.skip(f"no tflite2onnx==0.4.1 in {python} (TFLITE2ONNX_PYTHON)")
+        pytest.skip(f"no tflite2onnx==0.4.1 in {python} (TFLITE2ONNX_PYTHON), and none could be installed")
     dest = tmp_path_factory.mktemp("faces")
     _task_models().build_face(dest, WHEEL_CACHE, python, assets / "calib" / "mtcnn_onet")
     return dest
