@@ -313,6 +313,17 @@ def test_worst_samples_compare_figures_of_different_units() -> None:
     assert [r["index"] for r in rows][2] == 1
 
 
+def test_ctc_keeps_each_samples_character_error_rate() -> None:
+    """Decoded by hand: blank 0, repeats collapsed; "abc" read as "ab" is 1 error in 3."""
+    charset = tm.charset_from_text("a\nb\nc")
+    ref = np.eye(4)[[[1, 1, 0, 2, 3], [3, 3, 3, 0, 1]]]
+    test = np.eye(4)[[[1, 0, 2, 2, 0], [3, 0, 3, 0, 1]]]  # "ab", "cca"
+    acc = tm.CtcAccumulator(charset)
+    acc.update(ref, test, None)
+    assert acc.take_samples() == pytest.approx([1 / 3, 1 / 2])  # "abc"→"ab", "ca"→"cca"
+    assert acc.take_samples() == []  # taken once
+
+
 def test_mask_keeps_its_worst_sample() -> None:
     ref = np.zeros((3, 1, 4, 4))
     test = np.zeros((3, 1, 4, 4))
