@@ -324,6 +324,17 @@ def test_ctc_keeps_each_samples_character_error_rate() -> None:
     assert acc.take_samples() == []  # taken once
 
 
+def test_heatmap_keeps_each_samples_peak_agreement() -> None:
+    ref = np.zeros((2, 3, 4, 4))
+    test = np.zeros((2, 3, 4, 4))
+    ref[:, :, 1, 1] = 1
+    test[:, :, 1, 1] = 1
+    test[1, :2, 3, 3] = 2  # two of sample 1's three peaks move
+    acc = tm.HeatmapAccumulator()
+    acc.update(ref, test, None)
+    assert acc.take_samples() == pytest.approx([1.0, 1 / 3])
+
+
 def test_mask_keeps_its_worst_sample() -> None:
     ref = np.zeros((3, 1, 4, 4))
     test = np.zeros((3, 1, 4, 4))
