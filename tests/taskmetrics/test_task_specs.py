@@ -30,7 +30,7 @@ from quantscan.bisect.targets import parse_target
 from quantscan.errors import UsageError
 from quantscan.metrics import ErrorAccumulator
 from quantscan.report.taskverdict import task_verdict
-from quantscan.scanning.evaluate import SampleTaskFigure, worst_samples
+from quantscan.scanning.evaluate import SampleError, SampleTaskFigure, worst_samples
 
 RNG = np.random.default_rng(40)
 
@@ -297,6 +297,15 @@ def test_worst_samples_follow_the_task_metric_not_the_cosine() -> None:
     assert [r["index"] for r in rows] == [1, 2, 0]
     assert rows[0]["task_value"] == 0.79 and rows[0]["file"] == "1.png"
     assert [r["index"] for r in worst_samples(cosines, eval_set)] == [0, 2, 1]  # without a task: cosine
+
+
+def test_worst_samples_of_one_value_outputs_follow_the_error() -> None:
+    """An [N, 1] output has no per-sample cosine, and its samples are still listed, by their error."""
+    eval_set = SimpleNamespace(files=[], n_samples=3)
+    errors = [SampleError(i, "score", e, 1.0) for i, e in enumerate([0.1, 0.5, 0.2])]
+    rows = worst_samples([], eval_set, errors)  # type: ignore[arg-type]
+    assert [r["index"] for r in rows] == [1, 2, 0]
+    assert all(math.isnan(r["cosine"]) and r["output"] == "score" for r in rows)
 
 
 def test_worst_samples_compare_figures_of_different_units() -> None:

@@ -487,15 +487,17 @@ def worst_samples(
     if worst_task:  # ties (no decision flipped anywhere) keep the error-share order
         share = {i: r for r, i in enumerate(largest_error_share_first(errors))}
         order = sorted(worst_task, key=lambda i: (-worst_task[i].severity, share.get(i, len(share)), i))
-    elif errors:
-        order = [i for i in largest_error_share_first(errors) if i in lowest]
+    elif errors:  # a sample whose outputs hold one value each has an error share but no cosine
+        order = largest_error_share_first(errors)
     else:
         order = [i for _, i, _ in sorted(lowest.values())]
+    measured = {e.index: e.output for e in errors}
     rows = []
     for index in order[:WORST_SAMPLES]:
         cosine, _, output = lowest.get(index, (math.nan, index, ""))
+        output = output or (worst_task[index].output if index in worst_task else measured.get(index, ""))
         row: dict[str, Any] = {"index": index, "file": files[index].name if files and index < len(files) else None,
-                               Col.OUTPUT: output or worst_task[index].output, "cosine": cosine}
+                               Col.OUTPUT: output, "cosine": cosine}
         if index in worst_task:
             task_figure = worst_task[index]
             row.update({"task_output": task_figure.output, "task_metric": task_figure.metric,
