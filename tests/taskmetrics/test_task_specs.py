@@ -49,6 +49,10 @@ def test_spec_parses_the_contract_spellings() -> None:
     plan = tm.task_plan(["keypoints:output=lm,dims=3", "presence:output=p"])
     assert plan.default.kind == "auto" and plan.claimed() == {"lm", "p"}
     assert tm.task_plan("classify").default.kind == "classify"  # the old single spelling still works
+    mixed = tm.task_plan(["mask", "presence:output=p"])  # a plain task for the outputs no spec names
+    assert mixed.default.kind == "mask" and mixed.spec_for("p") is not None and mixed.spec_for("q") is None
+    with pytest.raises(UsageError, match="one task for the outputs no spec names"):
+        tm.task_plan(["mask", "classify"])
 
 
 @pytest.mark.parametrize("text", [
