@@ -74,7 +74,8 @@ def test_scan_picks_the_decode_the_graph_implies(build: Any, task: str, kind: st
     np.save(calib / "x.npy", np.random.default_rng(3).normal(size=shape).astype(np.float32))
     result = scan(model, calib, threads=1, task=task)
     assert set(result.task["task"]) == {kind}
-    expected = {"decoder": {"sequence_agreement", "token_error_rate"}, "ctc": {"string_agreement", "cer"}}[kind]
+    expected = {"decoder": {"sequence_agreement", "token_error_rate", "cosine_to_end"},
+                "ctc": {"string_agreement", "cer"}}[kind]
     assert set(result.task["metric"]) == expected
     said = [w for w in result.warnings if "autoregressive decoder" in w]  # auto says why; an explicit task not
     assert len(said) == (build is greedy_decoder) and (not said or "task decoder" in said[0])

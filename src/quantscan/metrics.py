@@ -18,7 +18,7 @@ metric                   definition                                   better
 ``max_abs``              max |d|                                      lower
 ``rel_l2``               ‖d‖ / ‖x‖ (0 when equal, ``inf`` when x is   lower
                          all zero but y is not)
-``worst_sample_cosine``  min over samples of the per-sample cosine    higher
+``worst_sample_cosine``  min over samples of the per-sample cosine    higher (NaN: one value per sample)
 ``mean_sample_cosine``   mean over samples of the per-sample cosine   higher
 ``worst_sample_sqnr_db`` min over samples of the per-sample SQNR      higher
 =======================  ===========================================  ==================================
@@ -160,6 +160,9 @@ class ErrorAccumulator:
         self._worst_cos = math.inf
         self._sum_cos = 0.0
         self._worst_sqnr = math.inf
+        self.values_per_sample = 0
+        """The most values one sample holds: at 1 (an [N, 1] score) a per-sample cosine is the sign
+        agreement of two numbers (1 or 0), no figure, so the per-sample cosines are NaN."""
 
     def update(self, ref: np.ndarray, test: np.ndarray) -> None:
         """Add one batch; axis 0 is the sample axis. Shapes must match exactly.
@@ -173,6 +176,7 @@ class ErrorAccumulator:
         if xs.size == 0:
             return
         n, m = xs.shape
+        self.values_per_sample = max(self.values_per_sample, m)
         sums = np.zeros((4, n), dtype=np.float64)  # Σxy, Σx², Σy², Σd² per sample
         counts = np.zeros(n, dtype=np.int64)
         step = max(1, _BLOCK // n)
@@ -216,6 +220,7 @@ class ErrorAccumulator:
         (NaN or ±Inf in x or y would make x−y or a sum NaN/Inf): those elements count as `overflow`.
         Otherwise they count as non-finite (reference side when Σx² is non-finite, else the test side).
         """
+        self.values_per_sample = max(self.values_per_sample, int(elements_per_sample))
         arrays = [np.asarray(a, dtype=np.float64).reshape(-1) for a in (sxy, sxx, syy, sdd, max_abs)]
         a_xy, a_xx, a_yy, a_dd, a_max = arrays
         ok = np.isfinite(a_xy) & np.isfinite(a_xx) & np.isfinite(a_yy) & np.isfinite(a_dd) & np.isfinite(a_max)
@@ -256,6 +261,7 @@ class ErrorAccumulator:
         self.nonfinite_test += other.nonfinite_test
         self.overflow += other.overflow
         self.samples += other.samples
+        self.values_per_sample = max(self.values_per_sample, other.values_per_sample)
         self._sxy += other._sxy
         self._sxx += other._sxx
         self._syy += other._syy
@@ -292,13 +298,16 @@ class ErrorAccumulator:
             return math.inf
         return math.sqrt(self._sdd) / math.sqrt(self._sxx)
 
+    def _per_sample_cosines(self) -> bool:
+        return bool(self.samples) and self.values_per_sample != 1
+
     @property
     def worst_sample_cosine(self) -> float:
-        return self._worst_cos if self.samples else math.nan
+        return self._worst_cos if self._per_sample_cosines() else math.nan
 
     @property
     def mean_sample_cosine(self) -> float:
-        return self._sum_cos / self.samples if self.samples else math.nan
+        return self._sum_cos / self.samples if self._per_sample_cosines() else math.nan
 
     @property
     def worst_sample_sqnr_db(self) -> float:

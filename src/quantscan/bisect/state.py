@@ -49,9 +49,12 @@ METRICS = {
     "mask_iou": "mask_iou",
     "box": "box_agreement",
     "peak": "peak_agreement",
+    "sequence": "sequence_agreement",
+    "detections": "detection_agreement",
 }
-"""Target metric name -> key in an output-metrics row (analyze.output_row spelling; the last five are
-task metrics, see quantscan.taskmetrics)."""
+"""Target metric name -> key in an output-metrics row (analyze.output_row spelling; from top5 on they are
+task metrics, see quantscan.taskmetrics; `sequence` and `detections` need `--task decoder:...` /
+`--task anchors:...` specs naming the tokens and anchors)."""
 FALLBACKS: tuple[str, ...] = tuple(p.value for p in Precision)
 """The precisions a site not kept int8 can get (`--fallback`)."""
 MODES = ("search", "first_bad")

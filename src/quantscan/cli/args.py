@@ -167,8 +167,11 @@ def data_options(p: argparse.ArgumentParser) -> None:
 
 def task_options(p: argparse.ArgumentParser, plugins: bool = True) -> None:
     """Task metrics beside cosine (quantscan.taskmetrics); bisect takes no plugins (it cannot target them)."""
-    p.add_argument("--task", default="auto", choices=list(TASKS),
-                   help="task metrics on the outputs (default: detected from output shape and files)")
+    p.add_argument("--task", action="append", default=None, metavar="NAME[:KEY=VALUE,...]",
+                   help=f"task metrics on the outputs: {'|'.join(TASKS)} (default auto: detected from output "
+                        "shape, ops and files), or a spec naming outputs, e.g. keypoints:output=NAME,count=K,dims=D,"
+                        "scale=S; anchors:boxes=NAME,scores=NAME,anchors=FILE.npy; decoder:output=NAME,bos=K,eos=K; "
+                        "presence:output=NAME[,threshold=T] (repeatable, one spec per head)")
     if plugins:
         p.add_argument("--metric", action="append", default=[], metavar="MODULE:FUNCTION",
                        help="plugin called with FP32 and int8 outputs per batch, returning named sums (repeatable)")
@@ -310,7 +313,7 @@ class SampleArgs:
 class TaskArgs:
     """The task-metric flags (`task_options`) parsed once (bisect has no `--metric` plugins)."""
 
-    task: str
+    task: str | tuple[str, ...]
     charset: str | None
     mask_threshold: float
     metric: list[str]
@@ -318,7 +321,9 @@ class TaskArgs:
 
     @classmethod
     def parse(cls, args: argparse.Namespace) -> TaskArgs:
-        return cls(args.task, args.charset, args.mask_threshold, list(getattr(args, "metric", [])),
+        given = tuple(args.task or ("auto",))
+        return cls(given[0] if len(given) == 1 else given, args.charset, args.mask_threshold,
+                   list(getattr(args, "metric", [])),
                    list(getattr(args, "channel_groups", None) or []))
 
     def scan_options(self) -> dict[str, Any]:

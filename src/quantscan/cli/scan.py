@@ -67,6 +67,12 @@ def cmd_scan(args: argparse.Namespace) -> int:
               "or Scan)", file=sys.stderr)
     if head.metrics.task:
         print("  task: " + ", ".join(f"{k} {v:.4g}" for k, v in head.metrics.task.items()))
+    from quantscan.report.taskverdict import task_verdict
+
+    for name, metrics in result.output_metrics.items():
+        verdict = task_verdict(metrics.task)
+        if verdict is not None:
+            print(f"  output '{name}': {verdict}")
     if result.calib_advice is not None:
         print("  " + result.calib_advice.summary_line())
     for r in top.to_dict("records"):

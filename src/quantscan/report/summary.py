@@ -16,9 +16,12 @@ import numpy as np
 import pandas as pd
 
 from quantscan.columns import Col
+from quantscan.errors import QuantscanError
 from quantscan.records import Headline, OutputMetrics, RunInfo, severity_rank
 from quantscan.report.markdown import code, text
+from quantscan.report.taskverdict import task_verdict
 from quantscan.report.verdict import GainSamples, diagnosis_lines, rank_doc_gain
+from quantscan.taskmetrics.spec import TaskSpec, task_plan
 
 
 class _Model(Protocol):
@@ -126,7 +129,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
                                 else f"{code(info.evaluation.path)} ({info.evaluation.samples} samples)"),
         f"- analysis sessions: onnxruntime {info.ort_level} (QDQ kept as float fake-quant)",
         *_output_section(result),
-        *_task_section(result.output_metrics),
+        *_task_section(result.output_metrics, info.options.get("task")),
         *_coverage_section(result.layers, info.worst_samples, bool(info.evaluation.same_as_calibration)),
         "## Top sites",
         "",
@@ -259,12 +262,17 @@ def _coverage_section(layers: pd.DataFrame, worst: list[dict[str, Any]], same: b
         lines.append(f"- evaluation values outside the calibrated range: at most {_fmt(float(clip.max()))} of a "
                      f"site's values (no site above {CLIP_FLAG:.1%}); column `eval_clip_fraction` in layers.csv")
     if worst:
-        lines += ["", "Worst evaluation samples by their share of the output error, with their output cosine "
+        by_task = any("task_metric" in w for w in worst)
+        order = "their task metric (what the application reads)" if by_task else "their share of the output error"
+        lines += ["", f"Worst evaluation samples by {order}, with their output cosine "
                   "(saved in run.json `worst_samples`, "
                   "`quantscan extract --worst RUN_DIR` feeds them to the minimal model):", ""]
         for w in worst:
             where = f"{code(w['file'])}" if w.get("file") else f"sample {w['index']}"
-            lines.append(f"- {where} (index {w['index']}): {code(w[Col.OUTPUT])} cosine {_fmt(float(w['cosine']), 5)}")
+            task = (f"{code(w['task_output'])} {w['task_metric']} {_fmt(float(w['task_value']), 4)}; "
+                    if "task_metric" in w else "")
+            lines.append(f"- {where} (index {w['index']}): {task}{code(w[Col.OUTPUT])} cosine "
+                         f"{_fmt(float(w['cosine']), 5)}")
     return [*lines, ""]
 
 
@@ -304,15 +312,34 @@ def _numbers(values: Any) -> str:
     return "[" + ", ".join(_fmt(float(v)) for v in (values or [])) + "]"
 
 
-def _task_section(metrics: dict[str, OutputMetrics]) -> list[str]:
-    """Task metrics (FP32 vs int8 decode/argmax/mask), one line per output that has any; task.csv has them too."""
+def _task_section(metrics: dict[str, OutputMetrics], task: Any = None) -> list[str]:
+    """Task metrics (FP32 vs int8 decode/argmax/mask), a verdict line in the task's terms and the figures
+    per output that has any (task.csv has them too); an output a spec reads beside another (an anchor
+    head's scores) says where its figures are."""
     rows = [(name, m.task) for name, m in metrics.items() if m.task]
     if not rows:
         return []
     lines = ["## Task metrics (FP32 vs int8, evaluation set)", ""]
     for name, figures in rows:
+        verdict = task_verdict(figures)
+        if verdict is not None:
+            lines.append(f"- **{code(name)}**: {verdict}.")
         lines.append(f"- {code(name)}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items()))
+    for spec in _bound_specs(task):
+        for other in spec.outputs()[1:]:
+            if other in metrics and not metrics[other].task:
+                lines.append(f"- {code(other)}: measured with {code(spec.outputs()[0])} (task {spec.kind}, above)")
     return [*lines, ""]
+
+
+def _bound_specs(task: Any) -> tuple[TaskSpec, ...]:
+    """The `--task` specs run.json recorded (none for a run folder written before they existed)."""
+    if not task:
+        return ()
+    try:
+        return task_plan(task).bound
+    except QuantscanError:
+        return ()
 
 
 def _float16_lines(options: dict[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from quantscan.scanning.probe import Probe, classifier_outputs, headline_outputs
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.scanning.tasks import task_accumulators, task_results
 from quantscan.sites import Site
-from quantscan.taskmetrics import TaskAccumulator
+from quantscan.taskmetrics import TaskAccumulator, feed
 
 WORST_SAMPLES = 5
 """How many evaluation samples summary.md and run.json list by output error (worst first)."""
@@ -90,6 +90,8 @@ class EvalSums:
     sample_cosines: list[tuple[float, int, str]]
     seen: int
     sample_errors: list[SampleError] = field(default_factory=list)
+    sample_task: list[SampleTaskFigure] = field(default_factory=list)
+    """Per sample and task output with per-sample figures: worst samples by the task metric."""
     deployed_basis: dict[str, qm.ErrorAccumulator] = field(default_factory=dict)
     """Fake-quant against FP32 on the deployed check's samples only (the gap compares like with like)."""
     deployed_seen: int = 0
@@ -116,6 +118,7 @@ class EvalSums:
             clip[1] += other.clip_counts[t][1]
         self.sample_cosines.extend(other.sample_cosines)
         self.sample_errors.extend(other.sample_errors)
+        self.sample_task.extend(other.sample_task)
         self.seen += other.seen
         self.deployed_seen += other.deployed_seen
         return self
@@ -282,6 +285,7 @@ class _EvalPass:
         self.clip_counts = {t: [0.0, 0.0] for t in spec.clip_names}
         self.sample_cosines: list[tuple[float, int, str]] = []
         self.sample_errors: list[SampleError] = []
+        self.sample_task: list[SampleTaskFigure] = []
         self.seen = offset
 
     def wanted(self) -> list[str]:
@@ -302,8 +306,8 @@ class _EvalPass:
         if self.seen < HIST_SAMPLES:
             _count_codes(self.spec.hist_codes, self.hist_counts, values)
         room = self.deployed_limit - self.seen  # this batch's samples still within the deployed check's
-        self.seen += n
         self._fold(values, batch_labels)
+        self.seen += n
         self._deployed_check(feeds, values, batch_labels, n, room)
 
     def _deployed_check(self, feeds: Feeds, values: Values, batch_labels: Sequence[Any] | None, n: int,
@@ -335,13 +339,17 @@ class _EvalPass:
             t1.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
         for o, accs in self.task.items():
             for tacc in accs:
-                tacc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], batch_labels)
+                figures = feed(tacc, o, values, qgraph.CUMULATIVE_SUFFIX, batch_labels)
+                self.sample_task.extend(
+                    SampleTaskFigure(self.seen + i, o, str(getattr(tacc, "sample_metric", tacc.kind)), float(v),
+                                     bool(getattr(tacc, "higher_is_worse", False)))
+                    for i, v in enumerate(figures))
 
     def sums(self) -> EvalSums:
         return EvalSums(self.spec.headline, self.cumulative, self.isolated, self.act_channel, self.top1,
                         self.deployed_acc, self.deployed_top1, self.task, self.hist_counts, self.clip_counts,
-                        self.sample_cosines, self.seen - self.offset, self.sample_errors, self.deployed_basis,
-                        self.deployed_seen)
+                        self.sample_cosines, self.seen - self.offset, self.sample_errors, self.sample_task,
+                        self.deployed_basis, self.deployed_seen)
 
 
 def finish_evaluation(
@@ -373,7 +381,7 @@ def finish_evaluation(
     clip = {t: (c[0] / c[1] if c[1] else math.nan) for t, c in sums.clip_counts.items()}
     return Evaluation(
         cumulative, sums.isolated, sums.act_channel, hist, output_metrics, deployed_metrics, headline, warnings,
-        sums.seen, sums.task, clip, worst_samples(sums.sample_cosines, eval_set, sums.sample_errors),
+        sums.seen, sums.task, clip, worst_samples(sums.sample_cosines, eval_set, sums.sample_errors, sums.sample_task),
         largest_error_share_first(sums.sample_errors), sums.deployed_seen,
         {o: measure_output(sums.deployed_basis[o], None) for o in sums.deployed_basis
          if 0 < sums.deployed_seen < sums.seen},
@@ -403,12 +411,26 @@ def _per_sample_figures(
             x, y = ref[i].astype(np.float64).ravel(), test[i].astype(np.float64).ravel()
             if not (np.isfinite(x).all() and np.isfinite(y).all()):
                 continue
-            per_output.append((float(qm.cosine_from_sums(x @ y, x @ x, y @ y)), start + i, o))
+            if x.size > 1:  # the cosine of one number is its sign agreement, no figure (qm.ErrorAccumulator)
+                per_output.append((float(qm.cosine_from_sums(x @ y, x @ x, y @ y)), start + i, o))
             d = x - y
             errors.append(SampleError(start + i, o, float(d @ d), float(x @ x)))
         if per_output:
             worst.append(min(per_output))
     return worst, errors
+
+
+@dataclass(frozen=True)
+class SampleTaskFigure:
+    """One sample's task figure on one output (a landmark error, an image's matched IoU, a mask IoU)."""
+
+    index: int
+    output: str
+    metric: str
+    value: float
+    higher_is_worse: bool
+    severity: float = math.nan
+    """Comparable across metrics, larger is worse (`_worst_task_figure` sets it)."""
 
 
 @dataclass(frozen=True)
@@ -444,25 +466,68 @@ def largest_error_share_first(errors: Sequence[SampleError]) -> list[int]:
 
 
 def worst_samples(
-    cosines: Sequence[tuple[float, int, str]], eval_set: CalibSet, errors: Sequence[SampleError] = ()
+    cosines: Sequence[tuple[float, int, str]], eval_set: CalibSet, errors: Sequence[SampleError] = (),
+    task: Sequence[SampleTaskFigure] = (),
 ) -> list[dict[str, Any]]:
-    """The WORST_SAMPLES samples carrying the largest share of the output error (`largest_error_share_first`;
-    the lowest cosines without `errors`), each with its lowest output cosine and its file when one file
-    holds one sample.
+    """The WORST_SAMPLES worst samples, each with its lowest output cosine (NaN for outputs of one value
+    per sample) and its file when one file holds one sample.
+
+    Order: by the task metric when an output has per-sample task figures (the lowest-IoU image, the
+    largest landmark error, a flipped decision first: `task_metric`, `task_value`, `task_output`), since
+    that is what the application reads; else by the largest share of the output error
+    (`largest_error_share_first`; the lowest cosines without `errors`).
 
     Why not the lowest cosines: a sample whose output is near zero (a text-free photo under a text
     segmenter, a silent audio window) has a low cosine from any noise and almost none of the error."""
     files = eval_set.files if len(eval_set.files) == eval_set.n_samples else None
     lowest: dict[int, tuple[float, int, str]] = {}
-    for row in sorted(cosines, reverse=True):
-        lowest[row[1]] = row  # the lowest cosine of each sample wins (written last)
-    order = largest_error_share_first(errors) if errors else [i for _, i, _ in sorted(lowest.values())]
+    for figure in sorted(cosines, reverse=True):
+        lowest[figure[1]] = figure  # the lowest cosine of each sample wins (written last)
+    worst_task = _worst_task_figure(task)
+    if worst_task:  # ties (no decision flipped anywhere) keep the error-share order
+        share = {i: r for r, i in enumerate(largest_error_share_first(errors))}
+        order = sorted(worst_task, key=lambda i: (-worst_task[i].severity, share.get(i, len(share)), i))
+    elif errors:  # a sample whose outputs hold one value each has an error share but no cosine
+        order = largest_error_share_first(errors)
+    else:
+        order = [i for _, i, _ in sorted(lowest.values())]
+    measured = {e.index: e.output for e in errors}
     rows = []
-    for index in [i for i in order if i in lowest][:WORST_SAMPLES]:
-        cosine, _, output = lowest[index]
-        rows.append({"index": index, "file": files[index].name if files and index < len(files) else None,
-                     Col.OUTPUT: output, "cosine": cosine})
+    for index in order[:WORST_SAMPLES]:
+        cosine, _, output = lowest.get(index, (math.nan, index, ""))
+        output = output or (worst_task[index].output if index in worst_task else measured.get(index, ""))
+        row: dict[str, Any] = {"index": index, "file": files[index].name if files and index < len(files) else None,
+                               Col.OUTPUT: output, "cosine": cosine}
+        if index in worst_task:
+            task_figure = worst_task[index]
+            row.update({"task_output": task_figure.output, "task_metric": task_figure.metric,
+                        "task_value": task_figure.value})
+        rows.append(row)
     return rows
+
+
+def _worst_task_figure(task: Sequence[SampleTaskFigure]) -> dict[int, SampleTaskFigure]:
+    """Per sample, its worst task figure over the outputs, figures of different units made comparable:
+    a higher-is-worse figure (pixels, an error rate, a flip) over its largest value on the set, a
+    lower-is-worse one (an IoU, an agreement, in [0, 1]) as 1 − value."""
+    top: dict[str, float] = {}
+    for figure in task:
+        if figure.higher_is_worse and math.isfinite(figure.value):
+            top[figure.metric] = max(top.get(figure.metric, 0.0), figure.value)
+
+    def severity(figure: SampleTaskFigure) -> float:
+        if math.isnan(figure.value):
+            return -math.inf
+        if figure.higher_is_worse:
+            return figure.value / top[figure.metric] if top.get(figure.metric) else 0.0
+        return 1.0 - figure.value
+
+    worst: dict[int, tuple[float, SampleTaskFigure]] = {}
+    for figure in task:
+        held = worst.get(figure.index)
+        if held is None or severity(figure) > held[0]:
+            worst[figure.index] = (severity(figure), figure)
+    return {i: replace(f, severity=v) for i, (v, f) in worst.items()}
 
 
 def node_bytes(model: onnx.ModelProto, probe: Probe) -> list[int]:

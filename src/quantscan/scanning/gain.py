@@ -43,7 +43,7 @@ from quantscan.scanning.ort_recipe import RECIPE, int16_activations
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.scanning.tasks import task_results
-from quantscan.taskmetrics import TaskAccumulator
+from quantscan.taskmetrics import TaskAccumulator, feed
 
 GAIN_TAG = "@g"
 LOSS_TAG = "@l"
@@ -237,7 +237,7 @@ class Evaluator:
             pairs.update(values, refs)
             for o, accs in tasks.items():
                 for acc in accs:
-                    acc.update(values[o], values[o + qgraph.CUMULATIVE_SUFFIX], None)
+                    feed(acc, o, values, qgraph.CUMULATIVE_SUFFIX, None)
 
         sweep(session, self.ctx.data.eval_set.batches(self.ctx.data.batch_size), accumulate)
         figures = task_results(tasks)
@@ -259,7 +259,8 @@ class Evaluator:
             pairs.add((o, "q"), o, test, o, o in self.classifiers)
             refs[(o, "q")] = (o, test)
         tasks = self.tasks() if self.tasks is not None else {}
-        raw = [n for o in tasks for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
+        read = [r for accs in tasks.values() for acc in accs for r in getattr(acc, "reads", ())]
+        raw = [n for o in [*tasks, *read] for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
         names = list(dict.fromkeys([*pairs.outputs(), *raw]))
         return GraphHandoff(pairs.reducer.attach(combined, names, in_place=True)), pairs, refs, tasks
 

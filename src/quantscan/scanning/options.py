@@ -19,7 +19,7 @@ from quantscan.executors import EXECUTORS
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.scanning.budget import parse_size
 from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
-from quantscan.taskmetrics import TASKS, parse_channel_groups
+from quantscan.taskmetrics import parse_channel_groups, task_plan
 
 TENSOR_SETS = ("all", "sites")
 DEFAULT_GAIN_CANDIDATES = 16
@@ -131,8 +131,10 @@ class ScanOptions:
     """Which tensors get cumulative figures in tensors.csv: "all" float tensors (the contract), or
     "sites" (quantization points and graph outputs only: several times less reduction work on
     models whose kernels hide many internal tensors, e.g. decomposed HardSwish/LayerNorm)."""
-    task: str = "auto"
-    """Task metrics on the headline outputs: auto|classify|ctc|decoder|mask|heatmap|box|none (quantscan.taskmetrics)."""
+    task: str | Sequence[str] = "auto"
+    """Task metrics on the headline outputs: auto|classify|ctc|decoder|mask|heatmap|box|none, or one or
+    more `NAME:KEY=VALUE,...` specs naming outputs (keypoints, anchors, decoder bos/eos, presence;
+    quantscan.taskmetrics.spec); outputs no spec names keep the plain task (default auto)."""
     metric: Sequence[str] = ()
     """`module:function` plugins called with the FP32 and int8 outputs per batch, returning named sums."""
     charset: str | Path | None = None
@@ -186,8 +188,7 @@ class ScanOptions:
         count = self.deployed_samples
         if count != EVERY_SAMPLE and (not isinstance(count, int) or isinstance(count, bool) or count < 0):
             raise UsageError(f"--deployed-samples: expected a non-negative integer or 'all', found {count!r}")
-        if self.task not in TASKS:
-            raise UsageError(f"--task: expected one of {', '.join(TASKS)}, found {self.task!r}")
+        task_plan(self.task)  # a spec's mistakes are refused now, not after the calibration pass
         for spec in self.channel_groups:
             parse_channel_groups(spec)  # refused now, not after the calibration pass
         if self.batch_size is not None and (

@@ -52,6 +52,7 @@ from quantscan.scanning.samples import (
     stateful_sets,
 )
 from quantscan.scanning.settings import fold_setting_consts, unfed
+from quantscan.scanning.tasks import check_task_specs
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites, input_sites
 
 
@@ -322,6 +323,8 @@ def _calibration_phase(
 ) -> tuple[CalibStats, qgraph.QuantPlan]:
     """Pass 1 (here, or in the workers' shards) and the quantization plan it gives."""
     scheme = inputs.chip.activations
+    check_task_specs(inputs.prepared.proto, headline_outputs(placed.probe, opts.output), placed.probe.shapes,
+                     placed.probe.input_shapes, opts)
     calib_stats = None
     if calibrate_with is not None:
         calib_stats = calibrate_with(inputs.prepared, placed.sites, placed.origins, inputs.cset, placed.batch_size,

@@ -286,6 +286,7 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
                  "bias": "int32 at s_in*s_w", "batch_size": ctx.data.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
                  Col.OUTPUT: list(opts.output),
+                 "task": opts.task if isinstance(opts.task, str) else list(opts.task),
                  "workers": opts.workers if opts.executor is not None else worker_count(opts.workers)},
         chip=ctx.chip.to_json(),
         opset_used=prepared.opset_to,

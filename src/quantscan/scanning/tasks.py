@@ -54,23 +54,37 @@ def task_accumulators(
     opts: ScanOptions,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, list[tm.TaskAccumulator]]:
-    """Per headline output: the chosen (or auto-detected) task's accumulator, then any --metric plugins."""
+    """Per headline output: its `--task` spec's accumulator, else the plain or auto-detected task's, then
+    any --metric plugins. An output a spec reads beside its own (an anchor head's scores) gets none."""
     plugins = [opts.metric] if isinstance(opts.metric, str) else list(opts.metric)  # API: one spec or many
     groups = _channel_groups(opts, outputs)
-    if opts.task == "none" and not plugins and not groups:
+    plan = tm.task_plan(opts.task)
+    default = plan.default
+    if default.kind == "none" and not plan.bound and not plugins and not groups:
         return {}
-    needs_charset = opts.task in ("auto", "ctc", "decoder")
-    charset = resolve_charset(proto, eval_set, opts) if needs_charset else None
+    _check_named(plan, outputs)
+    kinds = {default.kind, *(s.kind for s in plan.bound)}
+    charset = resolve_charset(proto, eval_set, opts) if kinds & {"auto", "ctc", "decoder"} else None
     hw = image_size(input_shapes or {})
-    decoders = decoder_outputs(proto.graph, outputs) if opts.task == "auto" else {}
-    tokens = _token_outputs(outputs, shapes, charset) if opts.task == "decoder" else set()
+    producers = output_producers(proto.graph, outputs)
+    decoders = decoder_outputs(proto.graph, outputs) if default.kind == "auto" else {}
+    tokens = _default_outputs(default, outputs, shapes, charset)
     found: dict[str, list[tm.TaskAccumulator]] = {}
     for name in outputs:
         shape = list(shapes.get(name, ()))
-        task = (tm.detect_task(shape, charset, name in classifiers, hw, name in decoders) if opts.task == "auto"
-                else "none" if tokens and name not in tokens else opts.task)
+        spec = plan.spec_for(name)
         accs: list[tm.TaskAccumulator] = []
-        built = tm.make_accumulator(task, charset, opts.mask_threshold, hw, shape)
+        if spec is not None:
+            built = tm.spec_accumulator(spec, charset, opts.mask_threshold, hw, shape, producers)
+        elif name in plan.claimed():
+            built = None
+        elif default.kind == "auto":
+            task = tm.detect_task(shape, charset, name in classifiers, hw, name in decoders, producers.get(name, ""))
+            built = tm.make_accumulator(task, charset, opts.mask_threshold, hw, shape)
+        elif tokens is not None and name not in tokens:
+            built = None
+        else:
+            built = tm.spec_accumulator(default, charset, opts.mask_threshold, hw, shape, producers)
         if built is not None:
             accs.append(built)
         accs.extend(tm.load_plugin(spec) for spec in plugins)
@@ -78,6 +92,61 @@ def task_accumulators(
         if accs:
             found[name] = accs
     return found
+
+
+def check_task_specs(proto: onnx.ModelProto, outputs: Sequence[str], shapes: Mapping[str, Sequence[int]],
+                     input_shapes: Mapping[str, Sequence[int]], opts: ScanOptions) -> None:
+    """Refuse a `--task` spec that cannot fit the model (an output it names that is not measured, a
+    keypoint layout the shape does not divide, an anchor file of another count) before the calibration
+    pass, not after it. Specs that need the evaluation data's charset are checked where they are built."""
+    plan = tm.task_plan(opts.task)
+    if not plan.bound:
+        return
+    _check_named(plan, outputs)
+    hw, producers = image_size(input_shapes), output_producers(proto.graph, outputs)
+    for spec in plan.bound:
+        if spec.kind in ("keypoints", "anchors", "presence") or (spec.kind == "decoder" and "eos" in spec.params):
+            tm.spec_accumulator(spec, None, opts.mask_threshold, hw, list(shapes.get(spec.outputs()[0], ())),
+                                producers)
+
+
+SHAPE_ONLY_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
+"""Ops that only move values: the op an output "comes from" is the first one behind them."""
+
+
+def output_producers(graph: onnx.GraphProto, outputs: Sequence[str]) -> dict[str, str]:
+    """Per output, the op type that computes its values (behind shape-only ops); "" for a graph input or
+    an initializer. Why: a Sigmoid behind an [N, 1] output makes it a probability (presence at 0.5), and
+    an anchor head's scores from a Sigmoid need none applied."""
+    made = {o: node for node in graph.node for o in node.output}
+    found: dict[str, str] = {}
+    for name in outputs:
+        node = made.get(name)
+        while node is not None and node.op_type in SHAPE_ONLY_OPS and node.input:
+            node = made.get(node.input[0])
+        found[name] = node.op_type if node is not None else ""
+    return found
+
+
+def _check_named(plan: tm.TaskPlan, outputs: Sequence[str]) -> None:
+    """Every output a spec names must be measured: a headline output (`--output` chooses them)."""
+    missing = sorted(plan.claimed() - set(outputs))
+    if missing:
+        raise UsageError(f"--task: expected outputs among the headline outputs ({', '.join(outputs)}; "
+                         f"--output NAME, repeatable, chooses them), found {', '.join(missing)}")
+
+
+def _default_outputs(default: tm.TaskSpec, outputs: Sequence[str], shapes: Mapping[str, Sequence[int]],
+                     charset: tm.Charset | None) -> set[str] | None:
+    """The outputs a plain `--task decoder` measures (None: every output its task applies to). With the
+    charset's table, those whose class axis fits it; with `bos=`/`eos=`, the [N, T, C] outputs with more
+    than `eos` classes."""
+    if default.kind != "decoder":
+        return None
+    if "eos" in default.params:
+        eos = default.integer("eos") or 0
+        return {o for o in outputs if len(shapes.get(o, ())) == 3 and int(shapes[o][-1]) > eos}
+    return _token_outputs(outputs, shapes, charset) or None
 
 
 def _token_outputs(outputs: Sequence[str], shapes: Mapping[str, Sequence[int]], charset: tm.Charset | None) -> set[str]:
@@ -93,7 +162,7 @@ def decoder_notes(proto: onnx.ModelProto, outputs: Sequence[str], shapes: Mappin
     """One line per headline output that an autoregressive decoder emits, saying which task `--task auto`
     gave it and why: the CTC-looking charset of such a model must not pass unremarked, and an output left
     without a task metric says what would give it one."""
-    if opts.task != "auto":
+    if tm.task_plan(opts.task).default.kind != "auto":
         return []
     decoders = decoder_outputs(proto.graph, outputs)
     charset = resolve_charset(proto, eval_set, opts) if decoders else None
@@ -104,8 +173,9 @@ def decoder_notes(proto: onnx.ModelProto, outputs: Sequence[str], shapes: Mappin
         if tm.detect_task(dims, charset, False, None, True) == "decoder":
             notes.append(f"{head}: task decoder (tokens until the end token, not CTC's collapse of repeats)")
         elif charset is None:
-            notes.append(f"{head}: no task metric, no charset names its end token (--charset with C - 2 "
-                         "characters, for [sos] + characters + [eos], gives one)")
+            notes.append(f"{head}: no task metric, no charset names its end token (--task decoder:output="
+                         f"{name},bos=K,eos=K names the tokens; --charset with C - 2 characters, for [sos] + "
+                         "characters + [eos], gives one too)")
         else:
             notes.append(f"{head}: no task metric, its last axis ({dims[-1] if dims else '?'}) is not "
                          f"[sos] + {len(charset.symbols) - 1} characters + [eos]")

@@ -10,14 +10,23 @@ agreement and character error rate for recognisers), `decoder` (the token sequen
 decoder, greedy until its end token, for a Loop that feeds its ArgMax back), `mask` (IoU of the
 thresholded score map for segmentation and DB-style text detectors), `heatmap` (peak-location agreement
 and per-channel figures of multi-channel score maps, NCHW or NHWC), `box` (matched-box agreement for
-detection heads, after a documented decode and NMS written out in numpy), `none`; `--metric
+detection heads, after a documented decode and NMS written out in numpy), `keypoints` (landmark
+displacement in input pixels, PCK, the worst keypoint), `anchors` (SSD/BlazeFace split box and score
+heads decoded against their anchors: detections kept, lost, added, matched IoU), `presence` (one-number
+outputs as decisions: the flip rate at a threshold), `none`; `--task NAME:KEY=VALUE,...` (`spec`) names
+the outputs and layout auto-detection cannot know; `--metric
 module:function` adds a plugin that returns named sums per batch.
 
-One task per module: `base`, `classify`, `ctc`, `decoder`, `mask`, `heatmap`, `box`, `plugin`, `choose`; `groups`
+Accumulators that keep per-sample figures (`take_samples`, with `sample_metric` and `higher_is_worse`)
+rank the worst samples by the task metric rather than by cosine.
+
+One task per module: `base`, `classify`, `ctc`, `decoder`, `mask`, `heatmap`, `box`, `keypoints`,
+`anchors`, `presence`, `plugin`, `spec`, `choose`; `groups`
 (`--channel-groups`: an output's channels measured per named group) goes beside any of them.
 """
 
-from quantscan.taskmetrics.base import LABEL_FILE, TASKS, TaskAccumulator, add_sums, group_figures, ratio
+from quantscan.taskmetrics.anchors import AnchorAccumulator, decode_anchor_boxes, load_anchors
+from quantscan.taskmetrics.base import LABEL_FILE, TASKS, TaskAccumulator, add_sums, feed, group_figures, ratio
 from quantscan.taskmetrics.box import (
     BOX_MATCH_IOU,
     DEFAULT_BOX_SCORE,
@@ -32,7 +41,7 @@ from quantscan.taskmetrics.box import (
     yolox_grid,
     yolox_grid_count,
 )
-from quantscan.taskmetrics.choose import check_task, detect_task, make_accumulator
+from quantscan.taskmetrics.choose import check_task, detect_task, make_accumulator, spec_accumulator
 from quantscan.taskmetrics.classify import ClassifyAccumulator, class_scores
 from quantscan.taskmetrics.ctc import (
     CHARSET_FILES,
@@ -48,10 +57,26 @@ from quantscan.taskmetrics.ctc import (
 from quantscan.taskmetrics.decoder import DecoderAccumulator, TokenTable, decode_tokens, token_table
 from quantscan.taskmetrics.groups import ChannelGroupAccumulator, ChannelGroups, parse_channel_groups
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator, heatmap_layout
+from quantscan.taskmetrics.keypoints import KeypointAccumulator, keypoint_array
 from quantscan.taskmetrics.mask import DEFAULT_MASK_THRESHOLD, MaskIouAccumulator
 from quantscan.taskmetrics.plugin import MetricFunction, PluginAccumulator, load_plugin
+from quantscan.taskmetrics.presence import PresenceAccumulator, one_value_per_sample
+from quantscan.taskmetrics.spec import TaskPlan, TaskSpec, parse_task_spec, task_plan
 
 __all__ = [
+    "AnchorAccumulator",
+    "KeypointAccumulator",
+    "PresenceAccumulator",
+    "TaskPlan",
+    "TaskSpec",
+    "decode_anchor_boxes",
+    "feed",
+    "keypoint_array",
+    "load_anchors",
+    "one_value_per_sample",
+    "parse_task_spec",
+    "spec_accumulator",
+    "task_plan",
     "BOX_MATCH_IOU",
     "BoxAccumulator",
     "CHARSET_FILES",

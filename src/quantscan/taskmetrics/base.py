@@ -28,6 +28,22 @@ class TaskAccumulator(Protocol):
     def results(self) -> dict[str, float]: ...
 
 
+def feed(acc: TaskAccumulator, output: str, values: Mapping[str, np.ndarray], suffix: str,
+         labels: Sequence[int | None] | None) -> list[float]:
+    """One batch into `acc`: FP32 `values[output]` against int8 `values[output + suffix]` (and the other
+    outputs an accumulator `reads`, an anchor head's scores). Returns the per-sample task figures of the
+    batch when the accumulator keeps them (`take_samples`), else [] (worst samples by the task metric)."""
+    reads = tuple(getattr(acc, "reads", ()))
+    if reads:
+        names = (output, *reads)
+        acc.update_outputs({n: values[n] for n in names}, {n: values[n + suffix] for n in names},  # type: ignore[attr-defined]
+                           output, labels)
+    else:
+        acc.update(values[output], values[output + suffix], labels)
+    take = getattr(acc, "take_samples", None)
+    return list(take()) if take is not None else []
+
+
 def group_figures(s: Mapping[str, float], group: str) -> dict[str, float]:
     """SQNR (dB) and cosine of one channel group from its sums (`BoxAccumulator._group_sums`)."""
     sxx, sdd, sxy, syy = (s.get(f"{group}_{k}", 0.0) for k in ("sxx", "sdd", "sxy", "syy"))

@@ -141,7 +141,10 @@ class BoxAccumulator:
     nms_iou: float = DEFAULT_NMS_IOU
     match_iou: float = BOX_MATCH_IOU
     kind: str = "box"
+    sample_metric: str = "box_agreement"
+    higher_is_worse: bool = False
     _s: dict[str, float] = field(default_factory=dict)
+    _samples: list[float] = field(default_factory=list)
 
     def detections(self, head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One sample's [A, 5+C] head → its kept (boxes, scores, classes)."""
@@ -186,6 +189,13 @@ class BoxAccumulator:
             add_sums(self._s, {"samples": 1.0, "ref_boxes": float(len(rb)), "test_boxes": float(len(tb)),
                                 "matched": float(len(matched)), "matched_iou": float(sum(m[2] for m in matched)),
                                 "samples_same": float(same), **self._group_sums(r_head, t_head)})
+            both = len(rb) + len(tb)
+            self._samples.append(2 * len(matched) / both if both else 1.0)
+
+    def take_samples(self) -> list[float]:
+        """Per image of the batches fed since the last call: its box_agreement (worst samples by it)."""
+        out, self._samples = self._samples, []
+        return out
 
     def _group_sums(self, ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
         """Σx², Σ(x−y)², Σxy, Σy² of the head's box coordinates and of its scores, apart.

@@ -78,17 +78,27 @@ class CtcAccumulator:
 
     charset: Charset
     kind: str = "ctc"
+    sample_metric: str = "cer"
+    higher_is_worse: bool = True
     _s: dict[str, float] = field(default_factory=dict)
+    _samples: list[float] = field(default_factory=list)
 
     def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
         charset = self.charset.fitted(np.shape(ref)[-1])
         r, t = greedy_decode(ref, charset), greedy_decode(test, charset)
+        errors = [edit_distance(a, b) for a, b in zip(r, t, strict=True)]
         add_sums(self._s, {
             "samples": float(len(r)),
             "string_agree": float(sum(a == b for a, b in zip(r, t, strict=True))),
-            "char_errors": float(sum(edit_distance(a, b) for a, b in zip(r, t, strict=True))),
+            "char_errors": float(sum(errors)),
             "ref_chars": float(sum(len(a) for a in r)),
         })
+        self._samples.extend(e / max(len(a), 1) for e, a in zip(errors, r, strict=True))
+
+    def take_samples(self) -> list[float]:
+        """Per sample of the batches fed since the last call: its character error rate (worst samples)."""
+        out, self._samples = self._samples, []
+        return out
 
     def merge(self, other: CtcAccumulator) -> None:
         add_sums(self._s, other._s)

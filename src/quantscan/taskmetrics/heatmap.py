@@ -53,7 +53,10 @@ class HeatmapAccumulator:
 
     layout: str = "auto"
     kind: str = "heatmap"
+    sample_metric: str = "peak_agreement"
+    higher_is_worse: bool = False
     _s: dict[str, float] = field(default_factory=dict)
+    _samples: list[float] = field(default_factory=list)
 
     def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
         layout = heatmap_layout(np.shape(ref), self.layout)
@@ -70,6 +73,12 @@ class HeatmapAccumulator:
             sums.update({f"ch{k}_sxx": float(np.sum(rk * rk)), f"ch{k}_syy": float(np.sum(tk * tk)),
                          f"ch{k}_sxy": float(np.sum(rk * tk)), f"ch{k}_sdd": float(np.sum(dk * dk))})
         add_sums(self._s, sums)
+        self._samples.extend(float(v) for v in (distance == 0).mean(axis=1))
+
+    def take_samples(self) -> list[float]:
+        """Per sample of the batches fed since the last call: the share of its channels whose peak stayed."""
+        out, self._samples = self._samples, []
+        return out
 
     def merge(self, other: HeatmapAccumulator) -> None:
         add_sums(self._s, other._s)
