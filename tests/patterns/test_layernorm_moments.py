@@ -25,6 +25,7 @@ import quantscan
 from quantscan.graph.index import GraphIndex
 from quantscan.patterns import layernorm_moments
 from quantscan.patterns.layernorm import LayerNormMatch
+from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 
 EPS = 1e-6
 
@@ -199,3 +200,20 @@ def test_a_wrong_mean_stays_separate_sites(tmp_path: Path) -> None:
     """The grouping can fail: with the sums scaled by 1/17 the insides are sites of their own."""
     kernels = [s.kernel for s in _scan(tmp_path, classifier(recip=1 / 17)).sites]
     assert not any(k.startswith("LayerNorm[") for k in kernels) and "Sqrt" in kernels
+
+
+def test_fuse_layernorm_fuses_the_trailing_one_and_refuses_the_other() -> None:
+    """`fuse-layernorm` reads the same match: LayerNorm_1 (last axis) becomes one LayerNormalization with
+    flax's scale and bias, LayerNorm_0 (axis 1 of 3) is refused as a non-trailing range; the fused model
+    computes what the spelled-out one does (onnx's ReferenceEvaluator on both)."""
+    model = classifier()
+    model.opset_import[0].version = 17  # LayerNormalization's opset
+    result = fuse_layernorm(model)
+    fused = [n for n in result.model.graph.node if n.op_type == "LayerNormalization"]
+    assert [n.input[0] for n in fused] == ["pooled"] and [c.node for c in result.changes] == ["ReduceSum:ln1/sum"]
+    assert [r.node for r in result.refusals] == ["ReduceSum:ln0/sum"] and "trailing" in result.refusals[0].reason
+    assert not {n.output[0] for n in result.model.graph.node} & {f"ln1/{t}" for t in INSIDE}
+    x = np.random.default_rng(3).normal(size=(5, 4)).astype(np.float32)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    (got,) = ReferenceEvaluator(result.model).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

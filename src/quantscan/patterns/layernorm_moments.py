@@ -27,7 +27,7 @@ import onnx
 
 from quantscan.graph.edit import attr_int
 from quantscan.graph.index import GraphIndex, is_op, other_input
-from quantscan.patterns import base
+from quantscan.patterns import base, layernorm
 from quantscan.patterns.base import NoMatch
 from quantscan.patterns.layernorm import KERNEL, LayerNormMatch
 from quantscan.patterns.softmax import RESTORE_OPS, reduction
@@ -252,6 +252,13 @@ def _extent(index: GraphIndex, x: str, axes: list[int], scale: str | None, bias:
         if value is not None and value.size > 1:
             return int(value.size)
     return None
+
+
+def either_at(index: GraphIndex, anchor: onnx.NodeProto) -> LayerNormMatch | NoMatch:
+    """The LayerNorm anchored at `anchor` in either spelling (`layernorm`'s x − mean first, or this
+    module's moments): what the compatibility rules and `fuse-layernorm` ask, so both read the same."""
+    found = layernorm.match_at(index, anchor)
+    return found if isinstance(found, LayerNormMatch) else match_at(index, anchor)
 
 
 def match_from(index: GraphIndex, x: str) -> LayerNormMatch | NoMatch:
