@@ -5,8 +5,9 @@ and last KiB).
 Issue 40 found it scanned as 55 sites, 48 of them the insides of its two LayerNorms (E[x²] − E[x]²,
 Reshape/Expand, Sqrt→Reciprocal) and two tanh-GELUs (x³ as a Mul chain), with no per-channel figures on
 7. Here: every LayerNorm and GELU node is inside one kernel site, ≥ 90% of the sites have per-channel
-rows, and each recognised LayerNorm computes, on the real inputs, what numpy's LayerNorm formula gives
-from its input, axes, epsilon, scale and bias as the match read them (onnxruntime runs the export).
+rows, and each recognised LayerNorm (GELU) computes, on the real inputs, what numpy's LayerNorm formula
+(jax's tanh-GELU formula) gives from its input, and for a LayerNorm the axes, epsilon, scale and bias as
+the match read them (onnxruntime runs the export).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import pytest
 
 import quantscan
 from quantscan.graph.index import GraphIndex
-from quantscan.patterns import layernorm_moments
+from quantscan.patterns import gelu, layernorm_moments
+from quantscan.patterns.base import Match
 from quantscan.patterns.layernorm import LayerNormMatch
 
 pytestmark = pytest.mark.real
@@ -84,3 +86,20 @@ def test_each_recognised_layernorm_computes_layernorm(magika: tuple[Path, Path])
         # LayerNorm_0, 1.5e-6 on LayerNorm_1), not by a different function (a wrong axis: order 1)
         relative = np.linalg.norm(values[m.output] - want) / np.linalg.norm(want)
         assert relative < 1e-3, (m.output, relative)
+
+
+def test_each_recognised_gelu_computes_tanh_gelu(magika: tuple[Path, Path]) -> None:
+    """The two ApplyActivation blocks, matched at their Tanh, compute jax's tanh GELU of their input."""
+    path, calib = magika
+    model = onnx.load(path)
+    index = GraphIndex.of(model)
+    found = [m for n in index.nodes if n.op_type == "Tanh" and isinstance(m := gelu.match_tanh_at(index, n), Match)]
+    assert len(found) == 2
+    model.graph.output.extend(onnx.ValueInfoProto(name=t) for m in found for t in (m.x, m.output))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = np.load(next(calib.glob("*.npy")))[:4]
+    values = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"bytes": feed}), strict=True))
+    for m in found:
+        x = values[m.x].astype(np.float64)
+        want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+        np.testing.assert_allclose(values[m.output], want, rtol=1e-4, atol=1e-5, err_msg=m.output)
