@@ -754,6 +754,7 @@ class RewriteId(StrEnum):
     GELU_TANH = "gelu-tanh"
     DIV_TO_MUL = "div-to-mul"
     FIX_CEIL_MODE = "fix-ceil-mode"
+    GLOBAL_POOL = "global-pool"
     OPSET_DOWN = "opset-down"
     FIX_DIM = "fix-dim"
     CLAMP_MASK = "clamp-mask"

@@ -8,8 +8,9 @@ so this module groups the prepared graph's nodes into kernels first:
   constant operand (bias Add, scale Mul) and one fused activation (Relu, Clip, LeakyRelu, PRelu,
   HardSwish, HardSigmoid, Sigmoid, and the SiLU and decomposed-HardSwish patterns);
 - decomposed LayerNorm (mean by ReduceMean or MatMul by 1/C; Sqrt+Div, Reciprocal, 1/Sqrt or
-  Pow -0.5), GELU (Erf and tanh forms), Softmax (Exp/ReduceSum/Div, with or without the ReduceMax/Sub
-  shift), x·sigmoid(x) and HardSwish (x·Clip(x+3,0,6)/6, x·HardSigmoid(x)) are recognised as one kernel
+  Pow -0.5; or the variance as E[x²] − E[x]² from sums times 1/C, as jax2tf writes flax's), GELU
+  (Erf and tanh forms), Softmax (Exp/ReduceSum/Div, with or without the ReduceMax/Sub shift),
+  x·sigmoid(x) and HardSwish (x·Clip(x+3,0,6)/6, x·HardSigmoid(x)) are recognised as one kernel
   each by what they compute (`quantscan.patterns`), when their intermediate tensors are read nowhere
   else;
 - any other float-producing op is a kernel of its own and may absorb one fused activation;
@@ -28,7 +29,7 @@ import onnx
 
 from quantscan.graph.edit import attr_int
 from quantscan.graph.index import GraphIndex, other_input
-from quantscan.patterns import fused_activation, gelu, hardswish, layernorm, silu, softmax
+from quantscan.patterns import fused_activation, gelu, hardswish, layernorm, layernorm_moments, silu, softmax
 from quantscan.patterns.base import Match
 
 ANCHOR_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -203,6 +204,7 @@ def find_sites(
     `shapes`: the probe's tensor shapes, where the graph declares none (they place channel axes).
     """
     index = GraphIndex(model.graph, float_tensors=float_tensors, initializers_are_weights=True)
+    index.observe_shapes(shapes or {})
     dependent = data_dependent(model.graph)
     folded = set(bn_folded_into)
     skip = set(cpu_nodes)
@@ -355,7 +357,8 @@ def _pattern_kernel(index: GraphIndex, node: onnx.NodeProto) -> Match | None:
     read x as any operand (`Mul(0.5, x)`), so every computed input is tried as the kernel's x.
     """
     for x in dict.fromkeys(i for i in node.input if i and not index.is_const(i)):
-        for found in (layernorm.match_from(index, x), gelu.match_from(index, x), softmax.match_from(index, x)):
+        for found in (layernorm.match_from(index, x), layernorm_moments.match_from(index, x),
+                      gelu.match_from(index, x), softmax.match_from(index, x)):
             if isinstance(found, Match) and not found.shared(index) and _first_in_graph(index, found) is node:
                 return found
         for kernel in (silu.KERNEL, hardswish.KERNEL):

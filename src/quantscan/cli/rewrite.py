@@ -64,6 +64,8 @@ def rewrite_parser(sub: Any) -> None:
                    help="Reciprocal(x) -> Div(1, x) for chips that run Div but not Reciprocal")
     p.add_argument("--fix-ceil-mode", nargs=0, action=_StepAction, const="fix-ceil-mode", dest="fix_ceil_mode",
                    help="pooling ceil_mode=1 -> 0 with the extra end padding explicit")
+    p.add_argument("--global-pool", nargs=0, action=_StepAction, const="global-pool", dest="global_pool",
+                   help="AveragePool/MaxPool whose window is the whole input -> GlobalAveragePool/GlobalMaxPool")
     p.add_argument("--equalize", nargs=0, action=_StepAction, const="equalize", dest="equalize",
                    help="cross-layer equalization of Conv/Gemm/MatMul pairs (BN folded first); exact in FP32")
     p.add_argument("--smooth", nargs="?", action=_SmoothAction, metavar="ALPHA",
@@ -206,8 +208,8 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         steps.append("clamp-mask")
     if not steps and args.opset is None and not args.freeze_input:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
-                         "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --freeze-input, "
-                         "--equalize, --smooth, --bias-correct, --recover, --opset, --all-for-profile; "
+                         "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --global-pool, "
+                         "--freeze-input, --equalize, --smooth, --bias-correct, --recover, --opset, --all-for-profile; "
                          "found none that applies")
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,

@@ -24,6 +24,7 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.FIX_DIM,
     RewriteId.FREEZE_INPUT,
     RewriteId.FIX_CEIL_MODE,
+    RewriteId.GLOBAL_POOL,
     RewriteId.FOLD_BN,
     RewriteId.DECOMPOSE_HARDSWISH,
     RewriteId.DECOMPOSE_HARDSIGMOID,

@@ -21,7 +21,7 @@ Conventions:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -302,6 +302,15 @@ class GraphIndex:
     def info(self, tensor: str) -> TensorInfo:
         """Declared (or inferred) element type and shape; unknown when nothing declares it."""
         return self.tensors.get(tensor, TensorInfo(0, None))
+
+    def observe_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Take the shapes a run observed for tensors nothing declares a shape for. The kernel patterns
+        check constants against extents (a mean's 1/C) that exports leave undeclared, and a probe run
+        knows them; a declared shape, even a symbolic one, is kept (its symbols say which dims vary)."""
+        for name, shape in shapes.items():
+            known = self.tensors.get(name)
+            if known is None or known.shape is None:
+                self.tensors[name] = TensorInfo(known.elem_type if known else 0, tuple(int(d) for d in shape))
 
     def is_float(self, name: str) -> bool:
         """True when the probe run saw `name` as float (every tensor counts when no probe was given)."""

@@ -9,7 +9,8 @@ Exact (Erf) form, 0.5·x·(1 + erf(x/√2)):
 Tanh form, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (BERT/GPT-2 "gelu_new", PyTorch
 approximate="tanh" below opset 20, TF exports):
 
-    c = Pow(x, 3) | Mul(Mul(x, x), x); k = Mul(c, 0.044715); u = Add(x, k)
+    k = 0.044715·x³ as any product of x, x, x and the constant (Pow(x, 3)·c, c·((x·x)·x),
+        x·(x·(c·x)) as jax2tf writes it); u = Add(x, k)
     e = Tanh(Mul(u, √(2/π))); a = Add(e, 1); then the same three tails as the Erf form
 
 The Erf match is anchored on the Erf node, the tanh match on the Tanh node; the last node of a match
@@ -77,29 +78,50 @@ def match_tanh_at(index: GraphIndex, tanh: onnx.NodeProto) -> Match | NoMatch:
         return NoMatch("the Tanh input is not √(2/π)·(x + ...)")
     for k in add.input:
         x = other_input(add, k)
-        kmul = index.producer_node(k)
-        cube = _times_const(index, kmul, CUBIC)
-        if x is None or kmul is None or cube is None:
-            continue
-        cube_nodes = _cube_of(index, cube, x)
-        if cube_nodes is not None:
-            return _tail(index, x, [*cube_nodes, kmul, add, scale, tanh], "tanh(√(2/π)·(x + 0.044715·x³))")
+        cubic = _cubic_term(index, k, x) if x is not None else None
+        if x is not None and cubic is not None:
+            return _tail(index, x, [*cubic, add, scale, tanh], "tanh(√(2/π)·(x + 0.044715·x³))")
     return NoMatch("the Tanh input is not √(2/π)·(x + 0.044715·x³)")
 
 
-def _cube_of(index: GraphIndex, cube: str, x: str) -> list[onnx.NodeProto] | None:
-    """The nodes computing x³ as `cube`: Pow(x, 3), or Mul(Mul(x, x), x) with either operand order."""
-    node = index.producer_node(cube)
-    if node is None:
+def _cubic_term(index: GraphIndex, term: str, x: str) -> list[onnx.NodeProto] | None:
+    """The nodes computing `term` = 0.044715·x³, in any association of its factors, else None.
+
+    Exporters agree on the value, not on the order: PyTorch writes Mul(Pow(x, 3), c), BERT's TF port
+    Mul(c, Mul(Mul(x, x), x)), and jax2tf (after TF's grappler) folds the constant in first,
+    Mul(x, Mul(x, Mul(c, x))). So the term is read as a product tree: its leaves must be exactly three
+    factors of x (Pow(x, n) counts n) and constants whose product is 0.044715.
+    """
+    found = _monomial(index, term, x, depth=4)
+    if found is None:
         return None
-    if is_op(node, "Pow") and node.input[0] == x and _near(index, node.input[1], 3.0):
-        return [node]
-    if not is_op(node, "Mul") or x not in node.input:
+    nodes, power, coefficient = found
+    if power != 3 or not base.near(coefficient, CUBIC, rtol=_RTOL) or not nodes:
         return None
-    square = index.producer_node(other_input(node, x) or "")
-    if square is not None and is_op(square, "Mul") and list(square.input) == [x, x]:
-        return [square, node]
-    return None
+    unique = list({id(n): n for n in nodes}.values())
+    return sorted(unique, key=lambda n: index.producer.get(n.output[0], 0))
+
+
+def _monomial(index: GraphIndex, t: str, x: str, depth: int) -> tuple[list[onnx.NodeProto], int, float] | None:
+    """(nodes, n, c) when tensor `t` is c·xⁿ written with Mul and Pow nodes (at most `depth` deep)."""
+    if t == x:
+        return [], 1, 1.0
+    value = index.scalar(t)
+    if value is not None:
+        return [], 0, value
+    node = index.producer_node(t)
+    if node is None or depth == 0:
+        return None
+    if is_op(node, "Pow") and node.input[0] == x:
+        n = index.scalar(node.input[1])
+        return ([node], int(n), 1.0) if n is not None and n == int(n) and n > 0 else None
+    if not is_op(node, "Mul") or len(node.input) != 2:
+        return None
+    left = _monomial(index, node.input[0], x, depth - 1)
+    right = _monomial(index, node.input[1], x, depth - 1)
+    if left is None or right is None:
+        return None
+    return [*left[0], *right[0], node], left[1] + right[1], left[2] * right[2]
 
 
 def _tail(index: GraphIndex, x: str, head: list[onnx.NodeProto], what: str) -> Match | NoMatch:

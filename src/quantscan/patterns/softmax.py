@@ -47,7 +47,7 @@ def match_at(index: GraphIndex, exp: onnx.NodeProto) -> SoftmaxMatch | NoMatch:
         return NoMatch(f"{exp.op_type} is not an Exp")
     e = exp.output[0]
     total = next((n for n in index.readers(e) if is_op(n, "ReduceSum")), None)
-    found = _reduction(total, index) if total is not None else None
+    found = reduction(total, index) if total is not None else None
     if total is None or found is None:
         return NoMatch("exp(x) is not summed (keepdims=1 or a restore chain, known axes)")
     axes, kept = found
@@ -58,7 +58,7 @@ def match_at(index: GraphIndex, exp: onnx.NodeProto) -> SoftmaxMatch | NoMatch:
     return SoftmaxMatch(KERNEL, x, (*head, exp, total, *tail), tail[-1].output[0], tuple(axes), stable)
 
 
-def _reduction(node: onnx.NodeProto, index: GraphIndex) -> tuple[list[int], bool] | None:
+def reduction(node: onnx.NodeProto, index: GraphIndex) -> tuple[list[int], bool] | None:
     """(axes, keepdims) of a reduction whose axes are known (attribute or constant input), else None."""
     kept = attr_int(node, "keepdims", 1) == 1
     if kept:
@@ -78,7 +78,7 @@ def _with_keepdims(node: onnx.NodeProto) -> onnx.NodeProto:
     return copy
 
 
-def _restore_chain(index: GraphIndex, t: str, source: str, kept: bool) -> list[onnx.NodeProto] | None:
+def restore_chain(index: GraphIndex, t: str, source: str, kept: bool) -> list[onnx.NodeProto] | None:
     """The restore-chain nodes from `source` to `t` (walking back from `t`, data flow order), [] when
     t is source; None when `t` is not `source` restored, or (keepdims=0) nothing puts the axes back."""
     chain: list[onnx.NodeProto] = []
@@ -97,7 +97,7 @@ def _divide(index: GraphIndex, e: str, s: str, kept: bool = True) -> list[onnx.N
     """Div(e, s), or Reciprocal(s) then Mul(e, ·) in either order; s may come restored (`_restore_chain`)."""
     for div in index.readers(e):
         if is_op(div, "Div") and len(div.input) == 2 and div.input[0] == e:
-            chain = _restore_chain(index, div.input[1], s, kept)
+            chain = restore_chain(index, div.input[1], s, kept)
             if chain is not None:
                 return [*chain, div]
     for rec in index.readers(s):
@@ -127,7 +127,7 @@ def _max_shift(
     identity = _max_with_minus_inf(index, peak)
     if identity is not None:
         peak = index.producer_node(next(i for i in identity.input if i not in _minus_inf_inputs(index, identity)))
-    found = _reduction(peak, index) if peak is not None and is_op(peak, "ReduceMax") else None
+    found = reduction(peak, index) if peak is not None and is_op(peak, "ReduceMax") else None
     restored = found is not None and (found[1] or any(n.op_type in ("Reshape", "Unsqueeze") for n in chain))
     if peak is None or found is None or not restored or peak.input[0] != x or found[0] != axes:
         return [], exp.input[0], False

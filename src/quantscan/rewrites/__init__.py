@@ -21,6 +21,7 @@ from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.fuse_softmax import fuse_softmax
 from quantscan.rewrites.gelu_tanh import gelu_tanh
+from quantscan.rewrites.global_pool import rewrite_global_pools
 
 __all__ = [
     "Change",
@@ -41,4 +42,5 @@ __all__ = [
     "fuse_softmax",
     "gelu_tanh",
     "parse_dim_spec",
+    "rewrite_global_pools",
 ]

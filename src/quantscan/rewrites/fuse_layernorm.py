@@ -2,8 +2,9 @@
 
 Why: chips with a native LayerNorm kernel run it in higher precision as one op; left decomposed, a
 quantizer puts fake-quant points on the variance (Pow/ReduceMean), the most int8-hostile tensors in a
-transformer. Recognised: `quantscan.patterns.layernorm` (Paddle and PyTorch exports) with A the
-trailing axes (a contiguous range ending at the last axis).
+transformer. Recognised: `quantscan.patterns.layernorm` (Paddle and PyTorch exports) and
+`quantscan.patterns.layernorm_moments` (jax2tf's E[x²] − E[x]², its scale folded into 1/√: the same
+scale, multiplied at another place) with A the trailing axes (a contiguous range ending at the last axis).
 LayerNormalization exists from opset 17: below that the pass refuses (the opset is never changed by a
 rewrite). Refused too: an intermediate read elsewhere, non-trailing axes, a scale/bias whose shape is not
 the normalized shape, no scale and unknown normalized shape.
@@ -23,7 +24,7 @@ from quantscan.graph.edit import (
 )
 from quantscan.graph.index import GraphIndex, opset_version
 from quantscan.graph.infer import infer_shapes
-from quantscan.patterns import layernorm
+from quantscan.patterns import layernorm, layernorm_moments
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
 
 REWRITE_ID = "fuse-layernorm"
@@ -41,7 +42,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> RewriteResult:
     edits = Replacements(graph)
     result = RewriteResult(model=out)
     for node in index.nodes:
-        found = layernorm.match_at(index, node)
+        found = layernorm_moments.either_at(index, node)
         if not isinstance(found, layernorm.LayerNormMatch):
             continue
         label = node_label(found.nodes[0])

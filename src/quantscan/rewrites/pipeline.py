@@ -56,6 +56,7 @@ from quantscan.rewrites.fuse_hardswish import fuse_hardswish
 from quantscan.rewrites.fuse_layernorm import fuse_layernorm
 from quantscan.rewrites.fuse_softmax import fuse_softmax
 from quantscan.rewrites.gelu_tanh import gelu_tanh
+from quantscan.rewrites.global_pool import rewrite_global_pools
 from quantscan.rewrites.linear import WEIGHT_OPS, Linear, linear_of
 from quantscan.rewrites.opset_down import opset_down
 from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
@@ -85,6 +86,7 @@ REWRITES: dict[RewriteId, RewriteFn] = {
     RewriteId.CLAMP_MASK: clamp_mask,
     RewriteId.DIV_TO_MUL: div_to_mul,
     RewriteId.FIX_CEIL_MODE: fix_ceil_mode,
+    RewriteId.GLOBAL_POOL: rewrite_global_pools,
     RewriteId.RECIPROCAL: reciprocal_to_div,
     RewriteId.EQUALIZE: equalize,
 }

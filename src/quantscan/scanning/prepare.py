@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from quantscan import graph as qgraph
 from quantscan.calib import CalibSet
 from quantscan.calib.recurrent import state_consts
 from quantscan.errors import UsageError
-from quantscan.graph.index import GraphIndex
+from quantscan.graph.index import DEFAULT_DOMAINS, GraphIndex
 from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.machine import default_budget, machine_memory
 from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model
@@ -391,13 +392,26 @@ def _sites(
         shapes=probe.shapes,
     )
     if not sites:
-        raise UsageError(f"found no quantization site in {loaded.path.name}: nothing computes float tensors")
+        raise UsageError(_no_site_message(loaded.path.name, prepared.proto))
     sites = [*input_sites(prepared.proto, sites, fixed), *sites]
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     site_outputs = {s.output for s in sites}
     quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))
     origins = {t: _origin(t, producers, site_outputs) for t in quantized}
     return sites, consumer_range_origins(prepared.proto, sites, origins, chip.consumer_range_ops)
+
+
+def _no_site_message(name: str, model: onnx.ModelProto) -> str:
+    """Why a model has no quantization site. Ops outside the standard domain (a scikit-learn GBDT's
+    ai.onnx.ml::TreeEnsembleClassifier) may well compute float tensors: they are named, with where they
+    run, rather than the false "nothing computes float tensors"."""
+    foreign = Counter(f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain not in DEFAULT_DOMAINS)
+    if not foreign:
+        return f"found no quantization site in {name}: nothing computes float tensors"
+    ops = ", ".join(f"{op} ×{k}" if k > 1 else op for op, k in foreign.items())
+    return (f"expected standard ONNX ops an int8 scheme quantizes (Conv, MatMul, ...), found only {ops} in {name}: "
+            "ops outside the standard domain have no int8 kernel and run on the CPU (onnxruntime runs "
+            "ai.onnx.ml), so there is nothing to scan; `quantscan check` places them")
 
 
 def deployable_qdq(qdq: onnx.ModelProto, loaded: LoadedModel) -> onnx.ModelProto:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from quantscan.compat.context import RuleContext
 from quantscan.compat.rules import param_limits
-from quantscan.patterns import layernorm
+from quantscan.patterns import layernorm, layernorm_moments
 from quantscan.records import Finding, Severity
 
 RULE_ID = "float16"
@@ -31,8 +31,8 @@ def decomposed_layernorms(ctx: RuleContext) -> set[int]:
     position = {id(n): k for k, n in enumerate(ctx.view.nodes)}
     members: set[int] = set()
     for i in ctx.analysis.live():
-        if ctx.op(i) == "ReduceMean" and i not in members:
-            found = layernorm.match_at(ctx.view, ctx.view.nodes[i])
+        if ctx.op(i) in ("ReduceMean", "ReduceSum") and i not in members:
+            found = layernorm_moments.either_at(ctx.view, ctx.view.nodes[i])
             if isinstance(found, layernorm.LayerNormMatch):
                 members.update(position[id(n)] for n in found.nodes)
     return members

@@ -3,6 +3,12 @@
 Each `[[limit]]` names op types, one parameter (see profile_schema.ATTRIBUTES), a range or an allowed
 list, and which Conv nodes it covers (`when`). List parameters (kernel, stride, pads) fail when any
 element fails; the finding shows the whole list so `2x1` strides read as such.
+
+A pool whose one window covers its whole input (`patterns.global_pool`: kernel = stride = H×W, as
+TFLite writes MobileNetV3's squeeze-excite pools) is judged as the global pool it computes, by the
+limits of its global op, when the profile runs that op: its stride is never applied, so a stride limit
+says nothing about it. Within those limits it gets one `info` finding naming `rewrite --global-pool`
+(the spelling no converter can misread) and stays on the NPU; past them, the global op's findings.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from quantscan.compat.fixes import batch_fix, limit_fix
 from quantscan.compat.params import Params
 from quantscan.compat.profiles import Limit
 from quantscan.compat.rules.rank_size import batch_origins
-from quantscan.records import Finding
+from quantscan.patterns import global_pool
+from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "param-limit"
 
@@ -33,6 +40,15 @@ def violations(ctx: RuleContext, i: int) -> list[Finding]:
     if op not in ctx.profile.npu_ops:
         return []
     params = ctx.analysis.params[i]
+    whole = global_pool.match_at(ctx.view, ctx.view.nodes[i])
+    if isinstance(whole, global_pool.GlobalPoolMatch) and whole.global_op in ctx.profile.npu_ops:
+        found = _limit_findings(ctx, i, whole.global_op, params)
+        return found or [_global_pool_note(ctx, i, whole)]
+    return _limit_findings(ctx, i, op, params)
+
+
+def _limit_findings(ctx: RuleContext, i: int, op: str, params: Params) -> list[Finding]:
+    """Node i's parameters against every limit of op type `op` (its own, or the global op it computes)."""
     out: list[Finding] = []
     for limit in ctx.profile.limits:
         if (op in limit.ops or "*" in limit.ops) and _applies(limit.when, params):
@@ -40,6 +56,25 @@ def violations(ctx: RuleContext, i: int) -> list[Finding]:
             if finding is not None:
                 out.append(finding)
     return out
+
+
+def _global_pool_note(ctx: RuleContext, i: int, found: global_pool.GlobalPoolMatch) -> Finding:
+    """The info finding of a whole-input pool within its global op's limits: NPU, with the rewrite."""
+    op, window = ctx.op(i), _show(list(found.window))
+    return Finding(
+        node=ctx.name(i),
+        op_type=op,
+        rule=RULE_ID,
+        severity=Severity.INFO,
+        reason=(f"{op} kernel={window} covers its whole {window} input: one window, so a global pool "
+                f"({found.global_op}, within {ctx.profile.name}'s limits); its stride is never applied"),
+        attribute="kernel",
+        value=window,
+        limit="the whole input",
+        fix=f"rewrite --global-pool writes it as {found.global_op}, the spelling every converter reads as one",
+        rewrite=RewriteId.GLOBAL_POOL,
+        forces_cpu=False,
+    )
 
 
 def _applies(when: str, p: Params) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from quantscan.columns import Col
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import Fix, rewrite_fix
-from quantscan.patterns import layernorm
+from quantscan.patterns import layernorm, layernorm_moments
 from quantscan.records import Finding, RewriteId, Severity
 
 RULE_ID = "precision"
@@ -40,7 +40,7 @@ def run(ctx: RuleContext) -> list[Finding]:
     in_pattern: set[int] = set()
     live = ctx.analysis.live()
     for i in live:
-        if ctx.op(i) == "ReduceMean" and i not in in_pattern:
+        if ctx.op(i) in ("ReduceMean", "ReduceSum") and i not in in_pattern:
             members = _layernorm(ctx, i)
             if members:
                 in_pattern.update(members)
@@ -74,8 +74,8 @@ def _static(ctx: RuleContext, tensor: str) -> bool:
 
 
 def _layernorm(ctx: RuleContext, first: int) -> list[int]:
-    """Positions of the decomposed LayerNorm whose first ReduceMean is `first`, or [] if it is not one."""
-    found = layernorm.match_at(ctx.view, ctx.view.nodes[first])
+    """Positions of the decomposed LayerNorm (either spelling) whose first mean is `first`, or []."""
+    found = layernorm_moments.either_at(ctx.view, ctx.view.nodes[first])
     if not isinstance(found, layernorm.LayerNormMatch):
         return []
     position = {id(n): k for k, n in enumerate(ctx.view.nodes)}

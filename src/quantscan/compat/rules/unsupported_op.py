@@ -7,6 +7,14 @@ which leaves one Softmax node in its place. An op listed
 under `ops.folded` with constant parameters (a Reshape to a constant shape) is removed by the
 converter: no finding; with a run-time parameter it is a CPU op (warn). Control-flow
 ops are left to the control-flow rule so one node gets one explanation.
+
+An op outside the standard domain (`ai.onnx.ml`'s tree ensembles, linear classifiers, scalers and
+encoders; a vendor's custom ops) is in no chip profile's op list, whatever the profile: its domain, not
+the list, says no NPU converter compiles it. So it gets one severity on every chip profile, `error`
+with CPU placement, and the profile's `unsupported` policy or an unverified list (which decide, and cap,
+findings about standard ops a list may simply have missed) does not change it, nor does a chip list
+written `npu = "*"` (bm1684x: every standard op tpu-mlir converts, not a domain it has no converter
+for). Only the `onnxruntime` recipe runs `ai.onnx.ml` ops itself: no finding there.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 from quantscan.columns import Col
 from quantscan.compat.context import RuleContext
 from quantscan.compat.fixes import Fix, rewrite_fix, unsupported_op_fix
-from quantscan.graph.index import CONTROL_FLOW_OPS, IDENTITY_OPS
+from quantscan.graph.index import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, IDENTITY_OPS
 from quantscan.patterns import softmax
 from quantscan.records import Finding, RewriteId, Severity
 from quantscan.rewrites.fuse_softmax import refusal_of
@@ -53,18 +61,21 @@ def _softmax_parts(ctx: RuleContext) -> set[int]:
 def _check(ctx: RuleContext, i: int, fusable: set[int]) -> Finding | None:
     node, p = ctx.view.nodes[i], ctx.profile
     op = node.op_type
+    base = dict(node=ctx.name(i), op_type=op, rule=RULE_ID, source=p.ops.source, unverified=p.ops.unverified)
+    foreign = node.domain not in DEFAULT_DOMAINS
+    if foreign and p.recipe != ORT_RECIPE:  # before the op list: `npu = "*"` names op types, not domains
+        return _foreign_domain(node.domain, op, base)
     if op in CONTROL_FLOW_OPS or op in IDENTITY_OPS or op in p.npu_ops:
         return None
-    base = dict(node=ctx.name(i), op_type=op, rule=RULE_ID, source=p.ops.source, unverified=p.ops.unverified)
-    if node.domain not in ("", "ai.onnx"):
+    if foreign:  # a domain onnxruntime does not run either
         return Finding(
             **base,  # type: ignore[arg-type]
             severity=ctx.severity(p.unsupported, p.ops),
-            reason=f"custom-domain op {node.domain}::{op}: no NPU converter knows it",
+            reason=f"custom-domain op {node.domain}::{op}: onnxruntime has no kernel for its domain",
             attribute="domain",
             value=node.domain,
             limit="ai.onnx",
-            fix="implement it as a custom CPU op in the vendor runtime, or re-export with standard ops",
+            fix="register a custom op library with onnxruntime, or re-export with standard ops",
             forces_cpu=True,
         )
     if _folded_away(ctx, i):
@@ -95,6 +106,35 @@ def _check(ctx: RuleContext, i: int, fusable: set[int]) -> Finding | None:
         fix=fix.text,
         rewrite=fix.rewrite,
         rewrite_args=fix.args,
+        forces_cpu=True,
+    )
+
+
+ML_DOMAIN = "ai.onnx.ml"
+ORT_RECIPE = "onnxruntime"
+"""The one profile whose runtime runs ai.onnx.ml (its op list is every inference op): not a chip."""
+
+
+def _foreign_domain(domain: str, op: str, base: dict[str, object]) -> Finding:
+    """An op no chip profile runs: error everywhere (see the module docstring), placed on the CPU."""
+    same = "error on every chip profile: its domain, not a profile's op list, rules it out"
+    if domain == ML_DOMAIN:
+        reason = (f"{domain}::{op} is a classical-ML op (no tensor arithmetic an NPU has): no NPU converter "
+                  f"compiles it and nothing in it is int8; it runs on the CPU ({same})")
+        fix = ("run it on the CPU with onnxruntime (its ai.onnx.ml kernels): cut the network part out with "
+               "`quantscan extract` and deploy only that to the NPU")
+    else:
+        reason = f"custom-domain op {domain}::{op}: no NPU converter knows it ({same})"
+        fix = "implement it as a custom CPU op in the vendor runtime, or re-export with standard ops"
+    return Finding(
+        **{**base, "source": f"ONNX domain {domain} (outside the standard ops every NPU list names)",
+           "unverified": False},  # type: ignore[arg-type]
+        severity=Severity.ERROR,
+        reason=reason,
+        attribute="domain",
+        value=domain,
+        limit="ai.onnx",
+        fix=fix,
         forces_cpu=True,
     )
 
