@@ -51,7 +51,7 @@ from quantscan.calib.source import data_source
 from quantscan.columns import Col
 from quantscan.compare import load_side
 from quantscan.errors import UsageError
-from quantscan.graph.infer import infer_shapes
+from quantscan.graph.infer import check_model, infer_shapes
 from quantscan.model import ModelArg, graph_inputs
 from quantscan.runfolder import PRODUCER, is_quantscan_onnx, refuse_foreign_overwrite
 from quantscan.runfolder import atomic_write_bytes as write_atomic
@@ -350,7 +350,7 @@ class Extractor:
         model.ir_version = self.proto.ir_version
         model.functions.extend(self.proto.functions)
         if check:
-            onnx.checker.check_model(model, full_check=True)
+            check_model(model, full_check=True)
         return model, kept, inputs, outputs
 
     # -- types

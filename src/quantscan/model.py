@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, version_converter
+from onnx import numpy_helper
 
 from quantscan.errors import ModelError
 from quantscan.graph.index import constant_node_value
+from quantscan.graph.infer import check_model, convert_version
 from quantscan.specs import Dim, InputSpec
 from quantscan.validate import check_finite_weights, validate_model
 
@@ -152,7 +153,7 @@ def _load_external(proto: onnx.ModelProto, path: Path) -> None:
 
 def _check(proto: onnx.ModelProto, path: Path) -> None:
     try:
-        onnx.checker.check_model(proto)
+        check_model(proto)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid graph"
         raise ModelError(f"expected a valid ONNX model in {path}, onnx.checker found: {first}") from exc
@@ -234,7 +235,7 @@ def upgrade_opset(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
     if current >= target:
         return proto
     try:
-        upgraded = version_converter.convert_version(proto, target)
+        upgraded = convert_version(proto, target)
     except Exception as exc:
         raise ModelError(
             f"expected a model onnx.version_converter can raise from opset {current} to {target}, "

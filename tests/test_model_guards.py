@@ -1,0 +1,120 @@
+"""Issue 42, models and runtimes: what a model says is checked before onnx's C++, onnxruntime or our own
+graph relies on it, and a Ray address is checked before Ray is asked.
+
+Each test is a CLI call as a user makes it, held to the contract: exit 0 where the input is valid
+(a quantscan bug otherwise), else exit 2 with one `quantscan: error:` line and no traceback. Where
+the process itself is the subject (an abort inside onnx's C++), the command runs in a child process.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import REPO
+from test_robust import save
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+
+
+def run_cli(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child process: an abort in native code shows as a negative return code, not a dead pytest."""
+    return subprocess.run([sys.executable, "-m", "quantscan", *map(str, argv)], capture_output=True, text=True,
+                          env=ENV, check=False, timeout=600)
+
+
+# --- 1. a negative declared dim never reaches onnx's C++ ------------------------------------------------------
+
+
+def focus_model(height: int, opset: int = 11) -> onnx.ModelProto:
+    """A YOLOX Focus-style strided Slice on the height axis, then a Conv: onnx's data propagation clamps
+    the Slice's end with the declared height, and a height of -1 fails `std::clamp`'s assertion."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("starts", [0]), ("ends", [2**62]), ("axes", [2]), ("steps", [2]))]
+    inits.append(numpy_helper.from_array(rng.normal(size=(4, 3, 1, 1)).astype(np.float32), "w"))
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["s"], name="focus"),
+             helper.make_node("Conv", ["s", "w"], ["y"], name="conv")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, height, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, height, 8])
+    graph = helper.make_graph(nodes, "focus", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+
+
+def converter_aborts(path: Path, target: int = 13) -> bool:
+    """Whether onnx.version_converter itself kills the process on this model (the test's premise)."""
+    probe = "import onnx, sys; onnx.version_converter.convert_version(onnx.load(sys.argv[1]), int(sys.argv[2]))"
+    raw = subprocess.run([sys.executable, "-c", probe, str(path), str(target)], capture_output=True, check=False)
+    return raw.returncode < 0
+
+
+NEGATIVE_DIM_COMMANDS = {
+    "check": ["--profile", "generic-npu", "--out", "{out}"],
+    "scan": ["--calib", "{calib}", "--limit", "2", "--out", "{out}", "--no-report", "--quiet"],
+    "bisect": ["--calib", "{calib}", "--limit", "2", "--target-cosine", "0.9999", "--out", "{out}", "--quiet"],
+    "rewrite": ["--fold-bn", "--opset", "13", "--calib", "{calib}", "--out", "{out}.onnx"],
+    "extract": ["--node", "conv", "--calib", "{calib}", "-o", "{out}.onnx"],
+    "calib-advice": ["--calib", "{calib}", "--out", "{out}", "--quiet"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(NEGATIVE_DIM_COMMANDS))
+def test_a_negative_dim_below_the_analysis_opset_aborts_no_command(command: str, tmp_path: Path) -> None:
+    """Height declared -1 at opset 11: raising the opset to 13 ran onnx's version converter, which
+    asserted in C++ (SIGABRT, exit 134, no quantscan line) in scan, bisect, rewrite and calib-advice.
+    -1 states nothing, so the model runs as if the height were unknown."""
+    model = save(focus_model(-1), tmp_path / "neg.onnx")
+    assert converter_aborts(model), "onnx no longer aborts here: the test no longer shows the guard works"
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", np.random.default_rng(1).random((4, 3, 16, 8), dtype=np.float32))
+    argv = [a.format(out=tmp_path / "out", calib=calib) for a in NEGATIVE_DIM_COMMANDS[command]]
+    done = run_cli(command, model, *argv)
+    assert done.returncode in (0, 1), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_compare_of_two_negative_dim_models_aborts_nothing(tmp_path: Path) -> None:
+    a = save(focus_model(-1), tmp_path / "a.onnx")
+    b = save(focus_model(-5), tmp_path / "b.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", np.random.default_rng(1).random((2, 3, 16, 8), dtype=np.float32))
+    done = run_cli("compare", a, b, "--calib", calib, "--out", tmp_path / "cmp")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.real
+def test_a_real_detector_with_a_negative_height_scans(assets: Path, tmp_path: Path) -> None:
+    """ddddocr_common_det (YOLOX, opset 11, Focus slices) with its height declared -1: SIGABRT in `scan`."""
+    model = onnx.load(str(assets / "models" / "ddddocr_common_det.onnx"))
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = -1
+    path = save(model, tmp_path / "det.onnx")
+    assert converter_aborts(path)
+    done = run_cli("scan", path, "--calib", assets / "calib" / "ddddocr_common_det", "--limit", "1", "--no-gain",
+                   "--out", tmp_path / "run", "--no-report", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "run" / "layers.csv").is_file()
+
+
+def test_only_graph_infer_calls_onnx_cpp_entry_points() -> None:
+    """The guard holds only if every call goes through graph/infer.py: a new direct call would bring the
+    abort back on the path that makes it (calls found in the syntax tree, so docstrings may name them)."""
+    entry_points = {"checker.check_model", "checker.check_model_path", "shape_inference.infer_shapes",
+                    "shape_inference.infer_shapes_path", "version_converter.convert_version"}
+    offenders = []
+    for path in sorted((REPO / "src" / "quantscan").rglob("*.py")):
+        if path.name == "infer.py" and path.parent.name == "graph":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and any(ast.unparse(node.func).endswith(e) for e in entry_points):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node.func)}")
+    assert not offenders, offenders
