@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import REPO
-from test_robust import save
+from test_robust import assert_one_line, main, save
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
 
@@ -60,7 +60,7 @@ NEGATIVE_DIM_COMMANDS = {
     "check": ["--profile", "generic-npu", "--out", "{out}"],
     "scan": ["--calib", "{calib}", "--limit", "2", "--out", "{out}", "--no-report", "--quiet"],
     "bisect": ["--calib", "{calib}", "--limit", "2", "--target-cosine", "0.9999", "--out", "{out}", "--quiet"],
-    "rewrite": ["--fold-bn", "--opset", "13", "--calib", "{calib}", "--out", "{out}.onnx"],
+    "rewrite": ["--fold-bn", "--opset", "13", "--calib", "{calib}", "-o", "{out}.onnx"],
     "extract": ["--node", "conv", "--calib", "{calib}", "-o", "{out}.onnx"],
     "calib-advice": ["--calib", "{calib}", "--out", "{out}", "--quiet"],
 }
@@ -118,3 +118,103 @@ def test_only_graph_infer_calls_onnx_cpp_entry_points() -> None:
             if isinstance(node, ast.Call) and any(ast.unparse(node.func).endswith(e) for e in entry_points):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node.func)}")
     assert not offenders, offenders
+
+
+# --- 2. our own graph is valid for what the model declares ----------------------------------------------------
+
+
+def ir3_constant_weights() -> onnx.ModelProto:
+    """IR version 3, weights and BatchNorm parameters in Constant nodes (a Paddle-style export): valid, since
+    no initializer exists that IR 3 would require among the graph inputs."""
+    rng = np.random.default_rng(0)
+    consts = {"w": rng.normal(size=(4, 3, 3, 3)), "scale": rng.uniform(0.5, 2, 4), "bias": rng.normal(size=4),
+              "mean": rng.normal(size=4), "var": rng.uniform(0.5, 2, 4)}
+    nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(v.astype(np.float32), k),
+                              name=f"const_{k}") for k, v in consts.items()]
+    nodes += [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+              helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"], name="bn"),
+              helper.make_node("Relu", ["b"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "ir3", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8, 8])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=3)
+
+
+@pytest.mark.parametrize("command", ["scan", "bisect", "calib-advice"])
+def test_an_ir3_model_with_constant_weights_is_measured(command: str, tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """The analysis copy moved the Constant weights (and the folded BN) into initializers, which IR 3 wants
+    listed as inputs: onnxruntime refused quantscan's own graph (exit 3). The oracle: the model itself,
+    whose output onnxruntime computes, is what the scan's float reference must equal."""
+    proto = ir3_constant_weights()
+    onnx.checker.check_model(proto)
+    model = save(proto, tmp_path / "ir3.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", np.random.default_rng(1).random((4, 3, 8, 8), dtype=np.float32))
+    extra = {"scan": ["--no-report"], "bisect": ["--target-cosine", "0.9999"], "calib-advice": []}[command]
+    code, _, err = main(capfd, command, model, "--calib", calib, "--out", tmp_path / "run", "--quiet", *extra)
+    assert code == 0, err
+    assert onnx.load(str(model)).ir_version == 3  # the user's file is as it was
+
+
+@pytest.mark.real
+def test_a_real_ir3_classifier_with_constant_weights_scans(assets: Path, tmp_path: Path,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """ppocr_mobile_v2_cls keeps its weights in Constant nodes; labelled IR 3 it was refused (exit 2 from
+    the version converter, exit 3 at opset 13). Its measured figures must be those of the IR 7 original."""
+    proto = onnx.load(str(assets / "models" / "ppocr_mobile_v2_cls.onnx"))
+    calib = assets / "calib" / "ppocr_mobile_v2_cls"
+    runs, original = {}, proto.ir_version
+    for ir in (original, 3):
+        proto.ir_version = ir
+        model = save(proto, tmp_path / f"ir{ir}.onnx")
+        code, _, err = main(capfd, "scan", model, "--calib", calib, "--limit", "2", "--no-gain",
+                            "--out", tmp_path / f"run{ir}", "--no-report", "--quiet")
+        assert code == 0, err
+        runs[ir] = (tmp_path / f"run{ir}" / "layers.csv").read_text()
+    assert runs[3] == runs[original]
+
+
+# --- 3. every name and text in the model is UTF-8 -------------------------------------------------------------
+
+
+def with_text(model: onnx.ModelProto, where: str, marker: str = "QSTEXT") -> bytes:
+    """`model` serialised with the text at `where` made of bytes that are not UTF-8."""
+    if where == "graph name":
+        model.graph.name = marker
+    elif where == "doc string":
+        model.doc_string = marker
+    elif where == "node doc string":
+        model.graph.node[0].doc_string = marker
+    elif where == "metadata":
+        model.metadata_props.add(key="author", value=marker)
+    data = model.SerializeToString()
+    assert data.count(marker.encode()) == 1
+    return data.replace(marker.encode(), b"\xfe\xff" + marker.encode()[2:])
+
+
+@pytest.mark.parametrize("where", ["graph name", "doc string", "node doc string", "metadata"])
+@pytest.mark.parametrize("command", ["check", "scan"])
+def test_text_that_is_not_utf8_is_refused_first(where: str, command: str, tmp_path: Path,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """onnx.checker accepts these; scan then failed writing its report (exit 3). README: names are checked first."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(with_text(ir3_constant_weights(), where))
+    onnx.checker.check_model(onnx.load(str(model)))  # the premise: onnx finds nothing wrong
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", np.zeros((2, 3, 8, 8), np.float32))
+    extra = ["--profile", "generic-npu"] if command == "check" else ["--calib", calib, "--no-report", "--quiet"]
+    code, _, err = main(capfd, command, model, *extra, "--out", tmp_path / "run")
+    assert_one_line(code, err, 2, "expected UTF-8", "not valid UTF-8", model.name)
+
+
+@pytest.mark.real
+def test_a_real_model_with_a_graph_name_that_is_not_utf8_is_refused(assets: Path, tmp_path: Path,
+                                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "pnet.onnx"
+    model.write_bytes(with_text(onnx.load(str(assets / "models" / "mtcnn_pnet.onnx")), "graph name"))
+    code, _, err = main(capfd, "scan", model, "--calib", assets / "calib" / "mtcnn_pnet", "--limit", "1",
+                        "--out", tmp_path / "run", "--no-report", "--quiet")
+    assert_one_line(code, err, 2, "model.graph.name", "not valid UTF-8")
+    assert not (tmp_path / "run" / "run.json").exists()

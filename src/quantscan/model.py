@@ -229,6 +229,23 @@ def constants_to_initializers(proto: onnx.ModelProto) -> int:
     return moved
 
 
+INITIALIZERS_NEED_NO_INPUT_IR = 4
+"""From IR version 4 an initializer need not be listed among the graph inputs (onnx IR.md)."""
+
+
+def allow_unlisted_initializers(proto: onnx.ModelProto) -> str | None:
+    """Raise a copy's IR version to 4 when it is below, and say so (None when nothing changed).
+
+    Why: before IR 4 every initializer must also be a graph input, and the analysis copy adds
+    initializers everywhere (moved Constant weights, folded BatchNorm weights, QDQ scales);
+    onnxruntime refused quantscan's own graph for an IR 3 model whose weights were Constant nodes.
+    Nothing else changed between IR 3 and 4, so the copy computes what the user's model computes."""
+    if proto.ir_version >= INITIALIZERS_NEED_NO_INPUT_IR:
+        return None
+    before, proto.ir_version = proto.ir_version, INITIALIZERS_NEED_NO_INPUT_IR
+    return f"IR version raised from {before} to {INITIALIZERS_NEED_NO_INPUT_IR} (initializers need not be inputs)"
+
+
 def upgrade_opset(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
     """Raise the default-domain opset to `target` (never lowers it)."""
     current = onnx_opset(proto)
