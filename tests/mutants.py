@@ -413,7 +413,7 @@ def command_argv(command: str, model: Path, calib: Path, out: Path, node: str) -
     argv = {
         "check": ["--profile", "generic-npu", "--out", str(out)],
         "scan": [*data, "--out", str(out), "--no-report", "--quiet"],
-        "bisect": [*data, "--target-cosine", "0.999", "--out", str(out), "--quiet"],
+        "bisect": [*data, "--holdout", "none", "--target-cosine", "0.999", "--out", str(out), "--quiet"],
         "rewrite": ["--fold-bn", "--opset", "13", *data, "-o", str(out / "rewritten.onnx"), "--out", str(out)],
         "extract": ["--node", node, "--calib", str(calib), "--samples", "1", "-o", str(out / "cut.onnx"),
                     "--out", str(out), "--quiet"],

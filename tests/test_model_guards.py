@@ -9,6 +9,7 @@ the process itself is the subject (an abort inside onnx's C++), the command runs
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -218,3 +219,53 @@ def test_a_real_model_with_a_graph_name_that_is_not_utf8_is_refused(assets: Path
                         "--out", tmp_path / "run", "--no-report", "--quiet")
     assert_one_line(code, err, 2, "model.graph.name", "not valid UTF-8")
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+def sample_rate_model() -> onnx.ModelProto:
+    """y = (x @ W) * float(sr): a rank-0 int64 input beside a batched one, as silero-vad's `sr`."""
+    w = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    nodes = [helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("MatMul", ["x", "w"], ["m"], name="matmul"),
+             helper.make_node("Mul", ["m", "srf"], ["y"], name="scale")]
+    graph = helper.make_graph(nodes, "sr", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                                            helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_rank0_input_fed_per_sample_from_a_file_scans(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`sr.npy` of shape [8]: one rank-0 value per sample. The sample reached onnxruntime as a numpy scalar
+    (exit 2 with onnxruntime's message), and four of them cannot be stacked into one batch."""
+    model = save(sample_rate_model(), tmp_path / "vad.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32))
+    np.save(calib / "sr.npy", np.full(8, 16000, np.int64))
+    code, _, err = main(capfd, "scan", model, "--calib", calib, "--limit", "4", "--out", tmp_path / "run",
+                        "--no-report", "--quiet")
+    assert code == 0, err
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert sorted(w["index"] for w in run["worst_samples"]) == [0, 1, 2, 3]
+
+
+@pytest.mark.real
+def test_extract_keeps_one_sample_of_rank0_cut_inputs(assets: Path, tmp_path: Path,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    """The Loop fixture's trip count and condition are rank 0: saving several samples concatenated them
+    before deciding to keep only the first (exit 3). The saved inputs must be the fixture's own."""
+    op = assets / "ops" / "loop11"
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    feeds = {}
+    for k, name in enumerate(("trip_count", "cond", "y")):
+        tensor = onnx.TensorProto()
+        tensor.ParseFromString((op / "test_data_set_0" / f"input_{k}.pb").read_bytes())
+        feeds[name] = numpy_helper.to_array(tensor)
+    np.savez(calib / "data.npz", **feeds)
+    code, _, err = main(capfd, "extract", op / "model.onnx", "--node", "res_y", "--calib", calib,
+                        "-o", tmp_path / "cut.onnx", "--out", tmp_path / "run", "--quiet")
+    assert code == 0, err
+    saved = np.load(tmp_path / "cut.inputs.npz")
+    for name in saved.files:
+        np.testing.assert_array_equal(saved[name], feeds[name])

@@ -601,10 +601,11 @@ def save_samples(
     if not stackable and len(order) > 1:
         note = "a cut tensor has no batch axis of 1: only the first sample is kept"
         order = order[:1]
-    feeds_out = {n: np.concatenate([captured[i][0][n] for i in order]) for n in result.inputs}
-    expected_out = {n: np.concatenate([captured[i][1][n] for i in order]) for n in result.outputs}
-    if len(order) == 1:
+    if len(order) == 1:  # one sample is kept as it is (a rank-0 cut tensor has no axis to concatenate on)
         feeds_out, expected_out = captured[order[0]]
+    else:
+        feeds_out = {n: np.concatenate([captured[i][0][n] for i in order]) for n in result.inputs}
+        expected_out = {n: np.concatenate([captured[i][1][n] for i in order]) for n in result.outputs}
     inputs_path, expected_path = companion_paths(model_path)
     write_atomic(inputs_path, npz_bytes(feeds_out))
     write_atomic(expected_path, npz_bytes(expected_out))
