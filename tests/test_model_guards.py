@@ -269,3 +269,38 @@ def test_extract_keeps_one_sample_of_rank0_cut_inputs(assets: Path, tmp_path: Pa
     saved = np.load(tmp_path / "cut.inputs.npz")
     for name in saved.files:
         np.testing.assert_array_equal(saved[name], feeds[name])
+
+
+def loop_feeds(op: Path) -> dict[str, np.ndarray]:
+    """The Loop fixture's own test inputs (trip_count, cond, y)."""
+    feeds = {}
+    for k, name in enumerate(("trip_count", "cond", "y")):
+        tensor = onnx.TensorProto()
+        tensor.ParseFromString((op / "test_data_set_0" / f"input_{k}.pb").read_bytes())
+        feeds[name] = numpy_helper.to_array(tensor)
+    return feeds
+
+
+@pytest.mark.real
+def test_a_loop_input_with_an_extra_trailing_dim_is_refused_naming_it(assets: Path, tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """The Loop fixture with its input `y` declared [1, 1] (data [1, 1]) while the body's `y_in` says [1]:
+    onnxruntime runs it (rank 3 scan output) but ranks the output 2 from the body, and refused the reduction
+    quantscan built on it (exit 3). One line names the body input and both ranks."""
+    op = assets / "ops" / "loop11"
+    proto = onnx.load(str(op / "model.onnx"))
+    proto.graph.input[2].type.tensor_type.shape.dim.add().dim_value = 1
+    model = save(proto, tmp_path / "loop.onnx")
+    feeds = loop_feeds(op)
+    feeds["y"] = feeds["y"][:, None]
+    import onnxruntime as ort  # the oracle: the runtime itself gives the scan output rank 3
+
+    quiet = ort.SessionOptions()
+    quiet.log_severity_level = 3  # its shape-mismatch warnings would be on the stderr the test reads
+    ranks = [len(o.shape) for o in ort.InferenceSession(str(model), quiet).run(None, feeds)]
+    assert ranks == [2, 3]
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.savez(calib / "data.npz", **feeds)
+    code, _, err = main(capfd, "scan", model, "--calib", calib, "--out", tmp_path / "run", "--no-report", "--quiet")
+    assert_one_line(code, err, 2, "res_scan", "rank 3", "rank 2", "'y_in' declares rank 1", "'y' of rank 2")

@@ -67,3 +67,20 @@ def infer_shapes(model: onnx.ModelProto, *, strict_mode: bool = False, data_prop
     """`onnx.shape_inference.infer_shapes` on the model with its negative dims made unknown."""
     return onnx.shape_inference.infer_shapes(without_negative_dims(model), strict_mode=strict_mode,
                                              data_prop=data_prop)
+
+
+def declared_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank onnx's inference gives each tensor of the main graph from what the model declares
+    (its inputs, and the inputs and outputs of its Loop/Scan/If bodies); tensors it cannot rank are left out.
+
+    Why: onnxruntime types the graphs quantscan builds with the same inference, so a tensor whose
+    declared rank differs from the rank it has when run gets reductions onnxruntime refuses."""
+    try:
+        inferred = infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - a model inference cannot type is ranked by the runtime alone
+        return {}
+    ranks = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.HasField("shape"):
+            ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
+    return ranks
