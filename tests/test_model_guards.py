@@ -9,11 +9,16 @@ the process itself is the subject (an abort inside onnx's C++), the command runs
 from __future__ import annotations
 
 import ast
+import http.server
+import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -304,3 +309,78 @@ def test_a_loop_input_with_an_extra_trailing_dim_is_refused_naming_it(assets: Pa
     np.savez(calib / "data.npz", **feeds)
     code, _, err = main(capfd, "scan", model, "--calib", calib, "--out", tmp_path / "run", "--no-report", "--quiet")
     assert_one_line(code, err, 2, "res_scan", "rank 3", "rank 2", "'y_in' declares rank 1", "'y' of rank 2")
+
+
+# --- 4. a Ray address is checked before Ray is asked ---------------------------------------------------------
+
+
+def scan_with_ray(capfd: pytest.CaptureFixture[str], tmp_path: Path, address: str) -> tuple[int, str]:
+    model = save(sample_rate_model(), tmp_path / "m.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir(exist_ok=True)
+    np.save(calib / "x.npy", np.zeros((2, 4), np.float32))
+    np.save(calib / "sr.npy", np.full(2, 16000, np.int64))
+    code, _, err = main(capfd, "scan", model, "--calib", calib, "--out", tmp_path / "run", "--executor", "ray",
+                        "--ray-address", address, "--no-report", "--quiet")
+    assert not (tmp_path / "run").exists()  # refused before the run folder is claimed
+    return code, err
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("address", "needles"), [
+    ("", ["expected HOST:PORT", "empty address"]),
+    ("http://127.0.0.1:8265", ["expected HOST:PORT", "dashboard", "without http://"]),
+    ("https://head.example:8265", ["expected HOST:PORT", "dashboard"]),
+    ("ray://127.0.0.1:10001", ["expected HOST:PORT", "ray[client]"]),
+    ("127.0.0.1", ["expected HOST:PORT", "no port"]),
+    ("127.0.0.1:99999", ["expected HOST:PORT", "1-65535"]),
+    ("tcp://127.0.0.1:6379", ["expected HOST:PORT", "tcp://"]),
+])
+def test_a_ray_address_of_the_wrong_form_is_one_line(address: str, needles: list[str], tmp_path: Path,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """An unset variable, the dashboard URL, a Ray Client address without ray[client]: exit 3 before."""
+    pytest.importorskip("ray")
+    if address.startswith("ray://") and importlib.util.find_spec("grpc") is not None:
+        pytest.skip("ray[client] is installed here: ray:// is a valid form")
+    code, err = scan_with_ray(capfd, tmp_path, address)
+    assert_one_line(code, err, 2, "--ray-address", *needles)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+@pytest.mark.ray
+def test_a_web_server_at_the_ray_address_is_one_line_not_a_hang(tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """A web server where the GCS should be: ray.init retried for minutes and printed 20+ native lines."""
+    pytest.importorskip("ray")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        code, err = scan_with_ray(capfd, tmp_path, f"127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert_one_line(code, err, 2, "expected a Ray GCS", "another kind of server")
+
+
+@pytest.mark.ray
+def test_a_server_that_never_answers_is_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A port that accepts connections (the kernel's backlog) and never speaks."""
+    pytest.importorskip("ray")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        code, err = scan_with_ray(capfd, tmp_path, f"127.0.0.1:{silent.getsockname()[1]}")
+    assert_one_line(code, err, 2, "expected a Ray GCS", "no HTTP/2 answer")
+
+
+@pytest.mark.ray
+def test_the_probe_recognises_a_real_ray_gcs(ray_cluster: Any) -> None:
+    """The other half of the probe: the GCS of a running Ray (the shared test cluster) passes it."""
+    from quantscan.executors import check_reachable
+
+    check_reachable(ray_cluster.get_runtime_context().gcs_address)
