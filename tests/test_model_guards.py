@@ -384,3 +384,80 @@ def test_the_probe_recognises_a_real_ray_gcs(ray_cluster: Any) -> None:
     from quantscan.executors import check_reachable
 
     check_reachable(ray_cluster.get_runtime_context().gcs_address)
+
+
+# --- 5. repeated warnings are counted, not all printed ---------------------------------------------------------
+
+
+def nan_chain(layers: int = 20) -> onnx.ModelProto:
+    """Sqrt of data with negative values, then a chain of Conv+Relu: NaN in every activation."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Sqrt", ["x"], ["t0"], name="sqrt")]
+    inits = []
+    for k in range(layers):
+        inits.append(numpy_helper.from_array(rng.normal(size=(4, 4, 1, 1)).astype(np.float32), f"w{k}"))
+        nodes.append(helper.make_node("Conv", [f"t{k}", f"w{k}"], [f"c{k}"], name=f"conv{k}"))
+        nodes.append(helper.make_node("Relu", [f"c{k}"], [f"t{k + 1}"], name=f"relu{k}"))
+    graph = helper.make_graph(nodes, "nan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 4, 4])],
+                              [helper.make_tensor_value_info(f"t{layers}", TensorProto.FLOAT, ["N", 4, 4, 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def assert_capped(err: str, run_json: Path) -> None:
+    """At most WARNINGS_PER_KIND warnings of a kind on stderr, and the counted rest equal to what run.json holds."""
+    from quantscan.cli.notes import WARNINGS_PER_KIND, warning_kind
+
+    lines = [ln.removeprefix("quantscan: warning: ") for ln in err.splitlines() if ln.startswith("quantscan: warning:")]
+    counted = [ln for ln in lines if ln.startswith("… and ")]
+    shown = [ln for ln in lines if not ln.startswith("… and ")]
+    everything = json.loads(run_json.read_text())["warnings"]
+    assert counted, "expected more warnings than the cap: the test would show nothing"
+    assert shown == [w for w in everything if w in shown]  # the first ones, in their order
+    per_kind: dict[str, int] = {}
+    for warning in everything:
+        per_kind[warning_kind(warning)] = per_kind.get(warning_kind(warning), 0) + 1
+    assert max(per_kind[warning_kind(w)] for w in shown) > WARNINGS_PER_KIND
+    for kind, n in per_kind.items():
+        printed = sum(1 for w in shown if warning_kind(w) == kind)
+        assert printed == min(n, WARNINGS_PER_KIND)
+        if n > WARNINGS_PER_KIND:
+            assert f"… and {n - WARNINGS_PER_KIND} more like \"{kind}\": see {run_json}" in counted
+
+
+def test_nan_activations_print_a_few_warnings_of_each_kind_and_count_the_rest(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    model = save(nan_chain(), tmp_path / "nan.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", np.random.default_rng(1).normal(size=(4, 4, 4, 4)).astype(np.float32))
+    code, out, err = main(capfd, "scan", model, "--calib", calib, "--out", tmp_path / "run", "--no-report", "--quiet")
+    assert code == 0, err
+    assert_capped(err, tmp_path / "run" / "run.json")
+
+
+@pytest.mark.real
+def test_a_real_model_with_nan_activations_counts_its_warnings(assets: Path, tmp_path: Path,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    """mtcnn_onet with a Sqrt on its (mean-subtracted, partly negative) input: NaN from the first layer on."""
+    proto = onnx.load(str(assets / "models" / "mtcnn_onet.onnx"))
+    name = proto.graph.input[0].name
+    for node in proto.graph.node:
+        node.input[:] = ["sqrt_in" if i == name else i for i in node.input]
+    proto.graph.node.insert(0, helper.make_node("Sqrt", [name], ["sqrt_in"], name="sqrt_in"))
+    model = save(proto, tmp_path / "onet_nan.onnx")
+    code, _, err = main(capfd, "scan", model, "--calib", assets / "calib" / "mtcnn_onet", "--limit", "4", "--no-gain",
+                        "--out", tmp_path / "run", "--no-report", "--quiet")
+    assert code == 0, err
+    assert_capped(err, tmp_path / "run" / "run.json")
+
+
+def test_warning_kinds_blank_names_and_numbers_only() -> None:
+    from quantscan.cli.notes import capped_warnings, warning_kind
+
+    assert warning_kind("tensor 't12': NaN/Inf in activations (FP32 side 256, int8 side 0 elements)") == \
+        "tensor '…': NaN/Inf in activations (FP32 side #, int8 side # elements)"
+    few = [f"tensor 'a{k}' is zero" for k in range(3)]
+    assert capped_warnings(few, "run.json", per_kind=5) == few
+    many = [f"tensor 'a{k}' is zero" for k in range(8)] + ["other"]
+    assert capped_warnings(many, "run.json", per_kind=5) == [
+        *many[:5], "other", "… and 3 more like \"tensor '…' is zero\": see run.json"]
