@@ -461,3 +461,37 @@ def test_warning_kinds_blank_names_and_numbers_only() -> None:
     many = [f"tensor 'a{k}' is zero" for k in range(8)] + ["other"]
     assert capped_warnings(many, "run.json", per_kind=5) == [
         *many[:5], "other", "… and 3 more like \"tensor '…' is zero\": see run.json"]
+
+
+# --- 6. what the model fuzz found on the other commands --------------------------------------------------------
+
+
+def test_extract_of_a_model_that_fails_the_full_check_is_one_line(tmp_path: Path,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """Add of a float16 input and a float32 weight: onnx.checker's plain check passes it, the full check the
+    extracted subgraph gets raised InferenceError (exit 3). The oracle is onnx's own full check."""
+    w = numpy_helper.from_array(np.ones((1, 4), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"], name="add"),
+                               helper.make_node("Relu", ["y"], ["z"], name="relu")], "mixed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 4])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4])], [w])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(proto)
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.checker.check_model(proto, full_check=True)
+    model = save(proto, tmp_path / "mixed.onnx")
+    code, _, err = main(capfd, "extract", model, "--node", "add", "-o", tmp_path / "cut.onnx", "--out", tmp_path / "r")
+    assert_one_line(code, err, 2, "subgraph around 'add'", "full check")
+    assert not (tmp_path / "cut.onnx").exists()
+
+
+@pytest.mark.real
+def test_lowering_an_attribute_the_target_opset_lacks_is_refused(assets: Path, tmp_path: Path,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """The RoiAlign fixture (opset 16, coordinate_transformation_mode) lowered to 13: the result failed
+    onnx.checker inside rewrite (exit 3). onnx's schema for RoiAlign-10 is the oracle for the attribute."""
+    assert "coordinate_transformation_mode" not in onnx.defs.get_schema("RoiAlign", 13, "").attributes
+    code, _, err = main(capfd, "rewrite", assets / "ops" / "roialign_aligned_true" / "model.onnx", "--opset", "13",
+                        "-o", tmp_path / "low.onnx", "--out", tmp_path / "r")
+    assert_one_line(code, err, 2, "--opset 13", "coordinate_transformation_mode", "opset 13")
+    assert not (tmp_path / "low.onnx").exists()

@@ -50,7 +50,7 @@ from quantscan.calib.npyfile import npz_bytes
 from quantscan.calib.source import data_source
 from quantscan.columns import Col
 from quantscan.compare import load_side
-from quantscan.errors import UsageError
+from quantscan.errors import ModelError, UsageError
 from quantscan.graph.infer import check_model, infer_shapes
 from quantscan.model import ModelArg, graph_inputs
 from quantscan.runfolder import PRODUCER, is_quantscan_onnx, refuse_foreign_overwrite
@@ -466,7 +466,13 @@ def extract(
     last = members[-1]  # the kernel's output, not a tensor inside it: an output there would stop the fusion
     produced = [o for o in ex.nodes[last].output if o]
     centre_outputs = [o for o in produced if o in ex.consumers or o in ex.graph_outputs] or produced[:1]
-    sub, kept, sub_inputs, sub_outputs = ex.build(chosen, centre_outputs)
+    try:
+        sub, kept, sub_inputs, sub_outputs = ex.build(chosen, centre_outputs)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        # the model's own declarations (types, attributes) fail the full check onnx.checker skipped on load
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"expected the subgraph around '{ex.nodes[centre].name}' to pass onnx's full check "
+                         f"(shape and type inference), found: {first[:300]}") from None
     return ExtractResult(
         model=sub,
         node=ex.nodes[centre].name,
