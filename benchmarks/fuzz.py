@@ -9,6 +9,7 @@ no crash or hang, no file that existed before the run changed. Failing runs are 
 table (seed, mutations, last stderr line) so each can be reproduced with `--first-seed SEED -n 1`.
 
     python benchmarks/fuzz.py -n 3000 [--inputs models|files] [--models mtcnn_pnet,mtcnn_rnet] [--first-seed 0]
+    python benchmarks/fuzz.py -n 300 --every-kind --commands check,scan,bisect,rewrite,extract,compare,calib-advice
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from file_mutants import KINDS, build_base, fuzz_files  # noqa: E402
-from mutants import Driver, Outcome, Tally, fuzz, seeds  # noqa: E402
+from mutants import COMMANDS, Driver, Outcome, Tally, fuzz, seeds  # noqa: E402
 
 
 def _failing(o: Outcome) -> bool:
@@ -41,6 +42,11 @@ def main() -> int:
     p.add_argument("--inputs", choices=["models", "files"], default="models",
                    help="mutate models (check + scan each) or the other inputs and output paths (one command each)")
     p.add_argument("--kinds", default=",".join(KINDS), help="with --inputs files: which kinds (comma-separated)")
+    p.add_argument("--commands", default="check,scan",
+                   help=f"with --inputs models: the commands each mutant goes through ({','.join(COMMANDS)})")
+    p.add_argument("--every-kind", action="store_true",
+                   help="with --inputs models: also the mutations added after the CI seeds were fixed "
+                        "(negative declared dims, non-UTF-8 graph names and doc strings)")
     args = p.parse_args()
     tally, bad = Tally(), []
     start = time.time()
@@ -55,7 +61,9 @@ def main() -> int:
             what = f"{len(kinds)} kinds of input"
         else:
             pool = seeds(Path(args.assets), work, [m for m in args.models.split(",") if m])
-            outcomes = fuzz(pool, args.n, driver, work, first_seed=args.first_seed)
+            commands = tuple(c for c in args.commands.split(",") if c)
+            outcomes = fuzz(pool, args.n, driver, work, first_seed=args.first_seed, commands=commands,
+                            every_kind=args.every_kind)
             what = f"{len(pool)} models"
         try:
             for k, outcome in enumerate(outcomes):

@@ -161,6 +161,27 @@ def io_type(model: onnx.ModelProto, rng: random.Random) -> str:
     return "io_type(noshape)"
 
 
+NEGATIVE_DIMS = (-1, -1, -5, -(2**31), 0)
+
+
+def negative_dim(model: onnx.ModelProto, rng: random.Random) -> str:
+    """A declared dim (input, output or value_info) to -1 ("dynamic" in some exporters), another negative
+    value or 0; half the time with the opset lowered below the analysis opset as well, so the version
+    converter sees it (issue 42: onnx's C++ asserted on that path)."""
+    values = [vi for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]
+              if vi.type.HasField("tensor_type") and len(vi.type.tensor_type.shape.dim)]
+    if not values:
+        return "negative_dim(skip)"
+    dims = rng.choice(values).type.tensor_type.shape.dim
+    dims[rng.randrange(len(dims))].dim_value = rng.choice(NEGATIVE_DIMS)
+    if rng.random() < 0.5:
+        for imp in model.opset_import:
+            if imp.domain in ("", "ai.onnx") and imp.version > 9:
+                imp.version = rng.choice((9, 10, 11, 12))
+                return "negative_dim+opset"
+    return "negative_dim"
+
+
 def opset(model: onnx.ModelProto, rng: random.Random) -> str:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -181,13 +202,17 @@ def rename(model: onnx.ModelProto, rng: random.Random) -> str:
 MUTATIONS: tuple[Callable[[onnx.ModelProto, random.Random], str], ...] = (
     delete_node, dup_node, rewire, attribute, attribute, initializer, io_type, opset, rename,
 )
+MODEL_MUTATIONS = (*MUTATIONS, negative_dim)
+"""`mutate(..., every_kind=True)`: also negative declared dims (after the round-3 seeds were fixed)."""
 
 
-def mutate(data: bytes, seed: int) -> tuple[bytes, list[str]]:
-    """One mutant of `data` from `seed`: 1-3 structural mutations, sometimes byte-level damage after."""
+def mutate(data: bytes, seed: int, every_kind: bool = False) -> tuple[bytes, list[str]]:
+    """One mutant of `data` from `seed`: 1-3 structural mutations, sometimes byte-level damage after.
+    `every_kind` adds the mutations written after the CI seeds were chosen (so those seeds stay the same)."""
     rng = random.Random(seed)
     model = onnx.load_from_string(data)
-    done = [rng.choice(MUTATIONS)(model, rng) for _ in range(rng.choice((1, 1, 2, 3)))]
+    kinds = MODEL_MUTATIONS if every_kind else MUTATIONS
+    done = [rng.choice(kinds)(model, rng) for _ in range(rng.choice((1, 1, 2, 3)))]
     out = model.SerializeToString()
     roll = rng.random()
     if roll < 0.08:
@@ -203,7 +228,28 @@ def mutate(data: bytes, seed: int) -> tuple[bytes, list[str]]:
         name = model.graph.node[0].name.encode()
         out = out.replace(name, b"\xff" + name[1:], 1)
         done.append("bad_utf8")
+    elif every_kind and roll < 0.22:
+        out, where = _bad_utf8_text(model, rng)
+        done.append(f"bad_utf8({where})")
     return out, done
+
+
+def _bad_utf8_text(model: onnx.ModelProto, rng: random.Random) -> tuple[bytes, str]:
+    """The graph name, a doc string or the producer name as bytes that are not UTF-8 (issue 42: only node and
+    tensor names were checked)."""
+    marker = "QSMARK"
+    where = rng.choice(("graph.name", "graph.doc_string", "doc_string", "producer_name", "node.doc_string"))
+    if where == "graph.name":
+        model.graph.name = marker
+    elif where == "graph.doc_string":
+        model.graph.doc_string = marker
+    elif where == "doc_string":
+        model.doc_string = marker
+    elif where == "producer_name":
+        model.producer_name = marker
+    elif model.graph.node:
+        model.graph.node[rng.randrange(len(model.graph.node))].doc_string = marker
+    return model.SerializeToString().replace(marker.encode(), b"\xfe\xff" + marker.encode()[2:], 1), where
 
 
 # --- the driver ----------------------------------------------------------------------------------------
@@ -357,25 +403,49 @@ def seeds(assets: Path, workdir: Path, models: Sequence[str] = ()) -> list[Seed]
     return found
 
 
+COMMANDS = ("check", "scan", "bisect", "rewrite", "extract", "compare", "calib-advice")
+"""Every command that reads a model (`fuzz(commands=...)`); the CI test runs check and scan."""
+
+
+def command_argv(command: str, model: Path, calib: Path, out: Path, node: str) -> list[str]:
+    """One quick run of `command` on a mutant: one calibration sample, no report, nothing left behind."""
+    data = ["--calib", str(calib), "--limit", "1"]
+    argv = {
+        "check": ["--profile", "generic-npu", "--out", str(out)],
+        "scan": [*data, "--out", str(out), "--no-report", "--quiet"],
+        "bisect": [*data, "--holdout", "none", "--target-cosine", "0.999", "--out", str(out), "--quiet"],
+        "rewrite": ["--fold-bn", "--opset", "13", *data, "-o", str(out / "rewritten.onnx"), "--out", str(out)],
+        "extract": ["--node", node, "--calib", str(calib), "--samples", "1", "-o", str(out / "cut.onnx"),
+                    "--out", str(out), "--quiet"],
+        "compare": [str(model), *data, "--out", str(out)],
+        "calib-advice": [*data, "--out", str(out), "--quiet"],
+    }[command]
+    return [command, str(model), *argv]
+
+
 def fuzz(seed_models: Sequence[Seed], n: int, driver: Driver, workdir: Path, first_seed: int = 0,
-         commands: Sequence[str] = ("check", "scan")) -> Iterator[Outcome]:
+         commands: Sequence[str] = ("check", "scan"), every_kind: bool = False) -> Iterator[Outcome]:
     """`n` mutants, round-robin over the seed models, each through every command."""
     for k in range(n):
         seed = first_seed + k
         base = seed_models[k % len(seed_models)]
-        data, done = mutate(base.model.read_bytes(), seed)
+        data, done = mutate(base.model.read_bytes(), seed, every_kind)
         path = workdir / f"mutant_{seed}.onnx"
         path.write_bytes(data)
         before = sha256(path)
+        node = _first_node_name(base.model)
         for command in commands:
             out = Path(tempfile.mkdtemp(dir=workdir, prefix="out_"))
-            if command == "check":
-                argv = ["check", str(path), "--profile", "generic-npu", "--out", str(out)]
-            else:
-                argv = ["scan", str(path), "--calib", str(base.calib), "--limit", "1", "--out", str(out),
-                        "--no-report", "--quiet"]
+            argv = command_argv(command, path, base.calib, out, node)
             code, stderr, crashed, timed_out = driver.run(argv)
             yield Outcome(command, seed, [base.name, *done], code, stderr, crashed, timed_out,
                           modified=sha256(path) != before)
             shutil.rmtree(out, ignore_errors=True)
         path.unlink()
+
+
+def _first_node_name(path: Path) -> str:
+    """A node `extract --node` can cut at in the unmutated model (its first named node's output otherwise)."""
+    model = onnx.load(str(path), load_external_data=False)
+    named = [n.name for n in model.graph.node if n.name]
+    return named[len(named) // 2] if named else model.graph.node[0].output[0]

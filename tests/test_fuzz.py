@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from conftest import REPO
-from mutants import Driver, Tally, fuzz, mutate, seeds
+from mutants import COMMANDS, Driver, Tally, fuzz, mutate, seeds
 
 N_MUTANTS = 150
 
@@ -48,3 +48,27 @@ def test_fuzzed_models_keep_the_exit_code_contract(assets: Path, tmp_path: Path)
         driver.close()
     assert not bad, "\n".join([tally.table(), *bad])
     assert sum(c["runs"] for c in tally.rows.values()) == 2 * N_MUTANTS
+
+
+N_EVERY_COMMAND = 14
+
+
+@pytest.mark.real
+def test_fuzzed_models_through_every_command(assets: Path, tmp_path: Path) -> None:
+    """Issue 42: the mutations added since (negative declared dims with a lowered opset, non-UTF-8 graph names
+    and doc strings) through every command that reads a model; a SIGABRT in onnx's C++ is a crash here."""
+    pool = seeds(assets, tmp_path, ["mtcnn_pnet"])
+    driver = Driver(REPO / "src", tmp_path, timeout=180)
+    tally, bad = Tally(), []
+    try:
+        for outcome in fuzz(pool, N_EVERY_COMMAND, driver, tmp_path, first_seed=420_000, commands=COMMANDS,
+                            every_kind=True):
+            tally.add(outcome)
+            if (outcome.exit not in (0, 1, 2) or outcome.traceback or outcome.multi_line_2 or outcome.modified
+                    or outcome.crashed or outcome.timed_out):
+                last = (outcome.stderr.strip().splitlines() or ["<no stderr>"])[-1][:300]
+                bad.append(f"{outcome.command} seed {outcome.seed} {outcome.mutations}: exit {outcome.exit}: {last}")
+    finally:
+        driver.close()
+    assert not bad, "\n".join([tally.table(), *bad])
+    assert sum(c["runs"] for c in tally.rows.values()) == len(COMMANDS) * N_EVERY_COMMAND

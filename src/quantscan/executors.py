@@ -18,14 +18,19 @@ same bytes from every backend. `fn` must be a module-level function (it is pickl
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib.util
 import json
 import multiprocessing
 import os
 import socket
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from quantscan.errors import UsageError
@@ -256,38 +261,141 @@ def join(ray: Any, address: str | None, resources: Mapping[str, float] | None = 
     """`ray.init` at `address` (None: Ray's default); a cluster that cannot be reached is bad input.
     Why the socket first: Ray's client retries an address where nothing listens for minutes. `resources`:
     what a Ray this process starts itself offers (its own machine's toolchains); a running cluster keeps
-    what its nodes were started with."""
+    what its nodes were started with. Ray's own log lines (Python and native) go to a file, not the
+    user's terminal: a failure says it in one line, with Ray's last line."""
     check_reachable(address)
-    try:
-        if address is None and resources:
-            try:
-                ray.init(address=None, include_dashboard=False, log_to_driver=False, resources=dict(resources))
-                return
-            except ValueError:  # a `ray start` runs here: it offers what it was started with
-                pass
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    except (ConnectionError, RuntimeError) as exc:
-        if address is None:
-            raise
-        raise _unreachable(address, exc) from None
+    with _ray_log_captured() as log:
+        try:
+            if address is None and resources:
+                try:
+                    ray.init(address=None, include_dashboard=False, log_to_driver=False,
+                             resources=dict(resources))
+                    return
+                except ValueError:  # a `ray start` runs here: it offers what it was started with
+                    pass
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            if address is None and not isinstance(exc, ValueError):
+                raise
+            raise _unreachable(address or "the default address", exc, log) from None
+
+
+@contextlib.contextmanager
+def _ray_log_captured() -> Iterator[Path]:
+    """fd 2 into a temporary file while Ray starts: its Python loggers and its C++ core both write there."""
+    sys.stderr.flush()
+    with tempfile.TemporaryDirectory(prefix="quantscan-ray-") as tmp:
+        path = Path(tmp) / "ray.log"
+        saved = os.dup(2)
+        try:
+            with path.open("wb") as sink:
+                os.dup2(sink.fileno(), 2)
+                try:
+                    yield path
+                finally:
+                    sys.stderr.flush()
+                    os.dup2(saved, 2)
+        finally:
+            os.close(saved)
+
+
+RAY_CLIENT_INSTALL = "pip install 'ray[client]'"
+SPECIAL_ADDRESSES = ("auto", "local")
+"""Addresses `ray.init` understands without a host: the cluster `ray start` runs here, a new local one."""
+
+
+def check_address_form(address: str | None) -> None:
+    """The forms users slip on, each refused before Ray is asked: an empty value (an unset shell variable),
+    the dashboard's http:// URL, a ray:// Ray Client address without `ray[client]`, no port, a bad port."""
+    if address is None or address in SPECIAL_ADDRESSES:
+        return
+    expected = ("--ray-address: expected HOST:PORT of a Ray head's GCS (what `ray start --head` prints, "
+                "e.g. 10.0.0.5:6379)")
+    if not address.strip():
+        raise UsageError(f"{expected}, found an empty address (an unset variable?)")
+    scheme = address.split("://", 1)[0].lower() if "://" in address else ""
+    if scheme in ("http", "https"):
+        raise UsageError(f"{expected}, found the URL {address!r}, which is the dashboard's form (port 8265): "
+                         "give the GCS host and port without http://")
+    if scheme == "ray":
+        if importlib.util.find_spec("grpc") is None:
+            raise UsageError(f"{expected}, found the Ray Client address {address!r}, which needs "
+                             f"{RAY_CLIENT_INSTALL} (not installed here); or give the GCS address HOST:PORT")
+        return
+    if scheme:
+        raise UsageError(f"{expected}, found {address!r} ({scheme}:// is no address Ray joins)")
+    host, _, port = address.rpartition(":")
+    if not host:
+        raise UsageError(f"{expected}, found {address!r} with no port")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{expected}, found port {port!r} in {address!r} (expected 1-65535)")
+
+
+GCS_PROBE_TIMEOUT_S = 3.0
+"""Seconds the probe waits for the HTTP/2 answer a Ray GCS (a gRPC server) gives at once."""
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""The HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 §3.4): a gRPC server answers with its
+own SETTINGS frame (type 4, at byte 3); a web server answers HTTP/1.x text or closes."""
 
 
 def check_reachable(address: str | None) -> None:
-    """A HOST:PORT `--ray-address` where nothing listens is refused at once (the CLI checks before it
-    claims the run folder)."""
-    if address is None or ":" not in address or "://" in address:
+    """A `--ray-address` of the wrong form, where nothing listens or where something other than a Ray GCS
+    listens is refused at once, in one line (the CLI checks before it claims the run folder). Why the
+    probe: ray.init at a web server's port retried for minutes and printed Ray's native warnings."""
+    check_address_form(address)
+    if address is None or address in SPECIAL_ADDRESSES or "://" in address:
         return
-    host, port = address.rsplit(":", 1)
+    host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S) as conn:
+            answer = _gcs_answer(conn)
     except (OSError, ValueError) as exc:
         raise _unreachable(address, exc) from None
+    if len(answer) < 9 or answer[3] != 4:
+        raise UsageError(f"--ray-address: expected a Ray GCS at {address} (it answers HTTP/2), found "
+                         f"{_describe(answer)}; give the port `ray start --head` printed (default 6379)")
 
 
-def _unreachable(address: str, exc: BaseException) -> UsageError:
+def _gcs_answer(conn: socket.socket) -> bytes:
+    """The first bytes the server sends after the HTTP/2 preface (b"" when it closes or stays silent)."""
+    conn.settimeout(GCS_PROBE_TIMEOUT_S)
+    try:
+        conn.sendall(HTTP2_PREFACE)
+        data = b""
+        while len(data) < 9:
+            chunk = conn.recv(64)
+            if not chunk:
+                break
+            data += chunk
+        return data
+    except (TimeoutError, OSError):
+        return b""
+
+
+def _describe(answer: bytes) -> str:
+    """What answered, in a few printable characters."""
+    if not answer:
+        return f"a server that gave no HTTP/2 answer within {GCS_PROBE_TIMEOUT_S:g} s"
+    first = answer.split(b"\n", 1)[0].decode("ascii", "replace")
+    shown = "".join(c if c.isprintable() else "?" for c in first)[:40]
+    return f"another kind of server (it answered {shown!r})"
+
+
+def _unreachable(address: str, exc: BaseException, log: Path | None = None) -> UsageError:
     why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    last = _last_line(log) if log is not None else ""
+    why += f" (Ray's log: {last})" if last and last not in why else ""
     return UsageError(f"--ray-address: expected a running Ray cluster at {address} (start its head there; "
                       f"with token auth, RAY_AUTH_MODE=token and its ~/.ray/auth_token here), found: {why}")
+
+
+def _last_line(log: Path) -> str:
+    """Ray's last log line, cut short (its log is Ray's, not a user file)."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
 
 
 def make_executor(name: str | None, workers: int, *, threads: int | None = None,

@@ -50,8 +50,8 @@ from quantscan.calib.npyfile import npz_bytes
 from quantscan.calib.source import data_source
 from quantscan.columns import Col
 from quantscan.compare import load_side
-from quantscan.errors import UsageError
-from quantscan.graph.infer import infer_shapes
+from quantscan.errors import ModelError, UsageError
+from quantscan.graph.infer import check_model, infer_shapes
 from quantscan.model import ModelArg, graph_inputs
 from quantscan.runfolder import PRODUCER, is_quantscan_onnx, refuse_foreign_overwrite
 from quantscan.runfolder import atomic_write_bytes as write_atomic
@@ -350,7 +350,7 @@ class Extractor:
         model.ir_version = self.proto.ir_version
         model.functions.extend(self.proto.functions)
         if check:
-            onnx.checker.check_model(model, full_check=True)
+            check_model(model, full_check=True)
         return model, kept, inputs, outputs
 
     def ancestors(self, tensor: str) -> list[int]:
@@ -483,7 +483,13 @@ def extract(
     last = members[-1]  # the kernel's output, not a tensor inside it: an output there would stop the fusion
     produced = [o for o in ex.nodes[last].output if o]
     centre_outputs = [o for o in produced if o in ex.consumers or o in ex.graph_outputs] or produced[:1]
-    sub, kept, sub_inputs, sub_outputs = ex.build(chosen, centre_outputs)
+    try:
+        sub, kept, sub_inputs, sub_outputs = ex.build(chosen, centre_outputs)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        # the model's own declarations (types, attributes) fail the full check onnx.checker skipped on load
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"expected the subgraph around '{ex.nodes[centre].name}' to pass onnx's full check "
+                         f"(shape and type inference), found: {first[:300]}") from None
     return ExtractResult(
         model=sub,
         node=ex.nodes[centre].name,
@@ -618,10 +624,11 @@ def save_samples(
     if not stackable and len(order) > 1:
         note = "a cut tensor has no batch axis of 1: only the first sample is kept"
         order = order[:1]
-    feeds_out = {n: np.concatenate([captured[i][0][n] for i in order]) for n in result.inputs}
-    expected_out = {n: np.concatenate([captured[i][1][n] for i in order]) for n in result.outputs}
-    if len(order) == 1:
+    if len(order) == 1:  # one sample is kept as it is (a rank-0 cut tensor has no axis to concatenate on)
         feeds_out, expected_out = captured[order[0]]
+    else:
+        feeds_out = {n: np.concatenate([captured[i][0][n] for i in order]) for n in result.inputs}
+        expected_out = {n: np.concatenate([captured[i][1][n] for i in order]) for n in result.outputs}
     inputs_path, expected_path = companion_paths(model_path)
     write_atomic(inputs_path, npz_bytes(feeds_out))
     write_atomic(expected_path, npz_bytes(expected_out))

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, version_converter
+from onnx import numpy_helper
 
 from quantscan.errors import ModelError
 from quantscan.graph.index import constant_node_value
+from quantscan.graph.infer import check_model, convert_version
 from quantscan.specs import Dim, InputSpec
 from quantscan.validate import check_finite_weights, validate_model
 
@@ -152,7 +153,7 @@ def _load_external(proto: onnx.ModelProto, path: Path) -> None:
 
 def _check(proto: onnx.ModelProto, path: Path) -> None:
     try:
-        onnx.checker.check_model(proto)
+        check_model(proto)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid graph"
         raise ModelError(f"expected a valid ONNX model in {path}, onnx.checker found: {first}") from exc
@@ -228,13 +229,30 @@ def constants_to_initializers(proto: onnx.ModelProto) -> int:
     return moved
 
 
+INITIALIZERS_NEED_NO_INPUT_IR = 4
+"""From IR version 4 an initializer need not be listed among the graph inputs (onnx IR.md)."""
+
+
+def allow_unlisted_initializers(proto: onnx.ModelProto) -> str | None:
+    """Raise a copy's IR version to 4 when it is below, and say so (None when nothing changed).
+
+    Why: before IR 4 every initializer must also be a graph input, and the analysis copy adds
+    initializers everywhere (moved Constant weights, folded BatchNorm weights, QDQ scales);
+    onnxruntime refused quantscan's own graph for an IR 3 model whose weights were Constant nodes.
+    Nothing else changed between IR 3 and 4, so the copy computes what the user's model computes."""
+    if proto.ir_version >= INITIALIZERS_NEED_NO_INPUT_IR:
+        return None
+    before, proto.ir_version = proto.ir_version, INITIALIZERS_NEED_NO_INPUT_IR
+    return f"IR version raised from {before} to {INITIALIZERS_NEED_NO_INPUT_IR} (initializers need not be inputs)"
+
+
 def upgrade_opset(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
     """Raise the default-domain opset to `target` (never lowers it)."""
     current = onnx_opset(proto)
     if current >= target:
         return proto
     try:
-        upgraded = version_converter.convert_version(proto, target)
+        upgraded = convert_version(proto, target)
     except Exception as exc:
         raise ModelError(
             f"expected a model onnx.version_converter can raise from opset {current} to {target}, "

@@ -26,6 +26,7 @@ from onnx import numpy_helper
 
 from quantscan.errors import InternalError, SessionError
 from quantscan.graph.edit import copy_without_initializers
+from quantscan.graph.infer import without_negative_dims
 from quantscan.graph.segments import Segment, declare_inputs
 
 SILENT = 4
@@ -493,8 +494,9 @@ def quantize_static_model(
     try:  # its histogram calibrators print progress on stdout, which is the CLI's: kept out of it
         with tempfile.TemporaryDirectory(prefix="quantscan-ort-") as tmp, contextlib.redirect_stdout(io.StringIO()):
             out = Path(tmp) / "model.qdq.onnx"
-            # a copy: quantize_static saves its input with external data, which rewrites the proto in place
-            quantize_static(copy.deepcopy(model), out, _DataReader(iter(batches)), **calls)
+            # a copy: quantize_static saves its input with external data, which rewrites the proto in place;
+            # it runs onnx shape inference, which aborts on a negative declared dim (graph/infer.py)
+            quantize_static(copy.deepcopy(without_negative_dims(model)), out, _DataReader(iter(batches)), **calls)
             return onnx.load(str(out))
     except Exception as exc:  # the quantizer raises its own untyped exceptions
         raise SessionError(f"onnxruntime quantize_static could not quantize the model: {_one_line(exc)}") from exc

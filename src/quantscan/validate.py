@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 import numpy as np
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from onnx import numpy_helper
 
 from quantscan.columns import Col
@@ -33,9 +35,36 @@ def validate_model(proto: onnx.ModelProto, where: str) -> None:
     """Raise one `ModelError` for the first thing in `proto` that would crash a later stage."""
     for graph in all_graphs(proto.graph):
         _check_names(graph, where)
+    _check_text(proto, where)
+    for graph in all_graphs(proto.graph):
         _check_elem_types(graph, where)
         _check_attributes(graph, where)
         _check_initializers(graph, where)
+
+
+def _check_text(message: Message, where: str, path: str = "model") -> None:
+    """Every string field anywhere in the model (graph name, doc strings, producer, metadata, attribute
+    names, subgraphs...) is valid UTF-8: the names `_check_names` words better are only some of them, and
+    any other one came back as `bytes` and failed later in a report or a JSON file (exit 3)."""
+    for field, value in message.ListFields():
+        if field.type == FieldDescriptor.TYPE_STRING:
+            for k, text in enumerate(value if _repeated(field) else [value]):
+                if not isinstance(text, str):
+                    at = f"{path}.{field.name}" + (f"[{k}]" if _repeated(field) else "")
+                    raise ModelError(f"expected UTF-8 text in {where}, found {at} = {_show(text)} "
+                                     "that is not valid UTF-8")
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            if _repeated(field):
+                for k, item in enumerate(value):
+                    _check_text(item, where, f"{path}.{field.name}[{k}]")
+            else:
+                _check_text(value, where, f"{path}.{field.name}")
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    """protobuf 6+ has `is_repeated`; older ones only `label`."""
+    flag = getattr(field, "is_repeated", None)
+    return bool(flag) if flag is not None else bool(field.label == FieldDescriptor.LABEL_REPEATED)
 
 
 def check_finite_weights(proto: onnx.ModelProto, where: str) -> None:

@@ -295,8 +295,8 @@ def _take(arr: np.ndarray, mode: str, i: int) -> np.ndarray:
         return arr[i : i + 1]
     if mode == "single":
         return arr[None]
-    if mode == "stack":
-        return arr[i]
+    if mode == "stack":  # an ndarray even for a rank-0 sample: arr[i] of a 1-D array is a numpy scalar
+        return np.asarray(arr[i])
     return arr
 
 

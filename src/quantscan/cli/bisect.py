@@ -27,6 +27,7 @@ from quantscan.cli.args import (
     refuse_out_in_data,
     task_options,
 )
+from quantscan.cli.notes import print_warnings
 from quantscan.errors import UsageError
 
 
@@ -134,8 +135,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         else:  # interrupted before the first step was saved: naming a file that does not exist misleads
             print("quantscan: interrupted before the first step was saved; nothing to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
-    for warning in result.warnings:
-        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    print_warnings(result.warnings, None)
     from quantscan.bisect.state import METRICS
 
     plan = result.plan

@@ -18,6 +18,7 @@ from quantscan.cli.args import (
     positive_int,
     refuse_out_in_data,
 )
+from quantscan.cli.notes import print_warnings
 from quantscan.columns import Col
 from quantscan.errors import UsageError
 
@@ -50,8 +51,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         result = compare(args.model_a, args.model_b, args.calib, limit=args.limit, seed=args.seed,
                          runner=Runner(threads=args.threads), consts=parse_const(args.const),
                          input_shapes=parse_input_shape(args.input_shape), out=out)
-    for warning in result.warnings:
-        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    print_warnings(result.warnings, str(out / "compare.json"))
     print(f"compared on {result.data}")
     for r in result.outputs.to_dict("records"):
         print(f"  output '{r[Col.OUTPUT]}': cosine {r['cosine']:.6f}, SQNR {r['sqnr_db']:.2f} dB, "

@@ -22,6 +22,7 @@ from quantscan.cli.args import (
     progress_factory,
     refuse_out_in_data,
 )
+from quantscan.cli.notes import print_warnings
 from quantscan.columns import Col
 from quantscan.errors import UsageError
 
@@ -49,8 +50,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     with claim_out_dir(out, force=args.force):
         result = scan(args.model, args.calib, out=out, progress=progress_factory(args.quiet), **options)
-    for warning in result.warnings:
-        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    print_warnings(result.warnings, str(out / "run.json"))
     head = result.headline
     top = result.layers.head(5)
     top1 = head.metrics.top1_agreement

@@ -136,7 +136,15 @@ def _convert(node: onnx.NodeProto, current: int, ctx: _Ctx) -> str | None:
                 return reason
         elif version > _TYPE_ONLY_UP_TO:
             return f"changed at opset {version}; no down-converter for it"
-    return None
+    return _attribute_unknown_at(node, ctx.target)
+
+
+def _attribute_unknown_at(node: onnx.NodeProto, target: int) -> str | None:
+    """An attribute the target opset's schema does not define (RoiAlign's coordinate_transformation_mode,
+    added at 16): the lowered model would fail onnx.checker, so the node is refused instead."""
+    known = onnx.defs.get_schema(node.op_type, target, "").attributes
+    extra = [a.name for a in node.attribute if a.name not in known]
+    return f"attribute {extra[0]!r} does not exist at opset {target}" if extra else None
 
 
 def _schema_changes(op: str, target: int, current: int) -> set[int] | None:

@@ -33,6 +33,7 @@ from quantscan.calib.synthetic import random_samples
 from quantscan.errors import UsageError
 from quantscan.graph.edit import node_label
 from quantscan.graph.index import GraphIndex
+from quantscan.graph.infer import check_model
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import ensure_not_quantized, graph_inputs, load_model, onnx_opset, upgrade_opset
 from quantscan.records import RewriteId
@@ -250,7 +251,7 @@ def rewrite(
     current, steps = _apply_steps(original, steps_wanted, opset, calib=calib, seed=seed, limit=limit,
                                   tolerance=tolerance, runner=runner, clamp_mask_value=clamp_mask_value,
                                   smooth_alpha=smooth_alpha)
-    onnx.checker.check_model(current)
+    check_model(current)
 
     proof = prove(
         original,

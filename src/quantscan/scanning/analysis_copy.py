@@ -16,6 +16,7 @@ from quantscan.model import (
     MIN_ANALYSIS_OPSET,
     LoadedModel,
     PreparedModel,
+    allow_unlisted_initializers,
     constants_to_initializers,
     forget_declared_shapes,
     name_unnamed_nodes,
@@ -34,6 +35,9 @@ def prepare_for_analysis(
     """The copy quantscan measures: what the chip's compiler would run, in float."""
     proto = copy.deepcopy(model.proto)
     changes: list[str] = []
+    raised = allow_unlisted_initializers(proto)
+    if raised:
+        changes.append(raised)
     moved = constants_to_initializers(proto)
     if moved:
         changes.append(f"{moved} Constant nodes turned into initializers")

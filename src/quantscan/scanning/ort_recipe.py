@@ -36,6 +36,7 @@ from quantscan.graph.placement import NodePlacement, QdqPlacement, read_placemen
 from quantscan.model import (
     LoadedModel,
     PreparedModel,
+    allow_unlisted_initializers,
     forget_declared_shapes,
     name_unnamed_nodes,
     onnx_opset,
@@ -112,11 +113,13 @@ def prepare_unfolded(model: LoadedModel, input_dims: dict[str, tuple[Dim, ...]])
     moves, no opset change: quantize_static quantizes what the user has), free dims fixed from the
     data and unnamed nodes named (placement is read back by node name)."""
     proto = copy.deepcopy(model.proto)
+    raised = allow_unlisted_initializers(proto)  # the QDQ scales are initializers too
     forget_declared_shapes(proto)
     set_input_dims(proto, input_dims)
     name_unnamed_nodes(proto)
     opset = onnx_opset(proto)
-    return PreparedModel(proto, opset, opset, ["graph kept as quantize_static receives it (recipe onnxruntime)"], set())
+    changes = ["graph kept as quantize_static receives it (recipe onnxruntime)", *([raised] if raised else [])]
+    return PreparedModel(proto, opset, opset, changes, set())
 
 
 @dataclass

@@ -15,6 +15,7 @@ from quantscan import metrics as qm
 from quantscan.calib import CalibSet
 from quantscan.errors import ModelError, SessionError, UsageError
 from quantscan.graph.index import GraphIndex
+from quantscan.graph.infer import declared_ranks
 from quantscan.model import LoadedModel, PreparedModel
 from quantscan.runner import Runner
 
@@ -52,6 +53,7 @@ def probe_model(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, ba
     session = runner.session(exposed, built=True)
     values = session.run(feeds)
     floats = {k for k, v in {**feeds, **values}.items() if np.issubdtype(v.dtype, np.floating)}
+    check_declared_ranks(prepared.proto, {k: values[k].shape for k in floats if k in values}, feeds)
     samples = _samples_in(feeds)
     sizes = [v.nbytes // samples for k, v in values.items() if k in floats]
     check: dict[str, float] = {}
@@ -79,6 +81,43 @@ def probe_model(loaded: LoadedModel, prepared: PreparedModel, cset: CalibSet, ba
         activation_bytes=int(sum(sizes)),
         largest_bytes=int(max(sizes, default=0)),
     )
+
+
+def check_declared_ranks(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
+                         feeds: Mapping[str, np.ndarray]) -> None:
+    """Every float tensor has, when run, the rank the model's declarations give it; else one `ModelError`.
+
+    Why before any graph of ours is built: onnxruntime ranks a tensor from the declarations (a Loop body
+    input declared [1] makes the Loop's scan output rank 2) and refuses a reduction over the axes the tensor
+    really has (rank 3), which looked like our bug (exit 3). The declaration is the model's fault: say which."""
+    declared = declared_ranks(model)
+    for name, shape in shapes.items():
+        rank = declared.get(name)
+        if rank is None or rank == len(shape):
+            continue
+        node = next((n for n in model.graph.node if name in n.output), None)
+        made_by = f" ({node.op_type} node '{node.name}')" if node is not None else ""
+        raise ModelError(f"expected tensor '{name}'{made_by} to have the rank the model declares, found rank "
+                         f"{len(shape)} {list(shape)} when run where its declarations give rank {rank}"
+                         f"{_wrong_declaration(node, shapes, feeds)}")
+
+
+def _wrong_declaration(node: onnx.NodeProto | None, shapes: Mapping[str, tuple[int, ...]],
+                       feeds: Mapping[str, np.ndarray]) -> str:
+    """For a Loop, the body input whose declared rank is not that of the value the Loop gives it."""
+    if node is None or node.op_type != "Loop":
+        return ": a declared input or output shape is wrong"
+    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    real = {**{k: tuple(v.shape) for k, v in feeds.items()}, **shapes}
+    if body is not None:
+        pairs = list(zip(node.input, body.input, strict=False))[2:]  # past the trip count and the condition
+        for outer, inner in pairs:
+            dims = inner.type.tensor_type.shape.dim if inner.type.HasField("tensor_type") else []
+            if outer in real and inner.type.tensor_type.HasField("shape") and len(dims) != len(real[outer]):
+                declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+                return (f": the Loop body input '{inner.name}' declares rank {len(dims)} {declared} and receives "
+                        f"'{outer}' of rank {len(real[outer])} {list(real[outer])}")
+    return ": a declared shape in the Loop body is wrong"
 
 
 def batch_refused(loaded: LoadedModel, cset: CalibSet, batch_size: int, runner: Runner) -> str:

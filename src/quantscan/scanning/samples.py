@@ -55,6 +55,8 @@ def dims_from_data(
             new.append(int(found) if not (axis == 0 and isinstance(declared, int)) else declared)
         if spec.shape and isinstance(spec.shape[0], int) and spec.name not in consts and fixed_batch is None:
             fixed_batch = int(spec.shape[0])
+        if not spec.shape and spec.name not in consts and fixed_batch is None:
+            fixed_batch = 1  # a rank-0 input fed per sample (`sr.npy`) has no axis to stack samples on
         dims[spec.name] = tuple(new)
     return dims, fixed_batch
 
