@@ -4,7 +4,7 @@ Every module that writes or reads a layers.csv column (the scan's tables, the ga
 diagnosis, the report, bisect's gain table, extract, overlay) names it through `Col`, so renaming a
 column or grepping for its readers is one place. The same field in another file (plan.json's `node`,
 tensors.csv's `cumulative_cosine`) uses the same spelling. Each column's meaning and which direction
-is better: README "What a scan measures" and CONTRACT.md.
+is better: docs/scan.md, docs/columns.md and CONTRACT.md.
 
 A namespace of plain strings, not an Enum: pandas labels, CSV headers, f-strings and JSON must all
 see the bare name (a `str`-mixin Enum formats as `Col.NODE` in f-strings before Python 3.12).

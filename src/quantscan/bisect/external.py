@@ -111,7 +111,7 @@ class BuildPool:
 
     @property
     def resources(self) -> dict[str, float]:
-        """The Ray resource a node with this toolchain's Python offers (README "On a cluster")."""
+        """The Ray resource a node with this toolchain's Python offers (docs/workers.md, "On a cluster")."""
         return {f"toolchain:{self.chain.tool}": 1.0}
 
     def run(self, builds: Sequence[Build]) -> list[tuple[dict[str, Any], float]]:
