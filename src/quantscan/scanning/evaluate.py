@@ -480,9 +480,16 @@ def _count_codes(
     """Histogram of the integer codes: FP32 values under the site's scale vs the cumulative int8 codes."""
     for k, (fp32_codes, int8_codes) in names.items():
         for slot, name in enumerate((fp32_codes, int8_codes)):
-            codes = np.asarray(values[name]).reshape(-1)
-            offset = 128 if codes.dtype == np.int8 else 0
-            counts[k][slot] += np.bincount(codes.astype(np.int64) + offset, minlength=256)[:256]
+            counts[k][slot] += np.bincount(_code_bins(np.asarray(values[name]).reshape(-1)), minlength=256)[:256]
+
+
+def _code_bins(codes: np.ndarray) -> np.ndarray:
+    """Each code's bin of 256 from the bottom of its type: 8-bit codes one bin each, 16-bit codes
+    (`--activations int16`) 256 codes a bin, so the report's histogram keeps its 256 bins."""
+    wide = codes.astype(np.int64)
+    if codes.dtype in (np.int8, np.int16):
+        wide = wide - int(np.iinfo(codes.dtype).min)
+    return wide >> 8 if codes.dtype.itemsize == 2 else wide
 
 
 def _histograms(
