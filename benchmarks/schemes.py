@@ -84,7 +84,8 @@ def _fq_int4(w: np.ndarray, in_axis: int, group: int) -> np.ndarray:
         extreme = flat[np.abs(flat).argmax(axis=0), np.arange(flat.shape[1])]
         scale = (extreme.astype(np.float64) / -8.0).astype(np.float32)
         scale[scale == 0] = 1.0
-        out[start:start + group] = (np.clip(np.rint(flat / scale), -8, 7) * scale).reshape(out[start:start + group].shape)
+        block = out[start:start + group]
+        block[...] = (np.clip(np.rint(flat / scale), -8, 7) * scale).reshape(block.shape)
     return np.moveaxis(out, 0, in_axis)
 
 

@@ -181,8 +181,8 @@ def test_blocked_int4_dequantize_in_onnxruntime_and_the_onnx_reference_equals_nu
         qp = weight_qparams(w, axis=1, bits=4, group_size=32, symmetric=symmetric)
         node, inits, out = qdq.weight_quant_dq("w", qdq.WeightQuant("w", qp, quantize(w, qp)))
         assert inits[0].data_type == (onnx.TensorProto.INT4 if symmetric else onnx.TensorProto.UINT4)
-        graph = helper.make_graph([node], "dq", [], [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, list(w.shape))],
-                                  inits)
+        value = helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, list(w.shape))
+        graph = helper.make_graph([node], "dq", [], [value], inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
         onnx.checker.check_model(model, full_check=True)
         expected = fake_quant(w, qp)
