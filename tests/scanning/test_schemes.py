@@ -255,3 +255,27 @@ def test_int16_activations_on_a_real_classifier_beat_int8(assets: Path) -> None:
     (out,) = a16.output_metrics
     assert a16.output_metrics[out].cosine >= 0.999
     assert a16.output_metrics[out].cosine > a8.output_metrics[out].cosine
+
+
+def test_weight_bits_gain_per_site_equals_the_oracle_with_that_site_at_int8(tmp_path: Path) -> None:
+    """layers.csv scheme_weight_bits_gain (RKLLM's hybrid_rate question): the output cosine with only that
+    site's weights at int8, minus all-int4, each figure from the written-out oracle run by onnxruntime."""
+    model_path, calib = write_chain(tmp_path, samples=8)
+    result = scan(model_path, calib, scheme="w4af-g8", gain_samples=0)
+    model = onnx.load(model_path)
+    feeds = _chain_feeds(calib)
+    all_int4 = oracle_model(model, "int4", 8)
+    base = pooled_cosines(model, all_int4, feeds)["y"]
+    gains = result.layers.set_index("node")["scheme_weight_bits_gain"]
+    for node in model.graph.node:
+        if node.op_type != "MatMul":
+            continue
+        one_int8 = onnx.ModelProto()
+        one_int8.CopyFrom(all_int4)
+        init = next(t for t in one_int8.graph.initializer if t.name == node.input[1])
+        original = next(t for t in model.graph.initializer if t.name == node.input[1])
+        init.CopyFrom(numpy_helper.from_array(int8_per_channel(numpy_helper.to_array(original), 1), init.name))
+        expected = pooled_cosines(model, one_int8, feeds)["y"] - base
+        assert gains[node.name] == pytest.approx(expected, abs=1e-6), node.name
+    assert gains.max() > 1e-4  # some site's 8-bit weights do recover output cosine
+    assert "scheme_act_bits_gain" not in result.layers  # activations are float: no 16-bit question
