@@ -29,15 +29,20 @@ def activations_source(explicit: bool, profile: str | None) -> str:
 
 def _scheme(opts: ScanOptions, profile: Any | None) -> Scheme:
     """The scheme the scan simulates (quantscan.schemes.resolve_scheme): flags over `--scheme` over the
-    profile's default; exit 2 for one the profile's chip does not run."""
+    profile's default; exit 2 for one the profile's chip does not run, or for `--calib-advice` on a
+    weight-only scheme (no activation ranges to advise on)."""
     chip = None if profile is None else chip_schemes(
         dict(profile.schemes) if profile.schemes else None, profile.activations)
-    return resolve_scheme(
+    scheme = resolve_scheme(
         scheme=opts.scheme, weights=opts.weights, group_size=opts.group_size,
         activations=None if opts.activations is None else str(opts.activations),
         profile_activations=None if profile is None else profile.activations, chip=chip,
         profile=None if profile is None else profile.name,
     )
+    if opts.calib_advice and scheme.weight_only:
+        raise UsageError(f"--calib-advice: expected quantized activations (uint8, int8 or int16), found scheme "
+                         f"{scheme.name()} with float activations")
+    return scheme
 
 
 def chip_recipe(
