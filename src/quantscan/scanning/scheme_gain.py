@@ -75,20 +75,22 @@ def scheme_gains(ctx: ScanContext) -> SchemeGains | None:
     if acts and onnx_opset(prepared) < INT16_OPSET:  # QuantizeLinear takes int16 from opset 21
         prepared = upgrade_opset(prepared, INT16_OPSET)
     sites, plan = ctx.graph.sites, ctx.quant.plan
-    feeds = list(_samples(ctx.data.eval_set, ctx.data.batch_size, ctx.opts.gain_samples))
+    feeds = list(first_samples(ctx.data.eval_set, ctx.data.batch_size, ctx.opts.gain_samples))
     outputs = ctx.headline_outputs()
-    reference = _run(ctx.runner, prepared, feeds, outputs)
-    base = _cosine(reference, _run(ctx.runner, qgraph.build_qdq_model(prepared, sites, plan), feeds, outputs))
-    result = SchemeGains(base_cosine=base, samples=sum(_count(f) for f in feeds))
+    reference = run_outputs(ctx.runner, prepared, feeds, outputs)
+
+    def cosine(variant: qgraph.QuantPlan) -> float:
+        model = qgraph.build_qdq_model(prepared, sites, variant)
+        return headline_cosine(reference, run_outputs(ctx.runner, model, feeds, outputs))
+
+    base = cosine(plan)
+    result = SchemeGains(base_cosine=base, samples=sum(sample_count(f) for f in feeds))
     for site in sites:
         if weights and site.weight and site.weight in plan.weights:
-            variant = _with_int8_weight(prepared, plan, site, ctx.chip.per_channel_weights)
-            model = qgraph.build_qdq_model(prepared, sites, variant)
-            result.weight[site.node] = _cosine(reference, _run(ctx.runner, model, feeds, outputs)) - base
+            wider = with_int8_weight(prepared, plan, site, ctx.chip.per_channel_weights)
+            result.weight[site.node] = cosine(wider) - base
         if acts and site.output in plan.activations:
-            variant = _with_int16_activation(ctx, plan, site.output)
-            model = qgraph.build_qdq_model(prepared, sites, variant)
-            result.activation[site.node] = _cosine(reference, _run(ctx.runner, model, feeds, outputs)) - base
+            result.activation[site.node] = cosine(_with_int16_activation(ctx, plan, site.output)) - base
     result.seconds = time.perf_counter() - started
     return result
 
@@ -105,7 +107,7 @@ def with_scheme_gains(layers: pd.DataFrame, gains: SchemeGains | None) -> pd.Dat
     return out
 
 
-def _with_int8_weight(prepared: onnx.ModelProto, plan: qgraph.QuantPlan, site: Site, per_channel: bool
+def with_int8_weight(prepared: onnx.ModelProto, plan: qgraph.QuantPlan, site: Site, per_channel: bool
                       ) -> qgraph.QuantPlan:
     """`plan` with the site's weight at int8 per output channel (its bias, if quantized, re-derived)."""
     assert site.weight is not None and site.weight_axis is not None
@@ -136,7 +138,7 @@ def _with_int16_activation(ctx: ScanContext, plan: qgraph.QuantPlan, tensor: str
     return replace(plan, activations=activations)
 
 
-def _samples(cset: CalibSet, batch_size: int, limit: int) -> Iterator[Mapping[str, np.ndarray]]:
+def first_samples(cset: CalibSet, batch_size: int, limit: int) -> Iterator[Mapping[str, np.ndarray]]:
     """The first `limit` samples (all when 0), in batches of the scan's size."""
     if limit <= 0:
         yield from cset.batches(batch_size)
@@ -144,12 +146,13 @@ def _samples(cset: CalibSet, batch_size: int, limit: int) -> Iterator[Mapping[st
     yield from islice(cset.batches(batch_size), max(1, math.ceil(limit / batch_size)))
 
 
-def _count(feeds: Mapping[str, np.ndarray]) -> int:
+def sample_count(feeds: Mapping[str, np.ndarray]) -> int:
     return max((int(np.shape(v)[0]) for v in feeds.values() if np.ndim(v)), default=1)
 
 
-def _run(runner: Runner, model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[str]
-         ) -> dict[str, np.ndarray]:
+def run_outputs(
+    runner: Runner, model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[str]
+) -> dict[str, np.ndarray]:
     """The headline outputs over every batch, flattened and joined (float64)."""
     session = runner.session(model, built=True)
     got: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
@@ -160,7 +163,7 @@ def _run(runner: Runner, model: onnx.ModelProto, feeds: Sequence[Mapping[str, np
     return {o: np.concatenate(v) for o, v in got.items()}
 
 
-def _cosine(reference: Mapping[str, np.ndarray], other: Mapping[str, np.ndarray]) -> float:
+def headline_cosine(reference: Mapping[str, np.ndarray], other: Mapping[str, np.ndarray]) -> float:
     """The headline metric: pooled cosine per output, the worst output counts (CONTRACT "Metrics")."""
     worst = math.inf
     for name, x in reference.items():
