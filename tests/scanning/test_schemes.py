@@ -279,3 +279,19 @@ def test_weight_bits_gain_per_site_equals_the_oracle_with_that_site_at_int8(tmp_
         assert gains[node.name] == pytest.approx(expected, abs=1e-6), node.name
     assert gains.max() > 1e-4  # some site's 8-bit weights do recover output cosine
     assert "scheme_act_bits_gain" not in result.layers  # activations are float: no 16-bit question
+
+
+def test_a_profile_scheme_list_is_read_and_a_bad_name_refused(tmp_path: Path) -> None:
+    from quantscan.compat import load_profile
+    from quantscan.compat.profiles import SHIPPED_DIR
+    from quantscan.errors import ProfileError
+    from quantscan.schemes import chip_schemes
+
+    llm = load_profile("rk3588-llm")
+    chip = chip_schemes(dict(llm.schemes or {}), llm.activations)
+    assert chip.a16 == "float" and chip.runs(Scheme("int4", 128, False, "float"))
+    assert not chip.runs(Scheme("int4", 128, False, "int16"))  # RKLLM's a16 is fp16, not int16
+    text = (SHIPPED_DIR / "rk3588-llm.toml").read_text().replace('"w4a16-g32"', '"w4a16-g32x"')
+    (tmp_path / "bad.toml").write_text(text)
+    with pytest.raises(ProfileError, match="schemes.names"):
+        load_profile(str(tmp_path / "bad.toml"))
