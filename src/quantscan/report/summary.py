@@ -123,6 +123,12 @@ def _scheme_text(options: Mapping[str, Any], chip: Mapping[str, Any]) -> str:
     return f"{name}{act_text}, weights {weights} {granularity} ({symmetry}), {bias}"
 
 
+def _scheme_short(chip: Mapping[str, Any]) -> str:
+    """"int8" for the default scheme (the heading's spelling before schemes), else the scheme's name."""
+    name = (chip.get("scheme") or {}).get("name")
+    return "int8" if name in (None, "w8a8") else f"at {name}"
+
+
 def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = None) -> str:
     """summary.md's text: the diagnosis (with `plan`, a bisect plan.json's content, when one is in the
     run folder), setup, output metrics, headline, top sites, causes, the profile, the docs."""
@@ -172,7 +178,7 @@ def _output_section(result: SummarySource) -> list[str]:
     info, head = result.run_info, result.headline
     lines = [
         "",
-        "## Model output (all sites int8)",
+        f"## Model output (all sites {_scheme_short(info.chip)})",
         "",
         "| output | cosine | SQNR dB | worst-sample cosine | top-1 agreement | deployed cosine (ORT_ENABLE_ALL"
         + (f", first {head.deployed_samples} samples" if head.deployed_basis is not None else "") + ") |",
