@@ -19,11 +19,13 @@ from quantscan.schemes import Scheme, chip_schemes, resolve_scheme
 from quantscan.specs import Dim
 
 
-def activations_source(explicit: bool, profile: str | None) -> str:
+def activations_source(explicit: bool, profile: str | None, scheme: str | None = None) -> str:
     """Why the activation scheme is what it is, as run.json and summary.md say it: an explicit
-    option wins over the profile, the profile over the uint8 default."""
+    option wins over `--scheme`, that over the profile, the profile over the uint8 default."""
     if explicit:
         return "from --activations"
+    if scheme:
+        return f"from --scheme {scheme}"
     return f"from profile {profile}" if profile else "default"
 
 
@@ -50,12 +52,12 @@ def chip_recipe(
 ) -> tuple[Any, ChipRecipe]:
     """The profile's decisions (and its compat check), or the defaults without one; `opts` is left as
     the user gave it. An explicit `--activations` (or `--scheme`) wins over the profile's scheme."""
-    explicit = opts.activations is not None or opts.scheme is not None
+    explicit = opts.activations is not None
     if opts.profile is None:
         scheme = _scheme(opts, None)
         return None, ChipRecipe(
             activations=ActivationScheme(scheme.activations),
-            activations_source=activations_source(explicit, None),
+            activations_source=activations_source(explicit, None, opts.scheme),
             fused_activations=opts.fused_activations,
             scheme=scheme,
         )
@@ -74,7 +76,7 @@ def chip_recipe(
     return compat, ChipRecipe(
         profile=profile.name,
         activations=ActivationScheme(scheme.activations),
-        activations_source=activations_source(explicit, profile.name),
+        activations_source=activations_source(explicit, profile.name, opts.scheme),
         fused_activations=frozenset(profile.fused_activations),
         cpu_nodes=frozenset(n for n, where in placement.items() if where == "cpu"),
         float16_nodes=float16_nodes(compat.findings, profile.name),
