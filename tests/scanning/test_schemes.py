@@ -9,6 +9,7 @@ onnxruntime, its output cosine computed here with numpy.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -295,3 +296,28 @@ def test_a_profile_scheme_list_is_read_and_a_bad_name_refused(tmp_path: Path) ->
     (tmp_path / "bad.toml").write_text(text)
     with pytest.raises(ProfileError, match="schemes.names"):
         load_profile(str(tmp_path / "bad.toml"))
+
+
+def test_bisect_and_calib_advice_take_the_scheme_flags(tmp_path: Path) -> None:
+    """The flags reach every command that simulates a scheme: bisect measures under w4 (its all-quantized
+    figure is the oracle's on the samples it searches), calib-advice advises int16 ranges and refuses a
+    weight-only scheme."""
+    model, calib = write_chain(tmp_path, samples=8)
+    searched = _chain_feeds(calib)[1::2]  # the "even" samples bisect searches: 2nd, 4th, ... (held_out.split)
+    proto = onnx.load(model)
+    expected = pooled_cosines(proto, oracle_model(proto, "int4", 8), searched)["y"]
+    run = subprocess.run([sys.executable, "-m", "quantscan", "bisect", str(model), "--calib", str(calib),
+                          "--scheme", "w4af-g8", "--target-cosine", "0.99999", "--out", str(tmp_path / "b")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode in (0, 1), run.stderr
+    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert plan["held_out"]["split"].startswith("interleave: even samples searched")
+    assert plan["all_int8"]["cosine"] == pytest.approx(expected, abs=1e-6)
+    advice = subprocess.run([sys.executable, "-m", "quantscan", "calib-advice", str(model), "--calib", str(calib),
+                             "--activations", "int16", "--out", str(tmp_path / "a")],
+                            capture_output=True, text=True, timeout=600)
+    assert advice.returncode == 0, advice.stderr
+    refused = subprocess.run([sys.executable, "-m", "quantscan", "calib-advice", str(model), "--calib", str(calib),
+                              "--scheme", "w4af-g8", "--out", str(tmp_path / "f")],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
