@@ -96,7 +96,8 @@ SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {
     Col.OUTPUT: (list,), "preprocess": (str, type(None)), "preprocess_overrides": (dict,),
     "threads": (int, type(None)), "seed": (int,), "batch_size": (int, type(None)), "task": (str,),
     "charset": (str, type(None)), "mask_threshold": (int, float), "max_memory": (str, int, type(None)),
-    "profile": (str, type(None)),
+    "profile": (str, type(None)), "weights": (str, type(None)), "group_size": (int, type(None)),
+    "scheme": (str, type(None)),
 }
 """The JSON types of the scan options a session records (bisect/driver.py SCAN_OPTION_KEYS)."""
 
