@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from quantscan import runfolder
-from quantscan.errors import UsageError
-from quantscan.runfolder import parse_json
+from quantscan.errors import FileError, UsageError
+from quantscan.readers.jsonfile import read_json
 
 APPENDED_SIDECARS = (".rewrite.json", ".log")
 """`OUT.onnx.rewrite.json` (a rewrite's proof), `OUT.onnx.log` (an --until-fails search log)."""
@@ -140,8 +140,8 @@ def _vendor_versions(items: Sequence[tuple[str, Path]]) -> dict[str, Any]:
     for name, src in items:
         if src.name == "vendor.json":
             try:
-                data = parse_json(src.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                data = read_json(src, "vendor.json")
+            except FileError:
                 continue
             if isinstance(data, Mapping):
                 found[name] = {"tool": data.get("tool"), "version": data.get("version"), "target": data.get("target")}

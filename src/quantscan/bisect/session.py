@@ -20,8 +20,9 @@ from typing import Any
 
 from quantscan.bisect.state import Bisector, Event, SessionFileError, Step, Target, event_from_dict
 from quantscan.columns import Col
-from quantscan.errors import UsageError
-from quantscan.runfolder import jsonable, parse_json, write_json
+from quantscan.errors import FileError, UsageError
+from quantscan.readers.jsonfile import read_json
+from quantscan.runfolder import jsonable, write_json
 
 FORMAT = 2
 """Session file format version; a newer one is refused, never guessed at. Format 2 adds `digest`."""
@@ -214,14 +215,10 @@ class BisectSession:
         p = Path(path)
         if not p.is_file():
             raise SessionFileError(f"expected a bisect session file, found nothing at {p}")
-        text = p.read_text(encoding="utf-8", errors="replace")
         try:
-            raw = parse_json(text)
-        except json.JSONDecodeError as exc:
-            raise SessionFileError(
-                f"session {p} is corrupt or truncated (invalid JSON at byte {exc.pos} of {len(text)}); "
-                "it was left untouched"
-            ) from None
+            raw = read_json(p, "bisect session")
+        except FileError as exc:
+            raise SessionFileError(f"{exc}: the session is corrupt or truncated; it was left untouched") from None
         if not isinstance(raw, dict):
             raise SessionFileError(f"expected a bisect session object in {p}, found {type(raw).__name__}")
         return cls.from_json(raw, p)
