@@ -30,6 +30,7 @@ from typing import Any
 from quantscan import runfolder
 from quantscan.errors import FileError, UsageError
 from quantscan.readers.jsonfile import read_json
+from quantscan.readers.text import read_bytes
 
 APPENDED_SIDECARS = (".rewrite.json", ".log")
 """`OUT.onnx.rewrite.json` (a rewrite's proof), `OUT.onnx.log` (an --until-fails search log)."""
@@ -171,7 +172,7 @@ def make_bundle(run_dir: str | Path, out: str | Path, *, include: Sequence[str |
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for name, src in items:
-            data = src.read_bytes()
+            data = read_bytes(src, "bundle")
             if src.suffix.lower() in TEXT_SUFFIXES:
                 try:
                     text = data.decode("utf-8")

@@ -123,10 +123,16 @@ def is_quantscan_json(path: Path, keys: Iterable[str]) -> bool:
     return isinstance(data, dict) and all(k in data for k in keys)
 
 
+MANIFEST_MAX_BYTES = 1 << 20
+"""The largest MANIFEST.json a bundle of ours has (a few KB: one line per file)."""
+
+
 def is_quantscan_zip(path: Path) -> bool:
     """A bundle quantscan wrote: a zip whose MANIFEST.json says `"tool": "quantscan"`."""
     try:
         with zipfile.ZipFile(path) as zf:
+            if zf.getinfo("MANIFEST.json").file_size > MANIFEST_MAX_BYTES:  # a bomb is not our manifest
+                return False
             return bool(parse_json(zf.read("MANIFEST.json")).get("tool") == "quantscan")
     except Exception:  # not a zip, no manifest, not JSON: not ours
         return False

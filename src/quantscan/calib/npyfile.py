@@ -8,7 +8,6 @@ the same way.
 from __future__ import annotations
 
 import io
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,18 +20,16 @@ from quantscan.readers.arrays import (
     ClaimTooLarge,
     default_budget,
     map_npy,
+    npy_file_header,
     npz_member_headers,
-    read_array_header,
-    read_npy_stream,
+    read_npz_member,
 )
 
 
 def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of a .npy file, read from its header only."""
     try:
-        with path.open("rb") as f:
-            shape, dtype, _ = read_array_header(f)
-            return shape, dtype
+        return npy_file_header(path)
     except (OSError, ValueError, EOFError) as exc:
         raise CalibrationError(f"{path}: expected a readable .npy array, found {short(exc)}") from None
 
@@ -61,8 +58,7 @@ def load_array(path: Path, key: str | None, where: str, rows: int | None = None)
     try:
         if key is None:
             return map_npy(path)
-        with zipfile.ZipFile(path) as zf, zf.open(f"{key}.npy") as f:
-            return read_npy_stream(f, memory_budget(), rows)
+        return read_npz_member(path, key, memory_budget(), rows)
     except ARCHIVE_ERRORS as exc:
         raise CalibrationError(f"{where}: expected a readable array, found {short(exc)}") from None
 

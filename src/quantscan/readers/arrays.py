@@ -126,6 +126,20 @@ def read_npy(path: Path, what: str, budget: int | None = None) -> np.ndarray:
         raise _refusal(what, path, exc) from None
 
 
+def npy_file_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of a .npy file from its header alone; errors raised as ARCHIVE_ERRORS."""
+    with open(path, "rb") as f:
+        shape, dtype, _ = read_array_header(f)
+    return shape, dtype
+
+
+def read_npz_member(path: Path, key: str, budget: int, rows: int | None = None) -> np.ndarray:
+    """One key of an .npz (or its first `rows` entries along axis 0), held to `budget`; errors raised as
+    ARCHIVE_ERRORS (a missing key is a KeyError)."""
+    with zipfile.ZipFile(path) as zf, zf.open(f"{key}.npy") as f:
+        return read_npy_stream(f, budget, rows)
+
+
 def map_npy(path: Path) -> np.ndarray:
     """A .npy file memory-mapped read-only (nothing allocated; pages are read as they are used), after its
     header is checked (version, no objects, data present in full). Errors are raised as ARCHIVE_ERRORS."""
