@@ -73,6 +73,7 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
         ("options.fallback", isinstance(options, dict) and isinstance(options.get("fallback"), str)),
         ("options.output", isinstance(options, dict) and isinstance(options.get(Col.OUTPUT), (str, type(None)))),
         ("options.scan values", isinstance(options, dict) and _scan_options_typed(options.get("scan", {}))),
+        ("options.rounding", isinstance(options, dict) and _rounding_typed(options.get("rounding"))),
         ("calibration.path", isinstance(calib, dict) and isinstance(calib.get("path"), str)),
         ("model", isinstance(raw.get("model"), dict) and isinstance(raw["model"].get("path"), str)
          and isinstance(raw["model"].get("sha256"), str)),
@@ -89,6 +90,21 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
     if wrong:
         raise SessionFileError(f"session {path} is damaged: expected {wrong[0]} of the type quantscan writes, "
                                "found another; start a new session")
+
+
+ROUNDING_TYPES: dict[str, tuple[type, ...]] = {
+    "realisations": (int,), "spread": (int, float), "seed": (int,), "z": (int, float), "holdout": (str,)}
+"""options.rounding (bisect/robust.Rounding.as_dict): realisations and spread required, the rest optional."""
+
+
+def _rounding_typed(rounding: Any) -> bool:
+    """options.rounding as Rounding.from_dict reads it: absent/empty (a session from before issue 32) or
+    an object with each value of its type (numbers not booleans)."""
+    if not rounding:
+        return True
+    return (isinstance(rounding, dict) and all(k in rounding for k in ("realisations", "spread"))
+            and all(isinstance(rounding[k], kinds) and not isinstance(rounding[k], bool)
+                    for k, kinds in ROUNDING_TYPES.items() if k in rounding))
 
 
 SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {

@@ -77,12 +77,19 @@ def read_text_lenient(path: Path, what: str, max_bytes: int = MAX_TEXT_BYTES) ->
     return read_bytes(path, what, max_bytes).decode("utf-8", errors="replace")
 
 
+NAME_MAX = 255
+"""The longest file name (one path part, in bytes) Linux and macOS file systems take."""
+
+
 def inside(folder: Path, name: str, what: str) -> Path:
     """`folder / name` for a relative `name` read from a file, refused when it could leave `folder`:
     absolute (either OS's form), any `..` part, a NUL, or a symlink that resolves outside `folder`."""
     if not name or "\0" in name or PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute() \
             or PureWindowsPath(name).drive or ".." in PurePosixPath(name.replace("\\", "/")).parts:
         raise FileError(f"{what}: expected a file name relative to {folder}, found {name!r}")
+    longest = max(len(part.encode("utf-8", "surrogateescape")) for part in PurePosixPath(name).parts)
+    if longest > NAME_MAX:
+        raise FileError(f"{what}: expected file names of at most {NAME_MAX} bytes, found one of {longest} bytes")
     path = Path(folder) / name
     root = Path(folder).resolve()
     try:

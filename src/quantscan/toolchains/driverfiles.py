@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from quantscan.errors import FileError
-from quantscan.readers.arrays import read_npz
+from quantscan.readers.arrays import numeric, read_npz
 from quantscan.readers.jsonfile import field, read_json, read_json_object
 
 RESULT_SCHEMA: dict[str, type | tuple[type, ...]] = {
@@ -85,4 +85,5 @@ def read_simulated(path: Path) -> dict[str, np.ndarray]:
     """sim_outputs.npz (per `sample:output` key the simulator's output), absent = {}."""
     if not path.exists():
         return {}
-    return read_npz(path, "vendor: the toolkit driver's sim_outputs.npz")
+    what = "vendor: the toolkit driver's sim_outputs.npz"
+    return {key: numeric(array, key, what, path) for key, array in read_npz(path, what).items()}
