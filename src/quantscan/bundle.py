@@ -144,8 +144,9 @@ def _vendor_versions(items: Sequence[tuple[str, Path]]) -> dict[str, Any]:
                 data = read_json(src, "vendor.json")
             except FileError:
                 continue
-            if isinstance(data, Mapping):
-                found[name] = {"tool": data.get("tool"), "version": data.get("version"), "target": data.get("target")}
+            if isinstance(data, Mapping):  # strings only: the manifest says what ran, not what a file claimed
+                found[name] = {k: data[k] if isinstance(data.get(k), str) else None
+                               for k in ("tool", "version", "target")}
     return found
 
 

@@ -453,8 +453,23 @@ RUN_ROWS = ("inputs", "worst_samples")
 """run.json arrays whose every item is an object, with a string "name" where it has one."""
 
 
+RUN_NESTED: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "model": {"path": str, "sha256": str},
+    "options": {"profile": (str, type(None))},
+}
+"""Values inside run.json objects that case save, the report and the bundle read, with their JSON types."""
+
+
 def _check_run_nesting(run: Mapping[str, Any], path: Path) -> None:
     """One level down: the per-output/per-input objects and rows the readers index into."""
+    for key, fields in RUN_NESTED.items():
+        section = run.get(key)
+        if isinstance(section, dict):
+            try:
+                for name, kind in fields.items():
+                    field(section, name, kind, f"run.json {path}: {key}")
+            except FileError as exc:
+                raise ReportError(str(exc)) from None
     for key in RUN_TABLES:
         table = run.get(key)
         if isinstance(table, dict) and not all(isinstance(v, dict) for v in table.values()):
