@@ -227,9 +227,10 @@ def _without_paths(record: Mapping[str, Any]) -> str:
 
 
 def run_model_path(run: Path, info: Mapping[str, Any]) -> Path:
-    """The scanned model run.json names, a relative path taken against the run folder's parent first
-    (where `scan` was run from, the usual case), then the current folder, then the run folder itself:
-    `case save` is often run from elsewhere than the scan."""
+    """The scanned model run.json names. A relative path is as the scan was given it, relative to where
+    `scan` ran, which `case save` (often run from elsewhere) does not know: it is looked up against the
+    run folder and each folder above it, then the current folder, and the first file whose sha256 is the
+    one run.json recorded is taken (any existing file when none was recorded)."""
     model = info.get("model") or {}
     named = model.get("path", "") if isinstance(model, dict) else ""
     if not isinstance(named, str) or not Path(named).name:
@@ -237,10 +238,12 @@ def run_model_path(run: Path, info: Mapping[str, Any]) -> Path:
     path = Path(named)
     if path.is_absolute():
         return path
-    for base in (run.resolve().parent, Path.cwd(), run.resolve()):
-        if (base / path).is_file():
+    sha = model.get("sha256") if isinstance(model, dict) else None
+    root = run.resolve()
+    for base in (root, *root.parents, Path.cwd()):
+        if (base / path).is_file() and (not sha or _sha_of(base / path) == sha):
             return base / path
-    return run.resolve().parent / path
+    return root.parent / path
 
 
 RECORD_SCHEMA: dict[str, type | tuple[type, ...]] = {
