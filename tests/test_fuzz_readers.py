@@ -86,7 +86,8 @@ def _session_text() -> str:
 
     raw = {"tool": TOOL, "format": FORMAT, "model": {"path": "m.onnx", "sha256": "0" * 64},
            "calibration": {"path": "calib", "files_sha256": "1" * 64, "samples": 4},
-           "options": {"scan": {"calib_method": "minmax", "seed": 0}, "target_metric": "cosine",
+           "options": {"scan": {"calib_method": "minmax", "seed": 0, "output": ["y"], "input_dims": []},
+                       "target_metric": "cosine",
                        "target_value": 0.999, "fallback": "float", "output": None,
                        "rounding": {"realisations": 1, "spread": 0.0, "seed": 0, "z": 1.64, "holdout": "none"}},
            "sites": [{"node": "conv", "order": 0}], "order": ["conv"], "gain": [], "events": [], "spare": [],

@@ -22,7 +22,7 @@ from quantscan.readers.text import inside, read_text
 def _random_value(rng: random.Random, depth: int = 0) -> Any:
     roll = rng.random()
     if depth > 6 or roll < 0.3:
-        return rng.choice([1, -2.5, "a[b]{c}", 'q"[', "\\", None, True, ""])
+        return rng.choice([1, -2.5, "a[b]{c}", 'q"[', "\\", '\\"]', "\\\\[", 'x\\\\"{', "\n]", None, True, ""])
     if roll < 0.65:
         return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
     return {f"k{i}[": _random_value(rng, depth + 1) for i in range(rng.randrange(4))}

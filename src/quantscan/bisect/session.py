@@ -121,9 +121,9 @@ SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {
 def _scan_options_typed(scan: object) -> bool:
     if not isinstance(scan, dict):
         return False
-    lists_of_str = all(isinstance(v, str) for k in (Col.OUTPUT, "input_dims") for v in scan.get(k) or [])
-    return lists_of_str and all(not isinstance(scan[k], bool) and isinstance(scan[k], kinds)
-                                for k, kinds in SCAN_OPTION_TYPES.items() if k in scan)
+    typed = all(not isinstance(scan[k], bool) and isinstance(scan[k], kinds)
+                for k, kinds in SCAN_OPTION_TYPES.items() if k in scan)  # first: a `true` list is not iterated
+    return typed and all(isinstance(v, str) for k in (Col.OUTPUT, "input_dims") for v in scan.get(k) or [])
 
 
 def _gain_row(row: object) -> bool:

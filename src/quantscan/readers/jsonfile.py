@@ -24,21 +24,32 @@ for hand-written files and stays far below Python's recursion limit for the code
 MAX_JSON_BYTES = 1 << 28
 """The largest JSON file read (a session of 10^5 sites is a few MB)."""
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_ONLY_SYNTAX = {c: None for c in range(128) if chr(c) not in '[]{}"'}
+"""str.translate table deleting every ASCII character but brackets and quotes."""
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
 
 
 def json_depth(text: str, limit: int = MAX_JSON_DEPTH) -> int:
-    """How deep the arrays/objects of `text` nest (strings skipped), counted up to `limit` + 1 and no further:
-    a loop over the brackets, so a text nested 10^6 deep costs no recursion."""
-    depth = deepest = 0
-    for c in _NOT_BRACKET.sub("", _STRING.sub("", text)):
-        depth += 1 if c in "[{" else -1
-        if depth > deepest:
-            deepest = depth
-            if deepest > limit:
-                break
-    return deepest
+    """How deep the arrays/objects of `text` nest (strings skipped), counted up to `limit` + 1 and no further.
+
+    No recursion and no per-character Python loop: each pass deletes the innermost bracket pairs (a C
+    regex), so the passes are the depth. Brackets that do not pair up stop the count early; json.loads
+    then says where the text is wrong."""
+    brackets = _NOT_BRACKET.sub("", "".join(_syntax(text).split('"')[::2]))  # odd pieces: inside strings
+    depth = 0
+    while brackets and depth <= limit:
+        inner = _INNERMOST.sub("", brackets)
+        if inner == brackets:
+            break
+        brackets, depth = inner, depth + 1
+    return depth
+
+
+def _syntax(text: str) -> str:
+    """The text's brackets and string quotes only. Escaped backslashes, then escaped quotes, go first (the
+    order the decoder reads them), so every remaining quote opens or closes a string."""
+    return text.replace("\\\\", "").replace('\\"', "").translate(_ONLY_SYNTAX)
 
 
 def parse_json(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:

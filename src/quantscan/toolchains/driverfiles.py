@@ -41,7 +41,7 @@ def read_result(path: Path, log: Path) -> dict[str, Any]:
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in result.get("times", {}).values()):
         raise FileError(f'{what}: expected "times" to hold numbers, found another type in {path}')
     error = result.get("error")
-    if error is not None and not all(isinstance(error.get(k, ""), str) for k in ("stage", "message")):
+    if error is not None and not all(isinstance(error.get(k), str) for k in ("stage", "message")):
         raise FileError(f'{what}: expected "error" to hold a string stage and message, found another type in {path}')
     _check_qtable(result.get("qtable"), what, path)
     return result
