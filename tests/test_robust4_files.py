@@ -175,13 +175,15 @@ def bisected(sandbox: Path, capfd: pytest.CaptureFixture[str]) -> Path:
     return run
 
 
-@pytest.mark.parametrize("text", [f'{{"format": {BIG_INT}}}', "[" * 600 + "]" * 600],
-                         ids=["5000-digit integer", "nested 600 deep"])
+@pytest.mark.parametrize("value", [BIG_INT, "[" * 600 + "]" * 600], ids=["5000-digit integer", "nested 600 deep"])
 @pytest.mark.parametrize("how", ["--show", "--resume"])
-def test_a_session_beyond_the_json_limits_is_one_line(text: str, how: str, bisected: Path,
+def test_a_session_beyond_the_json_limits_is_one_line(value: str, how: str, bisected: Path,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """The value sits inside a real session (its tool, format and keys intact), where the digest walks it."""
     session = bisected / "session.json"
-    session.write_text(text)
+    raw = json.loads(session.read_text())
+    raw["spare"] = "__VALUE__"
+    session.write_text(json.dumps(raw).replace('"__VALUE__"', value))
     before = digests(bisected)
     code, _, err = main(capfd, "bisect", how, session, "--quiet")
     assert_one_line(code, err, 2, "session")
@@ -246,13 +248,18 @@ def test_case_save_with_a_mistyped_plan_json_is_one_line(plan: object, rewritten
     assert digests(rewritten_run.parent) == before
 
 
-def test_case_save_with_a_5000_digit_integer_in_run_json_is_one_line(rewritten_run: Path,
-                                                                     capfd: pytest.CaptureFixture[str]) -> None:
-    raw = (rewritten_run / "run.json").read_text()
-    (rewritten_run / "run.json").write_text(raw.replace('"format": 1', f'"format": {BIG_INT}', 1))
+@pytest.mark.parametrize("name", ["run.json", "plan.json", "r.onnx.rewrite.json"])
+def test_case_save_with_a_5000_digit_integer_is_one_line(name: str, rewritten_run: Path,
+                                                         capfd: pytest.CaptureFixture[str]) -> None:
+    """In the run's run.json or plan.json, or in the rewrite record beside the model."""
+    path = (rewritten_run.parent if name.endswith("rewrite.json") else rewritten_run) / name
+    if name == "plan.json":
+        path.write_text('{"target": {"metric": "cosine", "value": 0.99}, "sites": []}')
+    path.write_text(path.read_text().replace("{", f'{{"big": {BIG_INT}, ', 1))
     before = digests(rewritten_run.parent)
-    code, _, err = main(capfd, "case", "save", rewritten_run, "--note", "n", "--cases", rewritten_run.parent / "lib")
-    assert_one_line(code, err, 2, "run.json")
+    code, _, err = main(capfd, "case", "save", rewritten_run, "--note", "n", "--cases", rewritten_run.parent / "lib",
+                        "--profile", "generic-npu")
+    assert_one_line(code, err, 2, name)
     assert digests(rewritten_run.parent) == before
 
 
