@@ -17,7 +17,8 @@ import onnx
 import tomllib
 
 from quantscan.compat import profile_schema as schema
-from quantscan.errors import ProfileError
+from quantscan.errors import FileError, ProfileError
+from quantscan.readers.text import read_text
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
 DEFAULT_PROFILE = "generic-npu"
@@ -176,8 +177,10 @@ def load_profile(spec: str | Path) -> Profile:
     """Read and validate one profile; every defect is a ProfileError naming file and key."""
     path = resolve(spec)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(read_text(path, f"profile {path}"))
+    except FileError as exc:
+        raise ProfileError(str(exc)) from None
+    except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"profile {path}: expected valid TOML, found a syntax error ({exc})") from exc
     _validate(path, data)
     return _build(path, data)
