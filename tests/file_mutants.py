@@ -12,6 +12,11 @@ copies the one file it damages into a fresh folder, so a run costs one in-proces
 - `log`: a vendor log with lines dropped, repeated, cut, numbers replaced, bytes flipped;
 - `npz`: an .npz whose .npy header claims another shape (10^6 samples, 10^12 elements), dtype, order,
   or whose data is cut short, or a compressed member of zeros far bigger than its file;
+- `dumps`, `vendor`, `plan` (tests/reader_mutants.py, issue 42): a device dump folder (npy, RKNN,
+  tpu-mlir) with one file damaged, its map's names leading outside, or a scale of the wrong shape,
+  through `dumps`; a vendor driver's result.json / entire_sums.json / sim_outputs.npz damaged (a killed
+  toolkit, the wrong interpreter) through `vendor` with a stand-in interpreter; plan.json mutated
+  through overlay, case save, report and bundle;
 - `out_path`: a writing command (overlay, rewrite, scan --save-qdq, extract, bundle, check/log/compare
   --out) pointed at an input, a user's own file, a file where a folder is expected, a path under a
   file, a read-only location, a symlink loop, the calibration folder.
@@ -39,7 +44,9 @@ import onnx
 import onnx.parser
 from onnx import numpy_helper
 
-KINDS = ("session", "run_json", "layers_csv", "case", "preprocess", "log", "npz", "out_path")
+from reader_mutants import ReaderBase, build_reader_base, damage_dumps, damage_payload, fake_toolkit
+
+KINDS = ("session", "run_json", "layers_csv", "case", "preprocess", "log", "npz", "out_path", "dumps", "vendor", "plan")
 ODD_VALUES: tuple[Any, ...] = (None, True, 0, -1, 2**63, 1e308, "nan", "", "x", [], {}, [1, "a"], {"a": 1})
 
 CONV = """
@@ -62,6 +69,9 @@ class Base:
     run: Path
     cases: Path
     logs: list[Path]
+    readers: ReaderBase | None = None
+    record: Path | None = None
+    """A rewrite record (`rewrite --opset 14`), for `case save --rewrite`."""
 
 
 def _cli(src: Path, *argv: str | Path) -> None:
@@ -106,7 +116,9 @@ def build_base(root: Path, src: Path, repo: Path) -> Base:
     (cases / "m-abc123").mkdir(parents=True)
     (cases / "m-abc123" / "case.json").write_text(json.dumps(case, indent=1))
     logs = sorted(p for p in (repo / "tests" / "fixtures" / "vendorlog").rglob("*.log") if p.stat().st_size < 400_000)
-    return Base(root, path, calib, images, run, cases, logs[:8])
+    _cli(src, "rewrite", path, "--opset", "14", "-o", root / "r.onnx")
+    return Base(root, path, calib, images, run, cases, logs[:8], build_reader_base(root / "readers"),
+                root / "r.onnx.rewrite.json")
 
 
 # --- mutators ------------------------------------------------------------------------------------------------
@@ -128,9 +140,17 @@ def mutate_json(text: str, rng: random.Random) -> tuple[str, str]:
     if roll < 0.08:
         return text[: rng.randrange(len(text) or 1)], "json(truncate)"
     if roll < 0.16:
-        depth = rng.choice((1000, 100_000))
+        depth = rng.choice((600, 1000, 100_000))
         return "[" * depth + "]" * depth, f"json(deep {depth})"
     data = json.loads(text)
+    if roll < 0.22:  # json.dumps cannot write it (Python's int digit limit): splice it into the text
+        where = rng.choice(list(_paths(data)))
+        if where:
+            parent = data
+            for k in where[:-1]:
+                parent = parent[k]
+            parent[where[-1]] = "__BIG__"
+            return json.dumps(data).replace('"__BIG__"', "7" * 5000, 1), f"json(5000-digit int at {where[-1]})"
     where = rng.choice(list(_paths(data)))
     if not where:
         return json.dumps(rng.choice(ODD_VALUES)), "json(root)"
@@ -294,16 +314,21 @@ def make_case(base: Base, kind: str, seed: int, work: Path) -> Case:
         "log": lambda: _log_case(base, folder, rng, out),
         "npz": lambda: _npz_case(base, folder, rng, out),
         "out_path": lambda: _out_case(base, folder, rng),
+        "dumps": lambda: _dumps_case(base, folder, rng, out),
+        "vendor": lambda: _vendor_case(base, folder, rng, out),
+        "plan": lambda: _plan_case(base, folder, rng),
     }
     what, argv = build[kind]()
     run, damaged = folder / "run", {
         "session": folder / "run" / "session.json", "run_json": folder / "run" / "run.json",
         "layers_csv": folder / "run" / "layers.csv", "case": folder / "cases" / "m-abc123" / "case.json",
         "preprocess": folder / "images" / "preprocess.json", "npz": folder / "calib" / "data.npz",
+        "plan": folder / "run" / "plan.json",
     }.get(kind)
     if kind == "log":
         damaged = folder / Path(argv[1]).name
-    allowed = (run,) if kind in ("session", "run_json", "layers_csv") else (out, folder / "o")
+    allowed = ((run,) if kind in ("session", "run_json", "layers_csv") else (out, folder / "o", folder / "lib")
+               + ((run,) if kind == "plan" else ()))
     return Case(kind, seed, what, argv, folder, damaged, allowed)
 
 
@@ -376,6 +401,38 @@ def _npz_case(base: Base, folder: Path, rng: random.Random, out: Path) -> tuple[
     limit = ["--limit", "1"] if rng.random() < 0.6 else []
     return what, ["scan", str(base.model), "--calib", str(calib), *limit, "--out", str(out), "--no-report",
                   "--quiet", "--no-gain"]
+
+
+def _dumps_case(base: Base, folder: Path, rng: random.Random, out: Path) -> tuple[str, list[str]]:
+    assert base.readers is not None
+    fmt, what = damage_dumps(base.readers, folder / "dumps", rng)
+    return what, ["dumps", str(base.model), "--calib", str(base.calib), "--dumps", str(folder / "dumps"),
+                  "--format", fmt, "--out", str(out), "--quiet"]
+
+
+def _vendor_case(base: Base, folder: Path, rng: random.Random, out: Path) -> tuple[str, list[str]]:
+    assert base.readers is not None
+    tool, what = damage_payload(base.readers, folder / "payload", rng, mutate_json)
+    python = fake_toolkit(folder, tool, folder / "payload")
+    target = {"rknn": "rk3588", "tpu-mlir": "bm1684x"}[tool]
+    return what, ["vendor", tool, str(base.model), "--calib", str(base.calib), "--target", target, "--python",
+                  str(python), "--out", str(out), "--quiet"]
+
+
+def _plan_case(base: Base, folder: Path, rng: random.Random) -> tuple[str, list[str]]:
+    run = _copytree(base.run, folder / "run")
+    target = run / "plan.json"
+    text, what = mutate_json(target.read_text(), rng)
+    target.write_text(text)
+    command = rng.choice(["overlay", "case", "report", "bundle"])
+    if command == "overlay":
+        return what, ["overlay", str(run), "-o", str(folder / "o" / "nodes.json")]
+    if command == "report":
+        return what, ["report", str(run)]
+    if command == "bundle":
+        return what, ["bundle", str(run), "-o", str(folder / "o" / "b.zip")]
+    return what, ["case", "save", str(run), "--note", "n", "--cases", str(folder / "lib"), "--rewrite",
+                  str(base.record), "--profile", "generic-npu"]
 
 
 def _out_case(base: Base, folder: Path, rng: random.Random) -> tuple[str, list[str]]:

@@ -321,3 +321,105 @@ def test_no_function_over_80_lines() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert not long, long
+
+
+# --- issue 42: every file a user (or a vendor toolkit) wrote is read through quantscan.readers ----------------
+
+RAW_READS = {
+    ("np", "load"), ("np", "fromfile"), ("np", "loadtxt"), ("np", "genfromtxt"), ("np", "memmap"),
+    ("numpy", "load"), ("json", "load"), ("json", "loads"), ("pickle", "load"), ("pickle", "loads"),
+}
+"""Module functions that parse a file or a text without the readers' checks (sizes, depth, pickle)."""
+
+READ_ALLOWED: dict[str, dict[str, str]] = {
+    "quantscan.machine": {".read_text": "/proc/meminfo and cgroup limits: the kernel's files, not user data"},
+    "quantscan.runfolder": {
+        ".read_text": "/proc/self/status for the umask: the kernel's file",
+        "zipfile.ZipFile": "is_quantscan_zip reads only a size-capped MANIFEST.json to tell our bundle from a "
+                           "user's zip before overwriting it; anything unreadable is 'not ours'",
+    },
+    "quantscan.model": {".open": "the ONNX model: the model half of issue 42 (model.py's own checks, then onnx)"},
+    "quantscan.cases": {".read_bytes": "sha256 of a model file a case names (a regular file: is_file first); "
+                                       "hashed, never parsed"},
+    "quantscan.extract": {".read_bytes": "sha256 of the model extract already loaded; hashed, never parsed"},
+    "quantscan.report.html": {".read_text": "the package's own report assets (importlib.resources)"},
+    "quantscan.toolchains.rknn.driver": {
+        k: "runs in the vendor's Python, where quantscan is not importable; reads the job quantscan wrote and the "
+           "toolkit's own dumps; quantscan reads what it leaves through toolchains.driverfiles"
+        for k in (".read_text", "json.loads", "np.load")},
+    "quantscan.toolchains.tpumlir.driver": {
+        k: "runs in the vendor's Python, where quantscan is not importable; reads the job quantscan wrote and the "
+           "toolkit's own dumps; quantscan reads what it leaves through toolchains.driverfiles"
+        for k in (".read_text", "json.loads", "np.load")},
+}
+"""Modules outside quantscan.readers that may read a file directly, each call kind with its reason."""
+
+
+def _module_aliases(tree: ast.Module) -> set[str]:
+    """Names bound to imported modules of ours (`from quantscan import runfolder`): `runfolder.read_text(...)`
+    is the guarded reader of that module, not `Path.read_text`."""
+    names, known = set(), set(_modules())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("quantscan"):
+            names |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in known}
+    return names
+
+
+def _read_mode(node: ast.Call, position: int) -> bool:
+    """An open()-like call that reads: no mode given, or a literal mode with 'r'."""
+    mode = node.args[position] if len(node.args) > position else next(
+        (k.value for k in node.keywords if k.arg == "mode"), None)
+    return mode is None or (isinstance(mode, ast.Constant) and "r" in str(mode.value))
+
+
+def raw_reads(tree: ast.Module) -> set[str]:
+    """The kinds of direct file reads a module makes: `np.load`, `json.loads`, `.read_text`, `.read_bytes`,
+    `.open`/`open` in a read mode, `zipfile.ZipFile` for reading."""
+    ours = _module_aliases(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "open" and _read_mode(node, 1):
+            found.add("open")
+        if not isinstance(func, ast.Attribute):
+            continue
+        base = func.value.id if isinstance(func.value, ast.Name) else None
+        if (base, func.attr) in RAW_READS:
+            found.add(f"{base}.{func.attr}")
+        elif base == "zipfile" and func.attr == "ZipFile" and _read_mode(node, 1):
+            found.add("zipfile.ZipFile")
+        elif func.attr in ("read_text", "read_bytes") and base not in ours:
+            found.add(f".{func.attr}")
+        elif func.attr == "open" and node.args and _read_mode(node, 0) and base not in ("os", "zf"):
+            found.add(".open")
+    return found
+
+
+def test_files_are_read_only_through_the_readers() -> None:
+    offenders = []
+    for name, path in _modules().items():
+        if name == "quantscan.readers" or name.startswith("quantscan.readers."):
+            continue
+        extra = raw_reads(ast.parse(path.read_text(encoding="utf-8"))) - set(READ_ALLOWED.get(name, {}))
+        if extra:
+            offenders.append(f"{name}: {sorted(extra)}")
+    assert not offenders, "read these through quantscan.readers (or allow-list them with a reason): " + "; ".join(
+        offenders)
+
+
+def test_the_read_check_sees_planted_reads_and_not_guarded_ones() -> None:
+    planted = ast.parse("import numpy as np\nfrom quantscan import runfolder\n"
+                        "a = np.load(p)\nb = json.loads(t)\nc = Path(p).read_text()\nd = p.open('rb')\n"
+                        "e = open(p)\nf = zipfile.ZipFile(p)\ng = runfolder.read_text(p)\n"
+                        "h = zipfile.ZipFile(buf, 'w')\ni = p.open('w')\n")
+    assert raw_reads(planted) == {"np.load", "json.loads", ".read_text", ".open", "open", "zipfile.ZipFile"}
+
+
+def test_every_allowed_read_is_still_made() -> None:
+    """An allow-list entry whose read is gone is stale: it would let a new raw read through unnoticed."""
+    modules = _modules()
+    stale = [f"{name}: {kind}" for name, kinds in READ_ALLOWED.items() for kind in kinds
+             if kind not in raw_reads(ast.parse(modules[name].read_text(encoding="utf-8")))]
+    assert not stale, stale

@@ -151,6 +151,10 @@ def advice_for(ctx: ScanContext, pick: int | None, out: str | Path | None, subse
     from quantscan.scanning.calib_advice import advise_run
 
     cset = ctx.data.cset
+    if ctx.chip.scheme.weight_only:
+        raise UsageError(f"calib-advice: expected quantized activations (uint8, int8 or int16), found scheme "
+                         f"{ctx.chip.scheme.name()} with float activations: a weight-only scheme has no "
+                         "activation ranges to advise on")
     advice = advise_run(ctx.quant.calib_stats.sample_ranges, str(ctx.chip.activations), cset.files, cset.n_samples,
                         str(ctx.opts.calib_method), pick, ctx.opts.seed)
     advice = with_coverage(ctx, with_decider_cosines(ctx, advice))

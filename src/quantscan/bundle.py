@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from quantscan import runfolder
-from quantscan.errors import UsageError
-from quantscan.runfolder import parse_json
+from quantscan.errors import FileError, UsageError
+from quantscan.readers.jsonfile import read_json
+from quantscan.readers.text import read_bytes
 
 APPENDED_SIDECARS = (".rewrite.json", ".log")
 """`OUT.onnx.rewrite.json` (a rewrite's proof), `OUT.onnx.log` (an --until-fails search log)."""
@@ -140,11 +141,12 @@ def _vendor_versions(items: Sequence[tuple[str, Path]]) -> dict[str, Any]:
     for name, src in items:
         if src.name == "vendor.json":
             try:
-                data = parse_json(src.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                data = read_json(src, "vendor.json")
+            except FileError:
                 continue
-            if isinstance(data, Mapping):
-                found[name] = {"tool": data.get("tool"), "version": data.get("version"), "target": data.get("target")}
+            if isinstance(data, Mapping):  # strings only: the manifest says what ran, not what a file claimed
+                found[name] = {k: data[k] if isinstance(data.get(k), str) else None
+                               for k in ("tool", "version", "target")}
     return found
 
 
@@ -171,7 +173,7 @@ def make_bundle(run_dir: str | Path, out: str | Path, *, include: Sequence[str |
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for name, src in items:
-            data = src.read_bytes()
+            data = read_bytes(src, "bundle")
             if src.suffix.lower() in TEXT_SUFFIXES:
                 try:
                     text = data.decode("utf-8")

@@ -27,8 +27,9 @@ import onnx
 import pandas as pd
 
 from quantscan.columns import Col
-from quantscan.errors import UsageError
-from quantscan.runfolder import atomic_write_text, json_text, parse_json, read_csv, read_run_json
+from quantscan.errors import FileError, ModelError, UsageError
+from quantscan.readers.jsonfile import field, json_kind, read_json, read_json_object
+from quantscan.runfolder import atomic_write_text, json_text, read_plan, read_run_json, read_table
 
 CASES_ENV = "QUANTSCAN_CASES"
 CASE_FILE = "case.json"
@@ -84,7 +85,7 @@ class CaseMatch:
 def _model_signature(path: Path | None, sha256: str) -> dict[str, Any]:
     info: dict[str, Any] = {"name": path.name if path is not None else "", "sha256": sha256}
     if path is not None and path.is_file():
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = _load(path)
         ops: dict[str, int] = {}
         for node in proto.graph.node:
             ops[node.op_type] = ops.get(node.op_type, 0) + 1
@@ -96,8 +97,16 @@ def _model_signature(path: Path | None, sha256: str) -> dict[str, Any]:
 def _check(model: Path | onnx.ModelProto, profile: str) -> pd.DataFrame:
     from quantscan.compat.check import check
 
-    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    proto = model if isinstance(model, onnx.ModelProto) else _load(model)
     return check(proto, [profile]).findings
+
+
+def _load(path: Path) -> onnx.ModelProto:
+    """A model a run folder or rewrite record names (the scanned or the original model): not ONNX is one line."""
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, OSError, ValueError... on a file that is not a model
+        raise ModelError(f"case save: expected an ONNX model at {path}, found {type(exc).__name__}") from None
 
 
 def _proof_line(proof: Mapping[str, Any]) -> str:
@@ -116,8 +125,9 @@ def _recover_figures(record: dict[str, Any]) -> dict[str, Any]:
     rec = record.get("recover")
     if not isinstance(rec, dict):
         return {}
+    listed = rec.get("trials")
     trials = [{k: t.get(k) for k in ("rewrite", "kept", "cosine_before", "cosine_after")}
-              for t in rec.get("trials", [])]
+              for t in (listed if isinstance(listed, list) else []) if isinstance(t, dict)]
     return {"recover": {"profile": rec.get("profile"), "baseline_cosine": rec.get("baseline_cosine"),
                         "final_cosine": rec.get("final_cosine"), "kept": rec.get("kept"), "trials": trials}}
 
@@ -138,31 +148,32 @@ def save_case(
     """
     run = Path(run_dir)
     info = read_run_json(run / "run.json")
-    model_path = Path(str((info.get("model") or {}).get("path", "")))
-    if not model_path.name:
-        raise UsageError(f"case save: expected run.json to name the scanned model, found no model path in {run}")
+    model_path = run_model_path(run, info)
     records = [Path(r) for r in rewrite_records] or [p for p in [model_path.with_name(model_path.name +
                                                                                      ".rewrite.json")] if p.is_file()]
     if not records:
         raise UsageError(f"case save: expected a rewrite record ({model_path.name}.rewrite.json beside the run's "
                          "model, or --rewrite FILE), found none: a case records what was changed")
-    proofs = [parse_json(r.read_text(encoding="utf-8")) for r in records]
+    proofs = [read_record(r) for r in records]
     profile = profile or (info.get("options") or {}).get("profile")
     if not profile:
         raise UsageError("case save: expected the chip profile (the run's --profile, or --profile P), found none")
     profile_name = Path(str(profile)).stem if str(profile).endswith(".toml") else str(profile)
     source = Path(str(proofs[0].get("source", "")))
     before = _check(source, str(profile)) if source.is_file() else pd.DataFrame()
-    after_csv = run / "compat.csv"  # the scan checks with fixed input shapes: re-check like `before` when we can
-    after = _check(model_path, str(profile)) if model_path.is_file() else read_csv(after_csv)
+    # the scan checks with fixed input shapes: re-check like `before` when we can; no compat.csv is no findings
+    after = _check(model_path, str(profile)) if model_path.is_file() else (read_table(run / "compat.csv")
+                                                                          if (run / "compat.csv").is_file()
+                                                                          else pd.DataFrame())
+    if after is None:
+        raise UsageError(f"case save: expected compat.csv to be a CSV table, found an unreadable file in {run}")
     resolved = resolved_patterns(before, after, {str(c.get(Col.NODE, "")) for p in proofs for s in p.get("steps", [])
                                                  for c in s.get("changes", [])})
     recipe = [s["rewrite"] for p in proofs for s in p.get("steps", []) if s.get("rewrite") != "opset"]
     case_id = _case_id(source.name or model_path.name, str((info.get("model") or {}).get("sha256", "")), recipe,
                        profile_name)
     folder = cases_dir(cases) / case_id
-    plan_path = run / "plan.json"
-    plan = parse_json(plan_path.read_text(encoding="utf-8")) if plan_path.is_file() else None
+    plan = read_plan(run / "plan.json", strict=True)
     case = {
         "format": 1,
         "id": case_id,
@@ -186,8 +197,8 @@ def save_case(
                                            "sites": len(plan.get("sites", [])), "achieved": plan.get("achieved")},
         "metrics_after": (info.get("headline") or {}),
     }
-    for r in records:
-        atomic_write_text(folder / "proofs" / r.name, _without_paths(r.read_text(encoding="utf-8")))
+    for r, proof in zip(records, proofs, strict=True):
+        atomic_write_text(folder / "proofs" / r.name, _without_paths(proof))
     atomic_write_text(folder / CASE_FILE, json_text(case, indent=1))
     return folder
 
@@ -206,13 +217,62 @@ def _sha_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
 
-def _without_paths(text: str) -> str:
+def _without_paths(record: Mapping[str, Any]) -> str:
     """A rewrite record as the library keeps it: its `source`/`out` paths reduced to file names."""
-    data = parse_json(text)
+    data = dict(record)
     for key in ("source", "out"):
         if isinstance(data.get(key), str):
             data[key] = Path(data[key]).name
     return json_text(data, indent=1)
+
+
+def run_model_path(run: Path, info: Mapping[str, Any]) -> Path:
+    """The scanned model run.json names. A relative path is as the scan was given it, relative to where
+    `scan` ran, which `case save` (often run from elsewhere) does not know: it is looked up against the
+    run folder and each folder above it, then the current folder, and the first file whose sha256 is the
+    one run.json recorded is taken (any existing file when none was recorded)."""
+    model = info.get("model") or {}
+    named = model.get("path", "") if isinstance(model, dict) else ""
+    if not isinstance(named, str) or not Path(named).name:
+        raise UsageError(f"case save: expected run.json to name the scanned model, found no model path in {run}")
+    path = Path(named)
+    if path.is_absolute():
+        return path
+    sha = model.get("sha256") if isinstance(model, dict) else None
+    root = run.resolve()
+    for base in (root, *root.parents, Path.cwd()):
+        if (base / path).is_file() and (not sha or _sha_of(base / path) == sha):
+            return base / path
+    return root.parent / path
+
+
+RECORD_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "source": str, "out": str, "steps": list, "proof": dict, "opset_before": (int, type(None)),
+    "opset_after": (int, type(None)), "op_counts_before": (dict, type(None)), "op_counts_after": (dict, type(None)),
+    "recover": (dict, type(None)),
+}
+"""The rewrite record keys a case reads, with their JSON types."""
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A rewrite record (`rewrite -o` writes it beside the model), its fields checked before use: every step an
+    object with a list of change objects, the proof an object with a list of output objects."""
+    what = f"case save: rewrite record {path}"
+    record = read_json_object(path, "case save: rewrite record")
+    for key, kind in RECORD_SCHEMA.items():
+        field(record, key, kind, what)
+    for step in record.get("steps", []):
+        if not isinstance(step, dict):
+            raise FileError(f'{what}: expected "steps" to hold JSON objects, found a JSON {json_kind(step)}')
+        field(step, "rewrite", str, f"{what} step")
+        changes = field(step, "changes", list, f"{what} step", [])
+        if not all(isinstance(c, dict) for c in changes):
+            raise FileError(f'{what}: expected a step\'s "changes" to hold JSON objects, found another type')
+    outputs = field(record.get("proof") or {}, "outputs", list, f"{what} proof", [])
+    if not all(isinstance(o, dict) and isinstance(o.get("max_abs", 0.0), int | float) for o in outputs):
+        raise FileError(f'{what}: expected the proof\'s "outputs" to be objects with a numeric "max_abs", found '
+                        "another type")
+    return record
 
 
 # --- reading ----------------------------------------------------------------------------------------------
@@ -226,8 +286,8 @@ def list_cases(cases: str | Path | None = None) -> list[dict[str, Any]]:
     found = []
     for path in sorted(root.glob(f"*/{CASE_FILE}")):
         try:
-            case = parse_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            case = read_json(path, "case.json")
+        except FileError:
             continue
         if is_case(case):  # a hand-edited case of the wrong shape is skipped: it must not break every check
             found.append(case)

@@ -36,3 +36,8 @@ class InternalError(Exception):
 
     Deliberately not a `QuantscanError`: the user's input is not at fault, so it must not read as bad input.
     """
+
+
+class FileError(QuantscanError):
+    """A file quantscan reads (a dump, a session, a vendor result, a case) is unreadable, malformed or over a
+    limit (quantscan.readers): one line naming the file, exit 2."""

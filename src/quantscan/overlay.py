@@ -22,6 +22,8 @@ import pandas as pd
 
 from quantscan import runfolder
 from quantscan.columns import Col
+from quantscan.errors import FileError
+from quantscan.readers.jsonfile import read_json
 
 SQNR_THRESHOLDS = ((10.0, "#d7191c"), (20.0, "#fdae61"), (30.0, "#ffffbf"), (1.0e9, "#a6d96a"))
 """SQNR bands (dB, upper bounds): red under ~1.5 useful bits, amber, pale, green; same for both SQNRs."""
@@ -98,13 +100,13 @@ def _load_tables(run_dir: Path) -> _Tables:
     run_dir = Path(run_dir)
     if (run_dir / runfolder.RUN_JSON).is_file() or not (run_dir / "plan.json").is_file():
         run = runfolder.load_run(run_dir)
-        return _Tables(run.layers, run.compat, run.plan)
+        return _Tables(run.layers, run.compat, runfolder.read_plan(run_dir / "plan.json", strict=True))
     for name in (runfolder.LAYERS_CSV, "gain.csv"):
         if (run_dir / name).is_file():
-            layers = runfolder.read_csv(run_dir / name)
-            if Col.NODE in layers.columns:
-                compat = runfolder.read_csv(run_dir / "compat.csv") if (run_dir / "compat.csv").is_file() else None
-                return _Tables(layers, compat, runfolder.read_plan(run_dir / "plan.json"))
+            layers = runfolder.read_table(run_dir / name, required=True)
+            if layers is not None and Col.NODE in layers.columns:
+                compat = runfolder.read_table(run_dir / "compat.csv")
+                return _Tables(layers, compat, runfolder.read_plan(run_dir / "plan.json", strict=True))
     raise runfolder.ReportError(f"expected a bisect folder's layers.csv or gain.csv (a table with a node column) "
                                 f"beside its plan.json, found neither in {run_dir}")
 
@@ -148,8 +150,8 @@ NAMES = frozenset({name for _s, _c, name in METRICS} | {"findings"})
 def is_overlay_file(path: Path) -> bool:
     """A node-data file quantscan wrote: a JSON object with `results` and one of our metric names."""
     try:
-        data = runfolder.parse_json(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        data = read_json(Path(path), "-o")
+    except FileError:
         return False
     return isinstance(data, dict) and data.get("name") in NAMES and isinstance(data.get("results"), dict)
 

@@ -37,6 +37,9 @@ _SCHEMES: dict[str, tuple[type[np.integer], int, int, bool]] = {
     "uint16": (np.uint16, 0, 65535, False),
 }
 _WEIGHT_SCHEMES = {8: "int8", 16: "int16"}
+_INT4_RANGE = {True: (-8, 7), False: (0, 15)}
+"""Stored range of a 4-bit weight: signed (symmetric, zero point 0) or unsigned (with a zero point), as
+ONNX INT4/UINT4. numpy has no 4-bit type: the codes are held in int8/uint8 and `QParams.bits` says 4."""
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 _INT32 = np.iinfo(np.int32)
 
@@ -48,14 +51,23 @@ class QParams:
     scale: np.ndarray
     zero_point: np.ndarray
     axis: int | None = None
+    block_size: int | None = None
+    """Blocked (group-wise) parameters, ONNX opset 21 semantics: `scale` has the tensor's rank and one
+    entry per `block_size` elements along `axis` (the weight's input axis); None: per tensor / channel."""
+    bits: int | None = None
+    """4 for int4/uint4 codes held in an 8-bit array; None: the zero point's own type decides the range."""
 
     @property
     def qmin(self) -> int:
         """Lowest stored value: QuantizeLinear saturates to the full range of the zero point's type."""
+        if self.bits == 4:
+            return _INT4_RANGE[self.zero_point.dtype == np.int8][0]
         return int(np.iinfo(self.zero_point.dtype).min)
 
     @property
     def qmax(self) -> int:
+        if self.bits == 4:
+            return _INT4_RANGE[self.zero_point.dtype == np.int8][1]
         return int(np.iinfo(self.zero_point.dtype).max)
 
     @property
@@ -121,32 +133,126 @@ def activation_scales(rmin: np.ndarray, rmax: np.ndarray, scheme: str = "uint8")
     return np.where(scale < _FLOAT32_TINY, 1.0, scale).astype(np.float32)
 
 
-def weight_qparams(w: np.ndarray, axis: int, bits: int = 8, per_channel: bool = True) -> QParams:
-    """Symmetric per-output-channel parameters: scale_c = absmax_c / 127 (int8) or / 32767 (int16).
+def weight_qparams(
+    w: np.ndarray,
+    axis: int,
+    bits: int = 8,
+    per_channel: bool = True,
+    *,
+    group_size: int | None = None,
+    symmetric: bool = True,
+    input_axis: int | None = None,
+) -> QParams:
+    """Weight parameters: symmetric per output channel by default, scale_c = absmax_c / 127 (int8),
+    / 32767 (int16) or / 7 (int4).
 
     `per_channel=False` is a chip without per-channel weight scales (NXP Neutron, TIDL): one scale,
     the whole tensor's absmax / 127, given to every channel. It stays in per-channel form (the same
     value on each channel along `axis`) so every reader of a weight plan (bias scales, channel tables,
     the QDQ graph) takes it unchanged; the stored values are those of a per-tensor scale.
-    An all-zero channel gets scale 1 (CONTRACT.md): any positive scale represents it exactly, and 1
-    keeps the bias scale s_in * s_w finite.
+    Symmetric int4 puts the value of largest magnitude on code -8 (scale = that value / -8, as
+    onnxruntime's MatMulNBits and llama.cpp's Q4_0), so its scale is negative when that value is positive.
+    `group_size=G`: one scale per G consecutive weights along the input axis (`input_axis`, default
+    :func:`weight_input_axis`), separately for every output channel (and kernel tap): the group-wise
+    int4 of the LLM NPUs (RKLLM w4a16_g128, QNN LPBQ, onnxruntime MatMulNBits); the parameters are
+    blocked as ONNX opset 21 DequantizeLinear takes them (`axis` = the input axis, `block_size` = G).
+    `symmetric=False`: asymmetric with a zero point (uint8 / uint4 codes), the range widened to 0 as
+    for activations. An all-zero channel or group gets scale 1 (CONTRACT.md): any positive scale
+    represents it exactly, and 1 keeps the bias scale s_in * s_w finite.
     """
-    if bits not in _WEIGHT_SCHEMES:
-        raise ValueError(f"weight bits must be 8 or 16, got {bits}")
-    dtype, _, qmax, _ = _scheme(_WEIGHT_SCHEMES[bits])
+    if bits not in (4, *_WEIGHT_SCHEMES):
+        raise ValueError(f"weight bits must be 4, 8 or 16, got {bits}")
     arr = np.asarray(w)
     if arr.ndim == 0:
         raise ValueError("a per-channel weight needs at least one axis")
     if not np.isfinite(arr).all():
         raise ValueError("weight contains NaN or Inf")
     ax = _normalize_axis(axis, arr.ndim)
+    if group_size is not None:
+        if group_size < 1:
+            raise ValueError(f"group size must be positive, got {group_size}")
+        block_axis = weight_input_axis(ax, arr.ndim) if input_axis is None else _normalize_axis(input_axis, arr.ndim)
+        lo, hi = _block_extrema(arr.astype(np.float32), block_axis, group_size)
+        scale, zero_point = _weight_grid(lo, hi, bits, symmetric)
+        return QParams(scale, zero_point, block_axis, block_size=group_size, bits=4 if bits == 4 else None)
     others = tuple(i for i in range(arr.ndim) if i != ax)
-    absmax = np.abs(arr.astype(np.float32)).max(axis=others, initial=0.0).astype(np.float64)
+    lo = arr.astype(np.float32).min(axis=others, initial=0.0).astype(np.float64)
+    hi = arr.astype(np.float32).max(axis=others, initial=0.0).astype(np.float64)
     if not per_channel:
-        absmax = np.full_like(absmax, absmax.max(initial=0.0))
-    scale = absmax / qmax
-    scale = np.where(scale < _FLOAT32_TINY, 1.0, scale)
-    return QParams(scale.astype(np.float32), np.zeros(scale.shape, dtype=dtype), ax)
+        lo, hi = np.full_like(lo, lo.min(initial=0.0)), np.full_like(hi, hi.max(initial=0.0))
+    scale, zero_point = _weight_grid(lo, hi, bits, symmetric)
+    return QParams(scale, zero_point, ax, bits=4 if bits == 4 else None)
+
+
+def channel_absmax(qp: QParams, output_axis: int | None) -> F64:
+    """Per output channel, the largest |value| the weight grid represents: scale * 127 for symmetric int8
+    per channel; for a blocked (group-wise) grid the widest group of the channel; with a zero point
+    the longer side of it. What channels.csv reports as `weight_absmax`."""
+    scale = np.abs(np.atleast_1d(np.asarray(qp.scale, np.float32)).astype(np.float64))
+    zp = np.asarray(qp.zero_point, np.float64)
+    restricted = 1 if qp.bits != 4 and not zp.any() else 0  # symmetric int8/int16: -128 is never used
+    reach = scale * np.maximum(qp.qmax - zp, zp - qp.qmin - restricted)
+    if qp.block_size and reach.ndim > 1:
+        out = _normalize_axis(output_axis or 0, reach.ndim)
+        reach = reach.max(axis=tuple(i for i in range(reach.ndim) if i != out))
+    return np.asarray(reach, np.float64).reshape(-1)
+
+
+def weight_input_axis(output_axis: int, ndim: int) -> int:
+    """The axis a weight sums over (its input channels): the other axis of a MatMul [K, N] / Gemm weight,
+    axis 1 of a Conv [O, I, kH, kW] weight, axis 0 of a ConvTranspose [I, O/g, kH, kW] one."""
+    if ndim == 1:
+        return 0
+    return 1 if output_axis == 0 else 0
+
+
+def _block_extrema(w: F32, axis: int, block: int) -> tuple[F64, F64]:
+    """Per-block min and max along `axis` (the last block may be short), each with w's rank: the
+    blocked parameter shape of ONNX opset 21 (dim `axis` = ceil(D / block))."""
+    length = w.shape[axis]
+    n_blocks = -(-length // block)
+    pad = [(0, 0)] * w.ndim
+    pad[axis] = (0, n_blocks * block - length)
+    padded = np.pad(w, pad)  # zeros: the range is widened to include 0 anyway
+    shape = (*w.shape[:axis], n_blocks, block, *w.shape[axis + 1:])
+    blocks = padded.reshape(shape).astype(np.float64)
+    return blocks.min(axis=axis + 1), blocks.max(axis=axis + 1)
+
+
+def _weight_grid(lo: F64, hi: F64, bits: int, symmetric: bool) -> tuple[F32, np.ndarray]:
+    """Scale and zero point for ranges (lo <= 0 <= hi, float64 arrays) on a `bits`-bit weight grid.
+
+    Symmetric: absmax / (2^(bits-1) - 1), zero point 0 (int8/int16 codes); int4 (held in int8): the
+    signed extreme / -8, see below.
+    Asymmetric: (hi - lo) / (2^bits - 1), zero point round(-lo / scale) (uint codes), as activations."""
+    lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+    if symmetric and bits == 4:
+        # The value of largest magnitude lands on -8 (scale = that value / -8, negative when it is
+        # positive), so all 16 codes serve: onnxruntime's MatMulNBits quantizer (MLAS
+        # MlasQuantizeBlockwise, symmetric) and llama.cpp's Q4_0 do this; absmax / 7 would waste one code.
+        extreme = np.where(-lo > hi, lo, hi)
+        scale = (extreme / -8.0).astype(np.float32)
+        scale = np.where(np.abs(scale) < _FLOAT32_TINY, np.float32(1.0), scale).astype(np.float32)
+        return scale, np.zeros(scale.shape, dtype=np.int8)
+    if symmetric:
+        dtype, _, qmax, _ = _scheme(_WEIGHT_SCHEMES[bits])
+        absmax_scale = np.maximum(np.abs(lo), np.abs(hi)) / qmax
+        scale = np.where(absmax_scale < _FLOAT32_TINY, 1.0, absmax_scale).astype(np.float32)
+        return scale, np.zeros(scale.shape, dtype=dtype)
+    levels = 2**bits - 1
+    scale64 = (hi - lo) / levels
+    tiny = scale64 < _FLOAT32_TINY
+    scale64 = np.where(tiny, 1.0, scale64)
+    zp = np.where(tiny, 0, np.clip(np.round(-lo / scale64), 0, levels))
+    udtype = np.uint16 if bits == 16 else np.uint8
+    return scale64.astype(np.float32), zp.astype(udtype)
+
+
+def expand_blocks(param: np.ndarray, axis: int, block_size: int, length: int | None) -> np.ndarray:
+    """A blocked parameter repeated `block_size` times along `axis` (cut to `length`, the tensor's size
+    there): the element-wise scale DequantizeLinear with `block_size` applies (ONNX opset 21)."""
+    full = np.repeat(param, block_size, axis=axis)
+    return full if length is None else np.take(full, np.arange(length), axis=axis)
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:
@@ -155,13 +261,18 @@ def _normalize_axis(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def _broadcast(param: np.ndarray, qp: QParams, ndim: int) -> np.ndarray:
-    """Shape a per-channel parameter so it broadcasts along ``qp.axis`` (ONNX ``axis`` semantics)."""
+def _broadcast(param: np.ndarray, qp: QParams, shape: tuple[int, ...]) -> np.ndarray:
+    """Shape a per-channel parameter so it broadcasts along ``qp.axis`` (ONNX ``axis`` semantics); a
+    blocked one is repeated over its blocks to the tensor's `shape`."""
+    ndim = len(shape)
     if qp.axis is None or param.ndim == 0:
         return param
-    shape = [1] * ndim
-    shape[_normalize_axis(qp.axis, ndim)] = param.size
-    return param.reshape(shape)
+    if qp.block_size:
+        axis = _normalize_axis(qp.axis, ndim)
+        return expand_blocks(param, axis, qp.block_size, shape[axis])
+    channel_shape = [1] * ndim
+    channel_shape[_normalize_axis(qp.axis, ndim)] = param.size
+    return param.reshape(channel_shape)
 
 
 def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
@@ -171,8 +282,8 @@ def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
     for bit. NaN (undefined in ONNX) maps to the zero point, i.e. dequantizes to 0.
     """
     x32 = np.asarray(x, dtype=np.float32)
-    scale = _broadcast(np.asarray(qp.scale, dtype=np.float32), qp, x32.ndim)
-    zp = _broadcast(np.asarray(qp.zero_point), qp, x32.ndim).astype(np.float64)
+    scale = _broadcast(np.asarray(qp.scale, dtype=np.float32), qp, x32.shape)
+    zp = _broadcast(np.asarray(qp.zero_point), qp, x32.shape).astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         q = np.rint(x32 / scale).astype(np.float64) + zp
     q = np.where(np.isnan(q), zp, q)
@@ -182,8 +293,8 @@ def quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
 def dequantize(q: np.ndarray, qp: QParams) -> F32:
     """DequantizeLinear: (q - zero_point) * scale, computed in float32 as the ONNX reference does."""
     q32 = np.asarray(q).astype(np.float32)
-    scale = _broadcast(np.asarray(qp.scale, dtype=np.float32), qp, q32.ndim)
-    zp = _broadcast(np.asarray(qp.zero_point), qp, q32.ndim).astype(np.float32)
+    scale = _broadcast(np.asarray(qp.scale, dtype=np.float32), qp, q32.shape)
+    zp = _broadcast(np.asarray(qp.zero_point), qp, q32.shape).astype(np.float32)
     return np.asarray((q32 - zp) * scale, dtype=np.float32)
 
 

@@ -88,10 +88,13 @@ class CalibMethod(StrEnum):
 
 
 class ActivationScheme(StrEnum):
-    """Activation quantization: asymmetric uint8 or symmetric int8, per tensor."""
+    """Activation quantization, per tensor: asymmetric uint8, symmetric int8 or int16, or float (a
+    weight-only scheme: activations are not quantized)."""
 
     UINT8 = "uint8"
     INT8 = "int8"
+    INT16 = "int16"
+    FLOAT = "float"
 
 
 # --- scan records (output metrics, headline, run info) -------------------------------------------

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantscan.columns import Col
-from quantscan.errors import QuantscanError, UsageError
+from quantscan.errors import FileError, QuantscanError, UsageError
+from quantscan.readers.jsonfile import field, json_kind, parse_json, read_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -116,16 +117,22 @@ def refuse_inputs(targets: Iterable[Path], inputs: Iterable[str | Path | None], 
 def is_quantscan_json(path: Path, keys: Iterable[str]) -> bool:
     """A JSON object quantscan wrote: every key of `keys` present (its own shape, e.g. a rewrite record)."""
     try:
-        data = parse_json(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(Path(path), "a file of quantscan's")
+    except FileError:
         return False
     return isinstance(data, dict) and all(k in data for k in keys)
+
+
+MANIFEST_MAX_BYTES = 1 << 20
+"""The largest MANIFEST.json a bundle of ours has (a few KB: one line per file)."""
 
 
 def is_quantscan_zip(path: Path) -> bool:
     """A bundle quantscan wrote: a zip whose MANIFEST.json says `"tool": "quantscan"`."""
     try:
         with zipfile.ZipFile(path) as zf:
+            if zf.getinfo("MANIFEST.json").file_size > MANIFEST_MAX_BYTES:  # a bomb is not our manifest
+                return False
             return bool(parse_json(zf.read("MANIFEST.json")).get("tool") == "quantscan")
     except Exception:  # not a zip, no manifest, not JSON: not ours
         return False
@@ -228,15 +235,6 @@ def _remove_if_only_marker(out: Path) -> None:
             out.rmdir()
     except OSError:
         pass
-
-
-def parse_json(text: str | bytes) -> Any:
-    """json.loads, where JSON nested deeper than the decoder's recursion limit is bad JSON (a ValueError:
-    json.JSONDecodeError) like any other, not a RecursionError read as our bug."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise json.JSONDecodeError("nested too deep", "", 0) from None
 
 
 def jsonable(value: Any) -> Any:
@@ -372,34 +370,32 @@ def load_run(run_dir: Path) -> RunFiles:
             f"in {run_dir}"
         )
     run = read_run_json(run_dir / RUN_JSON)
-    layers = _read_table(run_dir / LAYERS_CSV, required=True)
+    layers = read_table(run_dir / LAYERS_CSV, required=True)
     if layers is None or Col.NODE not in layers.columns:
         raise ReportError(f"expected {LAYERS_CSV} with a 'node' column, found none in {run_dir / LAYERS_CSV}")
     return RunFiles(
         path=run_dir,
         run=run,
         layers=layers,
-        tensors=_read_table(run_dir / "tensors.csv"),
-        ops=_read_table(run_dir / "ops.csv"),
-        channels=_read_table(run_dir / "channels.csv"),
+        tensors=read_table(run_dir / "tensors.csv"),
+        ops=read_table(run_dir / "ops.csv"),
+        channels=read_table(run_dir / "channels.csv"),
         hist=read_hist(run_dir / "hist.npz"),
         summary=read_text(run_dir / "summary.md"),
-        compat=_read_table(run_dir / "compat.csv"),
-        partitions=_read_table(run_dir / "partitions.csv"),
+        compat=read_table(run_dir / "compat.csv"),
+        partitions=read_table(run_dir / "partitions.csv"),
         plan=read_plan(run_dir / "plan.json"),
-        device=_read_table(run_dir / "device.csv"),
-        calib_advice=_read_table(run_dir / "calib_advice.csv"),
+        device=read_table(run_dir / "device.csv"),
+        calib_advice=read_table(run_dir / "calib_advice.csv"),
     )
 
 
 def read_run_json(path: Path) -> dict[str, Any]:
     """run.json as written by quantscan (any format up to SUPPORTED_FORMAT); ReportError otherwise."""
     try:
-        run = parse_json(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ReportError(
-            f"expected run.json to be JSON written by quantscan, found unreadable {path} ({exc})"
-        ) from None
+        run = read_json(Path(path), "run.json")
+    except FileError as exc:
+        raise ReportError(f"{exc} (expected run.json written by quantscan)") from None
     if not isinstance(run, dict) or run.get("tool", "quantscan") != "quantscan":
         raise ReportError(f"expected run.json written by quantscan, found another kind of JSON in {path}")
     _check_run_nesting(run, path)
@@ -459,8 +455,23 @@ RUN_ROWS = ("inputs", "worst_samples")
 """run.json arrays whose every item is an object, with a string "name" where it has one."""
 
 
+RUN_NESTED: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "model": {"path": str, "sha256": str},
+    "options": {"profile": (str, type(None))},
+}
+"""Values inside run.json objects that case save, the report and the bundle read, with their JSON types."""
+
+
 def _check_run_nesting(run: Mapping[str, Any], path: Path) -> None:
     """One level down: the per-output/per-input objects and rows the readers index into."""
+    for key, fields in RUN_NESTED.items():
+        section = run.get(key)
+        if isinstance(section, dict):
+            try:
+                for name, kind in fields.items():
+                    field(section, name, kind, f"run.json {path}: {key}")
+            except FileError as exc:
+                raise ReportError(str(exc)) from None
     for key in RUN_TABLES:
         table = run.get(key)
         if isinstance(table, dict) and not all(isinstance(v, dict) for v in table.values()):
@@ -493,7 +504,8 @@ def read_csv(path: Path) -> pd.DataFrame:
     return frame
 
 
-def _read_table(path: Path, required: bool = False) -> pd.DataFrame | None:
+def read_table(path: Path, required: bool = False) -> pd.DataFrame | None:
+    """A CSV table of the run folder; absent or unreadable is None, or one ReportError line when `required`."""
     if not path.is_file():
         return None
     try:
@@ -505,25 +517,25 @@ def _read_table(path: Path, required: bool = False) -> pd.DataFrame | None:
 
 
 def read_text(path: Path) -> str | None:
+    """An optional text file of the run (summary.md); unreadable is absent (the report renders without it)."""
+    from quantscan.readers.text import read_text as read_checked
+
     try:
-        return path.read_text(encoding="utf-8") if path.is_file() else None
-    except (OSError, UnicodeDecodeError):
+        return read_checked(path, path.name) if path.is_file() else None
+    except FileError:
         return None
 
 
 def read_hist(path: Path) -> dict[str, np.ndarray] | None:
-    import numpy as np
-
-    from quantscan.npyheaders import array_bytes, npz_member_headers
+    """hist.npz, or None when absent or unreadable (the report draws no histograms). Sizes come from the
+    headers first (readers.arrays): a hand-made hist.npz of 9 GB of zeros is not read."""
+    from quantscan.readers.arrays import read_npz
 
     if not path.is_file():
         return None
-    try:  # sizes from the headers first: a hand-made hist.npz of 9 GB of zeros is not read
-        if sum(array_bytes(shape, dtype) for shape, dtype in npz_member_headers(path).values()) > HIST_MAX_BYTES:
-            return None
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, QuantscanError):
+    try:
+        return read_npz(path, "hist.npz", budget=HIST_MAX_BYTES)
+    except FileError:
         return None
 
 
@@ -531,14 +543,47 @@ HIST_MAX_BYTES = 1 << 28
 """The most hist.npz may hold to be read (a scan writes a few KB per site: 256 MB is ~10^5 sites)."""
 
 
-def read_plan(path: Path) -> dict[str, Any] | None:
+PLAN_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "format": int, "tool": str, "model": str, "model_sha256": str, "target": dict, "status": str, "mode": str,
+    "sites": list, "pareto": list, "steps": list, "evaluations": int, "site_count": int, "keep_float": list,
+    "force_quant": list, "calibration": dict, "phases": list,
+}
+"""The plan.json keys the report, overlay and case library read, with their JSON types (any may be absent)."""
+
+
+def check_plan(plan: Any, path: Path) -> dict[str, Any]:
+    """plan.json's content checked before use: an object, its keys of the types above, every site an
+    object with a string "node". One ReportError line naming the first wrong key otherwise."""
+    if not isinstance(plan, dict):
+        raise ReportError(f"expected plan.json to be a JSON object written by quantscan bisect, found a JSON "
+                          f"{json_kind(plan)} in {path}")
+    try:
+        for key, kind in PLAN_SCHEMA.items():
+            field(plan, key, kind, f"plan.json {path}")
+    except FileError as exc:
+        raise ReportError(str(exc)) from None
+    for site in plan.get("sites", []):
+        if not isinstance(site, dict) or not isinstance(site.get(Col.NODE, ""), str):
+            raise ReportError(f'expected plan.json "sites" to be a list of JSON objects with a string "{Col.NODE}", '
+                              f"found a JSON {json_kind(site)} in {path}")
+    return plan
+
+
+def read_plan(path: Path, *, strict: bool = False) -> dict[str, Any] | None:
+    """plan.json, None when absent. Unreadable or of the wrong shape: None for the report (it renders
+    without the plan), one ReportError line when `strict` (overlay and case save rely on it)."""
     if not path.is_file():
         return None
     try:
-        plan = parse_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return check_plan(read_json(path, "plan.json"), path)
+    except FileError as exc:
+        if strict:
+            raise ReportError(str(exc)) from None
         return None
-    return plan if isinstance(plan, dict) else None
+    except ReportError:
+        if strict:
+            raise
+        return None
 
 
 def run_members(run_dir: Path) -> list[Path]:

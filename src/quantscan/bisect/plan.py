@@ -24,7 +24,7 @@ from quantscan.columns import Col
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.records import Metrics, ParetoPoint, Plan, PlanSite, Precision
-from quantscan.runfolder import atomic_write_text, csv_text, read_csv, write_json
+from quantscan.runfolder import atomic_write_text, csv_text, read_csv, read_text, write_json
 from quantscan.scanning.ort_recipe import quantize_static_call
 from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
@@ -211,9 +211,9 @@ def write_plan(
         files["layers.csv"] = out / "layers.csv"
         atomic_write_text(files["layers.csv"], csv_text(_layers_with_gain(out / "layers.csv", gains)))
     # a scan's folder: its diagnosis shows the plan on the first screen
-    if summary_block is not None and (out / "summary.md").is_file():
+    text = read_text(out / "summary.md") if summary_block is not None else None
+    if summary_block is not None and text is not None:
         files["summary.md"] = out / "summary.md"
-        text = files["summary.md"].read_text(encoding="utf-8")
         atomic_write_text(files["summary.md"], summary_block(text, plan.to_json()))
     files.update(qexports.write_exports(plan, out, exports, step1_names=step1_names, model=model))
     return files

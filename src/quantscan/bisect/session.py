@@ -20,8 +20,9 @@ from typing import Any
 
 from quantscan.bisect.state import Bisector, Event, SessionFileError, Step, Target, event_from_dict
 from quantscan.columns import Col
-from quantscan.errors import UsageError
-from quantscan.runfolder import jsonable, parse_json, write_json
+from quantscan.errors import FileError, UsageError
+from quantscan.readers.jsonfile import read_json
+from quantscan.runfolder import jsonable, write_json
 
 FORMAT = 2
 """Session file format version; a newer one is refused, never guessed at. Format 2 adds `digest`."""
@@ -72,6 +73,7 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
         ("options.fallback", isinstance(options, dict) and isinstance(options.get("fallback"), str)),
         ("options.output", isinstance(options, dict) and isinstance(options.get(Col.OUTPUT), (str, type(None)))),
         ("options.scan values", isinstance(options, dict) and _scan_options_typed(options.get("scan", {}))),
+        ("options.rounding", isinstance(options, dict) and _rounding_typed(options.get("rounding"))),
         ("calibration.path", isinstance(calib, dict) and isinstance(calib.get("path"), str)),
         ("model", isinstance(raw.get("model"), dict) and isinstance(raw["model"].get("path"), str)
          and isinstance(raw["model"].get("sha256"), str)),
@@ -90,13 +92,29 @@ def _check_contents(raw: Mapping[str, Any], path: Path) -> None:
                                "found another; start a new session")
 
 
+ROUNDING_TYPES: dict[str, tuple[type, ...]] = {
+    "realisations": (int,), "spread": (int, float), "seed": (int,), "z": (int, float), "holdout": (str,)}
+"""options.rounding (bisect/robust.Rounding.as_dict): realisations and spread required, the rest optional."""
+
+
+def _rounding_typed(rounding: Any) -> bool:
+    """options.rounding as Rounding.from_dict reads it: absent/empty (a session from before issue 32) or
+    an object with each value of its type (numbers not booleans)."""
+    if not rounding:
+        return True
+    return (isinstance(rounding, dict) and all(k in rounding for k in ("realisations", "spread"))
+            and all(isinstance(rounding[k], kinds) and not isinstance(rounding[k], bool)
+                    for k, kinds in ROUNDING_TYPES.items() if k in rounding))
+
+
 SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "calib_method": (str,), "activations": (str, type(None)), "input_shape": (dict,), "input_dims": (list,),
     "const": (dict,), "state": (dict, type(None)), "limit": (int, type(None)), "eval": (str, type(None)),
     Col.OUTPUT: (list,), "preprocess": (str, type(None)), "preprocess_overrides": (dict,),
     "threads": (int, type(None)), "seed": (int,), "batch_size": (int, type(None)), "task": (str,),
     "charset": (str, type(None)), "mask_threshold": (int, float), "max_memory": (str, int, type(None)),
-    "profile": (str, type(None)),
+    "profile": (str, type(None)), "weights": (str, type(None)), "group_size": (int, type(None)),
+    "scheme": (str, type(None)),
 }
 """The JSON types of the scan options a session records (bisect/driver.py SCAN_OPTION_KEYS)."""
 
@@ -104,9 +122,9 @@ SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {
 def _scan_options_typed(scan: object) -> bool:
     if not isinstance(scan, dict):
         return False
-    lists_of_str = all(isinstance(v, str) for k in (Col.OUTPUT, "input_dims") for v in scan.get(k) or [])
-    return lists_of_str and all(not isinstance(scan[k], bool) and isinstance(scan[k], kinds)
-                                for k, kinds in SCAN_OPTION_TYPES.items() if k in scan)
+    typed = all(not isinstance(scan[k], bool) and isinstance(scan[k], kinds)
+                for k, kinds in SCAN_OPTION_TYPES.items() if k in scan)  # first: a `true` list is not iterated
+    return typed and all(isinstance(v, str) for k in (Col.OUTPUT, "input_dims") for v in scan.get(k) or [])
 
 
 def _gain_row(row: object) -> bool:
@@ -214,14 +232,10 @@ class BisectSession:
         p = Path(path)
         if not p.is_file():
             raise SessionFileError(f"expected a bisect session file, found nothing at {p}")
-        text = p.read_text(encoding="utf-8", errors="replace")
         try:
-            raw = parse_json(text)
-        except json.JSONDecodeError as exc:
-            raise SessionFileError(
-                f"session {p} is corrupt or truncated (invalid JSON at byte {exc.pos} of {len(text)}); "
-                "it was left untouched"
-            ) from None
+            raw = read_json(p, "bisect session")
+        except FileError as exc:
+            raise SessionFileError(f"{exc}: the session is corrupt or truncated; it was left untouched") from None
         if not isinstance(raw, dict):
             raise SessionFileError(f"expected a bisect session object in {p}, found {type(raw).__name__}")
         return cls.from_json(raw, p)

@@ -10,8 +10,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from quantscan.errors import CalibrationError
-from quantscan.runfolder import parse_json
+from quantscan.errors import CalibrationError, FileError
+from quantscan.readers.jsonfile import read_json
 
 LABELS_NAME = "labels.json"
 """Beside the data: a list of class names (matched in file names as above), or
@@ -62,9 +62,9 @@ def labels_from_json(folder: Path, names: Sequence[str]) -> tuple[list[str], lis
     if not path.is_file():
         return None
     try:
-        data = parse_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CalibrationError(f"expected {LABELS_NAME} to be JSON, found unreadable {path} ({exc})") from None
+        data = read_json(path, LABELS_NAME)
+    except FileError as exc:
+        raise CalibrationError(str(exc)) from None
     classes = data.get("classes") if isinstance(data, dict) else data
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
         raise CalibrationError(f'expected {path} to hold a list of class names or {{"classes": [...]}}')

@@ -14,6 +14,7 @@ from pathlib import Path
 from quantscan.calib.calibset import CalibSet
 from quantscan.calib.labels import LABELS_NAME
 from quantscan.errors import UsageError
+from quantscan.readers.jsonfile import read_json
 
 MARKER = ".quantscan-picked"
 """Written into every picked folder: a rerun replaces a folder with it, and refuses one without."""
@@ -63,7 +64,7 @@ def _copy_meta(src: Path, target: Path, names: Sequence[str], drop_labels: bool)
     """A metadata file as is, except preprocess.json: its `files` list names the picked files only, and
     its `labels` go when labels.json spells them out per file (preprocess.json's would win)."""
     if src.name == "preprocess.json":
-        data = json.loads(src.read_text(encoding="utf-8"))
+        data = read_json(src, "preprocess.json")
         if isinstance(data, dict) and (isinstance(data.get("files"), list) or (drop_labels and "labels" in data)):
             if isinstance(data.get("files"), list):
                 data["files"] = [n for n in data["files"] if Path(str(n)).name in set(names)]

@@ -7,7 +7,6 @@ long run never starts on a contract that cannot hold.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,8 +17,8 @@ import numpy as np
 
 from quantscan.calib.checks import fixed_dim, fmt
 from quantscan.calib.folder import PREPROCESS_NAME
-from quantscan.errors import CalibrationError, QuantscanError, UsageError
-from quantscan.runfolder import parse_json
+from quantscan.errors import CalibrationError, FileError, QuantscanError, UsageError
+from quantscan.readers.jsonfile import read_json
 from quantscan.specs import InputSpec
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -158,14 +157,11 @@ def preprocess_keys(folder: Path, preprocess: str | Path | None, overrides: Mapp
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
+    """The preprocessing keys of a preprocess.json (readers.jsonfile: every decode error and limit one line)."""
     try:
-        data = parse_json(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CalibrationError(f"{path}: expected a readable JSON file, found {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise CalibrationError(
-            f"{path}: expected JSON, found a syntax error at line {exc.lineno}: {exc.msg}"
-        ) from None
+        data = read_json(path, PREPROCESS_NAME if path.name == PREPROCESS_NAME else "--preprocess")
+    except FileError as exc:
+        raise CalibrationError(str(exc)) from None
     if not isinstance(data, dict):
         raise CalibrationError(
             f"{path}: expected a JSON object of preprocessing keys, found {type(data).__name__}"

@@ -26,8 +26,9 @@ from quantscan.calib.checks import (
     missing_inputs_error,
 )
 from quantscan.calib.folder import PREPROCESS_NAME, TENSOR_SUFFIXES, other_files
-from quantscan.calib.npyfile import array_bytes, load_array, memory_budget, npy_header, npz_headers
+from quantscan.calib.npyfile import load_array, memory_budget, npy_header, npz_headers
 from quantscan.errors import CalibrationError
+from quantscan.readers.arrays import array_bytes
 from quantscan.specs import InputSpec, Warnings
 
 _CHECK_CHUNK = 1 << 20

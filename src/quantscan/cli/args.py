@@ -139,8 +139,13 @@ def data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="use the first N samples")
     p.add_argument("--eval", default=None, help="separate evaluation folder (default: the calibration set)")
     p.add_argument("--calib-method", default="minmax")
-    p.add_argument("--activations", default=None, metavar="uint8|int8",
-                   help="activation scheme (default: the --profile's, else uint8)")
+    p.add_argument("--activations", default=None, metavar="uint8|int8|int16|float",
+                   help="activation scheme, float = weight-only (default: the --scheme's, the --profile's, else uint8)")
+    p.add_argument("--weights", default=None, metavar="int8|int4", help="weight type (default int8)")
+    p.add_argument("--group-size", type=positive_int, default=None, metavar="G",
+                   help="one weight scale per G inputs of each output channel (default: per output channel)")
+    p.add_argument("--scheme", default=None, metavar="NAME",
+                   help="scheme shorthand: w8a8, w8a16, w4a16-g128, w8a8-g128, ... (a16 as the --profile means it)")
     p.add_argument("--output", action="append", default=[], help="graph output for the headline metric")
     p.add_argument("--save-qdq", default=None, help="write the fake-quant model here")
     p.add_argument("--profile", action="append", default=[], help="chip profile name or TOML path")
@@ -271,6 +276,9 @@ class SampleArgs:
 
     calib_method: str
     activations: str | None
+    weights: str | None
+    group_size: int | None
+    scheme: str | None
     input_shape: dict[str, list[int]]
     input_dims: list[str]
     const: dict[str, float]
@@ -297,7 +305,8 @@ class SampleArgs:
                      "mean": floats(args.mean, "--mean"), "std": floats(args.std, "--std"), "resize": args.resize}
         shapes, dims = split_input_shapes(args.input_shape)
         return cls(
-            calib_method=args.calib_method, activations=args.activations, input_shape=shapes, input_dims=dims,
+            calib_method=args.calib_method, activations=args.activations, weights=args.weights,
+            group_size=args.group_size, scheme=args.scheme, input_shape=shapes, input_dims=dims,
             const=parse_const(args.const), state=parse_state(args.state), limit=args.limit, eval=args.eval,
             output=args.output, preprocess=args.preprocess,
             preprocess_overrides={k: v for k, v in overrides.items() if v is not None},

@@ -64,6 +64,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "recipe": STR,
         **SOURCED,
     },
+    "schemes": {"names": STR_LIST, "a16": STR, **SOURCED},
     "opset": {"min": INT, "max": INT, **SOURCED},
     "ops": {
         "npu": OP_LIST,
@@ -103,6 +104,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "quantization.weights": ("int8", "uint8", "int4"),
     "quantization.fallback_precision": ("int16", "fp16", "float"),
     "quantization.recipe": ("kernels", "onnxruntime"),
+    "schemes.a16": ("int16", "float"),
     "ops.unsupported": ("reject", "cpu"),
     "ops.on_violation": ("reject", "cpu"),
     "limit.on_violation": ("reject", "cpu"),

@@ -17,7 +17,8 @@ import onnx
 import tomllib
 
 from quantscan.compat import profile_schema as schema
-from quantscan.errors import ProfileError
+from quantscan.errors import FileError, ProfileError
+from quantscan.readers.text import read_text
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
 DEFAULT_PROFILE = "generic-npu"
@@ -107,6 +108,9 @@ class Profile:
     """Pass-through ops whose *output* range sets the scale shared with their input: the kernel feeding
     one clips to it (rknn-toolkit2's quant_optimizer `adjust_no_change_node` on MaxPool)."""
     consumer_range: Sourced | None = None
+    schemes: Mapping[str, Any] | None = None
+    """The `[schemes]` table: `names` the chip runs (shorthands, quantscan.schemes) and what its `a16`
+    means (int16 or float); None: w8a8 only."""
 
     def supports(self, op_type: str) -> bool:
         return op_type in self.npu_ops or op_type in self.cpu_ops or op_type in self.folded_ops
@@ -173,8 +177,10 @@ def load_profile(spec: str | Path) -> Profile:
     """Read and validate one profile; every defect is a ProfileError naming file and key."""
     path = resolve(spec)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(read_text(path, f"profile {path}"))
+    except FileError as exc:
+        raise ProfileError(str(exc)) from None
+    except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"profile {path}: expected valid TOML, found a syntax error ({exc})") from exc
     _validate(path, data)
     return _build(path, data)
@@ -199,6 +205,19 @@ def _validate(path: Path, data: Mapping[str, Any]) -> None:
     name = data.get("meta", {}).get("name")
     if not name:
         raise _fail(path, "meta.name", "a string (the profile name)", name)
+    _validate_scheme_names(path, data.get("schemes", {}).get("names", []))
+
+
+def _validate_scheme_names(path: Path, names: Sequence[str]) -> None:
+    """Every `[schemes] names` entry must be a shorthand quantscan.schemes reads (w4a16-g128, ...)."""
+    from quantscan.errors import UsageError
+    from quantscan.schemes import parse_scheme
+
+    for name in names:
+        try:
+            parse_scheme(name)
+        except UsageError:
+            raise _fail(path, "schemes.names", "shorthands like w8a8, w8a16, w4a16-g128", name) from None
 
 
 def _validate_table(path: Path, prefix: str, table: object, keys: Mapping[str, str]) -> None:
@@ -333,4 +352,5 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         float16=_sourced(d.get("float16", {})),
         consumer_range_ops=_ops(d.get("consumer_range", {}).get("ops")),
         consumer_range=_sourced(d.get("consumer_range", {})),
+        schemes=d.get("schemes"),
     )

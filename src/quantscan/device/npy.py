@@ -13,6 +13,9 @@ import numpy as np
 
 from quantscan.device.dumps import DumpSet
 from quantscan.errors import UsageError
+from quantscan.readers.arrays import numeric, read_npz
+
+WHAT = "--dumps (npy)"
 
 
 def looks_like(folder: Path) -> bool:
@@ -26,14 +29,7 @@ def read_folder(folder: Path) -> DumpSet:
         raise UsageError(f"--dumps (npy): expected one .npz per sample in {folder}, found none")
 
     def load(i: int) -> dict[str, np.ndarray]:
-        with np.load(files[i], allow_pickle=False) as data:
-            out = {}
-            for key in data.files:
-                array = data[key]
-                if array.dtype.kind not in "fiub":
-                    raise UsageError(f"--dumps (npy): expected numeric arrays, found {array.dtype} for '{key}' "
-                                     f"in {files[i].name}")
-                out[key] = array.astype(np.float32, copy=False)
-            return out
+        arrays = read_npz(files[i], WHAT)
+        return {key: numeric(array, key, WHAT, files[i]) for key, array in arrays.items()}
 
     return DumpSet("npy", folder, [f.stem for f in files], load)

@@ -20,9 +20,12 @@ import numpy as np
 
 from quantscan.device.dumps import DumpSet
 from quantscan.errors import UsageError
+from quantscan.readers.arrays import numeric, read_npy
+from quantscan.readers.text import inside, read_text
 from quantscan.toolchains.rknn.files import parse_error_analysis
 
 MAP_FILE = "map_name_to_file.txt"
+WHAT = "--dumps (rknn)"
 SOURCES = ("runtime", "simulator")
 """Which dumps of a folder are "the device", first present wins."""
 
@@ -34,7 +37,7 @@ def looks_like(folder: Path) -> bool:
 def _names(folder: Path) -> dict[str, str]:
     """map_name_to_file.txt: layer name -> dump file stem (rows after the header rule)."""
     out = {}
-    for line in (folder / MAP_FILE).read_text(encoding="utf-8").splitlines():
+    for line in read_text(folder / MAP_FILE, WHAT).splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].endswith(".txt"):
             out[parts[0]] = parts[1][: -len(".txt")]
@@ -46,14 +49,14 @@ def _fused(folder: Path) -> set[str]:
     path = folder / "error_analysis.txt"
     if not path.exists():
         return set()
-    return {r.layer for r in parse_error_analysis(path.read_text(encoding="utf-8")) if math.isnan(r.entire_cosine)}
+    return {r.layer for r in parse_error_analysis(read_text(path, WHAT)) if math.isnan(r.entire_cosine)}
 
 
 def _order(folder: Path) -> list[str]:
     path = folder / "error_analysis.txt"
     if not path.exists():
         return []
-    return [r.layer for r in parse_error_analysis(path.read_text(encoding="utf-8"))]
+    return [r.layer for r in parse_error_analysis(read_text(path, WHAT))]
 
 
 def _tensors_dir(folder: Path) -> Path:
@@ -80,10 +83,10 @@ def read_folder(folder: Path) -> DumpSet:
         tensors, skip = _tensors_dir(where), _fused(where)
         out = {}
         for layer, stem in _names(where).items():
-            path = tensors / f"{stem}.npy"
+            path = inside(tensors, f"{stem}.npy", f"{WHAT}: {MAP_FILE} of {where}")
             if layer in skip or not path.exists():
                 continue
-            out[layer] = np.load(path, allow_pickle=False).astype(np.float32, copy=False)
+            out[layer] = numeric(read_npy(path, WHAT), layer, WHAT, path)
         return out
 
     return DumpSet("rknn", folder, keys, load, lambda: _order(samples[0]))

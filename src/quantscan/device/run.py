@@ -54,7 +54,7 @@ class DeviceResult:
         folder = runfolder.ensure_out_dir(Path(out))
         runfolder.write_csv(folder / "device.csv", self.table)
         summary = folder / "summary.md"
-        old = summary.read_text(encoding="utf-8") if summary.exists() else ""
+        old = runfolder.read_text(summary) or ""
         runfolder.atomic_write_text(summary, with_section(old, device_markdown(self)))
         return [folder / "device.csv", summary, self._report(folder)]
 

@@ -17,8 +17,34 @@ import numpy as np
 
 from quantscan.device.dumps import DumpSet
 from quantscan.errors import UsageError
+from quantscan.readers.arrays import numeric, read_npz
 
 _QUANT_KEYS = ("_scale", "_zero_point")
+WHAT = "--dumps (tpu-mlir)"
+
+
+def _dequantized(key: str, array: np.ndarray, arrays: dict[str, np.ndarray], where: Path) -> np.ndarray:
+    """A float tensor as float32; integer codes through the `<key>_scale`/`_zero_point` beside them."""
+    codes = numeric(array, key, WHAT, where)
+    if array.dtype.kind == "f":
+        return codes
+    if f"{key}_scale" not in arrays:
+        raise UsageError(f"{WHAT}: expected float tensors or a '{key}_scale' beside the "
+                         f"integer tensor '{key}' in {where.name}, found {array.dtype} codes alone")
+    scale = _quant_param(arrays, f"{key}_scale", codes.shape, where)
+    zero = _quant_param(arrays, f"{key}_zero_point", codes.shape, where) if f"{key}_zero_point" in arrays else 0.0
+    return np.asarray((codes - zero) * scale, dtype=np.float32)
+
+
+def _quant_param(arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...], where: Path) -> np.ndarray:
+    """A scale or zero point as float32, refused unless it broadcasts to the tensor's `shape` without growing
+    it (a scalar, or per channel as numpy broadcasts): a wrong shape would silently change every value."""
+    q = numeric(arrays[name], name, WHAT, where)
+    fits = q.ndim <= len(shape) and all(a in (1, b) for a, b in zip(q.shape[::-1], shape[::-1], strict=False))
+    if not fits:
+        raise UsageError(f"{WHAT}: expected '{name}' to be a scalar or to broadcast to the tensor's shape "
+                         f"{list(shape)}, found shape {list(q.shape)} in {where.name}")
+    return q
 
 
 def read_folder(folder: Path) -> DumpSet:
@@ -27,21 +53,8 @@ def read_folder(folder: Path) -> DumpSet:
         raise UsageError(f"--dumps (tpu-mlir): expected model_runner .npz files in {folder}, found none")
 
     def load(i: int) -> dict[str, np.ndarray]:
-        with np.load(files[i], allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-        out = {}
-        for key, array in arrays.items():
-            if key.endswith(_QUANT_KEYS):
-                continue
-            if array.dtype.kind == "f":
-                out[key] = array.astype(np.float32, copy=False)
-                continue
-            scale = arrays.get(f"{key}_scale")
-            if scale is None:
-                raise UsageError(f"--dumps (tpu-mlir): expected float tensors or a '{key}_scale' beside the "
-                                 f"integer tensor '{key}' in {files[i].name}, found {array.dtype} codes alone")
-            zero = arrays.get(f"{key}_zero_point", np.zeros((), np.int32))
-            out[key] = ((array.astype(np.float32) - zero.astype(np.float32)) * scale.astype(np.float32))
-        return out
+        arrays = read_npz(files[i], WHAT)
+        return {key: _dequantized(key, array, arrays, files[i]) for key, array in arrays.items()
+                if not key.endswith(_QUANT_KEYS)}
 
     return DumpSet("tpu-mlir", folder, [f.stem for f in files], load)

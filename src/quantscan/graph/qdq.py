@@ -21,13 +21,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from quantscan.graph.edit import copy_without_initializers
 from quantscan.graph.index import subgraph_inputs
-from quantscan.quant import QParams
+from quantscan.quant import QParams, expand_blocks
 
 
 class QuantSite(Protocol):
@@ -132,19 +133,37 @@ def qdq_nodes(src: str, dst: str, qp: QParams, tag: str) -> tuple[list[onnx.Node
 
 
 def _dq_const_nodes(
-    name: str, values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None
+    name: str, values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, axis: int | None,
+    block_size: int | None = None, bits: int | None = None,
 ) -> tuple[onnx.NodeProto, list[onnx.TensorProto], str]:
-    """A stored integer initializer and its DequantizeLinear: how QDQ models hold weights."""
+    """A stored integer initializer and its DequantizeLinear: how QDQ models hold weights. 4-bit codes
+    are stored as ONNX INT4/UINT4 and blocked parameters get `block_size` (both opset 21)."""
     qname, sname, zname, out = f"{name}__quantized", f"{name}__scale", f"{name}__zp", weight_dq_output(name)
-    inits = [_const(qname, values), _const(sname, scale.astype(np.float32)), _const(zname, zero_point)]
+    inits = [_const(qname, _stored(values, bits)), _const(sname, scale.astype(np.float32)),
+             _const(zname, _stored(zero_point, bits))]
     kwargs: dict[str, Any] = {"axis": axis} if axis is not None and np.asarray(scale).ndim == 1 else {}
+    if block_size:
+        kwargs = {"axis": axis, "block_size": block_size}
     node = helper.make_node("DequantizeLinear", [qname, sname, zname], [out], name=f"{name}__DQ", **kwargs)
     return node, inits, out
 
 
+def _stored(codes: np.ndarray, bits: int | None) -> np.ndarray:
+    """Integer codes in their ONNX storage type: 4-bit codes (held in int8/uint8) as INT4/UINT4."""
+    if bits != 4:
+        return np.asarray(codes)
+    arr = np.asarray(codes)
+    return arr.astype(ml_dtypes.int4 if arr.dtype == np.int8 else ml_dtypes.uint4)
+
+
+def weight_quant_dq(tag: str, w: WeightQuant) -> tuple[onnx.NodeProto, list[onnx.TensorProto], str]:
+    """The DequantizeLinear of a quantized weight stored under `tag` (its own name, or a variant's)."""
+    qp = w.qparams
+    return _dq_const_nodes(tag, w.values, qp.scale, qp.zero_point, qp.axis, qp.block_size, qp.bits)
+
+
 def weight_dq(plan: QuantPlan, weight: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto], str]:
-    w = plan.weights[weight]
-    return _dq_const_nodes(weight, w.values, w.qparams.scale, w.qparams.zero_point, w.qparams.axis)
+    return weight_quant_dq(weight, plan.weights[weight])
 
 
 def bias_dq(plan: QuantPlan, bias: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto], str]:
@@ -338,7 +357,12 @@ def _fold_constant_dequantize(
         scale = numpy_helper.to_array(values[node.input[1]]).astype(np.float32)
         zp = numpy_helper.to_array(values[node.input[2]]).astype(np.float32) if len(node.input) > 2 else 0.0
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        if np.ndim(scale) == 1 and q.ndim > 0:
+        block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
+        if block:
+            ax = axis % q.ndim
+            scale = expand_blocks(scale, ax, block, q.shape[ax])
+            zp = expand_blocks(np.asarray(zp), ax, block, q.shape[ax]) if np.ndim(zp) else zp
+        elif np.ndim(scale) == 1 and q.ndim > 0:
             shape = [1] * q.ndim
             shape[axis % q.ndim] = -1
             scale = scale.reshape(shape)

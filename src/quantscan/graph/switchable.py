@@ -383,7 +383,7 @@ def _weight_dq(name: str, i: int, v: WeightVariant, new_nodes: list[onnx.NodePro
     """The DequantizeLinear of one stored variant of a weight (a constant onnxruntime folds)."""
     tag = f"{name}@v{i}"
     if isinstance(v, qdq.WeightQuant):
-        node, inits, out = qdq._dq_const_nodes(tag, v.values, v.qparams.scale, v.qparams.zero_point, v.qparams.axis)
+        node, inits, out = qdq.weight_quant_dq(tag, v)
     else:
         node, inits, out = qdq._dq_const_nodes(tag, v.values, v.scale, np.zeros(v.scale.shape, np.int32), 0)
     new_nodes.append(node)

@@ -179,7 +179,10 @@ def _input_contract(run: Mapping[str, Any]) -> str:
 
 def _quant_line(run: Mapping[str, Any]) -> str:
     opts = run.get("options") or {}
-    parts = [f"activations {opts.get('activations', '?')} per tensor ({opts.get('calib_method', '?')} calibration)"]
+    acts = opts.get("activations", "?")
+    parts = [f"scheme {opts['scheme']}"] if opts.get("scheme") else []
+    parts.append("activations float (weight-only)" if acts == "float"
+                 else f"activations {acts} per tensor ({opts.get('calib_method', '?')} calibration)")
     for key in ("weights", "bias"):
         if opts.get(key):
             parts.append(f"{key} {opts[key]}")
@@ -540,6 +543,8 @@ def _hist_for(
 
 def _act_qrange(run: Mapping[str, Any]) -> tuple[int, int]:
     acts = str((run.get("options") or {}).get("activations", "uint8"))
+    if acts == "int16":  # the histogram's 256 bins hold 256 codes each (scanning.evaluate._code_bins)
+        return (-32768, 32767)
     return (-128, 127) if acts == "int8" else (0, 255)
 
 

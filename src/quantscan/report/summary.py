@@ -106,6 +106,32 @@ def _weight_granularity(chip: Mapping[str, Any]) -> str:
     return f"per tensor (profile {chip.get('profile')}: no per-channel weight scales)"
 
 
+def _scheme_text(options: Mapping[str, Any], chip: Mapping[str, Any]) -> str:
+    """The simulated scheme in words (run.json chip.scheme; a run folder from before schemes: w8a8):
+    scheme name, activations, weights and their granularity, and where the bias stays float."""
+    scheme = chip.get("scheme") or {}
+    acts = options["activations"]
+    source = options.get("activations_source", "default")
+    act_text = ("activations float (weight-only)" if acts == "float"
+                else f"activations {acts} per tensor ({source})")
+    group = scheme.get("group_size")
+    weights = scheme.get("weights", "int8")
+    if group:
+        granularity = f"in groups of {group} along the input axis"
+    else:
+        granularity = _weight_granularity(chip)
+    symmetry = "with a zero point" if scheme.get("weight_zero_point") else "symmetric"
+    bias = "bias float" if acts == "float" or group else "bias int32"
+    name = f"scheme {code(scheme['name'])}: " if scheme.get("name") else ""
+    return f"{name}{act_text}, weights {weights} {granularity} ({symmetry}), {bias}"
+
+
+def _scheme_short(chip: Mapping[str, Any]) -> str:
+    """"int8" for the default scheme (the heading's spelling before schemes), else the scheme's name."""
+    name = (chip.get("scheme") or {}).get("name")
+    return "int8" if name in (None, "w8a8") else f"at {name}"
+
+
 def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = None) -> str:
     """summary.md's text: the diagnosis (with `plan`, a bisect plan.json's content, when one is in the
     run folder), setup, output metrics, headline, top sites, causes, the profile, the docs."""
@@ -120,9 +146,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         f"- model sha256 {code(info.model.sha256)}, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from {code(info.calibration.path)}, "
-        f"method {info.options['calib_method']}; activations {info.options['activations']} per tensor "
-        f"({info.options.get('activations_source', 'default')}), "
-        f"weights int8 {_weight_granularity(info.chip)} (symmetric), bias int32",
+        f"method {info.options['calib_method']}; {_scheme_text(info.options, info.chip)}",
         *_float16_lines(info.options),
         *_preprocessing_lines(info.preprocessing),
         "- evaluation set: " + ("the calibration set (no `--eval` given)" if info.evaluation.same_as_calibration
@@ -157,7 +181,7 @@ def _output_section(result: SummarySource) -> list[str]:
     info, head = result.run_info, result.headline
     lines = [
         "",
-        "## Model output (all sites int8)",
+        f"## Model output (all sites {_scheme_short(info.chip)})",
         "",
         "| output | cosine | SQNR dB | worst-sample cosine | top-1 agreement | deployed cosine (ORT_ENABLE_ALL"
         + (f", first {head.deployed_samples} samples" if head.deployed_basis is not None else "") + ") |",

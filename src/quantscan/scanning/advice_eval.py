@@ -56,7 +56,7 @@ def _plan_for(ctx: ScanContext, usable: SampleRanges, samples: np.ndarray) -> qg
         obs.update(np.array([usable.mins[samples, j].min(), usable.maxs[samples, j].max()], np.float32))
         observers[tensor] = obs
     plan, _ = make_plan(ctx.graph.prepared.proto, ctx.graph.sites, ctx.graph.origins, observers, ctx.chip.activations,
-                        ctx.chip.per_channel_weights)
+                        ctx.chip.per_channel_weights, ctx.chip.scheme)
     return plan
 
 

@@ -27,6 +27,7 @@ from quantscan.runner import Runner
 from quantscan.scanning.calib_advice import SampleRanges, per_sample_extremes
 from quantscan.scanning.options import ProgressFactory, n_batches
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
+from quantscan.schemes import Scheme
 from quantscan.sites import Site
 
 
@@ -70,7 +71,7 @@ def calibrate(
     entropy, mse) need the values themselves, so those tensors are exposed whole. For minmax, the same
     partials also give each sample's (min, max) per tensor (`per_sample`, numpy only: no extra output).
     """
-    symmetric = scheme == ActivationScheme.INT8
+    symmetric = scheme in (ActivationScheme.INT8, ActivationScheme.INT16)
     targets = sorted(set(origins.values()))
     observers = {t: quant.make_observer(method, symmetric=symmetric) for t in targets}
     reducer = qgraph.Reducer(prepared.opset_to)
@@ -189,12 +190,21 @@ def make_plan(
     observers: Mapping[str, quant.Observer],
     scheme: ActivationScheme,
     per_channel_weights: bool = True,
+    weight_scheme: Scheme | None = None,
 ) -> tuple[qgraph.QuantPlan, list[str]]:
     """Ranges -> QuantPlan; warnings for zero ranges and clamped biases. `per_channel_weights=False`:
-    one weight scale per tensor (the chip's profile says it has no per-channel scales)."""
+    one weight scale per tensor (the chip's profile says it has no per-channel scales). `weight_scheme`
+    (quantscan.schemes): int4 and group-wise weights; float activations leave every activation float.
+
+    Biases stay float when activations are float (a weight-only kernel adds its bias in fp16) and when
+    weights are grouped (no single s_in*s_w per output channel to put an int32 bias on: group-wise
+    kernels dequantize weights and accumulate in float)."""
+    ws = weight_scheme or Scheme()
     plan = qgraph.QuantPlan()
     warnings: list[str] = []
     for tensor, origin in origins.items():
+        if scheme == ActivationScheme.FLOAT:
+            break
         rmin, rmax = observers[origin].range()
         if not (math.isfinite(rmin) and math.isfinite(rmax)):
             rmin, rmax = 0.0, 0.0
@@ -212,9 +222,11 @@ def make_plan(
             if not np.all(np.isfinite(w)):  # e.g. a BatchNormalization with a NaN epsilon folded into it
                 raise ModelError(f"expected finite weights, found NaN/Inf in weight {name!r} of node "
                                  f"{site.node!r} after preparation (check the BatchNormalization folded into it)")
-            qp = quant.weight_qparams(w, axis, per_channel=per_channel_weights)
+            qp = quant.weight_qparams(w, axis, ws.weight_bits, per_channel=per_channel_weights,
+                                      group_size=ws.group_size, symmetric=not ws.weight_zero_point)
             plan.weights[name] = qgraph.WeightQuant(name, qp, quant.quantize(w, qp))
-        if site.bias and site.weight in plan.weights and site.inputs and site.inputs[0] in plan.activations:
+        if ws.group_size is None and site.bias and site.weight in plan.weights and site.inputs \
+                and site.inputs[0] in plan.activations:
             b = onnx.numpy_helper.to_array(inits[site.bias]).astype(np.float32)
             w_scale = plan.weights[site.weight].qparams.scale
             if w_scale.size != b.size:  # grouped ConvTranspose: per-group channel scales repeat

@@ -10,51 +10,80 @@ from typing import Any
 import pandas as pd
 
 from quantscan.columns import Col
+from quantscan.errors import UsageError
 from quantscan.model import LoadedModel
 from quantscan.records import ActivationScheme
 from quantscan.scanning.options import ChipRecipe, ScanOptions
+from quantscan.scanning.ort_recipe import RECIPE
+from quantscan.schemes import Scheme, chip_schemes, resolve_scheme
 from quantscan.specs import Dim
 
 
-def activations_source(explicit: bool, profile: str | None) -> str:
+def activations_source(explicit: bool, profile: str | None, scheme: str | None = None) -> str:
     """Why the activation scheme is what it is, as run.json and summary.md say it: an explicit
-    option wins over the profile, the profile over the uint8 default."""
+    option wins over `--scheme`, that over the profile, the profile over the uint8 default."""
     if explicit:
         return "from --activations"
+    if scheme:
+        return f"from --scheme {scheme}"
     return f"from profile {profile}" if profile else "default"
+
+
+def _scheme(opts: ScanOptions, profile: Any | None) -> Scheme:
+    """The scheme the scan simulates (quantscan.schemes.resolve_scheme): flags over `--scheme` over the
+    profile's default; exit 2 for one the profile's chip does not run, or for `--calib-advice` on a
+    weight-only scheme (no activation ranges to advise on)."""
+    chip = None if profile is None else chip_schemes(
+        dict(profile.schemes) if profile.schemes else None, profile.activations)
+    scheme = resolve_scheme(
+        scheme=opts.scheme, weights=opts.weights, group_size=opts.group_size,
+        activations=None if opts.activations is None else str(opts.activations),
+        profile_activations=None if profile is None else profile.activations, chip=chip,
+        profile=None if profile is None else profile.name,
+    )
+    if opts.calib_advice and scheme.weight_only:
+        raise UsageError(f"--calib-advice: expected quantized activations (uint8, int8 or int16), found scheme "
+                         f"{scheme.name()} with float activations")
+    return scheme
 
 
 def chip_recipe(
     loaded: LoadedModel, opts: ScanOptions, dims: Mapping[str, tuple[Dim, ...]]
 ) -> tuple[Any, ChipRecipe]:
     """The profile's decisions (and its compat check), or the defaults without one; `opts` is left as
-    the user gave it. An explicit `--activations` wins over the profile's scheme."""
+    the user gave it. An explicit `--activations` (or `--scheme`) wins over the profile's scheme."""
+    explicit = opts.activations is not None
     if opts.profile is None:
+        scheme = _scheme(opts, None)
         return None, ChipRecipe(
-            activations=opts.activations or ActivationScheme.UINT8,
-            activations_source=activations_source(opts.activations is not None, None),
+            activations=ActivationScheme(scheme.activations),
+            activations_source=activations_source(explicit, None, opts.scheme),
             fused_activations=opts.fused_activations,
+            scheme=scheme,
         )
     from quantscan.compat import load_profile
     from quantscan.compat.check import check
 
     profile = load_profile(opts.profile)
+    scheme = _scheme(opts, profile)
+    if profile.recipe == RECIPE and not scheme.is_default:
+        raise UsageError(f"--scheme: expected w8a8 under profile {profile.name} (its sites are read from "
+                         f"onnxruntime's quantize_static, which quantscan runs with 8-bit activations and int8 "
+                         f"weights only), found {scheme.name()}; scan without --profile to simulate it")
     shapes = {k: [d if isinstance(d, int) else 1 for d in v] for k, v in dims.items()}
     compat = check(loaded.proto, [opts.profile], input_shapes=shapes)
     placement = compat.node_placement.get(profile.name, {})
-    scheme = opts.activations or (
-        ActivationScheme.INT8 if profile.activations == "int8" else ActivationScheme.UINT8
-    )
     return compat, ChipRecipe(
         profile=profile.name,
-        activations=scheme,
-        activations_source=activations_source(opts.activations is not None, profile.name),
+        activations=ActivationScheme(scheme.activations),
+        activations_source=activations_source(explicit, profile.name, opts.scheme),
         fused_activations=frozenset(profile.fused_activations),
         cpu_nodes=frozenset(n for n, where in placement.items() if where == "cpu"),
         float16_nodes=float16_nodes(compat.findings, profile.name),
         consumer_range_ops=profile.consumer_range_ops,
         recipe=profile.recipe,
         per_channel_weights=profile.per_channel_weights,
+        scheme=scheme,
     )
 
 

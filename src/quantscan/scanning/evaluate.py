@@ -545,20 +545,30 @@ def _count_codes(
     """Histogram of the integer codes: FP32 values under the site's scale vs the cumulative int8 codes."""
     for k, (fp32_codes, int8_codes) in names.items():
         for slot, name in enumerate((fp32_codes, int8_codes)):
-            codes = np.asarray(values[name]).reshape(-1)
-            offset = 128 if codes.dtype == np.int8 else 0
-            counts[k][slot] += np.bincount(codes.astype(np.int64) + offset, minlength=256)[:256]
+            counts[k][slot] += np.bincount(_code_bins(np.asarray(values[name]).reshape(-1)), minlength=256)[:256]
+
+
+def _code_bins(codes: np.ndarray) -> np.ndarray:
+    """Each code's bin of 256 from the bottom of its type: 8-bit codes one bin each, 16-bit codes
+    (`--activations int16`) 256 codes a bin, so the report's histogram keeps its 256 bins."""
+    wide = codes.astype(np.int64)
+    if codes.dtype in (np.int8, np.int16):
+        wide = wide - int(np.iinfo(codes.dtype).min)
+    return wide >> 8 if codes.dtype.itemsize == 2 else wide
 
 
 def _histograms(
     sites: Sequence[Site], plan: qgraph.QuantPlan, counts: Mapping[int, list[np.ndarray]]
 ) -> dict[str, np.ndarray]:
-    """hist.npz content: per site, 64 bins over the quantized range (4 codes per bin)."""
+    """hist.npz content: per site, 64 bins over the quantized range (4 codes per bin; 16-bit codes,
+    `--activations int16`: 1024 per bin, see `_code_bins`)."""
     hist: dict[str, np.ndarray] = {"site_nodes": np.array([s.node for s in sites])}
     for k, (fp32, int8) in counts.items():
         qp = plan.activations[sites[k].output]
-        lo_code = -128 if qp.zero_point.dtype == np.int8 else 0
-        edges_codes = lo_code + np.arange(0, 257, 4) - 0.5
+        dtype = qp.zero_point.dtype
+        lo_code = int(np.iinfo(dtype).min)
+        codes_per_count = 256 if dtype.itemsize == 2 else 1
+        edges_codes = lo_code + np.arange(0, 257, 4) * codes_per_count - 0.5
         hist[f"{k}/edges"] = ((edges_codes - float(qp.zero_point)) * float(qp.scale)).astype(np.float64)
         hist[f"{k}/fp32"] = fp32.reshape(64, 4).sum(axis=1)
         hist[f"{k}/int8"] = int8.reshape(64, 4).sum(axis=1)

@@ -18,6 +18,7 @@ from quantscan.errors import UsageError
 from quantscan.executors import EXECUTORS
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.scanning.budget import parse_size
+from quantscan.schemes import Scheme, check_values, parse_scheme
 from quantscan.sites import DEFAULT_FUSED_ACTIVATIONS
 from quantscan.taskmetrics import parse_channel_groups, task_plan
 
@@ -72,7 +73,8 @@ def n_batches(n_samples: int, batch_size: int) -> int:
 
 
 MEASUREMENT_OPTIONS: tuple[str, ...] = (
-    "calib_method", "activations", "profile", "input_shape", "input_dims", "const", "state", "limit", "eval",
+    "calib_method", "activations", "weights", "group_size", "scheme", "profile", "input_shape", "input_dims",
+    "const", "state", "limit", "eval",
     Col.OUTPUT, "preprocess", "preprocess_overrides", "threads", "seed", "batch_size", "max_memory",
     "task", "charset", "mask_threshold",
 )
@@ -86,7 +88,14 @@ class ScanOptions:
 
     calib_method: CalibMethod = CalibMethod.MINMAX
     activations: ActivationScheme | None = None
-    """uint8 (asymmetric) or int8 (symmetric); None: the profile's scheme, else uint8."""
+    """uint8 (asymmetric), int8 or int16 (symmetric), float (weight-only); None: the scheme's, the
+    profile's, else uint8."""
+    weights: str | None = None
+    """`--weights int8|int4`; None: the scheme's, else int8 (quantscan.schemes)."""
+    group_size: int | None = None
+    """`--group-size G`: weight scales per G inputs of each output channel; None: per output channel."""
+    scheme: str | None = None
+    """`--scheme` shorthand (w8a8, w8a16, w4a16-g128, ...), read with the profile's meaning of a16."""
     profile: str | Path | None = None
     input_shape: Mapping[str, Sequence[int]] = field(default_factory=dict)
     input_dims: Sequence[str] = ()
@@ -173,8 +182,9 @@ class ScanOptions:
         methods = [m.value for m in CalibMethod]
         if self.calib_method not in methods:
             raise UsageError(f"--calib-method: expected one of {', '.join(methods)}, found {self.calib_method!r}")
-        if self.activations is not None and self.activations not in [a.value for a in ActivationScheme]:
-            raise UsageError(f"--activations: expected uint8 or int8, found {self.activations!r}")
+        check_values(self.weights, self.group_size, self.activations)
+        if self.scheme is not None:
+            parse_scheme(self.scheme)  # refused now, not after the calibration pass
         if self.calib_advice and self.calib_method != CalibMethod.MINMAX:
             raise UsageError(f"--calib-advice: expected --calib-method minmax (scales as min/max of per-sample "
                              f"ranges), found {self.calib_method}")
@@ -239,6 +249,9 @@ class ChipRecipe:
     """"kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     per_channel_weights: bool = True
     """False when the profile's chip has one weight scale per tensor (`per_channel_weights = false`)."""
+    scheme: Scheme = Scheme()
+    """The whole scheme simulated (weights, groups, activations; quantscan.schemes): `activations` above
+    is its activation part."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -246,5 +259,5 @@ class ChipRecipe:
             "activations_source": self.activations_source, "recipe": self.recipe,
             "fused_activations": sorted(self.fused_activations), "cpu_nodes": sorted(self.cpu_nodes),
             "float16_nodes": sorted(self.float16_nodes), "consumer_range_ops": sorted(self.consumer_range_ops),
-            "per_channel_weights": self.per_channel_weights,
+            "per_channel_weights": self.per_channel_weights, "scheme": self.scheme.to_json(),
         }

@@ -23,9 +23,10 @@ from quantscan.calib import CalibSet
 from quantscan.calib.recurrent import state_consts
 from quantscan.errors import UsageError
 from quantscan.graph.index import DEFAULT_DOMAINS, GraphIndex
+from quantscan.graph.mixed import INT16_OPSET
 from quantscan.graph.subgraphs import unquantized_warning
 from quantscan.machine import default_budget, machine_memory
-from quantscan.model import LoadedModel, PreparedModel, ensure_float_model, load_model
+from quantscan.model import MIN_ANALYSIS_OPSET, LoadedModel, PreparedModel, ensure_float_model, load_model
 from quantscan.runner import Runner, quantize_static_model, quantize_static_op_types
 from quantscan.scanning.analysis_copy import prepare_for_analysis
 from quantscan.scanning.budget import (
@@ -248,7 +249,9 @@ def _load_phase(
     compat, chip = chip_recipe(loaded, opts, dims)
     if chip.recipe == RECIPE:
         check_calib_method(opts.calib_method)
-    prepared = prepare_unfolded(loaded, dims) if chip.recipe == RECIPE else prepare_for_analysis(loaded, dims)
+    min_opset = max(MIN_ANALYSIS_OPSET, INT16_OPSET) if chip.scheme.needs_opset21 else MIN_ANALYSIS_OPSET
+    prepared = prepare_unfolded(loaded, dims) if chip.recipe == RECIPE else prepare_for_analysis(
+        loaded, dims, min_opset=min_opset)
     runner = runner or Runner(threads=opts.threads, opt_level="basic")
     if opts.state:
         cset, eval_set = stateful_sets(loaded, cset, eval_set, opts.state, runner)
@@ -340,7 +343,7 @@ def _calibration_phase(
         plan = placed.recipe.plan
     else:
         plan, plan_warnings = make_plan(inputs.prepared.proto, placed.sites, placed.origins, calib_stats.observers,
-                                        scheme, inputs.chip.per_channel_weights)
+                                        scheme, inputs.chip.per_channel_weights, inputs.chip.scheme)
     inputs.warnings.extend(plan_warnings)
     inputs.warnings.extend(calib_stats.warnings)
     return calib_stats, plan

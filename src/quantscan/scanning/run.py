@@ -46,6 +46,7 @@ from quantscan.scanning.impact import (
 from quantscan.scanning.inputs import InputSite, measure_inputs, with_input_findings
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, prepare_timed
+from quantscan.scanning.scheme_gain import scheme_gains, with_scheme_gains
 from quantscan.scanning.site_result import SiteResult, layers_frame
 from quantscan.scanning.tables import ScanTables, build_tables, ops_table, with_profile
 from quantscan.scanning.tasks import decoder_notes, task_table
@@ -56,6 +57,7 @@ from quantscan.scanning.workers import (
     executor_for,
     reopenable,
 )
+from quantscan.schemes import Scheme
 from quantscan.sites import Site
 
 
@@ -145,12 +147,15 @@ def _measure(
     gains_by = ShardedGain(pool) if pool is not None else gains_here
     impact = rank_by_impact(ctx, tables, progress, evaluation.sample_order, gains_by)
     times["impact"] = impact.seconds
+    gains = scheme_gains(ctx)
+    if gains is not None:
+        times["scheme_gain"] = gains.seconds
     head = headline(evaluation)
     head.unmeasured = quantizable_bodies(ctx.graph.prepared.proto)
     info = _checks_and_record(ctx, qdq, head, evaluation, impact, times, inputs)
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
-        layers=layers_frame(tables.sites),
+        layers=with_scheme_gains(layers_frame(tables.sites), gains),
         tensors=tables.tensors,
         ops=tables.ops,
         channels=tables.channels,
@@ -281,9 +286,11 @@ def run_info(ctx: ScanContext, qdq: onnx.ModelProto, head: Headline, evaluation:
                             same_as_calibration=ctx.data.eval_set is ctx.data.cset),
         options={"calib_method": opts.calib_method.value, "activations": _value(ctx.chip.activations),
                  "activations_source": ctx.chip.activations_source,
-                 "weights": "int8 per-channel symmetric", "profile": str(opts.profile) if opts.profile else None,
+                 "weights": _weights_text(ctx.chip.scheme), "scheme": ctx.chip.scheme.name(),
+                 "profile": str(opts.profile) if opts.profile else None,
                  "float16_nodes": sorted(ctx.chip.float16_nodes),
-                 "bias": "int32 at s_in*s_w", "batch_size": ctx.data.batch_size, "limit": opts.limit,
+                 "bias": "float" if ctx.chip.scheme.weight_only or ctx.chip.scheme.group_size else "int32 at s_in*s_w",
+                 "batch_size": ctx.data.batch_size, "limit": opts.limit,
                  "const": dict(opts.const), "input_shape": {k: list(v) for k, v in opts.input_shape.items()},
                  Col.OUTPUT: list(opts.output),
                  "task": opts.task if isinstance(opts.task, str) else list(opts.task),
@@ -312,6 +319,13 @@ def memory_record(ctx: ScanContext) -> dict[str, Any]:
         return {}
     ctx.data.memory.measured_peak_bytes = measured_peak_bytes()
     return ctx.data.memory.to_json()
+
+
+def _weights_text(scheme: Scheme) -> str:
+    """run.json options.weights: "int8 per-channel symmetric" (the spelling before schemes), or e.g.
+    "int4 group-128 symmetric"."""
+    granularity = f"group-{scheme.group_size}" if scheme.group_size else "per-channel"
+    return f"{scheme.weights} {granularity} {'asymmetric' if scheme.weight_zero_point else 'symmetric'}"
 
 
 def _value(option: Any) -> Any:

@@ -61,6 +61,8 @@ def _weight_stats(prepared: PreparedModel, site: Site, plan: qgraph.QuantPlan) -
     wq = plan.weights[site.weight]
     fq = quant.dequantize(wq.values, wq.qparams)
     axis = wq.qparams.axis if wq.qparams.axis is not None else 0
+    if wq.qparams.block_size:  # blocked along the input axis: channel figures still per output channel
+        axis = site.weight_axis if site.weight_axis is not None else 0
     if w.ndim <= axis:  # a scalar weight (quantize_static quantizes an Add's epsilon): one channel
         w, fq, axis = w.reshape(1, -1), np.asarray(fq, np.float32).reshape(1, -1), 0
     acc = qm.ErrorAccumulator()
@@ -172,10 +174,9 @@ def channel_table(
                                      "act_sqnr_db": sq[c] if c < len(sq) else math.nan})
         wq = plan.weights.get(site.weight or "")
         if wq is not None:
-            scale = np.atleast_1d(wq.qparams.scale)
-            for c, s in enumerate(scale):
+            for c, s in enumerate(quant.channel_absmax(wq.qparams, site.weight_axis)):
                 channel_rows.append({Col.NODE: site.node, Col.OUTPUT: site.output, "channel": c,
-                                     "weight_absmax": float(s) * 127.0})
+                                     "weight_absmax": float(s)})
     channels = pd.DataFrame(channel_rows)
     if not channels.empty:
         channels = channels.groupby([Col.NODE, Col.OUTPUT, "channel"], as_index=False, sort=False).first()

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from quantscan.errors import UsageError
-from quantscan.runfolder import parse_json
+from quantscan.readers.jsonfile import read_json
+from quantscan.readers.text import read_text
 from quantscan.taskmetrics.base import add_sums, ratio
 
 CHARSET_FILES = ("charset.json", "charset.txt")
@@ -118,16 +119,9 @@ class CtcAccumulator:
 def load_charset(path: Path) -> Charset:
     """charset.json (a list of characters for classes 1.., or {"characters": [...], "blank": k}) or a
     PP-OCR style .txt (one character per line, blank 0 before them)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--charset: cannot read {path} ({exc})") from None
     if Path(path).suffix.lower() != ".json":
-        return _with_blank([line.rstrip("\r\n") for line in text.splitlines()], 0)
-    try:
-        data = parse_json(text)
-    except ValueError:
-        raise UsageError(f"--charset: expected JSON in {path}") from None
+        return _with_blank([line.rstrip("\r\n") for line in read_text(Path(path), "--charset").splitlines()], 0)
+    data = read_json(Path(path), "--charset")
     if isinstance(data, Mapping):
         chars, blank = data.get("characters"), data.get("blank", 0)
     else:

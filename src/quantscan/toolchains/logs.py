@@ -16,6 +16,7 @@ import pandas as pd
 from quantscan.columns import Col
 from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
+from quantscan.readers.text import read_bytes
 from quantscan.records import FINDING_COLUMNS, FINDING_DETAIL_COLUMNS, Finding
 from quantscan.toolchains.findings import (
     RULE_MISMATCH,
@@ -152,7 +153,7 @@ def read_log_text(path: Path) -> str:
     if size > MAX_LOG_BYTES:
         raise UsageError(f"expected a conversion log of at most {MAX_LOG_BYTES >> 20} MiB, found {size} bytes "
                          f"in {path} (cut it to one conversion run)")
-    data = path.read_bytes()
+    data = read_bytes(path, "expected a vendor conversion log", MAX_LOG_BYTES)
     if b"\x00" in data[:4096]:
         raise UsageError(f"expected a text conversion log, found a binary file: {path}")
     return data.decode("utf-8", errors="replace")

@@ -63,7 +63,9 @@ def _check(ctx: RuleContext, i: int, fusable: set[int]) -> Finding | None:
     op = node.op_type
     base = dict(node=ctx.name(i), op_type=op, rule=RULE_ID, source=p.ops.source, unverified=p.ops.unverified)
     foreign = node.domain not in DEFAULT_DOMAINS
-    if foreign and p.recipe != ORT_RECIPE:  # before the op list: `npu = "*"` names op types, not domains
+    # Before the op list: a chip's `npu = "*"` names op types, not domains. Only onnxruntime itself (the
+    # recipe whose list takes in ai.onnx.ml) runs such an op; a chip that borrows its recipe (qnn-htp) does not.
+    if foreign and not (p.recipe == ORT_RECIPE and op in p.npu_ops):
         return _foreign_domain(node.domain, op, base)
     if op in CONTROL_FLOW_OPS or op in IDENTITY_OPS or op in p.npu_ops:
         return None

@@ -26,7 +26,9 @@ import onnx
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.model import LoadedModel, graph_inputs
+from quantscan.readers.text import read_text, read_text_lenient
 from quantscan.records import Plan, PlanSite, Precision
+from quantscan.toolchains.driverfiles import read_simulated
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
 from quantscan.toolchains.rknn.run import (
@@ -86,7 +88,7 @@ class HybridRknn:
                 raise UsageError(f"rknn hybrid step 1: expected {cfg.name}, found it failed ({message}); "
                                  f"see {self.work / 'rknn_step1.log'}")
         if not self.known:
-            self.known = rknn_names.step1_names(cfg.read_text(encoding="utf-8"))
+            self.known = rknn_names.step1_names(read_text(cfg, "rknn hybrid step 1's cfg"))
         return self.known
 
     def resolve(self, sites: Sequence[PlanSite]) -> list[rknn_names.SiteNames]:
@@ -100,7 +102,7 @@ class HybridRknn:
         stem = Path(self.job["model"]).stem
         folder = self.work / label
         folder.mkdir(parents=True, exist_ok=True)
-        cfg_text = (self.step1_dir / f"{stem}.quantization.cfg").read_text(encoding="utf-8")
+        cfg_text = read_text(self.step1_dir / f"{stem}.quantization.cfg", "rknn hybrid step 1's cfg")
         cfg = folder / f"{stem}.quantization.cfg"
         cfg.write_text(fill_custom(cfg_text, rknn_names.custom_lines(resolved)), encoding="utf-8")
         step2 = {"model": str(self.step1_dir / f"{stem}.model"), "data": str(self.step1_dir / f"{stem}.data"),
@@ -110,10 +112,9 @@ class HybridRknn:
         t0 = time.perf_counter()
         result = run_driver(self.python, job, folder, log)
         self.builds += 1
-        sim_path = folder / "sim_outputs.npz"
-        simulated = dict(np.load(sim_path)) if sim_path.exists() else {}
+        simulated = read_simulated(folder / "sim_outputs.npz")
         cosines = output_cosines(self.reference, simulated, self.output_names) if simulated else {}
-        log_text = log.read_text(encoding="utf-8", errors="replace")
+        log_text = read_text_lenient(log, "vendor: the toolkit's log")
         places = rknn_files.parse_layer_table(log_text)
         return {
             "float_sites": [s.node for s in sites],

@@ -24,12 +24,15 @@ import onnx
 import pandas as pd
 
 from quantscan.calib import CalibSet, load_calibration
-from quantscan.errors import CalibrationError, UsageError
+from quantscan.errors import CalibrationError, FileError, UsageError
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import LoadedModel, graph_inputs, load_model
+from quantscan.readers.arrays import read_npy
+from quantscan.readers.jsonfile import read_json
+from quantscan.readers.text import inside, read_text, read_text_lenient
 from quantscan.records import Plan
-from quantscan.runfolder import parse_json
 from quantscan.toolchains import align
+from quantscan.toolchains.driverfiles import pooled_cosine, read_result, read_simulated, read_sums
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn import files as rknn_files
 
@@ -95,7 +98,7 @@ def fp32_outputs(
     session = Runner(threads=threads).session(model.proto)
     out = []
     for paths in samples:
-        got = session.run({n: np.load(p) for n, p in zip(names, paths, strict=True)})
+        got = session.run({n: read_npy(Path(p), "vendor: a sample") for n, p in zip(names, paths, strict=True)})
         out.append([got[o] for o in session.output_names])
     return out
 
@@ -123,13 +126,13 @@ def vendor_layers(work: Path, analyses: list[str]) -> list[align.LayerFigures]:
     per_layer: dict[str, list[rknn_files.AnalysisRow]] = {}
     order: list[str] = []
     for name in analyses:
-        for row in rknn_files.parse_error_analysis((work / name).read_text(encoding="utf-8")):
+        for row in rknn_files.parse_error_analysis(read_text(inside(work, name, "vendor: result.json analysis"),
+                                                             "vendor: error_analysis")):
             if row.layer not in per_layer:
                 order.append(row.layer)
             per_layer.setdefault(row.layer, []).append(row)
     files = _layer_files(work / "map_name_to_file.txt")
-    sums_path = work / "entire_sums.json"
-    sums = parse_json(sums_path.read_text(encoding="utf-8")) if sums_path.exists() else {}
+    sums = read_sums(work / "entire_sums.json")
     out = []
     for layer in order:
         rows = per_layer[layer]
@@ -137,8 +140,7 @@ def vendor_layers(work: Path, analyses: list[str]) -> list[align.LayerFigures]:
         entire = _mean([r.entire_cosine for r in rows])
         pooled = sums.get(files.get(layer, ""))
         if pooled is not None and math.isfinite(entire):
-            sxy, sxx, syy = pooled[0], pooled[1], pooled[2]
-            entire = sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else (1.0 if sxx == syy == 0 else 0.0)
+            entire = pooled_cosine(pooled)
         out.append(align.LayerFigures(layer, rows[0].op_type, single, entire))
     return out
 
@@ -148,7 +150,7 @@ def _layer_files(path: Path) -> dict[str, str]:
     if not path.exists():
         return {}
     out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_text(path, "vendor: map_name_to_file.txt").splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].endswith(".txt"):
             out[parts[0]] = parts[1][: -len(".txt")]
@@ -188,8 +190,7 @@ def run_driver(
     if not result_path.exists():
         return {"stages": [], "error": {"stage": "driver", "message": f"the driver exited {done.returncode} "
                                         f"without a result; see {log}"}}
-    result: dict[str, Any] = parse_json(result_path.read_text(encoding="utf-8"))
-    return result
+    return read_result(result_path, log)
 
 
 def run_rknn(
@@ -236,10 +237,9 @@ def run_rknn(
     result = run_driver(vendor_python, job, work, log)
     times["vendor_wall_s"] = time.perf_counter() - t0
     times.update({f"vendor_{k}": float(v) for k, v in result.get("times", {}).items()})
-    log_text = log.read_text(encoding="utf-8", errors="replace")
+    log_text = read_text_lenient(log, "vendor: the toolkit's log")
 
-    sim_path = work / "sim_outputs.npz"
-    simulated = dict(np.load(sim_path)) if sim_path.exists() else {}
+    simulated = read_simulated(work / "sim_outputs.npz")
     vendor_cos = output_cosines(reference, simulated, output_names) if simulated else {}
     tool = "rknn-toolkit2"
     table, (place_rows, unexplained, explained) = _aligned(loaded, scanned, work, result, log_text, tool, target)
@@ -327,8 +327,8 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     from quantscan.toolchains.rknn.hybrid import HybridRknn
 
     try:
-        plan = Plan.from_json(parse_json(plan_path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        plan = Plan.from_json(read_json(plan_path, "--plan"))
+    except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
     hybrid = HybridRknn(loaded, python, str(job["target"]), (work / "hybrid").resolve(), dict(job), reference,
                         output_names)

@@ -26,11 +26,13 @@ import pandas as pd
 
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.columns import Col
-from quantscan.errors import CalibrationError, UsageError
+from quantscan.errors import CalibrationError, FileError, UsageError
 from quantscan.model import LoadedModel, graph_inputs, load_model
+from quantscan.readers.arrays import read_npz
+from quantscan.readers.jsonfile import read_json
 from quantscan.records import CalibMethod, Plan, Precision
-from quantscan.runfolder import parse_json
 from quantscan.toolchains import align
+from quantscan.toolchains.driverfiles import pooled_cosine, read_simulated, read_sums
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn.run import SayProgress, fp32_outputs, graph_names, output_cosines, run_driver
 from quantscan.toolchains.tpumlir.log import op_of
@@ -79,8 +81,7 @@ def converter_copy(loaded: LoadedModel, first_sample: str, work: Path, threads: 
     proto = loaded.proto
     pinned = 0
     if names:
-        with np.load(first_sample) as data:
-            feeds = {k: data[k] for k in data.files}
+        feeds = read_npz(Path(first_sample), "vendor: a sample")
         got = Runner(threads=threads).session(with_outputs(loaded.proto, names)).run(feeds, names)
         proto, pinned = pin_reshape_shapes(loaded.proto, {n: v.shape for n, v in got.items()})
     copy = onnx.ModelProto()
@@ -93,13 +94,8 @@ def converter_copy(loaded: LoadedModel, first_sample: str, work: Path, threads: 
 
 def vendor_layers(work: Path) -> list[align.LayerFigures]:
     """Per dumped tensor, tpu-mlir's int8 model against its float top model, pooled over all samples."""
-    path = work / "entire_sums.json"
-    sums = parse_json(path.read_text(encoding="utf-8")) if path.exists() else {}
-    out = []
-    for name, (sxy, sxx, syy, _sdd, _n) in sums.items():
-        entire = sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else (1.0 if sxx == syy == 0 else 0.0)
-        out.append(align.LayerFigures(name, op_of(name), math.nan, entire))
-    return out
+    sums = read_sums(work / "entire_sums.json")
+    return [align.LayerFigures(name, op_of(name), math.nan, pooled_cosine(s)) for name, s in sums.items()]
 
 
 def plan_sites(plan: Plan, proto: onnx.ModelProto) -> list[dict[str, Any]]:
@@ -201,20 +197,16 @@ def _npy_feeds(samples: list[str], names: list[str], folder: Path) -> list[list[
     folder.mkdir(parents=True, exist_ok=True)
     feeds = []
     for i, path in enumerate(samples):
-        with np.load(path) as data:
-            row = [str(folder / f"{i:04d}_{k}.npy") for k in range(len(names))]
-            for name, target in zip(names, row, strict=True):
-                np.save(target, data[name])
+        data = read_npz(Path(path), "vendor: a sample")
+        row = [str(folder / f"{i:04d}_{k}.npy") for k in range(len(names))]
+        for name, target in zip(names, row, strict=True):
+            np.save(target, data[name])
         feeds.append(row)
     return feeds
 
 
 def _simulated(work: Path) -> dict[str, np.ndarray]:
-    path = work / "sim_outputs.npz"
-    if not path.exists():
-        return {}
-    with np.load(path) as data:
-        return {k: np.asarray(data[k]) for k in data.files}
+    return read_simulated(work / "sim_outputs.npz")
 
 
 def _quantscan_side(
@@ -277,8 +269,8 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     driver), its int8 model's output cosine beside the cosine quantscan's plan claims, and per site the
     precision tpu-mlir ran it at."""
     try:
-        plan = Plan.from_json(parse_json(plan_path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        plan = Plan.from_json(read_json(plan_path, "--plan"))
+    except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
     mixed = work / "mixed"
     mixed.mkdir(parents=True, exist_ok=True)
