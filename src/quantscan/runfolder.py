@@ -167,6 +167,7 @@ RUN_NAMES = frozenset({
     "session.json", "outputs.csv", "unmatched.csv", "compare.json", "vendor.csv", "vendor_findings.csv",
     "vendor.json", "rknn.log", "rknn_hybrid.log", "ort_quant_config.json", "rknn_hybrid_quant.cfg",
     "horizon_node_config.yaml", "tidl_16bit_options.json", "tidl_import_16bit.txt", "device.csv", "calib_advice.csv",
+    "cost.json", "cost.csv",
 })
 """Every file name a command writes into its --out folder."""
 

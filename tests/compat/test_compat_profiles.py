@@ -9,7 +9,9 @@ import pytest
 from quantscan.compat import list_profiles, load_profile
 from quantscan.errors import ProfileError
 
-SHIPPED = ["bm1684x", "ethos-u", "generic-npu", "horizon-x3", "onnxruntime", "rk3568", "rk3588", "tda4-tidl"]
+SHIPPED = [
+    "bm1684x", "ethos-u", "generic-npu", "horizon-x3", "onnxruntime", "rk3568", "rk3576", "rk3588", "tda4-tidl",
+]
 
 
 def test_shipped_profiles_listed_name_first() -> None:

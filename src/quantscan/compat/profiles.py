@@ -9,7 +9,7 @@ each error is one line naming the file, the key and the expected type.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,9 @@ class Profile:
     """Pass-through ops whose *output* range sets the scale shared with their input: the kernel feeding
     one clips to it (rknn-toolkit2's quant_optimizer `adjust_no_change_node` on MaxPool)."""
     consumer_range: Sourced | None = None
+    cost: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    """The `[cost]` table as written (figures, `sources`, `fitted`); None when the profile has none.
+    `quantscan.cost.CostTable.of(profile)` reads it and names what is missing."""
 
     def supports(self, op_type: str) -> bool:
         return op_type in self.npu_ops or op_type in self.cpu_ops or op_type in self.folded_ops
@@ -216,6 +219,7 @@ def _check_value(path: Path, key: str, value: Any, kind: str) -> None:
         schema.STR_LIST: isinstance(value, list) and all(isinstance(v, str) for v in value),
         schema.ANY_LIST: isinstance(value, list) and all(isinstance(v, int | float | str) for v in value),
         schema.OP_LIST: _is_op_list(value),
+        schema.STR_TABLE: isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
     }[kind]
     if not ok:
         raise _fail(path, key, "an " + kind if kind == schema.INT else "a " + kind, value)
@@ -316,4 +320,5 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         float16=_sourced(d.get("float16", {})),
         consumer_range_ops=_ops(d.get("consumer_range", {}).get("ops")),
         consumer_range=_sourced(d.get("consumer_range", {})),
+        cost=d.get("cost"),
     )
