@@ -88,3 +88,23 @@ def test_a_profile_without_a_cost_table_exits_2_naming_it(tmp_path: Path) -> Non
     bad_plan.write_text(json.dumps({"sites": [{"node": "not_a_node", "precision": "float"}]}))
     proc = cost(model, "--profile", "rk3588", "--plan", bad_plan, "--out", tmp_path / "out")
     assert_one_line_exit_2(proc, "--plan", "not_a_node")
+
+
+def test_profile_onnxruntime_measures_the_qdq_model_node_by_node(tmp_path: Path) -> None:
+    import onnx
+    from test_cost_model import two_convs
+
+    model = tmp_path / "m.onnx"
+    onnx.save(two_convs(), model)  # type: ignore[arg-type]
+    proc = cost(model, "--profile", "onnxruntime", "--runs", "5", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "out" / "cost.json").read_text())
+    assert doc["profile"] == "onnxruntime" and doc["float_ms"] > 0
+    kernels = {s["kernel"]: s for s in doc["per_site"]}
+    # at ORT_ENABLE_ALL onnxruntime runs the QDQ Conv as one integer kernel (its QDQ fusion)
+    assert kernels["QLinearConv"]["precision"] == "int8"
+    assert all(len(s["repeats_ms"]) == 2 for s in doc["per_site"])
+    # the nodes run inside the timed runs: their medians cannot add up to much more than a run
+    assert sum(s["est_ms"] for s in doc["per_site"]) <= 1.5 * doc["total_ms"]
+    assert set(doc["repeatability"]) == {"median_rel_diff", "time_weighted_rel_diff", "within_10pct",
+                                         "total_rel_diff"}

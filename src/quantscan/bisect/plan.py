@@ -201,7 +201,7 @@ def write_plan(
     `summary_block` puts the plan into a scan's summary.md in `out` (report.verdict.with_plan_block);
     `step1_names` what a vendor toolchain's step 1 kept per site (bisect --verify/--evaluator rknn)."""
     out.mkdir(parents=True, exist_ok=True)
-    files = {"plan.json": _plan_json(out, plan), "plan.csv": out / "plan.csv"}
+    files = {"plan.json": _plan_json(out, plan, model), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
     atomic_write_text(files["plan.csv"], csv_text(table))
     if session.gain:
@@ -253,8 +253,31 @@ def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
     return layers.merge(gains[[Col.NODE, *gain_columns]], on=Col.NODE, how="left")
 
 
-def _plan_json(out: Path, plan: Plan) -> Path:
-    """plan.json, one-space indented like the session file."""
+def _plan_json(out: Path, plan: Plan, model: onnx.ModelProto | None = None) -> Path:
+    """plan.json, one-space indented like the session file; priced when the plan's profile has a cost table."""
     path = out / "plan.json"
-    write_json(path, plan.to_json(), indent=1)
+    write_json(path, with_board_time(plan.to_json(), plan, model), indent=1)
     return path
+
+
+def with_board_time(doc: dict[str, Any], plan: Plan, model: onnx.ModelProto | None) -> dict[str, Any]:
+    """plan.json with `estimated_ms` and `extra_ms` (over all-int8) for the plan and every Pareto point,
+    when the profile it was measured for has a [cost] table (quantscan.cost; estimated, not measured)."""
+    profile_spec = (plan.recipe or {}).get("profile")
+    if model is None or not profile_spec:
+        return doc
+    from quantscan.compat.profiles import load_profile
+    from quantscan.cost import Pricer
+    from quantscan.cost.plans import priced_plan
+
+    profile = load_profile(str(profile_spec))
+    if not profile.cost:
+        return doc
+    pricer = Pricer.of(model, profile)
+    priced = priced_plan(pricer, doc, strict=False)
+    doc["estimated_ms"], doc["extra_ms"] = priced["estimated_ms"], priced["extra_ms"]
+    for point, cost in zip(doc.get("pareto", []), priced["pareto"], strict=True):
+        point["estimated_ms"], point["extra_ms"] = cost["estimated_ms"], cost["extra_ms"]
+    doc["board_time"] = {"profile": profile.name, "int8_ms": priced["int8_ms"], "estimated": True,
+                         "notes": list(pricer.notes)}
+    return doc

@@ -18,6 +18,7 @@ from quantscan.cli.args import (
 
 def cmd_check(args: argparse.Namespace) -> int:
     from quantscan.compat.check import check
+    from quantscan.cost.partitions import with_board_time
     from quantscan.model import ensure_not_quantized, load_model
     from quantscan.runfolder import claim_out_dir, refuse_inputs, write_csv
 
@@ -29,8 +30,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         profiles = args.profile or ["generic-npu"]
         shapes = parse_input_shape(args.input_shape)
         result = check(loaded.proto, profiles, input_shapes=shapes or None)
+        partitions = with_board_time(result.partitions, loaded.proto, profiles, shapes or None)
         write_csv(out / "compat.csv", result.findings)
-        write_csv(out / "partitions.csv", result.partitions)
+        write_csv(out / "partitions.csv", partitions)
     findings = result.findings
     for profile in profiles:
         rows = findings[findings["profile"] == profile_label(profile, findings)] if not findings.empty else findings

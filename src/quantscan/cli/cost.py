@@ -74,8 +74,11 @@ def _estimated(proto: Any, profile: Any, shapes: dict[str, list[int]], plan: dic
 
 def _measured(proto: Any, shapes: dict[str, list[int]], args: argparse.Namespace) -> Any:
     from quantscan.cost.measure import measure
+    from quantscan.records import ActivationScheme
+    from quantscan.scanning.ort_recipe import quantize_static_call
 
-    result = measure(proto, shapes or None, runs=args.runs, threads=args.threads, seed=args.seed)
+    recipe = quantize_static_call(ActivationScheme.UINT8)  # the onnxruntime profile's quantize_static recipe
+    result = measure(proto, recipe, shapes or None, runs=args.runs, threads=args.threads or 1, seed=args.seed)
     return result.to_json(), result.table()
 
 

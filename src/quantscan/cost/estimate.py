@@ -146,7 +146,7 @@ class Pricer:
         self._elements = {t: int(view.info(t).numel() or 0) for t in self._producer}
         self.fallback = fallback_precision(profile)
         unknown = sum(1 for k in self.kernels if k.role != "free" and k.output_elems == 0)
-        guessed = [f"{f.input}[{f.axis}]={f.value}" for f in analysis.loaded.fills if not f.from_user]
+        guessed = [f"{f.input}[{f.axis}]={f.value}" for f in analysis.loaded.fills if not f.from_user and f.axis]
         self.notes: tuple[str, ...] = tuple(
             [f"{unknown} kernels have no static output size: priced at their fixed overhead only"] * bool(unknown)
             + [f"input dims nobody gave were guessed ({', '.join(guessed)}): give --input-shape for the shape "
@@ -207,6 +207,13 @@ class Pricer:
         base = self.price({}).total_ms
         return {n: self.price({n: "float"}).total_ms - base for n in self.site_nodes}
 
+    def island_ms(self, nodes: set[str], estimate: CostEstimate | None = None) -> float:
+        """Board time of a group of nodes (a compat partition): its kernels and the boundaries into it."""
+        est = estimate or self.price({})
+        kernels = {k.node for k in self.kernels if nodes.intersection(k.nodes)}
+        return (sum(s.est_ms for s in est.per_site if s.node in kernels)
+                + sum(b.est_ms for b in est.boundaries if b.to_node in kernels))
+
     def _site_cost(self, k: Kernel, precision: str) -> SiteCost:
         t: KernelTime = kernel_time(k, precision, k.device, self.table)
         return SiteCost(k.node, k.kernel, k.op, precision, k.device, t.est_ms, t.compute_ms, t.memory_ms,
@@ -252,3 +259,25 @@ def estimate(
 ) -> CostEstimate:
     """One-call form: the estimate of `model` on `profile` under `plan` (None: all int8)."""
     return Pricer.of(model, profile, input_shapes).price(plan)
+
+
+def board_ms(
+    model: onnx.ModelProto | str | Path, profile: Profile, input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> float | None:
+    """The all-int8 estimate of `model` on `profile`, None when the profile has no [cost] table (a
+    rewrite's before/after: a decomposition that runs more kernels shows here)."""
+    if not profile.cost:
+        return None
+    return Pricer.of(model, profile, input_shapes).price({}).total_ms
+
+
+def static_input_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """The graph inputs whose every dim is a number (a rewritten model after --fix-dim): the shapes its
+    original is priced at too, so before and after compare the same inference."""
+    inits = {t.name for t in model.graph.initializer}
+    out: dict[str, list[int]] = {}
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if vi.name not in inits and dims and all(d.HasField("dim_value") for d in dims):
+            out[vi.name] = [int(d.dim_value) for d in dims]
+    return out

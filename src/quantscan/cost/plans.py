@@ -38,10 +38,14 @@ def _check_known(precisions: Mapping[str, str], known: Sequence[str]) -> None:
                          f"(first: {missing[0]!r}); was the plan made for another model?")
 
 
-def priced_plan(pricer: Pricer, plan: Mapping[str, Any]) -> dict[str, Any]:
-    """{estimated_ms, extra_ms, int8_ms, pareto: [{float_sites, sites, estimated_ms, extra_ms}]} of a plan."""
+def priced_plan(pricer: Pricer, plan: Mapping[str, Any], *, strict: bool = True) -> dict[str, Any]:
+    """{estimated_ms, extra_ms, int8_ms, pareto: [{float_sites, sites, estimated_ms, extra_ms}]} of a plan.
+    `strict`: a plan site the model's kernels do not have is an error (--plan); otherwise it is not priced
+    (a model input kept float: its conversion is the chip's input layer, not a kernel)."""
     base = pricer.price({}).total_ms
-    precisions = plan_precisions(plan, pricer.site_nodes)
+    precisions = plan_precisions(plan, pricer.site_nodes if strict else ())
+    known = set(pricer.site_nodes)
+    precisions = {n: p for n, p in precisions.items() if n in known}
     total = pricer.price(precisions).total_ms
     fallback = str(plan.get("fallback", "float"))
     points = []
