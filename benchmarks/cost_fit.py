@@ -53,6 +53,16 @@ NOT_SCORED = {"yolov6m": "ultralytics' yolov6.yaml at scale m has 80 GMAC; meitu
 FREE = {"compute_efficiency": (0.05, 1.0), "depthwise_efficiency": (0.005, 1.0), "elementwise_per_cycle": (1, 256),
         "dram_gbps": (1, 34), "layer_overhead_us": (1, 200), "run_overhead_us": (10, 3000)}
 """The fitted figures and the physically plausible range each is searched in."""
+STARTS = (
+    {"compute_efficiency": 0.5, "depthwise_efficiency": 0.5, "elementwise_per_cycle": 8.0, "dram_gbps": 10.0,
+     "layer_overhead_us": 30.0, "run_overhead_us": 300.0},
+    {"compute_efficiency": 0.9, "depthwise_efficiency": 1.0, "elementwise_per_cycle": 8.0, "dram_gbps": 34.0,
+     "layer_overhead_us": 27.0, "run_overhead_us": 10.0},
+    {"compute_efficiency": 0.3, "depthwise_efficiency": 0.1, "elementwise_per_cycle": 30.0, "dram_gbps": 5.0,
+     "layer_overhead_us": 10.0, "run_overhead_us": 1000.0},
+)
+"""Where the search starts, for every chip (not the profile's current figures: a rerun gives the same fit);
+Powell stops in local minima, so the best of these starts (loss on the FIT rows) is kept."""
 LAYERS = Path(__file__).with_name("cost_zoo_layers.json")
 
 
@@ -73,8 +83,9 @@ ALIGNS = (8, 16, 32)
 
 def fit(table: CostTable, models: dict[str, list[Kernel]], measured: dict[str, float],
         precision: dict[str, str]) -> CostTable:
-    """The best of `fit_free` over ALIGNS, judged on the FIT rows only."""
-    fits = [fit_free(table.with_figures(channel_align=a), models, measured, precision) for a in ALIGNS]
+    """The best of `fit_free` over ALIGNS and STARTS, judged on the FIT rows only."""
+    fits = [fit_free(table.with_figures(channel_align=a), models, measured, precision, start)
+            for a in ALIGNS for start in STARTS]
     return min(fits, key=lambda t: fit_loss(t, models, measured, precision))
 
 
@@ -84,10 +95,10 @@ def fit_loss(table: CostTable, models: dict[str, list[Kernel]], measured: dict[s
 
 
 def fit_free(table: CostTable, models: dict[str, list[Kernel]], measured: dict[str, float],
-             precision: dict[str, str]) -> CostTable:
+             precision: dict[str, str], start_at: dict[str, float]) -> CostTable:
     """Least squares on log ratios over FIT, the free figures searched in log space within their ranges."""
     bounds = [(math.log(lo), math.log(hi)) for lo, hi in FREE.values()]
-    start = np.clip(np.log([getattr(table, k) for k in FREE]), [b[0] for b in bounds], [b[1] for b in bounds])
+    start = np.log([start_at[k] for k in FREE])
 
     def loss(x: np.ndarray) -> float:
         return fit_loss(table.with_figures(**dict(zip(FREE, np.exp(x), strict=True))), models, measured, precision)

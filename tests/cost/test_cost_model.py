@@ -131,9 +131,12 @@ def test_a_profile_without_a_cost_table_is_refused_naming_what_is_missing(tmp_pa
         CostTable.of(load_profile(partial))
 
 
-@pytest.mark.parametrize("name", ["rk3568", "rk3576", "rk3588"])
+@pytest.mark.parametrize("name", ["rk3568", "rk3576", "rk3588", "ethos-u", "tda4-tidl", "bm1684x"])
 def test_shipped_cost_tables_give_every_figure_a_source(name: str) -> None:
     table = CostTable.of(load_profile(name))
     assert all(src and src != "not given" for _, src in table.sources)
-    assert table.fitted and all(f in table.figures() for f in table.fitted)
+    assert all(f in table.figures() for f in table.fitted)
+    # the Rockchip tables are fitted to the zoo's measurements (benchmarks/cost_fit.py), the others are not
+    assert bool(table.fitted) == name.startswith("rk")
+    assert all("cost_fit.py" in src for f, src in table.sources if f in table.fitted)
     assert math.isclose(table.cores, 1)
