@@ -49,6 +49,8 @@ def test_scan_and_bisect_price_each_site_and_the_plan(tmp_path: Path, assets: Pa
     assert proc.returncode in (0, 1), proc.stderr
     plan = json.loads((run / "plan.json").read_text())
     assert plan["board_time"]["profile"] == "rk3588" and plan["board_time"]["estimated"] is True
+    # priced at the shapes the scan in the same folder priced: the same all-int8 time
+    assert plan["board_time"]["int8_ms"] == pytest.approx(board["int8_ms"], rel=1e-6)
     assert plan["extra_ms"] == pytest.approx(plan["estimated_ms"] - plan["board_time"]["int8_ms"], abs=1e-5)
     points = plan["pareto"]
     assert all("extra_ms" in p for p in points)
