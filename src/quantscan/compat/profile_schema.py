@@ -63,7 +63,8 @@ COST_FIGURES: dict[str, str] = {
     "channel_align": "channels the MAC array works on at once: a Conv's input/output channels are padded to it",
     "compute_efficiency": "fraction of the peak MAC rate a dense Conv reaches",
     "depthwise_efficiency": "fraction of the (aligned) peak a depthwise Conv reaches",
-    "elementwise_per_cycle": "elementwise results per cycle per core (activations, Add/Mul, pools, Resize)",
+    "elementwise_per_cycle": "elements streamed per cycle per core by elementwise kernels (inputs read + output "
+                             "written: activations, Add/Mul, pools, Resize)",
     "dram_gbps": "DRAM bandwidth the NPU reaches, GB/s",
     "onchip_kib": "on-chip buffer: an activation tensor no larger stays on chip (no DRAM traffic)",
     "layer_overhead_us": "fixed time per NPU kernel (launch, configuration), microseconds",

@@ -2,7 +2,8 @@
 
 compute  = MACs x channel padding / (MACs per cycle at the precision x efficiency x clock x cores)
            for Conv/Gemm/MatMul (a depthwise Conv reaches `depthwise_efficiency` of the array instead);
-           elementwise results x bytes per element / (elementwise_per_cycle x clock x cores) for the rest;
+           elements streamed (inputs + output) x bytes per element / (elementwise_per_cycle x clock x cores)
+           for the rest;
 memory   = bytes read and written / DRAM bandwidth, where an activation tensor no larger than the
            on-chip buffer stays on chip and weights always come from DRAM;
 overhead = the per-layer figure (NPU) or the per-op figure (CPU); a free kernel (a Reshape) costs nothing.
