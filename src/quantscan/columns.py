@@ -84,6 +84,10 @@ class Col:
     IF_FLOAT_TOP1: Final = "if_float_top1"
     REACHES_OUTPUT: Final = "reaches_output"
     LOSS_IF_ONLY: Final = "loss_if_only"
+    EST_MS: Final = "est_ms"
+    """Estimated board time of the site's kernel at int8 (quantscan.cost, the profile's [cost] table)."""
+    FALLBACK_EXTRA_MS: Final = "fallback_extra_ms"
+    """What keeping this one site at the profile's fallback precision adds over all-int8, conversions included."""
 
 
 LAYERS_COLUMNS: Final = tuple(v for k, v in vars(Col).items() if k.isupper())

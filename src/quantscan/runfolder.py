@@ -176,6 +176,7 @@ RUN_NAMES = frozenset({
     "horizon_node_config.yaml", "tidl_16bit_options.json", "tidl_import_16bit.txt", "device.csv", "calib_advice.csv",
     "hailo_model_script.alls", "pulsar2_layer_configs.json", "qnn_quant_overrides.json", "amct_quant.cfg",
     "atc_keep_dtype.cfg", "prefixes.json",
+    "cost.json", "cost.csv",
 })
 """Every file name a command writes into its --out folder."""
 

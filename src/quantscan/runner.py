@@ -552,3 +552,75 @@ class _DataReader:
         if batch is None:
             raise StopIteration
         return batch
+
+
+# --- onnxruntime's own profiler ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """What onnxruntime's profiler timed in `runs` runs of one session: per node, per run, microseconds."""
+
+    node_us: dict[str, list[float]]
+    op_types: dict[str, str]
+    run_us: list[float]
+
+
+def profile_nodes(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *, runs: int, warmup: int = 3,
+    threads: int | None = 1, opt_level: str = "all",
+) -> NodeProfile:
+    """Time every node of `model` with onnxruntime's profiler (SessionOptions.enable_profiling).
+
+    Why the profiler: it times each kernel as the session runs it after its own graph optimisation
+    (at ORT_ENABLE_ALL a QDQ Conv runs as one integer kernel), which is what `cost --profile
+    onnxruntime` reports. The first `warmup` runs are dropped (allocation, first-touch). Node events
+    are `<node>_kernel_time`; each is assigned to the `model_run` event that contains it.
+    """
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _LEVELS[opt_level]
+    options.log_severity_level = SILENT
+    options.enable_profiling = True
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    with tempfile.TemporaryDirectory(prefix="quantscan-profile-") as tmp:
+        options.profile_file_prefix = str(Path(tmp) / "ort")
+        try:
+            inner = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            names = [i.name for i in inner.get_inputs()]
+            used = {k: v for k, v in feeds.items() if k in names}
+            for _ in range(warmup + runs):
+                inner.run(None, used)
+            trace = Path(inner.end_profiling())
+            events = _load_trace(trace)
+        except Exception as exc:  # onnxruntime raises its own untyped exceptions
+            raise SessionError(f"onnxruntime could not profile the model: {_one_line(exc)}") from exc
+    return _node_profile(events, warmup)
+
+
+def _load_trace(path: Path) -> list[dict[str, Any]]:
+    import json
+
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    return [e for e in raw if isinstance(e, dict)]
+
+
+def _node_profile(events: Sequence[Mapping[str, Any]], warmup: int) -> NodeProfile:
+    runs = sorted((int(e["ts"]), int(e["dur"])) for e in events if e.get("name") == "model_run")[warmup:]
+    node_us: dict[str, list[float]] = {}
+    op_types: dict[str, str] = {}
+    suffix = "_kernel_time"
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("cat") != "Node" or not name.endswith(suffix):
+            continue
+        ts = int(e["ts"])
+        index = next((i for i, (start, dur) in enumerate(runs) if start <= ts <= start + dur), None)
+        if index is None:
+            continue
+        node = name[: -len(suffix)]
+        times = node_us.setdefault(node, [0.0] * len(runs))
+        times[index] += float(e["dur"])
+        op_types[node] = str(e.get("args", {}).get("op_name", ""))
+    return NodeProfile(node_us, op_types, [float(d) for _, d in runs])

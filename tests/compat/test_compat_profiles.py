@@ -11,7 +11,7 @@ from quantscan.errors import ProfileError
 
 SHIPPED = [
     "ascend310", "ax650", "bm1684x", "ethos-u", "generic-npu", "hailo8", "hisilicon-svp", "horizon-x3", "neutron",
-    "onnxruntime", "qnn-htp", "rk3568", "rk3588", "rk3588-llm", "tda4-tidl",
+    "onnxruntime", "qnn-htp", "rk3568", "rk3576", "rk3588", "rk3588-llm", "tda4-tidl",
 ]
 
 

@@ -21,10 +21,11 @@ from quantscan.bisect.realise import Claims
 from quantscan.bisect.session import BisectSession
 from quantscan.bisect.state import BUDGET, BUDGET_NO_PLAN, METRICS, Bisector, Step, Target
 from quantscan.columns import Col
+from quantscan.errors import QuantscanError
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.records import Metrics, ParetoPoint, Plan, PlanSite, Precision
-from quantscan.runfolder import atomic_write_text, csv_text, read_csv, read_text, write_json
+from quantscan.runfolder import RUN_JSON, atomic_write_text, csv_text, read_csv, read_run_json, read_text, write_json
 from quantscan.scanning.ort_recipe import quantize_static_call
 from quantscan.scanning.prepare import ScanContext
 from quantscan.sites import Site
@@ -201,7 +202,7 @@ def write_plan(
     `summary_block` puts the plan into a scan's summary.md in `out` (report.verdict.with_plan_block);
     `step1_names` what a vendor toolchain's step 1 kept per site (bisect --verify/--evaluator rknn)."""
     out.mkdir(parents=True, exist_ok=True)
-    files = {"plan.json": _plan_json(out, plan), "plan.csv": out / "plan.csv"}
+    files = {"plan.json": _plan_json(out, plan, model, board_shapes(session, out)), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
     atomic_write_text(files["plan.csv"], csv_text(table))
     if session.gain:
@@ -252,8 +253,47 @@ def _layers_with_gain(path: Path, gains: pd.DataFrame) -> pd.DataFrame:
     return layers.merge(gains[[Col.NODE, *gain_columns]], on=Col.NODE, how="left")
 
 
-def _plan_json(out: Path, plan: Plan) -> Path:
-    """plan.json, one-space indented like the session file."""
+def _plan_json(out: Path, plan: Plan, model: onnx.ModelProto | None = None,
+               shapes: Mapping[str, Sequence[int]] | None = None) -> Path:
+    """plan.json, one-space indented like the session file; priced when the plan's profile has a cost table."""
     path = out / "plan.json"
-    write_json(path, plan.to_json(), indent=1)
+    write_json(path, with_board_time(plan.to_json(), plan, model, shapes), indent=1)
     return path
+
+
+def board_shapes(session: BisectSession, out: Path) -> dict[str, list[int]] | None:
+    """The input shapes a plan is priced at: the user's --input-shape, else those the scan in the same run
+    folder priced its sites at (run.json `board_time`), else None (the model's own, guessed dims noted)."""
+    given = session.options.get("scan", {}).get("input_shape") if isinstance(session.options, dict) else None
+    if isinstance(given, dict) and given:
+        return {str(k): [int(d) for d in v] for k, v in given.items()}
+    try:
+        info = read_run_json(out / RUN_JSON) if (out / RUN_JSON).is_file() else None
+    except QuantscanError:  # a run.json we cannot read prices nothing differently: the model's own shapes
+        info = None
+    shapes = ((info or {}).get("options") or {}).get("board_time", {}).get("input_shapes")
+    return {str(k): [int(d) for d in v] for k, v in shapes.items()} if isinstance(shapes, dict) and shapes else None
+
+
+def with_board_time(doc: dict[str, Any], plan: Plan, model: onnx.ModelProto | None,
+                    shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+    """plan.json with `estimated_ms` and `extra_ms` (over all-int8) for the plan and every Pareto point,
+    when the profile it was measured for has a [cost] table (quantscan.cost; estimated, not measured)."""
+    profile_spec = (plan.recipe or {}).get("profile")
+    if model is None or not profile_spec:
+        return doc
+    from quantscan.compat.profiles import load_profile
+    from quantscan.cost import Pricer
+    from quantscan.cost.plans import priced_plan
+
+    profile = load_profile(str(profile_spec))
+    if not profile.cost:
+        return doc
+    pricer = Pricer.of(model, profile, shapes)
+    priced = priced_plan(pricer, doc, strict=False)
+    doc["estimated_ms"], doc["extra_ms"] = priced["estimated_ms"], priced["extra_ms"]
+    for point, cost in zip(doc.get("pareto", []), priced["pareto"], strict=True):
+        point["estimated_ms"], point["extra_ms"] = cost["estimated_ms"], cost["extra_ms"]
+    doc["board_time"] = {"profile": profile.name, "int8_ms": priced["int8_ms"], "estimated": True,
+                         "input_shapes": dict(shapes or {}), "notes": list(pricer.notes)}
+    return doc

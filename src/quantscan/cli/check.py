@@ -28,6 +28,7 @@ CHIP_TABLE = (("chip", "profile"), ("errors", "errors"), ("warnings", "warnings"
 def cmd_check(args: argparse.Namespace) -> int:
     from quantscan.compat.check import check
     from quantscan.compat.profiles import ALL_PROFILES, expand
+    from quantscan.cost.partitions import with_board_time
     from quantscan.model import ensure_not_quantized, load_model
     from quantscan.runfolder import claim_out_dir, refuse_inputs, write_csv
 
@@ -39,8 +40,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     with claim_out_dir(out, force=args.force):
         shapes = parse_input_shape(args.input_shape)
         result = check(loaded.proto, profiles, input_shapes=shapes or None)
+        partitions = with_board_time(result.partitions, loaded.proto, profiles, shapes or None)
         write_csv(out / "compat.csv", result.findings)
-        write_csv(out / "partitions.csv", result.partitions)
+        write_csv(out / "partitions.csv", partitions)
         written = ["compat.csv", "partitions.csv"]
         if len(result.profiles) > 1:
             write_csv(out / "profiles.csv", result.profile_table())

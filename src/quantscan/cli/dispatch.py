@@ -36,6 +36,7 @@ from quantscan.cli.calib_advice import cmd_calib_advice
 from quantscan.cli.case import case_parser, cmd_case
 from quantscan.cli.check import cmd_check
 from quantscan.cli.compare import cmd_compare, compare_parser
+from quantscan.cli.cost import cmd_cost, cost_parser
 from quantscan.cli.dumps import cmd_dumps, dumps_parser
 from quantscan.cli.extract import cmd_extract, extract_parser
 from quantscan.cli.log import cmd_log, log_parser
@@ -48,7 +49,7 @@ from quantscan.cli.vendor import cmd_vendor, vendor_parser
 from quantscan.errors import QuantscanError, UsageError
 
 COMMANDS = ("scan", "calib-advice", "check", "rewrite", "compare", "extract", "bisect", "report", "profiles",
-            "bundle", "overlay", "log", "case", "vendor", "dumps")
+            "bundle", "overlay", "log", "case", "vendor", "dumps", "cost")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     overlay.add_argument("--debug", action="store_true")
     case_parser(sub)
     log_parser(sub)
+    cost_parser(sub)
     return parser
 
 
@@ -131,6 +133,7 @@ HANDLERS = {
     "log": cmd_log,
     "vendor": cmd_vendor,
     "dumps": cmd_dumps,
+    "cost": cmd_cost,
 }
 
 

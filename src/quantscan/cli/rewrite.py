@@ -100,11 +100,23 @@ def rewrite_parser(sub: Any) -> None:
 
 def _print_before_after(before: Any, after: Any, profile: str) -> None:
     """`--all-for-profile`: the check run again on the rewritten model, counts side by side."""
+    import onnx
+
     from quantscan.compat.check import check
+    from quantscan.compat.profiles import load_profile
+    from quantscan.cost.estimate import board_ms, static_input_shapes
+    from quantscan.model import load_model
 
     rows = [check(m, [profile]).summary_rows()[0] for m in (before, after)]
     print(f"check {profile}: " + ", ".join(
         f"{key} {rows[0][key]} -> {rows[1][key]}" for key in ("errors", "warnings", "cpu_islands")))
+    chip = load_profile(profile)
+    rewritten = after if isinstance(after, onnx.ModelProto) else load_model(after).proto
+    shapes = static_input_shapes(rewritten)
+    times = [board_ms(m, chip, shapes or None) for m in (before, after)]
+    if times[0] is not None and times[1] is not None:
+        print(f"board time {chip.name} (estimated, quantscan.cost): {times[0]:.3f} ms -> {times[1]:.3f} ms "
+              f"({times[1] - times[0]:+.3f} ms)")
 
 
 def _free_sizes(model: str, calib: Any, given: list[str]) -> list[str]:

@@ -41,7 +41,7 @@ ATTRIBUTES: dict[str, str] = {
 WHEN = ("any", "depthwise", "not_depthwise", "grouped", "plain")
 """Which Conv-like nodes a limit applies to (plain = group 1, dilation 1)."""
 
-STR, INT, BOOL, NUM, STR_LIST, ANY_LIST, OP_LIST = (
+STR, INT, BOOL, NUM, STR_LIST, ANY_LIST, OP_LIST, STR_TABLE = (
     "string",
     "integer",
     "boolean",
@@ -49,9 +49,33 @@ STR, INT, BOOL, NUM, STR_LIST, ANY_LIST, OP_LIST = (
     "list of strings",
     "list of numbers, strings or booleans",
     "list of ONNX op types",
+    "table of strings",
 )
 
 SOURCED = {"source": STR, "unverified": BOOL, "note": STR}
+
+COST_FIGURES: dict[str, str] = {
+    "clock_mhz": "NPU clock at its maximum frequency, MHz",
+    "cores": "NPU cores one model uses (RKNN: 1 unless the core mask says otherwise)",
+    "int8_macs_per_cycle": "int8 multiply-accumulates per cycle per core",
+    "int16_macs_per_cycle": "int16 multiply-accumulates per cycle per core",
+    "fp16_macs_per_cycle": "float16 multiply-accumulates per cycle per core",
+    "channel_align": "channels the MAC array works on at once: a Conv's input/output channels are padded to it",
+    "compute_efficiency": "fraction of the peak MAC rate a dense Conv reaches",
+    "depthwise_efficiency": "fraction of the (aligned) peak a depthwise Conv reaches",
+    "elementwise_per_cycle": "elements streamed per cycle per core by elementwise kernels (inputs read + output "
+                             "written: activations, Add/Mul, pools, Resize)",
+    "dram_gbps": "DRAM bandwidth the NPU reaches, GB/s",
+    "onchip_kib": "on-chip buffer: an activation tensor no larger stays on chip (no DRAM traffic)",
+    "layer_overhead_us": "fixed time per NPU kernel (launch, configuration), microseconds",
+    "run_overhead_us": "fixed time per inference (submit, wait), microseconds",
+    "cpu_gmacs": "the CPU fallback's rate, GMAC/s (one big core, float32)",
+    "cpu_gbps": "the CPU fallback's memory bandwidth, GB/s",
+    "cpu_op_overhead_us": "fixed time per CPU op, microseconds",
+    "converter_us": "fixed time of a converter layer at a precision boundary (int8 <-> int16/fp16), microseconds",
+    "partition_us": "fixed time of an NPU <-> CPU partition boundary (sync, cache flush), microseconds",
+}
+"""Every figure a `[cost]` table must give (quantscan.cost reads them; the help text is the meaning)."""
 
 SECTIONS: dict[str, dict[str, str]] = {
     "meta": {"name": STR, "vendor": STR, "description": STR, "documents": STR_LIST, "note": STR},
@@ -78,6 +102,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "float16": {"ops": OP_LIST, **SOURCED},
     "consumer_range": {"ops": OP_LIST, **SOURCED},
     "dtypes": {"npu": STR_LIST, **SOURCED},
+    "cost": {**{k: NUM for k in COST_FIGURES}, "sources": STR_TABLE, "fitted": STR_LIST, **SOURCED},
     "tensor": {
         "max_rank": INT,
         "max_dim": INT,

@@ -9,7 +9,7 @@ each error is one line naming the file, the key and the expected type.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,9 @@ class Profile:
     schemes: Mapping[str, Any] | None = None
     """The `[schemes]` table: `names` the chip runs (shorthands, quantscan.schemes) and what its `a16`
     means (int16 or float); None: w8a8 only."""
+    cost: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    """The `[cost]` table as written (figures, `sources`, `fitted`); None when the profile has none.
+    `quantscan.cost.CostTable.of(profile)` reads it and names what is missing."""
 
     def supports(self, op_type: str) -> bool:
         return op_type in self.npu_ops or op_type in self.cpu_ops or op_type in self.folded_ops
@@ -252,6 +255,7 @@ def _check_value(path: Path, key: str, value: Any, kind: str) -> None:
         schema.STR_LIST: isinstance(value, list) and all(isinstance(v, str) for v in value),
         schema.ANY_LIST: isinstance(value, list) and all(isinstance(v, int | float | str) for v in value),
         schema.OP_LIST: _is_op_list(value),
+        schema.STR_TABLE: isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
     }[kind]
     if not ok:
         raise _fail(path, key, "an " + kind if kind == schema.INT else "a " + kind, value)
@@ -353,4 +357,5 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         consumer_range_ops=_ops(d.get("consumer_range", {}).get("ops")),
         consumer_range=_sourced(d.get("consumer_range", {})),
         schemes=d.get("schemes"),
+        cost=d.get("cost"),
     )

@@ -142,7 +142,8 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         "",
         *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites,
                          gain_basis(info.options, info.evaluation.samples),
-                         [i["quantization"] for i in info.inputs if "quantization" in i]),
+                         [i["quantization"] for i in info.inputs if "quantization" in i],
+                         info.options.get("board_time")),
         f"- model sha256 {code(info.model.sha256)}, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from {code(info.calibration.path)}, "
@@ -424,13 +425,14 @@ def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
         groups.setdefault(key, []).append(node)
     for (severity, rule, _op, value, limit, fix), nodes in groups.items():
         rows.append(f"| {_nodes_text(nodes)} | {severity} {rule}: {value} vs {limit} | {fix} | "
-                    f"{_group_check_text(layers, nodes)} | |")
+                    f"{_group_check_text(layers, nodes)} | {_latency_text(layers, nodes, result.profile)} |")
     intrinsic = result.layers[result.layers[Col.CAUSE] == "intrinsic"].head(5)
     for r in intrinsic.to_dict("records"):
         if r[Col.NODE] in seen:
             continue
         rows.append(f"| {code(r[Col.NODE])} | precision: {text(r[Col.REASON])} | keep float/int16 "
-                    f"(`quantscan bisect`) or rescale channels | {_check_text(layers, r[Col.NODE])} | |")
+                    f"(`quantscan bisect`) or rescale channels | {_check_text(layers, r[Col.NODE])} | "
+                    f"{_latency_text(layers, [r[Col.NODE]], result.profile)} |")
     if not rows:
         return []
     head = ["", "### Hand-off: nodes — limit — strategy — numeric check — latency", "",
@@ -439,6 +441,20 @@ def _handoff_table(result: SummarySource, findings: pd.DataFrame) -> list[str]:
 
 
 HANDOFF_NODES_SHOWN = 3
+
+
+def _latency_text(layers: pd.DataFrame, nodes: list[str], profile: str | None) -> str:
+    """The group's board time as layers.csv's `est_ms` gives it (estimated by quantscan.cost from the
+    profile's [cost] table), and what keeping its sites float would add; empty when nothing is priced."""
+    if Col.EST_MS not in layers.columns:
+        return ""
+    rows = layers.loc[[n for n in nodes if n in layers.index]]
+    est = pd.to_numeric(rows[Col.EST_MS], errors="coerce").dropna() if not rows.empty else pd.Series(dtype=float)
+    if est.empty:
+        return ""
+    extra = pd.to_numeric(rows.get(Col.FALLBACK_EXTRA_MS), errors="coerce").fillna(0.0)
+    kept = f", {extra.sum():+.3g} ms kept float" if (extra > 0).any() else ""
+    return f"{est.sum():.3g} ms{kept} (estimated, quantscan.cost {profile or ''})".replace(" )", ")")
 
 
 def _nodes_text(nodes: list[str]) -> str:

@@ -109,21 +109,35 @@ def _measured(layers: pd.DataFrame) -> pd.DataFrame:
     return layers[gain.notna()]
 
 
-def _fix(row: Mapping[str, Any], cosine: float, basis: GainSamples | None = None) -> str:
-    """The first thing to try for this site: a named fix when a finding gave one, else from its figures."""
+def _fix(row: Mapping[str, Any], cosine: float, basis: GainSamples | None = None,
+         board: Mapping[str, Any] | None = None) -> str:
+    """The first thing to try for this site: a named fix when a finding gave one, else from its figures;
+    with its estimated board time when the scan's profile prices it (`board`: run.json `board_time`)."""
+    cost = _board_text(row, board)
     for column in (Col.DIAGNOSIS_FIX, "fix", Col.COMPAT_FIX):
         text = row.get(column)
         if isinstance(text, str) and text.strip():
-            return text.strip()
+            return text.strip() + (f" (keeping it float instead: {cost})" if cost else "")
     node = f"{code(row[Col.NODE])}"
     base, gain, on = _promised(row, cosine, basis)
-    expected = f" (expected output cosine {_g(base + gain, 5)}, {_signed(gain)}, measured{on})" if math.isfinite(
+    expected = f" (expected output cosine {_g(base + gain, 5)}, {_signed(gain)}, measured{on}" if math.isfinite(
         gain) else ""
+    expected = (expected + (f"; {cost})" if cost else ")")) if expected else (f" ({cost})" if cost else "")
     worst_ch, spread = _num(row.get(Col.ACT_WORST_CHANNEL_SQNR_DB)), _num(row.get(Col.ACT_CHANNEL_RANGE_SPREAD))
     if worst_ch < 12 and spread > 10:
         return (f"its activation channels span {_g(spread, 3)}x under one per-tensor scale: equalize the "
                 f"channel ranges (cross-layer equalization) or keep {node} int16{expected}")
     return f"keep {node} float (or int16){expected}; `quantscan bisect` finds the fewest such sites"
+
+
+def _board_text(row: Mapping[str, Any], board: Mapping[str, Any] | None) -> str:
+    """`+0.40 ms (+3.1%) estimated on rk3588`: what keeping the site at the fallback precision costs."""
+    extra = _num(row.get(Col.FALLBACK_EXTRA_MS))
+    if board is None or not math.isfinite(extra):
+        return ""
+    total = _num(board.get("int8_ms"))
+    share = f" ({extra / total:+.1%} of {_g(total, 3)} ms)" if total > 0 else ""
+    return f"{extra:+.3g} ms{share} estimated on {board.get('profile', 'the chip')}"
 
 
 @dataclass(frozen=True)
@@ -218,6 +232,7 @@ def diagnosis_lines(
     gap_sites: Sequence[Mapping[str, Any]] = (),
     basis: GainSamples | None = None,
     inputs: Sequence[Mapping[str, Any]] = (),
+    board: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The `## Diagnosis` section: verdict, deployed gap (and the sites behind it), the model inputs that
     lose much on their own, where/why/first fix, next sites, the bisect plan. `basis`: the samples the
@@ -234,12 +249,12 @@ def diagnosis_lines(
             f"- **Where** (output gain not measured, rank by isolated error): {code(top[Col.NODE])} "
             f"({text(top[Col.KERNEL])}).",
             f"- **Why**: {top.get(Col.CAUSE, '')}: {text(top.get(Col.REASON, ''))}.",
-            f"- **First thing to try**: {_fix(top, cosine)}.",
+            f"- **First thing to try**: {_fix(top, cosine, board=board)}.",
         ]
     elif _root_cause(layers.iloc[0].to_dict()):
         lines += _root_cause_lines(layers)
     else:
-        lines += _where(layers, measured, cosine, basis)
+        lines += _where(layers, measured, cosine, basis, board)
     lines += ["", PLAN_BEGIN, *plan_lines(plan), PLAN_END, ""]
     return lines
 
@@ -289,7 +304,8 @@ def _why_measured(top: Mapping[str, Any]) -> str:
     return f"- **Why**: {cause}: {reason}."
 
 
-def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: GainSamples | None) -> list[str]:
+def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: GainSamples | None,
+           board: Mapping[str, Any] | None = None) -> list[str]:
     top = layers.iloc[0].to_dict()
     gain = _num(top.get(Col.GAIN_IF_FLOAT))
     base, promised, on = _promised(top, cosine, basis)
@@ -307,7 +323,7 @@ def _where(layers: pd.DataFrame, measured: pd.DataFrame, cosine: float, basis: G
         f"- **Where**: {code(top[Col.NODE])} ({text(top[Col.KERNEL])}): keeping it float takes the output cosine from "
         f"{_g(base, 5)} to {_g(base + promised, 5)} ({_signed(promised)}{spread}, measured{on}).",
         _why_measured(top),
-        f"- **First thing to try**: {_fix(top, cosine, basis)}.",
+        f"- **First thing to try**: {_fix(top, cosine, basis, board)}.",
     ]
     if promised < CLOSE_Z * stderr:
         lines.append(f"- **Not settled**: that gain is less than {_g(CLOSE_Z)} standard errors (jackknife over the "

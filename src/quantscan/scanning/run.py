@@ -29,6 +29,7 @@ from quantscan.model import LoadedModel
 from quantscan.records import DataInfo, Headline, ModelInfo, OutputMetrics, RunInfo
 from quantscan.runner import Runner
 from quantscan.scanning.advice_eval import with_coverage, with_decider_cosines
+from quantscan.scanning.board import BoardEstimate, board_estimate, probe_input_shapes, with_board_time
 from quantscan.scanning.budget import measured_peak_bytes
 from quantscan.scanning.calib_advice import CalibAdvice, advise_run
 from quantscan.scanning.causes import with_inherited
@@ -137,8 +138,12 @@ def _measure(
     tables = build_tables(ctx.loaded, ctx.graph.prepared, ctx.graph.sites, ctx.quant.plan, ctx.quant.calib_stats,
                           evaluation, ctx.graph.order,
                           ctx.graph.probe)
+    board = None
     if ctx.compat is not None and ctx.chip.profile is not None:
         tables.sites = with_profile(tables.sites, ctx, evaluation)
+        board = _board(ctx)
+        if board is not None:
+            tables.sites = with_board_time(tables.sites, board)
     times["tables"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     inputs = measure_inputs(ctx)
@@ -153,6 +158,8 @@ def _measure(
     head = headline(evaluation)
     head.unmeasured = quantizable_bodies(ctx.graph.prepared.proto)
     info = _checks_and_record(ctx, qdq, head, evaluation, impact, times, inputs)
+    if board is not None:
+        info.options["board_time"] = board.to_json()
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
         layers=with_scheme_gains(layers_frame(tables.sites), gains),
@@ -174,6 +181,13 @@ def _measure(
         task=task_table(evaluation.task),
         calib_advice=_calib_advice(ctx) if ctx.opts.calib_advice else None,
     )
+
+
+def _board(ctx: ScanContext) -> BoardEstimate | None:
+    """Board time per site when the scan's profile has a [cost] table (the user's model, probe shapes)."""
+    assert ctx.opts.profile is not None
+    shapes = probe_input_shapes(ctx.loaded.proto, ctx.graph.probe.input_shapes)
+    return board_estimate(ctx.loaded.proto, ctx.opts.profile, shapes)
 
 
 def _evaluate(

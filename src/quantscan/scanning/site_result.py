@@ -97,6 +97,15 @@ class OutputGain:
 
 
 @dataclass(frozen=True)
+class BoardTime:
+    """The site's estimated time on the chip at int8, and what keeping it at the fallback precision adds
+    (its slower kernel and the converter layers at the new precision boundaries), in ms."""
+
+    est_ms: float
+    fallback_extra_ms: float
+
+
+@dataclass(frozen=True)
 class SiteResult:
     """One layers.csv row: the site, its figures, its cause and rank, and what the later passes added."""
 
@@ -120,6 +129,8 @@ class SiteResult:
     rank: int = 0
     chip: ChipPlacement | None = None
     gain: OutputGain | None = None
+    board: BoardTime | None = None
+    """Estimated board time (`scan --profile P` whose profile has a [cost] table; scanning/board.py)."""
 
     def figures(self) -> dict[str, Any]:
         """The measured cells (the site through its int8 parameters): what `classify` and the cause
@@ -161,6 +172,8 @@ class SiteResult:
                         Col.GAIN_IF_FLOAT_GAP_STDERR: self.gain.gap_stderr})
             if whole_set:
                 row[Col.GAIN_IF_FLOAT_WHOLE_SET] = _or_nan(self.gain.whole_set)
+        if self.board is not None:
+            row.update({Col.EST_MS: self.board.est_ms, Col.FALLBACK_EXTRA_MS: self.board.fallback_extra_ms})
         return row
 
     @property

@@ -1,0 +1,143 @@
+"""The roofline on tiny models against the formula written out by hand, and the [cost] table's errors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from builders import build
+from quantscan.compat.analysis import analyse
+from quantscan.compat.profiles import load_profile
+from quantscan.cost import CostTable, Pricer
+from quantscan.errors import ProfileError
+
+TWO_CONVS = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[1, 8, 16, 16] x) => (float[1, 16, 1, 1] y) {
+    c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
+    r1 = Relu (c1)
+    d = Conv <pads = [1, 1, 1, 1], group = 16> (r1, w2)
+    s = Add (d, r1)
+    y = GlobalAveragePool (s)
+}
+"""
+
+FIGURES = {
+    "clock_mhz": 500.0, "cores": 1.0, "int8_macs_per_cycle": 64.0, "int16_macs_per_cycle": 32.0,
+    "fp16_macs_per_cycle": 16.0, "channel_align": 16.0, "compute_efficiency": 0.5, "depthwise_efficiency": 0.25,
+    "elementwise_per_cycle": 4.0, "dram_gbps": 2.0, "onchip_kib": 1.0, "layer_overhead_us": 3.0,
+    "run_overhead_us": 50.0, "cpu_gmacs": 1.0, "cpu_gbps": 1.0, "cpu_op_overhead_us": 7.0, "converter_us": 11.0,
+    "partition_us": 13.0,
+}
+
+
+def two_convs() -> object:
+    rng = np.random.default_rng(0)
+    return build(TWO_CONVS, {
+        "w1": rng.normal(size=(16, 8, 3, 3)).astype(np.float32), "b1": np.zeros(16, np.float32),
+        "w2": rng.normal(size=(16, 1, 3, 3)).astype(np.float32),
+    })
+
+
+def pricer(model: object, profile: str = "rk3588", **figures: float) -> Pricer:
+    table = CostTable.from_figures(profile, {**FIGURES, **figures})
+    return Pricer(analyse(model), load_profile(profile), table)  # type: ignore[arg-type]
+
+
+def roofline_ms(compute_ops: float, rate_per_s: float, dram_bytes: float) -> float:
+    """max(compute, memory) + the per-layer overhead, in ms, with FIGURES' bandwidth and overhead."""
+    compute = compute_ops / rate_per_s
+    memory = dram_bytes / (FIGURES["dram_gbps"] * 1e9)
+    return (max(compute, memory) + FIGURES["layer_overhead_us"] * 1e-6) * 1e3
+
+
+HZ = 500e6
+ONCHIP = 1024  # bytes: a tensor larger than this goes through DRAM
+
+
+def spilled(*sizes: int) -> int:
+    return sum(s for s in sizes if s > ONCHIP)
+
+
+def test_all_int8_total_is_the_roofline_formula_per_kernel() -> None:
+    p = pricer(two_convs())
+    est = p.price()
+    by_kernel = {s.kernel: s for s in est.per_site}
+    # Conv+Relu: 16x16x16 outputs, 8x3x3 MACs each; 8 input channels padded to 16 (x2), 16 outputs fit
+    conv = roofline_ms(4096 * 72 * 2, 64 * 0.5 * HZ, spilled(2048, 4096) + 16 * 8 * 9 + 16)
+    # depthwise: 4096 outputs x 9 MACs, at depthwise_efficiency, output channels 16 (no padding)
+    dw = roofline_ms(4096 * 9, 64 * 0.25 * HZ, spilled(4096, 4096) + 16 * 9)
+    # elementwise kernels stream every input element and write every output through the vector unit
+    add = roofline_ms(4096 + 4096 + 4096, 4 * HZ, spilled(4096, 4096, 4096))
+    pool = roofline_ms(4096 + 16, 4 * HZ, spilled(4096, 16))
+    assert by_kernel["Conv+Relu"].est_ms == pytest.approx(conv)
+    assert by_kernel["Conv"].est_ms == pytest.approx(dw)
+    assert by_kernel["Add"].est_ms == pytest.approx(add)
+    assert by_kernel["GlobalAveragePool"].est_ms == pytest.approx(pool)
+    assert est.total_ms == pytest.approx(0.05 + conv + dw + add + pool)
+    assert not est.boundaries
+    assert by_kernel["Conv+Relu"].bound == "compute"  # 37 us of MACs against 3.7 us of traffic
+
+
+def test_a_float_site_pays_its_fp16_kernel_and_one_converter_per_precision_change() -> None:
+    p = pricer(two_convs())
+    base = p.price()
+    plan = p.price({p.site_nodes[0]: "float"})  # rk3588 falls back to fp16
+    conv16 = roofline_ms(4096 * 72 * 2, 16 * 0.5 * HZ, 2 * spilled(2048, 4096) + 2 * (16 * 8 * 9 + 16))
+    conv8 = next(s for s in base.per_site if s.kernel == "Conv+Relu").est_ms
+    # r1 (4096 values) crosses fp16 -> int8 once for its two int8 readers: read at 2 bytes, written at 1
+    converter = 11e-3 + 4096 * 3 / 2e9 * 1e3
+    assert [(b.kind, b.from_precision, b.to_precision) for b in plan.boundaries] == [("converter", "fp16", "int8")]
+    assert plan.boundaries[0].est_ms == pytest.approx(converter)
+    assert plan.total_ms - base.total_ms == pytest.approx(conv16 - conv8 + converter)
+    assert p.fallback_extra_ms()[p.site_nodes[0]] == pytest.approx(conv16 - conv8 + converter)
+
+
+SOFTMAX_ON_CPU = """
+<ir_version: 8, opset_import: ["" : 12]>
+g (float[1, 4, 8, 8] x) => (float[1, 4, 8, 8] y) {
+    c = Conv (x, w1)
+    s = Softmax <axis = 1> (c)
+    y = Conv (s, w2)
+}
+"""
+
+
+def test_a_cpu_op_costs_two_partition_crossings_and_its_cpu_time() -> None:
+    rng = np.random.default_rng(1)
+    model = build(SOFTMAX_ON_CPU, {"w1": rng.normal(size=(4, 4, 1, 1)).astype(np.float32),
+                                   "w2": rng.normal(size=(4, 4, 1, 1)).astype(np.float32)})
+    p = pricer(model, "rk3568")  # rk3568's op list runs Softmax on the CPU
+    est = p.price()
+    softmax = next(s for s in est.per_site if s.op_type == "Softmax")
+    assert (softmax.device, softmax.precision) == ("cpu", "float")
+    # float32 on the CPU: 2 x 256 elements streamed at cpu_gmacs, 2 x 256 x 4 bytes at cpu_gbps, + the overhead
+    cpu = (max(2 * 256 / 1e9, 2 * 256 * 4 / 1e9) + 7e-6) * 1e3
+    assert softmax.est_ms == pytest.approx(cpu)
+    crossing = 13e-3 + 256 * (1 + 4) / 2e9 * 1e3  # int8 on the NPU side, float32 on the CPU side
+    assert [b.kind for b in est.boundaries] == ["partition", "partition"]
+    assert [b.est_ms for b in est.boundaries] == pytest.approx([crossing, crossing])
+
+
+def test_a_profile_without_a_cost_table_is_refused_naming_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match=r"horizon-x3: expected a \[cost\] table \(clock_mhz, .*found none"):
+        CostTable.of(load_profile("horizon-x3"))
+    text = Path(load_profile("rk3588").path).read_text(encoding="utf-8")
+    partial = tmp_path / "chip.toml"
+    partial.write_text(text.replace("dram_gbps = ", "# dram_gbps = ").replace('name = "rk3588"', 'name = "chip"', 1))
+    with pytest.raises(ProfileError, match=r"chip: expected \[cost\] figures dram_gbps, found none"):
+        CostTable.of(load_profile(partial))
+
+
+@pytest.mark.parametrize("name", ["rk3568", "rk3576", "rk3588", "ethos-u", "tda4-tidl", "bm1684x"])
+def test_shipped_cost_tables_give_every_figure_a_source(name: str) -> None:
+    table = CostTable.of(load_profile(name))
+    assert all(src and src != "not given" for _, src in table.sources)
+    assert all(f in table.figures() for f in table.fitted)
+    # the Rockchip tables are fitted to the zoo's measurements (benchmarks/cost_fit.py), the others are not
+    assert bool(table.fitted) == name.startswith("rk")
+    assert all("cost_fit.py" in src for f, src in table.sources if f in table.fitted)
+    assert math.isclose(table.cores, 1)
