@@ -768,6 +768,7 @@ class RewriteId(StrEnum):
     EQUALIZE = "equalize"
     SMOOTH = "smooth"
     BIAS_CORRECT = "bias-correct"
+    RELU6_TO_RELU = "relu6-to-relu"
 
 
 FINDING_COLUMNS: tuple[str, ...] = (

@@ -28,7 +28,7 @@ from quantscan.model import LoadedModel, PreparedModel
 from quantscan.patterns import softmax
 from quantscan.records import Placement, Severity, severity_rank
 from quantscan.scanning.calibrate import CalibStats
-from quantscan.scanning.causes import diagnosis_of, no_latency_passes, run_cause_rules
+from quantscan.scanning.causes import diagnosis_of, no_latency_passes, pair_facts, run_cause_rules
 from quantscan.scanning.evaluate import Evaluation
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.probe import Probe
@@ -100,13 +100,16 @@ def build_tables(
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     index = GraphIndex(prepared.proto.graph)
     passes: dict[str, tuple[str, ...]] | None = None
+    by_name = {n.name: n for n in prepared.proto.graph.node}
+    site_of = {n: s.node for s in sites for n in s.nodes}
     results = []
     for k, site in enumerate(sites):
         result = measured_site(site, k, prepared, plan, calib_stats, ev, order, producers)
-        findings = run_cause_rules(site, result.figures(), plan, calib_stats, index)
+        pair = pair_facts(site, index, calib_stats, site_of, by_name.get(site.nodes[0]) if site.nodes else None)
+        findings = run_cause_rules(site, result.figures(), plan, calib_stats, index, pair=pair)
         if any(f.cause is Cause.OUTLIER_CHANNELS for f in findings):  # name a no-latency rewrite if one applies
             passes = no_latency_passes(index) if passes is None else passes
-            findings = run_cause_rules(site, result.figures(), plan, calib_stats, index, passes)
+            findings = run_cause_rules(site, result.figures(), plan, calib_stats, index, passes, pair)
         result = replace(result, diagnosis=diagnosis_of(findings))
         if findings and findings[0].tier < 2:  # figures meaningless or scale absurd: the site's own fault
             result = replace(result, cause="intrinsic", reason=findings[0].reason)
