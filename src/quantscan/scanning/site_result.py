@@ -35,6 +35,17 @@ class IsolatedFigures:
 
 
 @dataclass(frozen=True)
+class IsolatedSplit:
+    """The isolated error split in two (pass 2's weight-only and activation-only twins): only the site's
+    weights quantized, and only its input/output activations, each fed FP32 inputs. Which half is close
+    to the whole isolated figure says whether per-channel weights or weight rounding (the weight half)
+    or the activation scheme (the activation half) is the lever."""
+
+    weight_only: IsolatedFigures = IsolatedFigures()
+    act_only: IsolatedFigures = IsolatedFigures()
+
+
+@dataclass(frozen=True)
 class CumulativeFigures:
     """The site's output with every site quantized, against FP32."""
 
@@ -120,6 +131,8 @@ class SiteResult:
     rank: int = 0
     chip: ChipPlacement | None = None
     gain: OutputGain | None = None
+    split: IsolatedSplit | None = None
+    """Weight-only / activation-only isolated figures (None: the site has no weight, or not measured)."""
 
     def figures(self) -> dict[str, Any]:
         """The measured cells (the site through its int8 parameters): what `classify` and the cause
@@ -132,6 +145,7 @@ class SiteResult:
             Col.ISOLATED_COSINE: iso.cosine if iso else NAN,
             Col.ISOLATED_SQNR_DB: iso.sqnr_db if iso else NAN,
             Col.ISOLATED_MAX_ABS: iso.max_abs if iso else NAN,
+            **self._split_cells(),
             Col.CUMULATIVE_COSINE: cum.cosine, Col.CUMULATIVE_SQNR_DB: cum.sqnr_db, Col.CUMULATIVE_MSE: cum.mse,
             Col.CUMULATIVE_MAX_ABS: cum.max_abs, Col.CUMULATIVE_WORST_SAMPLE_COSINE: cum.worst_sample_cosine,
             Col.CUMULATIVE_INPUT_SQNR_DB: _or_nan(self.input_sqnr_db),
@@ -162,6 +176,12 @@ class SiteResult:
             if whole_set:
                 row[Col.GAIN_IF_FLOAT_WHOLE_SET] = _or_nan(self.gain.whole_set)
         return row
+
+    def _split_cells(self) -> dict[str, float]:
+        w = self.split.weight_only if self.split else IsolatedFigures()
+        a = self.split.act_only if self.split else IsolatedFigures()
+        return {Col.ISOLATED_WEIGHT_ONLY_COSINE: w.cosine, Col.ISOLATED_WEIGHT_ONLY_SQNR_DB: w.sqnr_db,
+                Col.ISOLATED_ACT_ONLY_COSINE: a.cosine, Col.ISOLATED_ACT_ONLY_SQNR_DB: a.sqnr_db}
 
     @property
     def on_chip(self) -> bool:

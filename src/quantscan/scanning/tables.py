@@ -37,6 +37,7 @@ from quantscan.scanning.site_result import (
     ChipPlacement,
     CumulativeFigures,
     IsolatedFigures,
+    IsolatedSplit,
     SiteResult,
     WeightFigures,
     layers_frame,
@@ -145,9 +146,19 @@ def measured_site(
         ),
         weight=_weight_stats(prepared, site, plan),
         sensitive_op=site.sensitive,
+        split=_split(ev, k),
     )
     cause, reason = classify(result.figures())
     return replace(result, cause=cause, reason=reason)
+
+
+def _split(ev: Evaluation, k: int) -> IsolatedSplit | None:
+    """Site k's weight-only and activation-only isolated figures, when pass 2 measured them."""
+    w, a = ev.isolated_split.get((k, qgraph.WEIGHT_ONLY)), ev.isolated_split.get((k, qgraph.ACT_ONLY))
+    if w is None or a is None:
+        return None
+    return IsolatedSplit(IsolatedFigures(w.cosine, w.sqnr_db, w.max_abs),
+                         IsolatedFigures(a.cosine, a.sqnr_db, a.max_abs))
 
 
 def _cumulative(cum: Any) -> CumulativeFigures:
