@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from quantscan.bisect.realise import SampleSplit, split_context
 from quantscan.bisect.robust import Rounding
@@ -36,12 +36,21 @@ def measure_alternatives(
     """Every alternative that applies, measured (int16, bias correction, calibration method, looser target)."""
     all_int8 = float((plan.all_int8 or {}).get(target.key, math.nan))
     found = [
-        int16_everywhere(ctx, split, builder, target),
-        bias_corrected(ctx, split, target, rounding, all_int8),
-        other_calibration(ctx, split, target, rounding, all_int8),
+        _measured(lambda: int16_everywhere(ctx, split, builder, target)),
+        _measured(lambda: bias_corrected(ctx, split, target, rounding, all_int8)),
+        _measured(lambda: other_calibration(ctx, split, target, rounding, all_int8)),
         looser_target(plan.pareto, plan.site_count, target.metric),
     ]
     return tuple(a for a in found if a is not None)
+
+
+def _measured(measure: Callable[[], Alternative | None]) -> Alternative | None:
+    """One alternative, or None when this model refuses it (an int16 opset upgrade the converter cannot
+    do, a rewrite that does not apply): the plan it follows is already measured and stays."""
+    try:
+        return measure()
+    except QuantscanError:
+        return None
 
 
 def int16_allowed(ctx: ScanContext) -> bool:
