@@ -567,8 +567,7 @@ def _finish(
     if chain is not None and verify:
         plan = verify_plan(plan, ctx, builder.precisions, chain, pool)
     step1_names = chain.names_for(plan.sites) if chain is not None else None
-    if judging is not None:
-        plan = with_int8_verdict(plan, ctx, judging[0], builder, target, judging[1], session.gain)
+    plan = with_int8_verdict(plan, ctx, judging, builder, target, session.gain)
     warning = held_out_warning(plan)
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
@@ -582,13 +581,19 @@ def _finish(
 
 
 def with_int8_verdict(
-    plan: Plan, ctx: ScanContext, split: SampleSplit, builder: MixedBuilder, target: Target, rounding: Rounding,
-    gains: Sequence[Mapping[str, Any]],
+    plan: Plan, ctx: ScanContext, judging: tuple[SampleSplit, Rounding] | None, builder: MixedBuilder,
+    target: Target, gains: Sequence[Mapping[str, Any]],
 ) -> Plan:
     """A plan keeping more than half the sites above int8 gets the "cannot be int8" verdict: its cause
     (the output head or a chain, from the output gains) and the measured alternatives (bisect/alternatives.py,
-    a calibration pass each: only for such plans)."""
-    if plan.verdict is None or not cannot_be_int8(len(plan.sites), plan.site_count):
+    a calibration pass each: only for such plans, and only when quantscan's simulation judged the search:
+    `judging`; a toolchain-judged plan gets the verdict and its cause, its figures being the toolchain's)."""
+    if plan.verdict is None:  # a toolchain measured the search: no held-out claims to judge
+        text = f"{plan.status}: measured by the toolchain on the search's samples (no held-out split)"
+        plan = replace(plan, verdict=Verdict(plan.status, plan.reached, text, plan.status, len(plan.sites),
+                                             plan.site_count).to_json())
+    assert plan.verdict is not None
+    if not cannot_be_int8(len(plan.sites), plan.site_count):
         return plan
     key = gain_key(target)
     heads = set(ctx.headline_outputs())
@@ -596,7 +601,7 @@ def with_int8_verdict(
     head_range = _calibrated_range(ctx, next(s.output for s in ctx.graph.sites if s.node == head)) if head else None
     cause = cause_text(gains, head, head_range, float((plan.all_int8 or {}).get(key, math.nan)),
                        float((plan.all_float or {}).get(key, math.nan)), Col.GAIN_IF_FLOAT)
-    alternatives = measure_alternatives(ctx, split, builder, target, rounding, plan)
+    alternatives = measure_alternatives(ctx, judging[0], builder, target, judging[1], plan) if judging else ()
     verdict = Verdict(**{**{k: v for k, v in plan.verdict.items() if k in _VERDICT_KEYS},
                          "cannot_be_int8": True, "cause": cause, "alternatives": alternatives})
     return replace(plan, verdict=verdict.to_json())
