@@ -16,6 +16,7 @@ weights makes, recover.py), so the summary never calls a rounding flip a fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -46,13 +47,13 @@ class RecoverCheck:
     @property
     def helps(self) -> bool:
         """Above the noise floor, as `rewrite --recover` decides whether to keep a pass."""
-        return self.gain > max(MIN_GAIN, self.noise)
+        return self.gain > MIN_GAIN and not self.gain <= self.noise
 
     def to_json(self) -> dict[str, Any]:
         """run.json `options.recover_check`; summary.md reads it back."""
         return {"rewrite": self.rewrite, "cosine_before": self.before, "cosine_after": self.after,
-                "noise_floor": self.noise, "changes": self.changes, "helps": self.helps,
-                "seconds": round(self.seconds, 3)}
+                "noise_floor": None if math.isnan(self.noise) else self.noise, "changes": self.changes,
+                "helps": self.helps, "seconds": round(self.seconds, 3)}
 
 
 def bias_correction_check(ctx: ScanContext, baseline: float) -> RecoverCheck | None:
@@ -70,8 +71,10 @@ def bias_correction_check(ctx: ScanContext, baseline: float) -> RecoverCheck | N
     if not changes:
         return None
     after = _all_int8_cosine(_prepared(ctx, result.model))
-    noise = max(abs(_all_int8_cosine(_prepared(ctx, ulp_jitter(ctx.loaded.proto, seed))) - baseline)
-                for seed in range(JITTER_RUNS))
+    noise = math.nan  # not measured: a gain at or below MIN_GAIN helps whatever the floor
+    if after - baseline > MIN_GAIN:
+        noise = max(abs(_all_int8_cosine(_prepared(ctx, ulp_jitter(ctx.loaded.proto, seed))) - baseline)
+                    for seed in range(JITTER_RUNS))
     return RecoverCheck(RewriteId.BIAS_CORRECT.value, baseline, after, noise, changes,
                         time.perf_counter() - started)
 
