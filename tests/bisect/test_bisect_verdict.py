@@ -102,7 +102,7 @@ def test_more_than_half_float_says_cannot_be_int8_with_measured_alternatives(sma
     plan = result.plan
     assert len(plan.sites) > plan.site_count / 2
     verdict = plan.verdict
-    assert verdict is not None and verdict["cannot_be_int8"] and verdict["cause"]
+    assert verdict is not None and verdict["cannot_be_int8"] and verdict["why"]
     names = {a["name"]: a for a in verdict["alternatives"]}
     assert {"int16_activations", "calib_method"} <= set(names)
     # all sites int16 on the held-out samples: between all-int8 and all-float on the same samples

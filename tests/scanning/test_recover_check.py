@@ -16,7 +16,8 @@ from conftest import asset_calib, asset_model
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.records import RewriteId
-from quantscan.recover import JITTER_RUNS, int8_cosine, ulp_jitter
+from quantscan.recover import int8_cosine
+from quantscan.rewrites.jitter import JITTER_RUNS, ulp_jitter
 from quantscan.rewrites.pipeline import calibrated_step
 from quantscan.scanning.prepare import prepare_scan
 from quantscan.scanning.recover_check import bias_correction_check

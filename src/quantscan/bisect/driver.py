@@ -603,7 +603,7 @@ def with_int8_verdict(
                        float((plan.all_float or {}).get(key, math.nan)), Col.GAIN_IF_FLOAT)
     alternatives = measure_alternatives(ctx, judging[0], builder, target, judging[1], plan) if judging else ()
     verdict = Verdict(**{**{k: v for k, v in plan.verdict.items() if k in _VERDICT_KEYS},
-                         "cannot_be_int8": True, "cause": cause, "alternatives": alternatives})
+                         "cannot_be_int8": True, "why": cause, "alternatives": alternatives})
     return replace(plan, verdict=verdict.to_json())
 
 

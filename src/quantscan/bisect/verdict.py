@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from quantscan.columns import Col
 from quantscan.records import json_float
 
 HELD_OUT_MISS = "held_out_miss"
@@ -77,14 +78,15 @@ class Verdict:
     float_sites: int
     site_count: int
     cannot_be_int8: bool = False
-    cause: str = ""
+    why: str = ""
+    """The cause: the output head (and its range) or a chain."""
     alternatives: tuple[Alternative, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """plan.json's `verdict` object."""
         return {"kind": self.kind, "reached": self.reached, "text": self.text, "search_status": self.search_status,
                 "float_sites": self.float_sites, "site_count": self.site_count,
-                "cannot_be_int8": self.cannot_be_int8, "cause": self.cause,
+                "cannot_be_int8": self.cannot_be_int8, "why": self.why,
                 "alternatives": [a.to_json() for a in self.alternatives]}
 
     def lines(self) -> list[str]:
@@ -92,7 +94,7 @@ class Verdict:
         out = [self.text]
         if self.cannot_be_int8:
             out.append(f"this output cannot be int8 in this scheme: {self.float_sites} of {self.site_count} sites "
-                       f"kept above int8; cause: {self.cause}")
+                       f"kept above int8; cause: {self.why}")
             out += [f"  measured alternative: {a.line()}" for a in self.alternatives]
         return out
 
@@ -133,7 +135,7 @@ def cause_text(
     """Why the output cannot be int8, from what the gain measurement knows: the output head (the site
     writing the headline output has the largest single gain, and it wins back at least CHAIN_SHARE of the
     loss: its range is the cause), else a chain (no single site wins back CHAIN_SHARE of the loss)."""
-    measured = {str(r.get("node")): _num(r.get(gain_key)) for r in gains}
+    measured = {str(r.get(Col.NODE)): _num(r.get(gain_key)) for r in gains}
     measured = {k: v for k, v in measured.items() if math.isfinite(v)}
     loss = all_float - all_int8
     best_node, best = max(measured.items(), key=lambda kv: kv[1]) if measured else ("", math.nan)

@@ -160,7 +160,7 @@ def _print_verdict(verdict: Any) -> None:
         print(f"  {verdict['text']}")
     if verdict.get("cannot_be_int8"):
         print(f"  this output cannot be int8 in this scheme: {verdict['float_sites']} of {verdict['site_count']} "
-              f"sites kept above int8; cause: {verdict['cause']}")
+              f"sites kept above int8; cause: {verdict['why']}")
         for alt in verdict.get("alternatives") or []:
             print(f"    measured alternative: {_alternative(alt)}")
 

@@ -433,7 +433,7 @@ def _held_out_lines(plan: Mapping[str, Any]) -> list[str]:
                         + f"{_g(a.get('value'), 5)}" + (f" ({text(a.get('note'))})" if a.get("note") else "")
                         for a in verdict.get("alternatives") or [] if isinstance(a, Mapping)]
         lines.append(f"- **This output cannot be int8 in this scheme**: the plan keeps {verdict.get('float_sites')} "
-                     f"of {verdict.get('site_count')} sites above int8. Cause: {text(verdict.get('cause'))}."
+                     f"of {verdict.get('site_count')} sites above int8. Cause: {text(verdict.get('why'))}."
                      + (" Measured alternatives: " + "; ".join(alternatives) + "." if alternatives else ""))
     return lines
 

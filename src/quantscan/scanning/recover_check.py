@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantscan.records import RewriteId
-from quantscan.recover import JITTER_RUNS, MIN_GAIN, ulp_jitter
+from quantscan.rewrites.jitter import JITTER_RUNS, MIN_GAIN, ulp_jitter
 from quantscan.rewrites.pipeline import calibrated_step
 from quantscan.scanning.gain import Evaluator, mixed_builder
 from quantscan.scanning.prepare import ScanContext, prepare_scan
