@@ -24,7 +24,14 @@ import pytest
 
 from builders import write_chain
 from quantscan.api import run_bisect
-from quantscan.bisect.verdict import HELD_OUT_MISS, NO_PLAN_HELPS, cannot_be_int8, held_out_kind, looser_target
+from quantscan.bisect.verdict import (
+    HELD_OUT_MISS,
+    NO_PLAN_HELPS,
+    cannot_be_int8,
+    cause_text,
+    held_out_kind,
+    looser_target,
+)
 from quantscan.records import ParetoPoint
 from quantscan.report.verdict import plan_lines
 from quantscan.scanning.gain import Evaluator, mixed_builder
@@ -136,3 +143,14 @@ def test_cannot_be_int8_threshold_and_looser_target() -> None:
     got = looser_target(front, 20, "cosine")  # small: at most 10% of 20 sites = 2
     assert got is not None and got.value == 0.97 and got.how == "--target cosine=0.97"
     assert looser_target(front[2:], 20, "cosine") is None
+
+
+def test_the_cause_is_the_head_when_keeping_it_alone_wins_back_most_else_a_chain() -> None:
+    """all-int8 0.90, all-float 1.0: 0.10 lost. The head alone winning back 0.06 is the cause, with its range;
+    when the best site wins back 0.005 (under a tenth of the loss) the cause is a chain."""
+    head = [{"node": "head", "gain_if_float": 0.06}, {"node": "conv", "gain_if_float": 0.01}]
+    said = cause_text(head, "head", (-3.0, 250.0), 0.90, 1.0, "gain_if_float")
+    assert said.startswith("the output head `head`") and "[-3, 250]" in said and "+0.06" in said
+    chain = [{"node": "head", "gain_if_float": 0.002}, {"node": "conv", "gain_if_float": 0.005}]
+    said = cause_text(chain, "head", (-3.0, 250.0), 0.90, 1.0, "gain_if_float")
+    assert said.startswith("a chain") and "+0.005" in said and "`conv`" in said
