@@ -273,6 +273,7 @@ HOMONYMS = {
     # the model's input contract in run.json and extract.json, the vendor job's inputs
     "inputs": ("quantscan.records", "quantscan.runfolder", "quantscan.report.html", "quantscan.toolchains",
                "quantscan.extract", "quantscan.prefixes"),  # prefixes.json: the model's input names
+    "output": ("quantscan.taskmetrics.spec",),  # the `output=NAME` key of a --task spec
 }
 """Column names that also name a different field elsewhere: those modules may spell the other field."""
 
@@ -343,6 +344,10 @@ READ_ALLOWED: dict[str, dict[str, str]] = {
                                        "hashed, never parsed"},
     "quantscan.extract": {".read_bytes": "sha256 of the model extract already loaded; hashed, never parsed"},
     "quantscan.report.html": {".read_text": "the package's own report assets (importlib.resources)"},
+    "quantscan.runner": {k: "the trace onnxruntime's own profiler just wrote into our temp folder (cost --profile "
+                            "onnxruntime)" for k in (".read_text", "json.loads")},
+    "quantscan.executors": {".read_text": "Ray's own log, redirected to our temp file while it starts; its last "
+                                          "line is quoted in the refusal"},
     "quantscan.toolchains.rknn.driver": {
         k: "runs in the vendor's Python, where quantscan is not importable; reads the job quantscan wrote and the "
            "toolkit's own dumps; quantscan reads what it leaves through toolchains.driverfiles"

@@ -29,6 +29,12 @@ class Col:
     ISOLATED_COSINE: Final = "isolated_cosine"
     ISOLATED_SQNR_DB: Final = "isolated_sqnr_db"
     ISOLATED_MAX_ABS: Final = "isolated_max_abs"
+    # the isolated error split: only the site's weights quantized / only its activations (Horizon's accuracy
+    # debug tool and AIMET's QuantAnalyzer report the same split)
+    ISOLATED_WEIGHT_ONLY_COSINE: Final = "isolated_weight_only_cosine"
+    ISOLATED_WEIGHT_ONLY_SQNR_DB: Final = "isolated_weight_only_sqnr_db"
+    ISOLATED_ACT_ONLY_COSINE: Final = "isolated_act_only_cosine"
+    ISOLATED_ACT_ONLY_SQNR_DB: Final = "isolated_act_only_sqnr_db"
     # cumulative: every site quantized
     CUMULATIVE_COSINE: Final = "cumulative_cosine"
     CUMULATIVE_SQNR_DB: Final = "cumulative_sqnr_db"

@@ -25,7 +25,6 @@ model (min/max calibration gives the same ranges), so its output is what the ful
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,10 @@ from quantscan.columns import Col
 from quantscan.device.dumps import DumpSet
 from quantscan.errors import UsageError
 from quantscan.extract import Extractor
+from quantscan.graph.infer import check_model
 from quantscan.model import ModelArg, graph_inputs
+from quantscan.readers.arrays import read_npy, read_npz
+from quantscan.readers.jsonfile import read_json_object
 from quantscan.runfolder import PRODUCER, atomic_write_bytes, atomic_write_text, json_text
 from quantscan.runner import Runner
 
@@ -165,7 +167,7 @@ def prefix_model(ex: Extractor, tensor: str) -> tuple[onnx.ModelProto, int]:
     out = helper.make_model(graph, opset_imports=list(ex.proto.opset_import), producer_name=PRODUCER)
     out.ir_version = ex.proto.ir_version
     out.functions.extend(ex.proto.functions)
-    onnx.checker.check_model(out, full_check=True)
+    check_model(out, full_check=True)
     return out, len(kept)
 
 
@@ -235,11 +237,11 @@ def read_kit(folder: str | Path) -> PrefixKit:
     """prefixes.json of a kit folder; anything else is bad input."""
     path = Path(folder) / PREFIXES_JSON
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json_object(path, "--prefixes")
         return PrefixKit(Path(folder), str(raw["model"]), str(raw["model_sha256"]), list(raw.get("inputs", [])),
                          int(raw.get("kernels", 0)), int(raw.get("every", 1)),
                          [Prefix.from_json(p) for p in raw["prefixes"]], list(raw.get("samples", [])))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"--prefixes: expected a kit folder written by `quantscan extract --prefixes` "
                          f"({PREFIXES_JSON} inside), found {path} unreadable ({exc})") from exc
 
@@ -284,19 +286,16 @@ def board_dumps(kit: PrefixKit, outputs: str | Path) -> DumpSet:
 
 def _read_output(path: Path, prefix: Prefix) -> np.ndarray:
     """One prefix output file as float32: a .npy, or the prefix's tensor (or only array) of a .npz."""
-    try:
-        if path.suffix == ".npy":
-            array = np.load(path, allow_pickle=False)
-        else:
-            with np.load(path, allow_pickle=False) as data:
-                only = data.files[0] if len(data.files) == 1 else None
-                key = prefix.tensor if prefix.tensor in data.files else only
-                if key is None:
-                    raise UsageError(f"--dumps: expected '{prefix.tensor}' (or one array) in {path}, found "
-                                     f"{', '.join(data.files[:4])}")
-                array = data[key]
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--dumps: expected a numpy file at {path}, found it unreadable ({exc})") from exc
+    if path.suffix == ".npy":
+        array = read_npy(path, "--dumps")
+    else:
+        data = read_npz(path, "--dumps")
+        only = next(iter(data)) if len(data) == 1 else None
+        key = prefix.tensor if prefix.tensor in data else only
+        if key is None:
+            raise UsageError(f"--dumps: expected '{prefix.tensor}' (or one array) in {path}, found "
+                             f"{', '.join(list(data)[:4])}")
+        array = data[key]
     if array.dtype.kind not in "fiub":
         raise UsageError(f"--dumps: expected numeric values in {path}, found {array.dtype}")
     return array.astype(np.float32, copy=False)

@@ -642,6 +642,10 @@ class Plan:
     unmeasured: tuple[str, ...] = ()
     """Control-flow nodes whose bodies hold quantizable nodes the search left float (`p2o.Loop.0 (114
     nodes)`): every figure of the plan is of the model with those bodies float, not the all-int8 model."""
+    verdict: Mapping[str, Any] | None = None
+    """What bisect may claim (bisect/verdict.py `Verdict.to_json`): reached on the held-out samples or not,
+    no plan helps, and, for a plan keeping more than half the sites float, that the output cannot be int8
+    with its cause and the measured alternatives. None in older plan files."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -686,6 +690,7 @@ class Plan:
             **({"verified": dict(self.verified)} if self.verified is not None else {}),
             **({"speculation": dict(self.speculation)} if self.speculation is not None else {}),
             **({"unmeasured": list(self.unmeasured)} if self.unmeasured else {}),
+            **({"verdict": dict(self.verdict)} if self.verdict is not None else {}),
         }
 
     @classmethod
@@ -732,6 +737,7 @@ class Plan:
             speculation={str(k): int(v) for k, v in raw["speculation"].items()}
             if isinstance(raw.get("speculation"), dict) else None,
             unmeasured=tuple(str(u) for u in raw.get("unmeasured", ())),
+            verdict=dict(raw["verdict"]) if isinstance(raw.get("verdict"), dict) else None,
         )
 
 
@@ -766,6 +772,7 @@ class RewriteId(StrEnum):
     EQUALIZE = "equalize"
     SMOOTH = "smooth"
     BIAS_CORRECT = "bias-correct"
+    RELU6_TO_RELU = "relu6-to-relu"
 
 
 FINDING_COLUMNS: tuple[str, ...] = (

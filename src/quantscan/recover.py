@@ -33,18 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.columns import Col
 from quantscan.errors import UsageError
-from quantscan.graph.index import GraphIndex
 from quantscan.model import LoadedModel, load_model, onnx_opset
 from quantscan.records import RewriteId
 from quantscan.rewrites.base import RewriteResult
 from quantscan.rewrites.equalize import equalize
-from quantscan.rewrites.linear import WEIGHT_OPS, Linear, linear_of, write_back
+from quantscan.rewrites.jitter import JITTER_RUNS, MIN_GAIN, ulp_jitter
 from quantscan.rewrites.pipeline import (
     DEFAULT_TOLERANCE,
     Proof,
@@ -60,9 +58,6 @@ from quantscan.runfolder import jsonable as _json_safe
 from quantscan.runner import Runner
 
 PASSES: tuple[RewriteId, ...] = (RewriteId.EQUALIZE, RewriteId.SMOOTH, RewriteId.BIAS_CORRECT)
-MIN_GAIN = 1e-5
-"""A pass is kept when it raises the all-int8 output cosine by more than this and the noise floor."""
-JITTER_RUNS = 2
 
 
 @dataclass
@@ -170,29 +165,6 @@ def recover(
     if target is not None:
         _write(report, target)
     return report
-
-
-def ulp_jitter(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
-    """A copy whose weight-layer weights and biases each move by one float32 ulp, up or down at random:
-    the size of change an exact rescaling makes, applied where it changes nothing of substance."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    rng = np.random.default_rng(seed)
-    index = GraphIndex(out.graph, ir_version=out.ir_version)
-    layers = [got for n in index.nodes if n.op_type in WEIGHT_OPS
-              for got in [linear_of(n, index)] if isinstance(got, Linear)]
-    for layer in layers:
-        layer.weight = _nudge(layer.weight, rng)
-        if layer.bias is not None:
-            layer.bias = _nudge(layer.bias, rng)
-    write_back(out, layers)
-    return out
-
-
-def _nudge(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    x32 = np.asarray(x, dtype=np.float32)
-    up = rng.random(x32.shape) < 0.5
-    return np.where(up, np.nextafter(x32, np.float32(np.inf)), np.nextafter(x32, np.float32(-np.inf)))
 
 
 @dataclass

@@ -23,6 +23,7 @@ import pytest
 from conftest import asset_calib, asset_model
 from quantscan import metrics as qm
 from quantscan.api import run_bisect
+from quantscan.bisect.verdict import HELD_OUT_MISS
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
 from quantscan.runner import Runner
@@ -49,7 +50,11 @@ def test_bisect_reaches_cosine_target_on_real_model(
     plan = result.plan
     assert plan.all_int8 is not None and plan.all_float is not None and plan.achieved is not None
     assert plan.all_int8["cosine"] < TARGET < plan.all_float["cosine"]
-    assert result.reached and plan.status == "reached" and plan.sites
+    assert plan.verdict is not None and plan.verdict["search_status"] == "reached" and plan.sites
+    # "reached" is said of the held-out claim (issue 40): ppocrv4_rec's 4 held-out crops claim 0.971, a miss
+    held_out_meets = plan.achieved["cosine"] >= TARGET
+    assert result.reached == held_out_meets
+    assert plan.status == ("reached" if held_out_meets else HELD_OUT_MISS)
     # the search met the target (searched samples; its lower bound over roundings when there are several,
     # the one rounding's figure otherwise); the claim is held out
     compared = "lower_bound" if realisations > 1 else "cosine"

@@ -196,3 +196,17 @@ def test_a_split_head_part_the_pooled_figure_hides_is_said() -> None:
     grouped = OutputMetrics(0.5, 3.0, 0.1, 1.0, 0.2, 0.4, 0.5, task={"tail_sqnr_db": -9.0, "tail_cosine": 0.1})
     text = "\n".join(diagnosis_lines(Headline("y", grouped, None, ["y"]), {"y": grouped}, LAYERS, None))
     assert "its `tail` part alone is at SQNR -9 dB" in text and "box_agreement" not in text
+
+
+def test_a_measured_no_latency_fix_comes_before_keeping_a_site_float() -> None:
+    """run.json's recover_check above its noise floor leads; below it (or absent) the site leads as before."""
+    helps = {"rewrite": "bias-correct", "cosine_before": 0.9753, "cosine_after": 0.9827, "noise_floor": 0.002,
+             "helps": True}
+    lines = diagnosis_lines(_head(0.9753, None), {}, LAYERS, None, recover=helps)
+    first = [line for line in lines if "First thing to try" in line]
+    assert len(first) == 1 and "rewrite MODEL --recover" in first[0] and "0.9753 -> 0.9827" in first[0]
+    assert lines.index(first[0]) < min(i for i, line in enumerate(lines) if "keep `" in line)
+    noise = {**helps, "cosine_after": 0.9760, "helps": False}
+    for recover in (noise, None):
+        text = "\n".join(diagnosis_lines(_head(0.9753, None), {}, LAYERS, None, recover=recover))
+        assert "--recover" not in text and "**First thing to try**: keep" in text

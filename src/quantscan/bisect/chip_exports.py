@@ -28,6 +28,7 @@ from typing import Any
 import onnx
 
 from quantscan.errors import UsageError
+from quantscan.readers.jsonfile import MAX_JSON_BYTES, parse_json, read_json
 from quantscan.records import Plan, PlanSite, Precision
 
 NodeInfo = tuple[str, Sequence[str], Sequence[str]]
@@ -139,9 +140,12 @@ def read_hn(path: str | Path) -> dict[str, Any]:
                 handle = har.extractfile(member) if member is not None else None
                 if handle is None:
                     raise UsageError(f"--hailo-hn: expected a .hn member in the archive {source}, found none")
-                raw = json.loads(handle.read().decode("utf-8"))
+                if member is not None and member.size > MAX_JSON_BYTES:
+                    raise UsageError(f"--hailo-hn: expected an HN of at most {MAX_JSON_BYTES} bytes, found "
+                                     f"{member.size} in {source}")
+                raw = parse_json(handle.read())
         else:
-            raw = json.loads(source.read_text(encoding="utf-8"))
+            raw = read_json(source, "--hailo-hn")
     except (OSError, ValueError, tarfile.TarError) as exc:
         raise UsageError(f"--hailo-hn: expected a Hailo .hn (JSON) or .har, found {source} unreadable ({exc})") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("layers"), dict):

@@ -19,10 +19,11 @@ from typing import Any
 import onnx
 import pandas as pd
 
+from quantscan.bisect.alternatives import measure_alternatives
 from quantscan.bisect.batch import HereRound, SimulationRound, ToolchainRound, spare_of
 from quantscan.bisect.external import BuildPool, Toolchain, ToolchainEvaluator, ToolchainFactory
 from quantscan.bisect.external import verify as verify_plan
-from quantscan.bisect.plan import REACHED, SummaryBlock, build_plan, held_out_warning, write_plan
+from quantscan.bisect.plan import SummaryBlock, build_plan, held_out_warning, write_plan
 from quantscan.bisect.realise import Judged, RealisedEvaluator, SampleSplit, held_out_claims, split_context
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, Rounding
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
@@ -39,6 +40,7 @@ from quantscan.bisect.state import (
     Target,
 )
 from quantscan.bisect.targets import gain_key, parse_target
+from quantscan.bisect.verdict import Verdict, cannot_be_int8, cause_text
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.recurrent import state_consts
 from quantscan.columns import Col
@@ -71,7 +73,8 @@ class BisectResult:
 
     @property
     def reached(self) -> bool:
-        return self.outcome.status in REACHED
+        """The plan's verdict (bisect/verdict.py): met on the held-out samples, not only the searched ones."""
+        return self.plan.reached
 
 
 SCAN_OPTION_KEYS = MEASUREMENT_OPTIONS
@@ -564,6 +567,7 @@ def _finish(
     if chain is not None and verify:
         plan = verify_plan(plan, ctx, builder.precisions, chain, pool)
     step1_names = chain.names_for(plan.sites) if chain is not None else None
+    plan = with_int8_verdict(plan, ctx, judging, builder, target, session.gain)
     warning = held_out_warning(plan)
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
@@ -574,6 +578,45 @@ def _finish(
         files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block, step1_names))
     warnings = [*ctx.warnings, *([warning] if warning else [])]
     return BisectResult(plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, warnings)
+
+
+def with_int8_verdict(
+    plan: Plan, ctx: ScanContext, judging: tuple[SampleSplit, Rounding] | None, builder: MixedBuilder,
+    target: Target, gains: Sequence[Mapping[str, Any]],
+) -> Plan:
+    """A plan keeping more than half the sites above int8 gets the "cannot be int8" verdict: its cause
+    (the output head or a chain, from the output gains) and the measured alternatives (bisect/alternatives.py,
+    a calibration pass each: only for such plans, and only when quantscan's simulation judged the search:
+    `judging`; a toolchain-judged plan gets the verdict and its cause, its figures being the toolchain's)."""
+    if plan.verdict is None:  # a toolchain measured the search: no held-out claims to judge
+        text = f"{plan.status}: measured by the toolchain on the search's samples (no held-out split)"
+        plan = replace(plan, verdict=Verdict(plan.status, plan.reached, text, plan.status, len(plan.sites),
+                                             plan.site_count).to_json())
+    assert plan.verdict is not None
+    if not cannot_be_int8(len(plan.sites), plan.site_count):
+        return plan
+    key = gain_key(target)
+    heads = set(ctx.headline_outputs())
+    head = next((s.node for s in ctx.graph.sites if s.output in heads), None)
+    head_range = _calibrated_range(ctx, next(s.output for s in ctx.graph.sites if s.node == head)) if head else None
+    cause = cause_text(gains, head, head_range, float((plan.all_int8 or {}).get(key, math.nan)),
+                       float((plan.all_float or {}).get(key, math.nan)), Col.GAIN_IF_FLOAT)
+    alternatives = measure_alternatives(ctx, judging[0], builder, target, judging[1], plan) if judging else ()
+    verdict = Verdict(**{**{k: v for k, v in plan.verdict.items() if k in _VERDICT_KEYS},
+                         "cannot_be_int8": True, "why": cause, "alternatives": alternatives})
+    return replace(plan, verdict=verdict.to_json())
+
+
+_VERDICT_KEYS = ("kind", "reached", "text", "search_status", "float_sites", "site_count")
+
+
+def _calibrated_range(ctx: ScanContext, tensor: str) -> tuple[float, float] | None:
+    """The calibrated [min, max] of a tensor, None when no observer saw it."""
+    observer = ctx.quant.calib_stats.observers.get(ctx.graph.origins.get(tensor, tensor))
+    if observer is None:
+        return None
+    low, high = observer.range()
+    return float(low), float(high)
 
 
 @dataclass(frozen=True)

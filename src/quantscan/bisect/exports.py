@@ -345,11 +345,11 @@ def _legacy_text(name: str, writer: Callable[[Plan], str], plan: Plan, graph: Ma
 
 def read_plan(path: str | Path) -> Plan:
     """A plan.json as `Plan`; anything else is bad input, said in one line."""
-    from quantscan.runfolder import parse_json
+    from quantscan.readers.jsonfile import read_json
 
     try:
-        return Plan.from_json(parse_json(Path(path).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return Plan.from_json(read_json(Path(path), "--from-plan"))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"--from-plan: expected a quantscan plan.json, found {path} unreadable ({exc})") from exc
 
 

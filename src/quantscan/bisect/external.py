@@ -186,12 +186,13 @@ def verify(plan: Plan, ctx: ScanContext, precisions: Callable[[Sequence[str]], S
     independent: they run together through `pool` (the executor seam)."""
     claimed = (plan.achieved or {}).get("cosine", math.nan)
     plan_nodes = [s.node for s in plan.sites]
-    wanted = ([plan_nodes] if plan.reached else []) + [list(p.sites) for p in plan.pareto]
+    applied = plan.reached or bool(plan_nodes)  # a plan missed on held-out samples is still worth applying
+    wanted = ([plan_nodes] if applied else []) + [list(p.sites) for p in plan.pareto]
     distinct = list(dict.fromkeys(frozenset(nodes) for nodes in wanted))
     sites = [kernel_sites(ctx, precisions(sorted(nodes))) for nodes in distinct]
     results = (pool if pool is not None else BuildPool(chain)).run([(s, _label("verify", s)) for s in sites])
     done = {key: got for key, (got, _) in zip(distinct, results, strict=True)}
-    top = _verified(chain.tool, done[frozenset(plan_nodes)], claimed) if plan.reached else None
+    top = _verified(chain.tool, done[frozenset(plan_nodes)], claimed) if applied else None
     pareto = tuple(replace(p, verified=_verified(chain.tool, done[frozenset(p.sites)], p.value)) for p in plan.pareto)
     if top is not None:
         top["builds"] = len(done)

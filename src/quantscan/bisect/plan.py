@@ -20,6 +20,7 @@ from quantscan.bisect import exports as qexports
 from quantscan.bisect.realise import Claims
 from quantscan.bisect.session import BisectSession
 from quantscan.bisect.state import BUDGET, BUDGET_NO_PLAN, METRICS, Bisector, Step, Target
+from quantscan.bisect.verdict import Verdict, held_out_kind, reach_text
 from quantscan.columns import Col
 from quantscan.errors import QuantscanError
 from quantscan.graph.mixed import MixedBuilder
@@ -164,17 +165,41 @@ def with_claims(
     spread = claims.spread(achieved) if achieved is not None else None
     claimed = float((plan.achieved or {}).get(key, math.nan))
     meets = plan.reached and not math.isnan(claimed) and claimed >= plan.target.value
-    return replace(
+    plan = replace(
         plan, pareto=tuple(held(p) for p in plan.pareto),
         interval=spread.to_json() if spread is not None else None,
         held_out={**claims.record(), "meets_target": meets}, search=dict(search),
     )
+    return with_held_out_verdict(plan)
+
+
+def with_held_out_verdict(plan: Plan) -> Plan:
+    """The plan judged on its held-out claim (bisect/verdict.py): a search that met the target on the
+    searched samples is `reached` only when the held-out claim meets it too; below the held-out all-int8
+    figure it is `no_plan_helps`. The search's own status stays in `verdict.search_status`. A first-bad
+    search, or one that reached nothing, keeps its status."""
+    key = METRICS[plan.target.metric]
+    claimed = float((plan.achieved or {}).get(key, math.nan))
+    all_int8 = float((plan.all_int8 or {}).get(key, math.nan))
+    kind = held_out_kind(plan.reached and plan.mode == "search", bool(plan.sites), claimed, all_int8,
+                         plan.target.value)
+    held = int((plan.held_out or {}).get("held_out_samples") or 0) or None
+    if not kind:
+        text = reach_text(plan.status, plan.target.metric, plan.target.value, claimed, all_int8, held)
+        verdict = Verdict(plan.status, plan.reached, text, plan.status, len(plan.sites), plan.site_count)
+        return replace(plan, verdict=verdict.to_json())
+    text = reach_text(kind, plan.target.metric, plan.target.value, claimed, all_int8, held)
+    reached = kind == "reached"
+    verdict = Verdict(kind if not reached else plan.status, reached, text, plan.status, len(plan.sites),
+                      plan.site_count)
+    return replace(plan, status=plan.status if reached else kind, reached=reached, verdict=verdict.to_json())
 
 
 def held_out_warning(plan: Plan) -> str | None:
     """Said when the search's set met the target but the held-out samples do not: the plan fits the
     searched samples more than the model (more samples, or a stricter --bound-z, are the remedies)."""
-    if not plan.reached or plan.held_out is None or plan.held_out.get("meets_target", True):
+    searched = (plan.verdict or {}).get("search_status", plan.status)
+    if searched not in REACHED or plan.held_out is None or plan.held_out.get("meets_target", True):
         return None
     key = METRICS[plan.target.metric]
     return (f"the plan meets {plan.target.metric} >= {plan.target.value} on the searched samples but claims "

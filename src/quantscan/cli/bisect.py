@@ -152,6 +152,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if plan.unmeasured:
         print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
               "(no site there was searched)")
+    _print_verdict(plan.verdict)
     _print_budget(plan.status, out / "session.json" if args.session is None and args.resume is None
                   else Path(args.session or args.resume))
     for site in plan.sites:
@@ -171,6 +172,27 @@ def _export_from_plan(args: argparse.Namespace) -> int:
         files = export_from_plan(args.from_plan, out, args.export, args.model, args.hailo_hn)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in files.values())) + ")")
     return EXIT_OK
+
+
+def _print_verdict(verdict: Any) -> None:
+    """What the plan may claim on unseen samples, and, for a plan keeping most sites float, that the
+    output cannot be int8 with its cause and the measured alternatives (bisect/verdict.py)."""
+    if not verdict:
+        return
+    if verdict.get("kind") in ("held_out_miss", "no_plan_helps"):
+        print(f"  {verdict['text']}")
+    if verdict.get("cannot_be_int8"):
+        print(f"  this output cannot be int8 in this scheme: {verdict['float_sites']} of {verdict['site_count']} "
+              f"sites kept above int8; cause: {verdict['why']}")
+        for alt in verdict.get("alternatives") or []:
+            print(f"    measured alternative: {_alternative(alt)}")
+
+
+def _alternative(alt: Any) -> str:
+    from quantscan.bisect.verdict import Alternative
+
+    return Alternative(str(alt["name"]), float(alt["value"]), str(alt["metric"]), str(alt["how"]),
+                       str(alt.get("note", "")), float(alt.get("baseline", "nan"))).line()
 
 
 def _print_budget(status: str, session: Path) -> None:

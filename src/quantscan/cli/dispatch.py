@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sites per ordering whose output gain is measured to rank by impact (default 16; "
                            "all: every site, the ranking without a candidate rule)")
     scan.add_argument("--no-gain", action="store_true", help="skip the output-gain measurement (= --gain-candidates 0)")
+    scan.add_argument("--no-isolated-split", action="store_true",
+                      help="skip the weight-only / activation-only isolated twins (layers.csv isolated_weight_only_*, "
+                           "isolated_act_only_*): two more twins per weighted site in the evaluation pass")
+    scan.add_argument("--no-recover-check", action="store_true",
+                      help="skip measuring bias correction (the fix summary.md puts first when it helps)")
     scan.add_argument("--gain-samples", type=int, default=None, metavar="N",
                       help="evaluation samples the output gain is measured on: those that carry the most all-int8 "
                            "output error (default 8; 0: all)")

@@ -73,6 +73,9 @@ def rewrite_parser(sub: Any) -> None:
                         "ALPHA in [0, 1], default: chosen per site")
     p.add_argument("--bias-correct", nargs=0, action=_StepAction, const="bias-correct", dest="bias_correct",
                    help="remove the int8 weights' mean output shift from each bias (needs --calib; approximate)")
+    p.add_argument("--relu6-to-relu", nargs=0, action=_StepAction, const="relu6-to-relu", dest="relu6_to_relu",
+                   help="a layer's Clip(0, 6) whose input stays below 6 on --calib -> Relu, so --equalize can pass "
+                        "it (needs --calib; proven on that data)")
     p.add_argument("--recover", action="store_true",
                    help="try --equalize, --smooth, --bias-correct; keep each only where the measured all-int8 "
                         "output cosine rises (needs --calib; writes OUT.recover.json)")
@@ -221,7 +224,8 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     if not steps and args.opset is None and not args.freeze_input:
         raise UsageError("rewrite: expected at least one of --fold-bn, --decompose, --fuse, --fix-dim, --cleanup, "
                          "--gelu-tanh, --clamp-mask, --div-to-mul, --reciprocal, --fix-ceil-mode, --global-pool, "
-                         "--freeze-input, --equalize, --smooth, --bias-correct, --recover, --opset, --all-for-profile; "
+                         "--freeze-input, --equalize, --smooth, --bias-correct, --relu6-to-relu, --recover, --opset, "
+                         "--all-for-profile; "
                          "found none that applies")
     report = rewrite(args.model, steps, fix_dim=args.fix_dim, opset=args.opset, out=args.output_model,
                      calib=calib, seed=args.seed, limit=args.limit, tolerance=args.tolerance, force=args.force,

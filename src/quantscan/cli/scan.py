@@ -39,6 +39,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
         "force": args.force,
         "no_report": args.no_report,
         "tensors": args.tensors,
+        "recover_check": not getattr(args, "no_recover_check", False),
+        "split_isolated": not getattr(args, "no_isolated_split", False),
         **deployed_samples(args.deployed_samples),
         **GainArgs.parse(args).scan_options(),
         **TaskArgs.parse(args).scan_options(),

@@ -17,6 +17,7 @@ from quantscan.diagnose import (
     inherited,
     nonfinite,
     outlier_channels,
+    pair_equalization,
     range_mismatch,
     saturated_channels,
 )
@@ -28,6 +29,7 @@ CAUSE_RULES: tuple[CauseRule, ...] = (
     absurd_scale.check,
     nonfinite.check,
     outlier_channels.check,
+    pair_equalization.check,
     range_mismatch.check,
     saturated_channels.check,
     code_waste.check,

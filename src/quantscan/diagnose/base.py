@@ -34,6 +34,7 @@ class Cause(StrEnum):
     DEAD_CHANNELS = "dead-channels"
     SATURATED_CHANNELS = "saturated-channels"
     INHERITED = "inherited-error"
+    PAIR_EQUALIZATION = "pair-equalization"
 
 
 class FixKind(StrEnum):
@@ -80,6 +81,27 @@ class CauseFinding:
 
 
 @dataclass(frozen=True)
+class PairFacts:
+    """A site read as the consumer of a layer pair (diagnose/pair_equalization.py): per input channel, the
+    calibrated range of what it reads and the range of its weights for that channel, and what sits between
+    it and the producer that equalization cannot pass."""
+
+    producer: str
+    """The weight layer (its site's node) whose output channels this site reads."""
+    act_ranges: F64
+    """Per input channel, max |x| over the calibration data."""
+    weight_ranges: F64
+    """Per input channel, max |W| (a depthwise conv: its per-channel weights)."""
+    depthwise: bool = False
+    blocker: str = ""
+    """The op between them that is not positive-homogeneous (`Clip`, `HardSwish`, ...); empty: none."""
+    blocker_cap: float = math.nan
+    """A Clip's upper bound (6 for Relu6)."""
+    blocker_max: float = math.nan
+    """The largest value the blocker wrote on the calibration data."""
+
+
+@dataclass(frozen=True)
 class SiteFacts:
     """What the rules read about one site, all measured on the calibration set.
 
@@ -107,6 +129,8 @@ class SiteFacts:
     """Measured `gain_if_float` of the sites upstream of this one (empty until the gain is measured)."""
     passes: tuple[str, ...] = ()
     """No-latency rewrites that can rescale this site's output channels (`smooth`, `equalize`)."""
+    pair: PairFacts | None = None
+    """This site as the consumer of a layer pair, when it reads another weight layer's channels."""
     kernel: str = ""
     """The kernel the site is (`Softmax[ReduceMax+...+Div]` for a recognised decomposed Softmax, whose
     first node, `op_type`, is a ReduceMax); empty when unknown."""

@@ -5,8 +5,10 @@ building blocks the scan uses (`qdq`: fake-quant insertion, analysis model and i
 """
 
 from quantscan.graph.qdq import (
+    ACT_ONLY,
     CUMULATIVE_SUFFIX,
     F32_SUFFIX,
+    WEIGHT_ONLY,
     BiasQuant,
     QuantPlan,
     QuantSite,
@@ -28,8 +30,10 @@ from quantscan.graph.qdq import (
 from quantscan.graph.reduce import ChannelSums, PairSums, Reducer
 
 __all__ = [
+    "ACT_ONLY",
     "CUMULATIVE_SUFFIX",
     "F32_SUFFIX",
+    "WEIGHT_ONLY",
     "BiasQuant",
     "ChannelSums",
     "PairSums",

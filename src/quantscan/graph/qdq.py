@@ -55,8 +55,15 @@ CUMULATIVE_SUFFIX = "@q"
 F32_SUFFIX = "__f32"
 
 
-def iso_name(tensor: str, k: int) -> str:
-    return f"{tensor}@iso{k}"
+WEIGHT_ONLY = "w"
+"""Suffix of a site's weight-only twin (`@iso<k>w`): only its weights quantized, FP32 inputs and output."""
+ACT_ONLY = "a"
+"""Suffix of a site's activation-only twin (`@iso<k>a`): its inputs and output quantized, FP32 weights."""
+
+
+def iso_name(tensor: str, k: int, part: str = "") -> str:
+    """Site k's isolated output (`part` "": the whole twin; WEIGHT_ONLY or ACT_ONLY: one half of it)."""
+    return f"{tensor}@iso{k}{part}"
 
 
 def activation_tag(tensor: str) -> str:
@@ -308,12 +315,14 @@ def build_analysis_model(
     plan: QuantPlan,
     *,
     isolated: Iterable[int],
+    split: Iterable[int] = (),
 ) -> onnx.ModelProto:
     """FP32 graph + cumulative QDQ copy + isolated twins in one model; see the module docstring.
 
     The graph outputs are left as the FP32 model's: callers choose what to read (usually through a
     `Reducer`). Tensor `t` of the cumulative copy is `t@q`; site k's isolated output is
-    `site.output@iso<k>`.
+    `site.output@iso<k>`. Sites in `split` also get a weight-only and an activation-only twin
+    (`@iso<k>w`, `@iso<k>a`): which half of the quantization the site's error comes from.
     """
     model = copy.deepcopy(fp32)
     graph = model.graph
@@ -327,8 +336,9 @@ def build_analysis_model(
             existing_inits.add(t.name)
     fp32_nodes = {n.name: n for n in fp32.graph.node}
     weight_dq_names = _weight_dq_outputs(qdq)
-    for k in isolated:
-        nodes, inits = isolated_twin(sites[k], k, fp32_nodes, plan, weight_dq_names)
+    twins = [(k, "") for k in isolated] + [(k, part) for k in split for part in (WEIGHT_ONLY, ACT_ONLY)]
+    for k, part in twins:
+        nodes, inits = isolated_twin(sites[k], k, fp32_nodes, plan, weight_dq_names, part)
         graph.node.extend(nodes)
         for t in inits:
             if t.name not in existing_inits:
@@ -387,29 +397,33 @@ def isolated_twin(
     fp32_nodes: Mapping[str, onnx.NodeProto],
     plan: QuantPlan,
     weight_dq_names: Mapping[str, str],
+    part: str = "",
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """The site's nodes again, reading QDQ(FP32 inputs) and fake-quant weights; output QDQ'd."""
-    suffix = f"@iso{k}"
+    """The site's nodes again, reading QDQ(FP32 inputs) and fake-quant weights; output QDQ'd. `part`
+    WEIGHT_ONLY keeps the inputs and output FP32 (only the weights quantized), ACT_ONLY keeps the
+    weights FP32 (only the activations quantized): Horizon's and AIMET's per-layer split of the error."""
+    suffix = f"@iso{k}{part}"
+    acts, weights = part != WEIGHT_ONLY, part != ACT_ONLY
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
     rename: dict[str, str] = {}
     for name in site.inputs:
-        qp = plan.activations.get(name)
+        qp = plan.activations.get(name) if acts else None
         if qp is None:
             continue
         pair_nodes, pair_inits = qdq_nodes(name, name + suffix, qp, f"{name}{suffix}__in")
         nodes.extend(pair_nodes)
         inits.extend(pair_inits)
         rename[name] = name + suffix
-    for wname in [site.weight, site.bias, *(w for w, _ in site.extra_weights)]:
+    for wname in [site.weight, site.bias, *(w for w, _ in site.extra_weights)] if weights else []:
         if wname and wname in weight_dq_names:
             rename[wname] = weight_dq_names[wname]
     inner = {o for n in site.nodes for o in fp32_nodes[n].output if o}
-    out_qp = plan.activations.get(site.output)
+    out_qp = plan.activations.get(site.output) if acts else None
     if not site.nodes:  # a model input as a site (sites.input_sites): its twin is QDQ(x) itself
         if out_qp is None:
             return nodes, inits
-        return qdq_nodes(site.output, iso_name(site.output, k), out_qp, f"{site.output}{suffix}__out")
+        return qdq_nodes(site.output, iso_name(site.output, k, part), out_qp, f"{site.output}{suffix}__out")
     for node_name in site.nodes:
         node = copy.deepcopy(fp32_nodes[node_name])
         node.name = node.name + suffix
@@ -428,7 +442,7 @@ def isolated_twin(
         nodes.append(node)
     if out_qp is not None:
         pair_nodes, pair_inits = qdq_nodes(
-            site.output + suffix + F32_SUFFIX, iso_name(site.output, k), out_qp, f"{site.output}{suffix}__out"
+            site.output + suffix + F32_SUFFIX, iso_name(site.output, k, part), out_qp, f"{site.output}{suffix}__out"
         )
         nodes.extend(pair_nodes)
         inits.extend(pair_inits)

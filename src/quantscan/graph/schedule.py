@@ -16,8 +16,9 @@ from collections.abc import Iterable
 
 import onnx
 
-_DERIVED = re.compile(r"^(?P<base>.*)@(?:q|iso\d+)$")
-"""Node names of the cumulative copy (`name@q`) and of the isolated twins (`name@iso<k>`)."""
+_DERIVED = re.compile(r"^(?P<base>.*)@(?:q|iso\d+[wa]?)$")
+"""Node names of the cumulative copy (`name@q`) and of the isolated twins (`name@iso<k>`, and the
+weight-only / activation-only twins `name@iso<k>w`, `name@iso<k>a`)."""
 
 
 def interleave(model: onnx.ModelProto, fp32_nodes: Iterable[str]) -> onnx.ModelProto:

@@ -143,7 +143,7 @@ def summary_markdown(result: SummarySource, plan: Mapping[str, Any] | None = Non
         *diagnosis_lines(head, result.output_metrics, result.layers, plan, info.deployed_gap_sites,
                          gain_basis(info.options, info.evaluation.samples),
                          [i["quantization"] for i in info.inputs if "quantization" in i],
-                         info.options.get("board_time")),
+                         info.options.get("board_time"), info.options.get("recover_check")),
         f"- model sha256 {code(info.model.sha256)}, opset {info.opset_original} (analysed at "
         f"{info.opset_used}), {info.sites} quantization sites, {info.qdq_pairs} QDQ pairs",
         f"- calibration: {info.calibration.samples} samples from {code(info.calibration.path)}, "

@@ -233,10 +233,12 @@ def diagnosis_lines(
     basis: GainSamples | None = None,
     inputs: Sequence[Mapping[str, Any]] = (),
     board: Mapping[str, Any] | None = None,
+    recover: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The `## Diagnosis` section: verdict, deployed gap (and the sites behind it), the model inputs that
     lose much on their own, where/why/first fix, next sites, the bisect plan. `basis`: the samples the
-    gains were measured on, when fewer than all; `inputs`: run.json's `inputs[*].quantization`."""
+    gains were measured on, when fewer than all; `inputs`: run.json's `inputs[*].quantization`; `recover`:
+    run.json's `options.recover_check` (a no-latency fix that measurably helps comes first)."""
     lines = ["## Diagnosis", "", _verdict(head, metrics), *_deployed_gap(head, gap_sites)]
     measured = _measured(layers)
     cosine = _num(head.cosine)
@@ -245,16 +247,16 @@ def diagnosis_lines(
         lines.append("- No quantization sites.")
     elif measured.empty:
         top = layers.iloc[0].to_dict()
-        lines += [
+        lines += _cheapest_first([
             f"- **Where** (output gain not measured, rank by isolated error): {code(top[Col.NODE])} "
             f"({text(top[Col.KERNEL])}).",
             f"- **Why**: {top.get(Col.CAUSE, '')}: {text(top.get(Col.REASON, ''))}.",
             f"- **First thing to try**: {_fix(top, cosine, board=board)}.",
-        ]
+        ], recover)
     elif _root_cause(layers.iloc[0].to_dict()):
         lines += _root_cause_lines(layers)
     else:
-        lines += _where(layers, measured, cosine, basis, board)
+        lines += _cheapest_first(_where(layers, measured, cosine, basis, board), recover)
     lines += ["", PLAN_BEGIN, *plan_lines(plan), PLAN_END, ""]
     return lines
 
@@ -272,6 +274,24 @@ def _input_lines(inputs: Sequence[Mapping[str, Any]], cosine: float) -> list[str
         lines.append(f"- **Model input** `{q['name']}`: quantized alone ({q.get('scheme')}, as an NPU quantizes "
                      f"its inputs) it takes the output cosine to {alone:.5f} ({wide:.5f} at 16 bits){why}.{fix}")
     return lines
+
+
+FIRST = "- **First thing to try**"
+
+
+def _cheapest_first(lines: list[str], recover: Mapping[str, Any] | None) -> list[str]:
+    """A no-latency fix measured to help (bias correction above the one-ulp noise floor, the rule `rewrite
+    --recover` keeps a pass by) is the first thing to try; keeping a site float, which costs latency and
+    whose gain may not be settled, becomes the next."""
+    if not isinstance(recover, Mapping) or not recover.get("helps"):
+        return lines
+    before, after = _num(recover.get("cosine_before")), _num(recover.get("cosine_after"))
+    first = (f"{FIRST} (no latency cost, measured): `quantscan rewrite MODEL --recover --calib DIR`: "
+             f"{text(recover.get('rewrite'))} alone lifts the all-int8 output cosine {_g(before, 5)} -> "
+             f"{_g(after, 5)} ({_signed(after - before)}, above the {_g(recover.get('noise_floor'), 2)} a one-ulp "
+             "change of the weights makes; every layer stays int8). Then scan the recovered model.")
+    relabelled = [line.replace(FIRST, "- **Then**", 1) if line.startswith(FIRST) else line for line in lines]
+    return [first, *relabelled]
 
 
 def _root_cause(row: Mapping[str, Any]) -> bool:
@@ -406,10 +426,32 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
         f"{_g(target.get('value'))} {reached}; keep {len(sites)} site(s) at higher precision: "
         f"{names or 'none'}{more}; {metric} {_g(_metric(plan.get('all_int8'), metric), 5)} all-int8 -> "
         f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan{_interval_text(plan)}.",
+        *_held_out_lines(plan),
         *_budget_lines(plan),
         *_unmeasured_lines(plan),
         *_verified_lines(plan),
     ]
+
+
+def _held_out_lines(plan: Mapping[str, Any]) -> list[str]:
+    """The plan's verdict (bisect/verdict.py) when it is not a plain reach: missed or worse than all-int8 on
+    the held-out samples, and, for a plan keeping most sites float, that the output cannot be int8, why,
+    and the measured alternatives."""
+    verdict = plan.get("verdict")
+    if not isinstance(verdict, Mapping):
+        return []
+    lines = []
+    if verdict.get("kind") in ("held_out_miss", "no_plan_helps"):
+        lines.append(f"  **Held out**: {text(verdict.get('text'))}.")
+    if verdict.get("cannot_be_int8"):
+        alternatives = [f"{text(a.get('how'))}: {text(a.get('metric'))} "
+                        + (f"{_g(a.get('baseline'), 5)} -> " if math.isfinite(_num(a.get('baseline'))) else "")
+                        + f"{_g(a.get('value'), 5)}" + (f" ({text(a.get('note'))})" if a.get("note") else "")
+                        for a in verdict.get("alternatives") or [] if isinstance(a, Mapping)]
+        lines.append(f"- **This output cannot be int8 in this scheme**: the plan keeps {verdict.get('float_sites')} "
+                     f"of {verdict.get('site_count')} sites above int8. Cause: {text(verdict.get('why'))}."
+                     + (" Measured alternatives: " + "; ".join(alternatives) + "." if alternatives else ""))
+    return lines
 
 
 def _budget_lines(plan: Mapping[str, Any]) -> list[str]:

@@ -61,6 +61,7 @@ from quantscan.rewrites.global_pool import rewrite_global_pools
 from quantscan.rewrites.linear import WEIGHT_OPS, Linear, linear_of
 from quantscan.rewrites.opset_down import opset_down
 from quantscan.rewrites.reciprocal_to_div import reciprocal_to_div
+from quantscan.rewrites.relu6_to_relu import relu6_candidates, relu6_to_relu
 from quantscan.rewrites.smooth import smooth, smooth_sites
 from quantscan.runfolder import (
     atomic_write_bytes,
@@ -94,8 +95,8 @@ REWRITES: dict[RewriteId, RewriteFn] = {
 """Rewrite id -> pass. `fix-dim` takes dimension settings and is requested as `fix-dim` + `fix_dim=`."""
 
 PARAMETRIZED: tuple[RewriteId, ...] = (RewriteId.FIX_DIM, RewriteId.FREEZE_INPUT, RewriteId.SMOOTH,
-                                        RewriteId.BIAS_CORRECT)
-CALIBRATED: tuple[RewriteId, ...] = (RewriteId.SMOOTH, RewriteId.BIAS_CORRECT)
+                                        RewriteId.BIAS_CORRECT, RewriteId.RELU6_TO_RELU)
+CALIBRATED: tuple[RewriteId, ...] = (RewriteId.SMOOTH, RewriteId.BIAS_CORRECT, RewriteId.RELU6_TO_RELU)
 """Passes whose edit depends on per-channel statistics of the calibration data (`--calib` required)."""
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_APPROX_MIN_COSINE = 0.999
@@ -363,11 +364,15 @@ def calibrated_step(
     runner: Runner | None = None,
     alpha: float | None = None,
 ) -> RewriteResult:
-    """`smooth` or `bias-correct` on `model`: statistics first (one calibration run), then the pass."""
+    """`smooth`, `bias-correct` or `relu6-to-relu` on `model`: statistics first (one calibration run), then
+    the pass."""
     if calib is None:
         raise UsageError(f"{rid.value}: expected --calib (its factors come from per-channel statistics of the "
                          "calibration data), found none")
     runner = runner or Runner()
+    if rid is RewriteId.RELU6_TO_RELU:
+        stats = channel_stats(model, dict.fromkeys(relu6_candidates(model), "conv"), calib, limit=limit, runner=runner)
+        return relu6_to_relu(model, {t: float(np.max(s.max)) for t, s in stats.items()})
     if rid is RewriteId.SMOOTH:
         return smooth(model, channel_stats(model, smooth_sites(model), calib, limit=limit, runner=runner), alpha)
     result = bias_correct(model, channel_stats(model, bias_sites(model), calib, limit=limit, runner=runner))

@@ -14,10 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantscan import graph as qgraph
 from quantscan.columns import Col
 from quantscan.diagnose import Cause, CauseFinding, SiteFacts, diagnose, inherited
+from quantscan.diagnose.base import PairFacts
 from quantscan.graph.index import GraphIndex
 from quantscan.scanning.calibrate import CalibStats
 from quantscan.scanning.site_result import Diagnosis, SiteResult
@@ -95,6 +97,82 @@ def site_facts(
     )
 
 
+PAIR_WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+"""Ops that end the walk back from a consumer to its producer layer."""
+PAIR_TRANSPARENT = frozenset({"Relu", "LeakyRelu", "PRelu", "Identity", "Dropout", "MaxPool", "AveragePool",
+                              "GlobalMaxPool", "GlobalAveragePool"})
+"""Ops equalization passes on Conv activations (rewrites/equalize.py HOMOGENEOUS and CHANNELWISE_POOLS)."""
+PAIR_DEPTH = 6
+"""Nodes walked back from a consumer's input before giving up on finding its producer layer."""
+
+
+def pair_facts(site: Site, index: GraphIndex, calib: CalibStats, site_of: Mapping[str, str],
+               node: onnx.NodeProto | None) -> PairFacts | None:
+    """A Conv site read as the consumer of the weight layer whose channels it reads: per input channel, the
+    calibrated max |x| and max |W|, and the first op between them equalization cannot pass (with a Clip's
+    cap and the largest value it wrote). None for other sites or when no producer layer is near."""
+    if node is None or node.op_type != "Conv" or site.weight is None or not site.inputs:
+        return None
+    weight = index.constant(site.weight)
+    if weight is None or weight.ndim < 3:
+        return None
+    group = int(next((a.i for a in node.attribute if a.name == "group"), 1))
+    depthwise = group > 1 and weight.shape[1] == 1 and weight.shape[0] == group
+    if not (depthwise or group == 1):
+        return None
+    w = np.abs(weight.astype(np.float64))
+    per_input = w if depthwise else np.moveaxis(w, 1, 0)  # a depthwise conv's output channel c reads input c
+    w_ranges = per_input.reshape(per_input.shape[0], -1).max(axis=1)
+    walked = _walk_to_producer(site.inputs[0], index, calib)
+    if walked is None:
+        return None
+    producer, act, path = walked
+    blocker = next((n for n in path if n.op_type not in PAIR_TRANSPARENT), None)
+    cap, top = (_clip_cap(blocker, index), _written_max(blocker.output[0], calib)) if blocker is not None else (
+        math.nan, math.nan)
+    return PairFacts(site_of.get(producer.name, producer.name), act, w_ranges, depthwise,
+                     blocker.op_type if blocker is not None else "", cap, top)
+
+
+def _walk_to_producer(
+    tensor: str, index: GraphIndex, calib: CalibStats
+) -> tuple[onnx.NodeProto, np.ndarray, list[onnx.NodeProto]] | None:
+    """From a consumer's data input back to the weight layer that wrote it: the layer, the per-channel
+    max |x| of the first tensor on the way with calibrated channel ranges, and the nodes passed."""
+    path: list[onnx.NodeProto] = []
+    act: np.ndarray | None = None
+    for _ in range(PAIR_DEPTH):
+        if act is None and tensor in calib.channel_ranges:
+            lo, hi = calib.channel_ranges[tensor].ranges()
+            act = np.maximum(np.abs(lo), np.abs(hi)).astype(np.float64)
+        producer = index.producer_node(tensor)
+        if producer is None or not producer.input:
+            return None
+        if producer.op_type in PAIR_WEIGHT_OPS:
+            return (producer, act, path) if act is not None else None
+        path.append(producer)
+        tensor = producer.input[0]
+    return None
+
+
+def _clip_cap(node: onnx.NodeProto, index: GraphIndex) -> float:
+    """A Clip's upper bound (input 2, or the `max` attribute before opset 11); NaN for other ops."""
+    if node.op_type != "Clip":
+        return math.nan
+    if len(node.input) > 2 and node.input[2]:
+        value = index.constant(node.input[2])
+        return float(np.ravel(value)[0]) if value is not None and value.size else math.nan
+    return float(next((a.f for a in node.attribute if a.name == "max"), math.nan))
+
+
+def _written_max(tensor: str, calib: CalibStats) -> float:
+    """The largest value `tensor` took on the calibration data (its channel ranges, else its observer)."""
+    if tensor in calib.channel_ranges:
+        return float(np.nanmax(calib.channel_ranges[tensor].ranges()[1]))
+    observer = calib.observers.get(tensor)
+    return float(observer.range()[1]) if observer is not None else math.nan
+
+
 def diagnosis_of(findings: list[CauseFinding]) -> Diagnosis:
     """One site's diagnosis cells: the first (most urgent) finding, the others counted."""
     if not findings:
@@ -113,10 +191,10 @@ def _fix_label(finding: CauseFinding) -> str:
 
 def run_cause_rules(
     site: Site, row: Mapping[str, Any], plan: qgraph.QuantPlan, calib: CalibStats, index: GraphIndex,
-    passes: Mapping[str, tuple[str, ...]] | None = None,
+    passes: Mapping[str, tuple[str, ...]] | None = None, pair: PairFacts | None = None,
 ) -> list[CauseFinding]:
-    """Every cause rule's finding for one site, most urgent first."""
-    return diagnose(site_facts(site, row, plan, calib, index, passes))
+    """Every cause rule's finding for one site, most urgent first (`pair`: the site as a layer pair's consumer)."""
+    return diagnose(replace(site_facts(site, row, plan, calib, index, passes), pair=pair))
 
 
 def upstream_sites(

@@ -70,6 +70,8 @@ class Evaluation:
     """Samples the deployed check ran on (the first ones, `ScanOptions.deployed_samples`)."""
     deployed_basis: dict[str, OutputMetrics] = field(default_factory=dict)
     """Fake-quant figures per headline output on those samples, when they are fewer than all."""
+    isolated_split: dict[tuple[int, str], qm.ErrorAccumulator] = field(default_factory=dict)
+    """(site index, WEIGHT_ONLY | ACT_ONLY) -> the site's weight-only / activation-only twin against FP32."""
 
 
 @dataclass
@@ -95,11 +97,13 @@ class EvalSums:
     deployed_basis: dict[str, qm.ErrorAccumulator] = field(default_factory=dict)
     """Fake-quant against FP32 on the deployed check's samples only (the gap compares like with like)."""
     deployed_seen: int = 0
+    isolated_split: dict[tuple[int, str], qm.ErrorAccumulator] = field(default_factory=dict)
 
     def merge(self, other: EvalSums) -> EvalSums:
         """Add `other` (the same analysis over other samples) into this one, in place; returns self."""
         for group, theirs in ((self.cumulative, other.cumulative), (self.isolated, other.isolated),
-                              (self.deployed, other.deployed), (self.deployed_basis, other.deployed_basis)):
+                              (self.deployed, other.deployed), (self.deployed_basis, other.deployed_basis),
+                              (self.isolated_split, other.isolated_split)):
             for key, acc in group.items():
                 acc.merge(theirs[key])  # type: ignore[index]
         for k, ch in self.act_channel.items():
@@ -131,6 +135,14 @@ def quantizes(site: Site, plan: qgraph.QuantPlan) -> bool:
     weights = [site.weight, site.bias, *(w for w, _ in site.extra_weights)]
     return (site.output in plan.activations or any(i in plan.activations for i in site.inputs)
             or any(w in plan.weights or w in plan.biases for w in weights if w))
+
+
+def splits(site: Site, plan: qgraph.QuantPlan) -> bool:
+    """True when the site's error can be split into a weight half and an activation half: it has a
+    quantized weight and a quantized input or output (else its isolated figure is one of the halves)."""
+    weights = [site.weight, *(w for w, _ in site.extra_weights)]
+    return (any(w in plan.weights for w in weights if w)
+            and (site.output in plan.activations or any(i in plan.activations for i in site.inputs)))
 
 
 def accumulate_evaluation(
@@ -179,6 +191,7 @@ class _AnalysisSpec:
 
     pairs: dict[str, qgraph.PairSums]
     iso_pairs: dict[int, qgraph.PairSums]
+    split_pairs: dict[tuple[int, str], qgraph.PairSums]
     channel_pairs: dict[int, qgraph.ChannelSums]
     hist_codes: dict[int, tuple[str, str]]
     clip_names: dict[str, tuple[str, str]]
@@ -186,7 +199,8 @@ class _AnalysisSpec:
     classifiers: set[str]
 
     def outputs(self) -> list[str]:
-        names = [n for p in [*self.pairs.values(), *self.iso_pairs.values()] for n in p.names()]
+        names = [n for p in [*self.pairs.values(), *self.iso_pairs.values(), *self.split_pairs.values()]
+                 for n in p.names()]
         names += [n for pair in self.channel_pairs.values() for n in pair.names()]
         names += [n for o in self.headline for n in (o, o + qgraph.CUMULATIVE_SUFFIX)]
         return names + [n for pair in self.clip_names.values() for n in pair]
@@ -207,7 +221,8 @@ def _analysis_graph(
     """The analysis model (FP32 + cumulative copy + isolated twins) with its reductions attached, in the
     interleaved order, and where each sum is; the model is handed off, not kept (sweep.GraphHandoff)."""
     isolated_ids = [k for k, s in enumerate(sites) if quantizes(s, plan)]
-    combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids)
+    split_ids = [k for k in isolated_ids if splits(sites[k], plan)] if opts.split_isolated else []
+    combined = qgraph.build_analysis_model(prepared.proto, qdq, sites, plan, isolated=isolated_ids, split=split_ids)
     reducer = qgraph.Reducer(prepared.opset_to)
     rank = {t: len(probe.shapes.get(t, ())) for t in compare}
     measurable = [t for t in compare if all(d > 0 for d in probe.shapes.get(t, (1,)))]
@@ -221,6 +236,12 @@ def _analysis_graph(
         k: reducer.pair(sites[k].output, qgraph.iso_name(sites[k].output, k), rank.get(sites[k].output, 0))
         for k in isolated_ids
         if sites[k].output in pairs
+    }
+    split_pairs = {
+        (k, part): reducer.pair(sites[k].output, qgraph.iso_name(sites[k].output, k, part),
+                                rank.get(sites[k].output, 0))
+        for k in split_ids if sites[k].output in pairs
+        for part in (qgraph.WEIGHT_ONLY, qgraph.ACT_ONLY)
     }
     channel_pairs: dict[int, qgraph.ChannelSums] = {}
     hist_codes: dict[int, tuple[str, str]] = {}
@@ -236,7 +257,7 @@ def _analysis_graph(
     clip_names = {site.output: reducer.outside(site.output, *clip_range(plan.activations[site.output]),
                                                rank.get(site.output, 0))
                   for site in sites if site.output in plan.activations and site.output in pairs}
-    spec = _AnalysisSpec(pairs, iso_pairs, channel_pairs, hist_codes, clip_names, headline,
+    spec = _AnalysisSpec(pairs, iso_pairs, split_pairs, channel_pairs, hist_codes, clip_names, headline,
                          classifier_outputs(prepared, headline, probe))
     fp32_nodes = [n.name for n in prepared.proto.graph.node]
     attached = reducer.attach(combined, spec.outputs() + spec.hist_outputs(), in_place=True)
@@ -278,6 +299,7 @@ class _EvalPass:
         self.hist_counts = {k: [np.zeros(256, np.int64), np.zeros(256, np.int64)] for k in spec.hist_codes}
         self.cumulative = {t: qm.ErrorAccumulator() for t in spec.pairs}
         self.isolated = {k: qm.ErrorAccumulator() for k in spec.iso_pairs}
+        self.isolated_split = {key: qm.ErrorAccumulator() for key in spec.split_pairs}
         self.act_channel = {k: qm.ChannelErrorAccumulator(1) for k in spec.channel_pairs}
         self.top1 = {o: qm.Top1Accumulator() for o in spec.classifiers}
         self.deployed_acc = {o: qm.ErrorAccumulator() for o in spec.headline}
@@ -333,6 +355,8 @@ class _EvalPass:
             acc.update_sums(*spec.pairs[t].fold(values))
         for k, acc in self.isolated.items():
             acc.update_sums(*spec.iso_pairs[k].fold(values))
+        for key, acc in self.isolated_split.items():
+            acc.update_sums(*spec.split_pairs[key].fold(values))
         for k, ch in self.act_channel.items():
             ch.update_sums(*spec.channel_pairs[k].fold(values))
         for o, t1 in self.top1.items():
@@ -349,7 +373,7 @@ class _EvalPass:
         return EvalSums(self.spec.headline, self.cumulative, self.isolated, self.act_channel, self.top1,
                         self.deployed_acc, self.deployed_top1, self.task, self.hist_counts, self.clip_counts,
                         self.sample_cosines, self.seen - self.offset, self.sample_errors, self.sample_task,
-                        self.deployed_basis, self.deployed_seen)
+                        self.deployed_basis, self.deployed_seen, self.isolated_split)
 
 
 def finish_evaluation(
@@ -385,6 +409,7 @@ def finish_evaluation(
         largest_error_share_first(sums.sample_errors), sums.deployed_seen,
         {o: measure_output(sums.deployed_basis[o], None) for o in sums.deployed_basis
          if 0 < sums.deployed_seen < sums.seen},
+        sums.isolated_split,
     )
 
 

@@ -154,6 +154,12 @@ class ScanOptions:
     """`OUTPUT[@AXIS]=LABEL:A-B,...` specs: that output's channels measured per named group
     (quantscan.taskmetrics.groups), for split heads whose pooled cosine the large channels decide."""
 
+    split_isolated: bool = True
+    """Also measure each weighted site's weight-only and activation-only isolated error (two more twins
+    per site in pass 2; layers.csv `isolated_weight_only_*`, `isolated_act_only_*`)."""
+    recover_check: bool = True
+    """Measure bias correction's all-int8 gain when the headline cosine is below 0.999
+    (scanning/recover_check.py); `--no-recover-check` skips it."""
     gain_candidates: int | str = DEFAULT_GAIN_CANDIDATES
     """How many sites per ordering get their output gain measured (scanning.impact); 0 turns it off
     (`--no-gain`) and `rank` is then the isolated-error order alone; ALL_SITES measures every site."""

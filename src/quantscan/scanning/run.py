@@ -47,6 +47,7 @@ from quantscan.scanning.impact import (
 from quantscan.scanning.inputs import InputSite, measure_inputs, with_input_findings
 from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress, worker_count
 from quantscan.scanning.prepare import ScanContext, prepare_timed
+from quantscan.scanning.recover_check import bias_correction_check
 from quantscan.scanning.scheme_gain import scheme_gains, with_scheme_gains
 from quantscan.scanning.site_result import SiteResult, layers_frame
 from quantscan.scanning.tables import ScanTables, build_tables, ops_table, with_profile
@@ -91,6 +92,11 @@ class ScanResult:
     """task.csv (output, task, metric, value) when any task metric was measured."""
     calib_advice: CalibAdvice | None = None
     """`scan --calib-advice`: scale spread against n, deciding samples (calib_advice.csv)."""
+
+
+RECOVER_CHECK_BELOW = 0.999
+"""The headline cosine below which the scan measures bias correction (report.verdict's CLOSE_COSINE:
+above it the summary calls the output close to FP32 and suggests no fix)."""
 
 
 def measure(
@@ -160,6 +166,11 @@ def _measure(
     info = _checks_and_record(ctx, qdq, head, evaluation, impact, times, inputs)
     if board is not None:
         info.options["board_time"] = board.to_json()
+    if ctx.opts.recover_check and head.cosine < RECOVER_CHECK_BELOW:
+        check = bias_correction_check(ctx, head.cosine)
+        if check is not None:
+            info.options["recover_check"] = check.to_json()
+            info.times_s["recover_check"] = round(check.seconds, 4)
     info.times_s["total"] = round(time.perf_counter() - started, 4)
     return ScanResult(
         layers=with_scheme_gains(layers_frame(tables.sites), gains),

@@ -35,6 +35,17 @@ class IsolatedFigures:
 
 
 @dataclass(frozen=True)
+class IsolatedSplit:
+    """The isolated error split in two (pass 2's weight-only and activation-only twins): only the site's
+    weights quantized, and only its input/output activations, each fed FP32 inputs. Which half is close
+    to the whole isolated figure says whether per-channel weights or weight rounding (the weight half)
+    or the activation scheme (the activation half) is the lever."""
+
+    weight_only: IsolatedFigures = IsolatedFigures()
+    act_only: IsolatedFigures = IsolatedFigures()
+
+
+@dataclass(frozen=True)
 class CumulativeFigures:
     """The site's output with every site quantized, against FP32."""
 
@@ -131,6 +142,8 @@ class SiteResult:
     gain: OutputGain | None = None
     board: BoardTime | None = None
     """Estimated board time (`scan --profile P` whose profile has a [cost] table; scanning/board.py)."""
+    split: IsolatedSplit | None = None
+    """Weight-only / activation-only isolated figures (None: the site has no weight, or not measured)."""
 
     def figures(self) -> dict[str, Any]:
         """The measured cells (the site through its int8 parameters): what `classify` and the cause
@@ -143,6 +156,7 @@ class SiteResult:
             Col.ISOLATED_COSINE: iso.cosine if iso else NAN,
             Col.ISOLATED_SQNR_DB: iso.sqnr_db if iso else NAN,
             Col.ISOLATED_MAX_ABS: iso.max_abs if iso else NAN,
+            **self._split_cells(),
             Col.CUMULATIVE_COSINE: cum.cosine, Col.CUMULATIVE_SQNR_DB: cum.sqnr_db, Col.CUMULATIVE_MSE: cum.mse,
             Col.CUMULATIVE_MAX_ABS: cum.max_abs, Col.CUMULATIVE_WORST_SAMPLE_COSINE: cum.worst_sample_cosine,
             Col.CUMULATIVE_INPUT_SQNR_DB: _or_nan(self.input_sqnr_db),
@@ -175,6 +189,12 @@ class SiteResult:
         if self.board is not None:
             row.update({Col.EST_MS: self.board.est_ms, Col.FALLBACK_EXTRA_MS: self.board.fallback_extra_ms})
         return row
+
+    def _split_cells(self) -> dict[str, float]:
+        w = self.split.weight_only if self.split else IsolatedFigures()
+        a = self.split.act_only if self.split else IsolatedFigures()
+        return {Col.ISOLATED_WEIGHT_ONLY_COSINE: w.cosine, Col.ISOLATED_WEIGHT_ONLY_SQNR_DB: w.sqnr_db,
+                Col.ISOLATED_ACT_ONLY_COSINE: a.cosine, Col.ISOLATED_ACT_ONLY_SQNR_DB: a.sqnr_db}
 
     @property
     def on_chip(self) -> bool:

@@ -28,7 +28,7 @@ from quantscan.model import LoadedModel, PreparedModel
 from quantscan.patterns import softmax
 from quantscan.records import Placement, Severity, severity_rank
 from quantscan.scanning.calibrate import CalibStats
-from quantscan.scanning.causes import diagnosis_of, no_latency_passes, run_cause_rules
+from quantscan.scanning.causes import diagnosis_of, no_latency_passes, pair_facts, run_cause_rules
 from quantscan.scanning.evaluate import Evaluation
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.probe import Probe
@@ -37,6 +37,7 @@ from quantscan.scanning.site_result import (
     ChipPlacement,
     CumulativeFigures,
     IsolatedFigures,
+    IsolatedSplit,
     SiteResult,
     WeightFigures,
     layers_frame,
@@ -102,13 +103,16 @@ def build_tables(
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     index = GraphIndex(prepared.proto.graph)
     passes: dict[str, tuple[str, ...]] | None = None
+    by_name = {n.name: n for n in prepared.proto.graph.node}
+    site_of = {n: s.node for s in sites for n in s.nodes}
     results = []
     for k, site in enumerate(sites):
         result = measured_site(site, k, prepared, plan, calib_stats, ev, order, producers)
-        findings = run_cause_rules(site, result.figures(), plan, calib_stats, index)
+        pair = pair_facts(site, index, calib_stats, site_of, by_name.get(site.nodes[0]) if site.nodes else None)
+        findings = run_cause_rules(site, result.figures(), plan, calib_stats, index, pair=pair)
         if any(f.cause is Cause.OUTLIER_CHANNELS for f in findings):  # name a no-latency rewrite if one applies
             passes = no_latency_passes(index) if passes is None else passes
-            findings = run_cause_rules(site, result.figures(), plan, calib_stats, index, passes)
+            findings = run_cause_rules(site, result.figures(), plan, calib_stats, index, passes, pair)
         result = replace(result, diagnosis=diagnosis_of(findings))
         if findings and findings[0].tier < 2:  # figures meaningless or scale absurd: the site's own fault
             result = replace(result, cause="intrinsic", reason=findings[0].reason)
@@ -144,9 +148,19 @@ def measured_site(
         ),
         weight=_weight_stats(prepared, site, plan),
         sensitive_op=site.sensitive,
+        split=_split(ev, k),
     )
     cause, reason = classify(result.figures())
     return replace(result, cause=cause, reason=reason)
+
+
+def _split(ev: Evaluation, k: int) -> IsolatedSplit | None:
+    """Site k's weight-only and activation-only isolated figures, when pass 2 measured them."""
+    w, a = ev.isolated_split.get((k, qgraph.WEIGHT_ONLY)), ev.isolated_split.get((k, qgraph.ACT_ONLY))
+    if w is None or a is None:
+        return None
+    return IsolatedSplit(IsolatedFigures(w.cosine, w.sqnr_db, w.max_abs),
+                         IsolatedFigures(a.cosine, a.sqnr_db, a.max_abs))
 
 
 def _cumulative(cum: Any) -> CumulativeFigures:

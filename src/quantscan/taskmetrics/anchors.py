@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from quantscan.errors import InternalError, UsageError
+from quantscan.readers.arrays import read_npy
 from quantscan.taskmetrics.base import add_sums, ratio
 from quantscan.taskmetrics.box import BOX_MATCH_IOU, match_boxes, nms
 
@@ -44,11 +45,7 @@ BOX_FORMATS = ("xyxy", "cxcywh")
 def load_anchors(path: str | Path, count: int | None = None) -> np.ndarray:
     """[A, 4] float64 anchors from a .npy file; usage error when missing, mis-shaped or of another count."""
     file = Path(path)
-    try:
-        anchors = np.load(file, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--task anchors: expected an .npy file of [A, 4] anchors, found {str(file)!r} "
-                         f"({exc})") from None
+    anchors = read_npy(file, "--task anchors")
     if anchors.ndim != 2 or anchors.shape[1] < 4 or (count is not None and anchors.shape[0] != count):
         want = f"[{count}, 4]" if count is not None else "[A, 4]"
         raise UsageError(f"--task anchors: expected anchors of shape {want} (x_center, y_center, w, h), "
