@@ -430,7 +430,7 @@ def cost_pareto_figure(plan: Mapping[str, Any], points: Sequence[tuple[float, fl
         ax.plot([int8_ms], [int8_value], "s", ms=6, color=COLORS["iso"], label=f"all int8 {int8_ms:.3g} ms")
     goal = num(target.get("value"))
     if np.isfinite(goal):
-        ax.axhline(goal, color=COLORS["sens"], ls="--", lw=1, label=f"target {goal:.5g}")
+        ax.axhline(goal, color=COLORS["sens"], ls="--", lw=1, label=f"target {goal:.7g}")
     chosen_ms, achieved = num(plan.get("estimated_ms")), metric_value(plan.get("achieved"), metric)
     if np.isfinite(chosen_ms) and np.isfinite(achieved):
         ax.plot([chosen_ms], [achieved], "*", ms=12, color=COLORS["sens"], label="chosen plan")
