@@ -141,3 +141,16 @@ def test_shipped_cost_tables_give_every_figure_a_source(name: str) -> None:
     assert bool(table.fitted) == name.startswith("rk")
     assert all("cost_fit.py" in src for f, src in table.sources if f in table.fitted)
     assert math.isclose(table.cores, 1)
+
+
+@pytest.mark.parametrize("name", ["rk3568", "rk3576", "rk3588"])
+def test_rockchip_depthwise_runs_on_one_input_channel_lane(name: str) -> None:
+    """A depthwise Conv fills one of the array's channel_align input lanes: its rate is the peak over the
+    alignment (not a fitted figure), and the one Conv in TWO_CONVS' depthwise layer is priced at that rate."""
+    shipped = CostTable.of(load_profile(name))
+    assert "depthwise_efficiency" not in shipped.fitted
+    assert shipped.depthwise_efficiency == pytest.approx(1 / shipped.channel_align)
+    p = pricer(two_convs(), name, depthwise_efficiency=1 / 16, compute_efficiency=1.0)
+    dw = {s.kernel: s for s in p.price().per_site}["Conv"]
+    # 4096 outputs x 9 MACs, 16 output channels (no padding at align 16), 64 MACs/cycle / 16 lanes = 4 per cycle
+    assert dw.compute_ms == pytest.approx(4096 * 9 / (64 / 16 * HZ) * 1e3)

@@ -526,3 +526,42 @@ def test_plan_interval_and_held_out_pareto_points_are_shown(tmp_path: Path) -> N
     (run / "plan.json").write_text(json.dumps(plan))
     older = render_report(run)  # a plan from before issue 32: no interval, no table
     assert "interval [" not in older and "Pareto points, held out" not in older
+
+
+def test_priced_plan_gets_an_accuracy_by_estimated_ms_plot(tmp_path: Path) -> None:
+    """Issue 39: a plan.json that carries estimated_ms (its profile has a [cost] table) is shown in accuracy x
+    board time too: one more plot, the plan card's board time, and ms columns on the held-out points."""
+    run = _make_run(tmp_path / "run")
+    layers = pd.read_csv(run / "layers.csv")
+    plan = _plan(layers)
+    (run / "plan.json").write_text(json.dumps(plan))
+    unpriced = render_report(run)
+    plan["pareto"] = [{**p, "interval": {"low": p["value"] - 0.001, "high": 1.0}, "search_value": 0.5,
+                       "estimated_ms": 2.5 + 0.125 * p["float_sites"], "extra_ms": 0.125 * p["float_sites"]}
+                      for p in plan["pareto"]]
+    plan.update(estimated_ms=2.75, extra_ms=0.25, board_time={"profile": "rk3588", "int8_ms": 2.5, "estimated": True})
+    (run / "plan.json").write_text(json.dumps(plan))
+    page = render_report(run)
+    assert 'aria-label="accuracy against estimated board time"' in page
+    assert 'aria-label="accuracy against estimated board time"' not in unpriced
+    assert page.count('<figure class="plot">') == unpriced.count('<figure class="plot">') + 1
+    assert "board time on rk3588" in page and "2.750 ms (+0.250 ms over all-int8), estimated" in page
+    table = page.split("Pareto points, held out", 1)[1].split("</table>", 1)[0]
+    assert "estimated_ms" in table and "extra_ms" in table
+
+
+def test_cost_front_keeps_exactly_the_undominated_points() -> None:
+    """The accuracy x time front against a brute-force oracle: a point stays unless another is no slower and
+    at least as accurate, and strictly better on one of the two."""
+    from quantscan.report.plots import cost_front
+
+    rng = np.random.default_rng(39)
+    for _ in range(50):
+        pts = [(float(a), float(b)) for a, b in zip(rng.integers(0, 8, 12) * 0.5, rng.integers(0, 6, 12) * 0.01,
+                                                     strict=True)]
+
+        def dominated(p: tuple[float, float], pts: list[tuple[float, float]] = pts) -> bool:
+            return any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in pts)
+
+        oracle = sorted({p for p in pts if not dominated(p)})
+        assert cost_front(pts) == oracle

@@ -1,7 +1,8 @@
 """Time of one kernel on one chip: max(compute, memory traffic) + a fixed overhead (a roofline).
 
 compute  = MACs x channel padding / (MACs per cycle at the precision x efficiency x clock x cores)
-           for Conv/Gemm/MatMul (a depthwise Conv reaches `depthwise_efficiency` of the array instead);
+           for Conv/Gemm/MatMul (a depthwise Conv reaches `depthwise_efficiency` of the array instead:
+           the rk profiles set it to 1/channel_align, one input-channel lane of the array);
            elements streamed (inputs + output) x bytes per element / (elementwise_per_cycle x clock x cores)
            for the rest;
 memory   = bytes read and written / DRAM bandwidth, where an activation tensor no larger than the

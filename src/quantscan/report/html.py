@@ -28,7 +28,15 @@ import pandas as pd
 from quantscan.columns import Col
 from quantscan.report.cells import col, esc, fmt, is_missing, metric_value, num, truthy
 from quantscan.report.device import device_body
-from quantscan.report.plots import PlotCounter, depth_figure, layer_figure, pareto_figure, spread_figure, svg
+from quantscan.report.plots import (
+    PlotCounter,
+    cost_pareto_figure,
+    depth_figure,
+    layer_figure,
+    pareto_figure,
+    spread_figure,
+    svg,
+)
 from quantscan.report.summary import preprocessing_text
 from quantscan.runfolder import RunFiles, atomic_write_text, load_run
 
@@ -742,6 +750,9 @@ def _bisect_section(files: RunFiles, plots: PlotCounter) -> str:
         parts.append(svg(pareto_figure(plan, points), plots, "bisection Pareto curve"))
     else:
         parts.append(_hint("plan.json has no Pareto points."))
+    timed = _pareto_ms_points(plan.get("pareto"))
+    if timed:
+        parts.append(svg(cost_pareto_figure(plan, timed), plots, "accuracy against estimated board time"))
     intervals = _pareto_intervals(plan.get("pareto"))
     if intervals is not None:
         parts.append("<h3>Pareto points, held out</h3>" + _frame_table(intervals))
@@ -751,6 +762,7 @@ def _bisect_section(files: RunFiles, plots: PlotCounter) -> str:
     facts = [
         ("target", esc(_target_line(plan.get("target")))),
         ("evaluations", esc(plan.get("evaluations", "–"))),
+        *_board_time_fact(plan),
         ("model sha256", f"<code>{esc(plan.get('model_sha256', '–'))}</code>"),
     ]
     sha = (files.run.get("model") or {}).get("sha256")
@@ -789,7 +801,8 @@ def _pareto_intervals(pareto: Any) -> pd.DataFrame | None:
     plan from before issue 32, which has no intervals)."""
     rows = [
         {"float_sites": p.get("float_sites"), "value": p.get("value"), "low": p["interval"].get("low"),
-         "high": p["interval"].get("high"), "search_value": p.get("search_value")}
+         "high": p["interval"].get("high"), "search_value": p.get("search_value"),
+         **{k: p[k] for k in ("estimated_ms", "extra_ms") if k in p}}
         for p in pareto or [] if isinstance(p, Mapping) and isinstance(p.get("interval"), Mapping)
     ]
     return pd.DataFrame(rows) if rows else None
@@ -807,6 +820,28 @@ def _pareto_points(pareto: Any) -> list[tuple[float, float]]:
         if np.isfinite(n) and np.isfinite(v):
             points.append((n, v))
     return sorted(points)
+
+
+def _pareto_ms_points(pareto: Any) -> list[tuple[float, float]]:
+    """[(estimated ms, metric)] of the Pareto points plan.json priced (empty for a plan without a [cost]
+    table behind it, or from before issue 39)."""
+    points = []
+    for p in pareto or []:
+        if isinstance(p, Mapping):
+            ms, v = num(p.get("estimated_ms")), num(p.get("value"))
+            if np.isfinite(ms) and np.isfinite(v):
+                points.append((ms, v))
+    return sorted(points)
+
+
+def _board_time_fact(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The plan's estimated board time and its extra over all-int8, as a plan-card row (none when unpriced)."""
+    ms, extra = num(plan.get("estimated_ms")), num(plan.get("extra_ms"))
+    board = plan.get("board_time")
+    if not np.isfinite(ms) or not isinstance(board, Mapping):
+        return []
+    over = f" ({extra:+.3f} ms over all-int8)" if np.isfinite(extra) else ""
+    return [(f"board time on {board.get('profile', '?')}", esc(f"{ms:.3f} ms{over}, estimated"))]
 
 
 # ------------------------------------------------------------------------------------------ about

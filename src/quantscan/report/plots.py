@@ -404,6 +404,42 @@ def pareto_figure(plan: Mapping[str, Any], points: Sequence[tuple[float, float]]
     return fig
 
 
+def cost_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (ms, value) points no other point beats on both axes (no faster point is at least as accurate),
+    fastest first: the plans worth their time."""
+    front: list[tuple[float, float]] = []
+    for ms, value in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or value > front[-1][1]:
+            front.append((ms, value))
+    return front
+
+
+def cost_pareto_figure(plan: Mapping[str, Any], points: Sequence[tuple[float, float]]) -> Figure:
+    """Held-out accuracy against estimated board time, one dot per Pareto point of the site search: the
+    fewest-sites curve is not the cheapest, since sites differ in what they cost at the fallback precision."""
+    target = plan.get("target") or {}
+    metric = str(target.get("metric", "cosine"))
+    board = plan.get("board_time") or {}
+    fig, (ax,) = figure(8, 3.2)
+    xs, ys = zip(*points, strict=True)
+    ax.plot(xs, ys, "o", color=COLORS["cum"], ms=4, alpha=0.5, label="Pareto points of the site search")
+    fx, fy = zip(*cost_front(points), strict=True)
+    ax.step(fx, fy, where="post", color=COLORS["cum"], lw=1.4, label="front in accuracy x time")
+    int8_ms, int8_value = num(board.get("int8_ms")), metric_value(plan.get("all_int8"), metric)
+    if np.isfinite(int8_ms) and np.isfinite(int8_value):
+        ax.plot([int8_ms], [int8_value], "s", ms=6, color=COLORS["iso"], label=f"all int8 {int8_ms:.3g} ms")
+    goal = num(target.get("value"))
+    if np.isfinite(goal):
+        ax.axhline(goal, color=COLORS["sens"], ls="--", lw=1, label=f"target {goal:.7g}")
+    chosen_ms, achieved = num(plan.get("estimated_ms")), metric_value(plan.get("achieved"), metric)
+    if np.isfinite(chosen_ms) and np.isfinite(achieved):
+        ax.plot([chosen_ms], [achieved], "*", ms=12, color=COLORS["sens"], label="chosen plan")
+    ax.set_xlabel(f"board time on {board.get('profile', '?')}, ms (estimated, not measured)", fontsize=8)
+    ax.set_ylabel(f"output {metric}", fontsize=8)
+    ax.legend(fontsize=7, frameon=False, loc="best")
+    return fig
+
+
 def spread_figure(spread: pd.DataFrame, tolerance: float) -> Figure:
     """calib-advice: the scales' bootstrap spread against the number of calibration samples."""
     n = spread["n"].to_numpy(float)
