@@ -10,10 +10,11 @@ agreement and character error rate for recognisers), `decoder` (the token sequen
 decoder, greedy until its end token, for a Loop that feeds its ArgMax back), `mask` (IoU of the
 thresholded score map for segmentation and DB-style text detectors), `heatmap` (peak-location agreement
 and per-channel figures of multi-channel score maps, NCHW or NHWC), `box` (matched-box agreement for
-detection heads, after a documented decode and NMS written out in numpy), `none`; `--metric
+detection heads, after a documented decode and NMS written out in numpy), `lm` (a language model's
+decode step: next-token agreement and the perplexity ratio on the true next tokens), `none`; `--metric
 module:function` adds a plugin that returns named sums per batch.
 
-One task per module: `base`, `classify`, `ctc`, `decoder`, `mask`, `heatmap`, `box`, `plugin`, `choose`; `groups`
+One task per module: `base`, `classify`, `ctc`, `decoder`, `mask`, `heatmap`, `box`, `lm`, `plugin`, `choose`; `groups`
 (`--channel-groups`: an output's channels measured per named group) goes beside any of them.
 """
 
@@ -48,6 +49,7 @@ from quantscan.taskmetrics.ctc import (
 from quantscan.taskmetrics.decoder import DecoderAccumulator, TokenTable, decode_tokens, token_table
 from quantscan.taskmetrics.groups import ChannelGroupAccumulator, ChannelGroups, parse_channel_groups
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator, heatmap_layout
+from quantscan.taskmetrics.lm import LmAccumulator, true_token_nll
 from quantscan.taskmetrics.mask import DEFAULT_MASK_THRESHOLD, MaskIouAccumulator
 from quantscan.taskmetrics.plugin import MetricFunction, PluginAccumulator, load_plugin
 
@@ -66,6 +68,7 @@ __all__ = [
     "DEFAULT_NMS_IOU",
     "HeatmapAccumulator",
     "LABEL_FILE",
+    "LmAccumulator",
     "MaskIouAccumulator",
     "MetricFunction",
     "PluginAccumulator",
@@ -96,6 +99,7 @@ __all__ = [
     "parse_channel_groups",
     "ratio",
     "token_table",
+    "true_token_nll",
     "yolox_grid",
     "yolox_grid_count",
 ]

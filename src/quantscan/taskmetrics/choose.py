@@ -12,6 +12,7 @@ from quantscan.taskmetrics.classify import ClassifyAccumulator
 from quantscan.taskmetrics.ctc import Charset, CtcAccumulator
 from quantscan.taskmetrics.decoder import DecoderAccumulator, TokenTable, token_table
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator
+from quantscan.taskmetrics.lm import LmAccumulator
 from quantscan.taskmetrics.mask import MaskIouAccumulator
 
 
@@ -58,6 +59,8 @@ def make_accumulator(task: str, charset: Charset | None, threshold: float,
         return DecoderAccumulator(_token_table(charset, shape))
     if task == "mask":
         return MaskIouAccumulator(threshold)
+    if task == "lm":  # never auto-detected: a decode step's logits look like a classifier's
+        return LmAccumulator()
     if task == "heatmap":  # never auto-detected: a multi-channel map may as well be a feature map
         return HeatmapAccumulator()
     if task == "box":
