@@ -135,3 +135,11 @@ def test_scan_carries_the_kv_cache_and_measures_the_lm_task(tmp_path: Path) -> N
     assert 0.5 <= figures["next_token_agreement"] <= 1.0
     assert figures["perplexity_ratio"] == pytest.approx(figures["perplexity"] / figures["fp32_perplexity"])
     assert [s.name for s in graph_inputs(read_model_file(LM))][:2] == ["input_ids", "position"]
+
+
+def test_bisect_can_target_next_token_agreement() -> None:
+    from quantscan.bisect.targets import TASK_OF, gain_key, parse_target
+
+    target = parse_target("next_token=0.98")
+    assert (target.key, target.value) == ("next_token_agreement", 0.98)
+    assert TASK_OF[target.key] == "lm" and gain_key(target) == "cosine"  # sites ordered by cosine gain

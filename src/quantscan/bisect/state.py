@@ -49,8 +49,9 @@ METRICS = {
     "mask_iou": "mask_iou",
     "box": "box_agreement",
     "peak": "peak_agreement",
+    "next_token": "next_token_agreement",
 }
-"""Target metric name -> key in an output-metrics row (analyze.output_row spelling; the last five are
+"""Target metric name -> key in an output-metrics row (analyze.output_row spelling; the last six are
 task metrics, see quantscan.taskmetrics)."""
 FALLBACKS: tuple[str, ...] = tuple(p.value for p in Precision)
 """The precisions a site not kept int8 can get (`--fallback`)."""
