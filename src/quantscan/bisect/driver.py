@@ -415,7 +415,7 @@ def _load_inputs(
         given_input_specs(loaded.inputs, options.get("input_shape") or {}, options.get("input_dims") or ()),
         preprocess=options.get("preprocess"),
         overrides=options.get("preprocess_overrides") or {},
-        consts=state_consts(options.get("state") or {}, options.get("const") or {}),
+        consts=state_consts(options.get("state") or {}, options.get("const") or {}, calib),
         limit=options.get("limit"),
     )
     identity = calibration_identity(cset.source, cset.files, cset.n_samples)

@@ -234,7 +234,7 @@ def _load_phase(
     ensure_float_model(loaded)
     cset, eval_set = sample_sets(loaded, calib, opts)
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
-    dims, fixed_batch = dims_from_data(loaded, cset, opts.input_shape, state_consts(opts.state, opts.const))
+    dims, fixed_batch = dims_from_data(loaded, cset, opts.input_shape, state_consts(opts.state, opts.const, calib))
     dims, fixed_batch = apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
     check_eval_shapes(eval_set, cset, dims)
     if opts.state and fixed_batch is None and any(s.shape and not isinstance(s.shape[0], int) for s in loaded.inputs):

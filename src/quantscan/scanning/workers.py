@@ -130,7 +130,7 @@ def reopenable(calib: str | Path | CalibSet) -> str | Path:
 def sample_source(path: str | Path, inputs: Sequence[InputSpec], opts: ScanOptions) -> SampleSource:
     """A sample set as a worker can reopen it."""
     return SampleSource(Path(path), list(inputs), opts.preprocess, dict(opts.preprocess_overrides),
-                        state_consts(opts.state, opts.const), opts.limit)
+                        state_consts(opts.state, opts.const, path), opts.limit)
 
 
 @dataclass
