@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantscan.device.dumps import DumpSet
+from quantscan.device.dumpset import DumpSet
 from quantscan.errors import UsageError
 
 _QUANT_KEYS = ("_scale", "_zero_point")
