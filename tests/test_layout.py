@@ -134,6 +134,45 @@ def test_no_import_cycles_in_the_package() -> None:
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle or [])
 
 
+def _runtime_import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports, function-level imports included (`_runtime_imports`)."""
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        edges: set[str] = set()
+        for node in _runtime_imports(tree):
+            edges |= _targets(name, node, path.name == "__init__.py", known)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def test_no_module_cycle_counting_imports_inside_functions() -> None:
+    """An import inside a function hides a cycle from the module-level check but not from the reader:
+    two modules that import each other, even lazily, are one (issue 41 closed fix_dim/freeze_input,
+    rknn hybrid/run and the dump readers). A lazy import for speed stays fine where it forms no cycle."""
+    graph = _runtime_import_graph()
+    for a, b in WAITING_CYCLES:  # left out only while the cut is not made; each one stays a cycle today
+        assert a in graph[b] and b in graph[a], f"{a} <-> {b} is closed: drop it from WAITING_CYCLES"
+        graph[b].discard(a)
+    cycle = _find_cycle(graph)
+    assert cycle is None, "module cycle through an import inside a function: " + " -> ".join(cycle or [])
+
+
+WAITING_CYCLES = (("quantscan.toolchains.rknn.hybrid", "quantscan.toolchains.rknn.run"),)
+"""rknn's hybrid step imports run.py's helpers and run.apply_plan imports the hybrid: the cut (the helpers
+into their own module) lands with the toolchain-folder move of issue 41 item 4, which reshapes rknn/."""
+
+
+def test_the_runtime_graph_sees_imports_inside_functions() -> None:
+    """The check above is not vacuous: the CLI imports the commands' modules inside its functions."""
+    graph = _runtime_import_graph()
+    lazy = {m for m in graph if m.startswith("quantscan.cli")}
+    assert any(graph[m] - _import_graph()[m] for m in lazy)
+
+
 def _importers_of(top: str) -> set[str]:
     found = set()
     for name, path in _modules().items():
