@@ -153,17 +153,8 @@ def test_no_module_cycle_counting_imports_inside_functions() -> None:
     """An import inside a function hides a cycle from the module-level check but not from the reader:
     two modules that import each other, even lazily, are one (issue 41 closed fix_dim/freeze_input,
     rknn hybrid/run and the dump readers). A lazy import for speed stays fine where it forms no cycle."""
-    graph = _runtime_import_graph()
-    for a, b in WAITING_CYCLES:  # left out only while the cut is not made; each one stays a cycle today
-        assert a in graph[b] and b in graph[a], f"{a} <-> {b} is closed: drop it from WAITING_CYCLES"
-        graph[b].discard(a)
-    cycle = _find_cycle(graph)
+    cycle = _find_cycle(_runtime_import_graph())
     assert cycle is None, "module cycle through an import inside a function: " + " -> ".join(cycle or [])
-
-
-WAITING_CYCLES = (("quantscan.toolchains.rknn.hybrid", "quantscan.toolchains.rknn.run"),)
-"""rknn's hybrid step imports run.py's helpers and run.apply_plan imports the hybrid: the cut (the helpers
-into their own module) lands with the toolchain-folder move of issue 41 item 4, which reshapes rknn/."""
 
 
 def test_the_runtime_graph_sees_imports_inside_functions() -> None:
