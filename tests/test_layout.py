@@ -302,7 +302,8 @@ HOMONYMS = {
     "rank": ("quantscan.compat",),  # a tensor's rank among a chip profile's parameters
     # the model's input contract in run.json and extract.json, the vendor job's inputs
     "inputs": ("quantscan.records", "quantscan.runfolder", "quantscan.report.html", "quantscan.toolchains",
-               "quantscan.extract", "quantscan.prefixes"),  # prefixes.json: the model's input names
+               "quantscan.extract", "quantscan.cut", "quantscan.repro", "quantscan.shrink",
+               "quantscan.prefixes"),  # prefixes.json: the model's input names
 }
 """Column names that also name a different field elsewhere: those modules may spell the other field."""
 
