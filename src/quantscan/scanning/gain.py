@@ -30,6 +30,7 @@ import pandas as pd
 
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
+from quantscan import quant
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
 from quantscan.errors import UsageError
@@ -39,7 +40,7 @@ from quantscan.records import ActivationScheme, Precision
 from quantscan.runner import Runner
 from quantscan.scanning.evaluate import output_row
 from quantscan.scanning.options import ProgressFactory, no_progress
-from quantscan.scanning.ort_recipe import RECIPE, int16_activations
+from quantscan.scanning.ort_recipe import RECIPE, int16_activations, range_settings
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.scanning.tasks import task_results
@@ -92,7 +93,19 @@ def mixed_builder(ctx: ScanContext, fallback: str = "float") -> MixedBuilder:
         fallback=fallback,
         int16_scheme=_int16_scheme(ctx),
         quantize_static_rules=ctx.chip.recipe == RECIPE,
+        unset_ranges=_unset_ranges(ctx, proto) if ctx.chip.recipe == RECIPE else None,
     )
+
+
+def _unset_ranges(ctx: ScanContext, proto: onnx.ModelProto) -> dict[str, tuple[str, quant.QParams]]:
+    """Under the onnxruntime recipe, what each range-setting site's tensor is quantized with when the site
+    is excluded: its own calibrated range at the call's 8-bit scheme (ort_recipe.range_settings)."""
+    scheme = "uint8" if ctx.chip.activations == ActivationScheme.UINT8 else "int8"
+    out = {}
+    for node, tensor in range_settings(proto, ctx.graph.sites).items():
+        rmin, rmax = _calibrated_range(ctx, tensor)
+        out[node] = (tensor, quant.activation_qparams(rmin, rmax, scheme))
+    return out
 
 
 def realised_builder(builder: MixedBuilder, factors: Mapping[str, float]) -> MixedBuilder:
