@@ -25,8 +25,9 @@ from quantscan.scanning.prepare import prepare_scan
 TOLERANCE = 2e-4
 
 
-def quantize_static_cosine(model: Path, calib: Path, out: Path, exclude: list[str]) -> float:
-    """Output cosine of quantize_static's model (QDQ, QUInt8, per-channel QInt8, MinMax) against FP32."""
+def quantize_static_cosine(model: Path, calib: Path, out: Path, exclude: list[str], symmetric: bool = False) -> float:
+    """Output cosine of quantize_static's model (QDQ, QUInt8 or with `symmetric` QInt8 ActivationSymmetric,
+    per-channel QInt8 weights, MinMax) against FP32."""
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
@@ -43,8 +44,9 @@ def quantize_static_cosine(model: Path, calib: Path, out: Path, exclude: list[st
 
     quantize_static(
         str(model), str(out), Reader(),  # type: ignore[arg-type]
-        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-        per_channel=True, calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=exclude,
+        quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
+        weight_type=QuantType.QInt8, per_channel=True, calibrate_method=CalibrationMethod.MinMax,
+        nodes_to_exclude=exclude, extra_options={"ActivationSymmetric": symmetric},
     )
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -59,9 +61,9 @@ def quantize_static_cosine(model: Path, calib: Path, out: Path, exclude: list[st
     return sxy / np.sqrt(sxx * syy)
 
 
-def measured_gains(model: Path, calib: Path) -> dict[str, float]:
+def measured_gains(model: Path, calib: Path, activations: str | None = None) -> dict[str, float]:
     """quantscan's gain_if_float_cosine of every site under --profile onnxruntime (one pass)."""
-    ctx = prepare_scan(model, calib, profile="onnxruntime", threads=2)
+    ctx = prepare_scan(model, calib, profile="onnxruntime", threads=2, activations=activations)
     table = compute_gain(ctx, mixed_builder(ctx)).table
     return dict(zip(table["node"], table["gain_if_float_cosine"], strict=True))
 
@@ -90,17 +92,20 @@ def relu_chain() -> onnx.ModelProto:
     return model
 
 
-def test_excluded_relu_gain_is_quantize_statics(tmp_path: Path) -> None:
-    """Was +0 (the Relu's exclusion changed nothing in the simulation); quantize_static loses half the
-    Conv output's levels to its negative range."""
+@pytest.mark.parametrize("activations", ["uint8", "int8"])
+def test_excluded_relu_gain_is_quantize_statics(tmp_path: Path, activations: str) -> None:
+    """Was +0 (the Relu's exclusion changed nothing in the simulation); quantize_static loses most of the
+    Conv output's levels to its negative range. uint8: the Relu is removed (its producer writes through the
+    pair); int8 (ActivationSymmetric): the Relu stays quantized, its input at the Relu's output range."""
     model = tmp_path / "relu_chain.onnx"
     onnx.save(relu_chain(), model)
     calib = tmp_path / "calib"
     calib.mkdir()
     np.save(calib / "x.npy", np.random.default_rng(1).normal(0, 1, (8, 3, 8, 8)).astype(np.float32))
-    gains = measured_gains(model, calib)
-    base = quantize_static_cosine(model, calib, tmp_path / "all.onnx", [])
-    excluded = quantize_static_cosine(model, calib, tmp_path / "relu.onnx", ["relu1"])
+    gains = measured_gains(model, calib, activations)
+    symmetric = activations == "int8"
+    base = quantize_static_cosine(model, calib, tmp_path / "all.onnx", [], symmetric)
+    excluded = quantize_static_cosine(model, calib, tmp_path / "relu.onnx", ["relu1"], symmetric)
     assert excluded < base - 10 * TOLERANCE  # the oracle sees a loss: the case is not vacuous
     assert gains["relu1"] == pytest.approx(excluded - base, abs=TOLERANCE)
 
@@ -110,7 +115,7 @@ def chosen_sites(gains: dict[str, float], extra: tuple[str, ...]) -> list[str]:
     ranked = sorted(gains, key=lambda n: -gains[n])
     rest = [n for n in ranked[3:] if n not in extra]
     picked = np.random.default_rng(38).choice(len(rest), size=2, replace=False)
-    return [*ranked[:3], *(rest[i] for i in picked), *extra]
+    return list(dict.fromkeys([*ranked[:3], *(rest[i] for i in picked), *extra]))
 
 
 @pytest.mark.real
