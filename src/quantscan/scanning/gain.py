@@ -120,7 +120,13 @@ def realised_builder(builder: MixedBuilder, factors: Mapping[str, float]) -> Mix
         for t, qp in builder.base_plan.activations.items()
     }
     plan = qgraph.QuantPlan(activations=acts, weights=builder.base_plan.weights, biases=builder.base_plan.biases)
-    return builder.with_plan(plan)
+    twin = builder.with_plan(plan)
+    # a range-setting site's own range moves with its tensor's factor (1 for a tensor the plan never quantizes)
+    twin.unset_ranges = {
+        node: (t, replace(qp, scale=(qp.scale * factors.get(t, 1.0)).astype(qp.scale.dtype)))
+        for node, (t, qp) in builder.unset_ranges.items()
+    }
+    return twin
 
 
 def _calibrated_range(ctx: ScanContext, tensor: str) -> tuple[float, float]:
