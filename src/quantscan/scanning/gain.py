@@ -513,7 +513,11 @@ def sensitivity_order(table: pd.DataFrame, key: str, broad: float = 0.0) -> list
     """Most helpful site first: gain in the target metric, then cosine gain, then graph order.
 
     `broad` > 0 (a robust bisection, bisect/robust.py) ranks a cosine gain by gain - broad x its jackknife
-    standard error: a gain carried by a few samples is the kind that does not transfer to a chip."""
+    standard error: a gain carried by a few samples is the kind that does not transfer to a chip.
+    With `loss_if_only` measured (bisect --loss-if-only) a site ranks by the larger of its gain and its
+    loss if it alone is int8 (issue 38: PicoDet's `p2o.Conv.4` costs 0.12 alone, yet every gain is
+    <= 0.021: a loss that shows only beside other int8 sites); not for an SQNR target, whose
+    loss_if_only column holds the SQNR itself."""
     short = _short(key)
 
     def score(value: Any) -> float:
@@ -523,7 +527,8 @@ def sensitivity_order(table: pd.DataFrame, key: str, broad: float = 0.0) -> list
     def gain(r: Mapping[str, Any]) -> float:
         value = score(r.get(f"gain_if_float_{short}", math.nan))
         stderr = float(r.get(Col.GAIN_IF_FLOAT_COSINE_STDERR, math.nan))
-        return value - broad * stderr if broad > 0 and short == "cosine" and math.isfinite(stderr) else value
+        value = value - broad * stderr if broad > 0 and short == "cosine" and math.isfinite(stderr) else value
+        return value if short == "sqnr_db" else max(value, score(r.get(Col.LOSS_IF_ONLY, math.nan)))
 
     ranked = sorted(
         table.to_dict("records"),
