@@ -330,12 +330,15 @@ def _calibration_phase(
     check_task_specs(inputs.prepared.proto, headline_outputs(placed.probe, opts.output), placed.probe.shapes,
                      placed.probe.input_shapes, opts)
     calib_stats = None
+    observed = placed.origins
+    if placed.recipe is not None:  # ranges a float Relu/Clip/Softmax leaves their tensor (ort_recipe.range_settings)
+        observed = {**{t: t for t in placed.recipe.own_ranges}, **placed.origins}
     if calibrate_with is not None:
-        calib_stats = calibrate_with(inputs.prepared, placed.sites, placed.origins, inputs.cset, placed.batch_size,
+        calib_stats = calibrate_with(inputs.prepared, placed.sites, observed, inputs.cset, placed.batch_size,
                                      inputs.runner, opts, scheme, placed.probe, inputs.loaded.inputs)
     if calib_stats is None:
         calib_stats = calibrate(
-            inputs.prepared, placed.sites, placed.origins, inputs.cset, placed.batch_size, inputs.runner,
+            inputs.prepared, placed.sites, observed, inputs.cset, placed.batch_size, inputs.runner,
             opts.calib_method, scheme, progress, placed.probe.shapes, placed.probe.input_shapes,
         )
     plan_warnings: list[str] = []
