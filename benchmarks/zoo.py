@@ -225,7 +225,14 @@ def ultralytics_export(entry: dict[str, Any], cache: Path, out: Path) -> None:
             raise SystemExit(f"{entry['name']}: export failed:\n{proc.stderr[-2000:]}")
 
 
-DERIVERS = {"torch_bert": torch_bert, "quantize_static": quantize_static_qdq, "ultralytics": ultralytics_export}
+def repo_file(entry: dict[str, Any], cache: Path, out: Path) -> None:
+    """A model trained here and committed (`derive.path`, written by `derive.script`): the char GPT
+    decode step, whose training text the stdlib ships and whose weights no wheel does."""
+    out.write_bytes((REPO / entry["derive"]["path"]).read_bytes())
+
+
+DERIVERS = {"torch_bert": torch_bert, "quantize_static": quantize_static_qdq, "ultralytics": ultralytics_export,
+            "repo_file": repo_file}
 
 
 def _asset_copy(entry: dict[str, Any]) -> bytes | None:
@@ -468,8 +475,37 @@ def sentences(spec: dict[str, Any], cache: Path, folder: Path) -> None:
                  token_type_ids=np.zeros_like(row))
 
 
+def lm_text(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """Real text through a decoder LM's decode step: the held-out help() topics of the stdlib (the text
+    benchmarks/train_lm.py never trained on), run by the FP32 model with its cache carried; steps
+    `skip` .. `skip`+`steps`-1 as .npz files (input_ids, position, past.N) and labels.json with each
+    step's true next character (zoo_export_lm.write_steps)."""
+    exporter = _load_script(HERE / "zoo_export_lm.py")
+    _, held = exporter.corpus()
+    digest = hashlib.sha256(held.encode()).hexdigest()
+    if digest != spec["text_sha256"]:
+        print(f"zoo: lm_text: this Python's help() topics differ from the pinned ones ({digest}): "
+              "the calibration text is this Python's", file=sys.stderr)
+    exporter.write_steps(str(REPO / spec["model"]), exporter.encode(held), folder, int(spec["skip"]),
+                         int(spec["steps"]))
+
+
+def _load_script(path: Path) -> Any:
+    """A benchmarks/ module loaded from its file (benchmarks/ is not put on sys.path: its bisect.py would
+    shadow the stdlib's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 RECIPES = {"photos": photos, "sentences": sentences, "lines": lines, "asset": asset, "speech16k": speech16k,
-           "clips16k": clips16k, "audio22k": audio22k, "bytes": file_bytes, "names": names, "tashkeel": tashkeel}
+           "clips16k": clips16k, "audio22k": audio22k, "bytes": file_bytes, "names": names, "tashkeel": tashkeel,
+           "lm_text": lm_text}
 
 
 def build_calib(entry: dict[str, Any], cache: Path) -> Path:

@@ -1,8 +1,8 @@
 """Streaming comparison of an FP32 reference tensor with its quantized counterpart.
 
 Pure numpy. Every accumulator keeps float64 running sums only, so memory does not grow with the
-number of samples, and feeding batches one at a time gives the same pooled numbers as feeding their
-concatenation (up to float64 summation order).
+number of samples. Sums across batches and shards are compensated (sums.CompensatedSum), so feeding
+batches one at a time, or merging shards of them in any split, gives the same float64 bytes.
 
 Definitions (x = FP32 reference, y = quantized/test, d = x - y; "pooled" sums run over every element
 of every sample):
@@ -43,6 +43,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
+
+from quantscan.sums import CompensatedSum
 
 F64 = NDArray[np.float64]
 SQNR_CAP_DB = 120.0
@@ -152,13 +154,13 @@ class ErrorAccumulator:
         """Elements of samples left out because their float32 sums overflowed although every value was
         finite (|x| > ~1.8e19, e.g. a float-min mask): not NaN/Inf in the data (see update_sums)."""
         self.samples = 0
-        self._sxy = 0.0
-        self._sxx = 0.0
-        self._syy = 0.0
-        self._sdd = 0.0
+        self._sxy = CompensatedSum()
+        self._sxx = CompensatedSum()
+        self._syy = CompensatedSum()
+        self._sdd = CompensatedSum()
         self._max_abs = 0.0
         self._worst_cos = math.inf
-        self._sum_cos = 0.0
+        self._sum_cos = CompensatedSum()
         self._worst_sqnr = math.inf
         self.values_per_sample = 0
         """The most values one sample holds: at 1 (an [N, 1] score) a per-sample cosine is the sign
@@ -183,10 +185,7 @@ class ErrorAccumulator:
         for start in range(0, m, step):
             self._add_block(xs[:, start : start + step], ys[:, start : start + step], sums, counts)
         self.count += int(counts.sum())
-        self._sxy += float(sums[0].sum())
-        self._sxx += float(sums[1].sum())
-        self._syy += float(sums[2].sum())
-        self._sdd += float(sums[3].sum())
+        self._add_pooled(sums[0], sums[1], sums[2], sums[3])
         self._update_samples(sums[0], sums[1], sums[2], sums[3], counts > 0)
 
     def _add_block(self, ref: np.ndarray, test: np.ndarray, sums: F64, counts: NDArray[np.int64]) -> None:
@@ -235,12 +234,16 @@ class ErrorAccumulator:
         if not ok.any():
             return
         self.count += int(ok.sum()) * elements_per_sample
-        self._sxy += float(a_xy[ok].sum())
-        self._sxx += float(a_xx[ok].sum())
-        self._syy += float(a_yy[ok].sum())
-        self._sdd += float(a_dd[ok].sum())
+        self._add_pooled(a_xy[ok], a_xx[ok], a_yy[ok], a_dd[ok])
         self._max_abs = max(self._max_abs, float(a_max[ok].max()))
         self._update_samples(a_xy, a_xx, a_yy, a_dd, ok)
+
+    def _add_pooled(self, sxy: F64, sxx: F64, syy: F64, sdd: F64) -> None:
+        """Add a batch's per-sample sums to the pooled ones, one term per sample: the batch size and the
+        shard split change with `--workers`, a sample's own sums do not, and the compensated sums make
+        the order in which the terms arrive not matter."""
+        for pooled, per_sample in ((self._sxy, sxy), (self._sxx, sxx), (self._syy, syy), (self._sdd, sdd)):
+            pooled.add_all(per_sample)
 
     def _update_samples(self, sxy: F64, sxx: F64, syy: F64, sdd: F64, seen: NDArray[np.bool_]) -> None:
         """Per-sample cosine / SQNR; samples without a finite element do not count."""
@@ -249,26 +252,26 @@ class ErrorAccumulator:
         cos = cosine_from_sums(sxy[seen], sxx[seen], syy[seen])
         sqnr = sqnr_db_from_sums(sxx[seen], sdd[seen])
         self.samples += int(cos.size)
-        self._sum_cos += float(cos.sum())
+        self._sum_cos.add_all(cos)
         self._worst_cos = min(self._worst_cos, float(cos.min()))
         self._worst_sqnr = min(self._worst_sqnr, float(sqnr.min()))
 
     def merge(self, other: ErrorAccumulator) -> None:
         """Add another accumulator's samples (a disjoint shard, `--workers`): every figure is a sum,
-        a count, a max or a min, so the merge equals one pass over both up to float64 rounding."""
+        a count, a max or a min, and the sums are compensated, so the merge gives the bytes one pass over
+        both gives, whatever the split."""
         self.count += other.count
         self.nonfinite_ref += other.nonfinite_ref
         self.nonfinite_test += other.nonfinite_test
         self.overflow += other.overflow
         self.samples += other.samples
         self.values_per_sample = max(self.values_per_sample, other.values_per_sample)
-        self._sxy += other._sxy
-        self._sxx += other._sxx
-        self._syy += other._syy
-        self._sdd += other._sdd
+        for mine, theirs in ((self._sxy, other._sxy), (self._sxx, other._sxx), (self._syy, other._syy),
+                             (self._sdd, other._sdd)):
+            mine.merge(theirs)
         self._max_abs = max(self._max_abs, other._max_abs)
         self._worst_cos = min(self._worst_cos, other._worst_cos)
-        self._sum_cos += other._sum_cos
+        self._sum_cos.merge(other._sum_cos)
         self._worst_sqnr = min(self._worst_sqnr, other._worst_sqnr)
 
     def _or_nan(self, value: float) -> float:
@@ -276,15 +279,15 @@ class ErrorAccumulator:
 
     @property
     def cosine(self) -> float:
-        return self._or_nan(float(cosine_from_sums(self._sxy, self._sxx, self._syy)))
+        return self._or_nan(float(cosine_from_sums(self._sxy.value, self._sxx.value, self._syy.value)))
 
     @property
     def sqnr_db(self) -> float:
-        return self._or_nan(float(sqnr_db_from_sums(self._sxx, self._sdd)))
+        return self._or_nan(float(sqnr_db_from_sums(self._sxx.value, self._sdd.value)))
 
     @property
     def mse(self) -> float:
-        return self._sdd / self.count if self.count else math.nan
+        return self._sdd.value / self.count if self.count else math.nan
 
     @property
     def max_abs(self) -> float:
@@ -292,11 +295,12 @@ class ErrorAccumulator:
 
     @property
     def rel_l2(self) -> float:
-        if self._sdd == 0:
+        sdd, sxx = self._sdd.value, self._sxx.value
+        if sdd == 0:
             return self._or_nan(0.0)
-        if self._sxx == 0:
+        if sxx == 0:
             return math.inf
-        return math.sqrt(self._sdd) / math.sqrt(self._sxx)
+        return math.sqrt(sdd) / math.sqrt(sxx)
 
     def _per_sample_cosines(self) -> bool:
         return bool(self.samples) and self.values_per_sample != 1
@@ -307,7 +311,7 @@ class ErrorAccumulator:
 
     @property
     def mean_sample_cosine(self) -> float:
-        return self._sum_cos / self.samples if self._per_sample_cosines() else math.nan
+        return self._sum_cos.value / self.samples if self._per_sample_cosines() else math.nan
 
     @property
     def worst_sample_sqnr_db(self) -> float:
@@ -342,12 +346,12 @@ class ChannelErrorAccumulator:
 
     def __init__(self, axis: int) -> None:
         self.axis = axis
-        self._sxx: F64 | None = None
-        self._sdd: F64 | None = None
+        self._sums: tuple[CompensatedSum, CompensatedSum] | None = None
+        """Σx² and Σd² per channel, compensated so that shards merge to the same bytes in any split."""
 
     @property
     def channels(self) -> int:
-        return 0 if self._sxx is None else int(self._sxx.size)
+        return 0 if self._sums is None else int(self._sums[0].hi.size)
 
     def update(self, ref: np.ndarray, test: np.ndarray) -> None:
         """Add one batch; non-finite pairs are skipped as in :class:`ErrorAccumulator`."""
@@ -355,50 +359,56 @@ class ChannelErrorAccumulator:
             raise ValueError(f"reference shape {np.shape(ref)} != test shape {np.shape(test)}")
         x, y, _, _, _ = _finite_pair(_as_float64(ref), _as_float64(test))
         axis = _normalize_axis(self.axis, x.ndim)
-        others = tuple(i for i in range(x.ndim) if i != axis)
         d = x - y
-        sxx = np.sum(x * x, axis=others)
-        sdd = np.sum(d * d, axis=others)
-        if self._sxx is None or self._sdd is None:
-            self._sxx, self._sdd = sxx, sdd
+        if axis == 0 or x.ndim < 2:  # the channels are the samples: one term for the batch
+            others = tuple(i for i in range(x.ndim) if i != axis)
+            self._add(np.sum(x * x, axis=others)[None], np.sum(d * d, axis=others)[None])
             return
-        if sxx.shape != self._sxx.shape:
-            raise ValueError(f"channel count changed from {self._sxx.size} to {sxx.size}")
-        self._sxx += sxx
-        self._sdd += sdd
+        others = tuple(i for i in range(1, x.ndim) if i != axis)  # one row of channel sums per sample
+        self._add(np.sum(x * x, axis=others), np.sum(d * d, axis=others))
 
     def update_sums(self, sxx: np.ndarray, sdd: np.ndarray) -> None:
-        """Add per-channel Σx² and Σ(x−y)² computed elsewhere (reductions inside the graph)."""
-        a_xx = np.asarray(sxx, dtype=np.float64).reshape(-1)
-        a_dd = np.asarray(sdd, dtype=np.float64).reshape(-1)
+        """Add per-channel Σx² and Σ(x−y)² computed elsewhere (reductions inside the graph): [C] for the
+        batch, or [N, C], one row per sample (then the batching does not change the bytes)."""
+        a_xx = np.asarray(sxx, dtype=np.float64)
+        a_dd = np.asarray(sdd, dtype=np.float64)
+        rows = a_xx.shape[0] if a_xx.ndim == 2 else 1
+        a_xx, a_dd = a_xx.reshape(rows, -1), a_dd.reshape(rows, -1)
         ok = np.isfinite(a_xx) & np.isfinite(a_dd)
-        a_xx, a_dd = np.where(ok, a_xx, 0.0), np.where(ok, a_dd, 0.0)
-        if self._sxx is None or self._sdd is None:
-            self._sxx, self._sdd = a_xx.copy(), a_dd.copy()
-            return
-        if a_xx.shape != self._sxx.shape:
-            raise ValueError(f"channel count changed from {self._sxx.size} to {a_xx.size}")
-        self._sxx += a_xx
-        self._sdd += a_dd
+        self._add(np.where(ok, a_xx, 0.0), np.where(ok, a_dd, 0.0))
+
+    def _add(self, sxx: F64, sdd: F64) -> None:
+        """Add [terms, C] rows of per-channel sums."""
+        if self._sums is None:
+            self._sums = (CompensatedSum(np.zeros(sxx.shape[1])), CompensatedSum(np.zeros(sdd.shape[1])))
+        if sxx.shape[1:] != self._sums[0].hi.shape:
+            raise ValueError(f"channel count changed from {self._sums[0].hi.size} to {sxx.shape[1]}")
+        self._sums[0].add_all(sxx)
+        self._sums[1].add_all(sdd)
 
     def merge(self, other: ChannelErrorAccumulator) -> None:
-        """Add another shard's per-channel sums (`--workers`)."""
-        if other._sxx is None or other._sdd is None:
+        """Add another shard's per-channel sums (`--workers`), exactly as its batches would have added."""
+        if other._sums is None:
             return
-        self.update_sums(other._sxx, other._sdd)
+        if self._sums is None:
+            self._sums = (CompensatedSum(other._sums[0].hi.copy()), CompensatedSum(other._sums[1].hi.copy()))
+            self._sums[0].lo, self._sums[1].lo = other._sums[0].lo.copy(), other._sums[1].lo.copy()
+            return
+        self._sums[0].merge(other._sums[0])
+        self._sums[1].merge(other._sums[1])
 
     def per_channel_sqnr_db(self) -> F64:
         """SQNR per channel (inf for error-free channels, -inf for all-zero reference with error)."""
-        if self._sxx is None or self._sdd is None:
+        if self._sums is None:
             return np.zeros(0, dtype=np.float64)
-        return sqnr_db_from_sums(self._sxx, self._sdd)
+        return sqnr_db_from_sums(self._sums[0].value, self._sums[1].value)
 
     @property
     def worst_channel_sqnr_db(self) -> float:
         """Minimum SQNR over channels that carry signal (Σx² > 0); NaN when none does."""
-        if self._sxx is None:
+        if self._sums is None:
             return math.nan
-        live = self._sxx > 0
+        live = self._sums[0].value > 0
         if not live.any():
             return math.nan
         return float(self.per_channel_sqnr_db()[live].min())

@@ -56,6 +56,24 @@ def test_a_given_start_value_is_the_first_state(tmp_path: Path) -> None:
     assert [float(s["s"][0, 0]) for s in stateful.samples()][:3] == [10.0, 11.0, 14.0]
 
 
+def test_a_state_the_folder_stores_starts_the_stream(tmp_path: Path) -> None:
+    """A folder cut from the middle of a stream (a decoder LM's KV cache, stored with each step) starts
+    from its first file's stored state, not from zeros; later samples still get the carried one."""
+    for k, x in enumerate(X):
+        np.savez(tmp_path / f"{k:03d}.npz", x=x[None], s=np.full((1, 2), 100.0 + k, np.float32))
+    pairs = {"s_out": "s"}
+    consts = state_consts(pairs, {}, tmp_path)
+    assert consts == {}
+    cs = load_calibration(tmp_path, [spec("x", (1, 2)), spec("s", (1, 2))], consts=consts)
+    stateful = with_state(cs, pairs, lambda f: {"s_out": f["s"] + f["x"]})
+    fed = np.stack([s["s"][0] for s in stateful.samples()])
+    expected = 100.0 + np.concatenate([np.zeros((1, 2), np.float32), np.cumsum(X, axis=0)[:-1]])
+    np.testing.assert_array_equal(fed, expected)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert state_consts(pairs, {}, running_sum_folder(plain)) == {"s": 0.0}  # no stored state: zeros
+
+
 def test_bad_state_settings_are_usage_errors() -> None:
     assert parse_state(["stateN=state"]) == {"stateN": "state"}
     with pytest.raises(UsageError, match="OUT=IN"):

@@ -69,9 +69,9 @@ def tensor_folder(tmp_path: Path) -> Path:
 def test_compare_and_extract_use_the_one_sample_source() -> None:
     # import_module: `quantscan.compare` the attribute is the compare() function, not the module.
     compare_module = importlib.import_module("quantscan.compare")
-    extract_module = importlib.import_module("quantscan.extract")
     assert compare_module.data_source is source_module.data_source
-    assert extract_module.data_source is source_module.data_source
+    for extract_module in ("quantscan.cut", "quantscan.repro"):  # extract's cut and its saved inputs
+        assert importlib.import_module(extract_module).data_source is source_module.data_source
 
 
 def test_compare_and_extract_see_the_same_samples_for_the_same_folder(tmp_path: Path) -> None:

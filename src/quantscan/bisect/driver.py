@@ -45,17 +45,17 @@ from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.recurrent import state_consts
 from quantscan.columns import Col
 from quantscan.errors import UsageError
-from quantscan.executors import Executor, make_executor
+from quantscan.executors import Executor
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.model import LoadedModel, load_model
 from quantscan.records import Plan
 from quantscan.runfolder import jsonable, save_model
 from quantscan.runner import Runner
 from quantscan.scanning.gain import GainResult, compute_gain, mixed_builder, sensitivity_order
-from quantscan.scanning.options import MEASUREMENT_OPTIONS, ProgressFactory, ScanOptions, no_progress, worker_count
+from quantscan.scanning.options import MEASUREMENT_OPTIONS, ProgressFactory, ScanOptions, no_progress
 from quantscan.scanning.prepare import ScanContext, prepare_scan
 from quantscan.scanning.samples import given_input_specs
-from quantscan.scanning.workers import ShardedCalibration, executor_for
+from quantscan.scanning.workers import ShardedCalibration, executor_for, needs_executor
 
 
 @dataclass
@@ -163,7 +163,9 @@ def bisect_model(
     chain, judge = _toolchain_judge(split.search, builder, aim, rounding, (loaded, cset), toolchain, evaluator,
                                     verify)
     workers = int(options.get("workers") or 1)  # as asked: ctx.opts holds the processes pass 1 could use
-    executor = _search_executor(replace(ctx.opts, workers=workers), chain, isinstance(judge, ToolchainEvaluator))
+    search_opts, builds = replace(ctx.opts, workers=workers), isinstance(judge, ToolchainEvaluator)
+    executor = (executor_for(search_opts, builds=builds, tool=chain.tool if chain is not None else None)
+                if needs_executor(search_opts, builds=builds) else None)
     if isinstance(judge, ToolchainEvaluator):
         judge.pool.executor = executor
     try:
@@ -274,20 +276,6 @@ def _round_measure(run: _Search) -> Measure:
                            run.builder)
 
 
-def _search_executor(opts: ScanOptions, chain: Toolchain | None, builds: bool) -> Executor | None:
-    """Where the search's rounds (and `--verify`'s builds) run: none with one worker and no `--executor`
-    (one candidate after another here). When the search is toolchain builds (`builds`), they wait on
-    subprocesses, so locally they need no process pool: a serial executor runs them in threads. A local Ray
-    started here offers the toolchain's resource (its Python was found on this machine); a cluster's nodes
-    offer what they were started with."""
-    if opts.executor is None and opts.workers == 1:
-        return None
-    resources = {f"toolchain:{chain.tool}": float(opts.workers)} if chain is not None else None
-    name = "serial" if builds and opts.executor != "ray" else opts.executor
-    workers = worker_count(opts.workers) if name in (None, "process") else opts.workers
-    return make_executor(name, workers, threads=opts.threads, ray_address=opts.ray_address, resources=resources)
-
-
 def _checked_request(
     model: str | Path | None, calib: str | Path | None, fallback: str, mode: str
 ) -> tuple[str | Path, str | Path]:
@@ -329,7 +317,7 @@ def _prepare(loaded: LoadedModel, cset: CalibSet, calib: str | Path, progress: P
     """Load-to-calibration; with `--executor`/`--workers` > 1, pass 1's sample shards go through the
     executor seam as the scan's do (the search's steps stay here: each depends on the one before)."""
     opts = ScanOptions(**options).validate()
-    if opts.executor is None and worker_count(opts.workers) == 1:
+    if not needs_executor(opts):
         return prepare_scan(loaded, cset, progress=progress, runner=runner, opts=opts)
     executor = executor_for(opts)
     opts = replace(opts, workers=executor.workers)
@@ -415,7 +403,7 @@ def _load_inputs(
         given_input_specs(loaded.inputs, options.get("input_shape") or {}, options.get("input_dims") or ()),
         preprocess=options.get("preprocess"),
         overrides=options.get("preprocess_overrides") or {},
-        consts=state_consts(options.get("state") or {}, options.get("const") or {}),
+        consts=state_consts(options.get("state") or {}, options.get("const") or {}, calib),
         limit=options.get("limit"),
     )
     identity = calibration_identity(cset.source, cset.files, cset.n_samples)

@@ -51,10 +51,11 @@ METRICS = {
     "peak": "peak_agreement",
     "sequence": "sequence_agreement",
     "detections": "detection_agreement",
+    "next_token": "next_token_agreement",
 }
 """Target metric name -> key in an output-metrics row (analyze.output_row spelling; from top5 on they are
 task metrics, see quantscan.taskmetrics; `sequence` and `detections` need `--task decoder:...` /
-`--task anchors:...` specs naming the tokens and anchors)."""
+`--task anchors:...` specs naming the tokens and anchors, `next_token` needs `--task lm`)."""
 FALLBACKS: tuple[str, ...] = tuple(p.value for p in Precision)
 """The precisions a site not kept int8 can get (`--fallback`)."""
 MODES = ("search", "first_bad")

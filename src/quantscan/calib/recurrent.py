@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from quantscan.calib.calibset import CalibSet, Sample
+from quantscan.calib.npyfile import npz_headers
 from quantscan.errors import UsageError
 from quantscan.specs import InputSpec
 
@@ -61,10 +62,25 @@ def check_state(pairs: Mapping[str, str], inputs: Sequence[InputSpec], outputs: 
         raise UsageError(f"--state: expected each input fed by one output, found {dict(pairs)}")
 
 
-def state_consts(pairs: Mapping[str, str], consts: Mapping[str, float]) -> dict[str, float]:
+def state_consts(pairs: Mapping[str, str], consts: Mapping[str, float], data: object = None) -> dict[str, float]:
     """The consts with a zero start value for every state input the user gave none (the first sample's
-    state; later ones are carried), so the calibration folder needs no file for the state."""
-    return {**{inp: 0.0 for inp in pairs.values()}, **consts}
+    state; later ones are carried), so the calibration folder needs no file for the state. A state the
+    tensor folder `data` holds is left to the data: its first sample then starts from the state stored
+    with it (a decoder LM's KV cache cut from the middle of a text), not from zeros."""
+    stored = state_in_data(data, pairs)
+    return {**{inp: 0.0 for inp in pairs.values() if inp not in stored}, **consts}
+
+
+def state_in_data(data: object, pairs: Mapping[str, str]) -> set[str]:
+    """The state inputs a tensor folder's files hold (keys of its first .npz, or .npy files named after
+    the input); none for anything that is not such a folder."""
+    if not isinstance(data, str | Path) or not Path(data).is_dir():
+        return set()
+    files = sorted((p for p in Path(data).iterdir() if p.is_file()), key=lambda p: p.name)
+    first_npz = next((p for p in files if p.suffix.lower() == ".npz"), None)
+    held = set(npz_headers(first_npz)) if first_npz is not None else set()
+    held |= {p.stem for p in files if p.suffix.lower() == ".npy"}
+    return {inp for inp in pairs.values() if inp in held}
 
 
 def with_state(calib: CalibSet, pairs: Mapping[str, str], step: StateStep) -> CalibSet:

@@ -26,6 +26,7 @@ from quantscan.calib.checks import (
     missing_inputs_error,
 )
 from quantscan.calib.folder import PREPROCESS_NAME, TENSOR_SUFFIXES, other_files
+from quantscan.calib.labels import labels_from_json
 from quantscan.calib.npyfile import load_array, memory_budget, npy_header, npz_headers
 from quantscan.errors import CalibrationError
 from quantscan.readers.arrays import array_bytes
@@ -68,6 +69,7 @@ def load_tensors(
     shapes = {name: segs[0].sample_shape for name, segs in streams.items()}
     shapes |= {name: tuple(a.shape) for name, a in consts.items()}
     ordered = {name: streams[name] for name in specs if name in streams}
+    label_names, labels = _file_labels(folder, used, n)
 
     def read(count: int, start: int) -> Iterator[tuple[Sample, Path]]:
         return islice(_read_streams(ordered, specs, count), start, None)
@@ -78,8 +80,8 @@ def load_tensors(
         files=used,
         n_samples=n,
         warnings=warnings.messages,
-        labels=None,
-        label_names=None,
+        labels=labels,
+        label_names=label_names,
         _shapes=shapes,
         _batched=batched_map(specs),
         _consts=consts,
@@ -90,6 +92,14 @@ def load_tensors(
             for name in ordered
         } | {name: {"kind": "const", "value_shape": list(a.shape)} for name, a in consts.items()},
     )
+
+
+def _file_labels(folder: Path, used: list[Path], n: int) -> tuple[list[str] | None, list[int | None] | None]:
+    """labels.json beside a folder of one file per sample (`{"classes": [...], "files": {NAME: LABEL}}`):
+    what a sample's true answer is when it is not an image's class, e.g. a language model step's true
+    next token (`--task lm`). None when there is no such file or files do not map one to one to samples."""
+    found = labels_from_json(folder, [p.name for p in used]) if len(used) == n else None
+    return (None, None) if found is None else (found[0], found[1])
 
 
 def _plan_streams(

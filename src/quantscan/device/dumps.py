@@ -1,4 +1,5 @@
-"""One shape for every dump format: sample keys, and per sample {dump name: float array}.
+"""Which reader opens a dump folder, and which calibration sample each dump sample is. Every reader
+returns one shape (`dumpset.DumpSet`): sample keys, and per sample {dump name: float array}.
 
 Why a common shape: the alignment and the device table should not know where a tensor came from. A
 reader (one file per format) only lists the samples it holds and loads one at a time (dumps of a real
@@ -7,34 +8,20 @@ network are tens of MB per sample), already dequantized to float32 where the for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
+from quantscan.device import npy, rknn, tpumlir
+from quantscan.device.dumpset import DumpSet
 from quantscan.errors import UsageError
+
+__all__ = ["FORMATS", "DumpSet", "detect_format", "open_dumps", "sample_indices"]
 
 FORMATS = ("npy", "rknn", "tpu-mlir")
 
 
-@dataclass(frozen=True)
-class DumpSet:
-    """The dumps of one run: `keys[i]` names sample i (a file stem or an index such as `000`)."""
-
-    format: str
-    source: Path
-    keys: list[str]
-    load: Callable[[int], dict[str, np.ndarray]]
-    """Sample i's tensors: dump name -> float32 array, in the dump's own layout."""
-    order: Callable[[], list[str]] | None = None
-    """The dump names in the runtime's execution order, when the format records it."""
-
-
 def detect_format(folder: Path) -> str:
     """npy when the folder holds .npz files, rknn when it holds accuracy_analysis folders; else bad input."""
-    from quantscan.device import npy, rknn
-
     if rknn.looks_like(folder):
         return "rknn"
     if npy.looks_like(folder):
@@ -46,8 +33,6 @@ def detect_format(folder: Path) -> str:
 
 def open_dumps(folder: str | Path, fmt: str | None = None) -> DumpSet:
     """The reader for `fmt` (detected when None) on `folder`."""
-    from quantscan.device import npy, rknn, tpumlir
-
     path = Path(folder)
     if not path.is_dir():
         raise UsageError(f"--dumps: expected a folder of dumps, found {'a file' if path.exists() else 'nothing'} "

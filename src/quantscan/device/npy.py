@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantscan.device.dumps import DumpSet
+from quantscan.device.dumpset import DumpSet
 from quantscan.errors import UsageError
 from quantscan.readers.arrays import numeric, read_npz
 

@@ -81,10 +81,14 @@ class MixedBuilder:
         fallback: str = "float",
         int16_scheme: str = "int16",
         quantize_static_rules: bool = False,
+        unset_ranges: Mapping[str, tuple[str, quant.QParams]] | None = None,
     ) -> None:
         """`plan` is the all-int8 plan; `int16_range(tensor)` the calibrated range an int16 activation
         gets; `quantize_static_rules` builds int16 as onnxruntime's quantize_static does (per-tensor
-        initializers quantized too, int32 biases) rather than as a chip's int16 kernel."""
+        initializers quantized too, int32 biases) rather than as a chip's int16 kernel.
+        `unset_ranges`: site node -> (tensor, int8 parameters of the tensor's own calibrated range) for the
+        sites whose quantization sets another tensor's range (the onnxruntime recipe's Relu/Clip/Softmax:
+        scanning/ort_recipe.RANGE_SETTING_OPS); while such a site is float the tensor takes those."""
         if fallback not in {p.value for p in Precision}:
             raise UsageError(f"--fallback: expected float or int16, found {fallback!r}")
         self.fallback = fallback
@@ -110,6 +114,8 @@ class MixedBuilder:
         self._int16_range = int16_range
         self._scheme16 = int16_scheme
         self._quantize_static_rules = quantize_static_rules
+        self.unset_ranges = dict(unset_ranges or {})
+        self._producer = {s.output: k for k, s in enumerate(self.sites) if s.nodes}
 
     def with_plan(self, plan: qdq.QuantPlan) -> MixedBuilder:
         """The same builder over another all-int8 plan with the same tensors (a rounding realisation:
@@ -162,6 +168,7 @@ class MixedBuilder:
         prec = self.effective(prec)
         for t, p in self.tensor_precision(prec).items():
             plan.activations[t] = base.activations[t] if p == "int8" else self._act_int16(t)
+        self._unset_ranges(prec, plan)
         quantized = [s for s, p in zip(self.sites, prec, strict=True) if p != "float"]
         for s, p in zip(self.sites, prec, strict=True):
             if p == "int8":
@@ -178,6 +185,24 @@ class MixedBuilder:
                 if self._quantize_static_rules:
                     self._bias_int16(s, plan)
         return quantized, plan
+
+    def _unset_ranges(self, prec: Sequence[str], plan: qdq.QuantPlan) -> None:
+        """A float range-setting site leaves its tensor the tensor's own range, as quantize_static does
+        for an excluded node: the int8 tensor it clamped takes its own parameters, and the tensor a removed
+        Relu/Clip let its producer write through its pair (so no site touched it) is quantized by that
+        producer when the producer is, as quantize_static then quantizes the producer's output."""
+        for node, (tensor, own) in self.unset_ranges.items():
+            k = self.index.get(node)
+            if k is None or prec[k] != "float":
+                continue
+            current = plan.activations.get(tensor)
+            if current is not None:
+                if current is self.base_plan.activations.get(tensor):
+                    plan.activations[tensor] = own
+                continue
+            producer = self._producer.get(tensor)
+            if producer is not None and prec[producer] != "float":
+                plan.activations[tensor] = own if prec[producer] == "int8" else self._act_int16(tensor)
 
     def _bias_int16(self, site: MixedSite, plan: qdq.QuantPlan) -> None:
         """quantize_static's bias of a node with int16 weights: int32 at s_in * s_w, as for int8.

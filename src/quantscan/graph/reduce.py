@@ -70,10 +70,11 @@ class ChannelSums:
         return (self.sxx, self.sdd)
 
     def fold(self, values: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Per-channel (Σx², Σ(x−y)²) of the batch in float64 (`ChannelErrorAccumulator.update_sums`)."""
+        """Per-channel (Σx², Σ(x−y)²) in float64 (`ChannelErrorAccumulator.update_sums`): [N, C], one row per
+        sample, from partials (the accumulator adds samples, so batching does not change its bytes); [1, C]
+        for the batch when the graph pooled the samples."""
         sums = [np.asarray(values[name], dtype=np.float64) for name in self.names()]
-        if self.partial:
-            sums = [s.reshape(s.shape[0], -1).sum(axis=0) for s in sums]
+        sums = [s.reshape(s.shape[0] if self.partial else 1, -1) for s in sums]
         return sums[0], sums[1]
 
 
@@ -181,6 +182,9 @@ class Reducer:
         if axis == 1 and rank >= 3:
             sdd = self.reduce("ReduceSum", self._node("Mul", [d, d], y + "_cdsq"), list(range(2, rank)), y + "_csdd")
             return ChannelSums(self.sum_sq(x, rank), sdd, partial=True)
+        if axis == 1 and rank == 2:  # [N, C]: the squares are the per-sample partials (samples add exactly)
+            return ChannelSums(self._node("Mul", [x, x], x + "_csq"), self._node("Mul", [d, d], y + "_cdsq"),
+                               partial=True)
         others = [a for a in range(rank) if a != axis]
         return ChannelSums(
             self.reduce("ReduceSum", self._node("Mul", [x, x], x + "_csq"), others, x + "_csxx"),

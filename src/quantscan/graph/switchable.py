@@ -82,6 +82,8 @@ class SwitchableGraph:
         """Selector values for the assignment whose quantized site indices and plan are given; None when
         the plan holds a quantization this graph has no variant or copy for."""
         out: dict[str, np.ndarray] = {}
+        if not set(plan.activations) <= {a.tensor for a in self.activations}:
+            return None  # a tensor only a float range-setting site quantizes (MixedBuilder._unset_ranges)
         for a in self.activations:
             got = _activation_feeds(a, plan.activations.get(a.tensor))
             if got is None:

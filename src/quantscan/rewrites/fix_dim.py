@@ -21,27 +21,20 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 
 from quantscan.errors import UsageError
 from quantscan.graph.edit import (
-    add_initializer,
-    attr_int,
     copy_model,
-    drop_value_info,
-    make_constant_node,
     node_label,
-    splice,
 )
-from quantscan.graph.fold import fold_constants
-from quantscan.graph.index import GraphIndex, opset_version
-from quantscan.graph.infer import infer_shapes
+from quantscan.graph.index import GraphIndex
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
+from quantscan.rewrites.folding import fold_decided, fold_static_shapes, is_static_dim
+from quantscan.rewrites.freeze_input import freeze_input
 from quantscan.runner import load_error
 
 REWRITE_ID = "fix-dim"
-MAX_ROUNDS = 32
 
 
 @dataclass(frozen=True)
@@ -77,10 +70,6 @@ def parse_dim_spec(text: str) -> DimSetting:
         except ValueError:
             pass  # not an axis: the whole left side is a symbolic name that contains ':'
     return DimSetting(text, value, param=left)
-
-
-def _is_static(dim: onnx.TensorShapeProto.Dimension) -> bool:
-    return dim.HasField("dim_value") and dim.dim_value > 0
 
 
 def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
@@ -136,8 +125,6 @@ def _declared_only(model: onnx.ModelProto, settings: Sequence[DimSetting], froze
     declared = _set_dims(copy_model(model), settings, RewriteResult(model=model), {})
     if not frozen:
         return declared
-    from quantscan.rewrites.freeze_input import freeze_input  # freeze_input imports this module
-
     return freeze_input(declared, frozen).model
 
 
@@ -191,7 +178,7 @@ def _set_dims(
             shape_dims = vi.type.tensor_type.shape.dim
             dim = shape_dims[axis]
             where = f"{vi.name} axis {axis}"
-            if _is_static(dim):
+            if is_static_dim(dim):
                 if dim.dim_value != s.value:
                     result.refusals.append(
                         Refusal(REWRITE_ID, vi.name, f"{where} is fixed at {dim.dim_value}, asked {s.value}")
@@ -211,8 +198,6 @@ def _fold_decided_ifs(model: onnx.ModelProto, result: RewriteResult) -> None:
     keeps exactly the fold it had."""
     if not any(n.op_type == "If" for n in model.graph.node):
         return
-    from quantscan.rewrites.freeze_input import fold_decided  # freeze_input imports this module
-
     dynamic = "still has a dynamic shape"
     fold_decided(model, result, REWRITE_ID)
     index = GraphIndex(model.graph, ir_version=model.ir_version)
@@ -250,7 +235,7 @@ def _targets(
     for vi in inputs:
         shape_dims = vi.type.tensor_type.shape.dim
         for axis, dim in enumerate(shape_dims):
-            if s.batch and axis == 0 and not _is_static(dim):
+            if s.batch and axis == 0 and not is_static_dim(dim):
                 found.append((vi, 0))
             elif not s.batch and dim.HasField("dim_param") and dim.dim_param == s.param:
                 found.append((vi, axis))
@@ -268,77 +253,7 @@ def _targets(
     return found
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
-    """Fully static shapes shape inference can prove (with data propagation through shape chains)."""
-    try:
-        inferred = infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - no inference means nothing provably static
-        return {}
-    g = inferred.graph
-    shapes: dict[str, list[int]] = {}
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        tt = vi.type.tensor_type
-        if (
-            vi.type.HasField("tensor_type")
-            and tt.HasField("shape")
-            and all(_is_static(d) for d in tt.shape.dim)
-        ):
-            shapes[vi.name] = [int(d.dim_value) for d in tt.shape.dim]
-    for t in g.initializer:
-        shapes[t.name] = list(t.dims)
-    return shapes
-
-
 def _fold_static_shapes(model: onnx.ModelProto, result: RewriteResult) -> None:
     fold_static_shapes(model, result, REWRITE_ID)
 
 
-def fold_static_shapes(model: onnx.ModelProto, result: RewriteResult, rewrite_id: str) -> None:
-    """Replace Shape/Size of static tensors by constants and fold what follows, until a fixpoint (in
-    place; changes and the Shape ops left dynamic are recorded in `result` under `rewrite_id`)."""
-    opset = opset_version(model)
-    for _ in range(MAX_ROUNDS):
-        graph = model.graph
-        index = GraphIndex(graph, ir_version=model.ir_version)
-        shapes = _static_shapes(model)
-        remove: set[int] = set()
-        insert: dict[int, list[onnx.NodeProto]] = {}
-        replaced: list[str] = []
-        for pos, node in enumerate(graph.node):
-            if node.op_type not in ("Shape", "Size") or node.domain not in ("", "ai.onnx"):
-                continue
-            shape = shapes.get(node.input[0])
-            if shape is None:
-                continue
-            if node.op_type == "Size":
-                value = np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
-            else:
-                start, end = 0, len(shape)
-                if opset >= 15:
-                    start = attr_int(node, "start", 0)
-                    end = attr_int(node, "end", len(shape))
-                value = np.array(shape[slice(start, end)], dtype=np.int64)
-            name = node.output[0]
-            if name in index.graph_outputs:
-                insert[pos] = [make_constant_node(name, value, f"{name}_static")]
-            else:
-                add_initializer(model, name, value)
-            remove.add(pos)
-            replaced.append(name)
-            result.changes.append(
-                Change(rewrite_id, node_label(node), f"{node.op_type} of static tensor -> {value.tolist()}")
-            )
-        if remove:
-            splice(graph, remove, insert)
-            drop_value_info(graph, replaced)
-        folded = fold_constants(model)
-        for label in folded:
-            result.changes.append(Change(rewrite_id, label, "shape computation folded to a constant"))
-        if not remove and not folded:
-            break
-    index = GraphIndex(model.graph, ir_version=model.ir_version)
-    for node in model.graph.node:
-        if node.op_type in ("Shape", "Size") and index.use_count(node.output[0]):
-            result.refusals.append(
-                Refusal(rewrite_id, node_label(node), f"{node.input[0]!r} still has a dynamic shape")
-            )

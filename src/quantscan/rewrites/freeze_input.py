@@ -23,15 +23,12 @@ import numpy as np
 import onnx
 
 from quantscan.errors import UsageError
-from quantscan.graph.edit import add_initializer, copy_model, drop_value_info, node_label, prune_unused, splice
-from quantscan.graph.fold import fold_constants
+from quantscan.graph.edit import add_initializer, copy_model, node_label
 from quantscan.graph.index import GraphIndex, is_op, tensor_info
-from quantscan.graph.subgraphs import defined_names, node_bodies
 from quantscan.rewrites.base import Change, Refusal, RewriteResult
-from quantscan.rewrites.fix_dim import fold_static_shapes
+from quantscan.rewrites.folding import fold_decided
 
 REWRITE_ID = "freeze-input"
-MAX_ROUNDS = 16
 
 
 @dataclass(frozen=True)
@@ -92,19 +89,6 @@ def freeze_input(model: onnx.ModelProto, specs: Sequence[str | FrozenInput]) -> 
     return result
 
 
-def fold_decided(model: onnx.ModelProto, result: RewriteResult, rewrite_id: str) -> None:
-    """Fold constants, Shapes of static tensors and Ifs on constant conditions until nothing changes (in
-    place). Shared with fix-dim: fixing a size decides the Ifs that test it, as freezing a setting does."""
-    for _ in range(MAX_ROUNDS):
-        before = len(result.changes)
-        for label in fold_constants(model):
-            result.changes.append(Change(rewrite_id, label, "folded to a constant"))
-        _inline_constant_ifs(model, result, rewrite_id)
-        fold_static_shapes(model, result, rewrite_id)
-        if len(result.changes) == before:
-            break
-
-
 def _replace_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray], result: RewriteResult) -> None:
     kept = [vi for vi in model.graph.input if vi.name not in values]
     del model.graph.input[:]
@@ -114,113 +98,6 @@ def _replace_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray], re
         shown = value.reshape(-1)[0].item() if value.size else value.tolist()
         detail = f"input {name!r} frozen to {shown} ({value.dtype}, shape {list(value.shape)})"
         result.changes.append(Change(REWRITE_ID, name, detail))
-
-
-def all_names(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor name used anywhere in `graph`, its bodies included (new names must avoid them all)."""
-    names = {i.name for i in graph.input} | {o.name for o in graph.output} | {t.name for t in graph.initializer}
-    names |= {v.name for v in graph.value_info}
-    for node in graph.node:
-        names.update(node.input)
-        names.update(node.output)
-        for _, g in node_bodies(node):
-            names |= all_names(g)
-    names.discard("")
-    return names
-
-
-def _names_besides(graph: onnx.GraphProto, pos: int) -> set[str]:
-    """Every name in `graph` (bodies included) except the ones only node `pos` and its bodies use."""
-    others = onnx.GraphProto()
-    others.CopyFrom(graph)
-    del others.node[pos]
-    return all_names(others) | set(graph.node[pos].input) | set(graph.node[pos].output)
-
-
-def _inline_constant_ifs(model: onnx.ModelProto, result: RewriteResult, rewrite_id: str = REWRITE_ID) -> None:
-    """Replace each top-level If whose condition is constant by the nodes of the branch it takes."""
-    graph = model.graph
-    index = GraphIndex(graph, ir_version=model.ir_version)
-    remove: set[int] = set()
-    insert: dict[int, list[onnx.NodeProto]] = {}
-    orphans: set[str] = set()
-    introduced: set[str] = set()
-    for pos, node in enumerate(graph.node):
-        if not is_op(node, "If") or not node.input:
-            continue
-        cond = index.constant(node.input[0])
-        if cond is None or cond.size != 1:
-            continue
-        taken_branch = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
-        branch = dict(node_bodies(node))[taken_branch]
-        outer = _names_besides(graph, pos) | introduced
-        insert[pos] = _inlined(model, branch, list(node.output), outer)
-        introduced |= {o for n in insert[pos] for o in n.output} | {t.name for t in model.graph.initializer}
-        remove.add(pos)
-        orphans.add(node.input[0])
-        result.changes.append(
-            Change(rewrite_id, node_label(node),
-                   f"If on a constant condition ({bool(cond.reshape(-1)[0])}): {taken_branch} inlined, "
-                   f"{len(branch.node)} nodes")
-        )
-    if remove:
-        splice(graph, remove, insert)
-        prune_unused(graph, orphans)
-
-
-def _inlined(
-    model: onnx.ModelProto, branch: onnx.GraphProto, if_outputs: list[str], outer: set[str]
-) -> list[onnx.NodeProto]:
-    """The branch's nodes ready for the outer graph: its outputs renamed to the If's, clashing names made
-    unique, its initializers and value infos moved out; an Identity where a branch output is not produced
-    by one of its own nodes (an outer tensor or a constant passed through)."""
-    produced = {o for n in branch.node for o in n.output if o}
-    out_names = [o.name for o in branch.output]
-    rename: dict[str, str] = {}
-    for src, dst in zip(out_names, if_outputs, strict=True):
-        if dst and src in produced and out_names.count(src) == 1:
-            rename[src] = dst
-    taken = set(outer) | set(if_outputs)
-    for name in sorted(defined_names(branch) - set(rename)):
-        if name in taken:
-            k = 1
-            while f"{name}__inlined_{k}" in taken:
-                k += 1
-            rename[name] = f"{name}__inlined_{k}"
-            taken.add(rename[name])
-    nodes: list[onnx.NodeProto] = []
-    for n in branch.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(n)
-        _rename(copy, rename)
-        nodes.append(copy)
-    for t in branch.initializer:
-        value = onnx.numpy_helper.to_array(t)
-        add_initializer(model, rename.get(t.name, t.name), value)
-    for vi in branch.value_info:
-        moved = onnx.ValueInfoProto()
-        moved.CopyFrom(vi)
-        moved.name = rename.get(vi.name, vi.name)
-        model.graph.value_info.append(moved)
-    drop_value_info(model.graph, [])
-    for src, dst in zip(out_names, if_outputs, strict=True):
-        if dst and rename.get(src) != dst:
-            nodes.append(onnx.helper.make_node("Identity", [rename.get(src, src)], [dst], name=f"{dst}_inlined"))
-    return nodes
-
-
-def _rename(node: onnx.NodeProto, rename: Mapping[str, str]) -> None:
-    """Apply `rename` to a node's inputs and outputs, and to what its bodies read from outside them."""
-    for k, name in enumerate(node.input):
-        node.input[k] = rename.get(name, name)
-    for k, name in enumerate(node.output):
-        node.output[k] = rename.get(name, name)
-    for _, g in node_bodies(node):
-        inner = {k: v for k, v in rename.items() if k not in defined_names(g)}
-        for n in g.node:
-            _rename(n, inner)
-        for o in g.output:
-            o.name = inner.get(o.name, o.name)
 
 
 def _refuse_constant_loops(model: onnx.ModelProto, result: RewriteResult) -> None:

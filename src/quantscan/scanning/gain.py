@@ -30,6 +30,7 @@ import pandas as pd
 
 from quantscan import graph as qgraph
 from quantscan import metrics as qm
+from quantscan import quant
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
 from quantscan.errors import UsageError
@@ -39,7 +40,7 @@ from quantscan.records import ActivationScheme, Precision
 from quantscan.runner import Runner
 from quantscan.scanning.evaluate import output_row
 from quantscan.scanning.options import ProgressFactory, no_progress
-from quantscan.scanning.ort_recipe import RECIPE, int16_activations
+from quantscan.scanning.ort_recipe import RECIPE, int16_activations, range_settings
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.sweep import Feeds, GraphHandoff, Values, open_session, sweep
 from quantscan.scanning.tasks import task_results
@@ -92,7 +93,19 @@ def mixed_builder(ctx: ScanContext, fallback: str = "float") -> MixedBuilder:
         fallback=fallback,
         int16_scheme=_int16_scheme(ctx),
         quantize_static_rules=ctx.chip.recipe == RECIPE,
+        unset_ranges=_unset_ranges(ctx, proto) if ctx.chip.recipe == RECIPE else None,
     )
+
+
+def _unset_ranges(ctx: ScanContext, proto: onnx.ModelProto) -> dict[str, tuple[str, quant.QParams]]:
+    """Under the onnxruntime recipe, what each range-setting site's tensor is quantized with when the site
+    is excluded: its own calibrated range at the call's 8-bit scheme (ort_recipe.range_settings)."""
+    scheme = "uint8" if ctx.chip.activations == ActivationScheme.UINT8 else "int8"
+    out = {}
+    for node, tensor in range_settings(proto, ctx.graph.sites).items():
+        rmin, rmax = _calibrated_range(ctx, tensor)
+        out[node] = (tensor, quant.activation_qparams(rmin, rmax, scheme))
+    return out
 
 
 def realised_builder(builder: MixedBuilder, factors: Mapping[str, float]) -> MixedBuilder:
@@ -107,7 +120,13 @@ def realised_builder(builder: MixedBuilder, factors: Mapping[str, float]) -> Mix
         for t, qp in builder.base_plan.activations.items()
     }
     plan = qgraph.QuantPlan(activations=acts, weights=builder.base_plan.weights, biases=builder.base_plan.biases)
-    return builder.with_plan(plan)
+    twin = builder.with_plan(plan)
+    # a range-setting site's own range moves with its tensor's factor (1 for a tensor the plan never quantizes)
+    twin.unset_ranges = {
+        node: (t, replace(qp, scale=(qp.scale * factors.get(t, 1.0)).astype(qp.scale.dtype)))
+        for node, (t, qp) in builder.unset_ranges.items()
+    }
+    return twin
 
 
 def _calibrated_range(ctx: ScanContext, tensor: str) -> tuple[float, float]:
@@ -494,7 +513,11 @@ def sensitivity_order(table: pd.DataFrame, key: str, broad: float = 0.0) -> list
     """Most helpful site first: gain in the target metric, then cosine gain, then graph order.
 
     `broad` > 0 (a robust bisection, bisect/robust.py) ranks a cosine gain by gain - broad x its jackknife
-    standard error: a gain carried by a few samples is the kind that does not transfer to a chip."""
+    standard error: a gain carried by a few samples is the kind that does not transfer to a chip.
+    With `loss_if_only` measured (bisect --loss-if-only) a site ranks by the larger of its gain and its
+    loss if it alone is int8 (issue 38: PicoDet's `p2o.Conv.4` costs 0.12 alone, yet every gain is
+    <= 0.021: a loss that shows only beside other int8 sites); not for an SQNR target, whose
+    loss_if_only column holds the SQNR itself."""
     short = _short(key)
 
     def score(value: Any) -> float:
@@ -504,7 +527,8 @@ def sensitivity_order(table: pd.DataFrame, key: str, broad: float = 0.0) -> list
     def gain(r: Mapping[str, Any]) -> float:
         value = score(r.get(f"gain_if_float_{short}", math.nan))
         stderr = float(r.get(Col.GAIN_IF_FLOAT_COSINE_STDERR, math.nan))
-        return value - broad * stderr if broad > 0 and short == "cosine" and math.isfinite(stderr) else value
+        value = value - broad * stderr if broad > 0 and short == "cosine" and math.isfinite(stderr) else value
+        return value if short == "sqnr_db" else max(value, score(r.get(Col.LOSS_IF_ONLY, math.nan)))
 
     ranked = sorted(
         table.to_dict("records"),

@@ -24,7 +24,7 @@ graph order (gain.MixedBuilder), so `nodes_to_exclude` reproduces what bisect me
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,14 @@ QDQRemovableActivation (operators/activation.py), QDQGather on a non-weight inpu
 
 REMOVABLE_OPS = frozenset({"Relu", "Clip"})
 """The activations quantize_static removes after a quantized output (QDQRemovableActivation)."""
+
+RANGE_SETTING_OPS = frozenset({"Relu", "Clip", "Softmax"})
+"""Op types whose node, when quantize_static quantizes it, rewrites a tensor's calibrated range before
+any scale is computed (base_quantizer.calculate_quantization_params): a Relu/Clip gives its input (when
+the node is that input's only reader) its own output's range, so the producer's QDQ pair clamps as the
+activation did; a Softmax gives its output [0, 1]. `nodes_to_exclude` skips that rewrite, so excluding
+such a node changes a tensor that is not its own (issue 38: ppocr_mobile_v2_cls `Clip@5` measured +0.00000
+while quantize_static with it excluded gives -0.01521: the Conv before it quantizes its unclipped range)."""
 
 ORT_CALIBRATORS = {CalibMethod.MINMAX: "MinMax", CalibMethod.ENTROPY: "Entropy", CalibMethod.PERCENTILE: "Percentile"}
 """quantscan's --calib-method -> quantize_static's CalibrationMethod name (it has no MSE calibrator)."""
@@ -131,6 +139,9 @@ class RecipeResult:
     plan: qgraph.QuantPlan
     qdq: onnx.ModelProto
     call: dict[str, Any]
+    own_ranges: list[str]
+    """Tensors calibration also observes though the plan may not quantize them: those whose range a
+    range-setting node sets (range_settings), wanted at their own range when that node is excluded."""
 
 
 def sites_from_placement(fp32: onnx.ModelProto, placement: QdqPlacement, op_types: frozenset[str]) -> list[Site]:
@@ -185,6 +196,26 @@ def _removed_site(node: onnx.NodeProto) -> Site:
     )
 
 
+def range_settings(fp32: onnx.ModelProto, sites: Sequence[Site]) -> dict[str, str]:
+    """Site node -> the tensor whose quantize_static range that node sets while it is quantized
+    (RANGE_SETTING_OPS); the tensor keeps its own calibrated range when the node is excluded."""
+    readers: dict[str, int] = {}
+    for node in fp32.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    nodes = {n.name: n for n in fp32.graph.node}
+    out: dict[str, str] = {}
+    for site in sites:
+        node = nodes.get(site.node)
+        if node is None or node.op_type not in RANGE_SETTING_OPS or not node.input:
+            continue
+        if node.op_type == "Softmax":
+            out[site.node] = node.output[0]
+        elif readers.get(node.input[0], 0) == 1:
+            out[site.node] = node.input[0]
+    return out
+
+
 def recipe_sites(
     prepared: PreparedModel, qdq: onnx.ModelProto, op_types: frozenset[str], call: Mapping[str, Any]
 ) -> RecipeResult:
@@ -192,4 +223,5 @@ def recipe_sites(
     placement = read_placement(qdq, prepared.proto)
     sites = sites_from_placement(prepared.proto, placement, op_types)
     origins = {t: t for t in placement.plan.activations}
-    return RecipeResult(sites, origins, placement.plan, qdq, dict(call))
+    own = sorted(set(range_settings(prepared.proto, sites).values()))
+    return RecipeResult(sites, origins, placement.plan, qdq, dict(call), own)

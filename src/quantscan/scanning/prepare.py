@@ -234,7 +234,7 @@ def _load_phase(
     ensure_float_model(loaded)
     cset, eval_set = sample_sets(loaded, calib, opts)
     warnings: list[str] = list(cset.warnings) + ([] if eval_set is cset else list(eval_set.warnings))
-    dims, fixed_batch = dims_from_data(loaded, cset, opts.input_shape, state_consts(opts.state, opts.const))
+    dims, fixed_batch = dims_from_data(loaded, cset, opts.input_shape, state_consts(opts.state, opts.const, calib))
     dims, fixed_batch = apply_dim_settings(loaded, dims, fixed_batch, opts.input_dims)
     check_eval_shapes(eval_set, cset, dims)
     if opts.state and fixed_batch is None and any(s.shape and not isinstance(s.shape[0], int) for s in loaded.inputs):
@@ -330,12 +330,15 @@ def _calibration_phase(
     check_task_specs(inputs.prepared.proto, headline_outputs(placed.probe, opts.output), placed.probe.shapes,
                      placed.probe.input_shapes, opts)
     calib_stats = None
+    observed = placed.origins
+    if placed.recipe is not None:  # ranges a float Relu/Clip/Softmax leaves their tensor (ort_recipe.range_settings)
+        observed = {**{t: t for t in placed.recipe.own_ranges}, **placed.origins}
     if calibrate_with is not None:
-        calib_stats = calibrate_with(inputs.prepared, placed.sites, placed.origins, inputs.cset, placed.batch_size,
+        calib_stats = calibrate_with(inputs.prepared, placed.sites, observed, inputs.cset, placed.batch_size,
                                      inputs.runner, opts, scheme, placed.probe, inputs.loaded.inputs)
     if calib_stats is None:
         calib_stats = calibrate(
-            inputs.prepared, placed.sites, placed.origins, inputs.cset, placed.batch_size, inputs.runner,
+            inputs.prepared, placed.sites, observed, inputs.cset, placed.batch_size, inputs.runner,
             opts.calib_method, scheme, progress, placed.probe.shapes, placed.probe.input_shapes,
         )
     plan_warnings: list[str] = []

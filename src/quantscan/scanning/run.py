@@ -57,6 +57,7 @@ from quantscan.scanning.workers import (
     ShardedGain,
     evaluate_in_workers,
     executor_for,
+    needs_executor,
     reopenable,
 )
 from quantscan.schemes import Scheme
@@ -110,7 +111,7 @@ def measure(
     """The scan itself: prepare, evaluate, tables. Writes nothing."""
     started = time.perf_counter()
     opts = ScanOptions(**options).validate()  # the options are parsed here, once, and travel as `opts`
-    if opts.executor is None and worker_count(opts.workers) == 1:
+    if not needs_executor(opts):
         return _measure(model, calib, progress, runner, None, opts, started)
     reopenable(calib)
     executor = executor_for(opts)  # started now: process workers import while this process loads

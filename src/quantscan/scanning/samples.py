@@ -139,7 +139,7 @@ def given_input_specs(
 
 def sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOptions) -> tuple[CalibSet, CalibSet]:
     """The calibration set and the evaluation set (`--eval`, else the same object)."""
-    consts = state_consts(opts.state, opts.const)
+    consts = state_consts(opts.state, opts.const, calib)
     specs = given_input_specs(loaded.inputs, opts.input_shape, opts.input_dims)
     cset = calib if isinstance(calib, CalibSet) else load_calibration(
         calib, specs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
@@ -149,7 +149,7 @@ def sample_sets(loaded: LoadedModel, calib: str | Path | CalibSet, opts: ScanOpt
         return cset, cset
     eval_set = load_calibration(
         opts.eval, specs, preprocess=opts.preprocess, overrides=opts.preprocess_overrides,
-        consts=consts, limit=opts.limit,
+        consts=state_consts(opts.state, opts.const, opts.eval), limit=opts.limit,
     )
     return cset, eval_set
 

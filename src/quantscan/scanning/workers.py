@@ -94,13 +94,27 @@ class ShardResult:
     samples: int = 0
 
 
-def executor_for(opts: ScanOptions) -> Executor:
-    """The executor `--executor`/`--workers`/`--ray-address` ask for. Local processes: at most one per CPU
-    here (more would take turns on the cores); `serial` runs exactly `--workers` shards (the reference
-    for any other backend's shard count); Ray caps its actors by the cluster's CPUs."""
-    process = opts.executor == "process" or (opts.executor is None and opts.workers > 1)
-    workers = worker_count(opts.workers) if process else opts.workers
-    return make_executor(opts.executor, workers, threads=opts.threads, ray_address=opts.ray_address)
+def needs_executor(opts: ScanOptions, *, builds: bool = False) -> bool:
+    """Whether the run starts an executor at all: not with one worker and no `--executor` (everything
+    runs here, one step after another). Toolchain `builds` wait on subprocesses, so more of them than
+    CPUs still run at once; measurements do not."""
+    workers = opts.workers if builds else worker_count(opts.workers)
+    return opts.executor is not None or workers > 1
+
+
+def executor_for(opts: ScanOptions, *, builds: bool = False, tool: str | None = None) -> Executor:
+    """The one executor policy, for the scan's passes and the bisect's rounds alike: the executor
+    `--executor`/`--workers`/`--ray-address` ask for. Local processes: at most one per CPU here (more would
+    take turns on the cores); `serial` runs exactly `--workers` shards (the reference for any other
+    backend's shard count); Ray caps its actors by the cluster's CPUs. `builds`: the work is toolchain
+    builds, which wait on subprocesses, so locally they need no process pool and a serial executor runs
+    them in threads. `tool`: the toolchain a local Ray started here offers as a resource (its Python was
+    found on this machine); a cluster's nodes offer what they were started with."""
+    name = "serial" if builds and opts.executor != "ray" else opts.executor
+    processes = name == "process" or (name is None and opts.workers > 1)
+    workers = worker_count(opts.workers) if processes else opts.workers
+    resources = {f"toolchain:{tool}": float(opts.workers)} if tool is not None else None
+    return make_executor(name, workers, threads=opts.threads, ray_address=opts.ray_address, resources=resources)
 
 
 def shard_bounds(n_samples: int, batch_size: int, workers: int) -> list[Bounds]:
@@ -130,7 +144,7 @@ def reopenable(calib: str | Path | CalibSet) -> str | Path:
 def sample_source(path: str | Path, inputs: Sequence[InputSpec], opts: ScanOptions) -> SampleSource:
     """A sample set as a worker can reopen it."""
     return SampleSource(Path(path), list(inputs), opts.preprocess, dict(opts.preprocess_overrides),
-                        state_consts(opts.state, opts.const), opts.limit)
+                        state_consts(opts.state, opts.const, path), opts.limit)
 
 
 @dataclass

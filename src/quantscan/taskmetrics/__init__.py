@@ -13,15 +13,16 @@ and per-channel figures of multi-channel score maps, NCHW or NHWC), `box` (match
 detection heads, after a documented decode and NMS written out in numpy), `keypoints` (landmark
 displacement in input pixels, PCK, the worst keypoint), `anchors` (SSD/BlazeFace split box and score
 heads decoded against their anchors: detections kept, lost, added, matched IoU), `presence` (one-number
-outputs as decisions: the flip rate at a threshold), `none`; `--task NAME:KEY=VALUE,...` (`spec`) names
-the outputs and layout auto-detection cannot know; `--metric
-module:function` adds a plugin that returns named sums per batch.
+outputs as decisions: the flip rate at a threshold), `lm` (a language model's decode step: next-token
+agreement and the perplexity ratio on the true next tokens), `none`; `--task NAME:KEY=VALUE,...` (`spec`)
+names the outputs and layout auto-detection cannot know; `--metric module:function` adds a plugin that
+returns named sums per batch.
 
 Accumulators that keep per-sample figures (`take_samples`, with `sample_metric` and `higher_is_worse`)
 rank the worst samples by the task metric rather than by cosine.
 
 One task per module: `base`, `classify`, `ctc`, `decoder`, `mask`, `heatmap`, `box`, `keypoints`,
-`anchors`, `presence`, `plugin`, `spec`, `choose`; `groups`
+`anchors`, `presence`, `lm`, `plugin`, `spec`, `choose`; `groups`
 (`--channel-groups`: an output's channels measured per named group) goes beside any of them.
 """
 
@@ -58,6 +59,7 @@ from quantscan.taskmetrics.decoder import DecoderAccumulator, TokenTable, decode
 from quantscan.taskmetrics.groups import ChannelGroupAccumulator, ChannelGroups, parse_channel_groups
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator, heatmap_layout
 from quantscan.taskmetrics.keypoints import KeypointAccumulator, keypoint_array
+from quantscan.taskmetrics.lm import LmAccumulator, true_token_nll
 from quantscan.taskmetrics.mask import DEFAULT_MASK_THRESHOLD, MaskIouAccumulator
 from quantscan.taskmetrics.plugin import MetricFunction, PluginAccumulator, load_plugin
 from quantscan.taskmetrics.presence import PresenceAccumulator, one_value_per_sample
@@ -91,6 +93,7 @@ __all__ = [
     "DEFAULT_NMS_IOU",
     "HeatmapAccumulator",
     "LABEL_FILE",
+    "LmAccumulator",
     "MaskIouAccumulator",
     "MetricFunction",
     "PluginAccumulator",
@@ -121,6 +124,7 @@ __all__ = [
     "parse_channel_groups",
     "ratio",
     "token_table",
+    "true_token_nll",
     "yolox_grid",
     "yolox_grid_count",
 ]

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-TASKS = ("auto", "classify", "ctc", "decoder", "mask", "heatmap", "box", "none")
+TASKS = ("auto", "classify", "ctc", "decoder", "mask", "heatmap", "box", "lm", "none")
 LABEL_FILE = "labels.json"
 """YOLOX heads (and their [1, N, 5+C] exports without decode) predict on these three grids."""
 """obj·cls score a box needs to count as a detection (YOLOX demo: 0.3 for display)."""

@@ -22,6 +22,7 @@ from quantscan.taskmetrics.ctc import Charset, CtcAccumulator
 from quantscan.taskmetrics.decoder import DecoderAccumulator, TokenTable, token_table
 from quantscan.taskmetrics.heatmap import HeatmapAccumulator
 from quantscan.taskmetrics.keypoints import DEFAULT_PCK_PX, KeypointAccumulator, keypoint_array
+from quantscan.taskmetrics.lm import LmAccumulator
 from quantscan.taskmetrics.mask import MaskIouAccumulator
 from quantscan.taskmetrics.presence import (
     LOGIT_THRESHOLD,
@@ -80,6 +81,8 @@ def make_accumulator(task: str, charset: Charset | None, threshold: float,
         return DecoderAccumulator(_token_table(charset, shape))
     if task == "mask":
         return MaskIouAccumulator(threshold)
+    if task == "lm":  # never auto-detected: a decode step's logits look like a classifier's
+        return LmAccumulator()
     if task == "heatmap":  # never auto-detected: a multi-channel map may as well be a feature map
         return HeatmapAccumulator()
     if task == "box":

@@ -31,8 +31,8 @@ from quantscan.records import Plan, PlanSite, Precision
 from quantscan.toolchains.driverfiles import read_simulated
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
-from quantscan.toolchains.rknn.run import (
-    _job,
+from quantscan.toolchains.rknn.steps import (
+    driver_job,
     fp32_outputs,
     graph_names,
     output_cosines,
@@ -66,7 +66,7 @@ class HybridRknn:
         work = work.resolve()
         names = [s.name for s in graph_inputs(loaded.proto)]
         samples = write_samples(cset, names, work / "data")
-        job = _job(loaded, cset, names, samples, target, work, 0)
+        job = driver_job(loaded, cset, names, samples, target, work, 0)
         reference = fp32_outputs(loaded, samples, names, threads)
         return cls(loaded, python, target, work, job, reference, [o.name for o in loaded.proto.graph.output])
 

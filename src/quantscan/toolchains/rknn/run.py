@@ -10,113 +10,42 @@ samples, and aligns the two (`quantscan.toolchains.align`).
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pandas as pd
 
-from quantscan.calib import CalibSet, load_calibration
-from quantscan.errors import CalibrationError, FileError, UsageError
-from quantscan.metrics import ErrorAccumulator
+from quantscan.calib import load_calibration
+from quantscan.errors import FileError, UsageError
 from quantscan.model import LoadedModel, graph_inputs, load_model
-from quantscan.readers.arrays import read_npy
 from quantscan.readers.jsonfile import read_json
 from quantscan.readers.text import inside, read_text, read_text_lenient
 from quantscan.records import Plan
 from quantscan.toolchains import align
-from quantscan.toolchains.driverfiles import pooled_cosine, read_result, read_simulated, read_sums
+from quantscan.toolchains.driverfiles import pooled_cosine, read_simulated, read_sums
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn import files as rknn_files
+from quantscan.toolchains.rknn.hybrid import HybridRknn
+from quantscan.toolchains.rknn.steps import (
+    DRIVER,
+    TIMEOUT_S,
+    driver_job,
+    fp32_outputs,
+    graph_names,
+    output_cosines,
+    run_driver,
+    write_samples,
+)
 
-DRIVER = Path(__file__).parent / "driver.py"
-TIMEOUT_S = 4 * 3600
-"""A build plus accuracy_analysis of every sample of a large model is slow on a small PC, never hours."""
+__all__ = ["DRIVER", "TIMEOUT_S", "SayProgress", "apply_plan", "fp32_outputs", "graph_names", "output_cosines",
+           "run_driver", "run_rknn", "vendor_layers", "write_samples"]
+
 SayProgress = Callable[[str], None]
-
-
-def graph_names(proto: onnx.ModelProto) -> align.GraphNames:
-    """Tensor -> producer node (graph inputs -> ""), node -> op type, the graph outputs, tensor -> readers."""
-    producer = {i.name: "" for i in proto.graph.input}
-    op_type = {}
-    readers: dict[str, list[tuple[str, str]]] = {}
-    for node in proto.graph.node:
-        op_type[node.name] = node.op_type
-        for out in node.output:
-            if out:
-                producer[out] = node.name
-        for name in dict.fromkeys(i for i in node.input if i):
-            readers.setdefault(name, []).append((node.name, node.output[0] if node.output else ""))
-    return align.GraphNames(producer, op_type, frozenset(o.name for o in proto.graph.output),
-                            {t: tuple(r) for t, r in readers.items()})
-
-
-def _fixed_shapes(cset: CalibSet) -> dict[str, tuple[int, ...]]:
-    """RKNN builds one static shape: every sample must have the first sample's shape, batch 1."""
-    shapes = cset.sample_shapes()
-    return {name: (1, *shape[1:]) for name, shape in shapes.items()}
-
-
-def write_samples(cset: CalibSet, names: list[str], folder: Path) -> list[list[str]]:
-    """Every sample as one .npy per input (the tensors quantscan feeds); returns the paths per sample."""
-    folder.mkdir(parents=True, exist_ok=True)
-    expected = _fixed_shapes(cset)
-    paths = []
-    for i, sample in enumerate(cset.samples()):
-        row = []
-        for name in names:
-            array = np.ascontiguousarray(sample[name])
-            if tuple(array.shape) != expected[name]:
-                raise CalibrationError(
-                    f"vendor rknn: expected every sample of input '{name}' shaped {list(expected[name])} "
-                    f"(RKNN builds one static shape), found {list(array.shape)} in sample {i}"
-                )
-            path = folder / f"{i:04d}_{_safe(name)}.npy"
-            np.save(path, array)
-            row.append(str(path.resolve()))
-        paths.append(row)
-    return paths
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-def fp32_outputs(
-    model: LoadedModel, samples: list[list[str]], names: list[str], threads: int | None
-) -> list[list[np.ndarray]]:
-    """The FP32 model's outputs per sample: the reference both simulators are compared with."""
-    from quantscan.runner import Runner
-
-    session = Runner(threads=threads).session(model.proto)
-    out = []
-    for paths in samples:
-        got = session.run({n: read_npy(Path(p), "vendor: a sample") for n, p in zip(names, paths, strict=True)})
-        out.append([got[o] for o in session.output_names])
-    return out
-
-
-def output_cosines(reference: list[list[np.ndarray]], simulated: dict[str, np.ndarray],
-                   output_names: list[str]) -> dict[str, float]:
-    """Pooled cosine per graph output of the vendor simulator against FP32 (the contract's metric;
-    layouts differ, e.g. RKNN returns [1,4,1,1] for [1,4], so values are compared flattened)."""
-    accs = {name: ErrorAccumulator() for name in output_names}
-    for i, ref in enumerate(reference):
-        for k, name in enumerate(output_names):
-            got = simulated.get(f"{i}:{k}")
-            if got is None or got.size != ref[k].size:
-                accs.pop(name, None)
-                continue
-            if name in accs:
-                accs[name].update(ref[k].reshape(1, -1).astype(np.float64), got.reshape(1, -1).astype(np.float64))
-    return {name: acc.cosine for name, acc in accs.items()}
 
 
 def vendor_layers(work: Path, analyses: list[str]) -> list[align.LayerFigures]:
@@ -162,37 +91,6 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def run_driver(
-    python: Path, job: dict[str, Any], work: Path, log: Path, keep_build: bool = False, driver: Path = DRIVER,
-) -> dict[str, Any]:
-    """Run `driver` (RKNN's by default; tpu-mlir's uses the same file protocol) in the vendor's Python,
-    its stdout/stderr (the toolkit's whole verbose log) to `log`.
-    Paths are made absolute: the driver starts in `work`, so a relative `--out` would name the job file
-    relative to the wrong folder. `keep_build` keeps the toolkit's `.model`/`.data` (hybrid step 1's
-    output, which step 2 builds from)."""
-    work = work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    job_path = work / "job.json"
-    job_path.write_text(json.dumps(job, indent=1), encoding="utf-8")
-    (work / "result.json").unlink(missing_ok=True)
-    with log.open("w", encoding="utf-8") as fh:
-        try:
-            done = subprocess.run([str(Path(python).absolute()), str(driver), str(job_path)], stdout=fh,
-                                  stderr=subprocess.STDOUT,
-                                  timeout=TIMEOUT_S, check=False, cwd=work)
-        except subprocess.TimeoutExpired:
-            return {"stages": [], "error": {"stage": "timeout", "message": f"no result after {TIMEOUT_S} s"}}
-    bulky = ["check*.onnx", "*.bmodel", "*_weight.npz", "*_weights.npz", "*.prototxt"]
-    bulky += [] if keep_build else ["*.model", "*.data"]
-    for copy in [p for pattern in bulky for p in work.glob(pattern)]:
-        copy.unlink()  # the toolkit's model copies (MBs each); the log and the cfg say what they held
-    result_path = work / "result.json"
-    if not result_path.exists():
-        return {"stages": [], "error": {"stage": "driver", "message": f"the driver exited {done.returncode} "
-                                        f"without a result; see {log}"}}
-    return read_result(result_path, log)
-
-
 def run_rknn(
     model: str | Path,
     calib: str | Path,
@@ -221,7 +119,7 @@ def run_rknn(
 
     say("writing the preprocessed samples for the toolkit")
     samples = write_samples(cset, names, work / "data")
-    job = _job(loaded, cset, names, samples, target, work, analysis_samples)
+    job = driver_job(loaded, cset, names, samples, target, work, analysis_samples)
     n_analysis = int(job["analysis"])
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
@@ -286,26 +184,6 @@ def _quantscan_side(
     return scanned
 
 
-def _job(
-    loaded: LoadedModel, cset: CalibSet, names: list[str], samples: list[list[str]], target: str, work: Path,
-    analysis_samples: int | None,
-) -> dict[str, Any]:
-    """The driver's job: the model, the target, the samples as the toolkit's dataset file, how many of them
-    accuracy_analysis runs on."""
-    if analysis_samples is not None and analysis_samples < 0:
-        raise UsageError(f"--analysis-samples: expected a non-negative integer, found {analysis_samples}")
-    n_analysis = len(samples) if analysis_samples is None else min(analysis_samples, len(samples))
-    dataset = work / "dataset.txt"
-    dataset.write_text("".join(" ".join(row) + "\n" for row in samples), encoding="utf-8")
-    shapes = _fixed_shapes(cset)
-    return {
-        "model": str(loaded.path.resolve()), "target": target, "inputs": names,
-        "input_shapes": [list(shapes[n]) for n in names], "dataset": str(dataset.resolve()),
-        "samples": samples, "analysis": n_analysis, "work": str(work.resolve()), "log": None,
-        "quantized_algorithm": "normal",
-    }
-
-
 def _aligned(
     loaded: LoadedModel, scanned: Any, work: Path, result: dict[str, Any], log_text: str, tool: str, target: str,
 ) -> tuple[pd.DataFrame, tuple[pd.DataFrame, int, int]]:
@@ -324,8 +202,6 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     """The bisect plan through RKNN hybrid quantization (float sites as float16, each site mapped onto
     the names hybrid step 1 kept: toolchains/rknn/names.py), its simulator's output cosine beside the
     cosine quantscan's plan claims, and per site what RKNN actually ran it at."""
-    from quantscan.toolchains.rknn.hybrid import HybridRknn
-
     try:
         plan = Plan.from_json(read_json(plan_path, "--plan"))
     except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
