@@ -75,6 +75,8 @@ def onnxruntime_config(plan: Plan) -> dict[str, Any]:
         "quantize_static": call,
         "quant_pre_process": False,
         "note": _TRANSFERS if transfers else _DOES_NOT_TRANSFER.format(profile=recipe.get("profile") or "none"),
+        **({"scheme": recipe["scheme"]} if recipe.get("scheme") else {}),
+        **({"scheme_note": recipe["scheme_note"]} if recipe.get("scheme_note") else {}),
         "nodes_to_exclude": call["nodes_to_exclude"],
         "per_channel": call.get("per_channel", True),
         "extra_options": extra,

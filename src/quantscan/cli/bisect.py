@@ -149,6 +149,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)}{interval} "
           f"(all-int8 {value(plan.all_int8)}, all-float {value(plan.all_float)}); "
           f"{plan.evaluations} evaluations in {plan.seconds} s{_rounds(plan.speculation)}")
+    if plan.scheme and plan.scheme.get("name") != "w8a8":
+        print(f"  scheme {plan.scheme.get('name')}: an int8 site holds this scheme's weights and activations")
     if plan.unmeasured:
         print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
               "(no site there was searched)")
