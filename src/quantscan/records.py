@@ -72,10 +72,12 @@ class Placement(StrEnum):
 
 
 class Precision(StrEnum):
-    """The precision a mixed-precision plan gives a site that does not stay int8."""
+    """The precision a mixed-precision plan gives a site that does not stay at the scheme's base: float,
+    int16, or (under a scheme with int4 weights) int8 weights with the scheme's activations."""
 
     FLOAT = "float"
     INT16 = "int16"
+    INT8 = "int8"
 
 
 class CalibMethod(StrEnum):

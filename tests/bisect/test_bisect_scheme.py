@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
+from tests.scanning.test_schemes import int8_per_channel, oracle_model, pooled_cosines
 
 from builders import write_chain
 from conftest import asset_calib, asset_model
@@ -28,7 +32,7 @@ def test_plan_records_a_grouped_int4_scheme_and_the_export_says_what_quantize_st
     model, calib = write_chain(tmp_path, samples=8)
     run = _bisect(model, calib, tmp_path / "b", "--scheme", "w4af-g8", "--target-cosine", "0.99999")
     assert run.returncode in (0, 1), run.stderr
-    assert "scheme w4af-g8" in run.stdout
+    assert "scheme w4af-g8: all-int8 is every site at w4af-g8" in run.stdout
     plan = json.loads((tmp_path / "b" / "plan.json").read_text())
     expected = {"name": "w4af-g8", "weights": "int4", "group_size": 8, "weight_zero_point": False,
                 "activations": "float"}
@@ -61,3 +65,54 @@ def test_bisect_under_w8a16_on_a_real_classifier_exits_0_and_records_it(assets: 
     assert plan["qdq_opset"] >= 21 and plan["all_int8"]["cosine"] >= 0.9995
     call = json.loads((tmp_path / "b" / "ort_quant_config.json").read_text())["quantize_static"]
     assert call["activation_type"] == "QInt16" and call["extra_options"]["ActivationSymmetric"] is True
+
+
+def _w4_plan_oracle(model: onnx.ModelProto, eight_bit: set[str]) -> onnx.ModelProto:
+    """The plan re-applied by hand: every weight int4 in groups of 8 (written-out grid), then the plan's
+    sites' weights int8 per output channel instead; activations float (w4af)."""
+    out = oracle_model(model, "int4", 8)
+    original = {t.name: t for t in model.graph.initializer}
+    inits = {t.name: t for t in out.graph.initializer}
+    for node in model.graph.node:
+        if node.name in eight_bit:
+            w = numpy_helper.to_array(original[node.input[1]])
+            inits[node.input[1]].CopyFrom(numpy_helper.from_array(int8_per_channel(w, 1), node.input[1]))
+    return out
+
+
+def test_fallback_int8_under_w4_keeps_sites_at_8bit_weights_and_the_oracle_gives_the_claim(tmp_path: Path) -> None:
+    """RKLLM's hybrid_rate question as a plan: which sites need 8-bit weights under w4a16-g8. The sites
+    carry precision int8, the plan's figures (held-out claim, and the search's own on the searched samples)
+    equal the FP32 model with the written-out w4/w8 weights run by onnxruntime, and the onnxruntime export
+    overrides exactly those weights to QInt8."""
+    model_path, calib = write_chain(tmp_path, samples=8)
+    run = _bisect(model_path, calib, tmp_path / "b", "--scheme", "w4af-g8", "--fallback", "int8",
+                  "--target-cosine", "0.995")
+    assert run.returncode == 0, run.stderr
+    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert plan["fallback"] == "int8" and plan["sites"]
+    assert {s["precision"] for s in plan["sites"]} == {"int8"}
+    model = onnx.load(model_path)
+    x = np.load(calib / "x.npy")
+    feeds = [{"x": x[i:i + 1]} for i in range(x.shape[0])]
+    oracle = _w4_plan_oracle(model, {s["node"] for s in plan["sites"]})
+    searched, held = feeds[0::2], feeds[1::2]  # held_out.split: "even samples searched, odd held out"
+    assert plan["held_out"]["split"].startswith("interleave: even samples searched")
+    assert plan["search"]["achieved"]["cosine"] == pytest.approx(pooled_cosines(model, oracle, searched)["y"],
+                                                                 abs=1e-6)
+    assert plan["achieved"]["cosine"] == pytest.approx(pooled_cosines(model, oracle, held)["y"], abs=1e-6)
+    assert plan["achieved"]["cosine"] > plan["all_int8"]["cosine"]  # the 8-bit sites do recover cosine
+    config = json.loads((tmp_path / "b" / "ort_quant_config.json").read_text())
+    overrides = config["quantize_static"]["extra_options"]["TensorQuantOverrides"]
+    assert set(overrides) == {w for s in plan["sites"] for w in s["weights"]}
+    assert all(o == [{"quant_type": "QInt8", "symmetric": True, "axis": 1}] for o in overrides.values())
+    assert not (tmp_path / "b" / "rknn_hybrid_quant.cfg").exists()  # a CNN cfg would call those sites float
+
+
+def test_fallback_int8_without_int4_weights_is_one_line_exit_2(tmp_path: Path) -> None:
+    model_path, calib = write_chain(tmp_path, samples=4)
+    run = _bisect(model_path, calib, tmp_path / "b", "--scheme", "w8a16", "--fallback", "int8",
+                  "--target-cosine", "0.99")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [run.stderr.strip()]
+    assert "--fallback int8: expected a scheme with int4 weights" in run.stderr and "w8a16" in run.stderr

@@ -23,7 +23,7 @@ from quantscan.bisect.state import BUDGET, BUDGET_NO_PLAN, METRICS, Bisector, St
 from quantscan.bisect.verdict import Verdict, held_out_kind, reach_text
 from quantscan.columns import Col
 from quantscan.errors import QuantscanError
-from quantscan.graph.mixed import MixedBuilder
+from quantscan.graph.mixed import W8, MixedBuilder
 from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.records import Metrics, ParetoPoint, Plan, PlanSite, Precision
 from quantscan.runfolder import RUN_JSON, atomic_write_text, csv_text, read_csv, read_run_json, read_text, write_json
@@ -70,7 +70,7 @@ def plan_sites(
             PlanSite(
                 node=s.node,
                 output=s.output,
-                precision=Precision(Precision.parse(prec[k])),
+                precision=Precision(Precision.parse(Precision.INT8.value if prec[k] == W8 else prec[k])),
                 op_type=s.op_type,
                 kernel=s.kernel,
                 order=ctx.graph.order.get(s.node, -1 if s.is_input else k),
