@@ -284,7 +284,7 @@ def _checked_request(
         raise UsageError("bisect: expected MODEL and --calib DIR (or --resume FILE)")
     if fallback not in FALLBACKS or mode not in MODES:
         raise UsageError(
-            f"bisect: expected --fallback float|int16 and mode search|first_bad, found {fallback}, {mode}"
+            f"bisect: expected --fallback float|int16|int8 and mode search|first_bad, found {fallback}, {mode}"
         )
     return model, calib
 

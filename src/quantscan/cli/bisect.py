@@ -44,7 +44,8 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--target-cosine", type=cosine_target, default=None, help="in (0, 1]")
     p.add_argument("--target-sqnr", type=finite, default=None, help="dB")
     p.add_argument("--target-top1", type=fraction, default=None, help="in [0, 1]")
-    p.add_argument("--fallback", default="float", choices=["float", "int16"])
+    p.add_argument("--fallback", default="float", choices=["float", "int16", "int8"],
+                   help="what a kept site becomes; int8: 8-bit weights under a w4 scheme (RKLLM hybrid layers)")
     p.add_argument("--first-bad", action="store_true", help="find the first site (in topological order) that breaks it")
     p.add_argument("--session", default=None, help="session file (default <out>/session.json)")
     p.add_argument("--resume", default=None, metavar="FILE", help="continue a session without repeating steps")
@@ -149,6 +150,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)}{interval} "
           f"(all-int8 {value(plan.all_int8)}, all-float {value(plan.all_float)}); "
           f"{plan.evaluations} evaluations in {plan.seconds} s{_rounds(plan.speculation)}")
+    if plan.scheme and plan.scheme.get("name") != "w8a8":
+        name = plan.scheme.get("name")
+        ceiling = f", all-float every site at --fallback {plan.fallback}" if plan.fallback != "float" else ""
+        print(f"  scheme {name}: all-int8 is every site at {name}{ceiling}")
     if plan.unmeasured:
         print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
               "(no site there was searched)")
