@@ -647,6 +647,10 @@ class Plan:
     no plan helps, and, for a plan keeping more than half the sites float, that the output cannot be int8
     with its cause and the measured alternatives. None in older plan files."""
 
+    objective: Mapping[str, Any] | None = None
+    """`bisect --objective`/`--max-extra-ms` (bisect/objective.py): what was optimised, the fewest-sites plan's
+    estimated extra ms and the chosen set's. None in older plan files."""
+
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
         return [s for s in self.sites if precision is None or s.precision == precision]
@@ -691,6 +695,7 @@ class Plan:
             **({"speculation": dict(self.speculation)} if self.speculation is not None else {}),
             **({"unmeasured": list(self.unmeasured)} if self.unmeasured else {}),
             **({"verdict": dict(self.verdict)} if self.verdict is not None else {}),
+            **({"objective": dict(self.objective)} if self.objective is not None else {}),
         }
 
     @classmethod
@@ -738,6 +743,7 @@ class Plan:
             if isinstance(raw.get("speculation"), dict) else None,
             unmeasured=tuple(str(u) for u in raw.get("unmeasured", ())),
             verdict=dict(raw["verdict"]) if isinstance(raw.get("verdict"), dict) else None,
+            objective=dict(raw["objective"]) if isinstance(raw.get("objective"), dict) else None,
         )
 
 
