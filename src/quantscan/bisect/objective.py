@@ -172,3 +172,22 @@ def with_objective(plan: Any, record: Mapping[str, Any] | None) -> Any:
     if record.get("max_extra_ms") is not None and not record.get("target_met", True) and plan.mode == "search":
         plan = replace(plan, status=MISSED_WITHIN_BUDGET, reached=False)
     return plan
+
+
+def objective_line(record: Mapping[str, Any] | None) -> str | None:
+    """What the objective did, for the CLI: the chosen set's estimated extra ms against the fewest-sites
+    plan's, or why the fewest-sites plan stayed. None under the default objective."""
+    if not record or (record.get("objective") == "sites" and record.get("max_extra_ms") is None):
+        return None
+    what = (f"--max-extra-ms {record['max_extra_ms']:g}" if record.get("max_extra_ms") is not None
+            else f"--objective {record['objective']}")
+    plan = record.get("sites_plan") or {}
+    fewest_ms = float(plan.get("extra_ms", math.nan))
+    fewest = f"the fewest-sites plan ({plan.get('float_sites')} sites) is +{fewest_ms:.3f} ms"
+    chosen = record.get("chosen")
+    if not chosen:
+        return (f"{what}: {fewest}; no measured set of the {record.get('candidates_judged', 0)} judged held out "
+                "beats it, so it stays")
+    met = "" if record.get("target_met", True) else " (below the target)"
+    return (f"{what}: chose {chosen['float_sites']} site(s) at +{float(chosen['extra_ms']):.3f} ms estimated, "
+            f"held out {float(chosen['held_out_value']):.5f}{met}; {fewest}")

@@ -160,6 +160,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
               "(no site there was searched)")
     _print_verdict(plan.verdict)
+    _print_objective(plan.objective)
     _print_budget(plan.status, out / "session.json" if args.session is None and args.resume is None
                   else Path(args.session or args.resume))
     for site in plan.sites:
@@ -179,6 +180,15 @@ def _export_from_plan(args: argparse.Namespace) -> int:
         files = export_from_plan(args.from_plan, out, args.export, args.model, args.hailo_hn)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in files.values())) + ")")
     return EXIT_OK
+
+
+def _print_objective(record: Any) -> None:
+    """`--objective latency` / `--max-extra-ms`: what was chosen against the fewest-sites plan (estimated)."""
+    from quantscan.bisect.objective import objective_line
+
+    line = objective_line(record)
+    if line:
+        print(f"  {line}")
 
 
 def _print_verdict(verdict: Any) -> None:
