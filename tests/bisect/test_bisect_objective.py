@@ -102,6 +102,9 @@ def test_a_budget_gives_the_best_held_out_set_within_it_and_says_when_the_target
     assert none.plan.all_int8["sqnr_db"] < TARGET_SQNR
     assert none.plan.status == "missed_within_budget" and not none.reached
     assert none.plan.objective is not None and none.plan.objective["target_met"] is False
+    # said as the budget's miss, not as a set that met the target on the searched samples only
+    assert none.plan.verdict is not None and none.plan.verdict["kind"] == "missed_within_budget"
+    assert not any("searched samples" in w for w in none.warnings)
     proc = cli("bisect", model, "--calib", calib, "--target-sqnr", TARGET_SQNR, "--profile", "rk3588",
                "--max-extra-ms", "0", "--out", tmp_path / "c", "--quiet", "--threads", "1")
     assert proc.returncode == 1, proc.stderr  # not reached within the budget

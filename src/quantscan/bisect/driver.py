@@ -23,7 +23,7 @@ from quantscan.bisect.alternatives import measure_alternatives
 from quantscan.bisect.batch import HereRound, SimulationRound, ToolchainRound, spare_of
 from quantscan.bisect.external import BuildPool, Toolchain, ToolchainEvaluator, ToolchainFactory
 from quantscan.bisect.external import verify as verify_plan
-from quantscan.bisect.objective import Choice, Objective, rechoose, require_cost, with_objective
+from quantscan.bisect.objective import MISSED_WITHIN_BUDGET, Choice, Objective, rechoose, require_cost, with_objective
 from quantscan.bisect.plan import SummaryBlock, board_shapes, build_plan, held_out_warning, write_plan
 from quantscan.bisect.realise import Judged, RealisedEvaluator, SampleSplit, held_out_claims, split_context
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, Rounding
@@ -581,7 +581,7 @@ def _finish(
     step1_names = chain.names_for(plan.sites) if chain is not None else None
     plan = with_int8_verdict(plan, ctx, judging, builder, target, session.gain)
     plan = with_objective(plan, objective_record)
-    warning = held_out_warning(plan)
+    warning = held_out_warning(plan) if plan.status != MISSED_WITHIN_BUDGET else None  # said by the verdict
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:

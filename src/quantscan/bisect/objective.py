@@ -170,7 +170,12 @@ def with_objective(plan: Any, record: Mapping[str, Any] | None) -> Any:
         return plan
     plan = replace(plan, objective=dict(record))
     if record.get("max_extra_ms") is not None and not record.get("target_met", True) and plan.mode == "search":
-        plan = replace(plan, status=MISSED_WITHIN_BUDGET, reached=False)
+        # the verdict's held-out wording ("met the target only on the searched samples") is of the search's
+        # plan; the budget's pick is said as what it is
+        text = f"not reached within the budget: {objective_line(record)}"
+        verdict = {**(plan.verdict or {}), "kind": MISSED_WITHIN_BUDGET, "reached": False, "text": text}
+        held = {**plan.held_out, "meets_target": False} if plan.held_out is not None else None
+        plan = replace(plan, status=MISSED_WITHIN_BUDGET, reached=False, verdict=verdict, held_out=held)
     return plan
 
 
