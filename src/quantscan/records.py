@@ -653,6 +653,10 @@ class Plan:
     `group_size`, `weight_zero_point`, `activations`): a site at `int8` holds the scheme's weights and
     activations, not literally int8. None in plan files from before schemes (w8a8)."""
 
+    objective: Mapping[str, Any] | None = None
+    """`bisect --objective`/`--max-extra-ms` (bisect/objective.py): what was optimised, the fewest-sites plan's
+    estimated extra ms and the chosen set's. None in older plan files."""
+
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
         return [s for s in self.sites if precision is None or s.precision == precision]
@@ -698,6 +702,7 @@ class Plan:
             **({"unmeasured": list(self.unmeasured)} if self.unmeasured else {}),
             **({"verdict": dict(self.verdict)} if self.verdict is not None else {}),
             **({"scheme": dict(self.scheme)} if self.scheme is not None else {}),
+            **({"objective": dict(self.objective)} if self.objective is not None else {}),
         }
 
     @classmethod
@@ -746,6 +751,7 @@ class Plan:
             unmeasured=tuple(str(u) for u in raw.get("unmeasured", ())),
             verdict=dict(raw["verdict"]) if isinstance(raw.get("verdict"), dict) else None,
             scheme=dict(raw["scheme"]) if isinstance(raw.get("scheme"), dict) else None,
+            objective=dict(raw["objective"]) if isinstance(raw.get("objective"), dict) else None,
         )
 
 

@@ -96,6 +96,7 @@ def build_plan(
     steps: Sequence[Step],
     seconds: float,
     claims: Claims | None = None,
+    achieved_sites: Sequence[str] | None = None,
 ) -> Plan:
     """The plan as the contract fixes it, plus the step log and what the exports need.
 
@@ -113,6 +114,7 @@ def build_plan(
     ceiling = [n for n in machine.order if n not in machine.force_quant]
     output = session.options.get(Col.OUTPUT)
     achieved = outcome.sites if outcome.status not in ("unreachable", BUDGET_NO_PLAN) else None
+    achieved = tuple(achieved_sites) if achieved_sites is not None else achieved  # bisect/objective.py's pick
     plan = Plan(
         model=session.model_path,
         model_sha256=session.model_sha256,

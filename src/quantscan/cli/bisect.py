@@ -77,6 +77,12 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--max-minutes", type=finite, default=None, metavar="M",
                    help="time budget: after M minutes the search stops and the plan is the smallest measured set "
                         "that meets the target (status budget, not reduced to minimal; --resume goes on)")
+    p.add_argument("--objective", default=None, choices=["sites", "latency"],
+                   help="sites (default): the fewest-sites plan; latency: among the measured sets that meet the "
+                        "target held out, the least estimated board time (needs a --profile with a cost table)")
+    p.add_argument("--max-extra-ms", type=finite, default=None, metavar="X",
+                   help="the best held-out figure among measured sets whose estimated extra time over all-int8 "
+                        "is at most X ms (needs a --profile with a cost table)")
     p.add_argument("--holdout", default="interleave", choices=list(HOLDOUTS),
                    help="interleave: search on even samples, claim on odd ones (--eval: that folder is held out)")
     task_options(p, plugins=False)
@@ -102,7 +108,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     refuse_out_in_data(out, args.calib, args.eval)
     options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force,
-                               "max_minutes": args.max_minutes, **executor_choice(args)}
+                               "max_minutes": args.max_minutes, "objective": args.objective,
+                               "max_extra_ms": args.max_extra_ms, **executor_choice(args)}
     if args.resume is None:
         options.update({**SampleArgs.parse(args, "bisect").scan_options(), **TaskArgs.parse(args).scan_options(),
                         "realisations": args.realisations, "rounding_spread": args.rounding_spread,
@@ -158,6 +165,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
               "(no site there was searched)")
     _print_verdict(plan.verdict)
+    _print_objective(plan.objective)
     _print_budget(plan.status, out / "session.json" if args.session is None and args.resume is None
                   else Path(args.session or args.resume))
     for site in plan.sites:
@@ -177,6 +185,15 @@ def _export_from_plan(args: argparse.Namespace) -> int:
         files = export_from_plan(args.from_plan, out, args.export, args.model, args.hailo_hn)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in files.values())) + ")")
     return EXIT_OK
+
+
+def _print_objective(record: Any) -> None:
+    """`--objective latency` / `--max-extra-ms`: what was chosen against the fewest-sites plan (estimated)."""
+    from quantscan.bisect.objective import objective_line
+
+    line = objective_line(record)
+    if line:
+        print(f"  {line}")
 
 
 def _print_verdict(verdict: Any) -> None:
