@@ -73,6 +73,9 @@ def table(measure: Callable[[list[str]], tuple[float, float]], nodes: list[str],
         share = (agree - w4[0]) / (w8[0] - w4[0]) if w8[0] != w4[0] else float("nan")
         print(f"| {name} | {agree:.4f} | {cos:.5f} | {share:.0%} |")
     print("random draws (agreement):", ", ".join(f"{r[0]:.4f}" for r in randoms))
+    curve = [measure(nodes[:n])[0] for n in range(1, min(len(nodes), 3 * k) + 1)]
+    print("top n at int8, n = 1..: agreement", ", ".join(f"{a:.4f}" for a in curve), "; share recovered",
+          ", ".join(f"{(a - w4[0]) / (w8[0] - w4[0]):.0%}" for a in curve))
 
 
 def main() -> None:
