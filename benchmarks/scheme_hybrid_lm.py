@@ -9,7 +9,7 @@ are independent). Held out: HELDOUT, disjoint steps of the same kind. Rows: all 
 their own next-token gain on RANKING (each site alone at int8: agreement minus all-w4's), the cheap
 task-level alternative to the cosine gain. Every row is the QDQ model quantscan builds, run by its runner.
 Data: benchmarks/zoo_export_lm.py `write_steps` over the held-out text (see RESULTS.md "decoder LM").
-Run: python benchmarks/scheme_hybrid_lm.py MODEL CALIB RANKING HELDOUT LAYERS_CSV [--scheme w4af-g32]
+Run: python benchmarks/scheme_hybrid_lm.py MODEL CALIB RANKING HELDOUT LAYERS_CSV [--scheme w4af-g32] [--carry]
 """
 
 from __future__ import annotations
@@ -31,6 +31,27 @@ def agreement(reference: np.ndarray, other: np.ndarray) -> float:
     return float(np.mean(reference.argmax(axis=1) == other.argmax(axis=1)))
 
 
+CARRY = False
+"""`--carry`: each model carries its own cache from step to step (the deployed decode), instead of every
+step reading the FP32 stream's cache from its file; the first held-out step reads its file's."""
+
+
+def run_logits(ctx: ScanContext, model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]],
+               vocab: int) -> np.ndarray:
+    """[steps, vocab] logits; with CARRY, present.N feeds the next step's past.N (feeds in stream order)."""
+    if not CARRY:
+        return sg.run_outputs(ctx.runner, model, feeds, ["logits"])["logits"].reshape(-1, vocab)
+    session = ctx.runner.session(model, built=True)
+    cache: dict[str, np.ndarray] = {}
+    rows = []
+    for step in feeds:
+        names = [k.replace("past", "present") for k in step if k.startswith("past.")]
+        out = session.run({**step, **cache}, ["logits", *names])
+        cache = {k.replace("present", "past"): out[k] for k in names}
+        rows.append(np.asarray(out["logits"], np.float64).reshape(-1, vocab))
+    return np.concatenate(rows)
+
+
 def logits_with_int8(ctx: ScanContext, feeds: Sequence[Mapping[str, np.ndarray]], nodes: Sequence[str],
                      vocab: int) -> np.ndarray:
     """[steps, vocab] logits of the scheme's QDQ model with `nodes`' weights at int8 (float model if None)."""
@@ -39,12 +60,11 @@ def logits_with_int8(ctx: ScanContext, feeds: Sequence[Mapping[str, np.ndarray]]
     plan = ctx.quant.plan
     for node in nodes:
         plan = sg.with_int8_weight(prepared, plan, by_node[node], ctx.chip.per_channel_weights)
-    model = qgraph.build_qdq_model(prepared, ctx.graph.sites, plan)
-    return sg.run_outputs(ctx.runner, model, feeds, ["logits"])["logits"].reshape(-1, vocab)
+    return run_logits(ctx, qgraph.build_qdq_model(prepared, ctx.graph.sites, plan), feeds, vocab)
 
 
 def fp32_logits(ctx: ScanContext, feeds: Sequence[Mapping[str, np.ndarray]], vocab: int) -> np.ndarray:
-    return sg.run_outputs(ctx.runner, ctx.graph.prepared.proto, feeds, ["logits"])["logits"].reshape(-1, vocab)
+    return run_logits(ctx, ctx.graph.prepared.proto, feeds, vocab)
 
 
 def next_token_ranking(ctx: ScanContext, nodes: Sequence[str], vocab: int) -> list[str]:
@@ -86,7 +106,10 @@ def main() -> None:
     parser.add_argument("--share", type=float, default=0.1, help="share of the weighted sites kept at int8")
     parser.add_argument("--draws", type=int, default=5, help="random draws (seed 0)")
     parser.add_argument("--rank-by", choices=("cosine", "next_token"), default="cosine")
+    parser.add_argument("--carry", action="store_true", help="each model carries its own cache (see CARRY)")
     args = parser.parse_args()
+    global CARRY
+    CARRY = args.carry
     held = prepare_scan(args.model, args.calib, eval=args.heldout, scheme=args.scheme)
     logits = next(o for o in onnx.load(args.model).graph.output if o.name == "logits")
     vocab = int(logits.type.tensor_type.shape.dim[-1].dim_value)
@@ -104,7 +127,7 @@ def main() -> None:
 
     k = max(1, round(args.share * len(nodes)))
     print(f"{len(nodes)} weighted sites ranked by {args.rank_by} gain, {k} kept at int8: {nodes[:k]}; "
-          f"{len(reference)} held-out steps, scheme {args.scheme}")
+          f"{len(reference)} held-out steps, scheme {args.scheme}, {'own' if CARRY else 'FP32'} cache")
     table(measure, nodes, k, args.draws)
 
 
