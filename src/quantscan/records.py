@@ -72,10 +72,12 @@ class Placement(StrEnum):
 
 
 class Precision(StrEnum):
-    """The precision a mixed-precision plan gives a site that does not stay int8."""
+    """The precision a mixed-precision plan gives a site that does not stay at the scheme's base: float,
+    int16, or (under a scheme with int4 weights) int8 weights with the scheme's activations."""
 
     FLOAT = "float"
     INT16 = "int16"
+    INT8 = "int8"
 
 
 class CalibMethod(StrEnum):
@@ -646,6 +648,14 @@ class Plan:
     """What bisect may claim (bisect/verdict.py `Verdict.to_json`): reached on the held-out samples or not,
     no plan helps, and, for a plan keeping more than half the sites float, that the output cannot be int8
     with its cause and the measured alternatives. None in older plan files."""
+    scheme: Mapping[str, Any] | None = None
+    """The scheme the bisection ran under (quantscan.schemes `Scheme.to_json`: `name`, `weights`,
+    `group_size`, `weight_zero_point`, `activations`): a site at `int8` holds the scheme's weights and
+    activations, not literally int8. None in plan files from before schemes (w8a8)."""
+
+    objective: Mapping[str, Any] | None = None
+    """`bisect --objective`/`--max-extra-ms` (bisect/objective.py): what was optimised, the fewest-sites plan's
+    estimated extra ms and the chosen set's. None in older plan files."""
 
     def sites_at(self, precision: Precision | None = None) -> list[PlanSite]:
         """The plan's sites, or only those at `precision`."""
@@ -691,6 +701,8 @@ class Plan:
             **({"speculation": dict(self.speculation)} if self.speculation is not None else {}),
             **({"unmeasured": list(self.unmeasured)} if self.unmeasured else {}),
             **({"verdict": dict(self.verdict)} if self.verdict is not None else {}),
+            **({"scheme": dict(self.scheme)} if self.scheme is not None else {}),
+            **({"objective": dict(self.objective)} if self.objective is not None else {}),
         }
 
     @classmethod
@@ -738,6 +750,8 @@ class Plan:
             if isinstance(raw.get("speculation"), dict) else None,
             unmeasured=tuple(str(u) for u in raw.get("unmeasured", ())),
             verdict=dict(raw["verdict"]) if isinstance(raw.get("verdict"), dict) else None,
+            scheme=dict(raw["scheme"]) if isinstance(raw.get("scheme"), dict) else None,
+            objective=dict(raw["objective"]) if isinstance(raw.get("objective"), dict) else None,
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,8 @@ from quantscan.bisect.alternatives import measure_alternatives
 from quantscan.bisect.batch import HereRound, SimulationRound, ToolchainRound, spare_of
 from quantscan.bisect.external import BuildPool, Toolchain, ToolchainEvaluator, ToolchainFactory
 from quantscan.bisect.external import verify as verify_plan
-from quantscan.bisect.plan import SummaryBlock, build_plan, held_out_warning, write_plan
+from quantscan.bisect.objective import MISSED_WITHIN_BUDGET, Choice, Objective, rechoose, require_cost, with_objective
+from quantscan.bisect.plan import SummaryBlock, board_shapes, build_plan, held_out_warning, write_plan
 from quantscan.bisect.realise import Judged, RealisedEvaluator, SampleSplit, held_out_claims, split_context
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, Rounding
 from quantscan.bisect.session import BisectSession, calibration_identity, machine_for
@@ -31,6 +32,7 @@ from quantscan.bisect.speculate import Measure, Spare, SpeculativeFeed
 from quantscan.bisect.state import (
     BUDGET,
     FALLBACKS,
+    METRICS,
     MODES,
     Bisector,
     Outcome,
@@ -133,6 +135,8 @@ def bisect_model(
     holdout: str = "interleave",
     bound_z: float = DEFAULT_Z,
     max_minutes: float | None = None,
+    objective: str | None = None,
+    max_extra_ms: float | None = None,
     **options: Any,
 ) -> BisectResult:
     """Output gain, then a resumable bisection to the target; writes plan files when `out` is given
@@ -155,6 +159,7 @@ def bisect_model(
     model, calib = _checked_request(model, calib, fallback, mode)
     loaded, cset, identity = _load_inputs(model, calib, options, stored)
     ctx = _prepare(loaded, cset, calib, progress, runner, options)
+    aim_of = _objective_of(stored, objective, max_extra_ms, ctx)
     aim = _stored_target(stored) or target_from_flags(target_cosine, target_sqnr, target_top1, target)
     rounding = _rounding(stored, Rounding(realisations, rounding_spread, int(options.get("seed") or 0), bound_z,
                                           holdout))
@@ -171,6 +176,7 @@ def bisect_model(
     try:
         run = _Search(ctx, loaded, identity, aim, fallback, mode, loss_if_only, keep_float, force_quant, rounding,
                       split, builder, chain, judge, executor, evaluator, verify, workers, deadline)
+        run.objective = aim_of
         return _search(run, stored, session_path, progress, on_step, out, save_qdq, exports, summary_block, started)
     finally:
         if executor is not None:
@@ -201,6 +207,8 @@ class _Search:
     workers: int
     deadline: float | None = None
     """time.perf_counter() value past which no new round starts (`--max-minutes`)."""
+    objective: Objective | None = None
+    """`--objective`/`--max-extra-ms`, recorded in a new session (a resumed one keeps its own)."""
 
 
 def _search(run: _Search, stored: BisectSession | None, session_path: Path | None, progress: ProgressFactory,
@@ -223,6 +231,7 @@ def _search(run: _Search, stored: BisectSession | None, session_path: Path | Non
         stored = _new_session(ctx, run.loaded, run.identity, aim, run.fallback, mode, run.loss_if_only, keep_float,
                               force_quant, gains, run.rounding)
         keep_float, force_quant, stored.options["evaluator"] = (), (), run.evaluator
+        stored.options.update((run.objective or Objective()).as_dict())
     machine = machine_for(stored)
     if keep_float or force_quant:
         machine.mark(keep_float, force_quant)
@@ -284,7 +293,7 @@ def _checked_request(
         raise UsageError("bisect: expected MODEL and --calib DIR (or --resume FILE)")
     if fallback not in FALLBACKS or mode not in MODES:
         raise UsageError(
-            f"bisect: expected --fallback float|int16 and mode search|first_bad, found {fallback}, {mode}"
+            f"bisect: expected --fallback float|int16|int8 and mode search|first_bad, found {fallback}, {mode}"
         )
     return model, calib
 
@@ -544,11 +553,14 @@ def _finish(
     steps = [e for e in machine.events if isinstance(e, Step)]
     chosen = set(outcome.sites) if outcome.status in ("reached", "already_met", BUDGET) else set()
     chosen |= machine.keep_float if outcome.status == "already_met" else set()
+    picked, objective_record = _objective_choice(ctx, builder, machine, session, out, target, judging, chosen)
+    chosen = set(picked.sites) if picked is not None else chosen
     prec = builder.precisions(chosen)
     ceiling = [n for n in machine.order if n not in machine.force_quant]
     reported = [(), ceiling, tuple(chosen), *(p.sites for p in machine.pareto())]
     claims = held_out_claims(judging[0], builder, target, judging[1], reported) if judging is not None else None
-    plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds, claims)
+    plan = build_plan(ctx, builder, machine, session, target, prec, steps, seconds, claims,
+                      achieved_sites=picked.sites if picked is not None else None)
     if feed is not None and feed.width > 1 and feed.counts is not None:
         plan = replace(plan, speculation=feed.counts.as_dict(len(feed.spare)))
     chain, verify, pool = vendor
@@ -556,7 +568,8 @@ def _finish(
         plan = verify_plan(plan, ctx, builder.precisions, chain, pool)
     step1_names = chain.names_for(plan.sites) if chain is not None else None
     plan = with_int8_verdict(plan, ctx, judging, builder, target, session.gain)
-    warning = held_out_warning(plan)
+    plan = with_objective(plan, objective_record)
+    warning = held_out_warning(plan) if plan.status != MISSED_WITHIN_BUDGET else None  # said by the verdict
     qdq = builder.model(prec)
     files: dict[str, Path] = {}
     if save_qdq is not None:
@@ -566,6 +579,44 @@ def _finish(
         files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block, step1_names))
     warnings = [*ctx.warnings, *([warning] if warning else [])]
     return BisectResult(plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, warnings)
+
+
+def _objective_of(stored: BisectSession | None, name: str | None, max_extra_ms: float | None,
+                  ctx: ScanContext) -> Objective:
+    """This run's objective (a resumed session keeps the one it recorded); a cost objective needs the scan's
+    profile to have a [cost] table, checked before any search time is spent."""
+    objective = (Objective.stored(stored.options) if stored is not None else None) or Objective.parse(
+        name, max_extra_ms)
+    if objective.needs_cost:
+        from quantscan.compat.profiles import load_profile
+
+        profile = ctx.chip.profile
+        require_cost(objective, bool(profile) and bool(load_profile(str(profile)).cost), profile)
+    return objective
+
+
+def _objective_choice(
+    ctx: ScanContext, builder: MixedBuilder, machine: Bisector, session: BisectSession, out: str | Path | None,
+    target: Target, judging: tuple[SampleSplit, Rounding] | None, chosen: set[str],
+) -> tuple[Choice | None, dict[str, Any] | None]:
+    """`--objective latency` / `--max-extra-ms`: the measured set the objective picks, judged held out like
+    the plan's claim (bisect/objective.py), and plan.json's `objective` record; (None, record) otherwise."""
+    objective = Objective.stored(session.options) or Objective()
+    if not objective.needs_cost or judging is None:
+        return None, objective.as_dict() if "objective" in session.options else None
+    from quantscan.compat.profiles import load_profile
+    from quantscan.cost import Pricer
+
+    pricer = Pricer.of(ctx.loaded.proto, load_profile(str(ctx.chip.profile)),
+                       board_shapes(session, Path(out)) if out is not None else None)
+    key = METRICS[target.metric]
+
+    def held_out_of(sets: Sequence[Sequence[str]]) -> Callable[[Sequence[str]], float]:
+        claims = held_out_claims(judging[0], builder, target, judging[1], sets)
+        return lambda sites: float((claims.metrics(sites) or {}).get(key, math.nan))
+
+    return rechoose(objective, pricer, builder.fallback, machine.known.values(), sorted(chosen), held_out_of,
+                    target.value)
 
 
 def with_int8_verdict(

@@ -69,12 +69,17 @@ def onnxruntime_config(plan: Plan) -> dict[str, Any]:
             overrides[tensor] = [{"quant_type": act16, "symmetric": symmetric}]
         for weight in site.weights:
             overrides[weight] = [{"quant_type": "QInt16", "symmetric": True, "axis": site.weight_axis}]
+    for site in plan.sites_at(Precision.INT8):  # 8-bit weights at a site of a 4-bit-weight scheme
+        for weight in site.weights:
+            overrides[weight] = [{"quant_type": "QInt8", "symmetric": True, "axis": site.weight_axis}]
     extra = {**dict(call.get("extra_options") or {}), "TensorQuantOverrides": overrides}
     call.update(nodes_to_exclude=_float_nodes(plan), extra_options=extra)
     return {
         "quantize_static": call,
         "quant_pre_process": False,
         "note": _TRANSFERS if transfers else _DOES_NOT_TRANSFER.format(profile=recipe.get("profile") or "none"),
+        **({"scheme": recipe["scheme"]} if recipe.get("scheme") else {}),
+        **({"scheme_note": recipe["scheme_note"]} if recipe.get("scheme_note") else {}),
         "nodes_to_exclude": call["nodes_to_exclude"],
         "per_channel": call.get("per_channel", True),
         "extra_options": extra,
@@ -315,6 +320,7 @@ def write_exports(
     unknown = [n for n in chosen if n not in EXPORT_NAMES]
     if unknown:
         raise UsageError(f"--export: expected one of {', '.join(EXPORT_NAMES)}, found {', '.join(unknown)}")
+    chosen = _exports_for_weight_bits(plan, chosen, explicit=names is not None)
     if graph is None and model is not None:
         graph = {n.name: (n.op_type, list(n.input), list(n.output)) for n in model.graph.node}
     nodes = chips.ModelNodes.of(model) if model is not None else None
@@ -330,6 +336,19 @@ def write_exports(
         atomic_write_text(path, text)
         written[name] = path
     return written
+
+
+def _exports_for_weight_bits(plan: Plan, chosen: Sequence[str], explicit: bool) -> list[str]:
+    """A plan with `int8` sites (8-bit weights under a 4-bit-weight scheme) goes only where a per-tensor
+    weight type can be said: onnxruntime's TensorQuantOverrides. The CNN toolchains' files know float and
+    16-bit layers only, and would call those sites float; asked for by name, that is refused."""
+    if not plan.sites_at(Precision.INT8):
+        return list(chosen)
+    others = [n for n in chosen if n != "onnxruntime"]
+    if explicit and others:
+        raise UsageError(f"--export: expected onnxruntime for a plan with 8-bit-weight sites under a 4-bit "
+                         f"scheme, found {', '.join(others)}")
+    return [n for n in chosen if n == "onnxruntime"] or ["onnxruntime"]
 
 
 def _legacy_text(name: str, writer: Callable[[Plan], str], plan: Plan, graph: Mapping[str, NodeInfo] | None,

@@ -23,12 +23,13 @@ from quantscan.bisect.state import BUDGET, BUDGET_NO_PLAN, METRICS, Bisector, St
 from quantscan.bisect.verdict import Verdict, held_out_kind, reach_text
 from quantscan.columns import Col
 from quantscan.errors import QuantscanError
-from quantscan.graph.mixed import MixedBuilder
+from quantscan.graph.mixed import W8, MixedBuilder
 from quantscan.graph.subgraphs import quantizable_bodies
 from quantscan.records import Metrics, ParetoPoint, Plan, PlanSite, Precision
 from quantscan.runfolder import RUN_JSON, atomic_write_text, csv_text, read_csv, read_run_json, read_text, write_json
 from quantscan.scanning.ort_recipe import quantize_static_call
 from quantscan.scanning.prepare import ScanContext
+from quantscan.schemes import Scheme
 from quantscan.sites import Site
 
 PLAN_CSV_COLUMNS = (Col.NODE, Col.OUTPUT, "precision", Col.OP_TYPE, Col.KERNEL, Col.ORDER, Col.GAIN_IF_FLOAT)
@@ -69,7 +70,7 @@ def plan_sites(
             PlanSite(
                 node=s.node,
                 output=s.output,
-                precision=Precision(Precision.parse(prec[k])),
+                precision=Precision(Precision.parse(Precision.INT8.value if prec[k] == W8 else prec[k])),
                 op_type=s.op_type,
                 kernel=s.kernel,
                 order=ctx.graph.order.get(s.node, -1 if s.is_input else k),
@@ -95,6 +96,7 @@ def build_plan(
     steps: Sequence[Step],
     seconds: float,
     claims: Claims | None = None,
+    achieved_sites: Sequence[str] | None = None,
 ) -> Plan:
     """The plan as the contract fixes it, plus the step log and what the exports need.
 
@@ -112,6 +114,7 @@ def build_plan(
     ceiling = [n for n in machine.order if n not in machine.force_quant]
     output = session.options.get(Col.OUTPUT)
     achieved = outcome.sites if outcome.status not in ("unreachable", BUDGET_NO_PLAN) else None
+    achieved = tuple(achieved_sites) if achieved_sites is not None else achieved  # bisect/objective.py's pick
     plan = Plan(
         model=session.model_path,
         model_sha256=session.model_sha256,
@@ -142,6 +145,7 @@ def build_plan(
         steps=tuple(s.record() for s in steps),
         recipe=plan_recipe(ctx),
         unmeasured=tuple(quantizable_bodies(ctx.graph.prepared.proto)),
+        scheme=ctx.chip.scheme.to_json(),
     )
     if claims is None:
         return plan
@@ -211,10 +215,34 @@ def plan_recipe(ctx: ScanContext) -> dict[str, Any]:
     """What the exports need to say how the plan was measured: the profile, its recipe, and the
     quantize_static call of its activation scheme (the one the sites were read from, for recipe
     onnxruntime)."""
-    call = ctx.quant.quantize_static or quantize_static_call(
-        ctx.chip.activations, ctx.opts.calib_method
+    call = ctx.quant.quantize_static or scheme_call(
+        quantize_static_call(ctx.chip.activations, ctx.opts.calib_method), ctx.chip.scheme
     )
-    return {"profile": ctx.chip.profile, "recipe": ctx.chip.recipe, "quantize_static": call}
+    note = scheme_note(ctx.chip.scheme)
+    return {"profile": ctx.chip.profile, "recipe": ctx.chip.recipe, "quantize_static": call,
+            "scheme": ctx.chip.scheme.to_json(), **({"scheme_note": note} if note else {})}
+
+
+def scheme_call(call: Mapping[str, Any], scheme: Scheme) -> dict[str, Any]:
+    """quantize_static's arguments for the scheme the plan's `int8` sites were measured in: int16
+    activations are QInt16 symmetric (quantscan's int16), int4 weights QInt4 (per channel)."""
+    out = dict(call)
+    if scheme.activations == "int16":
+        out["activation_type"] = "QInt16"
+        out["extra_options"] = {**dict(out.get("extra_options") or {}), "ActivationSymmetric": True}
+    if scheme.weights == "int4":
+        out["weight_type"] = "QInt4"
+    return out
+
+
+def scheme_note(scheme: Scheme) -> str:
+    """What quantize_static cannot express of the scheme (it has no group-wise weights, weight zero
+    points nor float activations: onnxruntime's MatMulNBitsQuantizer is the weight-only block route),
+    so an export does not pretend its call writes the measured model; empty when it can."""
+    gaps = [what for what, missing in (("group-wise weights", scheme.group_size is not None),
+                                        ("weight zero points", scheme.weight_zero_point),
+                                        ("float activations", scheme.weight_only)) if missing]
+    return f"scheme {scheme.name()}: quantize_static has no {', '.join(gaps)}" if gaps else ""
 
 
 def write_plan(

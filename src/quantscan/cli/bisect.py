@@ -44,7 +44,8 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--target-cosine", type=cosine_target, default=None, help="in (0, 1]")
     p.add_argument("--target-sqnr", type=finite, default=None, help="dB")
     p.add_argument("--target-top1", type=fraction, default=None, help="in [0, 1]")
-    p.add_argument("--fallback", default="float", choices=["float", "int16"])
+    p.add_argument("--fallback", default="float", choices=["float", "int16", "int8"],
+                   help="what a kept site becomes; int8: 8-bit weights under a w4 scheme (RKLLM hybrid layers)")
     p.add_argument("--first-bad", action="store_true", help="find the first site (in topological order) that breaks it")
     p.add_argument("--session", default=None, help="session file (default <out>/session.json)")
     p.add_argument("--resume", default=None, metavar="FILE", help="continue a session without repeating steps")
@@ -76,6 +77,12 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--max-minutes", type=finite, default=None, metavar="M",
                    help="time budget: after M minutes the search stops and the plan is the smallest measured set "
                         "that meets the target (status budget, not reduced to minimal; --resume goes on)")
+    p.add_argument("--objective", default=None, choices=["sites", "latency"],
+                   help="sites (default): the fewest-sites plan; latency: among the measured sets that meet the "
+                        "target held out, the least estimated board time (needs a --profile with a cost table)")
+    p.add_argument("--max-extra-ms", type=finite, default=None, metavar="X",
+                   help="the best held-out figure among measured sets whose estimated extra time over all-int8 "
+                        "is at most X ms (needs a --profile with a cost table)")
     p.add_argument("--holdout", default="interleave", choices=list(HOLDOUTS),
                    help="interleave: search on even samples, claim on odd ones (--eval: that folder is held out)")
     task_options(p, plugins=False)
@@ -101,7 +108,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         raise UsageError(f"--out: expected a folder, found a file at {out}")
     refuse_out_in_data(out, args.calib, args.eval)
     options: dict[str, Any] = {"threads": args.threads, "seed": args.seed, "force": args.force,
-                               "max_minutes": args.max_minutes, **executor_choice(args)}
+                               "max_minutes": args.max_minutes, "objective": args.objective,
+                               "max_extra_ms": args.max_extra_ms, **executor_choice(args)}
     if args.resume is None:
         options.update({**SampleArgs.parse(args, "bisect").scan_options(), **TaskArgs.parse(args).scan_options(),
                         "realisations": args.realisations, "rounding_spread": args.rounding_spread,
@@ -149,10 +157,15 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     print(f"{plan.status}: {len(plan.sites)} site(s) kept {args.fallback}; {metric} {value(plan.achieved)}{interval} "
           f"(all-int8 {value(plan.all_int8)}, all-float {value(plan.all_float)}); "
           f"{plan.evaluations} evaluations in {plan.seconds} s{_rounds(plan.speculation)}")
+    if plan.scheme and plan.scheme.get("name") != "w8a8":
+        name = plan.scheme.get("name")
+        ceiling = f", all-float every site at --fallback {plan.fallback}" if plan.fallback != "float" else ""
+        print(f"  scheme {name}: all-int8 is every site at {name}{ceiling}")
     if plan.unmeasured:
         print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
               "(no site there was searched)")
     _print_verdict(plan.verdict)
+    _print_objective(plan.objective)
     _print_budget(plan.status, out / "session.json" if args.session is None and args.resume is None
                   else Path(args.session or args.resume))
     for site in plan.sites:
@@ -172,6 +185,15 @@ def _export_from_plan(args: argparse.Namespace) -> int:
         files = export_from_plan(args.from_plan, out, args.export, args.model, args.hailo_hn)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in files.values())) + ")")
     return EXIT_OK
+
+
+def _print_objective(record: Any) -> None:
+    """`--objective latency` / `--max-extra-ms`: what was chosen against the fewest-sites plan (estimated)."""
+    from quantscan.bisect.objective import objective_line
+
+    line = objective_line(record)
+    if line:
+        print(f"  {line}")
 
 
 def _print_verdict(verdict: Any) -> None:

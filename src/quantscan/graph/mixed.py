@@ -55,6 +55,11 @@ Variant = qdq.WeightQuant | qdq.BiasQuant
 """A stored quantization of a weight or bias."""
 
 
+W8 = "w8"
+"""An assignment's label of a site at 8-bit weights under a 4-bit-weight scheme (`--fallback int8`):
+`int8` in an assignment is the scheme's own precision, whatever its weight bits."""
+
+
 class MixedSite(QuantSite, Protocol):
     """What a mixed-precision model needs of a site beyond QDQ insertion (`quantscan.sites.Site` is one)."""
 
@@ -90,8 +95,10 @@ class MixedBuilder:
         sites whose quantization sets another tensor's range (the onnxruntime recipe's Relu/Clip/Softmax:
         scanning/ort_recipe.RANGE_SETTING_OPS); while such a site is float the tensor takes those."""
         if fallback not in {p.value for p in Precision}:
-            raise UsageError(f"--fallback: expected float or int16, found {fallback!r}")
+            raise UsageError(f"--fallback: expected float, int16 or int8, found {fallback!r}")
         self.fallback = fallback
+        """As the plan says it; a site at the `int8` fallback is labelled W8 in assignments (`int8` there
+        is the scheme's base precision)."""
         self.proto = proto
         self.opset = opset_version(proto)
         self.sites = list(sites)
@@ -110,7 +117,7 @@ class MixedBuilder:
                         self.touch[t] = [k]
         self._inits = {t.name: t for t in proto.graph.initializer}
         self._act16: dict[str, quant.QParams] = {}
-        self._w16: dict[str, qdq.WeightQuant] = {}
+        self._w16: dict[tuple[str, int], qdq.WeightQuant] = {}
         self._int16_range = int16_range
         self._scheme16 = int16_scheme
         self._quantize_static_rules = quantize_static_rules
@@ -133,6 +140,7 @@ class MixedBuilder:
         if unknown:
             raise UsageError(f"expected site node names, found {', '.join(sorted(unknown))}")
         fill = precision or self.fallback
+        fill = W8 if fill == Precision.INT8.value else fill
         return [fill if s.node in chosen else "int8" for s in self.sites]
 
     def tensor_precision(self, prec: Sequence[str]) -> dict[str, str]:
@@ -140,7 +148,7 @@ class MixedBuilder:
         prec = self.effective(prec)
         out: dict[str, str] = {}
         for t, ks in self.touch.items():
-            used = {prec[k] for k in ks} - {"float"}
+            used = {"int8" if prec[k] == W8 else prec[k] for k in ks} - {"float"}
             if used:
                 out[t] = "int8" if "int8" in used else "int16"
         return out
@@ -177,6 +185,8 @@ class MixedBuilder:
                         plan.weights[w] = base.weights[w]
                 if s.bias and s.bias in base.biases:
                     plan.biases[s.bias] = base.biases[s.bias]
+            elif p == W8:
+                self._eight_bit_weights(s, plan)
             elif p == "int16":
                 for w, axis in [(s.weight, s.weight_axis), *s.extra_weights]:
                     if w and w in base.weights and (axis is not None or self._quantize_static_rules):
@@ -203,6 +213,23 @@ class MixedBuilder:
             producer = self._producer.get(tensor)
             if producer is not None and prec[producer] != "float":
                 plan.activations[tensor] = own if prec[producer] == "int8" else self._act_int16(tensor)
+
+    def _eight_bit_weights(self, site: MixedSite, plan: qdq.QuantPlan) -> None:
+        """A W8 site under a 4-bit-weight scheme: its weights int8 per output channel (what an RKLLM
+        hybrid layer or a QNN W8 layer stores), activations as the scheme's. A bias the scheme quantized
+        (int32 at s_in*s_w) is re-quantized at the 8-bit weight scale; grouped schemes keep it float."""
+        base = self.base_plan
+        for w, axis in [(site.weight, site.weight_axis), *site.extra_weights]:
+            if w and w in base.weights and axis is not None:
+                plan.weights[w] = self._weight_bits(w, axis, 8)
+        data = site.inputs[0] if site.inputs else None
+        if site.bias and site.bias in base.biases and site.weight in plan.weights and data in plan.activations:
+            bias = onnx.numpy_helper.to_array(self._inits[site.bias]).astype(np.float32)
+            w_scale = plan.weights[site.weight].qparams.scale
+            if w_scale.size != bias.size:  # grouped ConvTranspose: per-group channel scales repeat
+                w_scale = np.resize(w_scale, bias.shape)
+            values, scale, _ = quant.quantize_bias(bias, float(plan.activations[data].scale), w_scale)
+            plan.biases[site.bias] = qdq.BiasQuant(site.bias, values, scale)
 
     def _bias_int16(self, site: MixedSite, plan: qdq.QuantPlan) -> None:
         """quantize_static's bias of a node with int16 weights: int32 at s_in * s_w, as for int8.
@@ -261,11 +288,15 @@ class MixedBuilder:
         return self._act16[tensor]
 
     def _weight_int16(self, name: str, axis: int) -> qdq.WeightQuant:
-        if name not in self._w16:
+        return self._weight_bits(name, axis, 16)
+
+    def _weight_bits(self, name: str, axis: int, bits: int) -> qdq.WeightQuant:
+        """`name` quantized symmetric per output channel at `bits` (cached per name and width)."""
+        if (name, bits) not in self._w16:
             w = onnx.numpy_helper.to_array(self._inits[name]).astype(np.float32)
-            qp = quant.weight_qparams(w, axis, bits=16)
-            self._w16[name] = qdq.WeightQuant(name, qp, quant.quantize(w, qp))
-        return self._w16[name]
+            qp = quant.weight_qparams(w, axis, bits=bits)
+            self._w16[name, bits] = qdq.WeightQuant(name, qp, quant.quantize(w, qp))
+        return self._w16[name, bits]
 
 
 

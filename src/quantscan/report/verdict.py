@@ -425,12 +425,20 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
         f"- **Bisect plan** (plan.json, status {plan.get('status', '?')}): target {metric} >= "
         f"{_g(target.get('value'))} {reached}; keep {len(sites)} site(s) at higher precision: "
         f"{names or 'none'}{more}; {metric} {_g(_metric(plan.get('all_int8'), metric), 5)} all-int8 -> "
-        f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan{_interval_text(plan)}.",
+        f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan{_interval_text(plan)}{_scheme_text(plan)}.",
         *_held_out_lines(plan),
         *_budget_lines(plan),
         *_unmeasured_lines(plan),
         *_verified_lines(plan),
     ]
+
+
+def _scheme_text(plan: Mapping[str, Any]) -> str:
+    """`, under scheme w8a16` for a plan measured under a scheme other than w8a8 (plan.json `scheme`)."""
+    scheme = plan.get("scheme")
+    name = scheme.get("name") if isinstance(scheme, Mapping) else None
+    return f", under scheme {text(name)} (int8 sites hold its weights and activations)" \
+        if name and name != "w8a8" else ""
 
 
 def _held_out_lines(plan: Mapping[str, Any]) -> list[str]:

@@ -81,7 +81,10 @@ def mixed_builder(ctx: ScanContext, fallback: str = "float") -> MixedBuilder:
     With `fallback="int16"` the model is raised to opset 21 first (QuantizeLinear with int16); plan.json
     says so in `qdq_opset`."""
     if fallback not in {p.value for p in Precision}:
-        raise UsageError(f"--fallback: expected float or int16, found {fallback!r}")
+        raise UsageError(f"--fallback: expected float, int16 or int8, found {fallback!r}")
+    if fallback == Precision.INT8.value and ctx.chip.scheme.weights != "int4":
+        raise UsageError(f"--fallback int8: expected a scheme with int4 weights (--weights int4, --scheme w4...), "
+                         f"found {ctx.chip.scheme.name()}, whose sites already hold 8-bit weights")
     proto = ctx.graph.prepared.proto
     if fallback == "int16" and onnx_opset(proto) < INT16_OPSET:
         proto = upgrade_opset(proto, INT16_OPSET)
