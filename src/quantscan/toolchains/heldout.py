@@ -54,3 +54,16 @@ def held_out_figures(plan_json: Mapping[str, Any], samples: list[int], plan_sums
         "claimed_gain": _gain(claimed, claimed_int8), "vendor_gain": _gain(vendor, vendor_int8),
         "delta": _gain(vendor, claimed),
     }
+
+
+def _num(value: object, digits: int, sign: str = "") -> str:
+    return f"{value:{sign}.{digits}f}" if isinstance(value, float) and math.isfinite(value) else "n/a"
+
+
+def same_samples_text(held: Mapping[str, Any], tool: str) -> str:
+    """One line of both figures on the claim's samples and both gains over all-int8 (stdout, summary.md)."""
+    n = len(held.get("samples") or [])
+    return (f"on the same {n} held-out samples: claimed {_num(held.get('claimed'), 5)} "
+            f"(gain {_num(held.get('claimed_gain'), 4, '+')} over all-int8 {_num(held.get('claimed_all_int8'), 5)}), "
+            f"{tool} {_num(held.get('vendor'), 5)} (gain {_num(held.get('vendor_gain'), 4, '+')} over all-int8 "
+            f"{_num(held.get('vendor_all_int8'), 5)})")
