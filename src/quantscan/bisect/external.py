@@ -200,9 +200,9 @@ def verify(plan: Plan, ctx: ScanContext, precisions: Callable[[Sequence[str]], S
     pareto = tuple(replace(p, verified=_verified(chain.tool, done[frozenset(p.sites)], p.value)) for p in plan.pareto)
     if top is not None:
         top["builds"] = len(done)
-        if samples is not None:
-            top["held_out"] = held_out_figures(plan.to_json(), samples,
-                                               done[frozenset(plan_nodes)].get("vendor_sample_sums") or {},
+        plan_sums = done[frozenset(plan_nodes)].get("vendor_sample_sums") or {}
+        if samples is not None and plan_sums:  # a toolchain without per-sample sums gives no held-out figure
+            top["held_out"] = held_out_figures(plan.to_json(), samples, plan_sums,
                                                done[frozenset()].get("vendor_sample_sums") or {})
     return replace(plan, verified=top, pareto=pareto)
 
