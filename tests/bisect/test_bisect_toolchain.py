@@ -36,10 +36,12 @@ def _fake_python(tmp: Path) -> Path:
     return wrapper
 
 
-def _oracle(model: Path, calib: Path, samples: int) -> dict[int, float]:
-    """k tensors float16 -> the fake simulator's pooled output cosine, computed with numpy."""
+def _oracle(model: Path, calib: Path, samples: int | list[int]) -> dict[int, float]:
+    """k tensors float16 -> the fake simulator's pooled output cosine over `samples` (a count: the first
+    ones; a list: those indices), computed with numpy."""
     xs = np.load(calib / "x.npy")
-    ys = np.concatenate([run(onnx.load(model), {"x": xs[i:i + 1]})[0].ravel() for i in range(samples)])
+    picked = range(samples) if isinstance(samples, int) else samples
+    ys = np.concatenate([run(onnx.load(model), {"x": xs[i:i + 1]})[0].ravel() for i in picked])
     ys = ys.astype(np.float64)
     out = {}
     for k in range(8):
@@ -110,7 +112,30 @@ def test_verify_puts_the_toolchains_figure_beside_each_claim(chain: tuple[Path, 
     assert all(p["verified"]["claimed"] == claims[p["float_sites"]] for p in plan["pareto"])
     # one build per distinct set, and the search itself ran no build
     built = sorted(p.name for p in (tmp / "ver" / "toolchain").iterdir() if p.name.startswith(("verify-", "eval-")))
-    assert all(b.startswith("verify-") for b in built) and len(built) == len({tuple(s or []) for s, _ in points})
+    # all-int8 is built too (the toolchain's gain baseline on the held-out samples)
+    distinct = {tuple(s or []) for s, _ in points} | {()}
+    assert all(b.startswith("verify-") for b in built) and len(built) == len(distinct)
+
+
+def test_verify_scores_the_toolchain_on_the_claims_held_out_samples(
+        chain: tuple[Path, Path, Path, dict[int, float]], capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38 part 3: `verified.held_out` is the toolchain on the odd (held-out) samples only, for the
+    plan and for all-int8, beside the claim measured on those same samples."""
+    tmp, model, calib, _ = chain
+    _fake_python(tmp)
+    code = _bisect(tmp, model, calib, "held", 0.999, "--verify", "rknn", "--vendor-python", str(tmp / "python"))
+    out = capsys.readouterr().out
+    assert code in (0, 1)
+    plan = json.loads((tmp / "held" / "plan.json").read_text())
+    held = plan["verified"]["held_out"]
+    on_held = _oracle(model, calib, [1, 3, 5])
+    assert held["samples"] == [1, 3, 5]
+    assert held["vendor"] == pytest.approx(on_held[_names([s["node"] for s in plan["sites"]])], abs=1e-9)
+    assert held["vendor_all_int8"] == pytest.approx(on_held[0], abs=1e-9)
+    assert held["claimed"] == plan["achieved"]["cosine"] and held["claimed_all_int8"] == plan["all_int8"]["cosine"]
+    assert held["vendor_gain"] == pytest.approx(held["vendor"] - held["vendor_all_int8"], abs=1e-12)
+    assert held["interval"] == plan["interval"]
+    assert f"rknn {held['vendor']:.5f}" in out and "same 3 held-out samples" in out
 
 
 def test_tpu_mlir_is_not_available_yet(chain: tuple[Path, Path, Path, dict[int, float]],

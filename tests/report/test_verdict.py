@@ -177,6 +177,12 @@ def test_plan_block_shows_the_toolchains_figure_beside_each_claim() -> None:
     assert "the plan: claimed 0.99631, applied 0.99004" in lines[1]
     assert "0 float sites: claimed 0.99147, applied 0.99012" in lines[1] and "Mul.4" in lines[1]
     assert len(plan_lines({**plan, "verified": None, "pareto": []})) == 1
+    # issue 38 part 3: with the held-out block, a line sets claim and toolchain on the same samples
+    held = {"samples": [1, 3, 5], "claimed": 0.99373, "vendor": 0.98721, "claimed_all_int8": 0.98943,
+            "vendor_all_int8": 0.98571, "claimed_gain": 0.99373 - 0.98943, "vendor_gain": 0.98721 - 0.98571}
+    lines = plan_lines({**plan, "verified": {**verified, "held_out": held}})
+    assert len(lines) == 3 and "same 3 held-out samples: claimed 0.99373 (gain +0.0043" in lines[2]
+    assert "rknn 0.98721 (gain +0.0015 over all-int8 0.98571)" in lines[2]
 
 
 def test_a_split_head_part_the_pooled_figure_hides_is_said() -> None:

@@ -126,6 +126,42 @@ def test_plan_goes_through_hybrid_quantization(tmp_path: Path) -> None:
     assert got.plan["vendor_output_cosine"]["y"] == pytest.approx(sim @ ys / np.sqrt((sim @ sim) * (ys @ ys)), abs=1e-9)
 
 
+def test_plan_is_scored_on_its_own_held_out_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38 part 3: vendor.json `plan.held_out` is RKNN on the samples the plan's claim was measured
+    on (odd ones: the interleaved split), for the plan and for the plain all-int8 build."""
+    import onnx
+
+    model, calib = write_chain(tmp_path, samples=4, layers=2)
+    plan = {
+        "format": 1, "model": str(model), "model_sha256": "0" * 64,
+        "target": {"metric": "cosine", "value": 0.999, "output": "y"}, "fallback": "float", "mode": "bisect",
+        "status": "reached", "reached": True, "all_int8": {"cosine": 0.99}, "all_float": {"cosine": 1.0},
+        "achieved": {"cosine": 0.9991}, "interval": {"low": 0.998, "high": 0.9995},
+        "held_out": {"search_samples": 2, "held_out_samples": 2,
+                     "split": "interleave: even samples searched, odd samples held out"},
+        "sites": [{"node": "mm1", "nodes": ["mm1", "add1", "relu1"], "output": "h1", "precision": "float"}],
+        "pareto": [], "evaluations": 3,
+    }
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    code = main(["vendor", "rknn", str(model), "--calib", str(calib), "--target", "rk3588", "--python",
+                 str(_fake_python(tmp_path)), "--out", str(tmp_path / "out"), "--plan", str(plan_path)])
+    assert code == 0, capsys.readouterr().err
+    held = json.loads((tmp_path / "out" / "vendor.json").read_text())["plan"]["held_out"]
+    xs = np.load(calib / "x.npy")
+    ys = np.concatenate([run(onnx.load(model), {"x": xs[i:i + 1]})[0].ravel() for i in (1, 3)]).astype(np.float64)
+
+    def cos(grid: float) -> float:  # the fake simulator: outputs rounded to 1/grid (1/16 int8, 1/64 two float16)
+        sim = np.round(ys * grid) / grid
+        return float(sim @ ys / np.sqrt((sim @ sim) * (ys @ ys)))
+
+    assert held["samples"] == [1, 3]
+    assert held["vendor"] == pytest.approx(cos(64.0), abs=1e-9)
+    assert held["vendor_all_int8"] == pytest.approx(cos(16.0), abs=1e-9)
+    assert (held["claimed"], held["claimed_all_int8"], held["interval"]) == (0.9991, 0.99, plan["interval"])
+    assert f"rknn-toolkit2 {held['vendor']:.5f}" in capsys.readouterr().out
+
+
 def test_find_python_refuses_one_without_the_toolkit(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="imports rknn.api"):
         find_python("rknn", sys.executable if "rknn" not in sys.modules else "/nonexistent")

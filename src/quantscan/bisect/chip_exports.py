@@ -166,7 +166,8 @@ def hailo_alls(plan: Plan, model: ModelNodes | None = None, hn: Mapping[str, Any
     Hailo layer (its ops fold into a neighbour) is a comment.
     """
     lines = [
-        "# quantscan plan: add to the model script (the model script option of `hailo optimize`, or ClientRunner.load_model_script)",
+        "# quantscan plan: add to the model script (the model script option of `hailo optimize`, "
+        "or ClientRunner.load_model_script)",
         f"# model sha256 {plan.model_sha256}",
     ]
     by_hn = hailo_names_from_hn(hn) if hn is not None else None

@@ -10,7 +10,8 @@ workers (the Ray executor) can map `evaluate` over candidates: each call is one 
   kept above int8 -> one hybrid build -> the toolchain's output cosine. The search order is still
   quantscan's ranking (the output gains), so the cheap simulation decides what to try and the chip
   decides what passes.
-* `verify` applies the plan and every Pareto point once and records `verified` beside each claim.
+* `verify` applies the plan and every Pareto point once and records `verified` beside each claim; with
+  all-int8 built too, `verified.held_out` scores the toolchain on the claim's own held-out samples.
 * `BuildPool` runs builds where `--executor` puts them (issue 29): locally up to `--workers` at once in
   threads (each build is a subprocess already), under Ray one task each on a node offering the resource
   `toolchain:TOOL` (a node started with `--resources '{"toolchain:rknn": 2}'` has the toolchain's Python).
@@ -33,6 +34,7 @@ from quantscan.model import LoadedModel
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.scanning.gain import Measured
 from quantscan.scanning.prepare import ScanContext
+from quantscan.toolchains.heldout import claimed_samples, held_out_figures
 
 TOOLS = ("rknn", "tpu-mlir")
 
@@ -187,7 +189,9 @@ def verify(plan: Plan, ctx: ScanContext, precisions: Callable[[Sequence[str]], S
     claimed = (plan.achieved or {}).get("cosine", math.nan)
     plan_nodes = [s.node for s in plan.sites]
     applied = plan.reached or bool(plan_nodes)  # a plan missed on held-out samples is still worth applying
+    samples = claimed_samples(plan.held_out, ctx.data.eval_set.n_samples) if applied else None
     wanted = ([plan_nodes] if applied else []) + [list(p.sites) for p in plan.pareto]
+    wanted += [[]] if samples is not None else []  # all-int8 in the toolchain: the vendor's gain baseline
     distinct = list(dict.fromkeys(frozenset(nodes) for nodes in wanted))
     sites = [kernel_sites(ctx, precisions(sorted(nodes))) for nodes in distinct]
     results = (pool if pool is not None else BuildPool(chain)).run([(s, _label("verify", s)) for s in sites])
@@ -196,6 +200,10 @@ def verify(plan: Plan, ctx: ScanContext, precisions: Callable[[Sequence[str]], S
     pareto = tuple(replace(p, verified=_verified(chain.tool, done[frozenset(p.sites)], p.value)) for p in plan.pareto)
     if top is not None:
         top["builds"] = len(done)
+        plan_sums = done[frozenset(plan_nodes)].get("vendor_sample_sums") or {}
+        if samples is not None and plan_sums:  # a toolchain without per-sample sums gives no held-out figure
+            top["held_out"] = held_out_figures(plan.to_json(), samples, plan_sums,
+                                               done[frozenset()].get("vendor_sample_sums") or {})
     return replace(plan, verified=top, pareto=pareto)
 
 

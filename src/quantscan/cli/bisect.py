@@ -29,6 +29,7 @@ from quantscan.cli.args import (
 )
 from quantscan.cli.notes import print_warnings
 from quantscan.errors import UsageError
+from quantscan.toolchains.heldout import same_samples_text
 
 
 def bisect_parser(sub: Any) -> None:
@@ -237,7 +238,9 @@ def _print_verified(plan: Any) -> None:
         value = got.get("value")
         shown = f"{value:.5f}" if isinstance(value, float) and value == value else f"nothing ({got.get('error')})"
         print(f"  {kind} ({n} float sites): claimed {got.get('claimed', float('nan')):.5f}, "
-              f"{got.get('tool')} {got.get('version')} applied {shown}")
+              f"{got.get('tool')} {got.get('version')} applied {shown} on all samples")
+        if isinstance(got.get("held_out"), dict):
+            print(f"    {same_samples_text(got['held_out'], str(got.get('tool')))}")
     warnings = {got.get("warning") for _, _, got in points if got.get("warning")}
     for warning in sorted(warnings):
         print(f"quantscan: warning: {warning}", file=sys.stderr)

@@ -10,6 +10,7 @@ from typing import Any
 
 from quantscan.cli.args import EXIT_OK, common, default_out, non_negative_int, positive_int, refuse_out_in_data
 from quantscan.errors import UsageError
+from quantscan.toolchains.heldout import same_samples_text
 
 # --- vendor: a real toolchain out of process, lined up with quantscan ----------------------------------
 
@@ -80,7 +81,9 @@ def cmd_vendor(args: argparse.Namespace) -> int:
     if run.plan is not None:
         got = ", ".join(f"{k} {v:.5f}" for k, v in run.plan["vendor_output_cosine"].items())
         print(f"  plan {run.plan['plan']}: quantscan claims cosine {run.plan['quantscan_claimed_cosine']:.5f}, "
-              f"{run.tool} mixed precision gives {got or 'nothing (' + str(run.plan['error']) + ')'}")
+              f"{run.tool} mixed precision gives {got or 'nothing (' + str(run.plan['error']) + ')'} on all samples")
+        if isinstance(run.plan.get("held_out"), dict):
+            print(f"    {same_samples_text(run.plan['held_out'], run.tool)}")
         for site in run.plan.get("dropped", []):
             print(f"  WARNING: plan site '{site}' names no op {run.tool} knows (every tensor of its kernel "
                   f"vanished in conversion): it stayed int8", file=sys.stderr)

@@ -23,6 +23,7 @@ import pandas as pd
 from quantscan.columns import Col
 from quantscan.records import DEPLOYED_GAP, Headline, OutputMetrics
 from quantscan.report.markdown import code, text
+from quantscan.toolchains.heldout import same_samples_text
 
 CLOSE_COSINE = 0.999
 """An all-int8 output cosine at or above this is called close to FP32."""
@@ -492,8 +493,13 @@ def _verified_lines(plan: Mapping[str, Any]) -> list[str]:
         return []
     first = next(got for _, got in points if isinstance(got, Mapping))
     warning = next((got.get("warning") for _, got in points if isinstance(got, Mapping) and got.get("warning")), None)
-    return [f"- **Applied by {text(first.get('tool'))} {text(first.get('version'))}** (bisect --verify): "
-            + "; ".join(shown) + "." + (f" Warning: {text(warning)}." if warning else "")]
+    lines = [f"- **Applied by {text(first.get('tool'))} {text(first.get('version'))}** (bisect --verify): "
+             + "; ".join(shown) + " (on all samples)." + (f" Warning: {text(warning)}." if warning else "")]
+    held = (plan.get("verified") or {}).get("held_out")
+    if isinstance(held, Mapping):
+        lines.append(f"- **Claim and {text(first.get('tool'))} on the same samples**: "
+                     f"{text(same_samples_text(held, str(first.get('tool'))))}.")
+    return lines
 
 
 def _interval_text(plan: Mapping[str, Any]) -> str:

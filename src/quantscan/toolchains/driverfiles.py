@@ -87,3 +87,36 @@ def read_simulated(path: Path) -> dict[str, np.ndarray]:
         return {}
     what = "vendor: the toolkit driver's sim_outputs.npz"
     return {key: numeric(array, key, what, path) for key, array in read_npz(path, what).items()}
+
+
+def sample_sums(reference: list[list[np.ndarray]], simulated: dict[str, np.ndarray],
+                output_names: list[str]) -> dict[str, list[list[float]]]:
+    """Per graph output, per sample, the sums (xy, xx, yy) of FP32 `x` against the simulator's `y`
+    (flattened; sim_outputs.npz keys `sample:output`). Why: the pooled cosine of any subset of samples is
+    `pooled_cosine` of these rows summed, so a claim's held-out samples can be scored after the build
+    (issue 38: claim and toolchain on the same samples). An output missing or mis-sized on a sample is
+    left out, as `output_cosines` leaves it out."""
+    sums: dict[str, list[list[float]]] = {name: [] for name in output_names}
+    for i, ref in enumerate(reference):
+        for k, name in enumerate(output_names):
+            got = simulated.get(f"{i}:{k}")
+            if name not in sums:
+                continue
+            if got is None or got.size != ref[k].size:
+                sums.pop(name)
+                continue
+            x = ref[k].reshape(-1).astype(np.float64)
+            y = got.reshape(-1).astype(np.float64)
+            sums[name].append([float(x @ y), float(x @ x), float(y @ y)])
+    return sums
+
+
+def subset_cosine(sums: dict[str, list[list[float]]], samples: list[int]) -> float:
+    """The worst output's pooled cosine over `samples` only (indices into each output's rows): the
+    contract's metric on the samples a claim was measured on. NaN when no output or no sample is left."""
+    values = []
+    for rows in sums.values():
+        picked = [rows[i] for i in samples if 0 <= i < len(rows)]
+        if picked and len(picked) == len(samples):
+            values.append(pooled_cosine(list(np.sum(np.asarray(picked, dtype=np.float64), axis=0))))
+    return min(values) if values else math.nan

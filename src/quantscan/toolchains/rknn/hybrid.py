@@ -28,7 +28,7 @@ from quantscan.errors import UsageError
 from quantscan.model import LoadedModel, graph_inputs
 from quantscan.readers.text import read_text, read_text_lenient
 from quantscan.records import Plan, PlanSite, Precision
-from quantscan.toolchains.driverfiles import read_simulated
+from quantscan.toolchains.driverfiles import read_simulated, sample_sums
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
 from quantscan.toolchains.rknn.steps import (
@@ -120,6 +120,7 @@ class HybridRknn:
             "float_sites": [s.node for s in sites],
             "vendor_output_cosine": cosines,
             "cosine": min(cosines.values()) if cosines else math.nan,
+            "vendor_sample_sums": sample_sums(self.reference, simulated, self.output_names) if simulated else {},
             "names": {s.node: list(s.names) for s in resolved},
             "vanished": [s.node for s in resolved if s.vanished],
             "dropped": self._dropped(sites),

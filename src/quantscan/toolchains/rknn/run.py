@@ -27,7 +27,8 @@ from quantscan.readers.jsonfile import read_json
 from quantscan.readers.text import inside, read_text, read_text_lenient
 from quantscan.records import Plan
 from quantscan.toolchains import align
-from quantscan.toolchains.driverfiles import pooled_cosine, read_simulated, read_sums
+from quantscan.toolchains.driverfiles import pooled_cosine, read_simulated, read_sums, sample_sums
+from quantscan.toolchains.heldout import claimed_samples, held_out_figures
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn.hybrid import HybridRknn
@@ -145,7 +146,8 @@ def run_rknn(
     plan_result = None
     if plan is not None and "error" not in result:
         say("applying the plan through RKNN hybrid quantization")
-        plan_result = apply_plan(Path(plan), vendor_python, job, work, reference, output_names, loaded)
+        plan_result = apply_plan(Path(plan), vendor_python, job, work, reference, output_names, loaded,
+                                 sample_sums(reference, simulated, output_names) if simulated else {})
 
     run = VendorRun(
         tool=tool,
@@ -198,10 +200,12 @@ def _aligned(
 
 
 def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
-               reference: list[list[np.ndarray]], output_names: list[str], loaded: LoadedModel) -> dict[str, Any]:
+               reference: list[list[np.ndarray]], output_names: list[str], loaded: LoadedModel,
+               int8_sums: dict[str, list[list[float]]] | None = None) -> dict[str, Any]:
     """The bisect plan through RKNN hybrid quantization (float sites as float16, each site mapped onto
     the names hybrid step 1 kept: toolchains/rknn/names.py), its simulator's output cosine beside the
-    cosine quantscan's plan claims, and per site what RKNN actually ran it at."""
+    cosine quantscan's plan claims, and per site what RKNN actually ran it at. `int8_sums` (the plain
+    all-int8 build's per-sample sums) give `held_out`: both figures on the claim's own samples."""
     try:
         plan = Plan.from_json(read_json(plan_path, "--plan"))
     except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -223,4 +227,15 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
         **{k: applied[k] for k in ("vendor_output_cosine", "names", "vanished", "dropped", "warning", "honoured",
                                    "stages", "error", "seconds")},
         "seconds_step1": round(hybrid.step1_seconds, 3),
+        **plan_held_out(plan, len(reference), applied.get("vendor_sample_sums") or {}, int8_sums or {}),
     }
+
+
+def plan_held_out(plan: Plan, n: int, plan_sums: dict[str, list[list[float]]],
+                  int8_sums: dict[str, list[list[float]]]) -> dict[str, Any]:
+    """vendor.json `plan.held_out` when the plan's claimed samples can be named among the `n` simulated
+    (toolchains/heldout.py), else nothing: the all-samples figures stand alone as before."""
+    samples = claimed_samples(plan.held_out, n)
+    if samples is None or not plan_sums:
+        return {}
+    return {"held_out": held_out_figures(plan.to_json(), samples, plan_sums, int8_sums)}

@@ -32,9 +32,16 @@ from quantscan.readers.arrays import read_npz
 from quantscan.readers.jsonfile import read_json
 from quantscan.records import CalibMethod, Plan, Precision
 from quantscan.toolchains import align
-from quantscan.toolchains.driverfiles import pooled_cosine, read_simulated, read_sums
+from quantscan.toolchains.driverfiles import pooled_cosine, read_simulated, read_sums, sample_sums
 from quantscan.toolchains.result import VendorRun
-from quantscan.toolchains.rknn.run import SayProgress, fp32_outputs, graph_names, output_cosines, run_driver
+from quantscan.toolchains.rknn.run import (
+    SayProgress,
+    fp32_outputs,
+    graph_names,
+    output_cosines,
+    plan_held_out,
+    run_driver,
+)
 from quantscan.toolchains.tpumlir.log import op_of
 
 DRIVER = Path(__file__).parent / "driver.py"
@@ -166,7 +173,8 @@ def run_tpumlir(
     plan_result = None
     if plan is not None and "error" not in result:
         say("applying the plan through a tpu-mlir quantize table")
-        plan_result = apply_plan(Path(plan), vendor_python, job, work, reference, output_names, out)
+        plan_result = apply_plan(Path(plan), vendor_python, job, work, reference, output_names, out,
+                                 sample_sums(reference, simulated, output_names) if simulated else {})
 
     run = VendorRun(
         tool=TOOL, version=str(result.get("version") or "unknown"), target=target, model=str(loaded.path),
@@ -264,7 +272,8 @@ def identity_aliases(frame: pd.DataFrame, key: str, proto: onnx.ModelProto) -> p
 
 
 def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
-               reference: list[list[np.ndarray]], output_names: list[str], out: Path) -> dict[str, Any]:
+               reference: list[list[np.ndarray]], output_names: list[str], out: Path,
+               int8_sums: dict[str, list[list[float]]] | None = None) -> dict[str, Any]:
     """The bisect plan through a tpu-mlir quantize table (its sites mapped to tpu-mlir's op names by the
     driver), its int8 model's output cosine beside the cosine quantscan's plan claims, and per site the
     precision tpu-mlir ran it at."""
@@ -293,4 +302,6 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
         "stages": result.get("stages", []),
         "error": result.get("error"),
         "seconds": time.perf_counter() - t0,
+        **plan_held_out(plan, len(reference), sample_sums(reference, simulated, output_names) if simulated else {},
+                        int8_sums or {}),
     }
