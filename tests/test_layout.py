@@ -373,7 +373,7 @@ READ_ALLOWED: dict[str, dict[str, str]] = {
     "quantscan.model": {".open": "the ONNX model: the model half of issue 42 (model.py's own checks, then onnx)"},
     "quantscan.cases": {".read_bytes": "sha256 of a model file a case names (a regular file: is_file first); "
                                        "hashed, never parsed"},
-    "quantscan.extract": {".read_bytes": "sha256 of the model extract already loaded; hashed, never parsed"},
+    "quantscan.repro": {".read_bytes": "sha256 of the model extract already loaded; hashed, never parsed"},
     "quantscan.report.html": {".read_text": "the package's own report assets (importlib.resources)"},
     "quantscan.runner": {k: "the trace onnxruntime's own profiler just wrote into our temp folder (cost --profile "
                             "onnxruntime)" for k in (".read_text", "json.loads")},

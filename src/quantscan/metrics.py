@@ -488,3 +488,21 @@ def summarize(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
     acc = ErrorAccumulator()
     acc.update(ref, test)
     return acc.as_dict()
+
+def pooled_cosine(sums: list[float]) -> float:
+    """The cosine of the pooled sums (xy, xx, yy): 1 when both are all zeros, 0 when one is."""
+    sxy, sxx, syy = sums[0], sums[1], sums[2]
+    if sxx > 0 and syy > 0:
+        return sxy / math.sqrt(sxx * syy)
+    return 1.0 if sxx == syy == 0 else 0.0
+
+
+def subset_cosine(sums: dict[str, list[list[float]]], samples: list[int]) -> float:
+    """The worst output's pooled cosine over `samples` only (indices into each output's rows): the
+    contract's metric on the samples a claim was measured on. NaN when no output or no sample is left."""
+    values = []
+    for rows in sums.values():
+        picked = [rows[i] for i in samples if 0 <= i < len(rows)]
+        if picked and len(picked) == len(samples):
+            values.append(pooled_cosine(list(np.sum(np.asarray(picked, dtype=np.float64), axis=0))))
+    return min(values) if values else math.nan

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from quantscan.bisect.heldout import claimed_samples, held_out_figures
 from quantscan.bisect.realise import Judged
 from quantscan.bisect.robust import Spread
 from quantscan.calib import CalibSet
@@ -34,7 +35,6 @@ from quantscan.model import LoadedModel
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.scanning.gain import Measured
 from quantscan.scanning.prepare import ScanContext
-from quantscan.toolchains.heldout import claimed_samples, held_out_figures
 
 TOOLS = ("rknn", "tpu-mlir")
 

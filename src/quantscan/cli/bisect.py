@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from quantscan.bisect.heldout import same_samples_text
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, HOLDOUTS
 from quantscan.cli.args import (
     EXIT_INTERRUPTED,
@@ -29,7 +30,6 @@ from quantscan.cli.args import (
 )
 from quantscan.cli.notes import print_warnings
 from quantscan.errors import UsageError
-from quantscan.toolchains.heldout import same_samples_text
 
 
 def bisect_parser(sub: Any) -> None:
@@ -145,9 +145,16 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             print("quantscan: interrupted before the first step was saved; nothing to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     print_warnings(result.warnings, None)
+    _print_plan(result.plan, args, out)
+    print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
+    return EXIT_OK if result.reached else EXIT_THRESHOLD
+
+
+def _print_plan(plan: Any, args: argparse.Namespace, out: Path) -> None:
+    """stdout after a bisection: the status line, the scheme, what is unmeasured, the verdict, the objective,
+    the budget, the planned sites and the toolchain's check."""
     from quantscan.bisect.state import METRICS
 
-    plan = result.plan
     metric = plan.target.metric
 
     def value(metrics: dict[str, float] | None) -> str:
@@ -172,8 +179,6 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     for site in plan.sites:
         print(f"  {site.node} -> {site.precision}")
     _print_verified(plan)
-    print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
-    return EXIT_OK if result.reached else EXIT_THRESHOLD
 
 
 def _export_from_plan(args: argparse.Namespace) -> int:

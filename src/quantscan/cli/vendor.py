@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from quantscan.bisect.heldout import same_samples_text
 from quantscan.cli.args import EXIT_OK, common, default_out, non_negative_int, positive_int, refuse_out_in_data
 from quantscan.errors import UsageError
-from quantscan.toolchains.heldout import same_samples_text
 
 # --- vendor: a real toolchain out of process, lined up with quantscan ----------------------------------
 

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from quantscan.bisect.heldout import same_samples_text
 from quantscan.columns import Col
 from quantscan.records import DEPLOYED_GAP, Headline, OutputMetrics
 from quantscan.report.markdown import code, text
-from quantscan.toolchains.heldout import same_samples_text
 
 CLOSE_COSINE = 0.999
 """An all-int8 output cosine at or above this is called close to FP32."""

@@ -8,7 +8,6 @@ result is one line naming the file and its log, not a traceback in whatever read
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +72,6 @@ def read_sums(path: Path) -> dict[str, list[float]]:
     return {str(k): [float(x) for x in v] for k, v in sums.items()}
 
 
-def pooled_cosine(sums: list[float]) -> float:
-    """The cosine of the pooled sums (xy, xx, yy): 1 when both are all zeros, 0 when one is."""
-    sxy, sxx, syy = sums[0], sums[1], sums[2]
-    if sxx > 0 and syy > 0:
-        return sxy / math.sqrt(sxx * syy)
-    return 1.0 if sxx == syy == 0 else 0.0
-
 
 def read_simulated(path: Path) -> dict[str, np.ndarray]:
     """sim_outputs.npz (per `sample:output` key the simulator's output), absent = {}."""
@@ -109,14 +101,3 @@ def sample_sums(reference: list[list[np.ndarray]], simulated: dict[str, np.ndarr
             y = got.reshape(-1).astype(np.float64)
             sums[name].append([float(x @ y), float(x @ x), float(y @ y)])
     return sums
-
-
-def subset_cosine(sums: dict[str, list[list[float]]], samples: list[int]) -> float:
-    """The worst output's pooled cosine over `samples` only (indices into each output's rows): the
-    contract's metric on the samples a claim was measured on. NaN when no output or no sample is left."""
-    values = []
-    for rows in sums.values():
-        picked = [rows[i] for i in samples if 0 <= i < len(rows)]
-        if picked and len(picked) == len(samples):
-            values.append(pooled_cosine(list(np.sum(np.asarray(picked, dtype=np.float64), axis=0))))
-    return min(values) if values else math.nan

@@ -20,15 +20,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from quantscan.bisect.heldout import claimed_samples, held_out_figures
 from quantscan.calib import load_calibration
 from quantscan.errors import FileError, UsageError
+from quantscan.metrics import pooled_cosine
 from quantscan.model import LoadedModel, graph_inputs, load_model
 from quantscan.readers.jsonfile import read_json
 from quantscan.readers.text import inside, read_text, read_text_lenient
 from quantscan.records import Plan
 from quantscan.toolchains import align
-from quantscan.toolchains.driverfiles import pooled_cosine, read_simulated, read_sums, sample_sums
-from quantscan.toolchains.heldout import claimed_samples, held_out_figures
+from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn.hybrid import HybridRknn
@@ -234,7 +235,7 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
 def plan_held_out(plan: Plan, n: int, plan_sums: dict[str, list[list[float]]],
                   int8_sums: dict[str, list[list[float]]]) -> dict[str, Any]:
     """vendor.json `plan.held_out` when the plan's claimed samples can be named among the `n` simulated
-    (toolchains/heldout.py), else nothing: the all-samples figures stand alone as before."""
+    (bisect/heldout.py), else nothing: the all-samples figures stand alone as before."""
     samples = claimed_samples(plan.held_out, n)
     if samples is None or not plan_sums:
         return {}

@@ -27,12 +27,13 @@ import pandas as pd
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.columns import Col
 from quantscan.errors import CalibrationError, FileError, UsageError
+from quantscan.metrics import pooled_cosine
 from quantscan.model import LoadedModel, graph_inputs, load_model
 from quantscan.readers.arrays import read_npz
 from quantscan.readers.jsonfile import read_json
 from quantscan.records import CalibMethod, Plan, Precision
 from quantscan.toolchains import align
-from quantscan.toolchains.driverfiles import pooled_cosine, read_simulated, read_sums, sample_sums
+from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn.run import (
     SayProgress,

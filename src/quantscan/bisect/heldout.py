@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from quantscan.bisect.robust import split_indices
-from quantscan.toolchains.driverfiles import subset_cosine
+from quantscan.metrics import subset_cosine
 
 
 def claimed_samples(held_out: Mapping[str, Any] | None, n: int) -> list[int] | None:
