@@ -309,7 +309,7 @@ def _batch_plan(inputs: _Inputs, opts: ScanOptions, probe: Probe, sites: Sequenc
         if opts.batch_size is not None:
             raise UsageError(f"--batch-size {batch_size}: expected the model to run on {batch_size} samples at "
                              f"once, found it runs on one only ({refused}); pass --batch-size 1 (a recurrent "
-                             "state input: --state, see README)")
+                             "state input: --state, see docs/control-flow.md)")
         inputs.warnings.append(f"the model runs on one sample but not on {batch_size} at once ({refused}): "
                                "scanning one sample per run")
         memory = memory_plan(inputs.prepared, probe, sites, replace(opts, batch_size=1), inputs.fixed_batch,
