@@ -37,6 +37,7 @@ REWRITE_ORDER: tuple[RewriteId, ...] = (
     RewriteId.RECIPROCAL,
     RewriteId.DIV_TO_MUL,
     RewriteId.CLEANUP,
+    RewriteId.RELU6_TO_RELU,
     RewriteId.EQUALIZE,
     RewriteId.SMOOTH,
     RewriteId.BIAS_CORRECT,

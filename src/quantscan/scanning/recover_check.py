@@ -53,7 +53,7 @@ class RecoverCheck:
         """run.json `options.recover_check`; summary.md reads it back."""
         return {"rewrite": self.rewrite, "cosine_before": self.before, "cosine_after": self.after,
                 "noise_floor": None if math.isnan(self.noise) else self.noise, "changes": self.changes,
-                "helps": self.helps, "seconds": round(self.seconds, 3)}
+                "helps": self.helps}  # its time is run.json times_s.recover_check: options stay deterministic
 
 
 def bias_correction_check(ctx: ScanContext, baseline: float) -> RecoverCheck | None:
