@@ -375,9 +375,11 @@ def memory_plan(
         budget, source = default_budget(available, total), "half the available RAM"
         aim = default_aim(footprint)  # the default aims at a few FP32 runs' memory, not half the machine
     workers = worker_count(opts.workers)
-    if workers > 1:  # each worker holds its own analysis session: the budget is shared between them
+    if workers > 1:  # each worker holds its own analysis session: the hard budget is shared between them
         budget, source = budget // workers, f"{source}, split between {workers} workers"
-        aim = aim // workers if aim is not None else None
+    # The soft aim stays per session: a default batch that moved with the worker count changed the
+    # tables' bytes (onnxruntime's kernels give other float32 values at batch 8 than at batch 1), and
+    # layers.csv must not depend on how many processes computed it (issue 41). Only the hard budget splits.
     return plan_memory(footprint, budget=budget, budget_source=source, requested_batch=opts.batch_size,
                        fixed_batch=fixed_batch, n_samples=n_samples, segments=opts.segments, aim=aim)
 
