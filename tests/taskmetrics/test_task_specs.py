@@ -596,3 +596,43 @@ def test_face_landmarks_error_and_presence_flips_equal_the_saved_qdq(faces: Path
     assert metrics["conv2d_20"]["task"]["keypoint_max_px"] == pytest.approx(dist.max(), rel=0.05)
     assert metrics["conv2d_30"]["task"]["presence_flips"] == np.count_nonzero((r_p > 0) != (t_p > 0))
     assert math.isnan(float(metrics["conv2d_30"]["worst_sample_cosine"]))  # no cosine of one number
+
+
+def test_anchor_head_pairs_need_the_same_anchor_count() -> None:
+    shapes = {"regressors": [1, 896, 16], "classificators": [1, 896, 1], "other": [1, 512, 1], "emb": [1, 128]}
+    assert tm.anchor_head_pairs(list(shapes), shapes) == [("regressors", "classificators")]
+    flat = {"boxes": [1, 64, 4], "scores": [1, 64]}  # scores without the trailing 1 pair too
+    assert tm.anchor_head_pairs(list(flat), flat) == [("boxes", "scores")]
+    assert tm.anchor_head_pairs(["boxes", "other"], {"boxes": [1, 64, 4], "other": [1, 32, 1]}) == []
+
+
+def anchor_head_model(anchors: int = 16) -> onnx.ModelProto:
+    """A conv trunk with an SSD-style head: box regressors [1, A, 4] and logits [1, A, 1] as two outputs."""
+    side = int(math.sqrt(anchors))
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "wb"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (1, 3, 3, 3)).astype(np.float32), "ws"),
+             numpy_helper.from_array(np.array([1, 4, anchors], np.int64), "shape_b"),
+             numpy_helper.from_array(np.array([1, anchors, 1], np.int64), "shape_s")]
+    nodes = [helper.make_node("Conv", ["image", "wb"], ["cb"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["cb", "shape_b"], ["rb"]),
+             helper.make_node("Transpose", ["rb"], ["boxes"], perm=[0, 2, 1]),
+             helper.make_node("Conv", ["image", "ws"], ["cs"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["cs", "shape_s"], ["scores"])]
+    graph = helper.make_graph(nodes, "ssd_head", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                                                  [1, 3, side, side])],
+                              [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, anchors, 4]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, anchors, 1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_scan_of_an_anchor_head_names_the_spec_that_scores_it(tmp_path: Path) -> None:
+    onnx.save(anchor_head_model(), tmp_path / "ssd.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(4):
+        np.save(calib / f"{i}.npy", np.random.default_rng(i).normal(0, 1, (1, 3, 4, 4)).astype(np.float32))
+    said = [w for w in scan(tmp_path / "ssd.onnx", calib).warnings if "--task anchors:" in w]
+    assert len(said) == 1 and "boxes=boxes,scores=scores" in said[0]
+    spelled = scan(tmp_path / "ssd.onnx", calib, task=["anchors:boxes=boxes,scores=scores"]).warnings
+    assert not [w for w in spelled if "--task anchors:" in w]  # the spec given: nothing left to say

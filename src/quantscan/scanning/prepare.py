@@ -54,7 +54,7 @@ from quantscan.scanning.samples import (
     stateful_sets,
 )
 from quantscan.scanning.settings import fold_setting_consts, unfed
-from quantscan.scanning.tasks import check_task_specs
+from quantscan.scanning.tasks import check_task_specs, task_hint
 from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites, input_sites
 
 
@@ -327,8 +327,9 @@ def _calibration_phase(
 ) -> tuple[CalibStats, qgraph.QuantPlan]:
     """Pass 1 (here, or in the workers' shards) and the quantization plan it gives."""
     scheme = inputs.chip.activations
-    check_task_specs(inputs.prepared.proto, headline_outputs(placed.probe, opts.output), placed.probe.shapes,
-                     placed.probe.input_shapes, opts)
+    headline = headline_outputs(placed.probe, opts.output)
+    check_task_specs(inputs.prepared.proto, headline, placed.probe.shapes, placed.probe.input_shapes, opts)
+    inputs.warnings.extend(h for h in [task_hint(headline, placed.probe.shapes, opts)] if h)
     calib_stats = None
     observed = placed.origins
     if placed.recipe is not None:  # ranges a float Relu/Clip/Softmax leaves their tensor (ort_recipe.range_settings)

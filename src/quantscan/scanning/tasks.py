@@ -110,6 +110,16 @@ def check_task_specs(proto: onnx.ModelProto, outputs: Sequence[str], shapes: Map
                                 producers)
 
 
+def task_hint(outputs: Sequence[str], shapes: Mapping[str, Sequence[int]], opts: ScanOptions) -> str | None:
+    """A note for a run whose outputs have a task `--task auto` cannot decode on its own: today an anchor
+    head (boxes and scores as separate outputs), when no spec names those outputs already."""
+    plan = tm.task_plan(opts.task)
+    if plan.default.kind != "auto":
+        return None
+    free = [o for o in outputs if o not in plan.claimed()]
+    return tm.anchor_head_hint(free, shapes)
+
+
 SHAPE_ONLY_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 """Ops that only move values: the op an output "comes from" is the first one behind them."""
 

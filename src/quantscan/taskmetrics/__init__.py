@@ -26,7 +26,13 @@ One task per module: `base`, `classify`, `ctc`, `decoder`, `mask`, `heatmap`, `b
 (`--channel-groups`: an output's channels measured per named group) goes beside any of them.
 """
 
-from quantscan.taskmetrics.anchors import AnchorAccumulator, decode_anchor_boxes, load_anchors
+from quantscan.taskmetrics.anchors import (
+    AnchorAccumulator,
+    anchor_head_hint,
+    anchor_head_pairs,
+    decode_anchor_boxes,
+    load_anchors,
+)
 from quantscan.taskmetrics.base import LABEL_FILE, TASKS, TaskAccumulator, add_sums, feed, group_figures, ratio
 from quantscan.taskmetrics.box import (
     BOX_MATCH_IOU,
@@ -67,6 +73,8 @@ from quantscan.taskmetrics.spec import TaskPlan, TaskSpec, parse_task_spec, task
 
 __all__ = [
     "AnchorAccumulator",
+    "anchor_head_hint",
+    "anchor_head_pairs",
     "KeypointAccumulator",
     "PresenceAccumulator",
     "TaskPlan",

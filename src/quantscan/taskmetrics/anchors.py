@@ -42,6 +42,29 @@ DEFAULT_ANCHOR_NMS_IOU = 0.3
 BOX_FORMATS = ("xyxy", "cxcywh")
 
 
+def anchor_head_pairs(outputs: Sequence[str], shapes: Mapping[str, Sequence[int]]) -> list[tuple[str, str]]:
+    """(boxes, scores) output pairs shaped like an SSD/BlazeFace head: boxes [N, A, >=4] beside scores
+    [N, A, 1] or [N, A] with the same A > 1. Why: such a head has no shape `--task auto` can decode (its
+    anchors live outside the model), so its run speaks cosines unless the user is told the spec."""
+    dims = {o: [int(d) for d in shapes.get(o, ())] for o in outputs}
+    boxes = [o for o, d in dims.items() if len(d) == 3 and d[1] > 1 and d[2] >= 4]
+    scores = [o for o, d in dims.items() if (len(d) == 2 or (len(d) == 3 and d[2] == 1)) and d[1] > 1]
+    return [(b, s) for b in boxes for s in scores if b != s and dims[b][:2] == dims[s][:2]]
+
+
+def anchor_head_hint(outputs: Sequence[str], shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """The note a run without an anchors spec gets when its outputs pair like an anchor head."""
+    pairs = anchor_head_pairs(outputs, shapes)
+    if not pairs:
+        return None
+    boxes, scores = pairs[0]
+    count = shapes[boxes][1]
+    return (f"outputs {boxes} {list(shapes[boxes])} and {scores} {list(shapes[scores])} look like an anchor "
+            f"detector's head ({count} anchors, SSD/BlazeFace): their figures here are cosines; "
+            f"`--task anchors:boxes={boxes},scores={scores},anchors=ANCHORS.npy` scores the detections the "
+            f"application reads (anchors [{count}, 4]; without a file the regressors are read as boxes)")
+
+
 def load_anchors(path: str | Path, count: int | None = None) -> np.ndarray:
     """[A, 4] float64 anchors from a .npy file; usage error when missing, mis-shaped or of another count."""
     file = Path(path)
