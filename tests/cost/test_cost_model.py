@@ -85,7 +85,8 @@ def test_all_int8_total_is_the_roofline_formula_per_kernel() -> None:
 def test_a_float_site_pays_its_fp16_kernel_and_one_converter_per_precision_change() -> None:
     p = pricer(two_convs())
     base = p.price()
-    plan = p.price({p.site_nodes[0]: "float"})  # rk3588 falls back to fp16
+    first = p.site_nodes[len(p.input_sites)]  # the first kernel site (model input sites come first)
+    plan = p.price({first: "float"})  # rk3588 falls back to fp16
     conv16 = roofline_ms(4096 * 72 * 2, 16 * 0.5 * HZ, 2 * spilled(2048, 4096) + 2 * (16 * 8 * 9 + 16))
     conv8 = next(s for s in base.per_site if s.kernel == "Conv+Relu").est_ms
     # r1 (4096 values) crosses fp16 -> int8 once for its two int8 readers: read at 2 bytes, written at 1
@@ -93,7 +94,19 @@ def test_a_float_site_pays_its_fp16_kernel_and_one_converter_per_precision_chang
     assert [(b.kind, b.from_precision, b.to_precision) for b in plan.boundaries] == [("converter", "fp16", "int8")]
     assert plan.boundaries[0].est_ms == pytest.approx(converter)
     assert plan.total_ms - base.total_ms == pytest.approx(conv16 - conv8 + converter)
-    assert p.fallback_extra_ms()[p.site_nodes[0]] == pytest.approx(conv16 - conv8 + converter)
+    assert p.fallback_extra_ms()[first] == pytest.approx(conv16 - conv8 + converter)
+
+
+def test_a_model_input_kept_float_pays_its_wider_read_and_one_converter() -> None:
+    p = pricer(two_convs())
+    assert list(p.input_sites) == ["x"] and p.site_nodes[0] == "x"
+    x = next(s for s in p.price().per_site if s.node == "x")
+    assert (x.kernel, x.precision, x.est_ms) == ("input", "int8", 0.0)  # its read is in the run's fixed cost
+    n = 8 * 16 * 16  # x is float[1, 8, 16, 16]
+    wider_read = n * (2 - 1) / 2e9 * 1e3  # fp16 instead of int8, at FIGURES' 2 GB/s
+    converter = 11e-3 + n * (2 + 1) / 2e9 * 1e3
+    assert p.fallback_extra_ms()["x"] == pytest.approx(wider_read + converter)
+    assert p.extra_ms({"x": "float"}) == pytest.approx(wider_read + converter)
 
 
 SOFTMAX_ON_CPU = """

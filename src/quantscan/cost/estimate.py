@@ -29,6 +29,7 @@ from quantscan.compat.profiles import Profile
 from quantscan.cost.kernels import Kernel, find_kernels
 from quantscan.cost.roofline import KernelTime, boundary_ms, kernel_time
 from quantscan.cost.table import PRECISION_BYTES, CostTable
+from quantscan.graph.index import GraphIndex
 
 INT8 = "int8"
 COST_COLUMNS = (Col.NODE, Col.KERNEL, Col.OP_TYPE, "precision", "device", Col.EST_MS, "bound", "boundary_ms",
@@ -144,6 +145,7 @@ class Pricer:
                     if out:
                         self._producer[out] = k_index
         self._elements = {t: int(view.info(t).numel() or 0) for t in self._producer}
+        self.input_sites = _input_sites(view)
         self.fallback = fallback_precision(profile)
         unknown = sum(1 for k in self.kernels if k.role != "free" and k.output_elems == 0)
         guessed = [f"{f.input}[{f.axis}]={f.value}" for f in analysis.loaded.fills if not f.from_user and f.axis]
@@ -164,7 +166,7 @@ class Pricer:
 
     @property
     def site_nodes(self) -> list[str]:
-        return [k.node for k in self.kernels if k.site]
+        return [*self.input_sites, *(k.node for k in self.kernels if k.site)]
 
     def precision_of(self, kernel: Kernel, plan: Mapping[str, str]) -> str:
         """The precision a kernel runs at under `plan` (site node -> "float"/"int16"/"fp16"/"int8")."""
@@ -191,7 +193,8 @@ class Pricer:
         """The estimate under `plan` (default: every NPU site int8)."""
         plan = plan or {}
         precs = self.precisions(plan)
-        per_site = tuple(self._site_cost(k, p) for k, p in zip(self.kernels, precs, strict=True))
+        per_site = (*(self._input_cost(node, plan) for node in self.input_sites),
+                    *(self._site_cost(k, p) for k, p in zip(self.kernels, precs, strict=True)))
         bounds = tuple(self._boundaries(precs))
         run = self.table.run_overhead_us * 1e-3
         total = run + sum(s.est_ms for s in per_site) + sum(b.est_ms for b in bounds)
@@ -219,6 +222,22 @@ class Pricer:
         return SiteCost(k.node, k.kernel, k.op, precision, k.device, t.est_ms, t.compute_ms, t.memory_ms,
                         t.overhead_ms, t.bound if k.role != "free" else "overhead", k.site, k.macs)
 
+    def _input_cost(self, node: str, plan: Mapping[str, str]) -> SiteCost:
+        """A model input site. At int8 the chip reads the frame inside each run's fixed cost (the fitted
+        `run_overhead_us`), so 0 ms of its own; kept float, it reads it at the fallback width and a
+        converter layer brings it to int8 for the kernels (the graph's converter price). Why: "feed the
+        input float" is often the first thing a summary suggests, and it was the one unpriced answer."""
+        n = self.input_sites[node]
+        if plan.get(node, INT8) in (INT8, "uint8"):
+            return SiteCost(node, INPUT_KERNEL, INPUT_KERNEL, INT8, "npu", 0.0, 0.0, 0.0, 0.0, "overhead", True, 0)
+        wide = "int16" if plan[node] == "int16" else (self.fallback if self.fallback != "int16" else "fp16")
+        gbps = self.table.dram_gbps
+        extra_read = n * (PRECISION_BYTES[wide] - PRECISION_BYTES[INT8]) / (gbps * 1e9) * 1e3
+        converter = boundary_ms(n, PRECISION_BYTES[wide], PRECISION_BYTES[INT8], self.table.converter_us, gbps)
+        return SiteCost(node, INPUT_KERNEL, INPUT_KERNEL, wide, "npu", extra_read + converter, 0.0,
+                        extra_read + converter - self.table.converter_us * 1e-3, self.table.converter_us * 1e-3,
+                        "memory", True, 0)
+
     def _boundaries(self, precs: Sequence[str]) -> list[BoundaryCost]:
         seen: set[tuple[str, str, str]] = set()
         found: list[BoundaryCost] = []
@@ -238,6 +257,19 @@ class Pricer:
                 ms = boundary_ms(n, PRECISION_BYTES[precs[j]], PRECISION_BYTES[precs[i]], fixed, gbps)
                 found.append(BoundaryCost(kind, t, src.node, k.node, precs[j], precs[i], n, ms))
         return found
+
+
+INPUT_KERNEL = "input"
+"""The kernel and op a model input site is priced as (sites.INPUT_OP's spelling)."""
+
+
+def _input_sites(view: GraphIndex) -> dict[str, int]:
+    """Float32 graph inputs and their element counts, by the node name layers.csv gives a model input site
+    (`sites.input_sites`: the input's name, `input:NAME` when a node has that name)."""
+    floats = {vi.name for vi in view.graph.input if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    nodes = {n.name for n in view.nodes}
+    return {(f"{INPUT_KERNEL}:{name}" if name in nodes else name): int(view.info(name).numel() or 0)
+            for name in view.inputs if name in floats}
 
 
 def _crossing(src: Kernel, src_prec: str, dst: Kernel, dst_prec: str) -> str | None:

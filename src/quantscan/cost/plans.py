@@ -40,8 +40,8 @@ def _check_known(precisions: Mapping[str, str], known: Sequence[str]) -> None:
 
 def priced_plan(pricer: Pricer, plan: Mapping[str, Any], *, strict: bool = True) -> dict[str, Any]:
     """{estimated_ms, extra_ms, int8_ms, pareto: [{float_sites, sites, estimated_ms, extra_ms}]} of a plan.
-    `strict`: a plan site the model's kernels do not have is an error (--plan); otherwise it is not priced
-    (a model input kept float: its conversion is the chip's input layer, not a kernel)."""
+    `strict`: a plan site the model does not have is an error (--plan); otherwise it is not priced. A model
+    input kept float is priced as its wider read and a converter (`Pricer._input_cost`)."""
     base = pricer.price({}).total_ms
     precisions = plan_precisions(plan, pricer.site_nodes if strict else ())
     known = set(pricer.site_nodes)
