@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 from conftest import asset_model
 from quantscan.graph.index import GraphIndex
 from quantscan.toolchains.logs import map_names, read_log
-from quantscan.toolchains.mapping import NameMapper
+from quantscan.toolchains.renaming import NameMapper
 from quantscan.toolchains.rknn.log import parse_rknn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendorlog"

@@ -14,8 +14,8 @@ from quantscan.cli import main
 from quantscan.graph.index import GraphIndex
 from quantscan.toolchains.findings import RULE_FAILED, RULE_NOT_SIMILAR, RULE_UNSUPPORTED, log_findings
 from quantscan.toolchains.logs import parse_log_text
-from quantscan.toolchains.mapping import NameMapper
 from quantscan.toolchains.parsed import ParsedLog, Stage
+from quantscan.toolchains.renaming import NameMapper
 from quantscan.toolchains.tpumlir.log import op_of, parse_tpu_mlir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendorlog" / "tpu-mlir"

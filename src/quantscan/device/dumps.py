@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from quantscan.device import npy, rknn, tpumlir
-from quantscan.device.dumpset import DumpSet
+from quantscan.device import npy
 from quantscan.errors import UsageError
+from quantscan.toolchains.dumpset import DumpSet
+from quantscan.toolchains.rknn import dumps as rknn
+from quantscan.toolchains.tpumlir import dumps as tpumlir
 
 __all__ = ["FORMATS", "DumpSet", "detect_format", "open_dumps", "sample_indices"]
 

@@ -29,7 +29,7 @@ from quantscan.metrics import channel_axis
 from quantscan.runner import Runner, Session
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, prepare_timed
-from quantscan.toolchains.mapping import NameMapper
+from quantscan.toolchains.renaming import NameMapper
 
 
 @dataclass

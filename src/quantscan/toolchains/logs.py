@@ -26,8 +26,8 @@ from quantscan.toolchains.findings import (
     unsupported_findings,
 )
 from quantscan.toolchains.horizon.log import looks_like_hb_mapper, parse_hb_mapper
-from quantscan.toolchains.mapping import NameMapper, NameMatch
 from quantscan.toolchains.parsed import ParsedLog
+from quantscan.toolchains.renaming import NameMapper, NameMatch
 from quantscan.toolchains.rknn.log import looks_like_rknn, parse_rknn
 from quantscan.toolchains.tpumlir.log import looks_like_tpu_mlir, parse_tpu_mlir
 

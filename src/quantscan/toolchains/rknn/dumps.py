@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from quantscan.device.dumpset import DumpSet
 from quantscan.errors import UsageError
 from quantscan.readers.arrays import numeric, read_npy
 from quantscan.readers.text import inside, read_text
+from quantscan.toolchains.dumpset import DumpSet
 from quantscan.toolchains.rknn.files import parse_error_analysis
 
 MAP_FILE = "map_name_to_file.txt"
