@@ -10,7 +10,7 @@ from typing import Any
 
 from quantscan.bisect.heldout import same_samples_text
 from quantscan.cli.args import EXIT_OK, common, default_out, non_negative_int, positive_int, refuse_out_in_data
-from quantscan.errors import UsageError
+from quantscan.errors import InternalError, UsageError
 from quantscan.toolchains import TOOLCHAINS
 from quantscan.toolchains.folder import VendorRequest
 
@@ -44,8 +44,8 @@ def _run(args: argparse.Namespace, out: Path, say: Any) -> Any:
     """The tool's run, through its folder's entry point (RKNN: build, simulator, accuracy_analysis;
     tpu-mlir: transform .. model_runner); each tool refuses the options it does not take."""
     run = TOOLCHAINS[args.tool].vendor
-    if run is None:  # the parser offers only tools with a vendor run; an API caller may name another
-        raise UsageError(f"vendor: expected a toolchain with a vendor run, found {args.tool}")
+    if run is None:  # the parser offers only tools with a vendor run: ours to fix, not the user's
+        raise InternalError(f"vendor: {args.tool} was offered but its folder has no vendor run")
     request = VendorRequest(target=args.target, out=out, python=args.python, limit=args.limit,
                             analysis_samples=args.analysis_samples, plan=args.plan, threads=args.threads,
                             progress=say, calib_method=args.calib_method)
