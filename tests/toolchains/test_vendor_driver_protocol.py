@@ -168,7 +168,9 @@ def test_find_python_refuses_one_without_the_toolkit(tmp_path: Path) -> None:
         find_python(RKNN, sys.executable if "rknn" not in sys.modules else "/nonexistent")
     with pytest.raises(UsageError, match="found none"):
         find_python(RKNN, places=[Path(sys.executable)])
-    assert find_python(RKNN, _fake_python(tmp_path)).name == "python"
+    fake = _fake_python(tmp_path)
+    assert find_python(RKNN, fake).name == "python"
+    assert find_python("rknn", fake) == find_python(RKNN, fake)  # the tool's name, as callers before kit.py said
 
 
 def test_cli_bad_python_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

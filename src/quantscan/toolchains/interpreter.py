@@ -27,6 +27,14 @@ class VendorPython:
     env_var: str
     """The environment variable naming that Python, checked before the usual places."""
 
+    def __post_init__(self) -> None:
+        _BY_TOOL[self.tool] = self
+
+
+_BY_TOOL: dict[str, VendorPython] = {}
+"""Tool name -> its VendorPython, for callers that name the tool (`find_python("rknn")`): every folder's
+`kit` is imported with the `toolchains` package, so each is here before any run asks."""
+
 
 USUAL_VENVS = ("venv-{tool}", ".venv-{tool}", "venvs/{tool}")
 """Relative to the working directory, the home directory and the working directory's parent."""
@@ -65,11 +73,14 @@ def candidates(kit: VendorPython) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def find_python(kit: VendorPython, given: str | Path | None = None, places: Sequence[Path] | None = None) -> Path:
-    """`given` when it imports the tool's module, else the first candidate that does.
+def find_python(kit: VendorPython | str, given: str | Path | None = None, places: Sequence[Path] | None = None,
+                ) -> Path:
+    """`given` when it imports the tool's module, else the first candidate that does (`kit`: the folder's
+    VendorPython, or the tool's name).
 
     Raises UsageError naming what was tried: with no toolkit there is nothing to compare against.
     """
+    kit = kit if isinstance(kit, VendorPython) else _BY_TOOL[kit]
     module = kit.module
     if given is not None:
         path = Path(os.path.abspath(given))  # the driver runs in another folder; not resolve(): a venv's
