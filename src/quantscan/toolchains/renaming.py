@@ -8,8 +8,8 @@ type (`/text_model/Flatten_output_0_Flatten`, `1197_MatMul`, outputs `..._f32`).
 ONNX node names but adds its own (`UNIT_CONV_FOR_<Add>`, `HZ_PREPROCESS_FOR_<input>`,
 `<tensor>_calibrated_Requantize`, `<node>_reshape_output`) and cuts long names from the left
 (`...ge1.0/nonlinearity/Relu`). Each renaming is one `Rename` in its toolchain's table
-(`toolchains/<tool>/kit.py` `RENAMES`, reached through `TOOLCHAINS`), and this module is the only reader
-of those tables:
+(`toolchains/<tool>/kit.py` `RENAMES`, reached through `TOOLCHAINS`), and this module maps names with
+them (tpu-mlir's log reads its op type off the same two rules):
 
 * `NameMapper` (`log`, `dumps`): every rule tried on what the previous ones left, breadth first, so
   `mapped_by` can say which conventions matched; a name no rule explains stays unmapped (and the
