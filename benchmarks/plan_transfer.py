@@ -37,6 +37,7 @@ from quantscan.runner import Runner, quantize_static_model  # noqa: E402
 from quantscan.scanning.prepare import ScanContext, prepare_scan  # noqa: E402
 from quantscan.toolchains.interpreter import find_python  # noqa: E402
 from quantscan.toolchains.rknn.hybrid import HybridRknn  # noqa: E402
+from quantscan.toolchains.rknn.kit import PYTHON as RKNN_PYTHON  # noqa: E402
 from quantscan.toolchains.rknn.run import output_cosines  # noqa: E402
 
 
@@ -87,7 +88,7 @@ def measure(plan_path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     cset = load_calibration(calib, graph_inputs(loaded.proto), limit=args.limit)
     ctx = prepare_scan(loaded, cset, profile=(plan.recipe or {}).get("profile"), limit=args.limit)
     work = Path(args.work) / f"{model.stem}-{int(time.time())}"
-    hybrid = HybridRknn.create(loaded, cset, find_python("rknn", args.python), target, work)
+    hybrid = HybridRknn.create(loaded, cset, find_python(RKNN_PYTHON, args.python), target, work)
     feeds = [dict(s) for s in cset.samples()]
     session = json.loads((plan_path.parent / "session.json").read_text()) if (
         plan_path.parent / "session.json").exists() else {}

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantscan.toolchains.interpreter import IMPORTED, TOOL_MODULES
+from quantscan.toolchains import TOOLCHAINS
+from quantscan.toolchains.interpreter import IMPORTED
 from test_robust import assert_one_line, conv_model, image_npz, main, save
 
 
@@ -281,7 +282,9 @@ def _fake_toolkit_python(tmp: Path, tool: str, result: str) -> Path:
     """A `python` that passes the import probe for `tool` and, run as the driver, writes `result` as its
     result.json (a toolkit killed mid-write, an interpreter that wrote something else)."""
     script = tmp / f"python-{tool}"
-    module = TOOL_MODULES[tool]
+    kit = TOOLCHAINS[tool].python
+    assert kit is not None
+    module = kit.module
     script.write_text("#!/bin/sh\n"
                       f'if [ "$1" = "-c" ]; then echo "{IMPORTED}-{module}"; exit 0; fi\n'
                       f"cat > result.json <<'EOF'\n{result}\nEOF\n")

@@ -93,7 +93,6 @@ def test_bm1684x_keeps_ppocrv4_recs_layernorms_and_softmaxes_float(assets: Path)
 
     import onnx
 
-    from quantscan.toolchains import align
     from quantscan.toolchains.tpumlir import run as tpurun
 
     spec = importlib.util.spec_from_file_location("tpumlir_driver", tpurun.DRIVER)
@@ -114,7 +113,7 @@ def test_bm1684x_keeps_ppocrv4_recs_layernorms_and_softmaxes_float(assets: Path)
     model = onnx.load(str(assets / "models" / "ppocrv4_rec.onnx"), load_external_data=False)
     producer = {o: n.name for n in model.graph.node for o in n.output}
     op_type = {n.name: n.op_type for n in model.graph.node}
-    assert {producer[align.TPU_MLIR_SUFFIX.sub("", name)] for name in float_ops} <= kept
+    assert {producer[tpurun.SUFFIX.sub("", name)] for name in float_ops} <= kept
     assert {n for n in kept if op_type[n] == "Softmax"} == {n for n, t in op_type.items() if t == "Softmax"}
     assert {op_type[n] for n in kept} == {"ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div", "Mul", "Softmax"}
     assert not {n for n in kept if op_type[n] in ("Conv", "MatMul")}  # int8 on the chip

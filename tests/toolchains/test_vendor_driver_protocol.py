@@ -22,6 +22,7 @@ from quantscan.cli import main
 from quantscan.errors import UsageError
 from quantscan.toolchains import align
 from quantscan.toolchains.interpreter import find_python
+from quantscan.toolchains.rknn.kit import PYTHON as RKNN
 from quantscan.toolchains.rknn.run import run_rknn
 
 HERE = Path(__file__).parent
@@ -164,10 +165,12 @@ def test_plan_is_scored_on_its_own_held_out_samples(tmp_path: Path, capsys: pyte
 
 def test_find_python_refuses_one_without_the_toolkit(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="imports rknn.api"):
-        find_python("rknn", sys.executable if "rknn" not in sys.modules else "/nonexistent")
+        find_python(RKNN, sys.executable if "rknn" not in sys.modules else "/nonexistent")
     with pytest.raises(UsageError, match="found none"):
-        find_python("rknn", places=[Path(sys.executable)])
-    assert find_python("rknn", _fake_python(tmp_path)).name == "python"
+        find_python(RKNN, places=[Path(sys.executable)])
+    fake = _fake_python(tmp_path)
+    assert find_python(RKNN, fake).name == "python"
+    assert find_python("rknn", fake) == find_python(RKNN, fake)  # the tool's name, as callers before kit.py said
 
 
 def test_cli_bad_python_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -195,14 +198,14 @@ def test_a_python_that_exits_0_without_importing_the_toolkit_fails_the_check(tmp
     liar.write_text("#!/bin/sh\nexit 0\n")
     liar.chmod(liar.stat().st_mode | stat.S_IXUSR)
     with pytest.raises(UsageError, match="imports rknn.api"):
-        find_python("rknn", liar)
+        find_python(RKNN, liar)
 
 
 def test_a_relative_python_is_run_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver runs with its work folder as cwd: a relative --python must not be looked up there."""
     _fake_python(tmp_path)
     monkeypatch.chdir(tmp_path)
-    found = find_python("rknn", "python")
+    found = find_python(RKNN, "python")
     assert found.is_absolute() and found == tmp_path / "python"
 
 

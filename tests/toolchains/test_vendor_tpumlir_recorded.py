@@ -103,7 +103,7 @@ def test_vendor_table_realigns_from_the_recorded_sums(assets: Path) -> None:
     graph = graph_names(model)
     qs_layers = tpurun.identity_aliases(pd.read_csv(REC / "quantscan" / "layers.csv"), "output", model)
     qs_tensors = tpurun.identity_aliases(pd.read_csv(REC / "quantscan" / "tensors.csv"), "tensor", model)
-    table = align.align_layers(layers, graph, qs_layers, qs_tensors, [], {}, suffix=align.TPU_MLIR_SUFFIX)
+    table = align.align_layers(layers, graph, qs_layers, qs_tensors, [], {}, suffix=tpurun.SUFFIX)
     assert list(table["tensor"].fillna("")) == list(recorded["tensor"].fillna(""))
     assert table["vendor_entire_cosine"].tolist() == pytest.approx(recorded["vendor_entire_cosine"].tolist())
     # the classifier: tpu-mlir's Gemm (MatMul + bias Add) named after the Add's output, which quantscan's

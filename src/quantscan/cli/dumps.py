@@ -18,6 +18,7 @@ from quantscan.cli.args import (
 )
 from quantscan.columns import Col
 from quantscan.errors import UsageError
+from quantscan.toolchains import TOOLCHAINS
 
 # --- dumps: what the chip computed, beside FP32 and the simulation -----------------------------------
 
@@ -27,7 +28,8 @@ def dumps_parser(sub: Any) -> None:
     p.add_argument("model")
     p.add_argument("--calib", required=True, help="calibration folder (the samples the dumps were made on)")
     p.add_argument("--dumps", required=True, metavar="DIR", help="per-sample dumps (see --format)")
-    p.add_argument("--format", default=None, choices=["rknn", "tpu-mlir", "npy"],
+    dump_tools = [name for name, tool in TOOLCHAINS.items() if tool.dumps is not None]
+    p.add_argument("--format", default=None, choices=[*dump_tools, "npy"],
                    help="dump format (default: detected; npy = one .npz per sample keyed by ONNX tensor names)")
     for flag, default in (("--calib-method", "minmax"), ("--activations", None), ("--profile", None)):
         p.add_argument(flag, default=default, help="as for scan: how the simulation quantizes")

@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from quantscan.cli.args import EXIT_OK, default_out
+from quantscan.toolchains import TOOLCHAINS
 
 # --- log: a vendor conversion log read into findings -------------------------------------------------
 
 
 def log_parser(sub: Any) -> None:
-    p = sub.add_parser("log", help="read a vendor conversion log (RKNN-Toolkit2, hb_mapper, tpu-mlir) into findings")
+    labels = ", ".join(tool.label for tool in TOOLCHAINS.values() if tool.log is not None)
+    p = sub.add_parser("log", help=f"read a vendor conversion log ({labels}) into findings")
     p.add_argument("log_file", metavar="FILE")
     p.add_argument("--model", default=None, help="the ONNX model that was converted: map vendor names to its nodes")
     p.add_argument("--profile", default=None, metavar="NAME|PATH",

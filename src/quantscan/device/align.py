@@ -1,7 +1,7 @@
 """Dump tensors to ONNX tensors: by name (the vendor renaming rules), else by value; layout per tensor.
 
 Why both: a runtime that keeps ONNX names (the npy format, RKNN for most layers) is matched exactly or
-through `toolchains.mapping`'s renaming rules (`_int8`, `-rs_sw`, `_Conv`, ...); a name no rule explains
+through `toolchains.renaming`'s renaming rules (`_int8`, `-rs_sw`, `_Conv`, ...); a name no rule explains
 (a fused kernel named after one of its nodes' outputs, a runtime's own numbering) is matched by value:
 the FP32 tensor of the same size, in a layout that fits, with the highest cosine on the first sample
 (a "golden" match), at least `GOLDEN_MIN`. An exact name match is never overruled by value: a device
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscan.errors import UsageError
-from quantscan.toolchains.mapping import NameMapper
+from quantscan.toolchains.renaming import NameMapper
 
 GOLDEN_MIN = 0.9
 """Lowest FP32 cosine at which a dump tensor with an unknown name is taken for an FP32 tensor."""

@@ -11,24 +11,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from quantscan.device import npy, rknn, tpumlir
-from quantscan.device.dumpset import DumpSet
+from quantscan.device import npy
 from quantscan.errors import UsageError
+from quantscan.toolchains import TOOLCHAINS
+from quantscan.toolchains.dumpset import DumpSet
+from quantscan.toolchains.folder import DumpReader
 
-__all__ = ["FORMATS", "DumpSet", "detect_format", "open_dumps", "sample_indices"]
+__all__ = ["DumpSet", "detect_format", "open_dumps", "sample_indices"]
 
-FORMATS = ("npy", "rknn", "tpu-mlir")
+NPY = DumpReader(npy.read_folder, npy.looks_like)
+
+
+def readers() -> dict[str, DumpReader]:
+    """Dump format -> its reader: the generic npy format, then every toolchain folder's (`TOOLCHAINS`)."""
+    return {"npy": NPY, **{name: tool.dumps for name, tool in TOOLCHAINS.items() if tool.dumps is not None}}
 
 
 def detect_format(folder: Path) -> str:
-    """npy when the folder holds .npz files, rknn when it holds accuracy_analysis folders; else bad input."""
-    if rknn.looks_like(folder):
-        return "rknn"
+    """A toolchain's format when its reader recognises the folder (rknn: accuracy_analysis folders), else
+    npy when the folder holds .npz files; else bad input."""
+    tools = {name: reader for name, reader in readers().items() if reader is not NPY}
+    for name, reader in tools.items():
+        if reader.looks_like is not None and reader.looks_like(folder):
+            return name
     if npy.looks_like(folder):
         return "npy"
-    raise UsageError(f"--dumps: expected a folder of per-sample .npz files or RKNN accuracy_analysis folders "
-                     f"(map_name_to_file.txt + simulator/ or runtime/), found neither in {folder}; "
-                     f"say --format rknn|tpu-mlir|npy")
+    shapes = " or ".join(["per-sample .npz files", *(r.looks for r in tools.values() if r.looks_like is not None)])
+    raise UsageError(f"--dumps: expected a folder of {shapes}, found neither in {folder}; "
+                     f"say --format {'|'.join([*tools, 'npy'])}")
 
 
 def open_dumps(folder: str | Path, fmt: str | None = None) -> DumpSet:
@@ -38,10 +48,10 @@ def open_dumps(folder: str | Path, fmt: str | None = None) -> DumpSet:
         raise UsageError(f"--dumps: expected a folder of dumps, found {'a file' if path.exists() else 'nothing'} "
                          f"at {path}")
     fmt = fmt or detect_format(path)
-    readers = {"npy": npy.read_folder, "rknn": rknn.read_folder, "tpu-mlir": tpumlir.read_folder}
-    if fmt not in readers:
-        raise UsageError(f"--format: expected one of {', '.join(FORMATS)}, found {fmt!r}")
-    return readers[fmt](path)
+    known = readers()
+    if fmt not in known:
+        raise UsageError(f"--format: expected one of {', '.join(known)}, found {fmt!r}")
+    return known[fmt].read(path)
 
 
 def sample_indices(keys: Sequence[str], stems: Sequence[str], n_samples: int) -> list[int]:

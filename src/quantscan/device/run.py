@@ -29,7 +29,8 @@ from quantscan.metrics import channel_axis
 from quantscan.runner import Runner, Session
 from quantscan.scanning.options import ProgressFactory, no_progress
 from quantscan.scanning.prepare import ScanContext, prepare_timed
-from quantscan.toolchains.mapping import NameMapper
+from quantscan.toolchains import every_rename
+from quantscan.toolchains.renaming import NameMapper
 
 
 @dataclass
@@ -117,7 +118,7 @@ def simulate(
     qdq = qgraph.build_qdq_model(ctx.graph.prepared.proto, ctx.graph.sites, ctx.quant.plan)
     fp32_names = [t for t in ctx.graph.probe.tensor_order if t in ctx.graph.probe.float_tensors]
     fp32_session = ctx.runner.session(qgraph.expose(ctx.graph.prepared.proto, fp32_names), built=True)
-    mapper = NameMapper(GraphIndex(ctx.loaded.proto.graph, model=ctx.loaded.proto))
+    mapper = NameMapper(GraphIndex(ctx.loaded.proto.graph, model=ctx.loaded.proto), every_rename())
     producer = {o: n.name for n in ctx.loaded.proto.graph.node for o in n.output if o}
     inner = {t: s.output for s in ctx.graph.sites for t, node in producer.items() if node in s.nodes[:-1] and s.fused}
     return Simulation(ctx, qdq, fp32_session, mapper, inner)

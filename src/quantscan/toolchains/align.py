@@ -5,9 +5,9 @@ faithful, and where is it not), and it is pure table work, tested on recorded re
 
 * Names. A vendor names a layer by the tensor it writes (RKNN, TPU-MLIR) or by the node; where the
   toolkit rewrote the graph it derives a name from the original one (`MatMul.0#2`, `x_int8`,
-  `Add.9-rs_sw`). :func:`onnx_name` strips such suffixes until an ONNX tensor or node name is left;
-  a `_sw` layer that is not a copy of that tensor is the op RKNN moved above a Reshape, which reads it
-  (:func:`swapped`).
+  `Add.9-rs_sw`). `renaming.onnx_name` strips such suffixes (the toolchain's one renaming table)
+  until an ONNX tensor or node name is left; a `_sw` layer that is not a copy of that tensor is the op
+  RKNN moved above a Reshape, which reads it (:func:`swapped`).
 * Loss. Per layer, e_q = 1 - quantscan's isolated cosine and e_v = 1 - the vendor's single-layer
   cosine (both: this layer alone quantized, fed float inputs). `none` when both are below
   `NEGLIGIBLE`; `lowering` when the vendor loses much more than quantscan's simulation of the same
@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 
 from quantscan.columns import Col
+from quantscan.toolchains.renaming import RKNN_SUFFIX, GraphNames, Mapped, onnx_name
 
 NEGLIGIBLE = 1e-3
 """1 - cosine below which a layer loses nothing worth a row in a plan (both sides)."""
@@ -37,41 +38,11 @@ LOWERING_RATIO = 3.0
 LAYOUT_OPS = ("Reshape", "Transpose", "exDataConvert", "DataConvert", "InputOperator", "OutputOperator")
 """Ops a toolkit inserts to move between its own layout/dtype and the model's; not ONNX nodes."""
 
-_SUFFIX = re.compile(r"(__cvt_[A-Za-z0-9_]+|__float16|_int8|_float16|_rs_sw|_sw|_rs|-rs|_tp|_mm|#\d+|_2conv\d+|_i\d+"
-                     r"|_2[a-z][a-z_]*|_sdpa|_Conv[A-Za-z]+)$")
-"""Suffixes RKNN derives layer names with; `_2<what>` is an op it converted (`_2sdpa`, `_2sdpa_q_matmul` /
-`_2sdpa_q_softmax`: fused attention, `_2ln`: LayerNorm, `_2sp`: Split, `_2exswish`), `_sdpa` the attention's
-output, `_Conv<Op>` a fused Conv kernel in the layer table (`p2o.MatMul.6#2_ConvAdd`) (PP-OCRv4 rec,
-rknn-toolkit2 2.5.0)."""
-
-TPU_MLIR_SUFFIX = re.compile(r"(_(?:f32|f16|bf16|si8|ui8|i8|u8|i16|i32)|_[A-Z][A-Za-z0-9]*)$")
-"""tpu-mlir names an op `<ONNX output tensor>_<OpType>`, a converted copy adds a dtype (`..._Softmax_f32`)."""
-
 VENDOR_COLUMNS = [
     "layer", Col.NODE, "tensor", "is_output", "qs_isolated_cosine", "qs_cumulative_cosine",
     "vendor_single_cosine", "vendor_entire_cosine", "loss", "vendor_placement", "check_placement",
 ]
 """vendor.csv columns, in the contract's order."""
-
-
-@dataclass(frozen=True)
-class GraphNames:
-    """The names of the ONNX model the vendor converted: tensor -> producer node, node -> op type."""
-
-    producer: Mapping[str, str]
-    op_type: Mapping[str, str]
-    outputs: frozenset[str]
-    readers: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
-    """Tensor -> (node, its first output) of every node that reads it (`swapped`)."""
-
-
-@dataclass(frozen=True)
-class Mapped:
-    """Where a vendor name lands in the ONNX graph; `derived` when suffixes had to be stripped."""
-
-    node: str
-    tensor: str
-    derived: bool
 
 
 @dataclass(frozen=True)
@@ -91,33 +62,6 @@ class VendorPlace:
     name: str
     op_type: str
     placement: str
-
-
-@dataclass
-class Alignment:
-    """vendor.csv as a table plus the placement findings (compat.csv columns) and their counts."""
-
-    table: pd.DataFrame
-    findings: pd.DataFrame
-    unexplained: int
-    explained: int
-    notes: list[str] = field(default_factory=list)
-
-
-def onnx_name(name: str, graph: GraphNames, suffix: re.Pattern[str] = _SUFFIX) -> Mapped | None:
-    """The ONNX tensor/node a vendor name stands for, stripping derived-name suffixes one at a time
-    (`suffix`: the vendor's own; RKNN's by default)."""
-    current, derived = name, False
-    while current:
-        if current in graph.producer:
-            return Mapped(graph.producer[current], current, derived)
-        if current in graph.op_type:
-            return Mapped(current, "", derived)
-        stripped = suffix.sub("", current)
-        if stripped == current:
-            return None
-        current, derived = stripped, True
-    return None
 
 
 def classify_loss(qs_isolated: float, vendor_single: float) -> str:
@@ -210,10 +154,10 @@ def align_layers(
     qs_tensors: pd.DataFrame,
     vendor_places: Sequence[VendorPlace],
     predicted: Mapping[str, str],
-    suffix: re.Pattern[str] = _SUFFIX,
+    suffix: re.Pattern[str] = RKNN_SUFFIX,
 ) -> pd.DataFrame:
     """vendor.csv: one row per vendor layer, quantscan's figures for the same tensor beside it
-    (`suffix`: the vendor's derived-name suffixes, e.g. `TPU_MLIR_SUFFIX`)."""
+    (`suffix`: the vendor's derived-name suffixes, `renaming.suffix_pattern` of its table)."""
     isolated = _by(qs_layers, Col.OUTPUT, Col.ISOLATED_COSINE)
     cumulative = _by(qs_tensors, "tensor", Col.CUMULATIVE_COSINE)
     placed = _vendor_placement_by_node(vendor_places, graph)

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from quantscan.columns import Col
 from quantscan.records import Finding, Placement, RewriteId, Severity
-from quantscan.toolchains.mapping import NameMatch
 from quantscan.toolchains.parsed import Failure, LayerSimilarity, ParsedLog, VendorLayer, WeightOutlier
+from quantscan.toolchains.renaming import NameMatch
 
 RULE_FAILED = "vendor-failed"
 RULE_CPU = "vendor-cpu"

@@ -18,6 +18,7 @@ from quantscan.errors import UsageError
 from quantscan.graph.index import GraphIndex
 from quantscan.readers.text import read_bytes
 from quantscan.records import FINDING_COLUMNS, FINDING_DETAIL_COLUMNS, Finding
+from quantscan.toolchains import TOOLCHAINS, every_rename
 from quantscan.toolchains.findings import (
     RULE_MISMATCH,
     RULE_PRECISION,
@@ -25,11 +26,8 @@ from quantscan.toolchains.findings import (
     placement_mismatches,
     unsupported_findings,
 )
-from quantscan.toolchains.horizon.log import looks_like_hb_mapper, parse_hb_mapper
-from quantscan.toolchains.mapping import NameMapper, NameMatch
 from quantscan.toolchains.parsed import ParsedLog
-from quantscan.toolchains.rknn.log import looks_like_rknn, parse_rknn
-from quantscan.toolchains.tpumlir.log import looks_like_tpu_mlir, parse_tpu_mlir
+from quantscan.toolchains.renaming import NameMapper, NameMatch
 
 MAX_LOG_BYTES = 256 * 1024 * 1024
 """A conversion log is megabytes; a bigger file is not one run's log (and would be read whole)."""
@@ -160,15 +158,15 @@ def read_log_text(path: Path) -> str:
 
 
 def parse_log_text(text: str, where: str = "the log") -> ParsedLog:
-    """The parser whose tool's markers the text carries; UsageError when no supported tool's are there."""
-    if looks_like_rknn(text):
-        return parse_rknn(text)
-    if looks_like_hb_mapper(text):
-        return parse_hb_mapper(text)
-    if looks_like_tpu_mlir(text):
-        return parse_tpu_mlir(text)
-    raise UsageError(f"expected an RKNN-Toolkit2, hb_mapper or tpu-mlir conversion log, found none of their "
-                     f"markers in {where}")
+    """The parser whose tool's markers the text carries (the first in `TOOLCHAINS` order); UsageError when
+    no supported tool's are there."""
+    readers = [(tool.label, tool.log) for tool in TOOLCHAINS.values() if tool.log is not None]
+    for _, reader in readers:
+        if reader.looks_like(text):
+            return reader.parse(text)
+    labels = [label for label, _ in readers]
+    named = f"{', '.join(labels[:-1])} or {labels[-1]}" if len(labels) > 1 else labels[0]
+    raise UsageError(f"expected an {named} conversion log, found none of their markers in {where}")
 
 
 def _model_index(model: str | Path) -> GraphIndex:
@@ -185,7 +183,7 @@ def nodes_of_types(index: GraphIndex, op_types: list[str]) -> dict[str, str]:
 
 def map_names(parsed: ParsedLog, index: GraphIndex) -> dict[str, NameMatch]:
     """Every vendor name the log printed (failure, placement rows, similarity rows) on the model."""
-    mapper = NameMapper(index)
+    mapper = NameMapper(index, every_rename())
     names = [parsed.failure.layer] if parsed.failure is not None and parsed.failure.layer else []
     names += [row.layer for row in parsed.layers if not row.io_operator]
     names += [row.layer for row in parsed.similarity]

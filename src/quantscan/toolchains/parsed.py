@@ -1,7 +1,7 @@
 """What a vendor conversion log says, in one shape for every tool: stage, failure, placements, cosines.
 
 Each tool's parser (`rknn.py`, `horizon.py`, `tpumlir.py`) turns its log text into a `ParsedLog`; the finding
-builder (`findings.py`) and the name mapping (`mapping.py`) only read this shape, so a new tool is
+builder (`findings.py`) and the name mapping (`renaming.py`) only read this shape, so a new tool is
 one parser file. Vendor names stay as the log spells them (`layer`); mapping them to ONNX nodes is a
 separate step because it needs the model, which the user may not give.
 

@@ -1,1 +1,14 @@
-"""Horizon hb_mapper: its checker and makertbin logs."""
+"""Horizon hb_mapper: its checker and makertbin logs, and its name rules.
+
+`TOOLCHAIN` is this folder's line in `toolchains.TOOLCHAINS`.
+"""
+
+from __future__ import annotations
+
+from quantscan.toolchains.folder import LogReader, ToolchainFolder
+from quantscan.toolchains.horizon import kit, log
+
+TOOLCHAIN = ToolchainFolder(
+    name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES,
+    log=LogReader(log.looks_like_hb_mapper, log.parse_hb_mapper),
+)

@@ -1,1 +1,34 @@
-"""Rockchip RKNN-Toolkit2: the driver script, the run, its files and its log."""
+"""Rockchip RKNN-Toolkit2: the driver script, the run, its files, its log, its dumps and its name rules.
+
+`TOOLCHAIN` is this folder's line in `toolchains.TOOLCHAINS`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quantscan.errors import UsageError
+from quantscan.toolchains.folder import DumpReader, LogReader, ToolchainFolder, VendorRequest
+from quantscan.toolchains.rknn import dumps, kit, log
+
+if TYPE_CHECKING:
+    from quantscan.toolchains.result import VendorRun
+
+
+def vendor(model: str | Path, calib: str | Path, request: VendorRequest) -> VendorRun:
+    """`quantscan vendor rknn`: build, simulator and accuracy_analysis beside quantscan's scan (`run`)."""
+    if request.calib_method is not None:
+        raise UsageError(f"vendor rknn: expected no --calib-method (tpu-mlir only), found {request.calib_method}")
+    from quantscan.toolchains.rknn.run import run_rknn  # pandas, onnx, the scan: only when the toolkit runs
+
+    return run_rknn(model, calib, target=request.target, out=request.out, python=request.python,
+                    limit=request.limit, analysis_samples=request.analysis_samples, plan=request.plan,
+                    threads=request.threads, progress=request.progress)
+
+
+TOOLCHAIN = ToolchainFolder(
+    name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES, python=kit.PYTHON, vendor=vendor,
+    log=LogReader(log.looks_like_rknn, log.parse_rknn),
+    dumps=DumpReader(dumps.read_folder, dumps.looks_like, dumps.LOOKS),
+)

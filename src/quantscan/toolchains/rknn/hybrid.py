@@ -31,6 +31,7 @@ from quantscan.records import Plan, PlanSite, Precision
 from quantscan.toolchains.driverfiles import read_simulated, sample_sums
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
+from quantscan.toolchains.rknn.kit import PYTHON
 from quantscan.toolchains.rknn.steps import (
     driver_job,
     fp32_outputs,
@@ -178,7 +179,7 @@ def toolchain_factory(tool: str, python: str | Path | None, target: str | None, 
         raise UsageError("bisect --verify/--evaluator rknn: expected --profile CHIP (e.g. rk3588), found none")
     from quantscan.toolchains.interpreter import find_python
 
-    vendor_python = find_python("rknn", python)
+    vendor_python = find_python(PYTHON, python)
 
     def make(loaded: LoadedModel, cset: CalibSet) -> HybridRknn:
         return HybridRknn.create(loaded, cset, vendor_python, str(target), work)

@@ -30,9 +30,11 @@ from quantscan.readers.text import inside, read_text, read_text_lenient
 from quantscan.records import Plan
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
+from quantscan.toolchains.interpreter import find_python
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn.hybrid import HybridRknn
+from quantscan.toolchains.rknn.kit import PYTHON
 from quantscan.toolchains.rknn.steps import (
     DRIVER,
     TIMEOUT_S,
@@ -107,10 +109,8 @@ def run_rknn(
     progress: SayProgress | None = None,
 ) -> VendorRun:
     """Build, simulate and analyse with RKNN-Toolkit2; scan with quantscan; align. Writes into `out`."""
-    from quantscan.toolchains.interpreter import find_python
-
     say = progress or (lambda _msg: None)
-    vendor_python = find_python("rknn", python)
+    vendor_python = find_python(PYTHON, python)
     loaded = load_model(model)
     specs = graph_inputs(loaded.proto)
     cset = load_calibration(calib, specs, limit=limit)

@@ -1,1 +1,32 @@
-"""Sophgo tpu-mlir: its model_transform / calibration / model_deploy logs."""
+"""Sophgo tpu-mlir: the driver script, the run, its logs (model_transform / calibration / model_deploy),
+its dumps and its name rules.
+
+`TOOLCHAIN` is this folder's line in `toolchains.TOOLCHAINS`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quantscan.toolchains.folder import DumpReader, LogReader, ToolchainFolder, VendorRequest
+from quantscan.toolchains.tpumlir import dumps, kit, log
+
+if TYPE_CHECKING:
+    from quantscan.toolchains.result import VendorRun
+
+
+def vendor(model: str | Path, calib: str | Path, request: VendorRequest) -> VendorRun:
+    """`quantscan vendor tpu-mlir`: transform, calibrate, deploy int8 and run beside quantscan's scan (`run`)."""
+    from quantscan.toolchains.tpumlir.run import run_tpumlir  # pandas, onnx, the scan: only when the toolkit runs
+
+    return run_tpumlir(model, calib, target=request.target, out=request.out, python=request.python,
+                       limit=request.limit, plan=request.plan, threads=request.threads, progress=request.progress,
+                       calib_method=request.calib_method or "kl")
+
+
+TOOLCHAIN = ToolchainFolder(
+    name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES, python=kit.PYTHON, vendor=vendor,
+    log=LogReader(log.looks_like_tpu_mlir, log.parse_tpu_mlir),
+    dumps=DumpReader(dumps.read_folder),
+)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 
 from quantscan.toolchains.parsed import Failure, LayerSimilarity, ParsedLog, Stage, file_lines, parse_float
+from quantscan.toolchains.tpumlir.kit import DTYPE, OP_TYPE
 
 TOOL = "tpu-mlir"
 
@@ -58,8 +59,8 @@ _PROGRESS = re.compile(r"^compare (?P<name>\S+?):\s+100%\|.*\|\s*(?P<done>\d+)/(
 _ASSERTION = re.compile(r"^tpuc-opt: (?P<file>[^:]+:\d+): (?P<function>.*?): Assertion (?P<condition>.*) failed\.$")
 _TOP_CLASS = re.compile(r"::(?:top|tpu)::(?P<op>\w+?)Op::")
 _DUMPED_OP = re.compile(r'"(?:top|tpu)\.(?P<op>\w+)".*\bloc\("(?P<loc>[^"]+)"\)')
-_DTYPE_SUFFIX = re.compile(r"_(?:f32|f16|bf16|i8|u8|i32)$")
-_OP_SUFFIX = re.compile(r"_(?P<op>[A-Z][A-Za-z0-9]*)$")
+_DTYPE_SUFFIX = re.compile(f"{DTYPE.pattern}$")
+_OP_SUFFIX = re.compile(f"_(?P<op>{OP_TYPE.pattern.removeprefix('_')})$")
 
 
 def looks_like_tpu_mlir(text: str) -> bool:

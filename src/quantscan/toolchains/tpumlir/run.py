@@ -34,6 +34,8 @@ from quantscan.readers.jsonfile import read_json
 from quantscan.records import CalibMethod, Plan, Precision
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
+from quantscan.toolchains.interpreter import find_python
+from quantscan.toolchains.renaming import suffix_pattern
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn.run import (
     SayProgress,
@@ -43,10 +45,13 @@ from quantscan.toolchains.rknn.run import (
     plan_held_out,
     run_driver,
 )
+from quantscan.toolchains.tpumlir.kit import NAME as TOOL
+from quantscan.toolchains.tpumlir.kit import PYTHON, RENAMES
 from quantscan.toolchains.tpumlir.log import op_of
 
 DRIVER = Path(__file__).parent / "driver.py"
-TOOL = "tpu-mlir"
+SUFFIX = suffix_pattern(RENAMES)
+"""tpu-mlir's derived-name suffixes as one regex (its renaming table, `kit.RENAMES`), for vendor.csv."""
 MAX_IR = 9
 """tpu-mlir 1.30.2 pins onnx 1.14.1, which reads IR version 9 at most."""
 CALIB_METHODS = {"kl": ("", CalibMethod.ENTROPY), "minmax": ("use_max", CalibMethod.MINMAX)}
@@ -133,10 +138,8 @@ def run_tpumlir(
 ) -> VendorRun:
     """Transform, calibrate (`calib_method`: `CALIB_METHODS`), deploy int8 and run with tpu-mlir; scan with
     quantscan; align. Writes into `out`."""
-    from quantscan.toolchains.interpreter import find_python
-
     say = progress or (lambda _msg: None)
-    vendor_python = find_python(TOOL, python)
+    vendor_python = find_python(PYTHON, python)
     out = Path(out).absolute()  # the driver runs in another folder
     loaded = load_model(model)
     specs = graph_inputs(loaded.proto)
@@ -253,7 +256,7 @@ def _aligned(loaded: LoadedModel, scanned: Any, work: Path) -> pd.DataFrame:
     layers = identity_aliases(scanned.layers, Col.OUTPUT, loaded.proto)
     tensors = identity_aliases(scanned.tensors, "tensor", loaded.proto)
     return align.align_layers(vendor_layers(work), graph, layers, tensors, [], predicted,
-                              suffix=align.TPU_MLIR_SUFFIX)
+                              suffix=SUFFIX)
 
 
 def identity_aliases(frame: pd.DataFrame, key: str, proto: onnx.ModelProto) -> pd.DataFrame:

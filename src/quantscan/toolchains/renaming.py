@@ -1,4 +1,4 @@
-"""Vendor layer names back to ONNX nodes: by node name, by output tensor, or through a vendor's renaming.
+"""Vendor layer names back to ONNX: one renaming table per toolchain, and the two ways it is read.
 
 The tools do not print ONNX node names consistently. RKNN's layer table names the node
 (`Conv:Conv.0`) but its accuracy table names the output tensor, and both carry the names of nodes
@@ -7,40 +7,83 @@ its passes made (`MatMul.0#2`, `GlobalAveragePool.0_2conv0`, `Add.9-rs_sw`, `...
 type (`/text_model/Flatten_output_0_Flatten`, `1197_MatMul`, outputs `..._f32`). hb_mapper keeps
 ONNX node names but adds its own (`UNIT_CONV_FOR_<Add>`, `HZ_PREPROCESS_FOR_<input>`,
 `<tensor>_calibrated_Requantize`, `<node>_reshape_output`) and cuts long names from the left
-(`...ge1.0/nonlinearity/Relu`). Each renaming is one rule below, so `mapped_by` can say which
-convention matched, and a name no rule explains stays unmapped (and the command says so) instead of
-being guessed.
+(`...ge1.0/nonlinearity/Relu`). Each renaming is one `Rename` in its toolchain's table
+(`toolchains/<tool>/kit.py` `RENAMES`, reached through `TOOLCHAINS`), and this module maps names with
+them (tpu-mlir's log reads its op type off the same two rules):
+
+* `NameMapper` (`log`, `dumps`): every rule tried on what the previous ones left, breadth first, so
+  `mapped_by` can say which conventions matched; a name no rule explains stays unmapped (and the
+  command says so) instead of being guessed. It also finds nodes, weights, inputs and truncated names.
+* `onnx_name` (`vendor`, the hybrid-quantization names): a tool's suffixes stripped one at a time, the
+  longest first, until an ONNX tensor or node name is left (`suffix_pattern` makes the one regex).
+
+Why one module: the two used to hold two tables for RKNN's names (`toolchains/align.py`'s regex and
+`mapping.py`'s rules) that had drifted apart (`_mm`, `_2ln`, `_Conv<Op>` known to one only).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from quantscan.columns import Col
 from quantscan.graph.index import GraphIndex
+from quantscan.toolchains.folder import Rename
+from quantscan.toolchains.rknn.kit import RENAMES as RKNN_RENAMES
 
-# (pattern, what it undoes): applied repeatedly, each on what the previous ones left.
-RENAMES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"^UNIT_CONV_FOR_"), "hb_mapper UNIT_CONV_FOR_ prefix"),
-    (re.compile(r"^HZ_PREPROCESS_FOR_"), "hb_mapper HZ_PREPROCESS_FOR_ prefix"),
-    (re.compile(r"_calibrated_(?:Requantize|pad)$"), "hb_mapper _calibrated_ suffix"),
-    (re.compile(r"_Hz(?:Dequantize|Quantize)$"), "hb_mapper quantize-node suffix"),
-    (re.compile(r"_(?:pre_)?reshape(?:_output|_\d+)?$"), "hb_mapper reshape suffix"),
-    (re.compile(r"__cvt_\w+$"), "RKNN data-convert suffix"),
-    (re.compile(r"__float16$"), "RKNN __float16 suffix"),
-    (re.compile(r"_(?:int8|float16)$"), "RKNN dtype suffix"),
-    (re.compile(r"_sw$"), "RKNN _sw suffix"),
-    (re.compile(r"[-_]rs$"), "RKNN reshape suffix"),
-    (re.compile(r"_(?:mm_)?tp$"), "RKNN transpose suffix"),
-    (re.compile(r"#\d+$"), "RKNN #N suffix"),
-    (re.compile(r"_2conv\d*$"), "RKNN _2conv suffix"),
-    (re.compile(r"_sdpa$"), "RKNN fused-attention suffix"),
-    (re.compile(r"_(?:f32|f16|bf16)$"), "tpu-mlir dtype suffix"),
-    (re.compile(r"_[A-Z][A-Za-z0-9]*$"), "tpu-mlir _OpType suffix"),
-)
 _MAX_RENAMES = 4
 _FOLDED_INTO = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+def compiled(rules: Iterable[Rename]) -> tuple[tuple[re.Pattern[str], str], ...]:
+    """Each rule as the regex that strips it (anchored at the end, or at the start for a prefix) and its why."""
+    return tuple((re.compile(f"^{r.pattern}" if r.prefix else f"{r.pattern}$"), r.why) for r in rules)
+
+
+def suffix_pattern(rules: Iterable[Rename]) -> re.Pattern[str]:
+    """One regex stripping whichever of the rules' suffixes starts first (the longest one at the end)."""
+    return re.compile("(" + "|".join(r.pattern for r in rules if not r.prefix) + ")$")
+
+
+RKNN_SUFFIX = suffix_pattern(RKNN_RENAMES)
+"""RKNN's suffixes as one regex: `onnx_name`'s default (vendor.csv and hybrid names are RKNN's)."""
+
+
+@dataclass(frozen=True)
+class GraphNames:
+    """The names of the ONNX model the vendor converted: tensor -> producer node, node -> op type."""
+
+    producer: Mapping[str, str]
+    op_type: Mapping[str, str]
+    outputs: frozenset[str]
+    readers: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    """Tensor -> (node, its first output) of every node that reads it (`align.swapped`)."""
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """Where a vendor name lands in the ONNX graph; `derived` when suffixes had to be stripped."""
+
+    node: str
+    tensor: str
+    derived: bool
+
+
+def onnx_name(name: str, graph: GraphNames, suffix: re.Pattern[str] = RKNN_SUFFIX) -> Mapped | None:
+    """The ONNX tensor/node a vendor name stands for, stripping derived-name suffixes one at a time
+    (`suffix`: the vendor's own, `suffix_pattern` of its table; RKNN's by default)."""
+    current, derived = name, False
+    while current:
+        if current in graph.producer:
+            return Mapped(graph.producer[current], current, derived)
+        if current in graph.op_type:
+            return Mapped(current, "", derived)
+        stripped = suffix.sub("", current)
+        if stripped == current:
+            return None
+        current, derived = stripped, True
+    return None
 
 
 @dataclass(frozen=True)
@@ -61,10 +104,12 @@ class NameMatch:
 
 
 class NameMapper:
-    """Answers "which ONNX node is this vendor name?" for one model (one GraphIndex)."""
+    """Answers "which ONNX node is this vendor name?" for one model (one GraphIndex), by the `rules` of
+    the toolchains that may have named it (every toolchain's when the tool is not known)."""
 
-    def __init__(self, index: GraphIndex) -> None:
+    def __init__(self, index: GraphIndex, rules: Iterable[Rename]) -> None:
         self.index = index
+        self.rules = compiled(rules)
         self.node_at = {name: i for i, name in enumerate(index.names)}
         self.node_at.update({n.name: i for i, n in enumerate(index.nodes) if n.name and n.name not in self.node_at})
 
@@ -82,7 +127,7 @@ class NameMapper:
                 found = self._lookup(layer, name, truncated, rules)
                 if found is not None:
                     return found
-                following.extend((pattern.sub("", name), (*rules, why)) for pattern, why in RENAMES
+                following.extend((pattern.sub("", name), (*rules, why)) for pattern, why in self.rules
                                  if pattern.search(name))
             frontier = following
         return NameMatch(layer=layer)

@@ -1,7 +1,9 @@
 """The shape every dump reader returns: sample keys, and per sample {dump name: float array}.
 
-Why its own module: the readers (npy, rknn, tpumlir) build it and `dumps` picks a reader, so it sits
-below both; in `dumps` it made the readers and their picker import each other.
+Why its own module, here: the readers (`device/npy`, `toolchains/rknn/dumps`, `toolchains/tpumlir/dumps`)
+build it and `device/dumps` picks a reader, so it sits below both; in `dumps` it made the readers and their
+picker import each other, and in `device/` it made each toolchain folder import `device`, which imports
+the toolchains.
 """
 
 from __future__ import annotations

@@ -18,14 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from quantscan.device.dumpset import DumpSet
 from quantscan.errors import UsageError
 from quantscan.readers.arrays import numeric, read_npy
 from quantscan.readers.text import inside, read_text
+from quantscan.toolchains.dumpset import DumpSet
 from quantscan.toolchains.rknn.files import parse_error_analysis
 
 MAP_FILE = "map_name_to_file.txt"
 WHAT = "--dumps (rknn)"
+LOOKS = f"RKNN accuracy_analysis folders ({MAP_FILE} + simulator/ or runtime/)"
+"""What `looks_like` recognises (said when a folder looks like no format)."""
 SOURCES = ("runtime", "simulator")
 """Which dumps of a folder are "the device", first present wins."""
 

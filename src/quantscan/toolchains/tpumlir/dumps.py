@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from quantscan.device.dumpset import DumpSet
 from quantscan.errors import UsageError
 from quantscan.readers.arrays import numeric, read_npz
+from quantscan.toolchains.dumpset import DumpSet
 
 _QUANT_KEYS = ("_scale", "_zero_point")
 WHAT = "--dumps (tpu-mlir)"
