@@ -22,7 +22,7 @@ import pytest
 from builders import write_chain
 from conftest import asset_calib, asset_model
 from quantscan.api import run_bisect
-from quantscan.bisect.objective import Candidate, Objective, candidates, choose
+from quantscan.bisect.objective import Candidate, Objective, candidates, choose, extra_floor_ms, objective_line
 
 TARGET_SQNR = 44.0
 """The chain's all-int8 SQNR is ~39.5 dB (tests/bisect/test_bisect_driver.py): the search keeps a few sites."""
@@ -174,3 +174,29 @@ def test_latency_on_a_real_model_is_never_dearer_than_the_fewest_sites_plan(asse
     assert extra == pytest.approx(doc["extra_ms"], abs=1e-4)
     if record["chosen"] is not None:
         assert result.plan.achieved is not None and result.plan.achieved["cosine"] >= 0.9999
+
+
+def test_the_floor_is_below_every_set_of_at_least_that_many_sites(chain: tuple[Path, Path]) -> None:
+    """`extra_floor_ms` is what plan.json says no set of >= k float sites can go below: checked against the
+    price of every subset of the chain's sites (the pricer's own total, converters included)."""
+    from quantscan.compat.profiles import load_profile
+    from quantscan.cost import Pricer
+
+    model, _ = chain
+    pricer = Pricer.of(model, load_profile("rk3588"))
+    nodes = pricer.site_nodes
+    assert 3 <= len(nodes) <= 12
+    for k in range(1, len(nodes) + 1):
+        floor = extra_floor_ms(pricer, "fp16", k)
+        dearer = [pricer.extra_ms({n: "fp16" for n in s}) for size in range(k, len(nodes) + 1)
+                  for s in itertools.combinations(nodes, size)]
+        assert min(dearer) >= floor - 1e-9
+        assert floor > 0
+
+
+def test_a_stayed_latency_plan_says_the_floor() -> None:
+    record = {"objective": "latency", "max_extra_ms": None, "candidates_judged": 0, "chosen": None,
+              "sites_plan": {"float_sites": 3, "extra_ms": 0.5}, "floor": {"float_sites": 3, "extra_ms": 0.4}}
+    line = objective_line(record)
+    assert line is not None
+    assert "no set of 3 or more float sites is estimated below +0.400 ms" in line and "25% above it" in line

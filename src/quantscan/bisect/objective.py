@@ -158,7 +158,26 @@ def rechoose(objective: Objective, pricer: Any, fallback: str, known: Iterable[A
              "sites_plan": {"float_sites": len(sites_plan), "extra_ms": round(sites_extra, 6)},
              "candidates_judged": len(pool), "chosen": None,
              "target_met": bool(held(sites_plan) >= target)}
+    if objective.name == "latency" and sites_plan:
+        planned = [s for s in sites_plan if s in nodes]
+        stays["floor"] = {"float_sites": len(planned),
+                          "extra_ms": round(extra_floor_ms(pricer, fallback, len(planned)), 6)}
     return choice, (choice.record if choice is not None else stays)
+
+
+def extra_floor_ms(pricer: Any, fallback: str, size: int) -> float:
+    """The least estimated extra time ANY set of at least `size` sites can have: the sum of the `size`
+    smallest per-site kernel extras (a site's kernels, and the pass-through kernels that follow it, at
+    `fallback`; no converter counted).
+
+    Why it is a floor: the roofline prices kernels independently, each pass-through kernel takes the
+    precision of the one site it reads, and every precision boundary costs >= 0; so a set's extra time is
+    at least the sum of its sites' kernel extras, which is at least the `size` smallest. When the
+    fewest-sites plan is within a few percent of it, no plan with as many float sites (the fewest the
+    search found to meet the target) can be much cheaper: plan.json says so instead of nothing."""
+    base = pricer.price({}).kernels_ms
+    extras = sorted(pricer.price({n: fallback}).kernels_ms - base for n in pricer.site_nodes)
+    return float(sum(max(e, 0.0) for e in extras[:size]))
 
 
 def with_objective(plan: Any, record: Mapping[str, Any] | None) -> Any:
@@ -179,6 +198,16 @@ def with_objective(plan: Any, record: Mapping[str, Any] | None) -> Any:
     return plan
 
 
+def _floor_clause(floor: Mapping[str, Any] | None, plan_ms: float) -> str:
+    """Why no much cheaper plan exists: the floor every set of as many sites is estimated above."""
+    if not floor or not math.isfinite(plan_ms):
+        return ""
+    low = float(floor["extra_ms"])
+    above = f"{plan_ms / low - 1:.0%} above it" if low > 0 else "the floor is 0"
+    return (f"; no set of {floor['float_sites']} or more float sites is estimated below +{low:.3f} ms "
+            f"(their cheapest kernels at the fallback, no converter counted): the plan is {above}")
+
+
 def objective_line(record: Mapping[str, Any] | None) -> str | None:
     """What the objective did, for the CLI: the chosen set's estimated extra ms against the fewest-sites
     plan's, or why the fewest-sites plan stayed. None under the default objective."""
@@ -191,8 +220,9 @@ def objective_line(record: Mapping[str, Any] | None) -> str | None:
     fewest = f"the fewest-sites plan ({plan.get('float_sites')} sites) is +{fewest_ms:.3f} ms"
     chosen = record.get("chosen")
     if not chosen:
-        return (f"{what}: {fewest}; no measured set of the {record.get('candidates_judged', 0)} judged held out "
+        line = (f"{what}: {fewest}; no measured set of the {record.get('candidates_judged', 0)} judged held out "
                 "beats it, so it stays")
+        return line + _floor_clause(record.get("floor"), fewest_ms)
     met = "" if record.get("target_met", True) else " (below the target)"
     return (f"{what}: chose {chosen['float_sites']} site(s) at +{float(chosen['extra_ms']):.3f} ms estimated, "
             f"held out {float(chosen['held_out_value']):.5f}{met}; {fewest}")
