@@ -113,12 +113,13 @@ def test_profile_onnxruntime_measures_the_qdq_model_node_by_node(tmp_path: Path)
 def test_a_preempted_run_does_not_move_the_measured_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a shared machine runs are only ever slowed: a node's time is the lower quartile of its runs, so two
     repetitions whose runs differ only in one preempted run (10x slower) give the same time."""
+    from test_cost_model import two_convs
+
     import quantscan.runner as runner
     from quantscan.cost.measure import measure
     from quantscan.records import ActivationScheme
     from quantscan.runner import NodeProfile
     from quantscan.scanning.ort_recipe import quantize_static_call
-    from test_cost_model import two_convs
 
     runs = iter([[10.0, 11.0, 12.0, 13.0, 14.0], [10.0, 11.0, 12.0, 13.0, 140.0]] * 2)
 
