@@ -7,7 +7,8 @@ compute  = MACs x channel padding / (MACs per cycle at the precision x efficienc
            for the rest;
 memory   = bytes read and written / DRAM bandwidth, where an activation tensor no larger than the
            on-chip buffer stays on chip and weights always come from DRAM;
-overhead = the per-layer figure (NPU) or the per-op figure (CPU); a free kernel (a Reshape) costs nothing.
+overhead = the per-layer figure (NPU) or the per-op figure (CPU); a free kernel (a Reshape) costs nothing;
+           an attention kernel (a MatMul of two activations, a Softmax) adds `attention_us` on the NPU.
 On the CPU the same formula runs at float32 with the CPU's rate and bandwidth.
 
 Pure arithmetic: the figures come from `CostTable`, the sizes from `Kernel`.
@@ -74,7 +75,17 @@ def _npu_time(kernel: Kernel, precision: str, table: CostTable) -> KernelTime:
         compute = kernel.ops * PRECISION_BYTES.get(precision, 1) / (table.elementwise_per_cycle * hz)
     nbytes = PRECISION_BYTES.get(precision, 1)
     memory = dram_bytes(kernel, nbytes, table.onchip_kib * 1024) / (table.dram_gbps * 1e9)
-    return KernelTime(compute * 1e3, memory * 1e3, table.layer_overhead_us * 1e-3)
+    fixed = table.layer_overhead_us + (table.attention_us if is_attention(kernel) else 0.0)
+    return KernelTime(compute * 1e3, memory * 1e3, fixed * 1e-3)
+
+
+def is_attention(kernel: Kernel) -> bool:
+    """A MatMul whose both operands are activations (no weight), or a Softmax: the attention kernels.
+
+    Why apart: on RK3566/68 the RKNN Model Zoo's attention models (yolo11, yolov10's PSA, PP-OCRv4 rec's
+    SVTR) run 1.6x slower than yolov8 at fewer MACs, which no per-MAC or per-element figure explains; a
+    fixed cost per such kernel does (benchmarks/cost_fit.py, RESULTS.md)."""
+    return (kernel.op == "MatMul" and kernel.role == "matmul" and kernel.weight_elems == 0) or kernel.op == "Softmax"
 
 
 def _cpu_time(kernel: Kernel, table: CostTable) -> KernelTime:
