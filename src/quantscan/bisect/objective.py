@@ -159,53 +159,31 @@ def rechoose(objective: Objective, pricer: Any, fallback: str, known: Iterable[A
              "candidates_judged": len(pool), "chosen": None,
              "target_met": bool(held(sites_plan) >= target)}
     if objective.name == "latency" and sites_plan:
-        planned = [s for s in sites_plan if s in nodes]
-        stays["floor"] = {"float_sites": len(planned),
-                          "extra_ms": round(extra_floor_ms(pricer, fallback, len(planned)), 6)}
+        stays["split"] = {**plan_split(pricer, {s: fallback for s in sites_plan if s in nodes}),
+                          "whole_model_extra_ms": round(extra_ms(sorted(nodes)), 6)}
     return choice, (choice.record if choice is not None else stays)
 
 
-def extra_floor_ms(pricer: Any, fallback: str, size: int) -> float:
-    """The least estimated extra time ANY set of at least `size` sites can have: the sum of the `size`
-    smallest per-site kernel extras (a site's kernels, and the pass-through kernels that follow it, at
-    `fallback`; no converter counted).
-
-    Why it is a floor: the roofline prices kernels independently, each pass-through kernel takes the
-    precision of the one site it reads, and every precision boundary costs >= 0; so a set's extra time is
-    at least the sum of its sites' kernel extras, which is at least the `size` smallest. When the
-    fewest-sites plan is within a few percent of it, no plan with as many float sites (the fewest the
-    search found to meet the target) can be much cheaper: plan.json says so instead of nothing."""
-    base = pricer.price({}).kernels_ms
-    extras = sorted(pricer.price({n: fallback}).kernels_ms - base for n in pricer.site_nodes)
-    return float(sum(max(e, 0.0) for e in extras[:size]))
+def plan_split(pricer: Any, plan: Mapping[str, str]) -> dict[str, Any]:
+    """Where a plan's extra time goes: its kernels at the fallback, and the converters/crossings it adds."""
+    base, priced = pricer.price({}), pricer.price(plan)
+    return {"kernels_ms": round(priced.kernels_ms - base.kernels_ms, 6),
+            "boundaries_ms": round(priced.boundaries_ms - base.boundaries_ms, 6),
+            "boundaries": len(priced.boundaries) - len(base.boundaries)}
 
 
-def with_objective(plan: Any, record: Mapping[str, Any] | None) -> Any:
-    """The plan (records.Plan) with its `objective` record; under --max-extra-ms a chosen set that misses
-    the target held out makes the status `missed_within_budget` (not reached: exit 1)."""
-    from dataclasses import replace
-
-    if record is None:
-        return plan
-    plan = replace(plan, objective=dict(record))
-    if record.get("max_extra_ms") is not None and not record.get("target_met", True) and plan.mode == "search":
-        # the verdict's held-out wording ("met the target only on the searched samples") is of the search's
-        # plan; the budget's pick is said as what it is
-        text = f"not reached within the budget: {objective_line(record)}"
-        verdict = {**(plan.verdict or {}), "kind": MISSED_WITHIN_BUDGET, "reached": False, "text": text}
-        held = {**plan.held_out, "meets_target": False} if plan.held_out is not None else None
-        plan = replace(plan, status=MISSED_WITHIN_BUDGET, reached=False, verdict=verdict, held_out=held)
-    return plan
-
-
-def _floor_clause(floor: Mapping[str, Any] | None, plan_ms: float) -> str:
-    """Why no much cheaper plan exists: the floor every set of as many sites is estimated above."""
-    if not floor or not math.isfinite(plan_ms):
+def _split_clause(split: Mapping[str, Any] | None) -> str:
+    """Why the plan costs what it costs (converters against kernels), and what the whole model at the
+    fallback would cost: no converters, the float model's accuracy, so a mixed plan dearer than that is not
+    worth its converters (said, not chosen: the search's sites are not all of the chip's kernels)."""
+    if not split:
         return ""
-    low = float(floor["extra_ms"])
-    above = f"{plan_ms / low - 1:.0%} above it" if low > 0 else "the floor is 0"
-    return (f"; no set of {floor['float_sites']} or more float sites is estimated below +{low:.3f} ms "
-            f"(their cheapest kernels at the fallback, no converter counted): the plan is {above}")
+    line = (f"; of that, +{float(split['boundaries_ms']):.3f} ms are its {split['boundaries']} converter(s) or "
+            f"crossing(s) and +{float(split['kernels_ms']):.3f} ms its kernels at the fallback")
+    whole = split.get("whole_model_extra_ms")
+    if whole is not None:
+        line += f"; the whole model at the fallback (no converters) is estimated at +{float(whole):.3f} ms"
+    return line
 
 
 def objective_line(record: Mapping[str, Any] | None) -> str | None:
@@ -222,7 +200,7 @@ def objective_line(record: Mapping[str, Any] | None) -> str | None:
     if not chosen:
         line = (f"{what}: {fewest}; no measured set of the {record.get('candidates_judged', 0)} judged held out "
                 "beats it, so it stays")
-        return line + _floor_clause(record.get("floor"), fewest_ms)
+        return line + _split_clause(record.get("split"))
     met = "" if record.get("target_met", True) else " (below the target)"
     return (f"{what}: chose {chosen['float_sites']} site(s) at +{float(chosen['extra_ms']):.3f} ms estimated, "
             f"held out {float(chosen['held_out_value']):.5f}{met}; {fewest}")
