@@ -172,6 +172,24 @@ def plan_split(pricer: Any, plan: Mapping[str, str]) -> dict[str, Any]:
             "boundaries": len(priced.boundaries) - len(base.boundaries)}
 
 
+def with_objective(plan: Any, record: Mapping[str, Any] | None) -> Any:
+    """The plan (records.Plan) with its `objective` record; under --max-extra-ms a chosen set that misses
+    the target held out makes the status `missed_within_budget` (not reached: exit 1)."""
+    from dataclasses import replace
+
+    if record is None:
+        return plan
+    plan = replace(plan, objective=dict(record))
+    if record.get("max_extra_ms") is not None and not record.get("target_met", True) and plan.mode == "search":
+        # the verdict's held-out wording ("met the target only on the searched samples") is of the search's
+        # plan; the budget's pick is said as what it is
+        text = f"not reached within the budget: {objective_line(record)}"
+        verdict = {**(plan.verdict or {}), "kind": MISSED_WITHIN_BUDGET, "reached": False, "text": text}
+        held = {**plan.held_out, "meets_target": False} if plan.held_out is not None else None
+        plan = replace(plan, status=MISSED_WITHIN_BUDGET, reached=False, verdict=verdict, held_out=held)
+    return plan
+
+
 def _split_clause(split: Mapping[str, Any] | None) -> str:
     """Why the plan costs what it costs (converters against kernels), and what the whole model at the
     fallback would cost: no converters, the float model's accuracy, so a mixed plan dearer than that is not
