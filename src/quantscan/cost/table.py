@@ -42,6 +42,8 @@ class CostTable:
     partition_us: float
     attention_us: float = 0.0
     """Optional (OPTIONAL_COST_FIGURES): fitted where the zoo's attention models need it (rk3568)."""
+    activation_per_cycle: float = 0.0
+    """Optional: an activation kernel's rate; 0 (not given) means elementwise_per_cycle (`activation_rate`)."""
     sources: tuple[tuple[str, str], ...] = ()
     """(figure, where it comes from) for every figure, in COST_FIGURES order."""
     fitted: tuple[str, ...] = ()
@@ -87,6 +89,11 @@ class CostTable:
         """Every numeric figure by name, as the profile spells it."""
         names = {f.name for f in fields(self)}
         return {k: float(getattr(self, k)) for k in (*COST_FIGURES, *OPTIONAL_COST_FIGURES) if k in names}
+
+    @property
+    def activation_rate(self) -> float:
+        """Elements per cycle of an activation kernel: its own figure, or the elementwise one."""
+        return self.activation_per_cycle or self.elementwise_per_cycle
 
     def macs_per_cycle(self, precision: str) -> float:
         """Peak MACs per cycle per core at a kernel precision (uint8 runs as int8)."""
