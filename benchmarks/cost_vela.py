@@ -38,9 +38,8 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
-
 import onnx
+from scipy.stats import spearmanr
 
 from quantscan.compat.profiles import load_profile
 from quantscan.cost import Pricer
