@@ -3,9 +3,10 @@
     python benchmarks/cost_ort_repeat.py [--runs 20] [--repeats 3]
 
 Each model is measured `repeats` times in fresh sessions (quantscan.cost.measure, one thread); per node,
-the spread of the repetitions' medians over their mean. Goal (issue 39): within 10% on a quiet machine.
+the spread of the repetitions' times (each the lower quartile of its runs)
+over their mean. Goal (issue 39): within 10% on a quiet machine.
 Prints one row per model: nodes, median and time-weighted spread, share of nodes within 10%, the
-spread of the whole run's median time.
+spread of the whole run's time.
 """
 
 from __future__ import annotations

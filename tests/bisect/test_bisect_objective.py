@@ -22,7 +22,7 @@ import pytest
 from builders import write_chain
 from conftest import asset_calib, asset_model
 from quantscan.api import run_bisect
-from quantscan.bisect.objective import Candidate, Objective, candidates, choose
+from quantscan.bisect.objective import Candidate, Objective, candidates, choose, objective_line, rechoose
 
 TARGET_SQNR = 44.0
 """The chain's all-int8 SQNR is ~39.5 dB (tests/bisect/test_bisect_driver.py): the search keeps a few sites."""
@@ -174,3 +174,37 @@ def test_latency_on_a_real_model_is_never_dearer_than_the_fewest_sites_plan(asse
     assert extra == pytest.approx(doc["extra_ms"], abs=1e-4)
     if record["chosen"] is not None:
         assert result.plan.achieved is not None and result.plan.achieved["cosine"] >= 0.9999
+
+
+class ChainPricer:
+    """A fake pricer over a chain a-b-c-d-e: each float site adds 0.01 ms of kernel, each place where a float and
+    an int8 site meet (or a float site meets the chain's int8 ends) one 0.1 ms converter."""
+
+    site_nodes = ["a", "b", "c", "d", "e"]
+
+    def price(self, plan: dict[str, str]) -> object:
+        flags = [False, *(n in plan for n in self.site_nodes), False]
+        crossings = sum(x != y for x, y in itertools.pairwise(flags))
+        kernels = 0.01 * len(plan)
+        return type("Est", (), {"kernels_ms": kernels, "boundaries_ms": 0.1 * crossings,
+                                "boundaries": [None] * crossings, "total_ms": kernels + 0.1 * crossings})()
+
+
+def test_a_stayed_latency_plan_says_where_its_time_goes() -> None:
+    """The fewest-sites plan {a, c, e} on the chain pays 6 converters (+0.6 ms) and 3 kernels (+0.03 ms); the
+    whole chain at the fallback pays 5 kernels and the 2 converters at its ends (+0.25 ms)."""
+    step = type("Step", (), {})
+    known = []
+    for sites, value in ((("a", "c", "e"), 0.99), (("a", "b", "c", "e"), 0.995), (("c",), 0.5)):
+        s = step()
+        s.sites, s.value, s.passed = sites, value, value >= 0.99
+        known.append(s)
+    held = {("a", "c", "e"): 0.992, ("a", "b", "c", "e"): 0.98}
+    choice, record = rechoose(Objective("latency"), ChainPricer(), "fp16", known, ["a", "c", "e"],
+                              lambda sets: lambda sites: held[tuple(sorted(sites))], 0.99)
+    assert choice is None  # {a, b, c, e} is cheaper (4 converters) but misses held out
+    assert record["sites_plan"]["extra_ms"] == pytest.approx(0.03 + 0.6)
+    assert record["split"] == {"kernels_ms": pytest.approx(0.03), "boundaries_ms": pytest.approx(0.6),
+                               "boundaries": 6, "whole_model_extra_ms": pytest.approx(0.05 + 0.2)}
+    line = objective_line(record)
+    assert line is not None and "+0.600 ms are its 6 converter(s)" in line and "+0.250 ms" in line

@@ -108,3 +108,28 @@ def test_profile_onnxruntime_measures_the_qdq_model_node_by_node(tmp_path: Path)
     assert sum(s["est_ms"] for s in doc["per_site"]) <= 1.5 * doc["total_ms"]
     assert set(doc["repeatability"]) == {"median_rel_diff", "time_weighted_rel_diff", "within_10pct",
                                          "total_rel_diff"}
+
+
+def test_a_preempted_run_does_not_move_the_measured_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a shared machine runs are only ever slowed: a node's time is the lower quartile of its runs, so two
+    repetitions whose runs differ only in one preempted run (10x slower) give the same time."""
+    from test_cost_model import two_convs
+
+    import quantscan.runner as runner
+    from quantscan.cost.measure import measure
+    from quantscan.records import ActivationScheme
+    from quantscan.runner import NodeProfile
+    from quantscan.scanning.ort_recipe import quantize_static_call
+
+    runs = iter([[10.0, 11.0, 12.0, 13.0, 14.0], [10.0, 11.0, 12.0, 13.0, 140.0]] * 2)
+
+    def fake(model: object, feeds: object, **_: object) -> NodeProfile:
+        times = next(runs)
+        return NodeProfile({"conv": times}, {"conv": "QLinearConv"}, [t + 1.0 for t in times])
+
+    monkeypatch.setattr(runner, "profile_nodes", fake)
+    m = measure(two_convs(), quantize_static_call(ActivationScheme.UINT8), runs=5, repeats=2)  # type: ignore[arg-type]
+    lower_quartile = 11.0  # of 10, 11, 12, 13, 14 (numpy's linear interpolation: position 1 of 0..4)
+    assert m.nodes[0].typical_us == (lower_quartile, lower_quartile)
+    assert m.repeatability()["total_rel_diff"] == 0.0
+    assert m.total_ms == pytest.approx((lower_quartile + 1.0) * 1e-3)

@@ -167,3 +167,43 @@ def test_rockchip_depthwise_runs_on_one_input_channel_lane(name: str) -> None:
     dw = {s.kernel: s for s in p.price().per_site}["Conv"]
     # 4096 outputs x 9 MACs, 16 output channels (no padding at align 16), 64 MACs/cycle / 16 lanes = 4 per cycle
     assert dw.compute_ms == pytest.approx(4096 * 9 / (64 / 16 * HZ) * 1e3)
+
+
+def test_attention_kernels_pay_the_attention_figure_and_weighted_matmuls_do_not() -> None:
+    """attention_us is added on the NPU to a MatMul of two activations and to a Softmax, not to a MatMul with a
+    weight (the projections) nor to a kernel on the CPU (rk3588's op list puts this Softmax there: its CPU price
+    stays); a table without the figure prices attention like any kernel (0)."""
+    from builders import attention_model
+
+    model = attention_model()
+    without = {s.node: s for s in pricer(model).price().per_site}
+    with_it = {s.node: s for s in pricer(model, attention_us=250.0).price().per_site}
+    ops = {s.node: s.op_type for s in with_it.values()}
+    added = {n: with_it[n].est_ms - without[n].est_ms for n in with_it}
+    attention = {"scores", "context"}  # q @ k^T and p @ v; q/k/v/out projections carry weights
+    assert {ops[n] for n in attention} == {"MatMul"}
+    assert with_it["softmax"].device == "cpu"
+    for n in with_it:
+        assert added[n] == pytest.approx(0.25 if n in attention else 0.0)
+    assert CostTable.from_figures("chip", FIGURES).attention_us == 0.0
+
+
+SIGMOID_ADD = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[1, 8, 16, 16] x) => (float[1, 8, 16, 16] y) {
+    s = Sigmoid (x)
+    y = Add (s, x)
+}
+"""
+
+
+def test_an_activation_kernel_streams_at_the_activation_rate_and_an_add_at_the_elementwise_one() -> None:
+    """activation_per_cycle prices the Sigmoid (SiLU's kernel) apart from the Add; without it both stream at
+    elementwise_per_cycle."""
+    model = build(SIGMOID_ADD, {})
+    by_op = {s.op_type: s for s in pricer(model, activation_per_cycle=16.0).price().per_site}
+    # 2048 elements read + 2048 written at 16 per cycle; the Add reads 2 x 2048 and writes 2048 at 4 per cycle
+    assert by_op["Sigmoid"].compute_ms == pytest.approx(4096 / (16 * HZ) * 1e3)
+    assert by_op["Add"].compute_ms == pytest.approx(6144 / (4 * HZ) * 1e3)
+    plain = {s.op_type: s for s in pricer(model).price().per_site}
+    assert plain["Sigmoid"].compute_ms == pytest.approx(4096 / (4 * HZ) * 1e3)

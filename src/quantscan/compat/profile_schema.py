@@ -76,6 +76,13 @@ COST_FIGURES: dict[str, str] = {
     "partition_us": "fixed time of an NPU <-> CPU partition boundary (sync, cache flush), microseconds",
 }
 """Every figure a `[cost]` table must give (quantscan.cost reads them; the help text is the meaning)."""
+OPTIONAL_COST_FIGURES: dict[str, str] = {
+    "attention_us": "fixed extra time of an attention kernel (a MatMul of two activations, a Softmax), "
+                    "microseconds; 0 when not given",
+    "activation_per_cycle": "elements streamed per cycle per core by an activation kernel (SiLU, Sigmoid, "
+                            "HardSwish...); elementwise_per_cycle when not given",
+}
+"""Figures a `[cost]` table may give; a table without them prices as if they were 0."""
 
 SECTIONS: dict[str, dict[str, str]] = {
     "meta": {"name": STR, "vendor": STR, "description": STR, "documents": STR_LIST, "note": STR},
@@ -102,7 +109,8 @@ SECTIONS: dict[str, dict[str, str]] = {
     "float16": {"ops": OP_LIST, **SOURCED},
     "consumer_range": {"ops": OP_LIST, **SOURCED},
     "dtypes": {"npu": STR_LIST, **SOURCED},
-    "cost": {**{k: NUM for k in COST_FIGURES}, "sources": STR_TABLE, "fitted": STR_LIST, **SOURCED},
+    "cost": {**{k: NUM for k in (*COST_FIGURES, *OPTIONAL_COST_FIGURES)}, "sources": STR_TABLE, "fitted": STR_LIST,
+             **SOURCED},
     "tensor": {
         "max_rank": INT,
         "max_dim": INT,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from quantscan.compat.profile_schema import COST_FIGURES
+from quantscan.compat.profile_schema import COST_FIGURES, OPTIONAL_COST_FIGURES
 from quantscan.compat.profiles import Profile
 from quantscan.errors import ProfileError
 
@@ -40,6 +40,10 @@ class CostTable:
     cpu_op_overhead_us: float
     converter_us: float
     partition_us: float
+    attention_us: float = 0.0
+    """Optional (OPTIONAL_COST_FIGURES): fitted where the zoo's attention models need it (rk3568)."""
+    activation_per_cycle: float = 0.0
+    """Optional: an activation kernel's rate; 0 (not given) means elementwise_per_cycle (`activation_rate`)."""
     sources: tuple[tuple[str, str], ...] = ()
     """(figure, where it comes from) for every figure, in COST_FIGURES order."""
     fitted: tuple[str, ...] = ()
@@ -65,25 +69,31 @@ class CostTable:
         given = dict(table.get("sources", {}))
         fitted = tuple(table.get("fitted", ()))
         default = str(table.get("source", ""))
-        sources = tuple((k, _source(k, given, fitted, default)) for k in COST_FIGURES)
+        named = (*COST_FIGURES, *(k for k in OPTIONAL_COST_FIGURES if k in table))
+        sources = tuple((k, _source(k, given, fitted, default)) for k in named)
         return cls(
             profile=profile,
-            **{k: float(table[k]) for k in COST_FIGURES},
+            **{k: float(table[k]) for k in named},
             sources=sources,
             fitted=fitted,
         )
 
     def with_figures(self, **figures: float) -> CostTable:
         """A copy with some figures replaced (the fit tries candidates this way)."""
-        unknown = set(figures) - set(COST_FIGURES)
+        unknown = set(figures) - set(COST_FIGURES) - set(OPTIONAL_COST_FIGURES)
         if unknown:
             raise ValueError(f"not cost figures: {sorted(unknown)}")
         return replace(self, **{k: float(v) for k, v in figures.items()})  # type: ignore[arg-type]
 
     def figures(self) -> dict[str, float]:
         """Every numeric figure by name, as the profile spells it."""
-        names = {f.name for f in fields(self)} & set(COST_FIGURES)
-        return {k: float(getattr(self, k)) for k in COST_FIGURES if k in names}
+        names = {f.name for f in fields(self)}
+        return {k: float(getattr(self, k)) for k in (*COST_FIGURES, *OPTIONAL_COST_FIGURES) if k in names}
+
+    @property
+    def activation_rate(self) -> float:
+        """Elements per cycle of an activation kernel: its own figure, or the elementwise one."""
+        return self.activation_per_cycle or self.elementwise_per_cycle
 
     def macs_per_cycle(self, precision: str) -> float:
         """Peak MACs per cycle per core at a kernel precision (uint8 runs as int8)."""
