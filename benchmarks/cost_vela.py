@@ -16,7 +16,8 @@ Shape->Gather->Concat, which quantscan's shape inference leaves unknown: its Gem
 Vela (PyPI ethos-u-vela 5.2.0) reads an int8 (or 16x8) TFLite model only. How the TFLite files were made here
 (a venv with tensorflow-cpu 2.21.0, onnx2tf and ethos-u-vela, /work/venvs/costfit-vela):
 
-    onnx2tf -i MODEL.onnx -o OUT -b 1 -oiqt -qt per-channel -rtpo HardSwish PReLU -cind INPUT calib.npy MEAN STD
+    cp MODEL.onnx /tmp/work.onnx   # onnx2tf rewrites its -i file in place (its onnxsim pass): never the original
+    onnx2tf -i /tmp/work.onnx -o OUT -b 1 -oiqt -qt per-channel -rtpo HardSwish PReLU -cind INPUT calib.npy MEAN STD
     vela OUT/*_full_integer_quant.tflite --accelerator-config ethos-u55-256 \\
         --system-config Ethos_U55_High_End_Embedded --memory-mode Shared_Sram --verbose-performance > VELA.txt
 
