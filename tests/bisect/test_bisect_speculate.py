@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +173,16 @@ class FakeToolchain:
 
     def close(self) -> None:
         return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fake_judge() -> Iterator[None]:
+    """The fake toolchain is a judge as rknn is: one registry line (bisect/judges.py), for this module only."""
+    from quantscan.bisect.judges import JUDGES, JudgeSpec, register, toolchain_judge
+
+    register(JudgeSpec("fake", toolchain_judge, builds=True))
+    yield
+    del JUDGES["fake"]
 
 
 def _chain_bisect(tmp: Path, out: str, chain: FakeToolchain, **options: Any) -> dict[str, Any]:
