@@ -140,3 +140,23 @@ def test_workers_run_the_graph_strategy_this_process_decided(tmp_path: Path) -> 
     assert [job.graph for job in jobs] == [judge.search.strategy]
     here = [judge.judge(builder.precisions(c.sites)) for c in cands]
     assert [g.value for g in got if isinstance(g, Spare)] == [h.value for h in here]
+
+
+def test_a_resumed_session_runs_the_graph_strategy_it_recorded(tmp_path: Path) -> None:
+    """options.graph_strategy is given back on resume: a session that recorded cached_reference resumes on the
+    candidate's own graph for every evaluation (no new measurement of the two paths), with the same steps."""
+    from quantscan.bisect.session import BisectSession
+
+    model, calib = write_chain(tmp_path, samples=8)
+    first = run_bisect(model, calib, target_sqnr=44.0, session=tmp_path / "s.json", threads=1, realisations=1)
+    stored = BisectSession.load(tmp_path / "s.json")
+    assert stored.options["graph_strategy"] in ("switchable", "cached_reference")
+    stored.events, stored.status = [], "running"
+    stored.options["graph_strategy"] = "cached_reference"
+    stored.save(tmp_path / "r.json")
+    again = run_bisect(resume=tmp_path / "r.json", threads=1)
+    options = BisectSession.load(tmp_path / "r.json").options
+    assert options["graph_strategy"] == "cached_reference"
+    assert options["evaluation_graph_timing"]["switchable"] == 0
+    assert options["evaluation_graph_timing"]["per_evaluation"] == again.plan.evaluations
+    assert [(s.sites, s.value) for s in again.steps] == [(s.sites, s.value) for s in first.steps]
