@@ -25,17 +25,18 @@ ASSETS = REPO.parent / "shared" / "assets"
 
 def timed(model: Path, calib: Path, limit: int, skip_gains: bool) -> tuple[float, str, int]:
     """(seconds, status, evaluations) of one bisection to a target all-int8 meets."""
-    import quantscan.bisect.driver as driver
+    import quantscan.bisect.search as search
+    from quantscan.api import run_bisect
 
-    real = driver._all_int8_meets
+    real = search._all_int8_meets
     if not skip_gains:
-        driver._all_int8_meets = lambda *args: real(*args) and False  # type: ignore[assignment]
+        search._all_int8_meets = lambda *args: real(*args) and False  # type: ignore[assignment]
     try:
         t0 = time.perf_counter()
-        result = driver.run_bisect(model, calib, target_cosine=0.5, limit=limit, threads=2)
+        result = run_bisect(model, calib, target_cosine=0.5, limit=limit, threads=2)
         return time.perf_counter() - t0, result.plan.status, result.plan.evaluations
     finally:
-        driver._all_int8_meets = real
+        search._all_int8_meets = real
 
 
 def main() -> None:

@@ -18,12 +18,12 @@ from quantscan.model import LoadedModel
 from quantscan.report.summary import summary_markdown
 from quantscan.report.verdict import with_plan_block
 from quantscan.runner import Runner
-from quantscan.scanning.options import ProgressFactory, no_progress
+from quantscan.scanning.options import ProgressFactory, ScanOptions, no_progress
 from quantscan.scanning.prepare import deployable_qdq
 from quantscan.scanning.run import ScanResult, measure
 
 if TYPE_CHECKING:
-    from quantscan.bisect.driver import BisectResult
+    from quantscan.bisect.finish import BisectResult
     from quantscan.calib import CalibSet
     from quantscan.scanning.calib_advice import CalibAdvice
     from quantscan.scanning.prepare import ScanContext
@@ -186,9 +186,14 @@ def write_advice(advice: CalibAdvice, folder: Path) -> Path:
 def run_bisect(
     model: str | Path | None = None, calib: str | Path | None = None, **options: Any
 ) -> BisectResult:
-    """`quantscan bisect`: output gain, then a resumable bisection to the target (see
-    `quantscan.bisect.driver.bisect_model` for the options); with `out=`, a scan's summary.md in that
-    folder gets the plan block on its first screen."""
-    from quantscan.bisect.driver import bisect_model  # onnxruntime and pandas: only when a bisection runs
+    """`quantscan bisect`: output gain, then a resumable bisection to the target; with `out=`, a scan's
+    summary.md in that folder gets the plan block on its first screen.
 
-    return bisect_model(model, calib, summary_block=with_plan_block, **options)
+    The keywords are the CLI's flags (`target_cosine=`, `fallback=`, `resume=`, `evaluator=`, ...): they
+    become a `BisectRequest`, `BisectHooks` and `ScanOptions` (bisect/request.py `from_keywords`) for
+    `quantscan.bisect.driver.bisect_model`, which takes those three objects."""
+    from quantscan.bisect.driver import bisect_model  # onnxruntime and pandas: only when a bisection runs
+    from quantscan.bisect.request import from_keywords
+
+    request, hooks, scan = from_keywords({"summary_block": with_plan_block, **options})
+    return bisect_model(model, calib, request, ScanOptions(**scan), hooks)

@@ -184,22 +184,23 @@ def test_already_met_is_answered_before_the_gains(
     chain: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A target all-int8 meets: all-int8 is measured first, no output gain runs, nothing twice."""
-    import quantscan.bisect.driver as driver
+    import quantscan.bisect.search as search
+    import quantscan.bisect.simulated as simulated
 
     def no_gains(*args: object, **kwargs: object) -> None:
         raise AssertionError("output gains computed for a target all-int8 already meets")
 
     calls: list[list[str]] = []
 
-    class Counting(driver.RealisedEvaluator):
+    class Counting(simulated.RealisedEvaluator):
         """The search's evaluator (the held-out claims build their own, in bisect/realise.py)."""
 
         def judge(self, prec: Sequence[str]) -> Judged:
             calls.append(list(prec))
             return super().judge(prec)
 
-    monkeypatch.setattr(driver, "compute_gain", no_gains)
-    monkeypatch.setattr(driver, "RealisedEvaluator", Counting)
+    monkeypatch.setattr(search, "compute_gain", no_gains)
+    monkeypatch.setattr(simulated, "RealisedEvaluator", Counting)
     model, calib = chain
     result = run_bisect(model, calib, target_sqnr=30.0, out=tmp_path / "run", threads=1)
     plan = result.plan
@@ -240,13 +241,14 @@ def test_time_budget_gives_the_smallest_passing_plan_then_resume_finishes(
     resume without a budget finishes the very search a run without one makes, repeating no step."""
     from types import SimpleNamespace
 
-    from quantscan.bisect import driver
+    from quantscan.bisect import driver, search
 
     model, calib = chain
     reference = run_bisect(model, calib, target_sqnr=TARGET_SQNR, threads=1)
     k = next(i for i, s in enumerate(reference.steps) if s.phase in ("reduce", "prune"))
     clock = SimpleNamespace(now=0.0)
-    monkeypatch.setattr(driver, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    for module in (driver, search):  # the budget starts in the driver and is checked between rounds
+        monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: clock.now))
     session = tmp_path / "s.json"
 
     def tick(step: object, machine: object) -> None:

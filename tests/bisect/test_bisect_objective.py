@@ -14,6 +14,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
@@ -208,3 +209,32 @@ def test_a_stayed_latency_plan_says_where_its_time_goes() -> None:
                                "boundaries": 6, "whole_model_extra_ms": pytest.approx(0.05 + 0.2)}
     line = objective_line(record)
     assert line is not None and "+0.600 ms are its 6 converter(s)" in line and "+0.250 ms" in line
+
+
+def test_the_objective_and_the_plan_judge_each_set_held_out_once(
+    chain: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-choice reads the search judge's claims, the plan's too (bisect/finish.py): the fewest-sites plan
+    and the chosen set, which both ask for, are each measured on the held-out samples once, and plan.json's
+    held-out figures are those very measurements."""
+    import quantscan.bisect.realise as realise
+
+    judged: list[tuple[str, ...]] = []
+
+    class Counting(realise.RealisedEvaluator):
+        """The held-out evaluator (bisect/realise.HeldOut makes it; the search's is bisect/simulated.py's)."""
+
+        def judge(self, prec: Sequence[str]) -> realise.Judged:
+            judged.append(tuple(prec))
+            return super().judge(prec)
+
+    monkeypatch.setattr(realise, "RealisedEvaluator", Counting)
+    model, calib = chain
+    fast = run_bisect(model, calib, target_sqnr=TARGET_SQNR, out=tmp_path / "l", threads=1, profile="rk3588",
+                      objective="latency")
+    record = json.loads((tmp_path / "l" / "plan.json").read_text())["objective"]
+    assert record["chosen"] is not None and record["candidates_judged"] >= 1
+    assert judged and len(judged) == len(set(judged)), judged  # no set measured twice on the held-out samples
+    # the plan (the chosen set) claims the figure the re-choice judged it by
+    assert fast.plan.achieved is not None
+    assert fast.plan.achieved["sqnr_db"] == record["chosen"]["held_out_value"]

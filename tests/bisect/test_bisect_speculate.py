@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,16 @@ class FakeToolchain:
         return None
 
 
+@pytest.fixture(autouse=True, scope="module")
+def fake_judge() -> Iterator[None]:
+    """The fake toolchain is a judge as rknn is: one registry line (bisect/judges.py), for this module only."""
+    from quantscan.bisect.judges import JUDGES, JudgeSpec, register, toolchain_judge
+
+    register(JudgeSpec("fake", toolchain_judge, builds=True))
+    yield
+    del JUDGES["fake"]
+
+
 def _chain_bisect(tmp: Path, out: str, chain: FakeToolchain, **options: Any) -> dict[str, Any]:
     model, calib = write_chain(tmp, samples=4, layers=6)
     target = options.pop("target", 0.965)
@@ -247,15 +257,17 @@ def test_the_simulation_searches_as_serial_through_every_local_backend(tmp_path:
         run_bisect(model, calib, target_cosine=0.99995, out=tmp_path / out, exports=["onnxruntime"], realisations=2,
                    **options)
         plan = json.loads((tmp_path / out / "plan.json").read_text())
-        events = json.loads((tmp_path / out / "session.json").read_text())["events"]
-        return {"plan": plan, "events": [{k: v for k, v in e.items() if k != "seconds"} for e in events]}
+        session = json.loads((tmp_path / out / "session.json").read_text())
+        return {"plan": plan, "events": [{k: v for k, v in e.items() if k != "seconds"} for e in session["events"]],
+                "graph": session["options"]["graph_strategy"]}
 
     serial = bisect("w1")
-    assert serial["plan"]["evaluations"] >= 5
+    assert serial["plan"]["evaluations"] >= 5 and serial["graph"] in ("switchable", "cached_reference")
     for out, options in (("s2", {"workers": 2, "executor": "serial"}), ("s3", {"workers": 3, "executor": "serial"}),
                          ("p2", {"workers": 2, "executor": "process"})):
         got = bisect(out, **options)
         assert got["events"] == serial["events"], out
+        assert got["graph"] in ("switchable", "cached_reference"), out  # decided once (timing: per run)
         for key in ("sites", "achieved", "interval", "all_int8", "all_float", "pareto", "evaluations"):
             assert got["plan"][key] == serial["plan"][key], (out, key)  # held-out claims of the same sets
         assert got["plan"]["speculation"]["rounds"] < serial["plan"]["evaluations"], out

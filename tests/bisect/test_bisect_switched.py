@@ -157,14 +157,39 @@ def test_over_the_memory_budget_the_evaluator_stays_per_evaluation(wide_ctx: Sca
     assert ev.cached
 
 
-def test_measured_policy_tries_both_paths_then_keeps_the_faster(wide_ctx: ScanContext) -> None:
+def test_a_given_graph_strategy_is_followed_by_every_evaluation(wide_ctx: ScanContext) -> None:
+    """A strategy given (a resumed session's) decides every path: switchable runs every evaluation on the
+    switchable session, cached_reference none, and each says so (bisect/targets.graph_strategy)."""
     builder = mixed_builder(wide_ctx)
-    ev = CachedReferenceEvaluator(wide_ctx, builder, "cosine")
-    for prec in assignments(builder, 3):
-        ev.evaluate(prec)
-    timings = ev.switch.timings
-    assert len(timings.old) >= 1 and len(timings.new) >= 2  # one old evaluation, then two switchable ones
-    assert len(timings.old) + len(timings.new) == 5
+    target, rounding = Target("cosine", 0.99), Rounding(realisations=2)
+    new = RealisedEvaluator(wide_ctx, builder, target, rounding, "switchable")
+    old = RealisedEvaluator(wide_ctx, builder, target, rounding, "cached_reference")
+    precs = assignments(builder, 3)
+    for prec in precs:
+        for a, b in zip(new.judge(prec).realisations, old.judge(prec).realisations, strict=True):
+            same_figures(a, b)
+    runs = 2 * len(precs)  # two realisations each
+    assert (new.strategy, old.strategy) == ("switchable", "cached_reference")
+    assert new.graph_timing()["switchable"] == runs and new.graph_timing()["per_evaluation"] == 0
+    assert old.graph_timing()["switchable"] == 0 and old.graph_timing()["per_evaluation"] == runs
+
+
+def test_a_measured_graph_strategy_is_decided_once_then_kept(wide_ctx: ScanContext) -> None:
+    """No strategy given: one evaluation on the candidate's own graph, two on the switchable session, then the
+    faster path for every later evaluation (never switched back and forth by timing)."""
+    builder = mixed_builder(wide_ctx)
+    ev = RealisedEvaluator(wide_ctx, builder, Target("cosine", 0.99), Rounding(realisations=1))
+    precs = assignments(builder, 4)
+    ev.judge(precs[0])
+    assert ev.strategy is None  # one evaluation: nothing to compare yet
+    for prec in precs[1:]:
+        ev.judge(prec)
+    timing = ev.graph_timing()
+    assert ev.strategy in ("switchable", "cached_reference")
+    if ev.strategy == "switchable":
+        assert (timing["per_evaluation"], timing["switchable"]) == (1, len(precs) - 1)
+    else:
+        assert (timing["per_evaluation"], timing["switchable"]) == (len(precs) - 2, 2)
 
 
 @pytest.mark.real
@@ -180,8 +205,8 @@ def test_switchable_figures_equal_per_evaluation_on_a_real_model(assets: Path) -
 
 
 def test_a_bisection_records_which_graph_its_evaluations_ran_on(wide_ctx: ScanContext, tmp_path: Path) -> None:
-    """session.json `options.evaluation_graph` says the switchable graph was built, and the timing which
-    path ran how often (every evaluation is one or the other)."""
+    """session.json `options.graph_strategy` is the strategy decided once for the search, `evaluation_graph`
+    says the switchable graph was built, and the timing that after the decision every evaluation ran on it."""
     from quantscan.api import run_bisect
 
     model = tmp_path / "wide.onnx"
@@ -193,8 +218,11 @@ def test_a_bisection_records_which_graph_its_evaluations_ran_on(wide_ctx: ScanCo
     options = json.loads((out / "session.json").read_text())["options"]
     assert options["evaluation_graph"] == "switchable"
     timing = options["evaluation_graph_timing"]
-    assert timing["switchable"] >= 1 and timing["per_evaluation"] >= 1
     assert timing["switchable"] + timing["per_evaluation"] == 4 * result.plan.evaluations  # 4 realisations each
+    if options["graph_strategy"] == "switchable":  # the first evaluation measured the old path, then this one
+        assert timing["per_evaluation"] == 1
+    else:
+        assert options["graph_strategy"] == "cached_reference" and timing["switchable"] == 2
 
 
 def test_a_pair_onnxruntime_fuses_across_a_quantizable_tensor_keeps_the_per_evaluation_path(tmp_path: Path) -> None:

@@ -4,7 +4,11 @@ One job per module:
 
 - `state`: the search as a pure, replayable state machine (no onnxruntime, onnx or pandas);
 - `session`: the resumable session file (identities, options, events) and `describe` for `--show`;
-- `driver`: `bisect_model`, the evaluation loop that feeds measured values to the machine;
+- `request`: the typed `BisectRequest` (and `BisectHooks`) a session stores and gives back on resume;
+- `driver`: `bisect_model(model, calib, request, scan, hooks)`, request in, plan out; `search` runs the
+  gains, the session and the rounds, `finish` builds the plan;
+- `judge`, `judges`: the one `Judge` protocol and its registry (`simulated`: quantscan's simulation,
+  `external`: a vendor toolchain's builds);
 - `plan`: the typed `records.Plan` built from a finished search, and plan.json/plan.csv/gain.csv;
 - `exports`: the plan in the formats vendor toolchains read (onnxruntime, RKNN, Horizon, TPU-MLIR, TIDL);
 
@@ -24,9 +28,9 @@ from quantscan.bisect.session import BisectSession, calibration_identity, descri
 from quantscan.bisect.state import Bisector, Outcome, SessionFileError, Step, Target
 
 if TYPE_CHECKING:
-    from quantscan.bisect.driver import BisectResult
+    from quantscan.bisect.finish import BisectResult
 
-_LAZY = {"BisectResult": "quantscan.bisect.driver"}
+_LAZY = {"BisectResult": "quantscan.bisect.finish"}
 
 __all__ = [
     "BisectResult",

@@ -110,5 +110,5 @@ def _held(other: ScanContext, rounding: Rounding, ctx: ScanContext) -> ScanConte
 
 def _value(ctx: ScanContext, builder: MixedBuilder, target: Target, float_sites: Sequence[str]) -> float:
     """The target's metric of one precision assignment on `ctx`'s evaluation set (realisation 0)."""
-    measured = make_evaluator(ctx, builder, target).evaluate(builder.precisions(float_sites))
+    measured = make_evaluator(ctx, builder, target)[0].evaluate(builder.precisions(float_sites))
     return float(measured.worst.get(target.key, math.nan))

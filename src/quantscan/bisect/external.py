@@ -6,10 +6,10 @@ and says what its own simulator gets; this module needs only that, as the `Toolc
 (`toolchains/rknn/hybrid.HybridRknn` is one), so bisect never imports a vendor package and a pool of
 workers (the Ray executor) can map `evaluate` over candidates: each call is one independent build.
 
-* `ToolchainEvaluator` stands in for `scanning.gain.Evaluator` in the search: precisions -> the sites
-  kept above int8 -> one hybrid build -> the toolchain's output cosine. The search order is still
-  quantscan's ranking (the output gains), so the cheap simulation decides what to try and the chip
-  decides what passes.
+* `ToolchainJudge` is the search's judge (bisect/judges.py) for `--evaluator TOOL`: precisions -> the
+  sites kept above int8 -> one hybrid build -> the toolchain's output cosine; a round is that many builds
+  side by side. The search order is still quantscan's ranking (the output gains), so the cheap simulation
+  decides what to try and the chip decides what passes; the plan claims the chip's own figures.
 * `verify` applies the plan and every Pareto point once and records `verified` beside each claim; with
   all-int8 built too, `verified.held_out` scores the toolchain on the claim's own held-out samples.
 * `BuildPool` runs builds where `--executor` puts them (issue 29): locally up to `--workers` at once in
@@ -26,17 +26,19 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from quantscan.bisect.heldout import claimed_samples, held_out_figures
-from quantscan.bisect.realise import Judged
+from quantscan.bisect.judge import JudgeSetup
+from quantscan.bisect.realise import Claims, Judged
 from quantscan.bisect.robust import Spread
+from quantscan.bisect.speculate import Spare
+from quantscan.bisect.state import Candidate
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.executors import Executor
+from quantscan.graph.mixed import MixedBuilder
 from quantscan.model import LoadedModel
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.scanning.gain import Measured
 from quantscan.scanning.prepare import ScanContext
-
-TOOLS = ("rknn", "tpu-mlir")
 
 
 class Toolchain(Protocol):
@@ -129,11 +131,12 @@ class BuildPool:
         return results
 
 
-class ToolchainEvaluator:
-    """`Evaluator.evaluate(prec) -> Measured` through a toolchain build (the `cosine` target only: the
-    toolchain's simulator output compared with FP32 on the same samples)."""
+class ToolchainJudge:
+    """A toolchain build per candidate (the `cosine` target only: the toolchain's simulator output compared
+    with FP32 on the same samples); the bisection's `Judge` (bisect/judges.py)."""
 
-    def __init__(self, ctx: ScanContext, chain: Toolchain, key: str, pool: BuildPool | None = None) -> None:
+    def __init__(self, ctx: ScanContext, chain: Toolchain, key: str, builder: MixedBuilder,
+                 pool: BuildPool | None = None, width: int = 1) -> None:
         if key != "cosine":
             raise UsageError(f"bisect --evaluator {chain.tool}: expected a cosine target (the toolchain's "
                              f"simulator is compared by output cosine), found {key}")
@@ -141,6 +144,17 @@ class ToolchainEvaluator:
         self.chain = chain
         self.key = key
         self.pool = pool if pool is not None else BuildPool(chain)
+        self.builder = builder
+        self.width = width
+        """Builds side by side in a round: `--workers` (each build a subprocess: threads, or Ray tasks)."""
+
+    @classmethod
+    def of(cls, setup: JudgeSetup) -> ToolchainJudge:
+        """The judge of a search whose toolchain the driver made (`setup.pool`: its builds)."""
+        if setup.pool is None:
+            raise UsageError("bisect: expected a toolchain for a toolchain --evaluator, found none")
+        width = max(1, setup.workers) if setup.executor is not None else 1
+        return cls(setup.split.search, setup.pool.chain, setup.target.key, setup.builder, setup.pool, width)
 
     def evaluate(self, prec: Sequence[str]) -> Measured:
         sites = kernel_sites(self.ctx, prec)
@@ -167,6 +181,22 @@ class ToolchainEvaluator:
         interval: the toolchain's simulator is what the plan is for)."""
         return self._judged(self.evaluate(prec))
 
+    def round(self, cands: Sequence[Candidate]) -> list[Spare | BaseException]:
+        """A round's candidates as builds side by side (`judge_many`)."""
+        judged = self.judge_many([self.builder.precisions(c.sites) for c in cands])
+        return [got if isinstance(got, BaseException) else Spare(got.value, got.metrics(), seconds)
+                for got, seconds in judged]
+
+    def claims(self, sets: object) -> Claims | None:
+        """None: the chip's own figures on the search's samples are the plan's claims (no held-out split)."""
+        return None
+
+    def note(self) -> dict[str, Any]:
+        return {}
+
+    def release(self) -> None:
+        """Nothing to free between builds (the toolchain's step 1 stays for a resume until the plan)."""
+
     def judge_many(self, precs: Sequence[Sequence[str]]) -> list[tuple[Judged | UsageError, float]]:
         """Several candidates' builds at once (bisect/speculate.py), each judged or the error that stopped
         it, with the build's own seconds."""
@@ -179,6 +209,10 @@ class ToolchainEvaluator:
             except UsageError as exc:
                 out.append((exc, seconds))
         return out
+
+
+ToolchainEvaluator = ToolchainJudge
+"""The name before the judge seam (a toolchain judge written in its style keeps working)."""
 
 
 def verify(plan: Plan, ctx: ScanContext, precisions: Callable[[Sequence[str]], Sequence[str]],

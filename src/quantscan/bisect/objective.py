@@ -6,7 +6,7 @@ float head costs none. With a [cost] table in the scan's profile (quantscan.cost
 among the sets the search MEASURED:
 
 - `latency`: the one with the least estimated board time that meets the target on the held-out samples
-  (the same held-out judgment the plan's claim gets, bisect/realise.py);
+  (the search judge's claims, bisect/finish.py: the same judgment the plan's claim reads, each set once);
 - `--max-extra-ms X`: the best held-out figure among those whose estimated extra time over all-int8 is at
   most X ms (the target may then be missed: the plan's status and `objective.target_met` say so).
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from quantscan.bisect.reference import CachedReferenceEvaluator
 from quantscan.bisect.robust import Rounding, Spread, scale_factors, split_indices, spread_of, spread_of_values
 from quantscan.bisect.state import Target
 from quantscan.bisect.switched import SwitchedSession
@@ -78,36 +77,57 @@ def split_context(ctx: ScanContext, rounding: Rounding, explicit_eval: bool) -> 
 
 
 class RealisedEvaluator:
-    """Measures a precision assignment under every realisation of `rounding` on `ctx`'s evaluation set."""
+    """Measures a precision assignment under every realisation of `rounding` on `ctx`'s evaluation set,
+    on the graph `strategy` names (bisect/targets.GRAPH_STRATEGIES; the figures are the same on each)."""
 
-    def __init__(self, ctx: ScanContext, builder: MixedBuilder, target: Target, rounding: Rounding) -> None:
+    def __init__(self, ctx: ScanContext, builder: MixedBuilder, target: Target, rounding: Rounding,
+                 strategy: str | None = None) -> None:
         self.rounding = rounding
-        base = make_evaluator(ctx, builder, target)
+        base, self.reference = make_evaluator(ctx, builder, target, strategy)
         self.key = base.key
         tensors = list(builder.base_plan.activations)
         self.evaluators: list[Evaluator] = [base]
         for r in range(1, rounding.realisations):
             realised = realised_builder(builder, scale_factors(tensors, r, rounding.seed, rounding.spread))
-            self.evaluators.append(_twin(base, ctx, realised))
+            self.evaluators.append(self.reference.for_builder(realised) if self.reference is not None
+                                   else Evaluator(ctx, realised, base.key, tasks=base.tasks))
 
     def _switch(self) -> SwitchedSession | None:
-        """The switchable session the evaluators share (None: a task-metric target, gain.Evaluator)."""
-        base = self.evaluators[0]
-        return base.switch if isinstance(base, CachedReferenceEvaluator) else None
+        """The switchable session the evaluators share (None: FP32 in the graph, gain.Evaluator)."""
+        return self.reference.switch if self.reference is not None else None
 
     def use_switchable(self, policy: str) -> None:
-        """How evaluations pick their graph (bisect/switched.py): `measured`, `always` or `never`."""
+        """Which graph evaluations run on (bisect/switched.py): `measured`, `always` or `never`."""
         if (switch := self._switch()) is not None:
             switch.policy = policy
 
+    @property
+    def strategy(self) -> str | None:
+        """The graph strategy the evaluations run on (bisect/targets.GRAPH_STRATEGIES), None while it is
+        still being measured (a switchable graph that cannot be built, or FP32 outputs over their memory
+        share, show at first use)."""
+        if self.reference is None or (self.reference.tried and not self.reference.cached):
+            return "fp32_in_graph"
+        switch = self.reference.switch
+        if not switch.decided:
+            return None
+        return "switchable" if switch.usable else "cached_reference"
+
+    def settle(self, prec: Sequence[str]) -> None:
+        """Evaluate `prec` (realisation 0, figures dropped) until the graph strategy is decided: before a
+        round's candidates go to workers, which run the strategy this process measured."""
+        for _ in range(3):
+            if self.strategy is not None:
+                return
+            self.evaluators[0].evaluate(prec)
+
     def graph_note(self) -> str:
         """Which graph the evaluations ran on, and why (session.json `options.evaluation_graph`)."""
-        base = self.evaluators[0]
-        if not isinstance(base, CachedReferenceEvaluator):
+        if self.reference is None:
             return "per evaluation: a task-metric target reads whole outputs (gain.Evaluator)"
-        if not base.cached:
+        if self.reference.tried and not self.reference.cached:
             return "per evaluation: the FP32 outputs do not fit their share of the memory budget"
-        return base.switch.note
+        return self.reference.switch.note
 
     def release(self) -> None:
         """Free the switchable session (bisect/switched.py) once no more candidates come."""
@@ -115,7 +135,7 @@ class RealisedEvaluator:
             switch.close()
 
     def graph_timing(self) -> dict[str, float]:
-        """Evaluations on each path and their median seconds (timing-dependent: which path is faster)."""
+        """Evaluations on each path and their median seconds."""
         switch = self._switch()
         return switch.timings.summary() if switch is not None else {}
 
@@ -128,12 +148,6 @@ class RealisedEvaluator:
             spread = spread_of_values([float(m.worst[self.key]) for m in measured])
         value = spread.low if self.rounding.realisations > 1 else float(nominal.worst[self.key])
         return Judged(nominal, spread, value, tuple(measured))
-
-
-def _twin(base: Evaluator, ctx: ScanContext, builder: MixedBuilder) -> Evaluator:
-    if isinstance(base, CachedReferenceEvaluator):
-        return base.for_builder(builder)
-    return Evaluator(ctx, builder, base.key, tasks=base.tasks)
 
 
 @dataclass(frozen=True)
@@ -157,15 +171,29 @@ class Claims:
         return {**self.split.as_dict(), **self.rounding.as_dict(), "rounding_model": ROUNDING_MODEL}
 
 
-def held_out_claims(
-    split: SampleSplit, builder: MixedBuilder, target: Target, rounding: Rounding, sets: Iterable[Iterable[str]]
-) -> Claims:
-    """Each set measured on the held-out samples under every realisation (each distinct set once)."""
-    evaluator = RealisedEvaluator(split.held, builder, target, rounding)
-    judged: dict[tuple[str, ...], Judged] = {}
-    for sites in sets:
-        key = tuple(sorted(sites))
-        if key not in judged:
-            judged[key] = evaluator.judge(builder.precisions(key))
-    return Claims(judged, split, rounding)
+class HeldOut:
+    """The held-out judgments of one search: each distinct set measured once on the held-out samples under
+    every realisation, however many times the plan, its Pareto points and the objective ask for it."""
+
+    def __init__(self, split: SampleSplit, builder: MixedBuilder, target: Target, rounding: Rounding,
+                 strategy: str | None) -> None:
+        self.split, self.builder, self.rounding = split, builder, rounding
+        self._target, self._strategy = target, strategy
+        self._evaluator: RealisedEvaluator | None = None
+        self.judged: dict[tuple[str, ...], Judged] = {}
+
+    def claims(self, sets: Iterable[Iterable[str]]) -> Claims:
+        """`sets` judged (those not judged before), with every set judged so far."""
+        for sites in sets:
+            key = tuple(sorted(sites))
+            if key not in self.judged:
+                if self._evaluator is None:
+                    self._evaluator = RealisedEvaluator(self.split.held, self.builder, self._target, self.rounding,
+                                                        self._strategy)
+                self.judged[key] = self._evaluator.judge(self.builder.precisions(key))
+        return Claims(dict(self.judged), self.split, self.rounding)
+
+    def release(self) -> None:
+        if self._evaluator is not None:
+            self._evaluator.release()
 

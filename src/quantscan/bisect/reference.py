@@ -50,6 +50,11 @@ class CachedReferenceEvaluator(Evaluator):
         """The switchable session (bisect/switched.py), shared with the realisation twins."""
 
     @property
+    def tried(self) -> bool:
+        """True once the FP32 outputs were computed or found too big (`cached` then says which)."""
+        return self._cache_tried
+
+    @property
     def cached(self) -> bool:
         """True once the FP32 outputs are held in memory (False: too big for the budget, recomputed)."""
         return self._reference is not None

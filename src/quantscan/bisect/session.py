@@ -116,7 +116,7 @@ SCAN_OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "profile": (str, type(None)), "weights": (str, type(None)), "group_size": (int, type(None)),
     "scheme": (str, type(None)),
 }
-"""The JSON types of the scan options a session records (bisect/driver.py SCAN_OPTION_KEYS)."""
+"""The JSON types of the scan options a session records (bisect/request.py `scan_record`)."""
 
 
 def _scan_options_typed(scan: object) -> bool:

@@ -6,14 +6,17 @@ evaluation, so `bisect` did not finish in the zoo's 900 s. The switchable graph 
 the builder can give, picked by selector inputs; its session is built once, and the rounding realisations
 share it (their int8 scales are inputs). The figures are the per-evaluation graph's, bit for bit (tests).
 
-Which path runs is measured, never assumed: the switchable graph runs each weighted site twice (float and
-quantized weights: `_switch_sites` says why), so on a model whose run costs more than building a session
-(a large conv net) it is slower. The first evaluation goes the old way, the next on the switchable
-session, and from then on the faster of the two (the figures are the same either way). It is not built
-when it would take more than 1/SWITCH_SHARE of the memory budget, or when the graph has a shape the
-switchable graph does not reproduce bit for bit (`NotSwitchable`: a node in two sites, a quantizable tensor
-inside a weighted site, a pair onnxruntime fuses across a quantizable tensor); an assignment whose plan
-holds a quantization the graph has no variant for (quantize_static's int16 bias) goes the old way alone.
+Which path runs is measured once per search, then kept (bisect/targets.graph_strategy, recorded in the
+session): the switchable graph runs each weighted site twice (float and quantized weights: `_switch_sites`
+says why), so on a model whose run costs more than building a session (a large conv net) it is slower. The
+first evaluation goes the old way, the next two on the switchable session (the first of them pays its build
+and warm-up), and the faster of the two paths is then the search's, for every later evaluation and for the
+workers of a `--workers` run (the figures are the same either way). It is not built when it would take more
+than 1/SWITCH_SHARE of the memory budget, or when the graph has a shape the switchable graph does not
+reproduce bit for bit (`NotSwitchable`: a node in two sites, a quantizable tensor inside a weighted site, a
+pair onnxruntime fuses across a quantizable tensor): the search then runs on the per-candidate graph, and
+says why. An assignment whose plan holds a quantization the graph has no variant for (quantize_static's int16
+bias) goes the old way alone.
 """
 
 from __future__ import annotations
@@ -51,11 +54,9 @@ class Timings:
                 "per_evaluation_median_s": round(float(np.median(self.old)), 4) if self.old else 0.0}
 
     def prefer_new(self) -> bool:
-        """The switchable session's first run pays onnxruntime's warm-up (0.9 s against 0.06 s later on
-        MiniLM): it is judged on its runs after the first."""
-        if len(self.new) < 2:
-            return True
-        return not self.old or float(np.median(self.new[1:])) < float(np.median(self.old))
+        """The switchable session's first run pays its build and onnxruntime's warm-up (0.9 s against 0.06 s
+        later on MiniLM): it is judged on its runs after the first."""
+        return float(np.median(self.new[1:])) < float(np.median(self.old))
 
 
 class SwitchedSession:
@@ -67,23 +68,36 @@ class SwitchedSession:
         self._runner = runner
         self._memory = memory
         self.timings = Timings()
-        self.note = "per evaluation: too few evaluations to build the switchable graph"
+        self.note = "per evaluation: no evaluation ran on the switchable graph"
         """What the bisect records (session.json `options.evaluation_graph`): why the graph was not built,
         or that it was."""
         self._graph: SwitchableGraph | None = None
         self._session: Session | None = None
         self._refused = False
         self.policy = "measured"
-        """`measured` (the module docstring), `always` or `never` (tests and benchmarks/bisect_switch.py
-        compare the two paths on the same assignments)."""
+        """`measured` (the module docstring: decided by the first evaluations, then `always` or `never` for
+        good), `always` (the switchable session, unless it cannot be built) or `never` (the per-candidate
+        graph): the search's graph strategy (bisect/targets.graph_strategy)."""
 
     def wanted(self) -> bool:
-        """Whether the next evaluation should run on the switchable session (module docstring)."""
+        """Whether the next evaluation runs on the switchable session (module docstring)."""
+        decided = self.decided  # first: it may settle the policy
         if self._refused or self.policy == "never":
             return False
-        if self.policy == "always":
-            return True
-        return bool(self.timings.old) and self.timings.prefer_new()
+        return decided or bool(self.timings.old)
+
+    @property
+    def decided(self) -> bool:
+        """Whether the path is settled: refused, or a policy other than `measured` (given, or measured: once
+        both paths are timed, the faster becomes the policy for good)."""
+        if self.policy == "measured" and len(self.timings.new) >= 2 and self.timings.old:
+            self.policy = "always" if self.timings.prefer_new() else "never"
+        return self._refused or self.policy != "measured"
+
+    @property
+    def usable(self) -> bool:
+        """The switchable session is the path (decided, and not refused as far as tried)."""
+        return not self._refused and self.policy == "always"
 
     def selectors(self, builder: MixedBuilder, prec: Sequence[str], assemble: Assemble) -> dict[str, np.ndarray] | None:
         """The selector feeds of `prec` under `builder` (a realisation of this one), building the session

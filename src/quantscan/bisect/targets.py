@@ -82,10 +82,32 @@ def task_factory(ctx: ScanContext, target: Target) -> TaskFactory | None:
     return build
 
 
-def make_evaluator(ctx: ScanContext, builder: MixedBuilder, target: Target) -> Evaluator:
-    """The per-step evaluator: in-graph sums, plus task accumulators when the target needs them."""
+GRAPH_STRATEGIES = ("switchable", "cached_reference", "fp32_in_graph")
+"""How a simulated judge runs a candidate, chosen once per search (bisect/simulated.py) and recorded in the
+session: `switchable` one session whose selector inputs pick each site's precision (bisect/switched.py),
+`cached_reference` the candidate's own QDQ model against FP32 outputs computed once (bisect/reference.py),
+`fp32_in_graph` FP32 and the candidate in one graph per evaluation (scanning/gain.Evaluator: task-metric
+targets, which read whole outputs). The figures are the same on every path; only the time differs."""
+
+
+def graph_strategy(target: Target, recorded: str | None = None) -> str | None:
+    """The strategy a search runs on: the one its session recorded, fp32_in_graph for a task-metric target,
+    else None: measured on the search's first evaluations, switchable or cached_reference, then kept for the
+    whole search (bisect/switched.py says how and why it is measured, not assumed)."""
+    if recorded in GRAPH_STRATEGIES:
+        return str(recorded)
+    return "fp32_in_graph" if target.key in TASK_KEYS else None
+
+
+def make_evaluator(ctx: ScanContext, builder: MixedBuilder, target: Target,
+                   strategy: str | None = "cached_reference") -> tuple[Evaluator, CachedReferenceEvaluator | None]:
+    """The per-step evaluator of `strategy` (None: measured once, bisect/switched.py) with in-graph sums,
+    plus task accumulators when the target needs them, and its cached-reference self when it has one (the
+    realisations share its FP32 outputs and its switchable session)."""
     tasks = task_factory(ctx, target)
-    if tasks is None:
-        # output metrics only: the FP32 outputs are computed once and fed to every step (bisect/reference.py)
-        return CachedReferenceEvaluator(ctx, builder, target.key)
-    return Evaluator(ctx, builder, target.key, tasks=tasks)
+    if tasks is not None or strategy == "fp32_in_graph":
+        return Evaluator(ctx, builder, target.key, tasks=tasks), None
+    # output metrics only: the FP32 outputs are computed once and fed to every step (bisect/reference.py)
+    cached = CachedReferenceEvaluator(ctx, builder, target.key)
+    cached.switch.policy = {"switchable": "always", "cached_reference": "never"}.get(str(strategy), "measured")
+    return cached, cached

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscan.bisect.heldout import same_samples_text
+from quantscan.bisect.judges import SIMULATION, judge_names, judge_spec, verify_names
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, HOLDOUTS
 from quantscan.cli.args import (
     EXIT_INTERRUPTED,
@@ -54,9 +55,9 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--keep-float", nargs="+", default=[], metavar="NAME")
     p.add_argument("--force-quant", nargs="+", default=[], metavar="NAME")
     p.add_argument("--loss-if-only", action="store_true")
-    p.add_argument("--verify", default=None, choices=["rknn", "tpu-mlir"],
+    p.add_argument("--verify", default=None, choices=verify_names(),
                    help="apply the plan and Pareto points in the real toolchain (chip: --profile)")
-    p.add_argument("--evaluator", default="quantscan", choices=["quantscan", "rknn", "tpu-mlir"],
+    p.add_argument("--evaluator", default=SIMULATION, choices=judge_names(),
                    help="who measures each candidate of the search (a toolchain: one build each)")
     p.add_argument("--vendor-python", default=None, metavar="PATH",
                    help="the toolchain's Python for --verify/--evaluator (as vendor --python)")
@@ -253,7 +254,7 @@ def _print_verified(plan: Any) -> None:
 
 def _toolchain(args: argparse.Namespace, out: Path) -> Any:
     """The vendor toolchain --verify/--evaluator name (one of them: two would be two chips' figures)."""
-    chosen = {t for t in (args.verify, args.evaluator) if t and t != "quantscan"}
+    chosen = {t for t in (args.verify, args.evaluator) if t and judge_spec(t).builds}
     if len(chosen) > 1:
         raise UsageError(f"bisect: expected one toolchain for --verify and --evaluator, "
                          f"found {', '.join(sorted(chosen))}")
