@@ -61,8 +61,9 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--vendor-python", default=None, metavar="PATH",
                    help="the toolchain's Python for --verify/--evaluator (as vendor --python)")
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
-                   help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt hailo pulsar2 qnn amct atc (default: the "
-                        "first six, plus the chip's own under --profile hailo8/ax650/qnn-htp/ascend310/hisilicon-svp)")
+                   help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt hailo pulsar2 qnn amct atc rkllm qdq-blocked "
+                        "matmulnbits (default: the first six, plus the chip's own under --profile hailo8/ax650/"
+                        "qnn-htp/ascend310/hisilicon-svp/rk3588-llm)")
     p.add_argument("--from-plan", default=None, metavar="plan.json",
                    help="write the --export files of an existing plan (no search); MODEL, if given, must be the "
                         "plan's model (default: the model path the plan records)")
