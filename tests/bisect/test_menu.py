@@ -112,7 +112,7 @@ def _written_out(model: onnx.ModelProto, sites: dict[str, str], base: str, group
     out.CopyFrom(model)
     inits = {t.name: t for t in out.graph.initializer}
     for node in out.graph.node:
-        if node.op_type != "MatMul":
+        if node.op_type != "MatMul" or node.input[1] not in inits:
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
         precision = sites.get(node.name, base)
@@ -171,3 +171,50 @@ def test_ends_are_measured_even_for_one_site() -> None:
                             lambda a: 1.0 if a["only"] == "float" else 0.5)
     assert [p.how for p in record.points] == ["all int8", "all float", "only float alone", "step 1 of 1: only to float"]
     assert list(record.gains) == ["float"] and record.gains["float"]["only"] == 0.5
+
+
+def _worst_cosine(fp32: onnx.ModelProto, other: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> float:
+    """The headline without --state: the worst output's pooled cosine (every output counts)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    a, b = (ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            for m in (fp32, other))
+    sums = np.zeros((len(a.get_outputs()), 3))
+    for feed in feeds:
+        for k, (x, y) in enumerate(zip(a.run(None, feed), b.run(None, feed), strict=True)):
+            x64, y64 = x.astype(np.float64), y.astype(np.float64)
+            sums[k] += [(x64 * y64).sum(), (x64 * x64).sum(), (y64 * y64).sum()]
+    return float(min(s[0] / np.sqrt(s[1] * s[2]) for s in sums))
+
+
+def test_menu_on_the_trained_char_lm_under_rk3588_llm(tmp_path: Path) -> None:
+    """The decoder LM (17 MatMul weights) under rk3588-llm's menu (w4a16-g32 as the run's scheme; w8a8 offers
+    int8; no int16: its a16 is fp16): int4/int8/float; every front point's figures equal its written-out
+    weights, and the front's bytes run from all-int4 to all-float."""
+    from tests.test_lm_task import LM, exporter
+
+    from quantscan.calib import load_calibration
+    from quantscan.model import graph_inputs, read_model_file
+
+    ex = exporter()
+    _, held = ex.corpus()
+    calib = tmp_path / "steps"
+    ex.write_steps(str(LM), ex.encode(held), calib, 1000, 8)
+    out = tmp_path / "m"
+    run = _bisect(str(LM), "--calib", str(calib), "--out", str(out), "--profile", "rk3588-llm", "--scheme",
+                  "w4a16-g32", "--menu", "--target-cosine", "0.9995")
+    assert run.returncode in (0, 1), run.stderr
+    menu = json.loads((out / "menu.json").read_text())
+    assert menu["menu"]["precisions"] == ["int4", "int8", "float"] and menu["menu"]["int4_group_size"] == 32
+    assert len(menu["weighted_sites"]) == 17
+    fp32 = onnx.load(LM)
+    feeds = list(load_calibration(calib, graph_inputs(read_model_file(LM))).samples())
+    front = menu["front"]
+    assert front[0]["counts"] == {"int4": 17, "int8": 0, "float": 0}
+    assert front[-1]["counts"] == {"int4": 0, "int8": 0, "float": 17}
+    for point in front:
+        oracle = _written_out(fp32, point["sites"], "int4", 32)
+        assert point["value"] == pytest.approx(_worst_cosine(fp32, oracle, feeds[0::2]), abs=1e-6)
+        assert point["held_out_value"] == pytest.approx(_worst_cosine(fp32, oracle, feeds[1::2]), abs=1e-6)
