@@ -204,7 +204,7 @@ def test_menu_on_the_trained_char_lm_under_rk3588_llm(tmp_path: Path) -> None:
     ex.write_steps(str(LM), ex.encode(held), calib, 1000, 8)
     out = tmp_path / "m"
     run = _bisect(str(LM), "--calib", str(calib), "--out", str(out), "--profile", "rk3588-llm", "--scheme",
-                  "w4a16-g32", "--menu", "--target-cosine", "0.9995")
+                  "w4a16-g32", "--menu", "--target-cosine", "0.999", "--export", "matmulnbits")
     assert run.returncode in (0, 1), run.stderr
     menu = json.loads((out / "menu.json").read_text())
     assert menu["menu"]["precisions"] == ["int4", "int8", "float"] and menu["menu"]["int4_group_size"] == 32
@@ -218,3 +218,7 @@ def test_menu_on_the_trained_char_lm_under_rk3588_llm(tmp_path: Path) -> None:
         oracle = _written_out(fp32, point["sites"], "int4", 32)
         assert point["value"] == pytest.approx(_worst_cosine(fp32, oracle, feeds[0::2]), abs=1e-6)
         assert point["held_out_value"] == pytest.approx(_worst_cosine(fp32, oracle, feeds[1::2]), abs=1e-6)
+    assert run.returncode == 0 and menu["chosen"]["held_out_value"] >= 0.999
+    exported = onnx.load(out / "menu_matmulnbits.onnx")
+    assert any(n.op_type == "MatMulNBits" for n in exported.graph.node)
+    assert _worst_cosine(fp32, exported, feeds[1::2]) == pytest.approx(menu["chosen"]["held_out_value"], abs=1e-6)

@@ -198,3 +198,36 @@ def test_matmulnbits_export_equals_onnxruntimes_own_quantizer_on_the_char_lm() -
         other = next(n for name, n in ref.items() if name.startswith(weight))
         assert np.array_equal(mine_t[node.input[1]], ref_t[other.input[1]])
         assert np.allclose(mine_t[node.input[2]].reshape(-1), ref_t[other.input[2]].reshape(-1), rtol=1e-6)
+
+
+def test_a_plan_on_the_trained_char_lm_exports_to_models_that_give_its_figures(tmp_path: Path) -> None:
+    """bisect --fallback int8 under rk3588-llm's w4a16-g32 on the decoder LM (8 real decode steps): both
+    models give the search's figure and the claim (worst output, pooled cosine) to 1e-6, and rkllm_build.json
+    (written by the profile's default exports) gives the plan's share of 8-bit-weight layers of the 17."""
+    from tests.bisect.test_menu import _worst_cosine
+    from tests.test_lm_task import exporter
+
+    ex = exporter()
+    _, held = ex.corpus()
+    calib = tmp_path / "steps"
+    ex.write_steps(str(LM), ex.encode(held), calib, 1000, 8)
+    out = tmp_path / "b"
+    run = _bisect(str(LM), "--calib", str(calib), "--out", str(out), "--profile", "rk3588-llm", "--scheme",
+                  "w4a16-g32", "--fallback", "int8", "--target-cosine", "0.9993")
+    assert run.returncode in (0, 1), run.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["sites"] and {s["precision"] for s in plan["sites"]} == {"int8"}
+    rkllm = json.loads((out / "rkllm_build.json").read_text())
+    assert rkllm["build"] == {"quantized_dtype": "w4a16_g32", "hybrid_rate": round(len(plan["sites"]) / 17, 4)}
+    again = _bisect("--from-plan", str(out / "plan.json"), "--export", "qdq-blocked", "matmulnbits",
+                    "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    from quantscan.calib import load_calibration
+    from quantscan.model import graph_inputs, read_model_file
+
+    feeds = list(load_calibration(calib, graph_inputs(read_model_file(LM))).samples())
+    fp32 = onnx.load(LM)
+    for name in ("plan_weights_qdq.onnx", "plan_matmulnbits.onnx"):
+        built = onnx.load(out / name)
+        assert _worst_cosine(fp32, built, feeds[0::2]) == pytest.approx(plan["search"]["achieved"]["cosine"], abs=1e-6)
+        assert _worst_cosine(fp32, built, feeds[1::2]) == pytest.approx(plan["achieved"]["cosine"], abs=1e-6)
