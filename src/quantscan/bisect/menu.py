@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantscan.columns import Col
 from quantscan.graph.mixed import W4, W8
 from quantscan.schemes import ChipSchemes, Scheme
 
@@ -114,7 +115,7 @@ class MenuPoint:
 
     def to_json(self, precisions: Sequence[str]) -> dict[str, Any]:
         return {"value": self.value, "held_out_value": self.held_value, "weight_bytes": self.bytes,
-                "est_ms": self.est_ms, "counts": self.counts(precisions), "how": self.how,
+                Col.EST_MS: self.est_ms, "counts": self.counts(precisions), "how": self.how,
                 "sites": {n: p for n, p in self.assignment.items()}}
 
 

@@ -30,6 +30,7 @@ from quantscan.bisect.reference import CachedReferenceEvaluator
 from quantscan.bisect.robust import Rounding
 from quantscan.bisect.state import Target
 from quantscan.bisect.targets import make_evaluator
+from quantscan.columns import Col
 from quantscan.compat.profiles import load_profile
 from quantscan.errors import UsageError
 from quantscan.graph.mixed import MixedBuilder
@@ -71,7 +72,7 @@ class MenuResult:
     def table(self) -> pd.DataFrame:
         """menu.csv: one row per front point, cheapest first."""
         rows = [{"weight_bytes": p.bytes, **{f"sites_{k}": v for k, v in p.counts(self.menu.precisions).items()},
-                 "search_value": p.value, "held_out_value": p.held_value, "est_ms": p.est_ms,
+                 "search_value": p.value, "held_out_value": p.held_value, Col.EST_MS: p.est_ms,
                  "chosen": p is self.chosen} for p in self.front]
         return pd.DataFrame(rows)
 
