@@ -5,7 +5,7 @@ evaluator runs it on the searched samples, realise.split_context holds samples o
 are re-judged on the held-out samples, which are the figures menu.json claims. With a [cost] table in the
 profile each point also gets its estimated board time (quantscan.cost; its table has no int4 rate, so an
 int4 site is priced as int8: the time axis does not see weight bits).
-Writes menu.json, menu.csv and, for the cheapest front point that meets the target held out, the weight
+Writes menu.json, menu.csv and, for the cheapest front point that meets the target (searched), the weight
 exports of weight_exports.py (`--export qdq-blocked matmulnbits`) as menu_weights_qdq.onnx /
 menu_matmulnbits.onnx.
 """
@@ -44,7 +44,9 @@ MENU_EXPORTS = {"qdq-blocked": "menu_weights_qdq.onnx", "matmulnbits": "menu_mat
 
 @dataclass(frozen=True)
 class MenuResult:
-    """What `run_menu` found: the menu, every measured point, the front (held-out figures), the pick."""
+    """What `run_menu` found: the menu, every measured point, the front (held-out figures), the pick: the
+    cheapest front point meeting the target on the searched samples (picking on the held-out figures
+    would make them a second search set); `reached` when its held-out figure meets it too."""
 
     menu: Menu
     scheme: str
@@ -57,6 +59,11 @@ class MenuResult:
     seconds: float
     split: Mapping[str, Any]
 
+    @property
+    def reached(self) -> bool:
+        return self.chosen is not None and self.chosen.held_value is not None and self.target.met(
+            self.chosen.held_value)
+
     def to_json(self) -> dict[str, Any]:
         precisions = self.menu.precisions
         return {
@@ -64,7 +71,7 @@ class MenuResult:
             "weighted_sites": list(self.sites), "evaluations": len(self.points), "seconds": self.seconds,
             "held_out": dict(self.split),
             "front": [p.to_json(precisions) for p in self.front],
-            "chosen": None if self.chosen is None else self.chosen.to_json(precisions),
+            "chosen": None if self.chosen is None else self.chosen.to_json(precisions), "reached": self.reached,
             "gains": {k: dict(v) for k, v in self.gains.items()},
             "points": [{k: v for k, v in p.to_json(precisions).items() if k != "sites"} for p in self.points],
         }
@@ -121,8 +128,8 @@ def run_menu(ctx: ScanContext, target: Target, rounding: Rounding | None = None)
     record = menu_search([n for n, _ in sites], menu.precisions, bytes_of, search, _pricer(ctx))
     held = _judge(split.held, builder, target, order, menu)
     front = tuple(replace(p, held_value=held(p.assignment)) for p in pareto_front(record.points))
-    passing = [p for p in front if p.held_value is not None and target.met(p.held_value)]
-    chosen = min(passing, key=lambda p: (p.bytes, -(p.held_value or 0.0))) if passing else None
+    passing = [p for p in front if target.met(p.value)]  # chosen on the searched samples, claimed held out
+    chosen = min(passing, key=lambda p: (p.bytes, -p.value)) if passing else None
     return MenuResult(menu, ctx.chip.scheme.name(), target, tuple(record.points), front, chosen,
                       tuple(n for n, _ in sites), record.gains, record.seconds, split.as_dict())
 
@@ -186,7 +193,8 @@ def write_menu(result: MenuResult, ctx: ScanContext, out: Path, exports: Sequenc
     model = we.prepared_copy(ctx.loaded.proto)
     weights = {s.node: [w for w in [s.weight, *(n for n, _ in s.extra_weights)] if w] for s in ctx.graph.sites}
     choices = menu_choices(result, result.chosen, weights, model, we.scheme_choice(ctx.chip.scheme))
-    note = f"bisect --menu: the cheapest front point meeting {result.target.metric} >= {result.target.value}"
+    note = (f"bisect --menu: the cheapest front point meeting {result.target.metric} >= {result.target.value} "
+            f"on the searched samples ({result.chosen.held_value} held out)")
     for name in wanted:
         build = we.blocked_qdq_model if name == "qdq-blocked" else we.matmulnbits_model
         files[MENU_EXPORTS[name]] = save_model(build(model, choices, note), out / MENU_EXPORTS[name])

@@ -88,7 +88,7 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--menu", action="store_true",
                    help="mixed bit widths: each weighted site int4/int8/int16/float as the profile's schemes "
                         "offer; writes the Pareto front over the target metric and weight bytes (menu.json, "
-                        "menu.csv) and the cheapest point meeting the target held out (docs/schemes.md)")
+                        "menu.csv) and the cheapest point meeting the target (docs/schemes.md)")
     p.add_argument("--holdout", default="interleave", choices=list(HOLDOUTS),
                    help="interleave: search on even samples, claim on odd ones (--eval: that folder is held out)")
     task_options(p, plugins=False)
@@ -159,7 +159,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 def _menu(args: argparse.Namespace) -> int:
     """`bisect MODEL --calib DIR --menu --target-cosine X`: the mixed-bit-width front (bisect/menu.py);
-    exit 1 when no front point meets the target on the held-out samples."""
+    exit 1 unless the cheapest point meeting the target on the searched samples meets it held out too."""
     from quantscan.bisect.driver import target_from_flags
     from quantscan.bisect.menu_run import MENU_EXPORTS, run_menu, write_menu
     from quantscan.bisect.robust import Rounding
@@ -189,12 +189,15 @@ def _menu(args: argparse.Namespace) -> int:
     for p in result.front:
         counts = " ".join(f"{k}={v}" for k, v in p.counts(menu.precisions).items())
         ms = f", {p.est_ms:.3f} ms" if p.est_ms is not None else ""
-        mark = "  <- cheapest meeting the target held out" if p is result.chosen else ""
+        mark = "  <- cheapest meeting the target" if p is result.chosen else ""
         print(f"  {p.bytes:>10} B  {counts}  {p.value:.5f} / {p.held_value:.5f}{ms}{mark}")
     if result.chosen is None:
-        print(f"no front point meets {target.metric} >= {target.value} on the held-out samples")
+        print(f"no front point meets {target.metric} >= {target.value} on the searched samples")
+    elif not result.reached:
+        print(f"the cheapest point meeting {target.metric} >= {target.value} on the searched samples misses it held "
+              f"out ({result.chosen.held_value:.5f})")
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in files.values())) + ")")
-    return EXIT_OK if result.chosen is not None else EXIT_THRESHOLD
+    return EXIT_OK if result.reached else EXIT_THRESHOLD
 
 
 def _print_plan(plan: Any, args: argparse.Namespace, out: Path) -> None:
