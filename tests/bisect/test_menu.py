@@ -70,13 +70,13 @@ def test_front_is_the_brute_force_set_of_undominated_points() -> None:
 
 def test_greedy_takes_the_most_gain_per_byte_first_and_may_skip_a_level() -> None:
     """Site a: int8 +0.01 for 100 extra bytes; site b: int8 buys nothing, float +0.05 for 300 bytes: the
-    walk moves b straight to float (ratio 1.7e-4) before a (1e-4), and never moves a to float (no gain)."""
+    walk moves b straight to float (ratio 1.7e-4) before a (1e-4), and a to float (no gain) last."""
     sizes = {("a", "int4"): 100, ("a", "int8"): 200, ("a", "float"): 400,
              ("b", "int4"): 100, ("b", "int8"): 200, ("b", "float"): 400}
     gain = {("a", "int4"): 0.0, ("a", "int8"): 0.01, ("a", "float"): 0.01,
             ("b", "int4"): 0.0, ("b", "int8"): 0.0, ("b", "float"): 0.05}
     steps = mn._greedy_steps(["a", "b"], ("int4", "int8", "float"), gain, lambda s, p: sizes[s, p])
-    assert steps == [("b", "float"), ("a", "int8")]
+    assert steps == [("b", "float"), ("a", "int8"), ("a", "float")]
 
 
 def test_search_measures_the_ends_each_site_alone_and_every_move() -> None:

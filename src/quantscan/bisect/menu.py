@@ -182,8 +182,10 @@ def menu_search(
 def _greedy_steps(sites: Sequence[str], menu: Sequence[str], gain: Mapping[tuple[str, str], float],
                   bytes_of: Callable[[str, str], int]) -> list[tuple[str, str]]:
     """The multiple-choice knapsack greedy: repeatedly the (site, wider precision) with the most gain per
-    extra byte over the site's current precision (a site may skip a level that buys nothing); stops when
-    no step gains. Gains are each site's alone over the all-cheapest assignment (additive estimate)."""
+    extra byte over the site's current precision (a site may skip a level that buys nothing), on to every
+    site at the widest. Gains are each site's alone over the all-cheapest assignment (an additive
+    estimate); moves no single gain supports come last, still measured: where the error comes from sites
+    together (mtcnn_onet), stopping at the last positive gain left the front empty up to all-float."""
     level = {s: menu[0] for s in sites}
     steps: list[tuple[str, str]] = []
     while True:
@@ -193,7 +195,7 @@ def _greedy_steps(sites: Sequence[str], menu: Sequence[str], gain: Mapping[tuple
             for p in menu[here + 1:]:
                 more = gain[s, p] - gain[s, level[s]]
                 cost = max(bytes_of(s, p) - bytes_of(s, level[s]), 1)
-                if more > 0 and (best is None or more / cost > best[0]):
+                if best is None or more / cost > best[0]:
                     best = (more / cost, s, p)
         if best is None:
             return steps
