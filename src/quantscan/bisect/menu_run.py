@@ -13,7 +13,7 @@ menu_matmulnbits.onnx.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,7 @@ def run_menu(ctx: ScanContext, target: Target, rounding: Rounding | None = None)
 
 
 def _judge(ctx: ScanContext, builder: MixedBuilder, target: Target, order: Sequence[str], menu: Menu
-           ) -> Any:
+           ) -> Callable[[Mapping[str, str]], float]:
     """assignment -> the target's metric on `ctx`'s evaluation set (realisation 0). The switchable graph
     holds no int4-by-site variant, so every assignment is its own model."""
     evaluator = make_evaluator(ctx, builder, target)
@@ -149,7 +149,7 @@ def _judge(ctx: ScanContext, builder: MixedBuilder, target: Target, order: Seque
     return value
 
 
-def _pricer(ctx: ScanContext) -> Any:
+def _pricer(ctx: ScanContext) -> Callable[[Mapping[str, str]], float] | None:
     """assignment -> estimated total board ms, when the profile has a [cost] table; else None."""
     if not ctx.chip.profile:
         return None
