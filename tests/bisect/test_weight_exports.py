@@ -231,3 +231,28 @@ def test_a_plan_on_the_trained_char_lm_exports_to_models_that_give_its_figures(t
         built = onnx.load(out / name)
         assert _worst_cosine(fp32, built, feeds[0::2]) == pytest.approx(plan["search"]["achieved"]["cosine"], abs=1e-6)
         assert _worst_cosine(fp32, built, feeds[1::2]) == pytest.approx(plan["achieved"]["cosine"], abs=1e-6)
+
+
+def test_a_w8a8_plan_exports_its_weights_only_and_the_model_says_so() -> None:
+    """A plan from before schemes (w8a8: float mm2, int16 mm5): w2 stays float, w5 is INT16 behind its
+    DequantizeLinear (opset 21), every other weight INT8 per column; the metadata says the activations of
+    the scheme are not in the model, and onnxruntime runs it."""
+    from tests.bisect.test_bisect_exports import PLAN
+
+    from builders import chain_model
+
+    model = chain_model(layers=7)
+    built = we.plan_blocked_qdq(PLAN, model)
+    onnx.checker.check_model(built)
+    inits = {t.name: t for t in built.graph.initializer}
+    stored = {n.input[0].removesuffix("__quantized"): inits[n.input[0]].data_type
+              for n in built.graph.node if n.op_type == "DequantizeLinear"}
+    weights = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
+    assert set(stored) == weights - {"w2"}
+    assert stored["w5"] == onnx.TensorProto.INT16
+    assert {v for k, v in stored.items() if k != "w5"} == {onnx.TensorProto.INT8}
+    assert next(o.version for o in built.opset_import if o.domain in ("", "ai.onnx")) >= 21
+    meta = {p.key: p.value for p in built.metadata_props}
+    assert "holds the plan's weights only" in meta["quantscan_note"]
+    x = np.random.default_rng(0).normal(size=(2, 16)).astype(np.float32)
+    assert _session(built).run(None, {"x": x})[0].shape == (2, 10)
