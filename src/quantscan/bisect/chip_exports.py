@@ -309,7 +309,39 @@ def atc_keep_dtype(plan: Plan, model: ModelNodes | None = None) -> str:
     return "".join(f"{n}\n" for n in _unique(names))
 
 
+# --- Rockchip RKLLM (rkllm-toolkit) --------------------------------------------------------------------
+
+
+def rkllm_build(plan: Plan, model: ModelNodes | None = None) -> dict[str, Any]:
+    """Arguments for rkllm-toolkit's `RKLLM.build()`: the plan's scheme and its share of 8-bit-weight layers.
+
+    Format: airockchip/rknn-llm, rkllm-toolkit examples (`llm.build(do_quantization=True,
+    quantized_dtype='w8a8', target_platform='rk3588', ...)`) and the RKLLM SDK user guide's build
+    parameters (`quantized_dtype` w4a16, w4a16_g32/64/128, w8a8, w8a8_g128/256/512 on RK3588;
+    `hybrid_rate`). There is no public per-layer format: `hybrid_rate` is a ratio (0 to 1) of layers the
+    toolkit itself moves to the other precision, chosen by its own rule, not a list. So the file gives the
+    ratio the plan measured (its 8-bit-weight sites over the weighted sites) and lists the plan's layers
+    for reference; the toolkit may pick others, so the plan's figure is not the toolkit's.
+    """
+    scheme = plan.scheme or {}
+    kept = plan.sites_at(Precision.INT8)
+    weighted = len({n for n, (op, ins, _) in model.nodes.items() if op in ("MatMul", "Gemm", "Conv")
+                    and len(ins) > 1 and ins[1] in model.constants}) if model is not None else plan.site_count
+    name = str(scheme.get("name") or "w8a8")
+    dtype = name.replace("af", "a16").replace("-zp", "").replace("-", "_")
+    rate = round(len(kept) / weighted, 4) if weighted else 0.0
+    return {
+        "build": {"quantized_dtype": dtype, "hybrid_rate": rate},
+        "weighted_sites": weighted,
+        "int8_weight_sites": [s.node for s in kept],
+        "note": ("rkllm-toolkit takes hybrid_rate as a share of layers it chooses itself (no public per-layer "
+                 "format): the listed sites are the plan's, for reference. RKLLM converts Hugging Face checkpoints, "
+                 "not ONNX: map the names to the checkpoint's layers yourself."),
+    }
+
+
 PROFILE_EXPORTS: dict[str, tuple[str, ...]] = {
+    "rk3588-llm": ("rkllm",),
     "hailo8": ("hailo",),
     "ax650": ("pulsar2",),
     "qnn-htp": ("qnn",),

@@ -20,9 +20,10 @@ from typing import Any
 import onnx
 
 from quantscan.bisect import chip_exports as chips
+from quantscan.bisect import weight_exports
 from quantscan.errors import UsageError
 from quantscan.records import Plan, PlanSite, Precision
-from quantscan.runfolder import atomic_write_text, json_text
+from quantscan.runfolder import atomic_write_text, json_text, save_model
 from quantscan.scanning.ort_recipe import RECIPE, int16_activations
 
 
@@ -215,15 +216,22 @@ def tpu_mlir_qtable(
     Format: TPU-MLIR developer manual, "Quantization and optimization / Mix Precision" (tpu-mlir
     docs/quick_start, v1.x): one `op_name quantize_mode` pair per line, `#` starts a comment;
     modes F32, F16, BF16, INT8 (INT16 is not a TPU mode: int16 sites fall back to F16, said in a
-    comment). model_transform names an op `<ONNX output tensor>_<ONNX op type>` (tpu-mlir 1.30.2:
+    comment); an `int8` site of a 4-bit-weight plan is an INT8 line (tpu-mlir docs/quick_start,
+    "Mix Precision": `run_qtable.py ... -o yolov3_qtable`, then `model_deploy.py --quantize INT8
+    --quantize_table yolov3_qtable`; table lines `<op_name> <mode>`). model_transform names an op
+    `<ONNX output tensor>_<ONNX op type>` (tpu-mlir 1.30.2:
     `p2o.pd_op.hardswish.0.0_HardSwish`), so with the model's nodes (`node_outputs`, `node_types`)
     every op of the site's kernel is listed under that name; a BatchNormalization is left out (folded
     into its Conv, whose name it takes). Without them, the site's output tensor alone (older tpu-mlir
     names, or for `quantscan vendor tpu-mlir --plan`, which maps names against the converted model).
     """
     lines = ["# op_name   quantize_mode", f"# quantscan plan for model sha256 {plan.model_sha256}"]
+    if plan.sites_at(Precision.INT8):
+        lines.append(f"# scheme {(plan.scheme or {}).get('name')}: INT8 lines are the plan's 8-bit-weight layers; "
+                     "deploy the rest with the scheme's 4-bit quantize mode of model_deploy (unverified: W4F16/W4BF16/"
+                     "INT4 in newer tpu-mlir releases; the qtable doc lists F32/F16/BF16/INT8)")
     for site in plan.sites:
-        mode = float_type
+        mode = "INT8" if site.precision == Precision.INT8 else float_type
         if site.precision == Precision.INT16:
             lines.append(f"# {site.node}: int16 requested; TPU-MLIR has no INT16 mode, F16 used")
             mode = "F16"
@@ -292,11 +300,17 @@ CHIP_WRITERS: dict[str, tuple[str, Callable[[Plan, chips.ModelNodes | None], str
     "qnn": ("qnn_quant_overrides.json", lambda p, _m: json_text(chips.qnn_overrides(p), indent=1)),
     "amct": ("amct_quant.cfg", chips.amct_config),
     "atc": ("atc_keep_dtype.cfg", chips.atc_keep_dtype),
+    "rkllm": ("rkllm_build.json", lambda p, m: json_text(chips.rkllm_build(p, m), indent=1)),
 }
 """The chip exports (chip_exports.py): export name -> (file name, writer of the plan and the model's nodes).
 Written when asked for (`--export`) or when bisect ran with their chip's profile (PROFILE_EXPORTS)."""
 
-EXPORT_NAMES = (*WRITERS, *CHIP_WRITERS)
+MODEL_WRITERS = weight_exports.MODEL_WRITERS
+"""Exports that are models (weight_exports.py: `qdq-blocked`, `matmulnbits`): need the user's model."""
+
+EXPORT_NAMES = (*WRITERS, *CHIP_WRITERS, *MODEL_WRITERS)
+WEIGHT_BIT_EXPORTS = ("onnxruntime", "tpu-mlir", "rkllm", *MODEL_WRITERS)
+"""The exports that can say a site keeps 8-bit weights under a 4-bit scheme."""
 
 
 def default_exports(profile: str | None) -> list[str]:
@@ -326,6 +340,9 @@ def write_exports(
     nodes = chips.ModelNodes.of(model) if model is not None else None
     written = {}
     for name in chosen:
+        if name in MODEL_WRITERS:
+            written[name] = _write_model_export(name, plan, out, model)
+            continue
         if name in CHIP_WRITERS:
             file_name, chip_writer = CHIP_WRITERS[name]
             text = chips.hailo_alls(plan, nodes, hailo_hn) if name == "hailo" else chip_writer(plan, nodes)
@@ -338,17 +355,29 @@ def write_exports(
     return written
 
 
+def _write_model_export(name: str, plan: Plan, out: Path, model: onnx.ModelProto | None) -> Path:
+    """One of the model exports (weight_exports.py); they rebuild the user's model, so they need it."""
+    file_name, writer = MODEL_WRITERS[name]
+    if model is None:
+        raise UsageError(f"--export {name}: expected the plan's model (give MODEL, or keep it at the path "
+                         f"plan.json records), found {plan.model} missing")
+    path = out / file_name
+    save_model(writer(plan, model), path)
+    return path
+
+
 def _exports_for_weight_bits(plan: Plan, chosen: Sequence[str], explicit: bool) -> list[str]:
     """A plan with `int8` sites (8-bit weights under a 4-bit-weight scheme) goes only where a per-tensor
-    weight type can be said: onnxruntime's TensorQuantOverrides. The CNN toolchains' files know float and
-    16-bit layers only, and would call those sites float; asked for by name, that is refused."""
+    weight type can be said (WEIGHT_BIT_EXPORTS: onnxruntime's TensorQuantOverrides, the tpu-mlir qtable's
+    INT8 mode, RKLLM's hybrid_rate, the weight models). The CNN toolchains' files know float and 16-bit
+    layers only, and would call those sites float; asked for by name, that is refused."""
     if not plan.sites_at(Precision.INT8):
         return list(chosen)
-    others = [n for n in chosen if n != "onnxruntime"]
+    others = [n for n in chosen if n not in WEIGHT_BIT_EXPORTS]
     if explicit and others:
-        raise UsageError(f"--export: expected onnxruntime for a plan with 8-bit-weight sites under a 4-bit "
-                         f"scheme, found {', '.join(others)}")
-    return [n for n in chosen if n == "onnxruntime"] or ["onnxruntime"]
+        raise UsageError(f"--export: expected one of {', '.join(WEIGHT_BIT_EXPORTS)} for a plan with 8-bit-weight "
+                         f"sites under a 4-bit scheme, found {', '.join(others)}")
+    return [n for n in chosen if n in WEIGHT_BIT_EXPORTS] or ["onnxruntime"]
 
 
 def _legacy_text(name: str, writer: Callable[[Plan], str], plan: Plan, graph: Mapping[str, NodeInfo] | None,

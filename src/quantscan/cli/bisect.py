@@ -62,8 +62,9 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--vendor-python", default=None, metavar="PATH",
                    help="the toolchain's Python for --verify/--evaluator (as vendor --python)")
     p.add_argument("--export", nargs="+", default=None, metavar="FORMAT",
-                   help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt hailo pulsar2 qnn amct atc (default: the "
-                        "first six, plus the chip's own under --profile hailo8/ax650/qnn-htp/ascend310/hisilicon-svp)")
+                   help="onnxruntime rknn horizon tpu-mlir tidl tidl-rt hailo pulsar2 qnn amct atc rkllm qdq-blocked "
+                        "matmulnbits (default: the first six, plus the chip's own under --profile hailo8/ax650/"
+                        "qnn-htp/ascend310/hisilicon-svp/rk3588-llm)")
     p.add_argument("--from-plan", default=None, metavar="plan.json",
                    help="write the --export files of an existing plan (no search); MODEL, if given, must be the "
                         "plan's model (default: the model path the plan records)")
@@ -85,6 +86,10 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--max-extra-ms", type=finite, default=None, metavar="X",
                    help="the best held-out figure among measured sets whose estimated extra time over all-int8 "
                         "is at most X ms (needs a --profile with a cost table)")
+    p.add_argument("--menu", action="store_true",
+                   help="mixed bit widths: each weighted site int4/int8/int16/float as the profile's schemes "
+                        "offer; writes the Pareto front over the target metric and weight bytes (menu.json, "
+                        "menu.csv) and the cheapest point meeting the target (docs/schemes.md)")
     p.add_argument("--holdout", default="interleave", choices=list(HOLDOUTS),
                    help="interleave: search on even samples, claim on odd ones (--eval: that folder is held out)")
     task_options(p, plugins=False)
@@ -97,6 +102,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         return _show_session(Path(args.show))
     if args.from_plan:
         return _export_from_plan(args)
+    if args.menu:
+        return _menu(args)
     if args.hailo_hn:
         raise UsageError("--hailo-hn: expected --from-plan plan.json (the HN names a plan's layers), found none")
     from quantscan.api import run_bisect
@@ -148,6 +155,49 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     print_warnings(result.warnings, None)
     _print_plan(result.plan, args, out)
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
+    return EXIT_OK if result.reached else EXIT_THRESHOLD
+
+
+def _menu(args: argparse.Namespace) -> int:
+    """`bisect MODEL --calib DIR --menu --target-cosine X`: the mixed-bit-width front (bisect/menu.py);
+    exit 1 unless the cheapest point meeting the target on the searched samples meets it held out too."""
+    from quantscan.bisect.driver import target_from_flags
+    from quantscan.bisect.menu_run import MENU_EXPORTS, run_menu, write_menu
+    from quantscan.bisect.robust import Rounding
+    from quantscan.runfolder import claim_out_dir
+    from quantscan.scanning.prepare import prepare_scan
+
+    if args.model is None or args.calib is None or args.resume is not None:
+        raise UsageError("--menu: expected MODEL --calib DIR and a target (no --resume: a menu search keeps no "
+                         f"session), found {'--resume' if args.resume else 'no MODEL/--calib'}")
+    target = target_from_flags(args.target_cosine, args.target_sqnr, args.target_top1, args.target)
+    other = [e for e in args.export or () if e not in MENU_EXPORTS]
+    if other:
+        raise UsageError(f"--export with --menu: expected {' or '.join(MENU_EXPORTS)} (the chosen point's weights), "
+                         f"found {', '.join(other)}")
+    out = Path(args.out) if args.out else default_out(args.model)
+    refuse_out_in_data(out, args.calib, args.eval)
+    options = {**SampleArgs.parse(args, "bisect").scan_options(), **TaskArgs.parse(args).scan_options(),
+               "threads": args.threads, "seed": args.seed}
+    with claim_out_dir(out, force=args.force):
+        ctx = prepare_scan(args.model, args.calib, progress=progress_factory(args.quiet), **options)
+        result = run_menu(ctx, target, Rounding(seed=args.seed or 0, holdout=args.holdout))
+        files = write_menu(result, ctx, out, args.export or ())
+    menu = result.menu
+    print(f"menu {'/'.join(menu.precisions)} under {result.scheme} ({menu.source}): {len(result.points)} "
+          f"assignments measured in {result.seconds} s; front (weight bytes, sites per precision, "
+          f"{target.metric} searched / held out):")
+    for p in result.front:
+        counts = " ".join(f"{k}={v}" for k, v in p.counts(menu.precisions).items())
+        ms = f", {p.est_ms:.3f} ms" if p.est_ms is not None else ""
+        mark = "  <- cheapest meeting the target" if p is result.chosen else ""
+        print(f"  {p.bytes:>10} B  {counts}  {p.value:.5f} / {p.held_value:.5f}{ms}{mark}")
+    if result.chosen is None:
+        print(f"no front point meets {target.metric} >= {target.value} on the searched samples")
+    elif not result.reached:
+        print(f"the cheapest point meeting {target.metric} >= {target.value} on the searched samples misses it held "
+              f"out ({result.chosen.held_value:.5f})")
+    print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in files.values())) + ")")
     return EXIT_OK if result.reached else EXIT_THRESHOLD
 
 

@@ -60,6 +60,12 @@ W8 = "w8"
 `int8` in an assignment is the scheme's own precision, whatever its weight bits."""
 
 
+W4 = "w4"
+"""An assignment's label of a site at 4-bit weights under an 8-bit-weight scheme (bisect/menu.py): symmetric
+int4 in groups of `MixedBuilder.int4_group` (None: per output channel), the scheme's activations; its bias
+stays float, as under the grouped schemes (s_in * s_w has no one value per channel)."""
+
+
 class MixedSite(QuantSite, Protocol):
     """What a mixed-precision model needs of a site beyond QDQ insertion (`quantscan.sites.Site` is one)."""
 
@@ -123,6 +129,8 @@ class MixedBuilder:
         self._quantize_static_rules = quantize_static_rules
         self.unset_ranges = dict(unset_ranges or {})
         self._producer = {s.output: k for k, s in enumerate(self.sites) if s.nodes}
+        self.int4_group: int | None = None
+        """The group size of a W4 site's weights (bisect/menu.py sets it from the chip's int4 scheme)."""
 
     def with_plan(self, plan: qdq.QuantPlan) -> MixedBuilder:
         """The same builder over another all-int8 plan with the same tensors (a rounding realisation:
@@ -148,7 +156,7 @@ class MixedBuilder:
         prec = self.effective(prec)
         out: dict[str, str] = {}
         for t, ks in self.touch.items():
-            used = {"int8" if prec[k] == W8 else prec[k] for k in ks} - {"float"}
+            used = {"int8" if prec[k] in (W8, W4) else prec[k] for k in ks} - {"float"}
             if used:
                 out[t] = "int8" if "int8" in used else "int16"
         return out
@@ -187,6 +195,10 @@ class MixedBuilder:
                     plan.biases[s.bias] = base.biases[s.bias]
             elif p == W8:
                 self._eight_bit_weights(s, plan)
+            elif p == W4:
+                for w, axis in [(s.weight, s.weight_axis), *s.extra_weights]:
+                    if w and w in base.weights and axis is not None:
+                        plan.weights[w] = self._weight_int4(w, axis)
             elif p == "int16":
                 for w, axis in [(s.weight, s.weight_axis), *s.extra_weights]:
                     if w and w in base.weights and (axis is not None or self._quantize_static_rules):
@@ -289,6 +301,15 @@ class MixedBuilder:
 
     def _weight_int16(self, name: str, axis: int) -> qdq.WeightQuant:
         return self._weight_bits(name, axis, 16)
+
+    def _weight_int4(self, name: str, axis: int) -> qdq.WeightQuant:
+        """`name` as symmetric int4, in groups of `int4_group` along its input axis (cached per group size)."""
+        key = (name, -(self.int4_group or 0) - 4)  # apart from the per-channel widths' keys
+        if key not in self._w16:
+            w = onnx.numpy_helper.to_array(self._inits[name]).astype(np.float32)
+            qp = quant.weight_qparams(w, axis, bits=4, group_size=self.int4_group)
+            self._w16[key] = qdq.WeightQuant(name, qp, quant.quantize(w, qp))
+        return self._w16[key]
 
     def _weight_bits(self, name: str, axis: int, bits: int) -> qdq.WeightQuant:
         """`name` quantized symmetric per output channel at `bits` (cached per name and width)."""
