@@ -26,7 +26,6 @@ from quantscan.bisect.alternatives import int16_allowed
 from quantscan.bisect.menu import Menu, MenuPoint, menu_search, pareto_front, site_menu, weight_bytes
 from quantscan.bisect.menu import builder_precisions as labels_of
 from quantscan.bisect.realise import split_context
-from quantscan.bisect.reference import CachedReferenceEvaluator
 from quantscan.bisect.robust import Rounding
 from quantscan.bisect.state import Target
 from quantscan.bisect.targets import make_evaluator
@@ -138,9 +137,7 @@ def _judge(ctx: ScanContext, builder: MixedBuilder, target: Target, order: Seque
            ) -> Callable[[Mapping[str, str]], float]:
     """assignment -> the target's metric on `ctx`'s evaluation set (realisation 0). The switchable graph
     holds no int4-by-site variant, so every assignment is its own model."""
-    evaluator = make_evaluator(ctx, builder, target)
-    if isinstance(evaluator, CachedReferenceEvaluator):
-        evaluator.switch.policy = "never"
+    evaluator, _ = make_evaluator(ctx, builder, target, "cached_reference")  # its own QDQ model per assignment
 
     def value(assignment: Mapping[str, str]) -> float:
         measured = evaluator.evaluate(labels_of(order, assignment, menu))

@@ -161,8 +161,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 def _menu(args: argparse.Namespace) -> int:
     """`bisect MODEL --calib DIR --menu --target-cosine X`: the mixed-bit-width front (bisect/menu.py);
     exit 1 unless the cheapest point meeting the target on the searched samples meets it held out too."""
-    from quantscan.bisect.driver import target_from_flags
     from quantscan.bisect.menu_run import MENU_EXPORTS, run_menu, write_menu
+    from quantscan.bisect.request import target_from_flags
     from quantscan.bisect.robust import Rounding
     from quantscan.runfolder import claim_out_dir
     from quantscan.scanning.prepare import prepare_scan
