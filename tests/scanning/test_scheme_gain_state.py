@@ -123,3 +123,58 @@ def test_weight_bits_gain_under_state_carries_each_variants_own_state(tmp_path: 
     # the recurrent weight's error compounds only when the state is the model's own (25x the tolerance)
     assert abs(gains["rec"] - per_step["rec"]) > 5e-5
     assert gains.max() > 1e-4
+
+
+def test_the_trained_lm_gains_carry_its_own_kv_cache(tmp_path: Path) -> None:
+    """On the committed char GPT (32 decode steps of held-out text, cut from the middle of the stream):
+    a site's gain is the logits cosine of the stream with that site's weights at int8 per column and every
+    other MatMul weight int4 in groups of 32, each stream carrying its own cache, run by onnxruntime with
+    the weights fake-quantized by the loops above; it is not the per-step figure on the FP32 cache."""
+    import onnxruntime as ort
+
+    from test_lm_task import LM, STATE, exporter
+
+    ex = exporter()
+    tokens = ex.encode(ex.corpus()[1])
+    steps = tmp_path / "steps"
+    ex.write_steps(str(LM), tokens, steps, 200, 32)
+    result = scan(LM, steps, scheme="w4af-g32", state=STATE, task="lm", gain_samples=0, deployed_samples=0,
+                  threads=1, no_report=True, gain_candidates=1, recover_check=False)
+    assert result.headline.outputs == ["logits"]
+    gains = result.layers.set_index("node")["scheme_weight_bits_gain"].dropna()
+
+    model = onnx.load(LM)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    matmuls = {n.name: n.input[1] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights}
+    assert set(gains.index) == set(matmuls) and len(matmuls) == 17
+    files = sorted(steps.glob("*.npz"))
+    feeds = [dict(np.load(f)) for f in files]
+
+    def logits(replaced: Mapping[str, np.ndarray], carry: bool) -> np.ndarray:
+        variant = onnx.ModelProto()
+        variant.CopyFrom(model)
+        for init in variant.graph.initializer:
+            if init.name in replaced:
+                init.CopyFrom(numpy_helper.from_array(replaced[init.name], init.name))
+        session = ort.InferenceSession(variant.SerializeToString(), providers=["CPUExecutionProvider"])
+        cache: dict[str, np.ndarray] = {}
+        rows = []
+        for feed in feeds:
+            out = dict(zip([o.name for o in session.get_outputs()], session.run(None, {**feed, **cache}), strict=True))
+            cache = {past: out[present] for present, past in STATE.items()} if carry else {}
+            rows.append(out["logits"].ravel())
+        return np.concatenate(rows).astype(np.float64)
+
+    all_int4 = {w: int4_groups(weights[w], 32) for w in matmuls.values()}
+    expected: dict[tuple[str, bool], float] = {}
+    for carry in (True, False):
+        reference = logits({}, carry)
+        base = cosine(reference, logits(all_int4, carry))
+        for node in ("head/MatMul", "blocks.0.attn.qkv/MatMul"):
+            w = matmuls[node]
+            gain = cosine(reference, logits({**all_int4, w: int8_columns(weights[w])}, carry)) - base
+            expected[node, carry] = gain
+    for node in ("head/MatMul", "blocks.0.attn.qkv/MatMul"):
+        assert gains[node] == pytest.approx(expected[node, True], abs=2e-6), node
+    # K/V error builds up in the carried cache: the qkv MatMul is worth ~3x more there (1.3e-4 vs 3.7e-5)
+    assert gains["blocks.0.attn.qkv/MatMul"] - expected["blocks.0.attn.qkv/MatMul", False] > 5e-5
