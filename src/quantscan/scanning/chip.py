@@ -47,6 +47,16 @@ def _scheme(opts: ScanOptions, profile: Any | None) -> Scheme:
     return scheme
 
 
+def recipe_runs(scheme: Scheme) -> bool:
+    """The schemes the onnxruntime recipe can read from quantize_static's own model: int8 per-channel
+    symmetric weights with 8-bit or int16 activations (QInt16, symmetric). Not int4 in groups: onnxruntime
+    1.32's quantize_static writes no blocked DequantizeLinear (only MatMulNBitsQuantizer does, weight-only
+    and for MatMul alone), and its per-channel QInt4 is not the chips' grouped scheme; not weight-only or a
+    weight zero point either (quantize_static quantizes every activation it places, weights symmetric)."""
+    return scheme.weights == "int8" and scheme.group_size is None and not scheme.weight_zero_point \
+        and scheme.activations != "float"
+
+
 def chip_recipe(
     loaded: LoadedModel, opts: ScanOptions, dims: Mapping[str, tuple[Dim, ...]]
 ) -> tuple[Any, ChipRecipe]:
@@ -66,10 +76,10 @@ def chip_recipe(
 
     profile = load_profile(opts.profile)
     scheme = _scheme(opts, profile)
-    if profile.recipe == RECIPE and not scheme.is_default:
-        raise UsageError(f"--scheme: expected w8a8 under profile {profile.name} (its sites are read from "
-                         f"onnxruntime's quantize_static, which quantscan runs with 8-bit activations and int8 "
-                         f"weights only), found {scheme.name()}; scan without --profile to simulate it")
+    if profile.recipe == RECIPE and not recipe_runs(scheme):
+        raise UsageError(f"--scheme: expected w8a8 or w8a16 under profile {profile.name} (its sites are read "
+                         f"from onnxruntime's quantize_static, which writes no grouped int4, zero-point or "
+                         f"weight-only QDQ), found {scheme.name()}; scan without --profile to simulate it")
     shapes = {k: [d if isinstance(d, int) else 1 for d in v] for k, v in dims.items()}
     compat = check(loaded.proto, [opts.profile], input_shapes=shapes)
     placement = compat.node_placement.get(profile.name, {})

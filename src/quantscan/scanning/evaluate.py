@@ -253,7 +253,7 @@ def _analysis_graph(
             codes, fq = reducer.quantize(site.output, qp, f"{site.output}@chq")
             channel_pairs[k] = reducer.channel_sums(site.output, fq, len(shape), axis)
             hist_codes[k] = (codes, f"{site.output}__act__q{qgraph.CUMULATIVE_SUFFIX}")
-    headline = headline_outputs(probe, opts.output)
+    headline = headline_outputs(probe, opts.output, opts.state)
     clip_names = {site.output: reducer.outside(site.output, *clip_range(plan.activations[site.output]),
                                                rank.get(site.output, 0))
                   for site in sites if site.output in plan.activations and site.output in pairs}

@@ -41,6 +41,7 @@ from quantscan.model import (
     name_unnamed_nodes,
     onnx_opset,
     set_input_dims,
+    upgrade_opset,
 )
 from quantscan.records import ActivationScheme, CalibMethod
 from quantscan.sites import SENSITIVE_OPS, Site
@@ -76,18 +77,25 @@ def quantize_static_call(scheme: ActivationScheme, method: CalibMethod = CalibMe
     """quantize_static's keyword arguments for a scheme, enum values by name (ort_quant_config.json).
 
     uint8: QUInt8 asymmetric activations (quantize_static's `ActivationSymmetric` default False);
-    int8: QInt8 with `ActivationSymmetric`, which is quantscan's int8 (symmetric, zero point 0).
+    int8: QInt8 with `ActivationSymmetric`, which is quantscan's int8 (symmetric, zero point 0); int16:
+    QInt16 with `ActivationSymmetric` (quantscan's int16, the W8A16 scheme).
     Weights QInt8 symmetric (`WeightSymmetric` default True), per channel; the calibrator of `method`
     (MinMax by default, and for mse, which quantize_static lacks: callers that simulate refuse it).
     """
     return {
         "quant_format": "QDQ",
-        "activation_type": "QUInt8" if scheme == ActivationScheme.UINT8 else "QInt8",
+        "activation_type": ORT_ACTIVATION_TYPES.get(scheme, "QInt8"),
         "weight_type": "QInt8",
         "per_channel": True,
         "calibrate_method": ORT_CALIBRATORS.get(method, "MinMax"),
-        "extra_options": {"ActivationSymmetric": scheme == ActivationScheme.INT8},
+        "extra_options": {"ActivationSymmetric": scheme != ActivationScheme.UINT8},
     }
+
+
+ORT_ACTIVATION_TYPES = {ActivationScheme.UINT8: "QUInt8", ActivationScheme.INT8: "QInt8",
+                        ActivationScheme.INT16: "QInt16"}
+"""quantscan's activation scheme -> quantize_static's `activation_type`; the signed ones symmetric, as
+quantscan's int8 / int16 are (W8A16 under the recipe: QInt16 with ActivationSymmetric)."""
 
 
 INT16_ACTIVATIONS: dict[str, tuple[str, str, bool]] = {
@@ -116,18 +124,26 @@ def check_calib_method(method: CalibMethod) -> None:
         )
 
 
-def prepare_unfolded(model: LoadedModel, input_dims: dict[str, tuple[Dim, ...]]) -> PreparedModel:
+def prepare_unfolded(model: LoadedModel, input_dims: dict[str, tuple[Dim, ...]], min_opset: int = 0
+                     ) -> PreparedModel:
     """The copy quantize_static is given: the user's graph as it is (no BN folding, no Constant
-    moves, no opset change: quantize_static quantizes what the user has), free dims fixed from the
-    data and unnamed nodes named (placement is read back by node name)."""
+    moves: quantize_static quantizes what the user has), free dims fixed from the data and unnamed
+    nodes named (placement is read back by node name). The opset is kept unless int16 activations
+    need `min_opset` 21, to which quantize_static (1.32) raises an older model itself before writing
+    16-bit Q/DQ (quant_utils: "Automatically update the model to opset 21"); raised here first, the
+    analysis graph can hold those Q/DQ pairs too (tests/scanning/test_ort_recipe.py compares both)."""
     proto = copy.deepcopy(model.proto)
     raised = allow_unlisted_initializers(proto)  # the QDQ scales are initializers too
     forget_declared_shapes(proto)
     set_input_dims(proto, input_dims)
     name_unnamed_nodes(proto)
+    opset_from = onnx_opset(proto)
+    proto = upgrade_opset(proto, min_opset)
     opset = onnx_opset(proto)
     changes = ["graph kept as quantize_static receives it (recipe onnxruntime)", *([raised] if raised else [])]
-    return PreparedModel(proto, opset, opset, changes, set())
+    if opset != opset_from:
+        changes.append(f"opset raised from {opset_from} to {opset} for 16-bit QuantizeLinear")
+    return PreparedModel(proto, opset_from, opset, changes, set())
 
 
 @dataclass

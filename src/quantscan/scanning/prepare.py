@@ -161,7 +161,7 @@ class ScanContext:
 
     def headline_outputs(self) -> list[str]:
         """The graph outputs the headline metric uses (contract: `--output`, else non-state float outputs)."""
-        return headline_outputs(self.graph.probe, self.opts.output)
+        return headline_outputs(self.graph.probe, self.opts.output, self.opts.state)
 
 
 def prepare_scan(
@@ -250,7 +250,8 @@ def _load_phase(
     if chip.recipe == RECIPE:
         check_calib_method(opts.calib_method)
     min_opset = max(MIN_ANALYSIS_OPSET, INT16_OPSET) if chip.scheme.needs_opset21 else MIN_ANALYSIS_OPSET
-    prepared = prepare_unfolded(loaded, dims) if chip.recipe == RECIPE else prepare_for_analysis(
+    recipe_opset = INT16_OPSET if chip.scheme.activations == "int16" else 0  # else the user's opset, kept
+    prepared = prepare_unfolded(loaded, dims, recipe_opset) if chip.recipe == RECIPE else prepare_for_analysis(
         loaded, dims, min_opset=min_opset)
     runner = runner or Runner(threads=opts.threads, opt_level="basic")
     if opts.state:
@@ -327,7 +328,7 @@ def _calibration_phase(
 ) -> tuple[CalibStats, qgraph.QuantPlan]:
     """Pass 1 (here, or in the workers' shards) and the quantization plan it gives."""
     scheme = inputs.chip.activations
-    headline = headline_outputs(placed.probe, opts.output)
+    headline = headline_outputs(placed.probe, opts.output, opts.state)
     check_task_specs(inputs.prepared.proto, headline, placed.probe.shapes, placed.probe.input_shapes, opts)
     inputs.warnings.extend(h for h in [task_hint(headline, placed.probe.shapes, opts)] if h)
     calib_stats = None

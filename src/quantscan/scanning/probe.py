@@ -4,7 +4,7 @@ which outputs the headline counts and which are classifiers, and whether the mod
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,8 +143,10 @@ def _samples_in(feeds: Mapping[str, np.ndarray]) -> int:
     return max(1, int(first.shape[0])) if first is not None and first.ndim else 1
 
 
-def headline_outputs(probe: Probe, requested: Sequence[str]) -> list[str]:
-    """The graph outputs the headline uses: `--output`, else the float outputs that are not recurrent state."""
+def headline_outputs(probe: Probe, requested: Sequence[str], states: Collection[str] = ()) -> list[str]:
+    """The graph outputs the headline uses: `--output`, else the float outputs that are not recurrent
+    state: neither named like one (silero's `stateN`) nor an OUT of `--state` (`states`: a decoder's
+    `present.N`, whose cache cosine would otherwise be the worst output and hide the logits')."""
     if requested:
         missing = [o for o in requested if o not in probe.outputs]
         if missing:
@@ -152,7 +154,8 @@ def headline_outputs(probe: Probe, requested: Sequence[str]) -> list[str]:
         return list(requested)
     chosen = [
         o for o in probe.outputs
-        if o in probe.float_tensors and not is_state_output(o, probe.shapes.get(o, ()), probe.input_shapes)
+        if o in probe.float_tensors and o not in states
+        and not is_state_output(o, probe.shapes.get(o, ()), probe.input_shapes)
     ]
     chosen = chosen or [o for o in probe.outputs if o in probe.float_tensors]
     if not chosen:

@@ -16,6 +16,14 @@ Each variant is the scheme's QDQ model with one weight or one activation changed
 grows with the site count (MiniLM-L6 under w4a16-g128: 36 weight variants). Positive = the wider step helps.
 The figures are named `scheme_` so they never clash with the weights-only / activations-only split of
 the default scheme.
+
+Under `--state` (a decoder LM's KV cache, a streaming model's state) each variant runs the evaluation
+samples as one stream in file order and carries ITS OWN state: OUT of step k is IN of step k+1, the first
+step reading the set's own. That is the deployed decode, and it is where int4 K/V error builds up over
+the steps; a per-step gain on the FP32 cache cannot see it (issue 43: on the char GPT the per-step
+ranking's top sites recovered 38% of the w4 loss per step, 4% with the cache carried; RESULTS.md). The
+FP32 reference carries its own state as well, so the base is the carried stream's cosine, not the
+scan's per-step headline. The cost is the same number of runs, one step at a time.
 """
 
 from __future__ import annotations
@@ -57,10 +65,10 @@ class SchemeGains:
 
 
 def wanted(ctx: ScanContext) -> tuple[bool, bool]:
-    """(weight gains, activation gains) this scan's scheme asks for; neither with `--no-gain`, under a
-    recurrent `--state` (samples are not independent) or for the default w8a8."""
+    """(weight gains, activation gains) this scan's scheme asks for; neither with `--no-gain` or for the
+    default w8a8 (whose per-site question is `gain_if_float`)."""
     scheme = ctx.chip.scheme
-    if ctx.opts.gain_candidates == 0 or ctx.opts.state or scheme.is_default:
+    if ctx.opts.gain_candidates == 0 or scheme.is_default:
         return False, False
     return scheme.weight_bits < 8, scheme.activation_bits == 8
 
@@ -77,11 +85,17 @@ def scheme_gains(ctx: ScanContext) -> SchemeGains | None:
     sites, plan = ctx.graph.sites, ctx.quant.plan
     feeds = list(first_samples(ctx.data.eval_set, ctx.data.batch_size, ctx.opts.gain_samples))
     outputs = ctx.headline_outputs()
-    reference = run_outputs(ctx.runner, prepared, feeds, outputs)
+    state = dict(ctx.opts.state)
+
+    def run(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+        if state:
+            return run_carried(ctx.runner, model, feeds, outputs, state)
+        return run_outputs(ctx.runner, model, feeds, outputs)
+
+    reference = run(prepared)
 
     def cosine(variant: qgraph.QuantPlan) -> float:
-        model = qgraph.build_qdq_model(prepared, sites, variant)
-        return headline_cosine(reference, run_outputs(ctx.runner, model, feeds, outputs))
+        return headline_cosine(reference, run(qgraph.build_qdq_model(prepared, sites, variant)))
 
     base = cosine(plan)
     result = SchemeGains(base_cosine=base, samples=sum(sample_count(f) for f in feeds))
@@ -158,6 +172,27 @@ def run_outputs(
     got: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
     for batch in feeds:
         values = session.run(dict(batch), list(outputs))
+        for o in outputs:
+            got[o].append(np.asarray(values[o], np.float64).ravel())
+    return {o: np.concatenate(v) for o, v in got.items()}
+
+
+def run_carried(
+    runner: Runner,
+    model: onnx.ModelProto,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    outputs: Sequence[str],
+    state: Mapping[str, str],
+) -> dict[str, np.ndarray]:
+    """`run_outputs` over one stream in order, the model carrying its own state (`state` is {OUT: IN}):
+    the first step reads IN from its feed, every later step the OUT this model gave on the step before."""
+    session = runner.session(model, built=True)
+    wanted = list(dict.fromkeys([*outputs, *state]))
+    got: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
+    carried: dict[str, np.ndarray] = {}
+    for step in feeds:
+        values = session.run({**step, **carried}, wanted)
+        carried = {inp: np.asarray(values[out]) for out, inp in state.items()}
         for o in outputs:
             got[o].append(np.asarray(values[o], np.float64).ravel())
     return {o: np.concatenate(v) for o, v in got.items()}
