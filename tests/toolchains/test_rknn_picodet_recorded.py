@@ -122,3 +122,25 @@ def test_the_exported_cfg_without_step1_names_only_what_step1_kept() -> None:
     assert named <= set(_known())
     assert {"split_0.tmp_0", "split_0.tmp_1", "reshape2_0.tmp_0_rs_sw", "transpose_0.tmp_0"} <= named
     assert "image" not in named and "# image: no name" in text
+
+
+def test_no_false_stayed_int8_warning_for_folded_conv_bn_sites() -> None:
+    """Issue 38: `vendor rknn --plan` warned "it stayed int8" for every site step 1 folded a tensor of (a
+    Conv before its BatchNormalization: 94 on PicoDet) while vendor.json showed them float16. The warnings
+    now come from the layer table: with every site honoured, only the vanished input is said, in one line."""
+    from quantscan.cli.vendor import plan_warnings
+
+    model, info = _graph()
+    resolved = _resolved()
+    known = set(_known())
+    kernels = {s.node: [t for n in s.node_names if n in info for t in info[n][2]] for s in _sites()}
+    dropped = {node: gone for node, ts in kernels.items() if (gone := [t for t in ts if t not in known])}
+    assert len(dropped) >= 90  # the folded pre-BN conv outputs: the old warning's trigger
+    rows = rknn_names.honoured(resolved, _places("step2-sites-and-tails.log"), graph_names(model))
+    plan = {"dropped": dropped, "honoured": rows, "warning": rknn_names.vanished_warning(resolved)}
+    lines = plan_warnings(plan, "rknn-toolkit2")
+    assert len(lines) == 1 and lines[0].endswith(": image")
+    # a site the layer table shows at int8 is said, once, by name (the same rows, one flipped as RKNN would)
+    int8 = [dict(r, honoured=False) if r["node"] == "p2o.Conv.74" else r for r in rows]
+    lines = plan_warnings({**plan, "honoured": int8}, "rknn-toolkit2")
+    assert len(lines) == 2 and lines[1].endswith("(vendor.json plan.honoured): p2o.Conv.74")
