@@ -10,6 +10,7 @@ from typing import Any
 
 from quantscan.bisect.heldout import same_samples_text
 from quantscan.cli.args import EXIT_OK, common, default_out, non_negative_int, positive_int, refuse_out_in_data
+from quantscan.columns import Col
 from quantscan.errors import UsageError
 
 # --- vendor: a real toolchain out of process, lined up with quantscan ----------------------------------
@@ -66,7 +67,7 @@ def plan_warnings(plan: dict[str, Any], tool: str) -> list[str]:
         lines.append(f"{len(dropped)} planned site(s) name no op {tool} knows (every tensor of the kernel "
                      f"vanished in conversion), so they stayed int8: {', '.join(map(str, dropped))}")
     rows = [h for h in plan.get("honoured") or [] if isinstance(h, dict)]
-    at_int8 = [str(h.get("node")) for h in rows if h.get("honoured") is False]
+    at_int8 = [str(h.get(Col.NODE)) for h in rows if h.get("honoured") is False]
     if at_int8:
         lines.append(f"{len(at_int8)} planned site(s) ran below the planned precision in {tool}'s layer table "
                      f"(vendor.json plan.honoured): {', '.join(at_int8)}")
