@@ -162,6 +162,30 @@ def test_rknn_cfg_names_only_what_rapid_orientations_step1_kept(assets: Path) ->
     assert '"p2o.pd_op.hardswish.0.0": float16' in given and "# Conv.1: no name" in given
 
 
+def test_rknn_cfg_names_split_conv_parts_and_the_output_paths_never_the_input() -> None:
+    """Issue 38: step 2 refused PicoDet's head conv output (`conv2d_153.tmp_0`: RKNN runs a Conv read only by
+    a Split as one Conv per part, named after the Split's outputs) and the graph input `x`, and ran the
+    Reshape -> Transpose output paths after the float16 head INT8. Without step 1, the rule names the parts,
+    never the input, and (rk3588's `[requantize] ops`) the paths after the float sites."""
+    yaml = pytest.importorskip("yaml")
+    graph = {"Conv.0": ("Conv", ["x", "w"], ["c"]), "Split.0": ("Split", ["c", "sizes"], ["s0", "s1"]),
+             "Sigmoid.0": ("Sigmoid", ["s0"], ["g"]), "Const.0": ("Constant", [], ["shape"]),
+             "Reshape.0": ("Reshape", ["g", "shape"], ["r0"]), "Transpose.0": ("Transpose", ["r0"], ["t0"]),
+             "Reshape.1": ("Reshape", ["s1", "shape"], ["r1"]), "Transpose.1": ("Transpose", ["r1"], ["t1"])}
+    sites = (PlanSite(node="x", output="x", precision=Precision.FLOAT, nodes=()),
+             PlanSite(node="Conv.0", output="c", precision=Precision.FLOAT, nodes=("Conv.0",)),
+             PlanSite(node="Sigmoid.0", output="g", precision=Precision.FLOAT, nodes=("Sigmoid.0",)))
+    plan = dataclasses.replace(PLAN, sites=sites, recipe={"profile": "rk3588"})
+    text = exports.rknn_hybrid_cfg(plan, graph)
+    # a Reshape read only by a Transpose is one layer in step 1, named `<reshape output>_rs_sw`
+    assert yaml.safe_load(text)["custom_quantize_layers"] == {n: "float16" for n in ("s0", "s1", "r1_rs_sw", "t1",
+                                                                                     "g", "r0_rs_sw", "t0")}
+    assert "# x: no name" in text  # the input is said, not named
+    # under a profile that records no requantization the paths are left to the chip, as before
+    other = exports.rknn_hybrid_cfg(dataclasses.replace(plan, recipe={"profile": "generic-npu"}), graph)
+    assert set(yaml.safe_load(other)["custom_quantize_layers"]) == {"s0", "s1", "g"}
+
+
 def test_horizon_yaml_has_run_on_cpu_and_node_info() -> None:
     """hb_mapper makertbin model_parameters: run_on_cpu 'a;b', node_info {node: {ON, InputType, OutputType}}."""
     yaml = pytest.importorskip("yaml")

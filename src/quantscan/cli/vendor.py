@@ -10,6 +10,7 @@ from typing import Any
 
 from quantscan.bisect.heldout import same_samples_text
 from quantscan.cli.args import EXIT_OK, common, default_out, non_negative_int, positive_int, refuse_out_in_data
+from quantscan.columns import Col
 from quantscan.errors import InternalError, UsageError
 from quantscan.toolchains import TOOLCHAINS
 from quantscan.toolchains.folder import VendorRequest
@@ -52,6 +53,25 @@ def _run(args: argparse.Namespace, out: Path, say: Any) -> Any:
     return run(args.model, args.calib, request)
 
 
+def plan_warnings(plan: dict[str, Any], tool: str) -> list[str]:
+    """One line per kind of planned site the toolchain did not run as asked: sites it has no name for
+    (`warning`; the list is in vendor.json), and sites its own layer table shows at int8 (`honoured`
+    False: read back, never inferred). A list `dropped` (tpu-mlir: sites none of whose ops it knows) is
+    said in one line too; RKNN's `dropped` maps a site to the kernel tensors step 1 folded away (a Conv
+    before its BatchNormalization), which the site runs without: no warning."""
+    lines = [str(plan["warning"])] if plan.get("warning") else []
+    dropped = plan.get("dropped")
+    if isinstance(dropped, list) and dropped:
+        lines.append(f"{len(dropped)} planned site(s) name no op {tool} knows (every tensor of the kernel "
+                     f"vanished in conversion), so they stayed int8: {', '.join(map(str, dropped))}")
+    rows = [h for h in plan.get("honoured") or [] if isinstance(h, dict)]
+    at_int8 = [str(h.get(Col.NODE)) for h in rows if h.get("honoured") is False]
+    if at_int8:
+        lines.append(f"{len(at_int8)} planned site(s) ran below the planned precision in {tool}'s layer table "
+                     f"(vendor.json plan.honoured): {', '.join(at_int8)}")
+    return lines
+
+
 def cmd_vendor(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.model) / f"vendor-{args.tool}"
     refuse_out_in_data(out, args.calib)
@@ -82,11 +102,8 @@ def cmd_vendor(args: argparse.Namespace) -> int:
               f"{run.tool} mixed precision gives {got or 'nothing (' + str(run.plan['error']) + ')'} on all samples")
         if isinstance(run.plan.get("held_out"), dict):
             print(f"    {same_samples_text(run.plan['held_out'], run.tool)}")
-        for site in run.plan.get("dropped", []):
-            print(f"  WARNING: plan site '{site}' names no op {run.tool} knows (every tensor of its kernel "
-                  f"vanished in conversion): it stayed int8", file=sys.stderr)
-        if run.plan.get("warning"):
-            print(f"quantscan: warning: {run.plan['warning']}", file=sys.stderr)
+        for line in plan_warnings(run.plan, run.tool):
+            print(f"quantscan: warning: {line}", file=sys.stderr)
     print(f"wrote {out}/ (vendor.csv, vendor_findings.csv, vendor.json, {Path(run.log).name}, quantscan/)")
     if not run.stages:  # the toolkit never ran: an empty vendor.csv is no comparison (CONTRACT: not exit 0)
         raise UsageError(f"vendor {args.tool}: expected the toolkit to run, found it never reached a stage "

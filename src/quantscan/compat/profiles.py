@@ -108,6 +108,10 @@ class Profile:
     """Pass-through ops whose *output* range sets the scale shared with their input: the kernel feeding
     one clips to it (rknn-toolkit2's quant_optimizer `adjust_no_change_node` on MaxPool)."""
     consumer_range: Sourced | None = None
+    requantize_ops: frozenset[str] = frozenset()
+    """Non-site ops the toolkit runs int8 on its own after a float region unless named (graph/requantize.py):
+    a plan's exports name them with the float site before them."""
+    requantize: Sourced | None = None
     schemes: Mapping[str, Any] | None = None
     """The `[schemes]` table: `names` the chip runs (shorthands, quantscan.schemes) and what its `a16`
     means (int16 or float); None: w8a8 only."""
@@ -356,6 +360,8 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         float16=_sourced(d.get("float16", {})),
         consumer_range_ops=_ops(d.get("consumer_range", {}).get("ops")),
         consumer_range=_sourced(d.get("consumer_range", {})),
+        requantize_ops=_ops(d.get("requantize", {}).get("ops")),
+        requantize=_sourced(d.get("requantize", {})),
         schemes=d.get("schemes"),
         cost=d.get("cost"),
     )

@@ -93,8 +93,13 @@ class HybridRknn:
         return self.known
 
     def resolve(self, sites: Sequence[PlanSite]) -> list[rknn_names.SiteNames]:
-        node_outputs = {n.name: [o for o in n.output if o] for n in self.loaded.proto.graph.node}
-        return rknn_names.resolve(sites, graph_names(self.loaded.proto), self.step1(), node_outputs)
+        """The sites in step 1's names, with the tensors the target's profile says RKNN would requantize
+        after a float site (`[requantize] ops`) named with them."""
+        graph = self.loaded.proto.graph
+        node_outputs = {n.name: [o for o in n.output if o] for n in graph.node}
+        info = {n.name: (n.op_type, list(n.input), list(n.output)) for n in graph.node}
+        return rknn_names.resolve(sites, graph_names(self.loaded.proto), self.step1(), node_outputs,
+                                  requantize_ops(self.target), info)
 
     def apply(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
         """Step 2 with `sites` at float16/int16, then the simulator on every sample: its output cosine per
@@ -123,6 +128,7 @@ class HybridRknn:
             "cosine": min(cosines.values()) if cosines else math.nan,
             "vendor_sample_sums": sample_sums(self.reference, simulated, self.output_names) if simulated else {},
             "names": {s.node: list(s.names) for s in resolved},
+            "requantized": {s.node: list(s.tail) for s in resolved if s.tail},
             "vanished": [s.node for s in resolved if s.vanished],
             "dropped": self._dropped(sites),
             "warning": rknn_names.vanished_warning(resolved),
@@ -147,8 +153,9 @@ class HybridRknn:
         return out
 
     def names_for(self, sites: Sequence[PlanSite]) -> dict[str, list[str]]:
-        """Site node -> the names step 1 kept for it (bisect's rknn_hybrid_quant.cfg export)."""
-        return {r.node: list(r.names) for r in self.resolve(sites)}
+        """Site node -> the names step 1 kept for it and the requantized tensors after it (bisect's
+        rknn_hybrid_quant.cfg export); a vanished site none (RKNN runs it and what follows int8)."""
+        return {r.node: [*r.names, *r.tail] if r.names else [] for r in self.resolve(sites)}
 
     def evaluate(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
         """`bisect.external.Toolchain`'s name for `apply`."""
@@ -164,6 +171,17 @@ class HybridRknn:
         for pattern in ("*.model", "*.data", "check*.onnx"):
             for path in self.step1_dir.glob(pattern):
                 path.unlink()
+
+
+def requantize_ops(target: str) -> frozenset[str]:
+    """The target profile's `[requantize] ops` (none when the target names no shipped profile)."""
+    from quantscan.compat.profiles import load_profile
+    from quantscan.errors import ProfileError
+
+    try:
+        return load_profile(target).requantize_ops
+    except ProfileError:
+        return frozenset()
 
 
 def toolchain_factory(tool: str, python: str | Path | None, target: str | None, work: Path) -> Any:

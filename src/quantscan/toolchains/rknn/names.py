@@ -11,7 +11,10 @@ its tensors or nodes (suffixes stripped by `align.onnx_name`). A `_sw` name is t
 the Reshape it inserted, named after its *input* (`p2o.Add.277-rs_sw` is the Softmax reading
 p2o.Add.277): it belongs to the site of that reader, not of the tensor's producer. Dtype copies
 (`__float16`, `_int8`, `__cvt_*`) are not layers a user sets. A site left with no name is said
-loudly (`vanished`): RKNN would silently keep it int8.
+loudly (`vanished`): RKNN would silently keep it int8. A Conv whose only reader is a Split is named by
+the Split's outputs (RKNN runs it as one Conv per part: graph/requantize.split_parts), and the tensors
+RKNN would put back to int8 after a float site (the profile's `[requantize] ops`: graph/requantize.
+float_tails) are named with the site (`tail`), so the chip runs float what quantscan simulated float.
 
 Pure name work (no rknn): tested on step-1 cfgs recorded from rknn-toolkit2 2.5.0.
 """
@@ -24,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from quantscan.columns import Col
+from quantscan.graph import requantize
 from quantscan.records import PlanSite, Precision
 from quantscan.toolchains import align
 from quantscan.toolchains.rknn.files import LayerPlacement, parse_quantization_cfg
@@ -43,6 +47,8 @@ class SiteNames:
     """float16 or int16 (RKNN's names for quantscan's float and int16)."""
     names: tuple[str, ...]
     nodes: tuple[str, ...] = ()
+    tail: tuple[str, ...] = ()
+    """Step-1 names after the site that RKNN would requantize to int8 unless named (module docstring)."""
 
     @property
     def vanished(self) -> bool:
@@ -51,7 +57,7 @@ class SiteNames:
 
     def to_json(self) -> dict[str, object]:
         return {Col.NODE: self.node, Col.OUTPUT: self.output, "dtype": self.dtype, "names": list(self.names),
-                "vanished": self.vanished}
+                "tail": list(self.tail), "vanished": self.vanished}
 
 
 def step1_names(cfg_text: str) -> list[str]:
@@ -119,16 +125,29 @@ def _sdpa_part(name: str, node: str, graph: align.GraphNames) -> str | None:
 
 
 def resolve(sites: Sequence[PlanSite], graph: align.GraphNames, known: Iterable[str],
-            node_outputs: Mapping[str, Sequence[str]]) -> list[SiteNames]:
-    """Each site's names among step 1's `known` ones (module docstring), in step 1's order."""
+            node_outputs: Mapping[str, Sequence[str]], requantize_ops: frozenset[str] = frozenset(),
+            node_info: Mapping[str, requantize.NodeInfo] | None = None) -> list[SiteNames]:
+    """Each site's names among step 1's `known` ones (module docstring), in step 1's order. `node_info`
+    (op type, inputs, outputs per node) lets a Conv before a Split be found by its parts, and with
+    `requantize_ops` (the profile's) the tensors after a float site that RKNN would requantize."""
     usable = [k for k in known if not _DTYPE_COPY.search(k)]
+    info = node_info or {}
+    site_tensors = [{t for n in site.node_names for t in node_outputs.get(n, ())} | {site.output} for site in sites]
+    for tensors in site_tensors:
+        tensors.update(p for t in list(tensors) for p in requantize.split_parts(t, info))
+    floats = [t for site, ts in zip(sites, site_tensors, strict=True) if site.precision != Precision.INT8
+              for t in sorted(ts)]
+    tails = requantize.float_tails(floats, info, requantize_ops)
     out = []
-    for site in sites:
+    for site, tensors in zip(sites, site_tensors, strict=True):
         nodes = set(site.node_names)
-        tensors = {t for n in site.node_names for t in node_outputs.get(n, ())} | {site.output}
         names = tuple(k for k in usable if _belongs(k, graph, tensors, nodes))
+        tail_tensors = {t for s in tensors for t in tails.get(s, ())}
+        tail_nodes = {graph.producer[t] for t in tail_tensors if graph.producer.get(t)}
+        # a tail's step-1 names, derived ones too (PicoDet: `reshape2_0.tmp_0_rs_sw`, the Reshape -> Transpose)
+        tail = tuple(k for k in usable if k not in names and _belongs(k, graph, tail_tensors, tail_nodes))
         dtype = "int16" if site.precision == Precision.INT16 else "float16"
-        out.append(SiteNames(site.node, site.output, dtype, names, tuple(site.node_names)))
+        out.append(SiteNames(site.node, site.output, dtype, names, tuple(site.node_names), tail))
     return out
 
 
@@ -136,7 +155,7 @@ def custom_lines(resolved: Sequence[SiteNames]) -> list[str]:
     """`custom_quantize_layers` lines (4-space indent, names JSON-quoted as the driver writes them)."""
     seen: dict[str, str] = {}
     for site in resolved:
-        for name in site.names:
+        for name in (*site.names, *site.tail):
             seen.setdefault(name, site.dtype)
     return [f"    {json.dumps(name)}: {dtype}" for name, dtype in seen.items()]
 
@@ -163,9 +182,10 @@ def honoured(resolved: Sequence[SiteNames], places: Sequence[LayerPlacement],
     for place in places:
         if place.op_type.endswith("DataConvert") or place.op_type in ("InputOperator", "OutputOperator"):
             continue
+        split = _split_conv_nodes(place, graph)
         mapped = align.onnx_name(place.name, graph)
-        if mapped is not None and mapped.node:
-            by_node.setdefault(mapped.node, []).append(place.dtype.lower())
+        for node in split or ([mapped.node] if mapped is not None and mapped.node else []):
+            by_node.setdefault(node, []).append(place.dtype.lower())
     rows: list[dict[str, object]] = []
     for site in resolved:
         nodes = list(site.nodes or (site.node,))
@@ -175,9 +195,48 @@ def honoured(resolved: Sequence[SiteNames], places: Sequence[LayerPlacement],
         ran = dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "fused (no layer of its own)")
         above_int8 = bool(dtypes) and all(d in _FLOAT_DTYPES for d in dtypes)
         verdict = (above_int8 if site.dtype == "float16" else ran == site.dtype) if dtypes else None
-        rows.append({Col.NODE: site.node, "requested": site.dtype, "ran": ran, "dtypes": dtypes,
-                     "honoured": verdict, "names": list(site.names)})
+        row: dict[str, object] = {Col.NODE: site.node, "requested": site.dtype, "ran": ran, "dtypes": dtypes,
+                                  "honoured": verdict, "names": list(site.names)}
+        if site.tail:  # the requantization points named with the site: what the layer table ran them at
+            row["tail"] = {n: "/".join(sorted(set(by_node.get(n, [])))) or None for n in _tail_nodes(site.tail, graph)}
+        rows.append(row)
     return rows
+
+
+def _tail_nodes(tail: Sequence[str], graph: align.GraphNames) -> list[str]:
+    """The ONNX nodes of a site's tail names: each name's node, and for a `_sw` name the reader RKNN moved
+    (`reshape2_0.tmp_0_rs_sw`: the Reshape and the Transpose after it)."""
+    nodes: list[str] = []
+    for name in tail:
+        mapped = align.onnx_name(name, graph)
+        if mapped is None:
+            continue
+        nodes += [mapped.node] if mapped.node else []
+        if name.endswith("_sw") and mapped.tensor:
+            nodes += [r for r, _ in _readers_through_identity(mapped.tensor, graph)]
+    return list(dict.fromkeys(nodes))
+
+
+_SPLIT_CONV_LAYER = re.compile(r"^(?P<input>.+)_conv(#\d+)?$")
+
+
+def _split_conv_nodes(place: LayerPlacement, graph: align.GraphNames) -> list[str]:
+    """The ONNX nodes a layer of a split Conv stands for (graph/requantize.split_parts): RKNN names each
+    part `<the Conv's input>_conv`, `..._conv#1` (PicoDet's `hardswish_96.tmp_0_conv`, the head conv
+    `p2o.Conv.74` before `p2o.Split.0`), and a part run as Conv<Act> (`ConvSigmoid`) has the activation that
+    reads it fused in: that node too. [] for any other layer."""
+    match = _SPLIT_CONV_LAYER.match(place.name)
+    if match is None or not place.op_type.startswith("Conv"):
+        return []
+    for conv, output in graph.readers.get(match.group("input"), ()):
+        split = [r for r, _ in graph.readers.get(output, ())]
+        if graph.op_type.get(conv) != "Conv" or len(split) != 1 or graph.op_type.get(split[0]) != "Split":
+            continue
+        act = place.op_type.removeprefix("Conv")
+        parts = [t for t, p in graph.producer.items() if p == split[0]]
+        fused = [r for t in parts for r, _ in graph.readers.get(t, ()) if act and graph.op_type.get(r) == act]
+        return [conv, *fused]
+    return []
 
 
 def kernel_nodes(nodes: Sequence[tuple[str, Sequence[str], Sequence[str]]], first: str, output: str,

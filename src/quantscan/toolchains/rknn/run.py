@@ -216,17 +216,17 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     try:
         applied = hybrid.apply(plan.sites, "plan")
     except UsageError as exc:  # step 1 failed: the plain build's comparison still stands, said in vendor.json
-        applied = {"cfg": None, "vendor_output_cosine": {}, "names": {}, "vanished": [], "dropped": {},
-                   "warning": None, "honoured": [], "stages": [], "error": {"stage": "hybrid_step1",
-                                                                             "message": str(exc)}, "seconds": 0.0}
+        applied = {"cfg": None, "vendor_output_cosine": {}, "names": {}, "requantized": {}, "vanished": [],
+                   "dropped": {}, "warning": None, "honoured": [], "stages": [],
+                   "error": {"stage": "hybrid_step1", "message": str(exc)}, "seconds": 0.0}
     return {
         "plan": str(plan_path),
         "hybrid_cfg": applied["cfg"],
         "float_sites": [s.output for s in plan.sites],
         "quantscan_claimed_cosine": (plan.achieved or {}).get("cosine", math.nan),
         "target": {"metric": plan.target.metric, "value": plan.target.value},
-        **{k: applied[k] for k in ("vendor_output_cosine", "names", "vanished", "dropped", "warning", "honoured",
-                                   "stages", "error", "seconds")},
+        **{k: applied[k] for k in ("vendor_output_cosine", "names", "requantized", "vanished", "dropped", "warning",
+                                   "honoured", "stages", "error", "seconds")},
         "seconds_step1": round(hybrid.step1_seconds, 3),
         **plan_held_out(plan, len(reference), applied.get("vendor_sample_sums") or {}, int8_sums or {}),
     }
