@@ -566,7 +566,7 @@ def _finish(
     chain, verify, pool = vendor
     if chain is not None and verify:
         plan = verify_plan(plan, ctx, builder.precisions, chain, pool)
-    step1_names = chain.names_for(plan.sites) if chain is not None else None
+    vendor_names = {chain.export: chain.names_for(plan.sites)} if chain is not None else None
     plan = with_int8_verdict(plan, ctx, judging, builder, target, session.gain)
     plan = with_objective(plan, objective_record)
     warning = held_out_warning(plan) if plan.status != MISSED_WITHIN_BUDGET else None  # said by the verdict
@@ -576,7 +576,7 @@ def _finish(
         files["qdq"] = save_model(qdq, Path(save_qdq), protect=[ctx.loaded.path], flag="--save-qdq",
                                   force=ctx.opts.force)
     if out is not None:
-        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block, step1_names))
+        files.update(write_plan(plan, session, Path(out), exports, ctx.loaded.proto, summary_block, vendor_names))
     warnings = [*ctx.warnings, *([warning] if warning else [])]
     return BisectResult(plan, pd.DataFrame(session.gain), steps, outcome, path, qdq, files, warnings)
 

@@ -259,9 +259,12 @@ def _toolchain(args: argparse.Namespace, out: Path) -> Any:
                          f"found {', '.join(sorted(chosen))}")
     if not chosen:
         return None
-    from quantscan.toolchains.rknn.hybrid import toolchain_factory
+    from quantscan.toolchains.rknn import hybrid
+    from quantscan.toolchains.tpumlir import judge
 
-    return toolchain_factory(chosen.pop(), args.vendor_python, _chip(args), out / "toolchain")
+    tool = chosen.pop()
+    factory = {"rknn": hybrid.toolchain_factory, "tpu-mlir": judge.toolchain_factory}[tool]
+    return factory(tool, args.vendor_python, _chip(args), out / "toolchain")
 
 
 def _chip(args: argparse.Namespace) -> str | None:
