@@ -374,6 +374,8 @@ READ_ALLOWED: dict[str, dict[str, str]] = {
     "quantscan.cases": {".read_bytes": "sha256 of a model file a case names (a regular file: is_file first); "
                                        "hashed, never parsed"},
     "quantscan.repro": {".read_bytes": "sha256 of the model extract already loaded; hashed, never parsed"},
+    "quantscan.toolchains.tpumlir.judge": {".read_bytes": "sha256 of the model copy and samples it just wrote "
+                                                          "itself (reuse of the prepared files); hashed, never parsed"},
     "quantscan.report.html": {".read_text": "the package's own report assets (importlib.resources)"},
     "quantscan.runner": {k: "the trace onnxruntime's own profiler just wrote into our temp folder (cost --profile "
                             "onnxruntime)" for k in (".read_text", "json.loads")},

@@ -143,6 +143,7 @@ class FakeToolchain:
     build leaves a file naming its process; `running`/`most` count builds in flight (threads only)."""
 
     builds = 0
+    export = "fake"  # names_for fills no export file
 
     def __init__(self, folder: Path, tool: str = "fake", pause: float = 0.0) -> None:
         self.folder, self.tool, self.pause = folder, tool, pause

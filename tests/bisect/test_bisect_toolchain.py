@@ -138,12 +138,15 @@ def test_verify_scores_the_toolchain_on_the_claims_held_out_samples(
     assert f"rknn {held['vendor']:.5f}" in out and "same 3 held-out samples" in out
 
 
-def test_tpu_mlir_is_not_available_yet(chain: tuple[Path, Path, Path, dict[int, float]],
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_tpu_mlir_needs_a_python_that_imports_it(chain: tuple[Path, Path, Path, dict[int, float]],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """tpu-mlir is a judge now (tests/bisect/test_bisect_tpumlir.py); a Python without it is refused before any
+    search time is spent."""
     tmp, model, calib, _ = chain
-    assert _bisect(tmp, model, calib, "tpu", 0.99, "--verify", "tpu-mlir") == 2
+    assert _bisect(tmp, model, calib, "tpu", 0.99, "--verify", "tpu-mlir", "--vendor-python", sys.executable) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "tpu-mlir driver" in err and "not available yet" in err
+    assert err.count("\n") == 1 and "expected a Python that imports tpu_mlir" in err
+    assert not (tmp / "tpu" / "plan.json").exists()
 
 
 def test_evaluator_search_resumes_after_a_failed_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

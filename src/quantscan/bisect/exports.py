@@ -271,6 +271,7 @@ def tpu_mlir_qtable(
     float_type: str = "F32",
     node_outputs: Mapping[str, Sequence[str]] | None = None,
     node_types: Mapping[str, str] | None = None,
+    op_names: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """A TPU-MLIR quantize table for `model_deploy.py --quantize INT8 --quantize_table FILE`.
 
@@ -285,6 +286,8 @@ def tpu_mlir_qtable(
     every op of the site's kernel is listed under that name; a BatchNormalization is left out (folded
     into its Conv, whose name it takes). Without them, the site's output tensor alone (older tpu-mlir
     names, or for `quantscan vendor tpu-mlir --plan`, which maps names against the converted model).
+    With `op_names` (site node -> the ops tpu-mlir's own model_transform named for it: `bisect --evaluator/
+    --verify tpu-mlir`) exactly those, a site with none said in a comment (tpu-mlir keeps it int8).
     """
     lines = ["# op_name   quantize_mode", f"# quantscan plan for model sha256 {plan.model_sha256}"]
     if plan.sites_at(Precision.INT8):
@@ -296,6 +299,11 @@ def tpu_mlir_qtable(
         if site.precision == Precision.INT16:
             lines.append(f"# {site.node}: int16 requested; TPU-MLIR has no INT16 mode, F16 used")
             mode = "F16"
+        if op_names is not None:
+            known = list(op_names.get(site.node, ()))
+            lines += [f"{name} {mode}" for name in known] or [f"# {site.node}: no op in tpu-mlir's converted "
+                                                              f"model; tpu-mlir keeps it int8"]
+            continue
         names = [f"{out}_{node_types[n]}" for n in site.node_names if node_types and n in node_types
                  and node_types[n] != "BatchNormalization" for out in (node_outputs or {}).get(n, ())]
         lines += [f"{name} {mode}" for name in _unique(names or [site.output])]
@@ -381,16 +389,16 @@ def default_exports(profile: str | None) -> list[str]:
 
 def write_exports(
     plan: Plan, out: Path, names: Sequence[str] | None = None, graph: Mapping[str, NodeInfo] | None = None,
-    step1_names: Mapping[str, Sequence[str]] | None = None, model: onnx.ModelProto | None = None,
+    vendor_names: Mapping[str, Mapping[str, Sequence[str]]] | None = None, model: onnx.ModelProto | None = None,
     hailo_hn: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write the chosen exports (default: `default_exports` of the plan's profile) into `out`, each
     atomically; returns name -> path.
-    `graph` (the user's model: node -> op type, inputs, outputs) and `step1_names` (what a toolchain's
-    step 1 kept per site) let the RKNN cfg name what its step 2 takes (`rknn_hybrid_cfg`), and the tpu-mlir qtable name
-    ops as model_transform does (`tpu_mlir_qtable`); `model` (the user's) lets the chip exports name what
-    their tools keep after fusion (chip_exports.py), `hailo_hn` (a parsed Hailo model's HN) the .alls Hailo's
-    own layer names instead of predicted ones."""
+    `graph` (the user's model: node -> op type, inputs, outputs) and `vendor_names` (export -> per site the
+    names the toolchain that ran keeps: RKNN step 1's, tpu-mlir's top MLIR ops) let the RKNN cfg name what its
+    step 2 takes (`rknn_hybrid_cfg`), and the tpu-mlir qtable name ops as model_transform does (`tpu_mlir_qtable`);
+    `model` (the user's) lets the chip exports name what their tools keep after fusion (chip_exports.py),
+    `hailo_hn` (a parsed Hailo model's HN) the .alls Hailo's own layer names instead of predicted ones."""
     chosen = default_exports((plan.recipe or {}).get("profile")) if names is None else list(names)
     unknown = [n for n in chosen if n not in EXPORT_NAMES]
     if unknown:
@@ -409,7 +417,7 @@ def write_exports(
             text = chips.hailo_alls(plan, nodes, hailo_hn) if name == "hailo" else chip_writer(plan, nodes)
         else:
             file_name, writer = WRITERS[name]
-            text = _legacy_text(name, writer, plan, graph, step1_names)
+            text = _legacy_text(name, writer, plan, graph, (vendor_names or {}).get(name))
         path = out / file_name
         atomic_write_text(path, text)
         written[name] = path
@@ -442,13 +450,15 @@ def _exports_for_weight_bits(plan: Plan, chosen: Sequence[str], explicit: bool) 
 
 
 def _legacy_text(name: str, writer: Callable[[Plan], str], plan: Plan, graph: Mapping[str, NodeInfo] | None,
-                 step1_names: Mapping[str, Sequence[str]] | None) -> str:
-    """The text of one of the six first exports (the two that read the model's names get it)."""
+                 tool_names: Mapping[str, Sequence[str]] | None) -> str:
+    """The text of one of the six first exports (the two that read the model's names get it, and the names
+    the toolchain that ran keeps for this export, when one ran)."""
     if name == "rknn":
-        return rknn_hybrid_cfg(plan, graph, step1_names)
+        return rknn_hybrid_cfg(plan, graph, tool_names)
     if name == "tpu-mlir":
         return tpu_mlir_qtable(plan, node_outputs={k: list(v[2]) for k, v in graph.items()} if graph else None,
-                               node_types={k: v[0] for k, v in graph.items()} if graph else None)
+                               node_types={k: v[0] for k, v in graph.items()} if graph else None,
+                               op_names=tool_names)
     return writer(plan)
 
 

@@ -46,6 +46,8 @@ class Toolchain(Protocol):
 
     tool: str
     builds: int
+    export: str
+    """The `--export` whose file `names_for`'s names fill (`rknn`: the hybrid cfg, `tpu-mlir`: the qtable)."""
 
     def evaluate(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
         """Build with `sites` above int8 and simulate: `cosine` (worst output), `version`, `error`

@@ -74,7 +74,7 @@ def finish(search: Search, session: BisectSession, path: Path | None, feed: Spec
     chain = search.chain
     if chain is not None and request.verify:
         plan = verify_plan(plan, ctx, builder.precisions, chain, search.pool)
-    step1_names = chain.names_for(plan.sites) if chain is not None else None
+    vendor_names = {chain.export: chain.names_for(plan.sites)} if chain is not None else None  # its own export only
     plan = with_int8_verdict(plan, search, claims, session.gain)
     plan = with_objective(plan, objective_record)
     warning = held_out_warning(plan) if plan.status != MISSED_WITHIN_BUDGET else None  # said by the verdict
@@ -85,7 +85,7 @@ def finish(search: Search, session: BisectSession, path: Path | None, feed: Spec
                                   force=ctx.opts.force)
     if request.out is not None:
         files.update(write_plan(plan, session, request.out, request.exports, ctx.loaded.proto, summary_block,
-                                step1_names))
+                                vendor_names))
     warnings = [*ctx.warnings, *([warning] if warning else [])]
     return BisectResult(plan, pd.DataFrame(session.gain), steps_of(machine), outcome, path, qdq, files, warnings)
 

@@ -248,12 +248,13 @@ def scheme_note(scheme: Scheme) -> str:
 def write_plan(
     plan: Plan, session: BisectSession, out: Path, exports: Sequence[str] | None = None,
     model: onnx.ModelProto | None = None, summary_block: SummaryBlock | None = None,
-    step1_names: Mapping[str, Sequence[str]] | None = None,
+    vendor_names: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
 ) -> dict[str, Path]:
     """plan.json, plan.csv, gain.csv (every site's output gain) and the vendor exports, all atomic;
     `model` (the user's) names every tensor of a kernel where an export needs them (RKNN);
     `summary_block` puts the plan into a scan's summary.md in `out` (report.verdict.with_plan_block);
-    `step1_names` what a vendor toolchain's step 1 kept per site (bisect --verify/--evaluator rknn)."""
+    `vendor_names` per export the names a vendor toolchain keeps per site (bisect --verify/--evaluator TOOL:
+    RKNN step 1's, tpu-mlir's op names), for that export only."""
     out.mkdir(parents=True, exist_ok=True)
     files = {"plan.json": _plan_json(out, plan, model, board_shapes(session, out)), "plan.csv": out / "plan.csv"}
     table = pd.DataFrame([_csv_row(s) for s in plan.sites], columns=list(PLAN_CSV_COLUMNS))
@@ -269,7 +270,7 @@ def write_plan(
     if summary_block is not None and text is not None:
         files["summary.md"] = out / "summary.md"
         atomic_write_text(files["summary.md"], summary_block(text, plan.to_json()))
-    files.update(qexports.write_exports(plan, out, exports, step1_names=step1_names, model=model))
+    files.update(qexports.write_exports(plan, out, exports, vendor_names=vendor_names, model=model))
     return files
 
 

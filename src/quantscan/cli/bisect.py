@@ -30,7 +30,7 @@ from quantscan.cli.args import (
     task_options,
 )
 from quantscan.cli.notes import print_warnings
-from quantscan.errors import UsageError
+from quantscan.errors import InternalError, UsageError
 
 
 def bisect_parser(sub: Any) -> None:
@@ -310,9 +310,13 @@ def _toolchain(args: argparse.Namespace, out: Path) -> Any:
                          f"found {', '.join(sorted(chosen))}")
     if not chosen:
         return None
-    from quantscan.toolchains.rknn.hybrid import toolchain_factory
+    from quantscan.toolchains import TOOLCHAINS
 
-    return toolchain_factory(chosen.pop(), args.vendor_python, _chip(args), out / "toolchain")
+    tool = chosen.pop()
+    factory = TOOLCHAINS[tool].judge
+    if factory is None:  # the registry offered a judge whose folder builds none: ours to fix
+        raise InternalError(f"bisect: {tool} is offered as a judge but its toolchain folder has no judge")
+    return factory(tool, args.vendor_python, _chip(args), out / "toolchain")
 
 
 def _chip(args: argparse.Namespace) -> str | None:

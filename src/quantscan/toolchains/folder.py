@@ -67,6 +67,10 @@ class VendorRequest:
     calib_method: str | None = None
 
 
+JudgeFactory = Callable[[str, "str | Path | None", "str | None", Path], object]
+"""`bisect --evaluator/--verify TOOL`: (tool, vendor python, chip, work folder) -> the toolchain the
+bisect judge builds with (`bisect.external.ToolchainFactory`), its Python checked before any long work."""
+
 VendorRunner = Callable[[str | Path, str | Path, VendorRequest], "VendorRun"]
 """`quantscan vendor TOOL`: run the toolkit out of process on quantscan's samples, lined up with the scan."""
 
@@ -85,3 +89,5 @@ class ToolchainFolder:
     vendor: VendorRunner | None = None
     python: VendorPython | None = None
     """The vendor Python the toolkit runs in (`vendor` runs need one)."""
+    judge: JudgeFactory | None = None
+    """The toolchain a bisect judges plans in (None: the tool judges no plan)."""

@@ -27,8 +27,15 @@ def vendor(model: str | Path, calib: str | Path, request: VendorRequest) -> Vend
                     threads=request.threads, progress=request.progress)
 
 
+def bisect_judge(tool: str, python: str | Path | None, target: str | None, work: Path) -> object:
+    """`bisect --evaluator/--verify rknn`: the toolchain it builds plans with (`hybrid.toolchain_factory`)."""
+    from quantscan.toolchains.rknn.hybrid import toolchain_factory  # the driver and the scan: only when asked
+
+    return toolchain_factory(tool, python, target, work)
+
+
 TOOLCHAIN = ToolchainFolder(
-    name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES, python=kit.PYTHON, vendor=vendor,
+    name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES, python=kit.PYTHON, vendor=vendor, judge=bisect_judge,
     log=LogReader(log.looks_like_rknn, log.parse_rknn),
     dumps=DumpReader(dumps.read_folder, dumps.looks_like, dumps.LOOKS),
 )

@@ -58,6 +58,7 @@ class HybridRknn:
     builds: int = 0
     step1_seconds: float = 0.0
     tool: str = "rknn"
+    export: str = "rknn"
 
     @classmethod
     def create(cls, loaded: LoadedModel, cset: CalibSet, python: Path, target: str, work: Path,
@@ -187,12 +188,9 @@ def requantize_ops(target: str) -> frozenset[str]:
 def toolchain_factory(tool: str, python: str | Path | None, target: str | None, work: Path) -> Any:
     """The toolchain `bisect --verify/--evaluator TOOL` builds with (`bisect.external.ToolchainFactory`),
     made once the bisection has loaded the model and samples. Its Python is checked now, before any
-    long work; tpu-mlir has no hybrid driver in this version."""
-    if tool == "tpu-mlir":
-        raise UsageError("bisect --verify/--evaluator tpu-mlir: expected a tpu-mlir driver, found none in this "
-                         "version (not available yet; rknn is)")
+    long work. (tpu-mlir's: `toolchains/tpumlir/judge.toolchain_factory`.)"""
     if tool != "rknn":
-        raise UsageError(f"bisect --verify/--evaluator: expected rknn or tpu-mlir, found {tool}")
+        raise UsageError(f"bisect --verify/--evaluator: expected rknn, found {tool}")
     if not target:
         raise UsageError("bisect --verify/--evaluator rknn: expected --profile CHIP (e.g. rk3588), found none")
     from quantscan.toolchains.interpreter import find_python

@@ -107,12 +107,14 @@ def output_cosines(reference: list[list[np.ndarray]], simulated: dict[str, np.nd
 
 def run_driver(
     python: Path, job: dict[str, Any], work: Path, log: Path, keep_build: bool = False, driver: Path = DRIVER,
+    keep_weights: bool = False,
 ) -> dict[str, Any]:
     """Run `driver` (RKNN's by default; tpu-mlir's uses the same file protocol) in the vendor's Python,
     its stdout/stderr (the toolkit's whole verbose log) to `log`.
     Paths are made absolute: the driver starts in `work`, so a relative `--out` would name the job file
     relative to the wrong folder. `keep_build` keeps the toolkit's `.model`/`.data` (hybrid step 1's
-    output, which step 2 builds from)."""
+    output, which step 2 builds from); `keep_weights` the weight .npz files (tpu-mlir's top MLIR reads its
+    weights from one: a judge's prepared model is deployed again for every build)."""
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     job_path = work / "job.json"
@@ -125,7 +127,7 @@ def run_driver(
                                   timeout=TIMEOUT_S, check=False, cwd=work)
         except subprocess.TimeoutExpired:
             return {"stages": [], "error": {"stage": "timeout", "message": f"no result after {TIMEOUT_S} s"}}
-    bulky = ["check*.onnx", "*.bmodel", "*_weight.npz", "*_weights.npz", "*.prototxt"]
+    bulky = ["check*.onnx", "*.bmodel", "*.prototxt"] + ([] if keep_weights else ["*_weight.npz", "*_weights.npz"])
     bulky += [] if keep_build else ["*.model", "*.data"]
     for copy in [p for pattern in bulky for p in work.glob(pattern)]:
         copy.unlink()  # the toolkit's model copies (MBs each); the log and the cfg say what they held

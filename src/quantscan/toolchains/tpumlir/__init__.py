@@ -25,8 +25,15 @@ def vendor(model: str | Path, calib: str | Path, request: VendorRequest) -> Vend
                        calib_method=request.calib_method or "kl")
 
 
+def bisect_judge(tool: str, python: str | Path | None, target: str | None, work: Path) -> object:
+    """`bisect --evaluator/--verify tpu-mlir`: the toolchain it builds plans with (`judge.toolchain_factory`)."""
+    from quantscan.toolchains.tpumlir.judge import toolchain_factory  # the driver and the scan: only when asked
+
+    return toolchain_factory(tool, python, target, work)
+
+
 TOOLCHAIN = ToolchainFolder(
-    name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES, python=kit.PYTHON, vendor=vendor,
+    name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES, python=kit.PYTHON, vendor=vendor, judge=bisect_judge,
     log=LogReader(log.looks_like_tpu_mlir, log.parse_tpu_mlir),
     dumps=DumpReader(dumps.read_folder),
 )

@@ -20,6 +20,14 @@ names model_transform gave (`<tensor>_<OpType>`, read from the top MLIR's locati
 sites with no op left are listed in result.json's `qtable.dropped`; `qtable.honoured` gives, per site,
 the element type each of its ops has in the lowered `*_tpu.mlir`. A failure is recorded in result.json
 (stage and message); the exit code is 0 unless even that could not be written.
+
+A judge (`toolchains/tpumlir/judge.py`, `bisect --evaluator/--verify tpu-mlir`) splits the run by the job's
+`phase`: `prepare` runs steps 1-2 once (and lists the top MLIR's op names), `judge` runs step 3 with a
+qtable from the prepared top MLIR and calibration table, then the int8 final MLIR alone on every sample,
+outputs only (`sim_outputs.npz`): a candidate needs no float run and no per-tensor sums. Its samples run in
+one child process (this script again, started after `import tpu_mlir` set the library paths) through
+tpu_mlir's own `final_mlir_inference` (what model_runner calls for a `*_final.mlir`) when this tpu_mlir has
+it: one process instead of one per sample (~2 s of start-up each).
 """
 
 from __future__ import annotations
@@ -248,6 +256,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     except Exception:  # the version is a label, not a reason to stop
         result["version"] = None
     t0 = time.perf_counter()
+    if job.get("phase") in PHASES:
+        return PHASES[job["phase"]](job, work, result, t0)
     try:
         mlir, table = transform_and_calibrate(job, work, result)
         result["times"]["calibrate_s"] = time.perf_counter() - t0
@@ -263,7 +273,126 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def prepare_phase(job: dict[str, Any], work: Path, result: dict[str, Any], t0: float) -> dict[str, Any]:
+    """Steps 1-2 once for a judge: the top MLIR, the calibration table, and the op names the qtables map to."""
+    try:
+        mlir, table = transform_and_calibrate(job, work, result)
+        result["top_mlir"], result["cali_table"] = str(work / mlir), str(work / table)
+        result["ops"] = op_names((work / mlir).read_text(encoding="utf-8"))
+    except Exception as exc:  # recorded for quantscan to report, the stage says where it stopped
+        _record(result, exc)
+    result["times"]["calibrate_s"] = result["times"]["total_s"] = time.perf_counter() - t0
+    return result
+
+
+def judge_phase(job: dict[str, Any], work: Path, result: dict[str, Any], t0: float) -> dict[str, Any]:
+    """Step 3 from the prepared top MLIR and table with the job's qtable, then the int8 model's outputs on
+    every sample (`sim_outputs.npz`)."""
+    try:
+        _link_weights(Path(job["top_mlir"]), work)
+        final = deploy(job, work, job["top_mlir"], job["cali_table"], result)
+        result["times"]["deploy_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        result["stage"] = "model_runner"
+        outputs, keys = run_outputs(job, work, final)
+        np.savez(work / "sim_outputs.npz", **outputs)  # type: ignore[arg-type]
+        (work / "output_keys.json").unlink(missing_ok=True)
+        result["output_keys"] = keys
+        result["stages"].append("model_runner")
+        result["times"]["runner_s"] = time.perf_counter() - t1
+    except Exception as exc:  # recorded for quantscan to report, the stage says where it stopped
+        _record(result, exc)
+    result["times"]["total_s"] = time.perf_counter() - t0
+    return result
+
+
+PHASES = {"prepare": prepare_phase, "judge": judge_phase}
+
+
+def _record(result: dict[str, Any], exc: Exception) -> None:
+    result["error"] = {"stage": result["stage"], "message": " ".join(str(exc).split())[:500],
+                       "traceback": traceback.format_exc()[-4000:]}
+
+
+def _link_weights(top: Path, work: Path) -> None:
+    """The prepared folder's weight files, linked into this build's folder: the top MLIR names its weight
+    file relative to the folder tpu-mlir runs in (`module.weight_file`)."""
+    for weights in top.parent.glob("*_weight.npz"):
+        link = work / weights.name
+        if not link.exists():
+            link.symlink_to(weights)
+
+
+def run_outputs(job: dict[str, Any], work: Path, final: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The final MLIR's outputs on every sample (`i:k` keys) and the dump key each graph output came from:
+    all samples in one child process when this tpu_mlir has model_runner's `final_mlir_inference`, else
+    model_runner once per sample."""
+    if _has_final_inference():
+        args = [sys.executable, str(Path(__file__).resolve()), "--final-outputs", str(work / "job.json"), final]
+        run_step(args, work, f"model_runner's final_mlir_inference on {len(job['samples'])} samples")
+        outputs = _load(work / "sim_outputs.npz")
+        return outputs, json.loads((work / "output_keys.json").read_text(encoding="utf-8"))
+    dumps = []
+    for i, sample in enumerate(job["samples"]):
+        path = work / "dump_int8.npz"
+        run_step([tool("model_runner"), "--input", sample, "--model", final, "--output", path.name,
+                  "--dump_all_tensors"], work, f"model_runner int8 sample {i}")
+        dumps.append(_load(path))
+        path.unlink()
+    return _outputs_of(job, dumps)
+
+
+def _outputs_of(job: dict[str, Any], dumps: list[dict[str, np.ndarray]]
+                ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Per sample the graph outputs' dump entries (`i:k` keys), and the dump key each output came from."""
+    outputs: dict[str, np.ndarray] = {}
+    keys: dict[str, str] = {}
+    for i, dump in enumerate(dumps):
+        for k, output in enumerate(job["outputs"]):
+            key = output_key(dump, output)
+            if key:
+                outputs[f"{i}:{k}"] = dump[key]
+                keys[output] = key
+    return outputs, keys
+
+
+def _has_final_inference() -> bool:
+    """Whether this tpu_mlir ships model_runner as an importable module (importing `tpu_mlir` also puts its
+    library and module paths into the environment, which a child started after it inherits)."""
+    import importlib.util
+
+    try:
+        import tpu_mlir  # noqa: F401
+        return importlib.util.find_spec("tpu_mlir.python.tools.model_runner") is not None
+    except Exception:  # an older or stand-in tpu_mlir: the console script is the interface
+        return False
+
+
+def final_outputs(job_path: Path, final: str) -> None:
+    """The child: every sample through `final_mlir_inference(inputs, mlir, dump_all=True)`, what
+    `model_runner --model *_final.mlir --dump_all_tensors` computes, without one process per sample."""
+    import tpu_mlir  # noqa: F401
+    from tpu_mlir.python.tools.model_runner import final_mlir_inference
+
+    job = json.loads(job_path.read_text(encoding="utf-8"))
+    work = job_path.parent
+    dumps = []
+    for sample in job["samples"]:  # every tensor of one sample at a time: only the outputs are kept
+        dump = final_mlir_inference(_load(Path(sample)), final, True)
+        dumps.append({key: np.asarray(dump[key]) for key in _output_keys(job, dump)})
+    outputs, keys = _outputs_of(job, dumps)
+    np.savez(work / "sim_outputs.npz", **outputs)  # type: ignore[arg-type]
+    _write_json(work / "output_keys.json", keys)
+
+
+def _output_keys(job: dict[str, Any], dump: dict[str, np.ndarray]) -> list[str]:
+    return [key for output in job["outputs"] if (key := output_key(dump, output))]
+
+
 def main() -> int:
+    if sys.argv[1] == "--final-outputs":
+        final_outputs(Path(sys.argv[2]), sys.argv[3])
+        return 0
     job = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     result = run(job)
     _write_json(Path(job["work"]) / "result.json", result)

@@ -89,6 +89,12 @@ def parse_tpu_mlir(text: str) -> ParsedLog:
     )
 
 
+def log_version(text: str) -> str:
+    """The tpu-mlir version its scripts print (`TPU-MLIR v1.30.2-...`), "" when none does."""
+    found = _VERSION.search(text)
+    return found.group("version") if found else ""
+
+
 def op_of(name: str) -> str:
     """The op type tpu-mlir appends to a tensor's name (`1197_MatMul` is a MatMul); "" when none."""
     match = _OP_SUFFIX.search(_DTYPE_SUFFIX.sub("", name))

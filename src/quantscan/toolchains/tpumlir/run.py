@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from quantscan.metrics import pooled_cosine
 from quantscan.model import LoadedModel, graph_inputs, load_model
 from quantscan.readers.arrays import read_npz
 from quantscan.readers.jsonfile import read_json
-from quantscan.records import CalibMethod, Plan, Precision
+from quantscan.records import CalibMethod, Plan, PlanSite, Precision
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
 from quantscan.toolchains.interpreter import find_python
@@ -112,11 +113,17 @@ def vendor_layers(work: Path) -> list[align.LayerFigures]:
 
 
 def plan_sites(plan: Plan, proto: onnx.ModelProto) -> list[dict[str, Any]]:
-    """Per plan site the tensors of its whole kernel (a Conv+BN+HardSwish's three outputs) and the
-    tpu-mlir mode: F32 for float sites, F16 for int16 (tpu-mlir has no INT16 mode)."""
+    """Per plan site the tensors of its whole kernel and the tpu-mlir mode (`qtable_sites`)."""
+    return qtable_sites(plan.sites, proto)
+
+
+def qtable_sites(plan_sites: Sequence[PlanSite], proto: onnx.ModelProto) -> list[dict[str, Any]]:
+    """Per site the tensors of its whole kernel (a Conv+BN+HardSwish's three outputs) and the tpu-mlir
+    mode: F32 for float sites, F16 for int16 (tpu-mlir has no INT16 mode). `vendor tpu-mlir --plan` and the
+    judge (judge.py) both write their qtables from this, so a plan re-applied is the very build it was judged by."""
     outputs = {n.name: [o for o in n.output if o] for n in proto.graph.node}
     sites = []
-    for site in plan.sites:
+    for site in plan_sites:
         tensors = [t for n in site.node_names for t in outputs.get(n, [])]
         sites.append({"site": site.output, "tensors": list(dict.fromkeys([*tensors, site.output])),
                       "mode": "F16" if site.precision == Precision.INT16 else "F32"})
@@ -152,14 +159,14 @@ def run_tpumlir(
     if calib_method not in CALIB_METHODS:
         raise UsageError(f"--calib-method: expected one of {', '.join(CALIB_METHODS)}, found {calib_method}")
     vendor_method, qs_method = CALIB_METHODS[calib_method]
-    job = {**_job(loaded, cset, names, samples, target, work, threads), "cali_method": vendor_method}
+    job = {**driver_job(loaded, cset, names, samples, target, work, threads), "cali_method": vendor_method}
     times: dict[str, float] = {}
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
     t0 = time.perf_counter()
     scanned = _quantscan_side(loaded, calib, target, limit, threads, out, qs_method)
     times["quantscan_scan_s"] = time.perf_counter() - t0
-    feeds = _npy_feeds(samples, names, work / "feeds")
+    feeds = npy_feeds(samples, names, work / "feeds")
     reference = fp32_outputs(loaded, feeds, names, threads)
     output_names = [o.name for o in loaded.proto.graph.output]
 
@@ -203,7 +210,7 @@ def _tidy(work: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def _npy_feeds(samples: list[str], names: list[str], folder: Path) -> list[list[str]]:
+def npy_feeds(samples: list[str], names: list[str], folder: Path) -> list[list[str]]:
     """The .npy files `fp32_outputs` reads (one per input), written from the .npz samples into their own
     folder (run_calibration refuses a dataset folder holding both .npy and .npz)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -235,7 +242,7 @@ def _quantscan_side(
     return scanned
 
 
-def _job(loaded: LoadedModel, cset: CalibSet, names: list[str], samples: list[str], target: str,
+def driver_job(loaded: LoadedModel, cset: CalibSet, names: list[str], samples: list[str], target: str,
          work: Path, threads: int | None) -> dict[str, Any]:
     """The driver's job: the converter's model copy, the target processor, the samples (their folder is
     the dataset)."""
