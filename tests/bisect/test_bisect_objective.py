@@ -324,3 +324,10 @@ def test_closing_an_int8_island_is_the_cheapest_superset_by_the_pricers_formula_
     assert sorted(judged) == sorted(expected)
     line = objective_line(record)
     assert line is not None and "grown to close the int8 islands" in line
+    # the record lists every judged candidate with its held-out figure and estimate
+    assert {j["origin"] for j in record["judged"]} >= {"closed_islands"}
+    assert min(j["extra_ms"] for j in record["judged"]) == chosen["extra_ms"]
+    from quantscan.report.verdict import plan_lines
+
+    summary = "\n".join(plan_lines({"target": {"metric": "cosine", "value": 0.99}, "sites": [], "objective": record}))
+    assert "**Objective**: --objective latency: chose 3 site(s)" in summary

@@ -123,10 +123,12 @@ def choose(objective: Objective, pool: Sequence[Candidate], held_out: Callable[[
            target: float, sites_plan: Sequence[str], sites_extra_ms: float) -> Choice | None:
     """The set the objective picks from `pool` by its held-out figure, with plan.json's `objective` record;
     None when the fewest-sites plan stays (no candidate beats it under the objective)."""
-    base = {"objective": objective.name, "max_extra_ms": objective.max_extra_ms,
+    base: dict[str, Any] = {"objective": objective.name, "max_extra_ms": objective.max_extra_ms,
             "sites_plan": {"float_sites": len(sites_plan), "extra_ms": round(sites_extra_ms, 6)},
             "candidates_judged": len(pool)}
     judged = [(c, held_out(c.sites)) for c in pool]
+    base["judged"] = [{"origin": c.origin, "float_sites": len(c.sites), "extra_ms": round(c.extra_ms, 6),
+                       "held_out_value": v} for c, v in judged]  # why the winner won: the others' figures
     if objective.max_extra_ms is not None:
         sites_fit = sites_extra_ms <= objective.max_extra_ms + 1e-9
         if sites_fit:  # the fewest-sites plan fits the budget: it stays unless a set in budget is better held out
@@ -203,6 +205,8 @@ def rechoose(objective: Objective, pricer: Any, fallback: str, known: Iterable[A
     stays = {"objective": objective.name, "max_extra_ms": objective.max_extra_ms,
              "sites_plan": {"float_sites": len(sites_plan), "extra_ms": round(sites_extra, 6)},
              "candidates_judged": len(pool), "chosen": None,
+             "judged": [{"origin": c.origin, "float_sites": len(c.sites), "extra_ms": round(c.extra_ms, 6),
+                         "held_out_value": held(c.sites)} for c in pool],
              "target_met": bool(held(sites_plan) >= target)}
     if objective.name == "latency" and sites_plan:
         stays["split"] = {**plan_split(pricer, {s: fallback for s in sites_plan if s in nodes}),
