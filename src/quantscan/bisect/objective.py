@@ -10,6 +10,11 @@ among the sets the search MEASURED:
 - `--max-extra-ms X`: the best held-out figure among those whose estimated extra time over all-int8 is at
   most X ms (the target may then be missed: the plan's status and `objective.target_met` say so).
 
+Under `latency` two sets the search need not have measured are candidates too (`Candidate.origin`):
+every site at the fallback (no converters, the float model's accuracy) and the fewest-sites plan grown to
+close the int8 islands that cost it converters (quantscan.cost.islands). Each is judged held out like a
+measured set, and only when it is estimated cheaper than the fewest-sites plan.
+
 Nothing new is measured on the searched samples; only the few candidates are judged on the held-out ones.
 """
 
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from quantscan.errors import UsageError
@@ -69,6 +74,16 @@ class Candidate:
     search_value: float
     passed: bool
     extra_ms: float
+    origin: str = "measured"
+    """measured (a set the search measured), every_site or closed_islands (ORIGINS)."""
+
+
+ORIGINS = {
+    "measured": "a set the search measured that met the target on the searched samples",
+    "every_site": "every site at the fallback: no converters, the float model's accuracy",
+    "closed_islands": "the fewest-sites plan grown to close the int8 islands between its float sites",
+}
+"""Why a candidate was judged, as plan.json's `objective.chosen.why` says it."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +123,12 @@ def choose(objective: Objective, pool: Sequence[Candidate], held_out: Callable[[
            target: float, sites_plan: Sequence[str], sites_extra_ms: float) -> Choice | None:
     """The set the objective picks from `pool` by its held-out figure, with plan.json's `objective` record;
     None when the fewest-sites plan stays (no candidate beats it under the objective)."""
-    base = {"objective": objective.name, "max_extra_ms": objective.max_extra_ms,
+    base: dict[str, Any] = {"objective": objective.name, "max_extra_ms": objective.max_extra_ms,
             "sites_plan": {"float_sites": len(sites_plan), "extra_ms": round(sites_extra_ms, 6)},
             "candidates_judged": len(pool)}
     judged = [(c, held_out(c.sites)) for c in pool]
+    base["judged"] = [{"origin": c.origin, "float_sites": len(c.sites), "extra_ms": round(c.extra_ms, 6),
+                       "held_out_value": v} for c, v in judged]  # why the winner won: the others' figures
     if objective.max_extra_ms is not None:
         sites_fit = sites_extra_ms <= objective.max_extra_ms + 1e-9
         if sites_fit:  # the fewest-sites plan fits the budget: it stays unless a set in budget is better held out
@@ -131,7 +148,33 @@ def choose(objective: Objective, pool: Sequence[Candidate], held_out: Callable[[
 
 def _chosen(c: Candidate, held: float) -> dict[str, Any]:
     return {"float_sites": len(c.sites), "extra_ms": round(c.extra_ms, 6), "held_out_value": held,
-            "sites": list(c.sites)}
+            "origin": c.origin, "why": ORIGINS.get(c.origin, c.origin), "sites": list(c.sites)}
+
+
+def unmeasured(pricer: Any, extra_ms: Callable[[Sequence[str]], float], sites_plan: Sequence[str],
+               every_site: Sequence[str], pool: Sequence[Candidate]) -> list[Candidate]:
+    """`latency`'s candidates beyond the measured sets (module docstring), those estimated cheaper than the
+    fewest-sites plan and not already in `pool`; a measured set equal to one is relabelled by the caller."""
+    from quantscan.cost.islands import close_islands
+
+    ceiling = extra_ms(sites_plan)
+    grown = close_islands(extra_ms, pricer.site_neighbours(), sites_plan, every_site)
+    found: dict[tuple[str, ...], Candidate] = {}
+    for origin, sites in (("every_site", tuple(sorted(every_site))), ("closed_islands", grown)):
+        cost = extra_ms(sites)
+        if sites and sites != tuple(sorted(sites_plan)) and cost < ceiling - 1e-9:
+            found.setdefault(sites, Candidate(sites, math.nan, True, cost, origin))
+    return list(found.values())
+
+
+def _with_unmeasured(pool: list[Candidate], extra: Sequence[Candidate]) -> list[Candidate]:
+    """The pool with the unmeasured candidates: a measured set equal to one keeps its searched figure and
+    takes its origin (it is the same set, and why it is a candidate is the clearer story)."""
+    by_sites = {c.sites: c for c in extra}
+    merged = [replace(c, origin=by_sites[c.sites].origin) if c.sites in by_sites else c for c in pool]
+    known = {c.sites for c in merged}
+    merged += [c for c in extra if c.sites not in known]
+    return sorted(merged, key=lambda c: (c.extra_ms, len(c.sites)))
 
 
 MISSED_WITHIN_BUDGET = "missed_within_budget"
@@ -140,10 +183,12 @@ MISSED_WITHIN_BUDGET = "missed_within_budget"
 
 def rechoose(objective: Objective, pricer: Any, fallback: str, known: Iterable[Any], sites_plan: Sequence[str],
              held_out_of: Callable[[Sequence[Sequence[str]]], Callable[[Sequence[str]], float]],
-             target: float) -> tuple[Choice | None, dict[str, Any]]:
-    """The objective's set among the search's measured steps (`known`: Step-likes with sites/value/passed),
-    priced with `pricer` (quantscan.cost.Pricer) at `fallback`; `held_out_of(sets)` judges those sets on
-    the held-out samples and returns their figure. Also the record plan.json keeps when the plan stays."""
+             target: float, every_site: Sequence[str] | None = None) -> tuple[Choice | None, dict[str, Any]]:
+    """The objective's set among the search's measured steps (`known`: Step-likes with sites/value/passed)
+    and, under `latency`, every site (`every_site`: the search's all-float set; default the pricer's sites)
+    and the plan with its islands closed; priced with `pricer` (quantscan.cost.Pricer) at `fallback`;
+    `held_out_of(sets)` judges those sets on the held-out samples and returns their figure. Also the record
+    plan.json keeps when the plan stays."""
     base_ms = pricer.price({}).total_ms
     nodes = set(pricer.site_nodes)
 
@@ -151,17 +196,29 @@ def rechoose(objective: Objective, pricer: Any, fallback: str, known: Iterable[A
         return float(pricer.price({s: fallback for s in sites if s in nodes}).total_ms - base_ms)
 
     pool = candidates(((s.sites, s.value, s.passed) for s in known), extra_ms, objective, sites_plan)
+    if objective.name == "latency" and objective.max_extra_ms is None and sites_plan:
+        every = [s for s in (pricer.site_nodes if every_site is None else every_site) if s in nodes]
+        pool = _with_unmeasured(pool, unmeasured(pricer, extra_ms, sites_plan, every, pool))
     held = held_out_of([c.sites for c in pool] + [tuple(sites_plan)])
     sites_extra = extra_ms(sites_plan)
     choice = choose(objective, pool, held, target, sites_plan, sites_extra)
     stays = {"objective": objective.name, "max_extra_ms": objective.max_extra_ms,
              "sites_plan": {"float_sites": len(sites_plan), "extra_ms": round(sites_extra, 6)},
              "candidates_judged": len(pool), "chosen": None,
+             "judged": [{"origin": c.origin, "float_sites": len(c.sites), "extra_ms": round(c.extra_ms, 6),
+                         "held_out_value": held(c.sites)} for c in pool],
              "target_met": bool(held(sites_plan) >= target)}
     if objective.name == "latency" and sites_plan:
         stays["split"] = {**plan_split(pricer, {s: fallback for s in sites_plan if s in nodes}),
                           "whole_model_extra_ms": round(extra_ms(sorted(nodes)), 6)}
-    return choice, (choice.record if choice is not None else stays)
+    if choice is None:
+        return None, stays
+    record = dict(choice.record)
+    if objective.name == "latency":
+        record["split"] = stays.get("split")
+        record["chosen"] = {**record["chosen"],
+                            "split": plan_split(pricer, {s: fallback for s in choice.sites if s in nodes})}
+    return Choice(choice.sites, record), record
 
 
 def plan_split(pricer: Any, plan: Mapping[str, str]) -> dict[str, Any]:
@@ -175,8 +232,6 @@ def plan_split(pricer: Any, plan: Mapping[str, str]) -> dict[str, Any]:
 def with_objective(plan: Any, record: Mapping[str, Any] | None) -> Any:
     """The plan (records.Plan) with its `objective` record; under --max-extra-ms a chosen set that misses
     the target held out makes the status `missed_within_budget` (not reached: exit 1)."""
-    from dataclasses import replace
-
     if record is None:
         return plan
     plan = replace(plan, objective=dict(record))
@@ -193,7 +248,7 @@ def with_objective(plan: Any, record: Mapping[str, Any] | None) -> Any:
 def _split_clause(split: Mapping[str, Any] | None) -> str:
     """Why the plan costs what it costs (converters against kernels), and what the whole model at the
     fallback would cost: no converters, the float model's accuracy, so a mixed plan dearer than that is not
-    worth its converters (said, not chosen: the search's sites are not all of the chip's kernels)."""
+    worth its converters (under `latency` that set is a candidate itself, judged held out)."""
     if not split:
         return ""
     line = (f"; of that, +{float(split['boundaries_ms']):.3f} ms are its {split['boundaries']} converter(s) or "
@@ -220,5 +275,7 @@ def objective_line(record: Mapping[str, Any] | None) -> str | None:
                 "beats it, so it stays")
         return line + _split_clause(record.get("split"))
     met = "" if record.get("target_met", True) else " (below the target)"
-    return (f"{what}: chose {chosen['float_sites']} site(s) at +{float(chosen['extra_ms']):.3f} ms estimated, "
-            f"held out {float(chosen['held_out_value']):.5f}{met}; {fewest}")
+    why = f" ({chosen['why']})" if chosen.get("origin", "measured") != "measured" else ""
+    return (f"{what}: chose {chosen['float_sites']} site(s){why} at +{float(chosen['extra_ms']):.3f} ms "
+            f"estimated, held out {float(chosen['held_out_value']):.5f}{met}; {fewest}"
+            + _split_clause(record.get("split")))

@@ -7,8 +7,11 @@ plan quickly enough to price every single-site change (layers.csv's `fallback_ex
 - a site kept above int8 runs at the profile's fallback precision (int16 or fp16) on the NPU; a kernel
   the profile puts on the CPU runs in float32 there;
 - pass-through kernels (Concat, Transpose, MaxPool...) run at the precision of what they read;
+- a node the toolkit runs in float16 (compat's `float16` rule: rknn-toolkit2's Softmax) runs at fp16 under
+  every plan, int8 or not: it is no site (as in the scan), and its converters are in the all-int8 price;
 - where a tensor crosses between precisions on the NPU a converter layer runs; where it crosses between
-  NPU and CPU a partition boundary costs the transfer and a synchronisation.
+  NPU and CPU a partition boundary costs the transfer and a synchronisation. A view (Identity, a Flatten
+  after a global pool) is no layer: a crossing is seen through it, from the kernel that computed the data.
 """
 
 from __future__ import annotations
@@ -134,9 +137,12 @@ class Pricer:
         self.profile = profile
         self.table = table
         view = analysis.view
-        colours = colour(analysis, run_rules(analysis, profile))
+        findings = run_rules(analysis, profile)
+        colours = colour(analysis, findings)
         self.placement = {view.names[i]: c for i, c in colours.items()}
-        self.kernels = find_kernels(analysis, frozenset(profile.fused_activations), self.placement)
+        self.float16_nodes = frozenset(f.node for f in findings if f.rule == FLOAT16_RULE and f.node)
+        self.kernels = find_kernels(analysis, frozenset(profile.fused_activations), self.placement,
+                                    self.float16_nodes)
         position = {name: i for i, name in enumerate(view.names)}
         self._producer: dict[str, int] = {}
         for k_index, k in enumerate(self.kernels):
@@ -181,6 +187,9 @@ class Pricer:
         """Each kernel's precision; pass-through kernels take that of what they read."""
         out: list[str] = []
         for k in self.kernels:
+            if k.device == "npu" and k.node in self.float16_nodes:
+                out.append("fp16")
+                continue
             if k.site or k.device == "cpu" or not k.inputs:
                 out.append(self.precision_of(k, plan))
                 continue
@@ -209,6 +218,33 @@ class Pricer:
         """Per site: what keeping that one site at the fallback precision adds over all-int8."""
         base = self.price({}).total_ms
         return {n: self.price({n: "float"}).total_ms - base for n in self.site_nodes}
+
+    def site_neighbours(self) -> dict[str, set[str]]:
+        """Kernel sites that exchange a tensor, directly or through kernels that are no site (a MaxPool, a
+        Concat, a view): where one is float and the other int8, a converter runs between them. Model input
+        sites are left out: their price does not depend on their neighbours (`_input_cost`)."""
+        readers: dict[int, list[int]] = {}
+        for i, k in enumerate(self.kernels):
+            for t in k.inputs:
+                j = self._producer.get(t)
+                if j is not None and j != i:
+                    readers.setdefault(j, []).append(i)
+        found: dict[str, set[str]] = {k.node: set() for k in self.kernels if k.site}
+        for start, k in enumerate(self.kernels):
+            if not k.site:
+                continue
+            stack, seen = list(readers.get(start, [])), set()
+            while stack:
+                i = stack.pop()
+                if i in seen:
+                    continue
+                seen.add(i)
+                if self.kernels[i].site:
+                    found[k.node].add(self.kernels[i].node)
+                    found[self.kernels[i].node].add(k.node)
+                else:
+                    stack.extend(readers.get(i, []))
+        return found
 
     def island_ms(self, nodes: set[str], estimate: CostEstimate | None = None) -> float:
         """Board time of a group of nodes (a compat partition): its kernels and the boundaries into it."""
@@ -242,10 +278,13 @@ class Pricer:
         seen: set[tuple[str, str, str]] = set()
         found: list[BoundaryCost] = []
         for i, k in enumerate(self.kernels):
+            if k.role == "free":  # a view: its readers see through it
+                continue
             for t in k.inputs:
                 j = self._producer.get(t)
                 if j is None:
                     continue
+                j = self._computed_by(j)
                 src = self.kernels[j]
                 kind = _crossing(src, precs[j], k, precs[i])
                 if kind is None or (t, precs[i], k.device) in seen:
@@ -258,6 +297,20 @@ class Pricer:
                 found.append(BoundaryCost(kind, t, src.node, k.node, precs[j], precs[i], n, ms))
         return found
 
+
+    def _computed_by(self, j: int) -> int:
+        """The kernel that computed what kernel `j` holds: `j` itself, or above a chain of views."""
+        for _ in range(len(self.kernels)):
+            k = self.kernels[j]
+            up = self._producer.get(k.inputs[0]) if k.role == "free" and k.inputs else None
+            if up is None:
+                return j
+            j = up
+        return j
+
+
+FLOAT16_RULE = "float16"
+"""compat's rule naming the nodes a toolkit runs in float16 inside an int8 model (compat/rules/float16.py)."""
 
 INPUT_KERNEL = "input"
 """The kernel and op a model input site is priced as (sites.INPUT_OP's spelling)."""

@@ -2,7 +2,11 @@
 
 A kernel is a quantization site (`quantscan.sites`, after the profile's fusions) or a live node no site
 claims (a Concat, a Transpose, a MaxPool: they pass their input's scale through but still move data).
-Nodes constant folding removes (`compat.analysis`) are no kernels. A BatchNormalization right after a
+Nodes constant folding removes (`compat.analysis`) are no kernels. Sites are found on the graph as the
+scan's analysis copy has it (`scanning/analysis_copy.py`: Constant weights as initializers, Identity and
+Dropout gone, constant subgraphs folded), so the pricer's sites are bisect's and layers.csv's: a Paddle
+bias written `Add(conv, Reshape(Constant))` or an `Add -> Identity -> Relu` fuses into its Conv here as
+there (ppocr_mobile_v2_cls had 18 such Add kernels the scan did not have). A BatchNormalization right after a
 Conv joins the Conv (the converter folds it into the weights). Sizes come from the view with the input
 dims fixed; an unknown size counts as zero (said in the estimate's notes).
 
@@ -81,17 +85,20 @@ class Kernel:
 
 
 def find_kernels(
-    analysis: ModelAnalysis, fused_activations: frozenset[str], placement: Mapping[str, str]
+    analysis: ModelAnalysis, fused_activations: frozenset[str], placement: Mapping[str, str],
+    float16_nodes: frozenset[str] = frozenset(),
 ) -> list[Kernel]:
-    """Every kernel of the model in graph order. `placement`: node name -> "npu"/"cpu" (compat's colouring)."""
+    """Every kernel of the model in graph order. `placement`: node name -> "npu"/"cpu" (compat's colouring);
+    `float16_nodes`: nodes the toolkit runs in float16 (compat's `float16` rule): no sites, as in the scan."""
     view = analysis.view
-    proto = _named_copy(view)
+    proto = _site_view(view)
     live = set(analysis.live())
     cpu = {n for n, where in placement.items() if where == "cpu"}
-    floats = {t for t, info in view.tensors.items() if info.elem_type in _FLOAT_TYPES} | set(view.initializers)
+    floats = ({t for t, info in view.tensors.items() if info.elem_type in _FLOAT_TYPES} | set(view.initializers)
+              | {t.name for t in proto.graph.initializer})
     order = {name: i for i, name in enumerate(view.names)}
     sites = find_sites(proto, float_tensors=floats, original_order=order, fused_activations=fused_activations,
-                       cpu_nodes=cpu)
+                       cpu_nodes=cpu | set(float16_nodes))
     by_first = {s.nodes[0]: s for s in sites if s.nodes}
     position = {name: i for i, name in enumerate(view.names)}
     claimed = {n for s in sites for n in s.nodes}
@@ -118,6 +125,17 @@ def _named_copy(view: GraphIndex) -> onnx.ModelProto:
     for node, name in zip(proto.graph.node, view.names, strict=True):
         node.name = name
     return proto
+
+
+def _site_view(view: GraphIndex) -> onnx.ModelProto:
+    """The named copy as the scan's analysis copy sees it (module docstring): node names kept, and the
+    tensors downstream of a removed Identity keep their names (cleanup renames the producer's output)."""
+    from quantscan.model import constants_to_initializers
+    from quantscan.rewrites.cleanup import cleanup
+
+    proto = _named_copy(view)
+    constants_to_initializers(proto)
+    return cleanup(proto).model
 
 
 def _numel(view: GraphIndex, tensor: str) -> int:

@@ -429,6 +429,7 @@ def plan_lines(plan: Mapping[str, Any] | None) -> list[str]:
         f"{_g(_metric(plan.get('achieved'), metric), 5)} with the plan{_interval_text(plan)}{_scheme_text(plan)}.",
         *_held_out_lines(plan),
         *_budget_lines(plan),
+        *_objective_lines(plan),
         *_unmeasured_lines(plan),
         *_verified_lines(plan),
     ]
@@ -461,6 +462,15 @@ def _held_out_lines(plan: Mapping[str, Any]) -> list[str]:
                      f"of {verdict.get('site_count')} sites above int8. Cause: {text(verdict.get('why'))}."
                      + (" Measured alternatives: " + "; ".join(alternatives) + "." if alternatives else ""))
     return lines
+
+
+def _objective_lines(plan: Mapping[str, Any]) -> list[str]:
+    """`--objective latency` / `--max-extra-ms`: which set won and why, against the fewest-sites plan."""
+    from quantscan.bisect.objective import objective_line
+
+    record = plan.get("objective")
+    line = objective_line(record) if isinstance(record, Mapping) else None
+    return [f"  **Objective**: {text(line)}."] if line else []
 
 
 def _budget_lines(plan: Mapping[str, Any]) -> list[str]:
