@@ -307,7 +307,7 @@ def _toolchain_judge(
     toolchain (each evaluation one build in it; the session records which) or quantscan's simulation."""
     chain = toolchain(*data) if toolchain is not None and (verify or evaluator != "quantscan") else None
     if chain is None or evaluator == "quantscan":
-        return chain, RealisedEvaluator(ctx, builder, aim, rounding)
+        return chain, RealisedEvaluator(ctx, builder, aim, rounding, settle=True)  # realise.py `settle`
     return chain, ToolchainEvaluator(ctx, chain, aim.key)
 
 
@@ -459,6 +459,7 @@ def _new_session(
         "fallback": fallback,
         "mode": mode,
         Col.LOSS_IF_ONLY: loss_if_only,
+        "early_stop": True,  # bisect/state.py EARLY_STOP_SHARE
         "keep_float": list(keep_float),
         "force_quant": list(force_quant),
         "scan": scan_opts,
