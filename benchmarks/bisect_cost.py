@@ -74,12 +74,19 @@ def child(argv: list[str]) -> None:
     for name in PHASES:
         if hasattr(driver, name):  # a phase another version does not have is left out
             setattr(driver, name, _timed(phases, name, getattr(driver, name)))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu()
     try:
         code = main(argv)
     except SystemExit as exc:
         code = int(exc.code or 0)
-    print(MARKER + json.dumps({"code": code, "wall": time.perf_counter() - t0, "phases": phases}), flush=True)
+    print(MARKER + json.dumps({"code": code, "wall": time.perf_counter() - t0, "cpu": _cpu() - cpu0,
+                               "phases": phases}), flush=True)
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its children: on a shared machine the wall follows the load, this less."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def run(argv: list[str], pythonpath: str | None) -> dict[str, Any]:
@@ -119,10 +126,16 @@ def searched(out: Path) -> dict[str, Any]:
 
 
 def measure(name: str, limit: int, out: Path, pythonpath: str | None, target: float | None,
-            extra: list[str]) -> dict[str, Any]:
+            extra: list[str], reuse_scan: bool = False) -> dict[str, Any]:
     model, calib = MODELS[name]
     data = [str(model), "--calib", str(calib), "--limit", str(limit), "--quiet", "--force"]
-    scan = run(["scan", *data, "--out", str(out / "scan")], pythonpath)
+    kept = out / "scan.json"
+    if reuse_scan and kept.exists():  # the scan code did not change: one scan serves before and after
+        scan = json.loads(kept.read_text())
+    else:
+        scan = run(["scan", *data, "--out", str(out / "scan")], pythonpath)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(scan))
     aim = target if target is not None else halfway(out / "scan")
     bisect = run(["bisect", *data, "--target-cosine", str(aim), "--out", str(out / "bisect"), *extra], pythonpath)
     row: dict[str, Any] = {"model": name, "samples": limit, "target": aim, "scan": scan, "bisect": bisect,
@@ -133,14 +146,14 @@ def measure(name: str, limit: int, out: Path, pythonpath: str | None, target: fl
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ["model", "samples", "target", "scan s", "bisect s", "bisect/scan", "evaluations", "plan",
+    head = ["model", "samples", "target", "scan s", "bisect s", "bisect/scan", "CPU ratio", "evaluations", "plan",
             *PHASES.values(), "load"]
     body = []
     for r in rows:
         scan, bis = r["scan"].get("wall", float("nan")), r["bisect"].get("wall", float("nan"))
         ph = r["bisect"].get("phases", {})
         body.append([r["model"], str(r["samples"]), f"{r['target']:.4f}", f"{scan:.0f}", f"{bis:.0f}",
-                     f"{bis / scan:.1f}x", str(r.get("evaluations", r["bisect"].get("error", "-"))),
+                     f"{bis / scan:.1f}x", _cpu_ratio(r), str(r.get("evaluations", r["bisect"].get("error", "-"))),
                      f"{r.get('status')} {r.get('plan_sites')}/{r.get('site_count')}",
                      *(f"{ph[k]:.0f}" if k in ph else "-" for k in PHASES), f"{r['load']:.1f}"])
     return markdown_table(head, body)
@@ -161,6 +174,13 @@ def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
     return markdown_table(head, body)
 
 
+def _cpu_ratio(r: dict[str, Any]) -> str:
+    """bisect CPU seconds / scan CPU seconds ('-' when a run did not report them)."""
+    if "cpu" not in r["bisect"] or "cpu" not in r["scan"]:
+        return "-"
+    return f"{r['bisect']['cpu'] / r['scan']['cpu']:.1f}x"
+
+
 def _ratio(r: dict[str, Any]) -> str:
     bisect, scan = r["bisect"]["wall"], r["scan"]["wall"]
     return f"{bisect / scan:.1f}x ({bisect:.0f} / {scan:.0f} s)"
@@ -177,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--bisect-args", default="", help="extra bisect flags, one string")
+    parser.add_argument("--reuse-scan", action="store_true",
+                        help="take the scan's figures from OUT/MODEL/scan.json when an earlier run left it")
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
@@ -184,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         print(compare(*(json.loads(p.read_text()) for p in args.compare)))
         return 0
-    rows = [measure(m, args.limit, args.out / m, args.pythonpath, args.target, args.bisect_args.split())
-            for m in args.models]
+    rows = [measure(m, args.limit, args.out / m, args.pythonpath, args.target, args.bisect_args.split(),
+                    args.reuse_scan) for m in args.models]
     print(table(rows))
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))

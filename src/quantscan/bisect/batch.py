@@ -77,7 +77,7 @@ def judge_shard(job: SearchJob, sites: tuple[str, ...], threads: int | None) -> 
     """One candidate judged in a worker: its own runner, builder and realised evaluator."""
     ctx = replace(job.ctx, runner=Runner(threads=threads, opt_level=job.ctx.runner.opt_level))
     builder = mixed_builder(ctx, job.fallback)
-    evaluator = RealisedEvaluator(ctx, builder, job.target, job.rounding)
+    evaluator = RealisedEvaluator(ctx, builder, job.target, job.rounding, settle=True)  # as the parent's
     # one candidate per call: a switchable session would be built for a handful of evaluations, which costs
     # more than it saves (bisect/switched.py); the evaluator here in the parent keeps its own
     evaluator.use_switchable("never")
