@@ -278,14 +278,16 @@ def test_time_budget_must_be_positive(chain: tuple[Path, Path]) -> None:
 
 
 def test_a_target_needing_every_site_float_stops_after_the_prefix_search(
-    chain: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    chain: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 38: the target only all-float meets (cosine 1 to 1e-7) needs every site float; the search ends after
     its prefix search with the measured passing set and says so (stdout, plan.json, summary lines), where the
-    full search would go on to trim it member by member."""
+    full search would go on to trim it member by member. (The chain has 12 sites: EARLY_STOP_MIN lowered.)"""
+    from quantscan.bisect import state
     from quantscan.cli.dispatch import main
     from quantscan.report.verdict import plan_lines
 
+    monkeypatch.setattr(state, "EARLY_STOP_MIN", 8)
     model, calib = chain
     out = tmp_path / "b"
     code = main(["bisect", str(model), "--calib", str(calib), "--target-cosine", "0.9999999", "--realisations", "1",

@@ -76,8 +76,10 @@ Why: issue 38, PicoDet layout (114 sites, target 0.95): the prefix search's boun
 QuickXplain and the prune then spent 28 minutes trimming that set one member at a time, for a plan that keeps
 more than half the sites float, which the verdict calls "cannot be int8" whatever the trimming finds. 3/4: a
 plan above it is past that verdict with room to spare, so the trimming cannot bring it back to an int8 plan."""
-EARLY_STOP_MIN = 2 * REDUCE_MIN
-"""Below this many free sites the trimming is cheap: the search never stops early there."""
+EARLY_STOP_MIN = 32
+"""Below this many free sites the trimming is cheap (tens of evaluations), and it is what repairs a gain order that
+misses a non-additive loss (a 12-site chain: the prefix search ends at 12 float sites, QuickXplain and the prune
+find 8): the search never stops early there."""
 
 
 class SessionFileError(UsageError):
