@@ -282,7 +282,8 @@ def test_a_target_needing_every_site_float_stops_after_the_prefix_search(
 ) -> None:
     """Issue 38: the target only all-float meets (cosine 1 to 1e-7) needs every site float; the search ends after
     its prefix search with the measured passing set and says so (stdout, plan.json, summary lines), where the
-    full search would go on to trim it member by member. (The chain has 12 sites: EARLY_STOP_MIN lowered.)"""
+    full search would go on to trim it member by member. The stop needs an order that saw each site's loss alone
+    (`--loss-if-only`); the chain has 12 sites: EARLY_STOP_MIN lowered."""
     from quantscan.bisect import state
     from quantscan.cli.dispatch import main
     from quantscan.report.verdict import plan_lines
@@ -291,7 +292,7 @@ def test_a_target_needing_every_site_float_stops_after_the_prefix_search(
     model, calib = chain
     out = tmp_path / "b"
     code = main(["bisect", str(model), "--calib", str(calib), "--target-cosine", "0.9999999", "--realisations", "1",
-                 "--out", str(out), "--quiet", "--threads", "1"])
+                 "--loss-if-only", "--out", str(out), "--quiet", "--threads", "1"])
     assert code in (0, 1)
     raw = json.loads((out / "plan.json").read_text())
     assert raw["early_stop"] and "nearly every site float" in raw["early_stop"]
@@ -305,3 +306,8 @@ def test_a_target_needing_every_site_float_stops_after_the_prefix_search(
     assert shorter and len(shorter[0]["sites"]) > 0.75 * raw["site_count"]
     assert "The search stopped early" in " ".join(plan_lines(raw))
     assert json.loads((out / "session.json").read_text())["options"]["early_stop"] is True
+    plain = tmp_path / "plain"  # the gain order alone can miss a non-additive loss: no stop, the trimming runs
+    main(["bisect", str(model), "--calib", str(calib), "--target-cosine", "0.9999999", "--realisations", "1",
+          "--out", str(plain), "--quiet", "--threads", "1"])
+    assert "early_stop" not in json.loads((plain / "plan.json").read_text())
+    assert json.loads((plain / "session.json").read_text())["options"]["early_stop"] is False

@@ -459,7 +459,7 @@ def _new_session(
         "fallback": fallback,
         "mode": mode,
         Col.LOSS_IF_ONLY: loss_if_only,
-        "early_stop": True,  # bisect/state.py EARLY_STOP_SHARE
+        "early_stop": loss_if_only,  # bisect/state.py EARLY_STOP_SHARE: only an order that saw each loss alone
         "keep_float": list(keep_float),
         "force_quant": list(force_quant),
         "scan": scan_opts,
