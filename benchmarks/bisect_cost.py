@@ -13,6 +13,8 @@ and `--compare BEFORE.json AFTER.json` prints the ratio table of the two. One ru
 shared, so read the figures as one measurement under its load (the load average is printed).
 
 Run: nice python benchmarks/bisect_cost.py --models ppocrv4_rec picodet --limit 16 --json after.json
+(extra bisect flags as one string with `=`: `--bisect-args=--loss-if-only`; `--reuse-scan` takes the scan's
+figures from an earlier run's OUT/MODEL/scan.json, the scan code being the same on both sides).
 """
 
 from __future__ import annotations
