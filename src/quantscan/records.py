@@ -653,6 +653,10 @@ class Plan:
     `group_size`, `weight_zero_point`, `activations`): a site at `int8` holds the scheme's weights and
     activations, not literally int8. None in plan files from before schemes (w8a8)."""
 
+    early_stop: str | None = None
+    """Why the search ended after its prefix search (bisect/state.py EARLY_STOP_SHARE): the target needs nearly
+    every site float, so the plan is a measured passing set, not a minimal one. None when it did not stop early."""
+
     objective: Mapping[str, Any] | None = None
     """`bisect --objective`/`--max-extra-ms` (bisect/objective.py): what was optimised, the fewest-sites plan's
     estimated extra ms and the chosen set's. None in older plan files."""
@@ -703,6 +707,7 @@ class Plan:
             **({"verdict": dict(self.verdict)} if self.verdict is not None else {}),
             **({"scheme": dict(self.scheme)} if self.scheme is not None else {}),
             **({"objective": dict(self.objective)} if self.objective is not None else {}),
+            **({"early_stop": self.early_stop} if self.early_stop is not None else {}),
         }
 
     @classmethod
@@ -752,6 +757,7 @@ class Plan:
             verdict=dict(raw["verdict"]) if isinstance(raw.get("verdict"), dict) else None,
             scheme=dict(raw["scheme"]) if isinstance(raw.get("scheme"), dict) else None,
             objective=dict(raw["objective"]) if isinstance(raw.get("objective"), dict) else None,
+            early_stop=str(raw["early_stop"]) if raw.get("early_stop") is not None else None,
         )
 
 

@@ -277,3 +277,39 @@ def test_time_budget_must_be_positive(chain: tuple[Path, Path]) -> None:
     model, calib = chain
     with pytest.raises(UsageError, match="--max-minutes: expected a positive number"):
         run_bisect(model, calib, target_sqnr=TARGET_SQNR, threads=1, max_minutes=0)
+
+
+def test_a_target_needing_every_site_float_stops_after_the_prefix_search(
+    chain: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38: the target only all-float meets (cosine 1 to 1e-7) needs every site float; the search ends after
+    its prefix search with the measured passing set and says so (stdout, plan.json, summary lines), where the
+    full search would go on to trim it member by member. The stop needs an order that saw each site's loss alone
+    (`--loss-if-only`); the chain has 12 sites: EARLY_STOP_MIN lowered."""
+    from quantscan.bisect import state
+    from quantscan.cli.dispatch import main
+    from quantscan.report.verdict import plan_lines
+
+    monkeypatch.setattr(state, "EARLY_STOP_MIN", 8)
+    model, calib = chain
+    out = tmp_path / "b"
+    code = main(["bisect", str(model), "--calib", str(calib), "--target-cosine", "0.9999999", "--realisations", "1",
+                 "--loss-if-only", "--out", str(out), "--quiet", "--threads", "1"])
+    assert code in (0, 1)
+    raw = json.loads((out / "plan.json").read_text())
+    assert raw["early_stop"] and "nearly every site float" in raw["early_stop"]
+    assert "stopped early: " in capsys.readouterr().out
+    assert set(raw["phases"]) <= {"all_float", "all_int8", "search"}
+    steps = raw["steps"]
+    plan_sites = {s["node"] for s in raw["sites"]}
+    passing = next(s for s in steps if set(s["sites"]) == plan_sites)
+    assert passing["passed"] and passing["value"] >= 0.9999999
+    shorter = [s for s in steps if not s["passed"] and len(s["sites"]) == len(plan_sites) - 1]
+    assert shorter and len(shorter[0]["sites"]) > 0.75 * raw["site_count"]
+    assert "The search stopped early" in " ".join(plan_lines(raw))
+    assert json.loads((out / "session.json").read_text())["options"]["early_stop"] is True
+    plain = tmp_path / "plain"  # the gain order alone can miss a non-additive loss: no stop, the trimming runs
+    main(["bisect", str(model), "--calib", str(calib), "--target-cosine", "0.9999999", "--realisations", "1",
+          "--out", str(plain), "--quiet", "--threads", "1"])
+    assert "early_stop" not in json.loads((plain / "plan.json").read_text())
+    assert json.loads((plain / "session.json").read_text())["options"]["early_stop"] is False

@@ -194,3 +194,44 @@ def test_explicit_eval_folder_is_the_held_out_set(chain: tuple[Path, Path], tmp_
     plan = run_bisect(model, calib, target_cosine=0.9999, eval=str(held), threads=1).plan
     assert plan.held_out is not None and plan.held_out["split"].startswith("--eval")
     assert plan.held_out["held_out_samples"] == 10 and plan.held_out["search_samples"] == len(np.load(calib / "x.npy"))
+
+
+@pytest.mark.parametrize("target", [0.9, 0.999, 0.99999])
+def test_settled_judge_gives_the_full_verdict_with_fewer_realisations(chain: tuple[Path, Path], target: float) -> None:
+    """The search's judge stops a candidate at the first realisation whose bound misses the target: the verdict
+    is the one every realisation gives, a passing candidate is measured in full (same figures), and a
+    settled one's bound is the minimum over the realisations it measured, which the full bound lies under."""
+    from quantscan.bisect.realise import RealisedEvaluator, split_context
+    from quantscan.scanning.gain import mixed_builder
+    from quantscan.scanning.prepare import prepare_scan
+
+    model, calib = chain
+    rounding = Rounding(4, 0.05)
+    split = split_context(prepare_scan(model, calib, threads=1), rounding, False)
+    builder = mixed_builder(split.search)
+    aim = Target("cosine", target)
+    full = RealisedEvaluator(split.search, builder, aim, rounding)
+    settled = RealisedEvaluator(split.search, builder, aim, rounding, stop_early=True)
+    names = [s.node for s in builder.sites]
+    for sites in ([], names[:1], names[1:], names):
+        a, b = full.judge(builder.precisions(sites)), settled.judge(builder.precisions(sites))
+        assert aim.met(a.value) == aim.met(b.value)
+        assert len(a.realisations) == 4 and not a.settled and "realisations_measured" not in a.metrics()
+        if aim.met(b.value):
+            assert len(b.realisations) == 4 and b.value == a.value
+        else:
+            measured = len(b.realisations)
+            assert b.settled == (measured < 4)
+            assert b.value == pytest.approx(min(c - s for c, s in _bounds(a)[:measured]), abs=1e-12)
+            assert b.value >= a.value - 1e-12
+            assert not aim.met(min(c - s for c, s in _bounds(a)[:measured]))
+            if measured > 1:  # it stopped at the first realisation that put the bound under the target
+                assert aim.met(min(c - s for c, s in _bounds(a)[: measured - 1]))
+
+
+def _bounds(judged: object) -> list[tuple[float, float]]:
+    """Per realisation, (pooled cosine, 1 jackknife standard error), from its per-sample sums."""
+    from quantscan.bisect.robust import pooled_cosine, pooled_stderr
+
+    return [(pooled_cosine(m.sums[m.output]), pooled_stderr(m.sums[m.output]))
+            for m in judged.realisations]  # type: ignore[attr-defined]

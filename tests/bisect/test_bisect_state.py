@@ -176,3 +176,61 @@ def test_stop_early_before_any_pass_has_no_plan() -> None:
     assert cand is not None and cand.phase == "all_float"
     outcome = machine.stop_early()
     assert outcome.status == "budget_no_plan" and outcome.sites == () and math.isnan(outcome.value)
+
+
+MANY = [f"s{i}" for i in range(40)]
+"""Enough sites for the early stop (EARLY_STOP_MIN)."""
+
+
+def _needs_all_but_one(s: frozenset[str]) -> float:
+    """Every site costs 0.01 alone-int8: the 0.99 target needs 39 of the 40 sites float."""
+    return 0.6 + 0.01 * len(s)
+
+
+def test_search_stops_early_when_the_target_needs_nearly_every_site_float() -> None:
+    """Issue 38: a prefix search ending near the full set is not trimmed member by member; the plan is the
+    measured passing prefix, and the outcome says why it stopped."""
+    full = Bisector(MANY, Target("cosine", 0.99))
+    full_steps = run(full, _needs_all_but_one)
+    early = Bisector(MANY, Target("cosine", 0.99), early_stop=True)
+    steps = run(early, _needs_all_but_one)
+    assert early.outcome is not None and early.outcome.status == "reached"
+    assert early.outcome.early_stop is not None and "39" in early.outcome.early_stop
+    assert {s.phase for s in steps} <= {"all_float", "all_int8", "search"}
+    plan = frozenset(early.outcome.sites)
+    assert len(plan) == 39 and _needs_all_but_one(plan) >= 0.99
+    failing = [s for s in steps if not s.passed and len(s.sites) > 0.75 * len(MANY)]
+    assert failing, "the stop rests on a measured failing set above the share"
+    assert len(steps) <= 2 + math.ceil(math.log2(len(MANY)))
+    assert 3 * len(steps) < len(full_steps), (len(steps), len(full_steps))
+    assert full.outcome is not None and full.outcome.early_stop is None
+
+
+def test_small_searches_never_stop_early() -> None:
+    """Under EARLY_STOP_MIN free sites the trimming is cheap and is what repairs the order: it always runs."""
+    machine = Bisector(SITES, Target("cosine", 0.99), early_stop=True)
+    steps = run(machine, lambda s: 0.84 + 0.01 * len(s))  # 15 of the 16 sites needed
+    assert machine.outcome is not None and machine.outcome.early_stop is None
+    assert {s.phase for s in steps} & {"reduce", "prune"}
+
+
+def test_early_stop_changes_nothing_when_few_sites_are_needed() -> None:
+    weights = {n: 0.001 for n in MANY} | {"s3": 0.05, "s7": 0.04}
+    order = ["s3", "s7", *[n for n in MANY if n not in ("s3", "s7")]]
+    runs = [run(Bisector(order, Target("cosine", 0.985), early_stop=flag), additive(weights))
+            for flag in (False, True)]
+    assert [(s.sites, s.phase) for s in runs[0]] == [(s.sites, s.phase) for s in runs[1]]
+    assert "prune" in {s.phase for s in runs[0]}
+
+
+def test_early_stop_is_kept_by_replay_and_fork() -> None:
+    machine = Bisector(MANY, Target("cosine", 0.99), early_stop=True)
+    for _ in range(3):
+        cand = machine.next()
+        assert cand is not None
+        machine.record(_needs_all_but_one(frozenset(cand.sites)))
+    twin = machine.fork()
+    assert twin.early_stop and twin.next() == machine.next()
+    run(twin, _needs_all_but_one)
+    run(machine, _needs_all_but_one)
+    assert twin.outcome == machine.outcome and twin.outcome is not None and twin.outcome.early_stop

@@ -58,7 +58,8 @@ def judge_shard(job: SearchJob, sites: tuple[str, ...], threads: int | None) -> 
     """One candidate judged in a worker: its own runner, builder and realised evaluator."""
     ctx = replace(job.ctx, runner=Runner(threads=threads, opt_level=job.ctx.runner.opt_level))
     builder = mixed_builder(ctx, job.fallback)
-    return judge_here(RealisedEvaluator(ctx, builder, job.target, job.rounding, job.graph), builder, sites)
+    evaluator = RealisedEvaluator(ctx, builder, job.target, job.rounding, job.graph, stop_early=True)  # as the parent's
+    return judge_here(evaluator, builder, sites)
 
 
 class SimulationRound:

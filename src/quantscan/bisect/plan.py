@@ -146,6 +146,7 @@ def build_plan(
         recipe=plan_recipe(ctx),
         unmeasured=tuple(quantizable_bodies(ctx.graph.prepared.proto)),
         scheme=ctx.chip.scheme.to_json(),
+        early_stop=outcome.early_stop,
     )
     if claims is None:
         return plan

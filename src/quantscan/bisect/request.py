@@ -88,6 +88,7 @@ class BisectRequest:
             "fallback": self.fallback,
             "mode": self.mode,
             Col.LOSS_IF_ONLY: self.loss_if_only,
+            "early_stop": self.loss_if_only,  # bisect/state.py EARLY_STOP_SHARE: only an order that saw each loss alone
             "keep_float": list(self.keep_float),
             "force_quant": list(self.force_quant),
             "scan": scan_record(opts),

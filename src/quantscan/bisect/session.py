@@ -286,6 +286,7 @@ def _machine_for(session: BisectSession) -> Bisector:
         mode=str(opts.get("mode", "search")),
         keep_float=opts.get("keep_float", ()),
         force_quant=opts.get("force_quant", ()),
+        early_stop=bool(opts.get("early_stop", False)),  # a session from before the stop replays without it
     )
     machine.replay(session.events)
     return machine

@@ -28,7 +28,7 @@ class SimulatedJudge:
     def __init__(self, setup: JudgeSetup) -> None:
         self.setup = setup
         self.search = RealisedEvaluator(setup.split.search, setup.builder, setup.target, setup.rounding,
-                                        graph_strategy(setup.target, setup.graph))
+                                        graph_strategy(setup.target, setup.graph), stop_early=True)  # realise.py
         self._held: HeldOut | None = None
         self._round = (SimulationRound(setup.executor, setup.split.search, setup.fallback, setup.target,
                                        setup.rounding, self.search, setup.builder)

