@@ -5,7 +5,7 @@ architectures only. Runs in a venv with torch, torchvision and ultralytics (not 
 
     python -m venv /work/venvs/cost
     /work/venvs/cost/bin/pip install torch==2.14.1 torchvision==0.29.1 ultralytics onnx
-    /work/venvs/cost/bin/python -P benchmarks/cost_zoo_build.py OUT_DIR   (-P: benchmarks/bisect.py (renamed bisect_gain.py since) would
+    /work/venvs/cost/bin/python -P benchmarks/cost_zoo_build.py OUT_DIR   (-P: benchmarks/bisect.py would
     shadow the standard library's bisect)
 
 Heads are exported as the zoo exports them (examples/*/README.md of airockchip/rknn_model_zoo v2.3.2):

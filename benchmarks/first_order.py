@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# benchmarks/bisect.py (renamed bisect_gain.py since) would shadow the standard library's bisect (random, statistics import it): the
+# benchmarks/bisect.py would shadow the standard library's bisect (random, statistics import it): the
 # script's folder goes to the END of the path, where only `_common` is looked up in it.
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if p and str(Path(p).resolve()) != _HERE] + [_HERE]

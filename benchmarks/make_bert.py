@@ -13,7 +13,7 @@ each [N, 128] int64 holding N samples; token ids are seeded uniform over the voc
 the first/last real token), each sample padded after a seeded length in [16, 128].
 
 Run: python benchmarks/make_bert.py OUT.onnx [--seed N]   (re-runs itself under TORCH_PYTHON with -P, so
-benchmarks/bisect.py (renamed bisect_gain.py since) does not shadow the standard library's bisect)
+benchmarks/bisect.py does not shadow the standard library's bisect)
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Two steps, two Pythons (NNCF lives in its own venv, never in quantscan's install
     PYTHONPATH=src python benchmarks/peer_nncf.py export MODEL CALIB_DIR OUT.npz --limit 16
     /work/venvs/nncf/bin/python -P benchmarks/peer_nncf.py run MODEL OUT.npz
 
-(-P: without it benchmarks/bisect.py (renamed bisect_gain.py since) shadows the stdlib module NNCF imports.)
+(-P: without it benchmarks/bisect.py shadows the stdlib module NNCF imports.)
 
 `export` writes the calibration samples exactly as quantscan feeds them; `run` quantizes with
 nncf.quantize (ONNX backend, preset MIXED: asymmetric activations like rk3588's, per-channel weights)

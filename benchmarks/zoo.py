@@ -491,7 +491,7 @@ def lm_text(spec: dict[str, Any], cache: Path, folder: Path) -> None:
 
 
 def _load_script(path: Path) -> Any:
-    """A benchmarks/ module loaded from its file (benchmarks/ is not put on sys.path: its bisect.py (renamed bisect_gain.py since) would
+    """A benchmarks/ module loaded from its file (benchmarks/ is not put on sys.path: its bisect.py would
     shadow the stdlib's)."""
     import importlib.util
 

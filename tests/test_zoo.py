@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _load_zoo() -> Any:
     """benchmarks/zoo.py loaded from its file. Not by putting benchmarks/ on sys.path: tests hand
-    sys.path to child interpreters, and benchmarks/bisect.py (renamed bisect_gain.py since) would then shadow the stdlib `bisect`."""
+    sys.path to child interpreters, and benchmarks/bisect.py would then shadow the stdlib `bisect`."""
     spec = importlib.util.spec_from_file_location("quantscan_zoo_benchmark", REPO / "benchmarks" / "zoo.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
