@@ -93,7 +93,8 @@ def quantscan_layers(pricer: Pricer, precision: str) -> list[float]:
     plan = {n: precision for n in pricer.site_nodes} if precision != "int8" else {}
     est = pricer.price(plan)
     items = [(k.role == "matmul" or k.op in POOL_ANCHORS, s.est_ms)
-             for k, s in zip(pricer.kernels, est.per_site, strict=True) if k.role != "free"]
+             for k, s in zip(pricer.kernels, est.per_site[len(pricer.input_sites):], strict=True)  # inputs first
+             if k.role != "free"]
     return group(items)
 
 
