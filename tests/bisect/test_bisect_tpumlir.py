@@ -9,8 +9,6 @@ exact (1.0) when the head MatMul `y_MatMul` is in the table, else the rounded ou
 from __future__ import annotations
 
 import json
-import stat
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,27 +16,12 @@ import onnx
 import pytest
 
 from builders import run, write_chain
+from fakes import fake_tpu_mlir_python
 from quantscan.cli import main
 
 FAKE = Path(__file__).parents[1] / "toolchains" / "fake_tpu_mlir.py"
 
 
-def _fake_python(tmp: Path) -> Path:
-    """A `python` that imports a stand-in `tpu_mlir` and finds the fake scripts on PATH."""
-    site = tmp / "fake_site" / "tpu_mlir"
-    site.mkdir(parents=True, exist_ok=True)
-    (site / "__init__.py").write_text("")
-    bin_dir = tmp / "fake_bin"
-    bin_dir.mkdir(exist_ok=True)
-    for tool in ("model_transform", "run_calibration", "model_deploy", "model_runner"):
-        script = bin_dir / tool
-        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" {tool} "$@"\n')
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    wrapper = tmp / "python"
-    wrapper.write_text(f'#!/bin/sh\nPATH="{bin_dir}:$PATH" PYTHONPATH="{tmp / "fake_site"}" '
-                       f'exec "{sys.executable}" "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    return wrapper
 
 
 def _int8_cosine(model: Path, calib: Path, samples: int) -> float:
@@ -58,7 +41,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     target = (int8 + 1.0) / 2  # all-int8 misses; the head alone float meets it
     code = main(["bisect", str(model), "--calib", str(calib), "--profile", "bm1684x", "--target-cosine",
                  f"{target:.9f}", "--quiet", "--out", str(tmp / "ev"), "--evaluator", "tpu-mlir", "--verify",
-                 "tpu-mlir", "--vendor-python", str(_fake_python(tmp)), "--export", "tpu-mlir", "rknn"])
+                 "tpu-mlir", "--vendor-python", str(fake_tpu_mlir_python(tmp)), "--export", "tpu-mlir", "rknn"])
     assert code == 0
     return tmp, model, calib, int8, 3
 
@@ -112,7 +95,7 @@ def test_a_failed_transform_is_one_line_exit_2(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("FAKE_TPU_FAIL", "model_transform")
     code = main(["bisect", str(model), "--calib", str(calib), "--profile", "bm1684x", "--target-cosine", "0.9999",
                  "--quiet", "--out", str(tmp_path / "o"), "--evaluator", "tpu-mlir",
-                 "--vendor-python", str(_fake_python(tmp_path))])
+                 "--vendor-python", str(fake_tpu_mlir_python(tmp_path))])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "model_transform exited 1" in err
 
@@ -120,6 +103,6 @@ def test_a_failed_transform_is_one_line_exit_2(tmp_path: Path, monkeypatch: pyte
 def test_evaluator_tpu_mlir_needs_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model, calib = write_chain(tmp_path, samples=2, layers=1)
     code = main(["bisect", str(model), "--calib", str(calib), "--target-cosine", "0.99", "--quiet",
-                 "--evaluator", "tpu-mlir", "--vendor-python", str(_fake_python(tmp_path))])
+                 "--evaluator", "tpu-mlir", "--vendor-python", str(fake_tpu_mlir_python(tmp_path))])
     err = capsys.readouterr().err
     assert code == 2 and "expected --profile CHIP (e.g. bm1684x), found none" in err

@@ -1,6 +1,6 @@
 """A stand-in for tpu-mlir's four console scripts, for `quantscan vendor tpu-mlir` tests (CI never installs it).
 
-Called as `fake_tpu_mlir.py TOOL ARGS...` by the wrappers `_fake_python` puts on PATH. It keeps the real
+Called as `fake_tpu_mlir.py TOOL ARGS...` by the wrappers `fakes.fake_tpu_mlir_python` puts on PATH. It keeps the real
 tools' file protocol and naming, and computes with onnx's ReferenceEvaluator:
 - model_transform writes a top MLIR with one op per ONNX node named `<output>_<OpType>` (`#locN = loc(..)`),
   leaving out Add nodes (tpu-mlir folds a MatMul's bias Add into the MatMul), plus a sidecar with the model;

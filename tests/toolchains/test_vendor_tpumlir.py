@@ -8,7 +8,6 @@ back is checked against numpy; the plan path is checked against what the fake de
 from __future__ import annotations
 
 import json
-import stat
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from builders import write_chain
+from fakes import fake_tpu_mlir_python
 from quantscan.cli import main
 from quantscan.toolchains import align
 from quantscan.toolchains.tpumlir.run import run_tpumlir
@@ -26,22 +26,6 @@ from quantscan.toolchains.tpumlir.run import run_tpumlir
 HERE = Path(__file__).parent
 
 
-def _fake_python(tmp: Path) -> Path:
-    """A `python` that imports a stand-in `tpu_mlir` and finds the fake scripts on PATH."""
-    site = tmp / "fake_site" / "tpu_mlir"
-    site.mkdir(parents=True, exist_ok=True)
-    (site / "__init__.py").write_text("")
-    bin_dir = tmp / "fake_bin"
-    bin_dir.mkdir(exist_ok=True)
-    for tool in ("model_transform", "run_calibration", "model_deploy", "model_runner"):
-        script = bin_dir / tool
-        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "fake_tpu_mlir.py"}" {tool} "$@"\n')
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    wrapper = tmp / "python"
-    wrapper.write_text(f'#!/bin/sh\nPATH="{bin_dir}:$PATH" PYTHONPATH="{tmp / "fake_site"}" '
-                       f'exec "{sys.executable}" "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    return wrapper
 
 
 def _cosine(x: np.ndarray, y: np.ndarray) -> float:
@@ -65,7 +49,7 @@ def vendor_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pa
     proto = onnx.load(model)
     proto.ir_version = 10  # what current exporters write; tpu-mlir's onnx 1.14 reads <= 9
     onnx.save(proto, model)
-    run_tpumlir(model, calib, target="bm1684x", out=tmp / "out", python=_fake_python(tmp))
+    run_tpumlir(model, calib, target="bm1684x", out=tmp / "out", python=fake_tpu_mlir_python(tmp))
     return tmp / "out", model, calib
 
 
@@ -114,7 +98,8 @@ def test_plan_is_mapped_to_tpu_mlir_names_and_honoured(tmp_path: Path, capsys: p
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(plan))
     code = main(["vendor", "tpu-mlir", str(model), "--calib", str(calib), "--target", "bm1684x",
-                 "--python", str(_fake_python(tmp_path)), "--out", str(tmp_path / "out"), "--plan", str(plan_path)])
+                 "--python", str(fake_tpu_mlir_python(tmp_path)), "--out", str(tmp_path / "out"),
+                 "--plan", str(plan_path)])
     assert code == 0
     err = capsys.readouterr().err
     said = [line for line in err.splitlines() if "not_in_graph" in line]  # one line names the dropped site
@@ -133,7 +118,7 @@ def test_plan_is_mapped_to_tpu_mlir_names_and_honoured(tmp_path: Path, capsys: p
 
 def test_relative_out_and_python_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model, calib = write_chain(tmp_path, samples=2, layers=1)
-    _fake_python(tmp_path)
+    fake_tpu_mlir_python(tmp_path)
     monkeypatch.chdir(tmp_path)
     code = main(["vendor", "tpu-mlir", "chain.onnx", "--calib", "calib", "--target", "bm1684x",
                  "--python", "python", "--out", "rel", "--quiet"])
@@ -147,7 +132,7 @@ def test_toolkit_that_never_ran_exits_2(tmp_path: Path, monkeypatch: pytest.Monk
     model, calib = write_chain(tmp_path, samples=2, layers=1)
     monkeypatch.setenv("FAKE_TPU_FAIL", "model_transform")
     code = main(["vendor", "tpu-mlir", str(model), "--calib", str(calib), "--target", "bm1684x",
-                 "--python", str(_fake_python(tmp_path)), "--out", str(tmp_path / "o"), "--quiet"])
+                 "--python", str(fake_tpu_mlir_python(tmp_path)), "--out", str(tmp_path / "o"), "--quiet"])
     assert code == 2
     assert "model_transform exited 1" in capsys.readouterr().err
     meta = json.loads((tmp_path / "o" / "vendor.json").read_text())
@@ -156,7 +141,7 @@ def test_toolkit_that_never_ran_exits_2(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_calib_method_minmax_is_max_on_both_sides(tmp_path: Path) -> None:
     model, calib = write_chain(tmp_path, samples=2, layers=1)
-    python = str(_fake_python(tmp_path))
+    python = str(fake_tpu_mlir_python(tmp_path))
     code = main(["vendor", "tpu-mlir", str(model), "--calib", str(calib), "--target", "bm1684x", "--python", python,
                  "--out", str(tmp_path / "mm"), "--calib-method", "minmax", "--quiet"])
     assert code == 0
