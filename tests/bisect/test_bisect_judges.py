@@ -17,7 +17,7 @@ import pytest
 from builders import write_chain
 from quantscan.api import run_bisect
 from quantscan.bisect.judge import JudgeSetup
-from quantscan.bisect.judges import JUDGES, JudgeSpec, judge_names, register, verify_names
+from quantscan.bisect.judges import JUDGES, SIMULATION, JudgeSpec, judge_names, register, verify_names
 from quantscan.bisect.realise import Claims, Judged
 from quantscan.bisect.robust import Spread
 from quantscan.bisect.speculate import Spare
@@ -160,3 +160,31 @@ def test_a_resumed_session_runs_the_graph_strategy_it_recorded(tmp_path: Path) -
     assert options["evaluation_graph_timing"]["switchable"] == 0
     assert options["evaluation_graph_timing"]["per_evaluation"] == again.plan.evaluations
     assert [(s.sites, s.value) for s in again.steps] == [(s.sites, s.value) for s in first.steps]
+
+
+def _name_comparisons(source: str) -> list[str]:
+    """Comparisons in `source` with the simulation's name (the literal or `SIMULATION`), or with an attribute or
+    variable holding a judge name (`.judge`, `*_judge`, `evaluator`). The toolchains' names are also export
+    names (exports.py compares those), so their literals are not counted."""
+    import ast
+
+    def names_a_judge(node: ast.expr) -> bool:
+        if isinstance(node, ast.Constant):
+            return bool(node.value == SIMULATION)
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        return name in ("SIMULATION", "judge", "evaluator") or name.endswith("_judge")
+
+    return [ast.unparse(n) for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Compare) and any(names_a_judge(e) for e in [n.left, *n.comparators])]
+
+
+def test_bisect_compares_no_judge_by_name() -> None:
+    """Issue 41: which judge measures is the registry's business; bisect/ never compares a judge's name (the
+    resume check compares registry entries: bisect/judges.continuing). The finder is checked on a planted line."""
+    import quantscan.bisect as package
+
+    assert _name_comparisons("if stored_judge != self.judge: pass") == ["stored_judge != self.judge"]
+    assert _name_comparisons("ok = name == 'quantscan'") == ["name == 'quantscan'"]
+    found = {p.name: _name_comparisons(p.read_text(encoding="utf-8"))
+             for p in Path(package.__path__[0]).glob("*.py")}
+    assert {k: v for k, v in found.items() if v} == {}

@@ -17,7 +17,7 @@ from typing import Any
 from quantscan.bisect.external import BuildPool
 from quantscan.bisect.finish import BisectResult, finish
 from quantscan.bisect.judge import JudgeSetup
-from quantscan.bisect.judges import JudgeSpec, judge_spec
+from quantscan.bisect.judges import JudgeSpec, continuing, judge_spec
 from quantscan.bisect.objective import Objective, require_cost
 from quantscan.bisect.progress import BisectProgress, progress_of
 from quantscan.bisect.realise import split_context
@@ -62,6 +62,7 @@ def bisect_model(
     if (spec.builds or request.verify) and hooks.toolchain is None:
         raise UsageError(f"bisect: expected a toolchain for --evaluator {request.judge} / --verify, found none")
     if stored is not None:
+        spec = continuing(spec, stored.options)
         request, scan = request.resumed(stored.options), resumed_scan(scan, stored.options["scan"])
         model, calib = model or stored.model_path, calib or stored.calibration["path"]
     if model is None or calib is None:

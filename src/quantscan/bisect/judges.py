@@ -20,10 +20,12 @@ This module stays light (the CLI builds its parser from it): the judges are impo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from quantscan.bisect.judge import Judge, JudgeSetup
+from quantscan.bisect.state import SessionFileError
 from quantscan.errors import UsageError
 
 SIMULATION = "quantscan"
@@ -76,6 +78,19 @@ def judge_spec(name: str) -> JudgeSpec:
     if name not in JUDGES:
         raise UsageError(f"bisect --evaluator: expected one of {', '.join(JUDGES)}, found {name!r}")
     return JUDGES[name]
+
+
+def continuing(spec: JudgeSpec, options: Mapping[str, Any]) -> JudgeSpec:
+    """`spec`, when it is the judge that measured the session whose `options` these are; SessionFileError
+    otherwise. Why: a session's steps are one judge's figures, and resuming under another would compare two
+    simulators' figures in one search. The registry compares its own entries (the stored name looked up, the
+    entry itself compared), so no caller compares judges by name. A session from before the registry
+    recorded none: quantscan's simulation measured it."""
+    recorded = str(options.get("evaluator", SIMULATION))
+    if JUDGES.get(recorded) is not spec:
+        raise SessionFileError(f"session was measured with --evaluator {recorded}, found --evaluator {spec.name}: "
+                               "resume with the same evaluator")
+    return spec
 
 
 def judge_names() -> list[str]:

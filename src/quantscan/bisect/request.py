@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from quantscan.bisect.judges import SIMULATION
 from quantscan.bisect.objective import Objective
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, Rounding
-from quantscan.bisect.state import FALLBACKS, MODES, SessionFileError, StepCallback, Target
+from quantscan.bisect.state import FALLBACKS, MODES, StepCallback, Target
 from quantscan.bisect.targets import parse_target
 from quantscan.columns import Col
 from quantscan.errors import UsageError
@@ -101,12 +101,8 @@ class BisectRequest:
 
     def resumed(self, options: Mapping[str, Any]) -> BisectRequest:
         """This request continuing a session with `options`: the session's target, fallback, mode, roundings,
-        objective and graph strategy; this run's marks, files, budget and --verify. The judge must be the
-        session's: its steps were measured by it, and mixing two would compare two simulators' figures."""
-        stored_judge = str(options.get("evaluator", SIMULATION))
-        if stored_judge != self.judge:
-            raise SessionFileError(f"session was measured with --evaluator {stored_judge}, found --evaluator "
-                                   f"{self.judge}: resume with the same evaluator")
+        objective and graph strategy; this run's marks, files, budget and --verify. That the judge is the
+        session's is the registry's check (bisect/judges.continuing), made before this."""
         target = Target(str(options["target_metric"]), float(options["target_value"]), options.get(Col.OUTPUT))
         # a session from before issue 32 searched with one rounding and no split (Rounding.from_dict)
         return replace(self, target=target, fallback=str(options["fallback"]),
