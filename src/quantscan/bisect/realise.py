@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from quantscan.bisect.robust import Rounding, Spread, scale_factors, split_indices, spread_of, spread_of_values
 from quantscan.bisect.state import Target
 from quantscan.bisect.switched import SwitchedSession
@@ -65,8 +67,23 @@ class SampleSplit:
                 "held_out_samples": self.held.data.eval_set.n_samples, "split": self.note}
 
 
+HOLD_SHARE = 8
+"""The searched and the held-out samples are kept decoded when each set takes at most 1/HOLD_SHARE of the memory
+budget (as the cached FP32 outputs, bisect/reference.py)."""
+
+
 def _evaluated_on(ctx: ScanContext, samples: CalibSet) -> ScanContext:
-    """The same scan evaluated on other samples (calibration, and so the plan, unchanged)."""
+    """The same scan evaluated on other samples (calibration, and so the plan, unchanged), decoded once when they
+    fit their share of the memory budget.
+
+    Why: every evaluation of a search sweeps its samples once per rounding realisation, and a selected set
+    (`CalibSet.select`) decodes every file up to its last sample: PP-OCRv4 rec's 8 searched images were 15
+    decodes and resizes per realisation, about 5% of an evaluation (cProfile, RESULTS.md). The arrays are
+    the same ones, so the figures are too."""
+    memory = ctx.data.memory
+    size = sum(int(np.prod(shape, dtype=np.int64)) for shape in samples.sample_shapes().values()) * 4
+    if memory is not None and size * samples.n_samples <= memory.budget_bytes // HOLD_SHARE:
+        samples = samples.held()
     return replace(ctx, data=replace(ctx.data, eval_set=samples))
 
 
@@ -148,9 +165,12 @@ class RealisedEvaluator:
         return self.reference.switch.note
 
     def release(self) -> None:
-        """Free the switchable session (bisect/switched.py) once no more candidates come."""
+        """Free the switchable session (bisect/switched.py) and the last candidate's session once no more
+        candidates come."""
         if (switch := self._switch()) is not None:
             switch.close()
+        if self.reference is not None:
+            self.reference.candidate.close()
 
     def graph_timing(self) -> dict[str, float]:
         """Evaluations on each path and their median seconds."""

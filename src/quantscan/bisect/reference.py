@@ -26,8 +26,9 @@ from onnx import helper
 
 from quantscan import graph as qgraph
 from quantscan.bisect.switched import SwitchedSession
-from quantscan.graph.mixed import MixedBuilder
-from quantscan.runner import FP32_LEVEL, Runner
+from quantscan.graph.mixed import MixedBuilder, MixedSite
+from quantscan.graph.qdq import activation_tag
+from quantscan.runner import FP32_LEVEL, Runner, Session
 from quantscan.scanning.gain import Evaluator, Measured, OutputPairs, worst_output
 from quantscan.scanning.prepare import ScanContext
 from quantscan.scanning.sweep import GraphHandoff, open_session, sweep
@@ -48,6 +49,8 @@ class CachedReferenceEvaluator(Evaluator):
         self._cache_tried = False
         self.switch = SwitchedSession(builder, self.runner, ctx.data.memory)
         """The switchable session (bisect/switched.py), shared with the realisation twins."""
+        self.candidate = CandidateSession()
+        """The last candidate's per-evaluation session, shared with the realisation twins."""
 
     @property
     def tried(self) -> bool:
@@ -77,14 +80,23 @@ class CachedReferenceEvaluator(Evaluator):
         return measured
 
     def _per_evaluation(self, prec: Sequence[str], reference: list[dict[str, np.ndarray]]) -> Measured:
-        """The assignment's own QDQ model and session (the switchable session's oracle, and its fallback)."""
+        """The assignment's own QDQ model and session (the switchable session's oracle, and its fallback),
+        its activation scales fed as inputs, so the rounding realisations of one candidate share the session
+        (`CandidateSession`)."""
         sites, plan = self.builder.plan(prec)
-        graph = self._assemble(qgraph.build_qdq_model(self.builder.proto, sites, plan), reference)
-        # the weights are in `graph` now, handed off before onnxruntime builds its copy
-        session = open_session(self.runner, GraphHandoff(graph))
-        del graph
+        scales = self.candidate.scales(prec, sites, plan)
+        if scales is None:
+            self.candidate.close()  # one session alive at a time, as before
+            graph = self._assemble(qgraph.build_qdq_model(self.builder.proto, sites, plan), reference)
+            scales = scales_as_inputs(graph, plan)
+            # the weights are in `graph` now, handed off before onnxruntime builds its copy
+            self.candidate.keep(prec, sites, plan, open_session(self.runner, GraphHandoff(graph)))
+            del graph
+        session = self.candidate.session
+        assert session is not None
         pairs, refs = self._pairs()
-        sweep(session, self._with_reference(reference), lambda feeds, values: pairs.update({**feeds, **values}, refs))
+        sweep(session, ({**feeds, **scales} for feeds in self._with_reference(reference)),
+              lambda feeds, values: pairs.update({**feeds, **values}, refs))
         return self._measured(pairs)
 
     def _pairs(self) -> tuple[OutputPairs, dict[tuple[str, str], tuple[str, str]]]:
@@ -139,6 +151,78 @@ class CachedReferenceEvaluator(Evaluator):
               fetch=self.outputs)
         self._reference = reference
         return self._reference
+
+
+SCALE_INPUT = "__scale"
+"""An activation's scale initializer, `qdq.activation_tag(t) + SCALE_INPUT` (`qdq.qdq_nodes`'s naming)."""
+
+
+class CandidateSession:
+    """The per-evaluation session of the candidate measured last, which its rounding realisations share.
+
+    Why: a realisation differs from realisation 0 only in its activation scales (gain.realised_builder), so
+    the candidate's QDQ model, with those scales as inputs (`scales_as_inputs`), serves all of them: one
+    onnxruntime session a candidate instead of one per realisation (building a session was about 3/4 of the
+    evaluation's time outside onnxruntime's runs on PP-OCRv4 rec, RESULTS.md). A scale fed as an input is
+    the value the initializer held, and the basic-level graph reads it as such (as the switchable graph's
+    fed scales, bisect/switched.py): the figures are bit for bit the per-realisation models' (tests). A
+    realisation whose plan differs otherwise (another zero point, weight or bias: quantize_static's int16
+    bias follows the input scale) gets its own session."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, ...] | None = None
+        self.plan: qgraph.QuantPlan | None = None
+        self.sites: list[str] = []
+        self.session: Session | None = None
+
+    def scales(self, prec: Sequence[str], sites: Sequence[MixedSite],
+               plan: qgraph.QuantPlan) -> dict[str, np.ndarray] | None:
+        """The scale feeds of `plan` on the kept session, None when it was built for another plan shape."""
+        if self.session is None or self.plan is None or tuple(prec) != self.key:
+            return None
+        if [s.node for s in sites] != self.sites or not _same_but_scales(self.plan, plan):
+            return None
+        return scale_feeds(plan)
+
+    def keep(self, prec: Sequence[str], sites: Sequence[MixedSite], plan: qgraph.QuantPlan,
+             session: Session) -> None:
+        self.key, self.sites, self.plan, self.session = tuple(prec), [s.node for s in sites], plan, session
+
+    def close(self) -> None:
+        self.key, self.plan, self.session = None, None, None
+
+
+def scale_feeds(plan: qgraph.QuantPlan) -> dict[str, np.ndarray]:
+    """Each quantized activation's scale, by its initializer's name."""
+    return {activation_tag(t) + SCALE_INPUT: np.asarray(qp.scale, np.float32)
+            for t, qp in plan.activations.items()}
+
+
+def scales_as_inputs(model: onnx.ModelProto, plan: qgraph.QuantPlan) -> dict[str, np.ndarray]:
+    """Turn `model`'s activation scale initializers into graph inputs (in place); their values, to feed."""
+    feeds = scale_feeds(plan)
+    kept = [t for t in model.graph.initializer if t.name not in feeds]
+    present = {t.name for t in model.graph.initializer} & set(feeds)
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    for name in sorted(present):
+        model.graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(feeds[name].shape)))
+    return {k: feeds[k] for k in present}
+
+
+def _same_but_scales(a: qgraph.QuantPlan, b: qgraph.QuantPlan) -> bool:
+    """Whether two plans build the same QDQ model but for their activation scales' values."""
+    if a.activations.keys() != b.activations.keys() or a.weights.keys() != b.weights.keys():
+        return False
+    for t, qa in a.activations.items():
+        qb = b.activations[t]
+        same_kind = (qa.axis, qa.block_size, qa.bits, np.shape(qa.scale)) == (qb.axis, qb.block_size, qb.bits,
+                                                                               np.shape(qb.scale))
+        if not same_kind or qa.zero_point.dtype != qb.zero_point.dtype or not np.array_equal(qa.zero_point,
+                                                                                               qb.zero_point):
+            return False
+    return (all(a.weights[w] is b.weights[w] for w in a.weights) and a.biases.keys() == b.biases.keys()
+            and all(a.biases[k] is b.biases[k] for k in a.biases))
 
 
 def _with_inputs(model: onnx.ModelProto, sample: dict[str, np.ndarray], outputs: Sequence[str]) -> onnx.ModelProto:
