@@ -313,34 +313,3 @@ def test_a_target_needing_every_site_float_stops_after_the_prefix_search(
           "--out", str(plain), "--quiet", "--threads", "1"])
     assert "early_stop" not in json.loads((plain / "plan.json").read_text())
     assert json.loads((plain / "session.json").read_text())["options"]["early_stop"] is False
-
-
-def test_without_the_flag_a_large_search_measures_the_loss_order_and_may_stop_early(
-    chain: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Default options: from AUTO_LOSS_MIN free sites the search measures each site's loss alone (gain.csv gets
-    the column) and may stop early, as with `--loss-if-only`; `--no-loss-if-only` keeps the gain order and the
-    trimming; below the size (or with --keep-float taking sites out of the count) nothing changes. The chain's
-    12 sites stand for a large model: both thresholds lowered to 12."""
-    from quantscan.bisect import request, state
-    from quantscan.cli.dispatch import main
-
-    monkeypatch.setattr(state, "EARLY_STOP_MIN", 12)
-    monkeypatch.setattr(request, "AUTO_LOSS_MIN", 12)
-    model, calib = chain
-    base = ["--calib", str(calib), "--target-cosine", "0.9999999", "--realisations", "1", "--quiet", "--threads", "1"]
-    options = {}
-
-    def bisect(name: str, *extra: str) -> None:
-        assert main(["bisect", str(model), *base, *extra, "--out", str(tmp_path / name)]) in (0, 1)
-        options[name] = json.loads((tmp_path / name / "session.json").read_text())["options"]
-
-    bisect("auto")
-    bisect("off", "--no-loss-if-only")
-    bisect("kept", "--keep-float", json.loads((tmp_path / "auto" / "session.json").read_text())["sites"][0]["node"])
-    assert options["auto"]["loss_if_only"] is True and options["auto"]["early_stop"] is True
-    assert "early_stop" in json.loads((tmp_path / "auto" / "plan.json").read_text())
-    assert "loss_if_only" in (tmp_path / "auto" / "gain.csv").read_text().splitlines()[0]
-    for name in ("off", "kept"):  # told not to, or 11 free sites
-        assert options[name]["loss_if_only"] is False and options[name]["early_stop"] is False
-        assert "early_stop" not in json.loads((tmp_path / name / "plan.json").read_text())

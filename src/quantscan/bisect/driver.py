@@ -69,7 +69,6 @@ def bisect_model(
         raise UsageError("bisect: expected MODEL and --calib DIR (or --resume FILE)")
     loaded, cset, identity = _load_inputs(model, calib, scan, stored)
     ctx = _prepare(loaded, cset, calib, hooks, scan)
-    request = request.sized(len({s.node for s in ctx.graph.sites} - {*request.keep_float, *request.force_quant}))
     _require_cost(request.objective, ctx)
     chain = hooks.toolchain(loaded, cset) if hooks.toolchain is not None and (request.verify or spec.builds) else None
     executor = _search_executor(ctx, scan, spec, chain.tool if chain is not None else None)

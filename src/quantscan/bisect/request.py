@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from quantscan.bisect.judges import SIMULATION
 from quantscan.bisect.objective import Objective
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, Rounding
-from quantscan.bisect.state import AUTO_LOSS_MIN, FALLBACKS, MODES, StepCallback, Target
+from quantscan.bisect.state import FALLBACKS, MODES, StepCallback, Target
 from quantscan.bisect.targets import parse_target
 from quantscan.columns import Col
 from quantscan.errors import UsageError
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from quantscan.bisect.external import ToolchainFactory
     from quantscan.bisect.plan import SummaryBlock
     from quantscan.runner import Runner
+
 
 @dataclass(frozen=True)
 class BisectRequest:
@@ -43,8 +44,7 @@ class BisectRequest:
     mode: str = "search"
     keep_float: tuple[str, ...] = ()
     force_quant: tuple[str, ...] = ()
-    loss_if_only: bool | None = None
-    """`--loss-if-only` / `--no-loss-if-only`; None: decided by the search's size (`sized`)."""
+    loss_if_only: bool = False
     rounding: Rounding = field(default_factory=Rounding)
     judge: str = SIMULATION
     """`--evaluator`: the registered judge (bisect/judges.py) that measures the search's candidates."""
@@ -73,17 +73,6 @@ class BisectRequest:
                              "--target-top1, found none")
         return self
 
-    def sized(self, free_sites: int) -> BisectRequest:
-        """This request with `loss_if_only` decided when it was not given: on from AUTO_LOSS_MIN free sites.
-
-        Why: the loss order (each site's loss alone, beside its gain) is what makes the early stop safe
-        (bisect/state.py EARLY_STOP_SHARE), and on a large search the stop saves the QuickXplain walk over
-        nearly every site (PP-OCRv4 rec: more than 140 evaluations, RESULTS.md) for one more branch per site
-        in the gain graph. Below it the search never stops early and the gain order alone is kept."""
-        if self.loss_if_only is not None:
-            return self
-        return replace(self, loss_if_only=free_sites >= AUTO_LOSS_MIN)
-
     def deadline(self, started: float) -> float | None:
         """The perf_counter value the search stops at (`--max-minutes` from `started`), None without one."""
         return None if self.max_minutes is None else started + 60.0 * self.max_minutes
@@ -98,8 +87,8 @@ class BisectRequest:
             Col.OUTPUT: outputs[0] if len(outputs) == 1 else ",".join(outputs),
             "fallback": self.fallback,
             "mode": self.mode,
-            Col.LOSS_IF_ONLY: bool(self.loss_if_only),
-            "early_stop": bool(self.loss_if_only),  # state.py EARLY_STOP_SHARE: an order that saw each loss alone
+            Col.LOSS_IF_ONLY: self.loss_if_only,
+            "early_stop": self.loss_if_only,  # bisect/state.py EARLY_STOP_SHARE: only an order that saw each loss alone
             "keep_float": list(self.keep_float),
             "force_quant": list(self.force_quant),
             "scan": scan_record(opts),

@@ -64,7 +64,7 @@ def run(search: Search, stored: BisectSession | None, path: Path | None, hooks: 
         judge.release()  # its sessions are rebuilt after the gain graph's session is gone
         gains = (None if request.mode == "first_bad" or met else
                  compute_gain(search.split.search, search.builder, key=gain_key(search.target),
-                              loss_if_only=bool(request.loss_if_only), progress=hooks.progress))
+                              loss_if_only=request.loss_if_only, progress=hooks.progress))
         stored, marks = new_session(search, gains), ((), ())  # a new session holds its marks in its options
         stored.options.update(request.recorded())
     machine = machine_for(stored)

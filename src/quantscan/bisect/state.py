@@ -80,9 +80,6 @@ EARLY_STOP_MIN = 32
 """Below this many free sites the trimming is cheap (tens of evaluations), and it is what repairs a gain order that
 misses a non-additive loss (a 12-site chain: the prefix search ends at 12 float sites, QuickXplain and the prune
 find 8): the search never stops early there."""
-AUTO_LOSS_MIN = EARLY_STOP_MIN
-"""From this many free sites a search measures each site's loss alone unless told (bisect/request.py `sized`):
-the size from which the early stop applies, so a large search that needs nearly every site float can stop."""
 
 
 class SessionFileError(UsageError):

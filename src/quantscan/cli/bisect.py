@@ -11,7 +11,6 @@ from typing import Any
 from quantscan.bisect.heldout import same_samples_text
 from quantscan.bisect.judges import SIMULATION, judge_names, judge_spec, verify_names
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, HOLDOUTS
-from quantscan.bisect.state import AUTO_LOSS_MIN
 from quantscan.cli.args import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -55,9 +54,7 @@ def bisect_parser(sub: Any) -> None:
     p.add_argument("--show", default=None, metavar="FILE", help="print where a session stands")
     p.add_argument("--keep-float", nargs="+", default=[], metavar="NAME")
     p.add_argument("--force-quant", nargs="+", default=[], metavar="NAME")
-    p.add_argument("--loss-if-only", action=argparse.BooleanOptionalAction, default=None,
-                   help="measure each site's loss alone too (orders the search, allows its early stop; default: on "
-                        f"from {AUTO_LOSS_MIN} free sites)")
+    p.add_argument("--loss-if-only", action="store_true")
     p.add_argument("--verify", default=None, choices=verify_names(),
                    help="apply the plan and Pareto points in the real toolchain (chip: --profile)")
     p.add_argument("--evaluator", default=SIMULATION, choices=judge_names(),
