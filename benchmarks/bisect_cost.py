@@ -52,6 +52,16 @@ PHASES = {
     "with_int8_verdict": "verdict + alternatives",
     "write_plan": "plan files",
 }
+MOVED = {
+    "_all_int8_meets": ("quantscan.bisect.search", "_all_int8_meets"),
+    "compute_gain": ("quantscan.bisect.search", "compute_gain"),
+    "_drive": ("quantscan.bisect.search", "drive"),
+    "held_out_claims": ("quantscan.bisect.simulated", "SimulatedJudge.claims"),
+    "with_int8_verdict": ("quantscan.bisect.finish", "with_int8_verdict"),
+    "write_plan": ("quantscan.bisect.finish", "write_plan"),
+}
+"""Where a phase's function lives since issue 41 split bisect/driver.py (module, attribute path); a version
+that has it in driver.py is timed there."""
 MARKER = "@@bisect-cost "
 
 
@@ -76,6 +86,8 @@ def child(argv: list[str]) -> None:
     for name in PHASES:
         if hasattr(driver, name):  # a phase another version does not have is left out
             setattr(driver, name, _timed(phases, name, getattr(driver, name)))
+        elif name in MOVED:
+            _time_moved(phases, name, *MOVED[name])
     t0, cpu0 = time.perf_counter(), _cpu()
     try:
         code = main(argv)
@@ -83,6 +95,21 @@ def child(argv: list[str]) -> None:
         code = int(exc.code or 0)
     print(MARKER + json.dumps({"code": code, "wall": time.perf_counter() - t0, "cpu": _cpu() - cpu0,
                                "phases": phases}), flush=True)
+
+
+def _time_moved(phases: dict[str, float], name: str, module: str, path: str) -> None:
+    """Wrap `module.path` (a function, or Class.method) in a timer, when this version has it."""
+    import importlib
+
+    try:
+        owner: Any = importlib.import_module(module)
+    except ImportError:
+        return
+    *outer, attr = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part, None)
+    if owner is not None and hasattr(owner, attr):
+        setattr(owner, attr, _timed(phases, name, getattr(owner, attr)))
 
 
 def _cpu() -> float:
