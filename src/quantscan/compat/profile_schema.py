@@ -108,6 +108,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "fusion": {"activations": OP_LIST, "patterns": STR_LIST, **SOURCED},
     "float16": {"ops": OP_LIST, **SOURCED},
     "consumer_range": {"ops": OP_LIST, **SOURCED},
+    "output_grid": {"ops": OP_LIST, **SOURCED},
     "requantize": {"ops": OP_LIST, **SOURCED},
     "dtypes": {"npu": STR_LIST, **SOURCED},
     "cost": {**{k: NUM for k in (*COST_FIGURES, *OPTIONAL_COST_FIGURES)}, "sources": STR_TABLE, "fitted": STR_LIST,

@@ -108,6 +108,11 @@ class Profile:
     """Pass-through ops whose *output* range sets the scale shared with their input: the kernel feeding
     one clips to it (rknn-toolkit2's quant_optimizer `adjust_no_change_node` on MaxPool)."""
     consumer_range: Sourced | None = None
+    output_grid_ops: frozenset[str] = frozenset()
+    """Activations whose int8 output grid the toolkit derives from their input grid, which holds 0: the grid
+    reaches the op's value at 0 (Sigmoid 0.5) whatever calibration saw (rknn-toolkit2's quant_optimizer
+    `adjust_tanh_sigmoid`; scanning/prepare.output_grid_points)."""
+    output_grid: Sourced | None = None
     requantize_ops: frozenset[str] = frozenset()
     """Non-site ops the toolkit runs int8 on its own after a float region unless named (graph/requantize.py):
     a plan's exports name them with the float site before them."""
@@ -360,6 +365,8 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         float16=_sourced(d.get("float16", {})),
         consumer_range_ops=_ops(d.get("consumer_range", {}).get("ops")),
         consumer_range=_sourced(d.get("consumer_range", {})),
+        output_grid_ops=_ops(d.get("output_grid", {}).get("ops")),
+        output_grid=_sourced(d.get("output_grid", {})),
         requantize_ops=_ops(d.get("requantize", {}).get("ops")),
         requantize=_sourced(d.get("requantize", {})),
         schemes=d.get("schemes"),

@@ -191,6 +191,7 @@ def make_plan(
     scheme: ActivationScheme,
     per_channel_weights: bool = True,
     weight_scheme: Scheme | None = None,
+    grid_points: Mapping[str, float] | None = None,
 ) -> tuple[qgraph.QuantPlan, list[str]]:
     """Ranges -> QuantPlan; warnings for zero ranges and clamped biases. `per_channel_weights=False`:
     one weight scale per tensor (the chip's profile says it has no per-channel scales). `weight_scheme`
@@ -198,16 +199,20 @@ def make_plan(
 
     Biases stay float when activations are float (a weight-only kernel adds its bias in fp16) and when
     weights are grouped (no single s_in*s_w per output channel to put an int32 bias on: group-wise
-    kernels dequantize weights and accumulate in float)."""
+    kernels dequantize weights and accumulate in float). `grid_points`: origin tensor -> a value its grid
+    must reach beyond what calibration saw (a profile's `[output_grid]`: prepare.output_grid_points)."""
     ws = weight_scheme or Scheme()
     plan = qgraph.QuantPlan()
     warnings: list[str] = []
+    points = grid_points or {}
     for tensor, origin in origins.items():
         if scheme == ActivationScheme.FLOAT:
             break
         rmin, rmax = observers[origin].range()
         if not (math.isfinite(rmin) and math.isfinite(rmax)):
             rmin, rmax = 0.0, 0.0
+        if origin in points:
+            rmin, rmax = min(rmin, points[origin]), max(rmax, points[origin])
         if rmin == rmax == 0.0:
             warnings.append(f"tensor '{tensor}' is zero on every calibration sample (zero range): scale 1 used")
         plan.activations[tensor] = quant.activation_qparams(rmin, rmax, scheme)

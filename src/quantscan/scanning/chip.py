@@ -91,6 +91,7 @@ def chip_recipe(
         cpu_nodes=frozenset(n for n, where in placement.items() if where == "cpu"),
         float16_nodes=float16_nodes(compat.findings, profile.name),
         consumer_range_ops=profile.consumer_range_ops,
+        output_grid_ops=profile.output_grid_ops,
         recipe=profile.recipe,
         per_channel_weights=profile.per_channel_weights,
         scheme=scheme,

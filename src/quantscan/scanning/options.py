@@ -251,6 +251,9 @@ class ChipRecipe:
     consumer_range_ops: frozenset[str] = frozenset()
     """`[consumer_range] ops`: a kernel whose output only feeds these pass-through ops takes the range at
     their output (scanning/prepare.py consumer_range_origins)."""
+    output_grid_ops: frozenset[str] = frozenset()
+    """`[output_grid] ops`: activations whose output grid reaches their value at 0 (Sigmoid: 0.5), as the
+    toolkit derives it from the input grid (scanning/prepare.py output_grid_points)."""
     recipe: str = "kernels"
     """"kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     per_channel_weights: bool = True
@@ -265,5 +268,6 @@ class ChipRecipe:
             "activations_source": self.activations_source, "recipe": self.recipe,
             "fused_activations": sorted(self.fused_activations), "cpu_nodes": sorted(self.cpu_nodes),
             "float16_nodes": sorted(self.float16_nodes), "consumer_range_ops": sorted(self.consumer_range_ops),
+            "output_grid_ops": sorted(self.output_grid_ops),
             "per_channel_weights": self.per_channel_weights, "scheme": self.scheme.to_json(),
         }
