@@ -15,6 +15,12 @@ the last bits).
 Run (700 steps, 0.5 s each on a free core; about 20 minutes on this shared machine):
   /work/venvs/lm/bin/python -P benchmarks/train_lm.py --out tests/fixtures/lm/char_gpt_step.onnx
 prints held-out bits/char and perplexity of the model and of the unigram baseline.
+
+`--tokenizer words --vocab-size V --layers L --d-model D`: the same decoder on word tokens (the 96
+characters plus the V-96 most frequent word pieces of the training text, zoo_export_lm.word_vocab), its
+vocabulary written beside the model as OUT.tokens.json: the head and the embedding become the large
+matrices (issue 43's w4 ranking goal was tried on such models, RESULTS.md). `--w4-shares` prints where the
+int4-g32 weight loss in next-token agreement sits, site by site, measured in torch.
 """
 
 from __future__ import annotations

@@ -479,19 +479,13 @@ def lm_text(spec: dict[str, Any], cache: Path, folder: Path) -> None:
     """Real text through a decoder LM's decode step: the held-out help() topics of the stdlib (the text
     benchmarks/train_lm.py never trained on), run by the FP32 model with its cache carried; steps
     `skip` .. `skip`+`steps`-1 as .npz files (input_ids, position, past.N) and labels.json with each
-    step's true next character (zoo_export_lm.write_steps); with `tokens` (a word model's vocabulary file)
-    the text is encoded in its word tokens."""
+    step's true next character (zoo_export_lm.write_steps)."""
     exporter = _load_script(HERE / "zoo_export_lm.py")
     _, held = exporter.corpus()
     digest = hashlib.sha256(held.encode()).hexdigest()
     if digest != spec["text_sha256"]:
         print(f"zoo: lm_text: this Python's help() topics differ from the pinned ones ({digest}): "
               "the calibration text is this Python's", file=sys.stderr)
-    if "tokens" in spec:  # a word-token model: its vocabulary sits beside it (train_lm.py --tokenizer words)
-        vocab = json.loads((REPO / spec["tokens"]).read_text())["vocab"]
-        exporter.write_steps(str(REPO / spec["model"]), exporter.encode_words(held, vocab), folder,
-                             int(spec["skip"]), int(spec["steps"]), vocab)
-        return
     exporter.write_steps(str(REPO / spec["model"]), exporter.encode(held), folder, int(spec["skip"]),
                          int(spec["steps"]))
 
