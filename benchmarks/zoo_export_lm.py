@@ -15,7 +15,8 @@ module needs numpy and onnx only, and the vocabulary and ALiBi slopes it shares 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,43 @@ def encode(text: str) -> np.ndarray:
     index = {ch: k for k, ch in enumerate(VOCAB_TEXT)}
     unknown = index["?"]
     return np.array([index.get(" " if ch == "\t" else ch, unknown) for ch in text], dtype=np.int64)
+
+
+WORD_PIECE = re.compile(r" ?[A-Za-z]+| ?[0-9]+|.", re.DOTALL)
+"""A word piece: a run of letters or of digits with the space before it (GPT-2 style), else one character."""
+
+
+def clean(text: str) -> str:
+    """Tabs as a space, anything outside VOCAB_TEXT as '?': the characters every tokenizer here sees."""
+    known = set(VOCAB_TEXT)
+    return "".join(" " if ch == "\t" else ch if ch in known else "?" for ch in text)
+
+
+def word_vocab(text: str, size: int) -> list[str]:
+    """A word + character-fallback vocabulary of `size` tokens: the 96 characters of VOCAB_TEXT first
+    (so any text encodes), then the most frequent multi-character word pieces of `text` (ties by the
+    piece itself, so the list is a function of the text alone). Why not BPE: a word vocabulary gives the
+    embedding and the head thousands of rows from a few lines of code, which is what the zoo's second
+    decoder needs (large, unequal sites), and its tokens are readable in a report."""
+    counts: dict[str, int] = {}
+    for piece in WORD_PIECE.findall(clean(text)):
+        if len(piece) > 1:
+            counts[piece] = counts.get(piece, 0) + 1
+    words = sorted(counts, key=lambda w: (-counts[w], w))[: size - len(VOCAB_TEXT)]
+    return list(VOCAB_TEXT) + words
+
+
+def encode_words(text: str, vocab: list[str]) -> np.ndarray:
+    """Text -> token ids under `vocab` (from word_vocab): a known word piece is one token, any other
+    piece is spelled out character by character."""
+    index = {tok: k for k, tok in enumerate(vocab)}
+    ids: list[int] = []
+    for piece in WORD_PIECE.findall(clean(text)):
+        if piece in index:
+            ids.append(index[piece])
+        else:
+            ids.extend(index[ch] for ch in piece)
+    return np.array(ids, dtype=np.int64)
 
 
 def alibi_slopes(heads: int) -> np.ndarray:
@@ -137,7 +175,7 @@ def _step_bias(g: _Graph, heads: int) -> str:
     return g.op("Add", [g.const("alibi", alibi_bias(heads)), mask], "mask/bias")
 
 
-def build_model(weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+def build_model(weights: Mapping[str, np.ndarray], name: str = "char_gpt_step") -> onnx.ModelProto:
     """The decode-step graph (see the module docstring) from the trainer's state dict as numpy."""
     layers, d_model, heads, vocab = dims(weights)
     hd = d_model // heads
@@ -154,7 +192,7 @@ def build_model(weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     g.op("Reshape", [head, g.const("logits_shape", np.array([1, vocab], np.int64))], "logits")
     cache = [2, heads, WINDOW, hd]
     graph = helper.make_graph(
-        g.nodes, "char_gpt_step",
+        g.nodes, name,
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1]),
          helper.make_tensor_value_info("position", TensorProto.INT64, [1])]
         + [helper.make_tensor_value_info(f"past.{n}", TensorProto.FLOAT, cache) for n in range(layers)],
@@ -180,12 +218,14 @@ def corpus() -> tuple[str, str]:
     return train, held
 
 
-def write_steps(model_path: str, tokens: np.ndarray, folder: Path, skip: int, count: int) -> None:
+def write_steps(model_path: str, tokens: np.ndarray, folder: Path, skip: int, count: int,
+                classes: Sequence[str] = VOCAB_TEXT) -> None:
     """Calibration from real text: the FP32 model runs over `tokens` one step at a time with its cache
     carried; steps skip .. skip+count-1 become one .npz each (input_ids, position, past.N as the FP32
     stream left them), named by position so file order is stream order, and labels.json gives each
-    file's true next token (`--task lm`'s perplexity). Starting past `skip` steps, every file has a
-    real, full cache: a set cut anywhere in the stream is as the deployed model sees it."""
+    file's true next token (`--task lm`'s perplexity) and `classes` the tokens' text. Starting past
+    `skip` steps, every file has a real, full cache: a set cut anywhere in the stream is as the deployed
+    model sees it."""
     import json
 
     import onnxruntime as ort
@@ -204,7 +244,7 @@ def write_steps(model_path: str, tokens: np.ndarray, folder: Path, skip: int, co
             labels[name] = int(tokens[t + 1])
         outs = dict(zip(names, session.run(None, step), strict=True))
         feeds = {k: outs[k.replace("past", "present")] for k in feeds}
-    (folder / "labels.json").write_text(json.dumps({"classes": list(VOCAB_TEXT), "files": labels}, indent=None))
+    (folder / "labels.json").write_text(json.dumps({"classes": list(classes), "files": labels}, indent=None))
 
 
 def empty_cache(weights_or_model: onnx.ModelProto) -> dict[str, np.ndarray]:
