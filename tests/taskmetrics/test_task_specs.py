@@ -117,6 +117,40 @@ def test_keypoints_layouts_agree() -> None:
         tm.KeypointAccumulator(count=7).update(ref.reshape(3, -1), test.reshape(3, -1), None)
 
 
+def test_keypoints_planar_grid_in_pixels_per_axis() -> None:
+    """A [N, 2, H, W] grid of normalised points (UVDoc's unwarping grid: x plane, then y plane), pixels per
+    unit differing by axis: each grid point's distance written out as a loop."""
+    n, h, w, sx, sy = 3, 5, 4, 243.5, 355.5
+    ref = RNG.uniform(-1, 1, (n, 2, h, w)).astype(np.float32)
+    test = ref + RNG.normal(0, 0.01, ref.shape).astype(np.float32)
+    acc = tm.KeypointAccumulator(layout="planar", scale=sx, scale_y=sy, pck_px=2.0)
+    acc.update(ref, test, None)
+    dist = np.zeros((n, h * w))
+    for i in range(n):
+        for row in range(h):
+            for col in range(w):
+                dx = (float(ref[i, 0, row, col]) - float(test[i, 0, row, col])) * sx
+                dy = (float(ref[i, 1, row, col]) - float(test[i, 1, row, col])) * sy
+                dist[i, row * w + col] = math.sqrt(dx * dx + dy * dy)
+    got = acc.results()
+    assert got["keypoints"] == h * w
+    assert got["keypoint_mean_px"] == pytest.approx(dist.mean())
+    assert got["keypoint_max_px"] == pytest.approx(dist.max())
+    assert got["keypoint_pck"] == pytest.approx((dist <= 2.0).mean())
+    assert got["worst_keypoint"] == int(dist.mean(axis=0).argmax())
+
+
+def test_keypoints_grid_without_layout_is_refused_not_misread() -> None:
+    """Read as interleaved pairs, a [N, 2, H, W] grid pairs x with x: a figure that means nothing."""
+    grid = np.zeros((1, 2, 45, 31), np.float32)
+    with pytest.raises(UsageError, match="layout=planar"):
+        tm.KeypointAccumulator(dims=2).update(grid, grid, None)
+    with pytest.raises(UsageError, match="layout"):
+        tm.parse_task_spec("keypoints:output=g,layout=sideways")
+    spec = tm.parse_task_spec("keypoints:output=g,layout=planar,scale_x=243.5,scale_y=355.5")
+    assert (spec.params["layout"], spec.number("scale_x"), spec.number("scale_y")) == ("planar", 243.5, 355.5)
+
+
 # --- presence ----------------------------------------------------------------------------------------
 
 
