@@ -424,6 +424,38 @@ def test_bisect_targets_sequence_agreement_up_to_the_end_token(tmp_path: Path) -
     assert plan.achieved is not None and plan.achieved["sequence_agreement"] >= 0.99
 
 
+def grid_model() -> onnx.ModelProto:
+    """x [N, 3, 6, 5] → Conv+Relu → Conv → a [N, 2, 6, 5] grid of points (x plane, y plane), like UVDoc's."""
+    w1 = RNG.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32)
+    w2 = RNG.normal(0, 0.5, (2, 8, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu1"),
+             helper.make_node("Conv", ["r", "w2"], ["grid"], name="conv2")]
+    graph = helper.make_graph(
+        nodes, "grid", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 5])],
+        [helper.make_tensor_value_info("grid", TensorProto.FLOAT, ["N", 2, 6, 5])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_bisect_targets_keypoint_pck_on_a_planar_grid(tmp_path: Path) -> None:
+    """`bisect --target pck=X` searches in grid points within `pck` pixels, not in cosine: all-int8 misses
+    the target, FP32 is within by definition (distance 0), and the plan reaches it as measured."""
+    model = tmp_path / "grid.onnx"
+    onnx.save(grid_model(), model)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", RNG.normal(0, 1, (16, 3, 6, 5)).astype(np.float32))
+    assert parse_target("pck=0.9").key == "keypoint_pck"
+    result = run_bisect(model, calib, target="pck=0.99", task="keypoints:output=grid,layout=planar,scale=100,pck=0.5",
+                        out=tmp_path / "run", threads=1, holdout="none")
+    plan = result.plan
+    assert plan.target.metric == "pck"
+    assert plan.all_float is not None and plan.all_float["keypoint_pck"] == 1.0
+    assert plan.all_int8 is not None and plan.all_int8["keypoint_pck"] < 0.99
+    assert plan.achieved is not None and plan.achieved["keypoint_pck"] >= 0.99
+
+
 # --- the scan wiring ---------------------------------------------------------------------------------
 
 
