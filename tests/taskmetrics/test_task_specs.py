@@ -138,6 +138,9 @@ def test_keypoints_planar_grid_in_pixels_per_axis() -> None:
     assert got["keypoint_max_px"] == pytest.approx(dist.max())
     assert got["keypoint_pck"] == pytest.approx((dist <= 2.0).mean())
     assert got["worst_keypoint"] == int(dist.mean(axis=0).argmax())
+    row, column = divmod(int(dist.mean(axis=0).argmax()), w)  # row-major over the [H, W] planes
+    assert (got["worst_keypoint_row"], got["worst_keypoint_column"]) == (row, column)
+    assert f"grid point row {row}, column {column}" in (task_verdict(got) or "")
 
 
 def test_keypoints_grid_without_layout_is_refused_not_misread() -> None:

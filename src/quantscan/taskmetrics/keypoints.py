@@ -95,9 +95,13 @@ class KeypointAccumulator:
     higher_is_worse: bool = True
     _s: dict[str, float] = field(default_factory=dict)
     _max: float = 0.0
+    _grid_width: int = 0
+    """Columns of a planar [N, d, H, W] grid (0 otherwise): the worst point is then said as (row, column)."""
     _samples: list[float] = field(default_factory=list)
 
     def update(self, ref: np.ndarray, test: np.ndarray, labels: Sequence[int | None] | None) -> None:
+        if self.layout == "planar" and np.ndim(ref) == 4:
+            self._grid_width = int(np.shape(ref)[3])
         r = keypoint_array(ref, self.count, self.dims, self.layout)
         t = keypoint_array(test, self.count, self.dims, self.layout)
         scale_y = self.scale if self.scale_y is None else self.scale_y
@@ -122,6 +126,7 @@ class KeypointAccumulator:
     def merge(self, other: KeypointAccumulator) -> None:
         add_sums(self._s, other._s)
         self._max = max(self._max, other._max)
+        self._grid_width = self._grid_width or other._grid_width
 
     def sums(self) -> dict[str, float]:
         return {**self._s, "px_max": self._max}
@@ -143,4 +148,7 @@ class KeypointAccumulator:
         for key in ("visibility_flips", "presence_flips"):
             if key in s:
                 out[f"keypoint_{key}"] = ratio(s[key], s.get("points", 0.0))
+        if self._grid_width and worst >= 0:
+            row, column = divmod(worst, self._grid_width)
+            out.update(worst_keypoint_row=float(row), worst_keypoint_column=float(column))
         return out
