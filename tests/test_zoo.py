@@ -140,3 +140,12 @@ def test_a_calibration_folder_is_rebuilt_when_its_recipe_changes(tmp_path: Path,
     zoo.build_calib(entry, tmp_path)
     zoo.build_calib({**entry, "calib": {"recipe": "fake", "photos": ["chessboard_GRAY.png"]}}, tmp_path)
     assert built == [["page.png"], ["chessboard_GRAY.png"]]
+
+
+def test_a_cached_wheel_is_found_whatever_the_case_of_its_name(tmp_path: Path) -> None:
+    """Resemblyzer's wheel is `Resemblyzer-0.1.4-...`: the cache must find it, not download it again."""
+    (tmp_path / "wheels").mkdir()
+    cached = tmp_path / "wheels" / "Resemblyzer-0.1.4-py3-none-any.whl"
+    cached.write_bytes(b"")
+    (tmp_path / "wheels" / "resemblyzer_extra-0.1.4-py3-none-any.whl").write_bytes(b"")  # another project
+    assert zoo.wheel(tmp_path, "resemblyzer==0.1.4") == cached

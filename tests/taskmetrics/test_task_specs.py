@@ -117,6 +117,43 @@ def test_keypoints_layouts_agree() -> None:
         tm.KeypointAccumulator(count=7).update(ref.reshape(3, -1), test.reshape(3, -1), None)
 
 
+def test_keypoints_planar_grid_in_pixels_per_axis() -> None:
+    """A [N, 2, H, W] grid of normalised points (UVDoc's unwarping grid: x plane, then y plane), pixels per
+    unit differing by axis: each grid point's distance written out as a loop."""
+    n, h, w, sx, sy = 3, 5, 4, 243.5, 355.5
+    ref = RNG.uniform(-1, 1, (n, 2, h, w)).astype(np.float32)
+    test = ref + RNG.normal(0, 0.01, ref.shape).astype(np.float32)
+    acc = tm.KeypointAccumulator(layout="planar", scale=sx, scale_y=sy, pck_px=2.0)
+    acc.update(ref, test, None)
+    dist = np.zeros((n, h * w))
+    for i in range(n):
+        for row in range(h):
+            for col in range(w):
+                dx = (float(ref[i, 0, row, col]) - float(test[i, 0, row, col])) * sx
+                dy = (float(ref[i, 1, row, col]) - float(test[i, 1, row, col])) * sy
+                dist[i, row * w + col] = math.sqrt(dx * dx + dy * dy)
+    got = acc.results()
+    assert got["keypoints"] == h * w
+    assert got["keypoint_mean_px"] == pytest.approx(dist.mean())
+    assert got["keypoint_max_px"] == pytest.approx(dist.max())
+    assert got["keypoint_pck"] == pytest.approx((dist <= 2.0).mean())
+    assert got["worst_keypoint"] == int(dist.mean(axis=0).argmax())
+    row, column = divmod(int(dist.mean(axis=0).argmax()), w)  # row-major over the [H, W] planes
+    assert (got["worst_keypoint_row"], got["worst_keypoint_column"]) == (row, column)
+    assert f"grid point row {row}, column {column}" in (task_verdict(got) or "")
+
+
+def test_keypoints_grid_without_layout_is_refused_not_misread() -> None:
+    """Read as interleaved pairs, a [N, 2, H, W] grid pairs x with x: a figure that means nothing."""
+    grid = np.zeros((1, 2, 45, 31), np.float32)
+    with pytest.raises(UsageError, match="layout=planar"):
+        tm.KeypointAccumulator(dims=2).update(grid, grid, None)
+    with pytest.raises(UsageError, match="layout"):
+        tm.parse_task_spec("keypoints:output=g,layout=sideways")
+    spec = tm.parse_task_spec("keypoints:output=g,layout=planar,scale_x=243.5,scale_y=355.5")
+    assert (spec.params["layout"], spec.number("scale_x"), spec.number("scale_y")) == ("planar", 243.5, 355.5)
+
+
 # --- presence ----------------------------------------------------------------------------------------
 
 
@@ -388,6 +425,38 @@ def test_bisect_targets_sequence_agreement_up_to_the_end_token(tmp_path: Path) -
     assert plan.target.metric == "sequence"
     assert plan.all_float is not None and plan.all_float["sequence_agreement"] == 1.0
     assert plan.achieved is not None and plan.achieved["sequence_agreement"] >= 0.99
+
+
+def grid_model() -> onnx.ModelProto:
+    """x [N, 3, 6, 5] → Conv+Relu → Conv → a [N, 2, 6, 5] grid of points (x plane, y plane), like UVDoc's."""
+    w1 = RNG.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32)
+    w2 = RNG.normal(0, 0.5, (2, 8, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu1"),
+             helper.make_node("Conv", ["r", "w2"], ["grid"], name="conv2")]
+    graph = helper.make_graph(
+        nodes, "grid", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 5])],
+        [helper.make_tensor_value_info("grid", TensorProto.FLOAT, ["N", 2, 6, 5])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_bisect_targets_keypoint_pck_on_a_planar_grid(tmp_path: Path) -> None:
+    """`bisect --target pck=X` searches in grid points within `pck` pixels, not in cosine: all-int8 misses
+    the target, FP32 is within by definition (distance 0), and the plan reaches it as measured."""
+    model = tmp_path / "grid.onnx"
+    onnx.save(grid_model(), model)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", RNG.normal(0, 1, (16, 3, 6, 5)).astype(np.float32))
+    assert parse_target("pck=0.9").key == "keypoint_pck"
+    result = run_bisect(model, calib, target="pck=0.99", task="keypoints:output=grid,layout=planar,scale=100,pck=0.5",
+                        out=tmp_path / "run", threads=1, holdout="none")
+    plan = result.plan
+    assert plan.target.metric == "pck"
+    assert plan.all_float is not None and plan.all_float["keypoint_pck"] == 1.0
+    assert plan.all_int8 is not None and plan.all_int8["keypoint_pck"] < 0.99
+    assert plan.achieved is not None and plan.achieved["keypoint_pck"] >= 0.99
 
 
 # --- the scan wiring ---------------------------------------------------------------------------------

@@ -55,10 +55,12 @@ METRICS = {
     "sequence": "sequence_agreement",
     "detections": "detection_agreement",
     "next_token": "next_token_agreement",
+    "pck": "keypoint_pck",
 }
 """Target metric name -> key in an output-metrics row (analyze.output_row spelling; from top5 on they are
 task metrics, see quantscan.taskmetrics; `sequence` and `detections` need `--task decoder:...` /
-`--task anchors:...` specs naming the tokens and anchors, `next_token` needs `--task lm`)."""
+`--task anchors:...` specs naming the tokens and anchors, `next_token` needs `--task lm`, `pck` (the share of
+keypoints within the spec's `pck` pixels of FP32's) a `--task keypoints:...` spec)."""
 FALLBACKS: tuple[str, ...] = tuple(p.value for p in Precision)
 """The precisions a site not kept int8 can get (`--fallback`)."""
 MODES = ("search", "first_bad")

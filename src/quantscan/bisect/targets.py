@@ -29,11 +29,11 @@ from quantscan.taskmetrics import TaskAccumulator
 GAIN_KEYS = ("cosine", "sqnr_db", "top1_agreement")
 """Metrics the output-gain pass measures per site (gain.py); other targets order sites by cosine."""
 TASK_KEYS = ("top5_agreement", "string_agreement", "mask_iou", "box_agreement", "peak_agreement",
-             "sequence_agreement", "detection_agreement", "next_token_agreement")
+             "sequence_agreement", "detection_agreement", "next_token_agreement", "keypoint_pck")
 """Target metrics that come from task accumulators (the raw outputs of each step)."""
 TASK_OF = {"top5_agreement": "classify", "string_agreement": "ctc", "mask_iou": "mask", "box_agreement": "box",
            "peak_agreement": "heatmap", "sequence_agreement": "decoder", "detection_agreement": "anchors",
-           "next_token_agreement": "lm"}
+           "next_token_agreement": "lm", "keypoint_pck": "keypoints"}
 """The task whose accumulator gives each task key (used when the scan options left the task on auto)."""
 
 

@@ -108,7 +108,8 @@ def aspect_warning(sizes: Mapping[str, tuple[int, int]], pre: Preprocess) -> str
     w2, h2 = resized_size(w, h, pre)
     return (f"resize {pre.resize} changes the aspect ratio of {len(bad)} of {len(sizes)} image(s) by more than "
             f"{ASPECT_TOLERANCE:.0%} (worst {worst}: {w}x{h} -> {w2}x{h2}, ratio x{(w2 / h2) / (w / h):.2f}): "
-            "the model sees squashed content; use resize keep_ratio_pad or an input size that fits the images")
+            "the model sees squashed content; use resize keep_ratio_pad or an input size that fits the images, "
+            "unless the model's own preprocessing stretches too (then this is what it was trained on)")
 
 
 def contract_record(pre: Preprocess, dtype: str, sizes: Sequence[tuple[int, int]]) -> dict[str, Any]:

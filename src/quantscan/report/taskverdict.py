@@ -17,8 +17,13 @@ def _g(value: float, digits: int = 4) -> str:
 
 def _keypoints(f: Mapping[str, float]) -> str:
     worst = _g(f.get("worst_keypoint_mean_px", math.nan), 3)
-    text = (f"landmarks move {_g(f['keypoint_mean_px'], 3)} px on average, "
-            f"{_g(f.get('keypoint_max_px', math.nan), 3)} px at worst (keypoint {int(f.get('worst_keypoint', -1))} "
+    if "worst_keypoint_row" in f:  # a planar grid: the point said where it sits
+        which = f"grid point row {int(f['worst_keypoint_row'])}, column {int(f['worst_keypoint_column'])}"
+        moved = "grid points move"
+    else:
+        which, moved = f"keypoint {int(f.get('worst_keypoint', -1))}", "landmarks move"
+    text = (f"{moved} {_g(f['keypoint_mean_px'], 3)} px on average, "
+            f"{_g(f.get('keypoint_max_px', math.nan), 3)} px at worst ({which} "
             f"moves {worst} px on average); {_g(100 * f.get('keypoint_pck', math.nan), 3)}% stay within "
             f"{_g(f.get('keypoint_pck_px', math.nan), 3)} px")
     flips = [f"{key} decisions flip on {_g(100 * f[f'keypoint_{key}_flips'], 3)}% of keypoints"

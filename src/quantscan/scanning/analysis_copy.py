@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 
-from quantscan.graph.float32 import float64_to_float32, has_float64
+from quantscan.graph.float32 import WIDENED, non_float32_types, to_float32
 from quantscan.model import (
     MIN_ANALYSIS_OPSET,
     LoadedModel,
@@ -54,9 +54,11 @@ def prepare_for_analysis(
     opset_to = onnx_opset(proto)
     if opset_to != opset_from:
         changes.append(f"opset raised from {opset_from} to {opset_to} with onnx.version_converter")
-    if has_float64(proto):  # QuantizeLinear takes no double: measure as the int8 chip computes, in float32
-        changed = float64_to_float32(proto)
-        changes.append(f"float64 computed as float32 ({changed} initializers, attributes and edge Casts)")
+    widened = non_float32_types(proto)
+    if widened:  # QuantizeLinear takes no double (nor float16 below opset 19): measure as the chip computes
+        changed = to_float32(proto, widened)
+        names = " and ".join(WIDENED[t] for t in sorted(widened, key=WIDENED.__getitem__))
+        changes.append(f"{names} computed as float32 ({changed} initializers, attributes and edge Casts)")
     forget_declared_shapes(proto)
     set_input_dims(proto, input_dims)
     name_unnamed_nodes(proto)  # the opset converter and the folds may add unnamed nodes

@@ -99,11 +99,13 @@ def spec_accumulator(spec: TaskSpec, charset: Charset | None, threshold: float,
     its shape-only ops (a Sigmoid makes a presence score a probability, an anchor head's scores too)."""
     output = spec.outputs()[0] if spec.outputs() else ""
     if spec.kind == "keypoints":
-        count, dims = spec.integer("count"), spec.integer("dims")
-        if shape and all(int(d) > 0 for d in shape):
-            keypoint_array(np.zeros([1, *shape[1:]]), count, dims)  # a layout that cannot fit is refused now
-        return KeypointAccumulator(count, dims, spec.number("scale", 1.0) or 1.0,
-                                   spec.number("pck", DEFAULT_PCK_PX) or DEFAULT_PCK_PX)
+        count, dims, layout = spec.integer("count"), spec.integer("dims"), spec.params.get("layout")
+        if shape and all(int(d) > 0 for d in shape):  # a layout that cannot fit is refused now
+            keypoint_array(np.zeros([1, *shape[1:]]), count, dims, layout)
+        scale = spec.number("scale", 1.0) or 1.0
+        return KeypointAccumulator(count, dims, spec.number("scale_x", scale) or scale,
+                                   spec.number("pck", DEFAULT_PCK_PX) or DEFAULT_PCK_PX, layout=layout,
+                                   scale_y=spec.number("scale_y", scale) or scale)
     if spec.kind == "presence":
         probability = producers.get(output) == "Sigmoid"
         default = PROBABILITY_THRESHOLD if probability else LOGIT_THRESHOLD

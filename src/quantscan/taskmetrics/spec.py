@@ -6,7 +6,7 @@ model that no shape says; one spec per head names its output(s) and those facts,
 spec does not name keeps auto-detection. `--task` may be given more than once (one spec per head).
 
 Spellings (CONTRACT.md; external checks use them):
-- `keypoints:output=NAME,count=K,dims=D,scale=S[,pck=P]`
+- `keypoints:output=NAME,count=K,dims=D,scale=S[,pck=P][,layout=interleaved|planar][,scale_x=SX,scale_y=SY]`
 - `anchors:boxes=NAME,scores=NAME[,anchors=FILE.npy][,score_threshold=T,iou=I,scale=S,box=xyxy|cxcywh]`
 - `decoder:output=NAME,bos=K,eos=K`
 - `presence:output=NAME[,threshold=T]` (alias `scalar`)
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 from quantscan.errors import UsageError
 from quantscan.taskmetrics.base import TASKS
+from quantscan.taskmetrics.keypoints import LAYOUTS
 
 SPEC_KEYS: dict[str, tuple[str, ...]] = {
-    "keypoints": ("output", "count", "dims", "scale", "pck"),
+    "keypoints": ("output", "count", "dims", "scale", "pck", "layout", "scale_x", "scale_y"),
     "anchors": ("boxes", "scores", "anchors", "score_threshold", "iou", "scale", "box", "sigmoid"),
     "decoder": ("output", "bos", "eos"),
     "presence": ("output", "threshold"),
@@ -92,7 +93,10 @@ def parse_task_spec(text: str) -> TaskSpec:
     spec = TaskSpec(kind, params)
     for key in ("count", "dims", "bos", "eos"):
         spec.integer(key)
-    for key in ("scale", "pck"):
+    layout = params.get("layout")
+    if kind == "keypoints" and layout is not None and layout not in LAYOUTS:
+        raise UsageError(f"--task keypoints: expected layout={' or layout='.join(LAYOUTS)}, found {layout!r}")
+    for key in ("scale", "pck", "scale_x", "scale_y"):
         number = spec.number(key)
         if number is not None and not number > 0:
             raise UsageError(f"--task {kind}: expected a positive {key}, found {params[key]!r}")
