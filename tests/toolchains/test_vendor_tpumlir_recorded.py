@@ -16,7 +16,7 @@ import pytest
 from quantscan.bisect import exports
 from quantscan.records import Plan
 from quantscan.toolchains import align
-from quantscan.toolchains.rknn.run import graph_names
+from quantscan.toolchains.driving import graph_names
 from quantscan.toolchains.tpumlir import run as tpurun
 from scripts import tpu_mlir_driver
 

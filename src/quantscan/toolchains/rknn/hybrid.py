@@ -29,17 +29,11 @@ from quantscan.model import LoadedModel, graph_inputs
 from quantscan.readers.text import read_text, read_text_lenient
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.toolchains.driverfiles import read_simulated, sample_sums
+from quantscan.toolchains.driving import fp32_outputs, graph_names, output_cosines, run_driver
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
 from quantscan.toolchains.rknn.kit import PYTHON
-from quantscan.toolchains.rknn.steps import (
-    driver_job,
-    fp32_outputs,
-    graph_names,
-    output_cosines,
-    run_driver,
-    write_samples,
-)
+from quantscan.toolchains.rknn.steps import DRIVER, driver_job, write_samples
 
 
 @dataclass
@@ -83,7 +77,8 @@ class HybridRknn:
         if not (cfg.exists() and (self.step1_dir / f"{stem}.model").exists()):
             t0 = time.perf_counter()
             job = {**self.job, "work": str(self.step1_dir), "hybrid_step1": True}
-            result = run_driver(self.python, job, self.step1_dir, self.work / "rknn_step1.log", keep_build=True)
+            result = run_driver(self.python, job, self.step1_dir, self.work / "rknn_step1.log", driver=DRIVER,
+                                keep_build=True)
             self.step1_seconds = time.perf_counter() - t0
             if result.get("error") or not cfg.exists():
                 message = (result.get("error") or {}).get("message", "no cfg written")
@@ -117,7 +112,7 @@ class HybridRknn:
         job = {**self.job, "work": str(folder), "hybrid_step2": step2}
         log = folder / "rknn.log"
         t0 = time.perf_counter()
-        result = run_driver(self.python, job, folder, log)
+        result = run_driver(self.python, job, folder, log, driver=DRIVER)
         self.builds += 1
         simulated = read_simulated(folder / "sim_outputs.npz")
         cosines = output_cosines(self.reference, simulated, self.output_names) if simulated else {}

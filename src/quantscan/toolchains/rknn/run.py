@@ -13,14 +13,12 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from quantscan.bisect.heldout import claimed_samples, held_out_figures
 from quantscan.calib import load_calibration
 from quantscan.errors import FileError, UsageError
 from quantscan.metrics import pooled_cosine
@@ -30,26 +28,24 @@ from quantscan.readers.text import inside, read_text, read_text_lenient
 from quantscan.records import Plan
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
+from quantscan.toolchains.driving import (
+    TIMEOUT_S,
+    SayProgress,
+    fp32_outputs,
+    graph_names,
+    output_cosines,
+    plan_held_out,
+    run_driver,
+)
 from quantscan.toolchains.interpreter import find_python
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn.hybrid import HybridRknn
 from quantscan.toolchains.rknn.kit import PYTHON
-from quantscan.toolchains.rknn.steps import (
-    DRIVER,
-    TIMEOUT_S,
-    driver_job,
-    fp32_outputs,
-    graph_names,
-    output_cosines,
-    run_driver,
-    write_samples,
-)
+from quantscan.toolchains.rknn.steps import DRIVER, driver_job, write_samples
 
 __all__ = ["DRIVER", "TIMEOUT_S", "SayProgress", "apply_plan", "fp32_outputs", "graph_names", "output_cosines",
-           "run_driver", "run_rknn", "vendor_layers", "write_samples"]
-
-SayProgress = Callable[[str], None]
+           "plan_held_out", "run_driver", "run_rknn", "vendor_layers", "write_samples"]
 
 
 def vendor_layers(work: Path, analyses: list[str]) -> list[align.LayerFigures]:
@@ -134,7 +130,7 @@ def run_rknn(
     say(f"rknn-toolkit2 in {vendor_python}: build, simulator, accuracy_analysis on {n_analysis} samples")
     log = out / "rknn.log"
     t0 = time.perf_counter()
-    result = run_driver(vendor_python, job, work, log)
+    result = run_driver(vendor_python, job, work, log, driver=DRIVER)
     times["vendor_wall_s"] = time.perf_counter() - t0
     times.update({f"vendor_{k}": float(v) for k, v in result.get("times", {}).items()})
     log_text = read_text_lenient(log, "vendor: the toolkit's log")
@@ -231,12 +227,3 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
         **plan_held_out(plan, len(reference), applied.get("vendor_sample_sums") or {}, int8_sums or {}),
     }
 
-
-def plan_held_out(plan: Plan, n: int, plan_sums: dict[str, list[list[float]]],
-                  int8_sums: dict[str, list[list[float]]]) -> dict[str, Any]:
-    """vendor.json `plan.held_out` when the plan's claimed samples can be named among the `n` simulated
-    (bisect/heldout.py), else nothing: the all-samples figures stand alone as before."""
-    samples = claimed_samples(plan.held_out, n)
-    if samples is None or not plan_sums:
-        return {}
-    return {"held_out": held_out_figures(plan.to_json(), samples, plan_sums, int8_sums)}

@@ -34,7 +34,7 @@ from quantscan.readers.jsonfile import read_json
 from quantscan.readers.text import read_text_lenient
 from quantscan.records import PlanSite
 from quantscan.toolchains.driverfiles import read_result, read_simulated, sample_sums
-from quantscan.toolchains.rknn.steps import fp32_outputs, output_cosines, run_driver
+from quantscan.toolchains.driving import fp32_outputs, output_cosines, run_driver
 from quantscan.toolchains.tpumlir import run as tpu_run
 from quantscan.toolchains.tpumlir.log import log_version
 

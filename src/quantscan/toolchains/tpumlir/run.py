@@ -35,10 +35,7 @@ from quantscan.readers.jsonfile import read_json
 from quantscan.records import CalibMethod, Plan, PlanSite, Precision
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
-from quantscan.toolchains.interpreter import find_python
-from quantscan.toolchains.renaming import suffix_pattern
-from quantscan.toolchains.result import VendorRun
-from quantscan.toolchains.rknn.run import (
+from quantscan.toolchains.driving import (
     SayProgress,
     fp32_outputs,
     graph_names,
@@ -46,6 +43,9 @@ from quantscan.toolchains.rknn.run import (
     plan_held_out,
     run_driver,
 )
+from quantscan.toolchains.interpreter import find_python
+from quantscan.toolchains.renaming import suffix_pattern
+from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.tpumlir.kit import NAME as TOOL
 from quantscan.toolchains.tpumlir.kit import PYTHON, RENAMES
 from quantscan.toolchains.tpumlir.log import op_of
