@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
-from quantscan.model import LoadedModel, graph_inputs
+from quantscan.model import LoadedModel
 from quantscan.readers.text import read_text, read_text_lenient
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.toolchains.driverfiles import read_simulated, sample_sums
-from quantscan.toolchains.driving import fp32_outputs, graph_names, output_cosines, run_driver
+from quantscan.toolchains.driving import graph_names, output_cosines, run_driver
+from quantscan.toolchains.judging import JudgingToolchain
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
 from quantscan.toolchains.rknn.kit import PYTHON
@@ -37,34 +37,21 @@ from quantscan.toolchains.rknn.steps import DRIVER, driver_job, write_samples
 
 
 @dataclass
-class HybridRknn:
-    """One model and sample set in RKNN hybrid quantization (module docstring). `builds` counts step-2
-    builds run (the cost `bisect --evaluator rknn` and plan_transfer report)."""
+class HybridRknn(JudgingToolchain):
+    """One model and sample set in RKNN hybrid quantization (module docstring); `builds` counts step-2
+    builds. Step 1 runs on the first `apply`."""
 
-    loaded: LoadedModel
-    python: Path
-    target: str
-    work: Path
-    job: dict[str, Any]
-    reference: list[list[np.ndarray]]
-    output_names: list[str]
     known: list[str] = field(default_factory=list)
-    builds: int = 0
     step1_seconds: float = 0.0
     tool: str = "rknn"
     export: str = "rknn"
 
     @classmethod
-    def create(cls, loaded: LoadedModel, cset: CalibSet, python: Path, target: str, work: Path,
-               threads: int | None = None) -> HybridRknn:
-        """Write the samples (quantscan's preprocessed tensors, as `vendor rknn` feeds them) and the FP32
-        reference outputs; step 1 runs on the first `apply`."""
-        work = work.resolve()
-        names = [s.name for s in graph_inputs(loaded.proto)]
+    def _inputs(cls, loaded: LoadedModel, cset: CalibSet, names: list[str], target: str, work: Path,
+                threads: int | None) -> tuple[dict[str, Any], list[list[str]]]:
+        """One .npy per input and sample (the toolkit's dataset file lists them; the reference reads them)."""
         samples = write_samples(cset, names, work / "data")
-        job = driver_job(loaded, cset, names, samples, target, work, 0)
-        reference = fp32_outputs(loaded, samples, names, threads)
-        return cls(loaded, python, target, work, job, reference, [o.name for o in loaded.proto.graph.output])
+        return driver_job(loaded, cset, names, samples, target, work, 0), samples
 
     @property
     def step1_dir(self) -> Path:
@@ -152,10 +139,6 @@ class HybridRknn:
         """Site node -> the names step 1 kept for it and the requantized tensors after it (bisect's
         rknn_hybrid_quant.cfg export); a vanished site none (RKNN runs it and what follows int8)."""
         return {r.node: [*r.names, *r.tail] if r.names else [] for r in self.resolve(sites)}
-
-    def evaluate(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
-        """`bisect.external.Toolchain`'s name for `apply`."""
-        return self.apply(sites, label)
 
     def prepare(self) -> None:
         """Step 1 before builds run side by side (`apply` would otherwise start it in each of them)."""
