@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from quantscan.api import scan
 from quantscan.toolchains.tpumlir import judge
 from quantscan.toolchains.tpumlir import run as tpurun
 from scripts import tpu_mlir_driver
@@ -146,8 +147,8 @@ def test_judge_and_vendor_tpu_mlir_agree_with_the_real_tool(assets: Path, tmp_pa
     plan = json.loads((REC / "plan.json").read_text())
     plan["sites"] = [{"node": site.node, "nodes": list(site.nodes), "output": site.output, "precision": "float"}]
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    run = tpurun.run_tpumlir(model, calib, target="bm1684x", out=tmp_path / "vendor", python=VENV_PYTHON, limit=2,
-                             plan=tmp_path / "plan.json")
+    run = tpurun.run_tpumlir(model, calib, target="bm1684x", out=tmp_path / "vendor", scan=scan, python=VENV_PYTHON,
+                             limit=2, plan=tmp_path / "plan.json")
     assert run.plan is not None
     assert run.plan["vendor_output_cosine"]["fetch_name_0"] == pytest.approx(got["cosine"], abs=1e-9)
 

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from quantscan.bisect.heldout import claimed_samples, held_out_figures
 from quantscan.bisect.judge import JudgeSetup
 from quantscan.bisect.realise import Claims, Judged
 from quantscan.bisect.robust import Spread
@@ -35,6 +34,7 @@ from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.executors import Executor
 from quantscan.graph.mixed import MixedBuilder
+from quantscan.heldout import claimed_samples, held_out_figures
 from quantscan.model import LoadedModel
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.scanning.gain import Measured

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantscan.bisect.heldout import claimed_samples, held_out_figures
+from quantscan.heldout import claimed_samples, held_out_figures
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import LoadedModel
 from quantscan.readers.arrays import read_npy
@@ -116,7 +116,7 @@ def run_driver(
 def plan_held_out(plan: Plan, n: int, plan_sums: dict[str, list[list[float]]],
                   int8_sums: dict[str, list[list[float]]]) -> dict[str, Any]:
     """vendor.json `plan.held_out` when the plan's claimed samples can be named among the `n` simulated
-    (bisect/heldout.py), else nothing: the all-samples figures stand alone as before."""
+    (quantscan/heldout.py), else nothing: the all-samples figures stand alone as before."""
     samples = claimed_samples(plan.held_out, n)
     if samples is None or not plan_sums:
         return {}

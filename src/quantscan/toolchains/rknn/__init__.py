@@ -22,9 +22,9 @@ def vendor(model: str | Path, calib: str | Path, request: VendorRequest) -> Vend
         raise UsageError(f"vendor rknn: expected no --calib-method (tpu-mlir only), found {request.calib_method}")
     from quantscan.toolchains.rknn.run import run_rknn  # pandas, onnx, the scan: only when the toolkit runs
 
-    return run_rknn(model, calib, target=request.target, out=request.out, python=request.python,
-                    limit=request.limit, analysis_samples=request.analysis_samples, plan=request.plan,
-                    threads=request.threads, progress=request.progress)
+    return run_rknn(model, calib, target=request.target, out=request.out, scan=request.scan,
+                    python=request.python, limit=request.limit, analysis_samples=request.analysis_samples,
+                    plan=request.plan, threads=request.threads, progress=request.progress)
 
 
 def bisect_judge(tool: str, python: str | Path | None, target: str | None, work: Path) -> object:

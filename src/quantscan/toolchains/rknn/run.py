@@ -37,6 +37,7 @@ from quantscan.toolchains.driving import (
     plan_held_out,
     run_driver,
 )
+from quantscan.toolchains.folder import ScanSide
 from quantscan.toolchains.interpreter import find_python
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn import files as rknn_files
@@ -97,6 +98,7 @@ def run_rknn(
     *,
     target: str,
     out: Path,
+    scan: ScanSide,
     python: str | Path | None = None,
     limit: int | None = None,
     analysis_samples: int | None = None,
@@ -104,7 +106,7 @@ def run_rknn(
     threads: int | None = None,
     progress: SayProgress | None = None,
 ) -> VendorRun:
-    """Build, simulate and analyse with RKNN-Toolkit2; scan with quantscan; align. Writes into `out`."""
+    """Build, simulate and analyse with RKNN-Toolkit2; scan with quantscan (`scan`: api.scan); align into `out`."""
     say = progress or (lambda _msg: None)
     vendor_python = find_python(PYTHON, python)
     loaded = load_model(model)
@@ -122,7 +124,8 @@ def run_rknn(
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
     t0 = time.perf_counter()
-    scanned = _quantscan_side(loaded, calib, target, limit, threads, out)
+    scanned = scan(loaded, calib, out=out / "quantscan", profile=target, limit=limit, gain_candidates=0,
+                   no_report=True, threads=threads)
     times["quantscan_scan_s"] = time.perf_counter() - t0
     reference = fp32_outputs(loaded, samples, names, threads)
     output_names = [o.name for o in loaded.proto.graph.output]
@@ -170,17 +173,6 @@ def run_rknn(
     shutil.rmtree(work / "data", ignore_errors=True)
     return run
 
-
-
-def _quantscan_side(
-    loaded: LoadedModel, calib: str | Path, target: str, limit: int | None, threads: int | None, out: Path
-) -> Any:
-    """quantscan's scan of the same samples with the target's profile, its run folder in `out/quantscan`."""
-    from quantscan.api import save_scan, scan
-
-    scanned = scan(loaded, calib, profile=target, limit=limit, gain_candidates=0, no_report=True, threads=threads)
-    save_scan(scanned, out / "quantscan")
-    return scanned
 
 
 def _aligned(

@@ -20,9 +20,9 @@ def vendor(model: str | Path, calib: str | Path, request: VendorRequest) -> Vend
     """`quantscan vendor tpu-mlir`: transform, calibrate, deploy int8 and run beside quantscan's scan (`run`)."""
     from quantscan.toolchains.tpumlir.run import run_tpumlir  # pandas, onnx, the scan: only when the toolkit runs
 
-    return run_tpumlir(model, calib, target=request.target, out=request.out, python=request.python,
-                       limit=request.limit, plan=request.plan, threads=request.threads, progress=request.progress,
-                       calib_method=request.calib_method or "kl")
+    return run_tpumlir(model, calib, target=request.target, out=request.out, scan=request.scan,
+                       python=request.python, limit=request.limit, plan=request.plan, threads=request.threads,
+                       progress=request.progress, calib_method=request.calib_method or "kl")
 
 
 def bisect_judge(tool: str, python: str | Path | None, target: str | None, work: Path) -> object:

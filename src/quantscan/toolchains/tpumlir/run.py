@@ -43,6 +43,7 @@ from quantscan.toolchains.driving import (
     plan_held_out,
     run_driver,
 )
+from quantscan.toolchains.folder import ScanSide
 from quantscan.toolchains.interpreter import find_python
 from quantscan.toolchains.renaming import suffix_pattern
 from quantscan.toolchains.result import VendorRun
@@ -136,6 +137,7 @@ def run_tpumlir(
     *,
     target: str,
     out: Path,
+    scan: ScanSide,
     python: str | Path | None = None,
     limit: int | None = None,
     plan: str | Path | None = None,
@@ -144,7 +146,7 @@ def run_tpumlir(
     calib_method: str = "kl",
 ) -> VendorRun:
     """Transform, calibrate (`calib_method`: `CALIB_METHODS`), deploy int8 and run with tpu-mlir; scan with
-    quantscan; align. Writes into `out`."""
+    quantscan (`scan`: `quantscan.api.scan`, with the calibration nearest tpu-mlir's); align. Writes into `out`."""
     say = progress or (lambda _msg: None)
     vendor_python = find_python(PYTHON, python)
     out = Path(out).absolute()  # the driver runs in another folder
@@ -164,7 +166,8 @@ def run_tpumlir(
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
     t0 = time.perf_counter()
-    scanned = _quantscan_side(loaded, calib, target, limit, threads, out, qs_method)
+    scanned = scan(loaded, calib, out=out / "quantscan", profile=target, limit=limit, gain_candidates=0,
+                   no_report=True, threads=threads, calib_method=qs_method)
     times["quantscan_scan_s"] = time.perf_counter() - t0
     feeds = npy_feeds(samples, names, work / "feeds")
     reference = fp32_outputs(loaded, feeds, names, threads)
@@ -226,20 +229,6 @@ def npy_feeds(samples: list[str], names: list[str], folder: Path) -> list[list[s
 
 def _simulated(work: Path) -> dict[str, np.ndarray]:
     return read_simulated(work / "sim_outputs.npz")
-
-
-def _quantscan_side(
-    loaded: LoadedModel, calib: str | Path, target: str, limit: int | None, threads: int | None, out: Path,
-    method: CalibMethod,
-) -> Any:
-    """quantscan's scan of the same samples with the target's profile and the calibration nearest tpu-mlir's
-    (`CALIB_METHODS`), its run folder in `out/quantscan`."""
-    from quantscan.api import save_scan, scan
-
-    scanned = scan(loaded, calib, profile=target, limit=limit, gain_candidates=0, no_report=True, threads=threads,
-                   calib_method=method)
-    save_scan(scanned, out / "quantscan")
-    return scanned
 
 
 def driver_job(loaded: LoadedModel, cset: CalibSet, names: list[str], samples: list[str], target: str,
