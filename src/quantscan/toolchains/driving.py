@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from quantscan.errors import FileError, UsageError
 from quantscan.heldout import claimed_samples, held_out_figures
 from quantscan.metrics import ErrorAccumulator
 from quantscan.model import LoadedModel
 from quantscan.readers.arrays import read_npy
+from quantscan.readers.jsonfile import read_json
 from quantscan.records import Plan
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_result
@@ -111,6 +113,14 @@ def run_driver(
                                         f"without a result; see {log}"}}
     return read_result(result_path, log)
 
+
+
+def read_plan(path: Path) -> Plan:
+    """`vendor TOOL --plan plan.json` as `records.Plan`; a file that is not one is bad input, said in one line."""
+    try:
+        return Plan.from_json(read_json(path, "--plan"))
+    except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"--plan: expected a quantscan plan.json, found {path} unreadable ({exc})") from exc
 
 
 def plan_held_out(plan: Plan, n: int, plan_sums: dict[str, list[list[float]]],

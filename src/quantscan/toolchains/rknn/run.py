@@ -20,12 +20,10 @@ import numpy as np
 import pandas as pd
 
 from quantscan.calib import load_calibration
-from quantscan.errors import FileError, UsageError
+from quantscan.errors import UsageError
 from quantscan.metrics import pooled_cosine
 from quantscan.model import LoadedModel, graph_inputs, load_model
-from quantscan.readers.jsonfile import read_json
 from quantscan.readers.text import inside, read_text, read_text_lenient
-from quantscan.records import Plan
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
 from quantscan.toolchains.driving import (
@@ -35,6 +33,7 @@ from quantscan.toolchains.driving import (
     graph_names,
     output_cosines,
     plan_held_out,
+    read_plan,
     run_driver,
 )
 from quantscan.toolchains.folder import ScanSide
@@ -195,10 +194,7 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     the names hybrid step 1 kept: toolchains/rknn/names.py), its simulator's output cosine beside the
     cosine quantscan's plan claims, and per site what RKNN actually ran it at. `int8_sums` (the plain
     all-int8 build's per-sample sums) give `held_out`: both figures on the claim's own samples."""
-    try:
-        plan = Plan.from_json(read_json(plan_path, "--plan"))
-    except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
+    plan = read_plan(plan_path)
     hybrid = HybridRknn(loaded, python, str(job["target"]), (work / "hybrid").resolve(), dict(job), reference,
                         output_names)
     try:

@@ -27,11 +27,10 @@ import pandas as pd
 
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.columns import Col
-from quantscan.errors import CalibrationError, FileError, UsageError
+from quantscan.errors import CalibrationError, UsageError
 from quantscan.metrics import pooled_cosine
 from quantscan.model import LoadedModel, graph_inputs, load_model
 from quantscan.readers.arrays import read_npz
-from quantscan.readers.jsonfile import read_json
 from quantscan.records import CalibMethod, Plan, PlanSite, Precision
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
@@ -41,6 +40,7 @@ from quantscan.toolchains.driving import (
     graph_names,
     output_cosines,
     plan_held_out,
+    read_plan,
     run_driver,
 )
 from quantscan.toolchains.folder import ScanSide
@@ -277,10 +277,7 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     """The bisect plan through a tpu-mlir quantize table (its sites mapped to tpu-mlir's op names by the
     driver), its int8 model's output cosine beside the cosine quantscan's plan claims, and per site the
     precision tpu-mlir ran it at."""
-    try:
-        plan = Plan.from_json(read_json(plan_path, "--plan"))
-    except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
+    plan = read_plan(plan_path)
     mixed = work / "mixed"
     mixed.mkdir(parents=True, exist_ok=True)
     proto = onnx.load(str(job["model"]), load_external_data=False)
