@@ -12,6 +12,7 @@ peak must not include anything the benchmark parent needs.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -343,3 +344,39 @@ def cpu_note() -> str:
     """The machine in one phrase, so a table read later says what it was measured on."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{cores} usable cores, load avg {os.getloadavg()[0]:.1f}"
+
+
+# --- golden output folders (outputs_unchanged.py, toolchain_outputs.py) -----------------------------------
+
+
+def run_commands(commands: Mapping[str, Sequence[str]], src: Path, out: Path, *, extra: Sequence[str] = (),
+                 keep_stdout: bool = False, hidden: Mapping[str, str] | None = None) -> None:
+    """Run each quantscan command line of `commands` on the source tree `src`, its files into `out/NAME` and
+    its exit code and messages (stderr; stdout too with `keep_stdout`; each `hidden` text replaced) into
+    `out/NAME/_exit.txt`; prints one markdown row per command. Why shared: `outputs_unchanged.py diff` compares
+    the folders both golden sets write, so they must be written the same way."""
+    env = dict(os.environ, PYTHONPATH=str(src.resolve()))
+    print("| case | exit | seconds |\n|---|---|---|")
+    for name, argv in commands.items():
+        folder = out / name
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "quantscan", *argv, "--out", str(folder), "--quiet", *extra,
+                               "--force"], env=env, capture_output=True, text=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        said = f"{done.returncode}\n{done.stdout if keep_stdout else ''}{done.stderr}"
+        for text, stand_in in (hidden or {}).items():
+            said = said.replace(text, stand_in)
+        (folder / "_exit.txt").write_text(said)
+        print(f"| {name} | {done.returncode} | {time.perf_counter() - started:.0f} |")
+
+
+def golden_parser(description: str, assets: Path) -> tuple[argparse.ArgumentParser, Any]:
+    """The command line of a golden-set script: `run SRC OUT [--assets DIR]`; returns the parser and its
+    subparsers, for a script that adds more actions (`outputs_unchanged.py diff`)."""
+    parser = argparse.ArgumentParser(description=description)
+    sub = parser.add_subparsers(dest="action", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("src", type=Path)
+    run.add_argument("out", type=Path)
+    run.add_argument("--assets", type=Path, default=assets)
+    return parser, sub

@@ -15,17 +15,13 @@ summary.md, plan.json, session.json and hist.npz are compared.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import golden_parser, run_commands
 
 ASSETS = Path(__file__).resolve().parents[2] / "shared" / "assets"
 NOISY = re.compile(r"(time|seconds|_s$|wall|peak|vmhwm|elapsed|started|finished|date|version|rss|host|cpu|"
@@ -61,16 +57,7 @@ def cases(assets: Path) -> dict[str, list[str]]:
 
 
 def run(src: Path, out: Path, assets: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(src.resolve()))
-    print("| case | exit | seconds |\n|---|---|---|")
-    for name, argv in cases(assets).items():
-        folder = out / name
-        started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "quantscan", *argv, "--out", str(folder), "--quiet",
-                               "--threads", "1", "--seed", "0", "--force"], env=env, capture_output=True, text=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "_exit.txt").write_text(f"{done.returncode}\n{done.stderr}")
-        print(f"| {name} | {done.returncode} | {time.perf_counter() - started:.0f} |")
+    run_commands(cases(assets), src, out, extra=["--threads", "1", "--seed", "0"])
 
 
 def _scrub(value: Any, roots: tuple[str, ...]) -> Any:
@@ -116,12 +103,7 @@ def differences(a: Path, b: Path) -> list[str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="action", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("src", type=Path)
-    r.add_argument("out", type=Path)
-    r.add_argument("--assets", type=Path, default=ASSETS)
+    p, sub = golden_parser(__doc__.splitlines()[0], ASSETS)
     d = sub.add_parser("diff")
     d.add_argument("a", type=Path)
     d.add_argument("b", type=Path)

@@ -3,8 +3,8 @@
 1. MiniLM (the zoo's sentence-transformer encoder, `python benchmarks/zoo.py --fetch --models minilm_l6_v2`):
    `--weights int4 --group-size 128 --activations float` against onnxruntime's own MatMulNBitsQuantizer
    (symmetric, block 128) run in onnxruntime; goal |difference| <= 0.003 in output cosine.
-2. Weight-only w8 (per channel) and w4-g32/g128 against an independent numpy fake-quantizer (the weights
-   replaced in the BN-folded FP32 model, run by onnxruntime); goal |difference| <= 1e-6.
+2. Weight-only w8 (per channel) and w4-g32/g128 against an independent numpy fake-quantizer (tests/oracles.py:
+   the weights replaced in the BN-folded FP32 model, run by onnxruntime); goal |difference| <= 1e-6.
 3. `--activations int16` against the default uint8 on real classifiers; goal cosine >= 0.999 and above uint8.
 
 MatMulNBitsQuantizer imports onnx_ir, which quantscan does not need: give an interpreter that has it with
@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from _common import markdown_table
-from onnx import numpy_helper
 
 from quantscan import scan
 from quantscan.calib import load_calibration
-from quantscan.model import constants_to_initializers, graph_inputs, read_model_file
-from quantscan.rewrites.fold_bn import fold_batchnorm
+from quantscan.model import graph_inputs, read_model_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracles import bn_folded, oracle_model, pooled_cosines  # noqa: E402  (the tests' numpy oracle)
 
 NBITS_JOB = """
 import sys, onnx
@@ -46,73 +46,6 @@ def feeds(model: Path, calib: Path, limit: int | None) -> list[dict[str, np.ndar
     return list(load_calibration(calib, graph_inputs(read_model_file(model)), limit=limit).samples())
 
 
-def cosines(fp32: onnx.ModelProto | Path, other: onnx.ModelProto | Path, samples: list[dict[str, np.ndarray]]
-            ) -> dict[str, float]:
-    """Pooled output cosine per output, both models run by onnxruntime (basic optimizations)."""
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.intra_op_num_threads = 1
-
-    def session(m: onnx.ModelProto | Path) -> ort.InferenceSession:
-        src = str(m) if isinstance(m, Path) else m.SerializeToString()
-        return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
-
-    a, b = session(fp32), session(other)
-    names = [o.name for o in a.get_outputs()]
-    pairs = [(a.run(names, f), b.run(names, f)) for f in samples]
-    out = {}
-    for k, n in enumerate(names):
-        x = np.concatenate([np.ravel(p[0][k]).astype(np.float64) for p in pairs])
-        y = np.concatenate([np.ravel(p[1][k]).astype(np.float64) for p in pairs])
-        out[n] = float(x @ y / np.sqrt((x @ x) * (y @ y)))
-    return out
-
-
-def _fq_int8(w: np.ndarray, out_axis: int) -> np.ndarray:
-    moved = np.moveaxis(w, out_axis, 0).astype(np.float32)
-    scale = (np.abs(moved.reshape(moved.shape[0], -1)).max(axis=1) / 127.0).astype(np.float32)
-    scale[scale == 0] = 1.0
-    s = scale.reshape(-1, *([1] * (moved.ndim - 1)))
-    return np.moveaxis(np.clip(np.rint(moved / s), -128, 127) * s, 0, out_axis)
-
-
-def _fq_int4(w: np.ndarray, in_axis: int, group: int) -> np.ndarray:
-    moved = np.moveaxis(w, in_axis, 0).astype(np.float32)
-    out = np.empty_like(moved)
-    for start in range(0, moved.shape[0], group):
-        flat = moved[start:start + group].reshape(min(group, moved.shape[0] - start), -1)
-        extreme = flat[np.abs(flat).argmax(axis=0), np.arange(flat.shape[1])]
-        scale = (extreme.astype(np.float64) / -8.0).astype(np.float32)
-        scale[scale == 0] = 1.0
-        block = out[start:start + group]
-        block[...] = (np.clip(np.rint(flat / scale), -8, 7) * scale).reshape(block.shape)
-    return np.moveaxis(out, 0, in_axis)
-
-
-def numpy_oracle(model: onnx.ModelProto, weights: str, group: int | None) -> onnx.ModelProto:
-    """BN folded, then every Conv/Gemm/MatMul weight initializer fake-quantized by the formulas above."""
-    weighted = onnx.ModelProto()
-    weighted.CopyFrom(model)
-    constants_to_initializers(weighted)  # Paddle exports hold weights in Constant nodes
-    folded = fold_batchnorm(weighted).model
-    inits = {t.name: t for t in folded.graph.initializer}
-    seen: set[str] = set()
-    for node in folded.graph.node:
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in inits:
-            continue
-        name = node.input[1]
-        w = numpy_helper.to_array(inits[name])
-        if name in seen or w.ndim < 2:
-            continue
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        out_axis = 0 if node.op_type == "Conv" or (node.op_type == "Gemm" and trans_b) else 1
-        in_axis = 1 - out_axis if w.ndim == 2 else 1
-        fq = _fq_int4(w, in_axis, group or w.shape[in_axis]) if weights == "int4" else _fq_int8(w, out_axis)
-        inits[name].CopyFrom(numpy_helper.from_array(fq.astype(np.float32), name))
-        seen.add(name)
-    return folded
-
-
 def headline(result: object) -> dict[str, float]:
     return {k: float(v.cosine) for k, v in result.output_metrics.items()}  # type: ignore[attr-defined]
 
@@ -125,7 +58,7 @@ def minilm_vs_nbits(model: Path, calib: Path, ort_python: str, limit: int | None
         done = subprocess.run([ort_python, "-c", NBITS_JOB, str(model), str(nbits), "128"], capture_output=True,
                               text=True, check=True)
         count = done.stdout.strip().splitlines()[-1]
-        theirs = cosines(model, nbits, samples)
+        theirs = pooled_cosines(onnx.load(model), onnx.load(nbits), samples)
     ours = headline(scan(model, calib, weights="int4", group_size=128, activations="float", limit=limit,
                          gain_candidates=0, deployed_samples=0))
     for name in theirs:
@@ -142,7 +75,7 @@ def oracle_rows(model: Path, calib: Path, limit: int | None, schemes: list[tuple
     for weights, group in schemes:
         ours = headline(scan(model, calib, weights=weights, group_size=group, activations="float", limit=limit,
                              gain_candidates=0, deployed_samples=0))
-        theirs = cosines(fp32, numpy_oracle(fp32, weights, group), samples)
+        theirs = pooled_cosines(fp32, oracle_model(bn_folded(fp32), weights, group), samples)
         worst = max(abs(ours[k] - theirs[k]) for k in theirs)
         label = f"w{weights[-1]}a16{f'-g{group}' if group else ''} (float acts)"
         rows.append([model.stem, label, f"{min(ours.values()):.6f}", f"{min(theirs.values()):.6f}", f"{worst:.1e}",

@@ -12,15 +12,11 @@ so a change to the renaming tables or the dump readers would pass it unseen.
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
-import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
+from _common import golden_parser, run_commands
 from outputs_unchanged import ASSETS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
@@ -52,27 +48,12 @@ def recorded_dumps(folder: Path) -> Path:
 
 
 def run(src: Path, out: Path, assets: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(src.resolve()))
-    print("| case | exit | seconds |\n|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, argv in cases(assets, recorded_dumps(Path(tmp))).items():
-            folder = out / name
-            started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "quantscan", *argv, "--out", str(folder), "--quiet",
-                                   "--force"], env=env, capture_output=True, text=True)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "_exit.txt").write_text(f"{done.returncode}\n{done.stdout}{done.stderr}".replace(tmp, "<dumps>"))
-            print(f"| {name} | {done.returncode} | {time.perf_counter() - started:.0f} |")
+        run_commands(cases(assets, recorded_dumps(Path(tmp))), src, out, keep_stdout=True, hidden={tmp: "<dumps>"})
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="action", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("src", type=Path)
-    r.add_argument("out", type=Path)
-    r.add_argument("--assets", type=Path, default=ASSETS)
-    args = p.parse_args()
+    args = golden_parser(__doc__.splitlines()[0], ASSETS)[0].parse_args()
     run(args.src, args.out, args.assets)
     return 0
 

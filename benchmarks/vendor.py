@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from quantscan.api import scan
 from quantscan.errors import QuantscanError
 from quantscan.toolchains.rknn.run import run_rknn
 
@@ -67,7 +68,7 @@ def main() -> int:
         t0 = time.perf_counter()
         try:
             run = run_rknn(assets / "models" / f"{name}.onnx", assets / "calib" / name, target=args.target,
-                           out=out_root / name, python=args.python, limit=args.limit,
+                           out=out_root / name, scan=scan, python=args.python, limit=args.limit,
                            analysis_samples=args.analysis_samples)
         except QuantscanError as exc:
             notes.append(f"- {name}: not run ({exc})")

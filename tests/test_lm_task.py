@@ -8,10 +8,8 @@ carried by hand, and the true next characters of that text.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -24,6 +22,7 @@ from quantscan.api import scan
 from quantscan.calib import load_calibration
 from quantscan.model import graph_inputs, read_model_file
 from quantscan.specs import InputSpec
+from scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 LM = REPO / "tests" / "fixtures" / "lm" / "char_gpt_step.onnx"
@@ -32,12 +31,7 @@ STATE = {f"present.{n}": f"past.{n}" for n in range(4)}
 
 def exporter() -> ModuleType:
     """benchmarks/zoo_export_lm.py (the vocabulary, the corpus split and the step writer)."""
-    spec = importlib.util.spec_from_file_location("zoo_export_lm", REPO / "benchmarks" / "zoo_export_lm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["zoo_export_lm"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "benchmarks" / "zoo_export_lm.py")
 
 
 def naive_perplexity(logits: np.ndarray, tokens: list[int]) -> float:

@@ -9,13 +9,13 @@ reference), or ties it; and `rewrite --all-for-profile` leaves no error whose fi
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,12 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _load_zoo() -> Any:
     """benchmarks/zoo.py loaded from its file. Not by putting benchmarks/ on sys.path: tests hand
     sys.path to child interpreters, and benchmarks/bisect.py would then shadow the stdlib `bisect`."""
-    spec = importlib.util.spec_from_file_location("quantscan_zoo_benchmark", REPO / "benchmarks" / "zoo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "benchmarks" / "zoo.py", "quantscan_zoo_benchmark")
 
 
 zoo = _load_zoo()

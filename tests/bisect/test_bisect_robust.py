@@ -24,10 +24,10 @@ from quantscan.bisect.robust import (
     SampleSums,
     pooled_cosine,
     scale_factors,
-    split_indices,
     spread_of,
 )
 from quantscan.errors import UsageError
+from quantscan.heldout import split_indices
 from quantscan.report.verdict import plan_lines
 from quantscan.runner import Runner
 

@@ -15,15 +15,14 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
-from tests.scanning.test_schemes import int8_per_channel, oracle_model, pooled_cosines
 
 from builders import write_chain
 from conftest import asset_calib, asset_model
+from oracles import bn_folded, int8_per_channel, oracle_model, pooled_cosines
 from quantscan.calib import load_calibration
-from quantscan.model import constants_to_initializers, graph_inputs, read_model_file
+from quantscan.model import graph_inputs, read_model_file
 from quantscan.records import Plan
 from quantscan.report.verdict import plan_lines
-from quantscan.rewrites.fold_bn import fold_batchnorm
 
 
 def _bisect(model: Path, calib: Path, out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -133,9 +132,7 @@ def test_fallback_int8_under_w4_on_a_real_model_equals_the_reapplied_oracle(asse
     assert run.returncode in (0, 1), run.stderr
     plan = json.loads((tmp_path / "b" / "plan.json").read_text())
     assert plan["sites"] and {s["precision"] for s in plan["sites"]} == {"int8"}
-    weighted = onnx.load(model_path)
-    constants_to_initializers(weighted)
-    folded = fold_batchnorm(weighted).model
+    folded = bn_folded(onnx.load(model_path))
     oracle = oracle_model(folded, "int4", 32)
     original = {t.name: t for t in folded.graph.initializer}
     inits = {t.name: t for t in oracle.graph.initializer}

@@ -1,4 +1,4 @@
-"""The toolchain scored on a claim's own samples (issue 38 part 3): bisect/heldout.py and the
+"""The toolchain scored on a claim's own samples (issue 38 part 3): quantscan/heldout.py and the
 per-sample sums of driverfiles.py, against the pooled cosine written out in numpy."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from quantscan.bisect.heldout import claimed_samples, held_out_figures
+from quantscan.heldout import claimed_samples, held_out_figures
 from quantscan.metrics import subset_cosine
 from quantscan.toolchains.driverfiles import sample_sums
 

@@ -88,17 +88,14 @@ def test_bm1684x_keeps_ppocrv4_recs_layernorms_and_softmaxes_float(assets: Path)
     """Oracle: the lowered model tpu-mlir 1.30.2 wrote for PP-OCRv4 rec on bm1684x (recorded:
     tests/fixtures/vendor/tpu-mlir-1.30.2/ppocrv4_rec-bm1684x/tpumlir/tpu_mlir_ops.mlir): its float32 ops are
     five `tpu.LayerNorm`, each named after the last Add of a decomposed LayerNorm, and three `tpu.Softmax`."""
-    import importlib.util
     import re
 
     import onnx
 
     from quantscan.toolchains.tpumlir import run as tpurun
+    from scripts import tpu_mlir_driver
 
-    spec = importlib.util.spec_from_file_location("tpumlir_driver", tpurun.DRIVER)
-    assert spec is not None and spec.loader is not None
-    driver = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(driver)
+    driver = tpu_mlir_driver()
     lowered = (Path(__file__).parents[1] / "fixtures" / "vendor" / "tpu-mlir-1.30.2" / "ppocrv4_rec-bm1684x"
                / "tpumlir" / "tpu_mlir_ops.mlir").read_text()
     types = driver.element_types(lowered)

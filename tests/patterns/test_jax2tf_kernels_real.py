@@ -12,8 +12,6 @@ the match read them (onnxruntime runs the export).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from quantscan.graph.index import GraphIndex
 from quantscan.patterns import gelu, layernorm_moments
 from quantscan.patterns.base import Match
 from quantscan.patterns.layernorm import LayerNormMatch
+from scripts import load_script
 
 pytestmark = pytest.mark.real
 
@@ -35,12 +34,7 @@ NAME = "magika_v3_3"
 
 
 def _zoo() -> Any:
-    spec = importlib.util.spec_from_file_location("quantscan_zoo_benchmark", REPO / "benchmarks" / "zoo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "benchmarks" / "zoo.py", "quantscan_zoo_benchmark")
 
 
 @pytest.fixture(scope="module")

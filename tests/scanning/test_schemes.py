@@ -1,6 +1,6 @@
 """Schemes (issue 43): int4 and group-wise weights, int16 and float activations, `--scheme` shorthands.
 
-Oracles: the weight grids written out here in plain loops (symmetric int4 puts the largest-magnitude value
+Oracles: the weight grids written out in plain loops (tests/oracles.py) (symmetric int4 puts the largest-magnitude value
 on -8, as onnxruntime's MatMulNBits does: checked against its own quantizer in benchmarks/schemes.py);
 onnxruntime and onnx's ReferenceEvaluator running the blocked DequantizeLinear quantscan writes; and, for
 whole models, the FP32 graph with its weights replaced by the written-out fake-quant values, run by
@@ -23,101 +23,21 @@ from onnx.reference import ReferenceEvaluator
 
 from builders import write_chain
 from conftest import asset_calib, asset_model
+from oracles import (
+    bn_folded,
+    int4_symmetric_groups,
+    int8_per_channel,
+    oracle_model,
+    pooled_cosines,
+    pooled_figures,
+)
 from quantscan import scan
 from quantscan.calib import load_calibration
 from quantscan.errors import UsageError
 from quantscan.graph import qdq
-from quantscan.model import constants_to_initializers, graph_inputs, read_model_file
+from quantscan.model import graph_inputs, read_model_file
 from quantscan.quant import fake_quant, quantize, weight_qparams
-from quantscan.rewrites.fold_bn import fold_batchnorm
 from quantscan.schemes import ChipSchemes, Scheme, parse_scheme, resolve_scheme
-
-# ----------------------------------------------------------------------------- the oracle, written out
-
-
-def int4_symmetric_groups(w: np.ndarray, in_axis: int, group: int) -> np.ndarray:
-    """Group-wise symmetric int4, one group at a time: scale = (value of largest |.|) / -8, codes
-    round-half-even(x / scale) clipped to [-8, 7]."""
-    moved = np.moveaxis(w.astype(np.float32), in_axis, 0)
-    out = np.empty_like(moved)
-    for start in range(0, moved.shape[0], group):
-        block = moved[start:start + group]
-        flat = block.reshape(block.shape[0], -1)
-        extreme = flat[np.abs(flat).argmax(axis=0), np.arange(flat.shape[1])]
-        scale = (extreme.astype(np.float64) / -8.0).astype(np.float32)
-        scale[scale == 0] = 1.0
-        codes = np.clip(np.rint(flat / scale), -8, 7)
-        out[start:start + group] = (codes * scale).astype(np.float32).reshape(block.shape)
-    return np.moveaxis(out, 0, in_axis)
-
-
-def int8_per_channel(w: np.ndarray, out_axis: int) -> np.ndarray:
-    """Symmetric int8 per output channel: scale = absmax / 127."""
-    moved = np.moveaxis(w.astype(np.float32), out_axis, 0)
-    out = np.empty_like(moved)
-    for c in range(moved.shape[0]):
-        scale = np.float32(np.abs(moved[c]).max() / 127.0) or np.float32(1.0)
-        out[c] = np.clip(np.rint(moved[c] / scale), -128, 127) * scale
-    return np.moveaxis(out, 0, out_axis)
-
-
-def weight_axes(node: onnx.NodeProto) -> tuple[int, int]:
-    """(output axis, input axis) of a node's weight (input 1)."""
-    if node.op_type == "Conv":
-        return 0, 1
-    if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return (0, 1) if trans_b else (1, 0)
-    return 1, 0  # MatMul [K, N]
-
-
-def oracle_model(model: onnx.ModelProto, weights: str, group: int | None) -> onnx.ModelProto:
-    """`model` with the weight of every Conv/Gemm/MatMul replaced by its written-out fake-quant value."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    inits = {t.name: t for t in out.graph.initializer}
-    done: set[str] = set()
-    for node in out.graph.node:
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in inits:
-            continue
-        name = node.input[1]
-        w = numpy_helper.to_array(inits[name])
-        if name in done or w.ndim < 2:
-            continue
-        out_axis, in_axis = weight_axes(node)
-        fq = int4_symmetric_groups(w, in_axis, group or w.shape[in_axis]) if weights == "int4" \
-            else int8_per_channel(w, out_axis)
-        inits[name].CopyFrom(numpy_helper.from_array(fq, name))
-        done.add(name)
-    return out
-
-
-def pooled_figures(
-    fp32: onnx.ModelProto, fq: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]
-) -> dict[str, tuple[float, float]]:
-    """Per output (cosine, SQNR dB) pooled over every element of every sample: Σxy / sqrt(Σx² Σy²) and
-    10 log10(Σx² / Σ(x-y)²), both models run by onnxruntime."""
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    a = ort.InferenceSession(fp32.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    b = ort.InferenceSession(fq.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in a.get_outputs()]
-    xs: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    ys: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for feed in feeds:
-        for n, x, y in zip(names, a.run(names, feed), b.run(names, feed), strict=True):
-            xs[n].append(np.asarray(x, np.float64).ravel())
-            ys[n].append(np.asarray(y, np.float64).ravel())
-    figures = {}
-    for n in names:
-        x, y = np.concatenate(xs[n]), np.concatenate(ys[n])
-        figures[n] = (float(x @ y / np.sqrt((x @ x) * (y @ y))), float(10 * np.log10((x @ x) / ((x - y) @ (x - y)))))
-    return figures
-
-
-def pooled_cosines(fp32: onnx.ModelProto, fq: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    return {k: v[0] for k, v in pooled_figures(fp32, fq, feeds).items()}
-
 
 # ----------------------------------------------------------------------------- names and refusals
 
@@ -237,10 +157,8 @@ def test_weight_only_schemes_on_real_models_equal_the_numpy_oracle(
     result = scan(model_path, calib, weights=weights, group_size=group, activations="float", limit=limit,
                   gain_candidates=0, deployed_samples=0)
     fp32 = onnx.load(model_path)
-    weighted = onnx.load(model_path)
-    constants_to_initializers(weighted)  # Paddle exports hold weights in Constant nodes
-    folded = fold_batchnorm(weighted).model
-    expected = pooled_figures(fp32, oracle_model(folded, weights, group), _real_feeds(model_path, calib, limit))
+    oracle = oracle_model(bn_folded(fp32), weights, group)
+    expected = pooled_figures(fp32, oracle, _real_feeds(model_path, calib, limit))
     for output, (cos, sqnr) in expected.items():
         assert result.output_metrics[output].cosine == pytest.approx(cos, abs=1e-6), output
         # SQNR tells apart what cosine cannot: w8 weight-only costs a classifier ~1e-7 of cosine

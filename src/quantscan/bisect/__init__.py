@@ -10,7 +10,8 @@ One job per module:
 - `judge`, `judges`: the one `Judge` protocol and its registry (`simulated`: quantscan's simulation,
   `external`: a vendor toolchain's builds);
 - `plan`: the typed `records.Plan` built from a finished search, and plan.json/plan.csv/gain.csv;
-- `exports`: the plan in the formats vendor toolchains read (onnxruntime, RKNN, Horizon, TPU-MLIR, TIDL);
+- `exports`: the plan in the formats vendor toolchains read (onnxruntime, TIDL and the chips here; RKNN, Horizon,
+  TPU-MLIR from their folders in toolchains/, through `toolchains.TOOLCHAINS`);
 
 The mixed-precision models are `quantscan.graph.mixed`, the output gain of every site
 `quantscan.scanning.gain`; the public entry point (which also updates a scan's summary.md) is

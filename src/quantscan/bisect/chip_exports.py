@@ -20,61 +20,14 @@ from __future__ import annotations
 
 import json
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from quantscan.errors import UsageError
+from quantscan.plans import ModelNodes, unique
 from quantscan.readers.jsonfile import MAX_JSON_BYTES, parse_json, read_json
-from quantscan.records import Plan, PlanSite, Precision
-
-NodeInfo = tuple[str, Sequence[str], Sequence[str]]
-"""An ONNX node's op type, inputs and outputs (the user's model), by node name (as exports.NodeInfo)."""
-
-
-def _unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(i for i in items if i))
-
-
-@dataclass(frozen=True)
-class ModelNodes:
-    """What the chip exports read of the user's model: nodes in graph order, constants, depthwise convs.
-
-    Built once from the model the plan was measured on (node names as quantscan's loader gives them)."""
-
-    nodes: Mapping[str, NodeInfo]
-    constants: frozenset[str]
-    depthwise: frozenset[str]
-
-    @classmethod
-    def of(cls, proto: onnx.ModelProto) -> ModelNodes:
-        shapes = {t.name: list(t.dims) for t in proto.graph.initializer}
-        constants = set(shapes)
-        constants |= {o for n in proto.graph.node if n.op_type == "Constant" for o in n.output}
-        depthwise = {n.name for n in proto.graph.node if n.op_type == "Conv" and _is_depthwise(n, shapes)}
-        nodes = {n.name: (n.op_type, list(n.input), list(n.output)) for n in proto.graph.node}
-        return cls(nodes, frozenset(constants), frozenset(depthwise))
-
-    def kernel(self, site: PlanSite) -> list[str]:
-        """The site's nodes that the model holds, in the plan's order."""
-        return [n for n in site.node_names if n in self.nodes]
-
-    def kernel_inputs(self, site: PlanSite) -> list[str]:
-        """Activation tensors the kernel reads from outside itself (not its weights)."""
-        kernel = self.kernel(site)
-        made = {o for n in kernel for o in self.nodes[n][2]}
-        return _unique(i for n in kernel for i in self.nodes[n][1] if i not in made and i not in self.constants)
-
-
-def _is_depthwise(node: onnx.NodeProto, shapes: Mapping[str, list[int]]) -> bool:
-    """group == input channels == output channels (weight [C, 1, k, k]): Hailo's `dw` layer."""
-    group = next((a.i for a in node.attribute if a.name == "group"), 1)
-    weight = shapes.get(node.input[1]) if len(node.input) > 1 else None
-    return group > 1 and weight is not None and len(weight) >= 2 and weight[1] == 1 and weight[0] == group
-
+from quantscan.records import Plan, Precision
 
 # --- Hailo Dataflow Compiler ---------------------------------------------------------------------------
 
@@ -178,8 +131,8 @@ def hailo_alls(plan: Plan, model: ModelNodes | None = None, hn: Mapping[str, Any
                      "bisect --from-plan plan.json --hailo-hn FILE")
     layers: list[str] = []
     for site in plan.sites:
-        names = (_unique(n for node in site.node_names for n in by_hn.get(node, [])) if by_hn is not None
-                 else _unique(predicted.get(node, "") for node in site.node_names))
+        names = (unique(n for node in site.node_names for n in by_hn.get(node, [])) if by_hn is not None
+                 else unique(predicted.get(node, "") for node in site.node_names))
         why = "Hailo has no float: 16-bit" if site.precision == Precision.FLOAT else "16-bit"
         if not names:
             lines.append(f"# {site.node} ({site.kernel or site.op_type}, {site.precision}): no Hailo layer of its "
@@ -187,7 +140,7 @@ def hailo_alls(plan: Plan, model: ModelNodes | None = None, hn: Mapping[str, Any
             continue
         lines.append(f"# {site.node} ({site.kernel or site.op_type}, {site.precision}; {why}): {', '.join(names)}")
         layers += names
-    for name in _unique(layers):
+    for name in unique(layers):
         lines.append(f"quantization_param({name}, precision_mode={HAILO_PRECISION})")
     return "\n".join(lines) + "\n"
 
@@ -248,7 +201,7 @@ def qnn_overrides(plan: Plan) -> dict[str, Any]:
     for site in plan.sites:
         for tensor in (site.output, *site.int16_tensors):
             overrides[tensor] = [{"quant_type": "QUInt16"}]
-    float_nodes = _unique(n for s in plan.sites_at(Precision.FLOAT) for n in s.node_names)
+    float_nodes = unique(n for s in plan.sites_at(Precision.FLOAT) for n in s.node_names)
     return {
         "get_qnn_qdq_config": {
             "activation_type": "QUInt8",
@@ -306,42 +259,10 @@ def atc_keep_dtype(plan: Plan, model: ModelNodes | None = None) -> str:
     """
     names = [n for s in plan.sites_at(Precision.FLOAT) for n in s.node_names
              if model is None or model.nodes.get(n, ("",))[0] not in ("BatchNormalization", "")]
-    return "".join(f"{n}\n" for n in _unique(names))
-
-
-# --- Rockchip RKLLM (rkllm-toolkit) --------------------------------------------------------------------
-
-
-def rkllm_build(plan: Plan, model: ModelNodes | None = None) -> dict[str, Any]:
-    """Arguments for rkllm-toolkit's `RKLLM.build()`: the plan's scheme and its share of 8-bit-weight layers.
-
-    Format: airockchip/rknn-llm, rkllm-toolkit examples (`llm.build(do_quantization=True,
-    quantized_dtype='w8a8', target_platform='rk3588', ...)`) and the RKLLM SDK user guide's build
-    parameters (`quantized_dtype` w4a16, w4a16_g32/64/128, w8a8, w8a8_g128/256/512 on RK3588;
-    `hybrid_rate`). There is no public per-layer format: `hybrid_rate` is a ratio (0 to 1) of layers the
-    toolkit itself moves to the other precision, chosen by its own rule, not a list. So the file gives the
-    ratio the plan measured (its 8-bit-weight sites over the weighted sites) and lists the plan's layers
-    for reference; the toolkit may pick others, so the plan's figure is not the toolkit's.
-    """
-    scheme = plan.scheme or {}
-    kept = plan.sites_at(Precision.INT8)
-    weighted = len({n for n, (op, ins, _) in model.nodes.items() if op in ("MatMul", "Gemm", "Conv")
-                    and len(ins) > 1 and ins[1] in model.constants}) if model is not None else plan.site_count
-    name = str(scheme.get("name") or "w8a8")
-    dtype = name.replace("af", "a16").replace("-zp", "").replace("-", "_")
-    rate = round(len(kept) / weighted, 4) if weighted else 0.0
-    return {
-        "build": {"quantized_dtype": dtype, "hybrid_rate": rate},
-        "weighted_sites": weighted,
-        "int8_weight_sites": [s.node for s in kept],
-        "note": ("rkllm-toolkit takes hybrid_rate as a share of layers it chooses itself (no public per-layer "
-                 "format): the listed sites are the plan's, for reference. RKLLM converts Hugging Face checkpoints, "
-                 "not ONNX: map the names to the checkpoint's layers yourself."),
-    }
+    return "".join(f"{n}\n" for n in unique(names))
 
 
 PROFILE_EXPORTS: dict[str, tuple[str, ...]] = {
-    "rk3588-llm": ("rkllm",),
     "hailo8": ("hailo",),
     "ax650": ("pulsar2",),
     "qnn-htp": ("qnn",),

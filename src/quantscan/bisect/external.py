@@ -3,7 +3,7 @@
 Why: a plan measured only in quantscan's simulation can fit its particular rounding (issue 32: RKNN
 gave 0.972 for a PP-OCRv4 rec plan quantscan scored 0.9946). A toolchain applies a set of float sites
 and says what its own simulator gets; this module needs only that, as the `Toolchain` protocol
-(`toolchains/rknn/hybrid.HybridRknn` is one), so bisect never imports a vendor package and a pool of
+(`toolchains/rknn/hybrid.HybridRknn` is one), so the search never imports a vendor package and a pool of
 workers (the Ray executor) can map `evaluate` over candidates: each call is one independent build.
 
 * `ToolchainJudge` is the search's judge (bisect/judges.py) for `--evaluator TOOL`: precisions -> the
@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from quantscan.bisect.heldout import claimed_samples, held_out_figures
 from quantscan.bisect.judge import JudgeSetup
 from quantscan.bisect.realise import Claims, Judged
 from quantscan.bisect.robust import Spread
@@ -35,6 +34,7 @@ from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
 from quantscan.executors import Executor
 from quantscan.graph.mixed import MixedBuilder
+from quantscan.heldout import claimed_samples, held_out_figures
 from quantscan.model import LoadedModel
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.scanning.gain import Measured

@@ -14,7 +14,8 @@ the same things and never asks which judge it is (as Polygraphy's runners behind
 
 The registry (`JUDGES`) gives `bisect --evaluator` and `--verify` their choices. A toolchain judge is one
 line: `register(JudgeSpec("tool", toolchain_judge, builds=True))`; the toolchain itself (the `Toolchain`
-protocol, bisect/external.py) comes from toolchains/ through the CLI, so bisect never imports a vendor.
+protocol, bisect/external.py) comes from toolchains/ through the CLI, so the search never imports a vendor
+(bisect/exports.py reads toolchains/ only for the plan files each tool takes).
 This module stays light (the CLI builds its parser from it): the judges are imported when one is made.
 """
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from quantscan.bisect.robust import Rounding, Spread, scale_factors, split_indices, spread_of, spread_of_values
+from quantscan.bisect.robust import Rounding, Spread, scale_factors, spread_of, spread_of_values
 from quantscan.bisect.state import Target
 from quantscan.bisect.switched import SwitchedSession
 from quantscan.bisect.targets import make_evaluator
 from quantscan.calib import CalibSet
 from quantscan.graph.mixed import MixedBuilder
+from quantscan.heldout import split_indices
 from quantscan.records import Metrics
 from quantscan.scanning.gain import Evaluator, Measured, realised_builder
 from quantscan.scanning.prepare import ScanContext
@@ -89,7 +90,7 @@ def _evaluated_on(ctx: ScanContext, samples: CalibSet) -> ScanContext:
 
 def split_context(ctx: ScanContext, rounding: Rounding, explicit_eval: bool) -> SampleSplit:
     """`--eval DIR`: search on the calibration set, claim on DIR. Otherwise the evaluation set is split,
-    interleaved (robust.split_indices). `--holdout none` and streaming models (`--state`: a sample's
+    interleaved (heldout.split_indices). `--holdout none` and streaming models (`--state`: a sample's
     state comes from the one before it) keep one set for both."""
     if rounding.holdout == "none":
         return SampleSplit(ctx, ctx, "none: the search's samples are also the claimed ones")

@@ -5,7 +5,7 @@ quantscan simulates, finds float sets whose errors cancel in that particular rou
 otherwise and the plan does not hold there (PP-OCRv4 rec: claimed 0.9946, RKNN 0.9720). Three things
 keep the search from fitting that noise:
 
-- the samples are split, interleaved (`split_indices`): the search sees one half, the claimed figures
+- the samples are split, interleaved (`heldout.split_indices`): the search sees one half, the claimed figures
   come only from the other (with `--eval DIR`, that folder is the held-out half and the calibration set
   the searched one);
 - every candidate is measured under several *rounding realisations*: realisation 0 is quantscan's own
@@ -77,17 +77,6 @@ class Rounding:
             return cls(realisations=1, spread=0.0, holdout="none")
         return cls(int(raw["realisations"]), float(raw["spread"]), int(raw.get("seed", 0)),
                    float(raw.get("z", DEFAULT_Z)), str(raw.get("holdout", "interleave")))
-
-
-def split_indices(n: int) -> tuple[list[int], list[int]]:
-    """(searched, held out): even positions searched, odd ones held out.
-
-    Interleaved, not halves: calibration folders are often sorted by source or class, and a split in
-    the middle would search on one kind and claim on another. Fewer than 2 samples cannot be split.
-    """
-    if n < 2:
-        raise UsageError(f"bisect: expected at least 2 samples to hold some out, found {n} (or use --holdout none)")
-    return list(range(0, n, 2)), list(range(1, n, 2))
 
 
 def scale_factors(tensors: Iterable[str], realisation: int, seed: int, spread: float) -> dict[str, float]:

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quantscan.bisect.heldout import same_samples_text
 from quantscan.bisect.judges import SIMULATION, judge_names, judge_spec, verify_names
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, HOLDOUTS
 from quantscan.cli.args import (
@@ -31,6 +30,7 @@ from quantscan.cli.args import (
 )
 from quantscan.cli.notes import print_warnings
 from quantscan.errors import InternalError, UsageError
+from quantscan.heldout import same_samples_text
 
 
 def bisect_parser(sub: Any) -> None:

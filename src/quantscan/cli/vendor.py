@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quantscan.bisect.heldout import same_samples_text
 from quantscan.cli.args import EXIT_OK, common, default_out, non_negative_int, positive_int, refuse_out_in_data
 from quantscan.columns import Col
 from quantscan.errors import InternalError, UsageError
+from quantscan.heldout import same_samples_text
 from quantscan.toolchains import TOOLCHAINS
 from quantscan.toolchains.folder import VendorRequest
 
@@ -47,7 +47,9 @@ def _run(args: argparse.Namespace, out: Path, say: Any) -> Any:
     run = TOOLCHAINS[args.tool].vendor
     if run is None:  # the parser offers only tools with a vendor run: ours to fix, not the user's
         raise InternalError(f"vendor: {args.tool} was offered but its folder has no vendor run")
-    request = VendorRequest(target=args.target, out=out, python=args.python, limit=args.limit,
+    from quantscan.api import scan  # the scan beside the toolkit: onnxruntime and pandas, only when it runs
+
+    request = VendorRequest(target=args.target, out=out, scan=scan, python=args.python, limit=args.limit,
                             analysis_samples=args.analysis_samples, plan=args.plan, threads=args.threads,
                             progress=say, calib_method=args.calib_method)
     return run(args.model, args.calib, request)

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from quantscan.bisect.heldout import same_samples_text
 from quantscan.columns import Col
+from quantscan.heldout import same_samples_text
 from quantscan.records import DEPLOYED_GAP, Headline, OutputMetrics
 from quantscan.report.markdown import code, text
 

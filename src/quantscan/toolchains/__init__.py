@@ -6,7 +6,8 @@ imported here: standard library + numpy + the SDK, talking through JSON/.npy fil
 of a run (`run.py`), its log reader (`log.py`) and its dumps reader (`dumps.py`). Each folder's
 `__init__` states its entry points as a `folder.ToolchainFolder`; `TOOLCHAINS` below lists them, and the
 commands (`vendor`, `dumps`, `log`) reach a toolchain only through it. Shared across toolchains:
-`interpreter` finds the vendor's Python, `parsed` is the shape every log reader returns, `dumpset` the
+`interpreter` finds the vendor's Python, `driving` the steps every run takes (the driver run, the FP32
+reference, the simulated outputs scored), `parsed` is the shape every log reader returns, `dumpset` the
 shape every dumps reader returns, `renaming` names vendor layers back to ONNX, `findings` turns a log into
 `check`'s findings, `logs` ties the readers together (`quantscan log`), `align` joins a vendor run with
 quantscan's scan and check, `result` writes vendor.csv / vendor.json.

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from quantscan.plans import PlanExport
 from quantscan.toolchains.dumpset import DumpSet
 from quantscan.toolchains.interpreter import VendorPython
 from quantscan.toolchains.parsed import ParsedLog
@@ -52,12 +53,19 @@ class DumpReader:
     """What `looks_like` recognises, for the refusal of a folder no format recognises."""
 
 
+ScanSide = Callable[..., Any]
+"""quantscan's scan writing its run folder (`quantscan.api.scan` with `out=`), run by `vendor TOOL` beside the
+toolkit on the same samples. Handed in by the command, not imported: the scan's writer (`api`, `report`)
+sits above bisect, and bisect reaches the toolchains' plan exports through `toolchains.TOOLCHAINS`."""
+
+
 @dataclass(frozen=True)
 class VendorRequest:
     """`quantscan vendor TOOL` options beyond the model and the samples (each tool reads what applies)."""
 
     target: str
     out: Path
+    scan: ScanSide
     python: str | None = None
     limit: int | None = None
     analysis_samples: int | None = None
@@ -91,3 +99,5 @@ class ToolchainFolder:
     """The vendor Python the toolkit runs in (`vendor` runs need one)."""
     judge: JudgeFactory | None = None
     """The toolchain a bisect judges plans in (None: the tool judges no plan)."""
+    exports: tuple[PlanExport, ...] = ()
+    """The plan files the tool reads (`bisect --export NAME`), written by bisect through the registry."""

@@ -1,4 +1,5 @@
-"""Rockchip RKNN-Toolkit2: the driver script, the run, its files, its log, its dumps and its name rules.
+"""Rockchip RKNN-Toolkit2: the driver script, the run, its files, its log, its dumps, its name rules and the
+plan files Rockchip's toolkits read (the hybrid cfg, the RKLLM build).
 
 `TOOLCHAIN` is this folder's line in `toolchains.TOOLCHAINS`.
 """
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from quantscan.errors import UsageError
 from quantscan.toolchains.folder import DumpReader, LogReader, ToolchainFolder, VendorRequest
-from quantscan.toolchains.rknn import dumps, kit, log
+from quantscan.toolchains.rknn import dumps, export, kit, log
 
 if TYPE_CHECKING:
     from quantscan.toolchains.result import VendorRun
@@ -22,9 +23,9 @@ def vendor(model: str | Path, calib: str | Path, request: VendorRequest) -> Vend
         raise UsageError(f"vendor rknn: expected no --calib-method (tpu-mlir only), found {request.calib_method}")
     from quantscan.toolchains.rknn.run import run_rknn  # pandas, onnx, the scan: only when the toolkit runs
 
-    return run_rknn(model, calib, target=request.target, out=request.out, python=request.python,
-                    limit=request.limit, analysis_samples=request.analysis_samples, plan=request.plan,
-                    threads=request.threads, progress=request.progress)
+    return run_rknn(model, calib, target=request.target, out=request.out, scan=request.scan,
+                    python=request.python, limit=request.limit, analysis_samples=request.analysis_samples,
+                    plan=request.plan, threads=request.threads, progress=request.progress)
 
 
 def bisect_judge(tool: str, python: str | Path | None, target: str | None, work: Path) -> object:
@@ -37,5 +38,5 @@ def bisect_judge(tool: str, python: str | Path | None, target: str | None, work:
 TOOLCHAIN = ToolchainFolder(
     name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES, python=kit.PYTHON, vendor=vendor, judge=bisect_judge,
     log=LogReader(log.looks_like_rknn, log.parse_rknn),
-    dumps=DumpReader(dumps.read_folder, dumps.looks_like, dumps.LOOKS),
+    dumps=DumpReader(dumps.read_folder, dumps.looks_like, dumps.LOOKS), exports=export.EXPORTS,
 )

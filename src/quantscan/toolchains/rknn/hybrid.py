@@ -20,57 +20,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
 from quantscan.calib import CalibSet
 from quantscan.errors import UsageError
-from quantscan.model import LoadedModel, graph_inputs
+from quantscan.model import LoadedModel
 from quantscan.readers.text import read_text, read_text_lenient
 from quantscan.records import Plan, PlanSite, Precision
 from quantscan.toolchains.driverfiles import read_simulated, sample_sums
+from quantscan.toolchains.driving import graph_names, output_cosines, run_driver
+from quantscan.toolchains.judging import JudgingToolchain
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn import names as rknn_names
+from quantscan.toolchains.rknn.export import requantize_ops
 from quantscan.toolchains.rknn.kit import PYTHON
-from quantscan.toolchains.rknn.steps import (
-    driver_job,
-    fp32_outputs,
-    graph_names,
-    output_cosines,
-    run_driver,
-    write_samples,
-)
+from quantscan.toolchains.rknn.steps import DRIVER, driver_job, write_samples
 
 
 @dataclass
-class HybridRknn:
-    """One model and sample set in RKNN hybrid quantization (module docstring). `builds` counts step-2
-    builds run (the cost `bisect --evaluator rknn` and plan_transfer report)."""
+class HybridRknn(JudgingToolchain):
+    """One model and sample set in RKNN hybrid quantization (module docstring); `builds` counts step-2
+    builds. Step 1 runs on the first `apply`."""
 
-    loaded: LoadedModel
-    python: Path
-    target: str
-    work: Path
-    job: dict[str, Any]
-    reference: list[list[np.ndarray]]
-    output_names: list[str]
     known: list[str] = field(default_factory=list)
-    builds: int = 0
     step1_seconds: float = 0.0
     tool: str = "rknn"
     export: str = "rknn"
 
     @classmethod
-    def create(cls, loaded: LoadedModel, cset: CalibSet, python: Path, target: str, work: Path,
-               threads: int | None = None) -> HybridRknn:
-        """Write the samples (quantscan's preprocessed tensors, as `vendor rknn` feeds them) and the FP32
-        reference outputs; step 1 runs on the first `apply`."""
-        work = work.resolve()
-        names = [s.name for s in graph_inputs(loaded.proto)]
+    def _inputs(cls, loaded: LoadedModel, cset: CalibSet, names: list[str], target: str, work: Path,
+                threads: int | None) -> tuple[dict[str, Any], list[list[str]]]:
+        """One .npy per input and sample (the toolkit's dataset file lists them; the reference reads them)."""
         samples = write_samples(cset, names, work / "data")
-        job = driver_job(loaded, cset, names, samples, target, work, 0)
-        reference = fp32_outputs(loaded, samples, names, threads)
-        return cls(loaded, python, target, work, job, reference, [o.name for o in loaded.proto.graph.output])
+        return driver_job(loaded, cset, names, samples, target, work, 0), samples
 
     @property
     def step1_dir(self) -> Path:
@@ -83,7 +65,8 @@ class HybridRknn:
         if not (cfg.exists() and (self.step1_dir / f"{stem}.model").exists()):
             t0 = time.perf_counter()
             job = {**self.job, "work": str(self.step1_dir), "hybrid_step1": True}
-            result = run_driver(self.python, job, self.step1_dir, self.work / "rknn_step1.log", keep_build=True)
+            result = run_driver(self.python, job, self.step1_dir, self.work / "rknn_step1.log", driver=DRIVER,
+                                keep_build=True)
             self.step1_seconds = time.perf_counter() - t0
             if result.get("error") or not cfg.exists():
                 message = (result.get("error") or {}).get("message", "no cfg written")
@@ -117,7 +100,7 @@ class HybridRknn:
         job = {**self.job, "work": str(folder), "hybrid_step2": step2}
         log = folder / "rknn.log"
         t0 = time.perf_counter()
-        result = run_driver(self.python, job, folder, log)
+        result = run_driver(self.python, job, folder, log, driver=DRIVER)
         self.builds += 1
         simulated = read_simulated(folder / "sim_outputs.npz")
         cosines = output_cosines(self.reference, simulated, self.output_names) if simulated else {}
@@ -158,10 +141,6 @@ class HybridRknn:
         rknn_hybrid_quant.cfg export); a vanished site none (RKNN runs it and what follows int8)."""
         return {r.node: [*r.names, *r.tail] if r.names else [] for r in self.resolve(sites)}
 
-    def evaluate(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
-        """`bisect.external.Toolchain`'s name for `apply`."""
-        return self.apply(sites, label)
-
     def prepare(self) -> None:
         """Step 1 before builds run side by side (`apply` would otherwise start it in each of them)."""
         self.step1()
@@ -172,17 +151,6 @@ class HybridRknn:
         for pattern in ("*.model", "*.data", "check*.onnx"):
             for path in self.step1_dir.glob(pattern):
                 path.unlink()
-
-
-def requantize_ops(target: str) -> frozenset[str]:
-    """The target profile's `[requantize] ops` (none when the target names no shipped profile)."""
-    from quantscan.compat.profiles import load_profile
-    from quantscan.errors import ProfileError
-
-    try:
-        return load_profile(target).requantize_ops
-    except ProfileError:
-        return frozenset()
 
 
 def toolchain_factory(tool: str, python: str | Path | None, target: str | None, work: Path) -> Any:

@@ -13,43 +13,39 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from quantscan.bisect.heldout import claimed_samples, held_out_figures
 from quantscan.calib import load_calibration
-from quantscan.errors import FileError, UsageError
+from quantscan.errors import UsageError
 from quantscan.metrics import pooled_cosine
 from quantscan.model import LoadedModel, graph_inputs, load_model
-from quantscan.readers.jsonfile import read_json
 from quantscan.readers.text import inside, read_text, read_text_lenient
-from quantscan.records import Plan
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
+from quantscan.toolchains.driving import (
+    TIMEOUT_S,
+    SayProgress,
+    fp32_outputs,
+    graph_names,
+    output_cosines,
+    plan_held_out,
+    read_plan,
+    run_driver,
+)
+from quantscan.toolchains.folder import ScanSide
 from quantscan.toolchains.interpreter import find_python
 from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.rknn import files as rknn_files
 from quantscan.toolchains.rknn.hybrid import HybridRknn
 from quantscan.toolchains.rknn.kit import PYTHON
-from quantscan.toolchains.rknn.steps import (
-    DRIVER,
-    TIMEOUT_S,
-    driver_job,
-    fp32_outputs,
-    graph_names,
-    output_cosines,
-    run_driver,
-    write_samples,
-)
+from quantscan.toolchains.rknn.steps import DRIVER, driver_job, write_samples
 
 __all__ = ["DRIVER", "TIMEOUT_S", "SayProgress", "apply_plan", "fp32_outputs", "graph_names", "output_cosines",
-           "run_driver", "run_rknn", "vendor_layers", "write_samples"]
-
-SayProgress = Callable[[str], None]
+           "plan_held_out", "run_driver", "run_rknn", "vendor_layers", "write_samples"]
 
 
 def vendor_layers(work: Path, analyses: list[str]) -> list[align.LayerFigures]:
@@ -101,6 +97,7 @@ def run_rknn(
     *,
     target: str,
     out: Path,
+    scan: ScanSide,
     python: str | Path | None = None,
     limit: int | None = None,
     analysis_samples: int | None = None,
@@ -108,7 +105,7 @@ def run_rknn(
     threads: int | None = None,
     progress: SayProgress | None = None,
 ) -> VendorRun:
-    """Build, simulate and analyse with RKNN-Toolkit2; scan with quantscan; align. Writes into `out`."""
+    """Build, simulate and analyse with RKNN-Toolkit2; scan with quantscan (`scan`: api.scan); align into `out`."""
     say = progress or (lambda _msg: None)
     vendor_python = find_python(PYTHON, python)
     loaded = load_model(model)
@@ -126,7 +123,8 @@ def run_rknn(
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
     t0 = time.perf_counter()
-    scanned = _quantscan_side(loaded, calib, target, limit, threads, out)
+    scanned = scan(loaded, calib, out=out / "quantscan", profile=target, limit=limit, gain_candidates=0,
+                   no_report=True, threads=threads)
     times["quantscan_scan_s"] = time.perf_counter() - t0
     reference = fp32_outputs(loaded, samples, names, threads)
     output_names = [o.name for o in loaded.proto.graph.output]
@@ -134,7 +132,7 @@ def run_rknn(
     say(f"rknn-toolkit2 in {vendor_python}: build, simulator, accuracy_analysis on {n_analysis} samples")
     log = out / "rknn.log"
     t0 = time.perf_counter()
-    result = run_driver(vendor_python, job, work, log)
+    result = run_driver(vendor_python, job, work, log, driver=DRIVER)
     times["vendor_wall_s"] = time.perf_counter() - t0
     times.update({f"vendor_{k}": float(v) for k, v in result.get("times", {}).items()})
     log_text = read_text_lenient(log, "vendor: the toolkit's log")
@@ -176,17 +174,6 @@ def run_rknn(
 
 
 
-def _quantscan_side(
-    loaded: LoadedModel, calib: str | Path, target: str, limit: int | None, threads: int | None, out: Path
-) -> Any:
-    """quantscan's scan of the same samples with the target's profile, its run folder in `out/quantscan`."""
-    from quantscan.api import save_scan, scan
-
-    scanned = scan(loaded, calib, profile=target, limit=limit, gain_candidates=0, no_report=True, threads=threads)
-    save_scan(scanned, out / "quantscan")
-    return scanned
-
-
 def _aligned(
     loaded: LoadedModel, scanned: Any, work: Path, result: dict[str, Any], log_text: str, tool: str, target: str,
 ) -> tuple[pd.DataFrame, tuple[pd.DataFrame, int, int]]:
@@ -207,10 +194,7 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     the names hybrid step 1 kept: toolchains/rknn/names.py), its simulator's output cosine beside the
     cosine quantscan's plan claims, and per site what RKNN actually ran it at. `int8_sums` (the plain
     all-int8 build's per-sample sums) give `held_out`: both figures on the claim's own samples."""
-    try:
-        plan = Plan.from_json(read_json(plan_path, "--plan"))
-    except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
+    plan = read_plan(plan_path)
     hybrid = HybridRknn(loaded, python, str(job["target"]), (work / "hybrid").resolve(), dict(job), reference,
                         output_names)
     try:
@@ -231,12 +215,3 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
         **plan_held_out(plan, len(reference), applied.get("vendor_sample_sums") or {}, int8_sums or {}),
     }
 
-
-def plan_held_out(plan: Plan, n: int, plan_sums: dict[str, list[list[float]]],
-                  int8_sums: dict[str, list[list[float]]]) -> dict[str, Any]:
-    """vendor.json `plan.held_out` when the plan's claimed samples can be named among the `n` simulated
-    (bisect/heldout.py), else nothing: the all-samples figures stand alone as before."""
-    samples = claimed_samples(plan.held_out, n)
-    if samples is None or not plan_sums:
-        return {}
-    return {"held_out": held_out_figures(plan.to_json(), samples, plan_sums, int8_sums)}

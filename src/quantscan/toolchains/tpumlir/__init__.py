@@ -1,5 +1,5 @@
 """Sophgo tpu-mlir: the driver script, the run, its logs (model_transform / calibration / model_deploy),
-its dumps and its name rules.
+its dumps, its name rules and its quantize table.
 
 `TOOLCHAIN` is this folder's line in `toolchains.TOOLCHAINS`.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantscan.toolchains.folder import DumpReader, LogReader, ToolchainFolder, VendorRequest
-from quantscan.toolchains.tpumlir import dumps, kit, log
+from quantscan.toolchains.tpumlir import dumps, export, kit, log
 
 if TYPE_CHECKING:
     from quantscan.toolchains.result import VendorRun
@@ -20,9 +20,9 @@ def vendor(model: str | Path, calib: str | Path, request: VendorRequest) -> Vend
     """`quantscan vendor tpu-mlir`: transform, calibrate, deploy int8 and run beside quantscan's scan (`run`)."""
     from quantscan.toolchains.tpumlir.run import run_tpumlir  # pandas, onnx, the scan: only when the toolkit runs
 
-    return run_tpumlir(model, calib, target=request.target, out=request.out, python=request.python,
-                       limit=request.limit, plan=request.plan, threads=request.threads, progress=request.progress,
-                       calib_method=request.calib_method or "kl")
+    return run_tpumlir(model, calib, target=request.target, out=request.out, scan=request.scan,
+                       python=request.python, limit=request.limit, plan=request.plan, threads=request.threads,
+                       progress=request.progress, calib_method=request.calib_method or "kl")
 
 
 def bisect_judge(tool: str, python: str | Path | None, target: str | None, work: Path) -> object:
@@ -35,5 +35,5 @@ def bisect_judge(tool: str, python: str | Path | None, target: str | None, work:
 TOOLCHAIN = ToolchainFolder(
     name=kit.NAME, label=kit.LABEL, renames=kit.RENAMES, python=kit.PYTHON, vendor=vendor, judge=bisect_judge,
     log=LogReader(log.looks_like_tpu_mlir, log.parse_tpu_mlir),
-    dumps=DumpReader(dumps.read_folder),
+    dumps=DumpReader(dumps.read_folder), exports=export.EXPORTS,
 )

@@ -5,10 +5,11 @@ model and the samples, so `MixedTpuMlir` runs them once (`prepare`, the driver's
 requested set of sites is one model_deploy with a quantize table (`<op> F32|F16` lines, written by the
 driver from `run.qtable_sites`, as `quantscan vendor tpu-mlir --plan` writes it) plus the int8 final MLIR
 on every sample (the driver's `judge` phase). The output is scored against FP32 (onnxruntime on the very
-samples) with the pooled output cosine, the search's own metric. It has RKNN's `HybridRknn` shape
-(`bisect.external.Toolchain`): `bisect --evaluator tpu-mlir` judges every candidate this way, `--verify
-tpu-mlir` the plan and its Pareto points; each `apply` is one independent job in its own folder (the
-prepared files are only read), so the executor seam can run several side by side.
+samples) with the pooled output cosine, the search's own metric. It shares RKNN's `HybridRknn` base
+(`toolchains.judging.JudgingToolchain`, a `bisect.external.Toolchain`): `bisect --evaluator tpu-mlir`
+judges every candidate this way, `--verify tpu-mlir` the plan and its Pareto points; each `apply` is one
+independent job in its own folder (the prepared files are only read), so the executor seam can run several
+side by side.
 """
 
 from __future__ import annotations
@@ -23,18 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
 from quantscan.calib import CalibSet
 from quantscan.columns import Col
 from quantscan.errors import UsageError
-from quantscan.model import LoadedModel, graph_inputs
+from quantscan.model import LoadedModel
 from quantscan.readers.jsonfile import read_json
 from quantscan.readers.text import read_text_lenient
 from quantscan.records import PlanSite
 from quantscan.toolchains.driverfiles import read_result, read_simulated, sample_sums
-from quantscan.toolchains.rknn.steps import fp32_outputs, output_cosines, run_driver
+from quantscan.toolchains.driving import output_cosines, run_driver
+from quantscan.toolchains.judging import JudgingToolchain
 from quantscan.toolchains.tpumlir import run as tpu_run
 from quantscan.toolchains.tpumlir.log import log_version
 
@@ -60,37 +61,29 @@ def ops_of(tensors: Sequence[str], ops: Sequence[str]) -> list[str]:
 
 
 @dataclass
-class MixedTpuMlir:
-    """One model and sample set in tpu-mlir mixed precision (module docstring). `builds` counts the
-    model_deploy builds run (the cost `bisect --evaluator tpu-mlir` reports)."""
+class MixedTpuMlir(JudgingToolchain):
+    """One model and sample set in tpu-mlir mixed precision (module docstring); `builds` counts the
+    model_deploy builds. Steps 1-2 run on the first build."""
 
-    loaded: LoadedModel
-    python: Path
-    target: str
-    work: Path
-    job: dict[str, Any]
-    reference: list[list[np.ndarray]]
-    output_names: list[str]
-    proto: onnx.ModelProto
+    proto: onnx.ModelProto = field(init=False)
+    """The converter's model copy (the job's `model`), whose node outputs the qtable's sites name."""
     prepared: dict[str, Any] = field(default_factory=dict)
-    builds: int = 0
     prepare_seconds: float = 0.0
     tool: str = "tpu-mlir"
     export: str = "tpu-mlir"
 
+    def __post_init__(self) -> None:
+        self.proto = onnx.load(str(self.job["model"]), load_external_data=False)
+
     @classmethod
-    def create(cls, loaded: LoadedModel, cset: CalibSet, python: Path, target: str, work: Path,
-               threads: int | None = None) -> MixedTpuMlir:
-        """Write the samples (quantscan's preprocessed tensors, one .npz each, as `vendor tpu-mlir` feeds
-        them), the converter's model copy and the FP32 reference outputs; steps 1-2 run on the first build."""
-        work = work.resolve()
-        names = [s.name for s in graph_inputs(loaded.proto)]
+    def _inputs(cls, loaded: LoadedModel, cset: CalibSet, names: list[str], target: str, work: Path,
+                threads: int | None) -> tuple[dict[str, Any], list[list[str]]]:
+        """One .npz per sample (run_calibration's dataset), the converter's model copy, and the .npy feeds
+        the reference reads; the job's fingerprint lets a resumed search reuse steps 1-2."""
         samples = tpu_run.write_samples(cset, names, work / "data")
         job = tpu_run.driver_job(loaded, cset, names, samples, target, work, threads)
         job["fingerprint"] = _fingerprint([Path(job["model"]), *map(Path, samples)], target)
-        reference = fp32_outputs(loaded, tpu_run.npy_feeds(samples, names, work / "feeds"), names, threads)
-        proto = onnx.load(str(job["model"]), load_external_data=False)
-        return cls(loaded, python, target, work, job, reference, [o.name for o in loaded.proto.graph.output], proto)
+        return job, tpu_run.npy_feeds(samples, names, work / "feeds")
 
     @property
     def prepare_dir(self) -> Path:
@@ -171,10 +164,6 @@ class MixedTpuMlir:
         ops = [str(o) for o in self.prepared.get("ops", [])]
         return {s.node: ops_of(d["tensors"], ops)
                 for s, d in zip(sites, tpu_run.qtable_sites(sites, self.proto), strict=True)}
-
-    def evaluate(self, sites: Sequence[PlanSite], label: str) -> dict[str, Any]:
-        """`bisect.external.Toolchain`'s name for `apply`."""
-        return self.apply(sites, label)
 
     def close(self) -> None:
         """Drop what only builds need (the samples, the feeds, the model copy: MBs)."""

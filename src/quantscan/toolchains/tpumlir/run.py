@@ -27,25 +27,26 @@ import pandas as pd
 
 from quantscan.calib import CalibSet, load_calibration
 from quantscan.columns import Col
-from quantscan.errors import CalibrationError, FileError, UsageError
+from quantscan.errors import CalibrationError, UsageError
 from quantscan.metrics import pooled_cosine
 from quantscan.model import LoadedModel, graph_inputs, load_model
 from quantscan.readers.arrays import read_npz
-from quantscan.readers.jsonfile import read_json
 from quantscan.records import CalibMethod, Plan, PlanSite, Precision
 from quantscan.toolchains import align
 from quantscan.toolchains.driverfiles import read_simulated, read_sums, sample_sums
-from quantscan.toolchains.interpreter import find_python
-from quantscan.toolchains.renaming import suffix_pattern
-from quantscan.toolchains.result import VendorRun
-from quantscan.toolchains.rknn.run import (
+from quantscan.toolchains.driving import (
     SayProgress,
     fp32_outputs,
     graph_names,
     output_cosines,
     plan_held_out,
+    read_plan,
     run_driver,
 )
+from quantscan.toolchains.folder import ScanSide
+from quantscan.toolchains.interpreter import find_python
+from quantscan.toolchains.renaming import suffix_pattern
+from quantscan.toolchains.result import VendorRun
 from quantscan.toolchains.tpumlir.kit import NAME as TOOL
 from quantscan.toolchains.tpumlir.kit import PYTHON, RENAMES
 from quantscan.toolchains.tpumlir.log import op_of
@@ -136,6 +137,7 @@ def run_tpumlir(
     *,
     target: str,
     out: Path,
+    scan: ScanSide,
     python: str | Path | None = None,
     limit: int | None = None,
     plan: str | Path | None = None,
@@ -144,7 +146,7 @@ def run_tpumlir(
     calib_method: str = "kl",
 ) -> VendorRun:
     """Transform, calibrate (`calib_method`: `CALIB_METHODS`), deploy int8 and run with tpu-mlir; scan with
-    quantscan; align. Writes into `out`."""
+    quantscan (`scan`: `quantscan.api.scan`, with the calibration nearest tpu-mlir's); align. Writes into `out`."""
     say = progress or (lambda _msg: None)
     vendor_python = find_python(PYTHON, python)
     out = Path(out).absolute()  # the driver runs in another folder
@@ -164,7 +166,8 @@ def run_tpumlir(
 
     say(f"quantscan scan --profile {target} on the same {len(samples)} samples")
     t0 = time.perf_counter()
-    scanned = _quantscan_side(loaded, calib, target, limit, threads, out, qs_method)
+    scanned = scan(loaded, calib, out=out / "quantscan", profile=target, limit=limit, gain_candidates=0,
+                   no_report=True, threads=threads, calib_method=qs_method)
     times["quantscan_scan_s"] = time.perf_counter() - t0
     feeds = npy_feeds(samples, names, work / "feeds")
     reference = fp32_outputs(loaded, feeds, names, threads)
@@ -228,20 +231,6 @@ def _simulated(work: Path) -> dict[str, np.ndarray]:
     return read_simulated(work / "sim_outputs.npz")
 
 
-def _quantscan_side(
-    loaded: LoadedModel, calib: str | Path, target: str, limit: int | None, threads: int | None, out: Path,
-    method: CalibMethod,
-) -> Any:
-    """quantscan's scan of the same samples with the target's profile and the calibration nearest tpu-mlir's
-    (`CALIB_METHODS`), its run folder in `out/quantscan`."""
-    from quantscan.api import save_scan, scan
-
-    scanned = scan(loaded, calib, profile=target, limit=limit, gain_candidates=0, no_report=True, threads=threads,
-                   calib_method=method)
-    save_scan(scanned, out / "quantscan")
-    return scanned
-
-
 def driver_job(loaded: LoadedModel, cset: CalibSet, names: list[str], samples: list[str], target: str,
          work: Path, threads: int | None) -> dict[str, Any]:
     """The driver's job: the converter's model copy, the target processor, the samples (their folder is
@@ -288,10 +277,7 @@ def apply_plan(plan_path: Path, python: Path, job: dict[str, Any], work: Path,
     """The bisect plan through a tpu-mlir quantize table (its sites mapped to tpu-mlir's op names by the
     driver), its int8 model's output cosine beside the cosine quantscan's plan claims, and per site the
     precision tpu-mlir ran it at."""
-    try:
-        plan = Plan.from_json(read_json(plan_path, "--plan"))
-    except (FileError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"--plan: expected a quantscan plan.json, found {plan_path} unreadable ({exc})") from exc
+    plan = read_plan(plan_path)
     mixed = work / "mixed"
     mixed.mkdir(parents=True, exist_ok=True)
     proto = onnx.load(str(job["model"]), load_external_data=False)

