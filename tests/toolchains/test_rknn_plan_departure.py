@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from quantscan.bisect.heldout import claimed_samples
 from quantscan.calib import load_calibration
 from quantscan.graph.mixed import MixedBuilder
 from quantscan.graph.qdq import F32_SUFFIX, expose, input_alias
+from quantscan.heldout import claimed_samples
 from quantscan.metrics import subset_cosine
 from quantscan.model import graph_inputs, load_model
 from quantscan.runner import Runner
