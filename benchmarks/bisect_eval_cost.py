@@ -4,11 +4,13 @@ Why: on a shared machine a bisect's wall follows the load, and main's and this b
 times. Here both trees judge the same candidate sets (the first `--count` steps of a finished session, in its
 order) with the search's judge (RealisedEvaluator, default rounding: 4 realisations, a failing candidate
 stopped at its first realisation under the target), each tree in its own child process, alternated
-`--rounds` times, and the table gives the children's CPU seconds per candidate and their ratio. The values
-must be the same in both trees: the table says whether they are, bit for bit.
+`--rounds` times, and the table gives the children's CPU seconds per candidate and their ratio, and the
+realisation sweeps the candidates took. The verdicts must be the same in both trees, and so must every passing
+candidate's value; a failing candidate's value is the bound over the realisations it measured, which the
+order they are measured in (robust.judging_order) may change: the table says how many differ.
 
 Run: OMP_NUM_THREADS=1 nice python benchmarks/bisect_eval_cost.py --session S/session.json \
-         --before /work/main/src --after src --model ppocrv4_rec --limit 16 --count 24
+         --before /work/main/src --after src --model ppocrv4_rec --limit 16 --count 24 [--stride 6]
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ def child(spec: dict[str, Any]) -> None:
     nodes = [s.node for s in ctx.graph.sites]
     sets = spec["sets"] or [nodes[:round(f * len(nodes))] for f in spec["fractions"]]
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    values = [judge.judge(builder.precisions(sites)).value for sites in sets]
+    judged = [judge.judge(builder.precisions(sites)) for sites in sets]
     print(MARKER + json.dumps({"cpu": time.process_time() - cpu0, "wall": time.perf_counter() - wall0,
-                               "values": values}), flush=True)
+                               "values": [j.value for j in judged],
+                               "sweeps": sum(len(j.realisations) for j in judged)}), flush=True)
 
 
 def run(tree: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +65,18 @@ def run(tree: str, spec: dict[str, Any]) -> dict[str, Any]:
     if not lines:
         raise SystemExit(f"child on {tree} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return dict(json.loads(lines[-1][len(MARKER):]))
+
+
+def _agreement(got: dict[str, list[dict[str, Any]]], target: float) -> tuple[str, str]:
+    """(verdicts, values) of every run against the first `before` run: verdicts `same` or `DIFFER`; values
+    `same` bit for bit, or how many differ and whether any of them is a passing candidate's."""
+    first = got["before"][0]["values"]
+    runs = [r["values"] for v in got.values() for r in v]
+    verdicts = all([x >= target for x in r] == [x >= target for x in first] for r in runs)
+    differ = {i for r in runs for i, (x, y) in enumerate(zip(r, first, strict=True)) if x != y}
+    passing = sum(first[i] >= target for i in differ)
+    values = "same" if not differ else f"{len(differ)} failing differ" if not passing else f"{passing} PASSING DIFFER"
+    return ("same" if verdicts else "DIFFER"), values
 
 
 def main() -> int:
@@ -79,6 +94,8 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=16)
     p.add_argument("--count", type=int, default=24)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--stride", type=int, default=1,
+                   help="with --session: every STRIDE-th step (a sample of the whole search, not its first steps)")
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -87,7 +104,8 @@ def main() -> int:
         str(ASSETS / "models" / f"{args.model}.onnx"), str(ASSETS / "calib" / args.model)]
     if args.session is not None:
         session = json.loads(args.session.read_text())
-        steps = [e for e in session["events"] if e.get("kind") == "eval"][2:2 + args.count]  # past all-float/int8
+        evals = [e for e in session["events"] if e.get("kind") == "eval"]
+        steps = evals[2::args.stride][:args.count]  # past all-float/int8
         spec = {"paths": paths, "limit": args.limit, "target": session["options"]["target_value"],
                 "sets": [e["sites"] for e in steps]}
         passed = str(sum(bool(e["passed"]) for e in steps))
@@ -102,12 +120,12 @@ def main() -> int:
     if passed == "?":
         passed = str(sum(v >= spec["target"] for v in got["before"][0]["values"]))
     cpu = {k: min(r["cpu"] for r in v) / n for k, v in got.items()}
-    same = all(r["values"] == got["before"][0]["values"] for v in got.values() for r in v)
     print(markdown_table(
         ["model", "candidates (passing)", "before CPU s / candidate", "after CPU s / candidate", "after / before",
-         "values bit for bit", "load"],
+         "sweeps before, after", "verdicts", "values", "load"],
         [[args.model, f"{n} ({passed})", f"{cpu['before']:.3f}", f"{cpu['after']:.3f}",
-          f"{cpu['after'] / cpu['before']:.2f}", "same" if same else "DIFFER", f"{os.getloadavg()[0]:.1f}"]]))
+          f"{cpu['after'] / cpu['before']:.2f}", f"{got['before'][0]['sweeps']}, {got['after'][0]['sweeps']}",
+          *_agreement(got, spec["target"]), f"{os.getloadavg()[0]:.1f}"]]))
     return 0
 
 

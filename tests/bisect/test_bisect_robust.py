@@ -196,11 +196,21 @@ def test_explicit_eval_folder_is_the_held_out_set(chain: tuple[Path, Path], tmp_
     assert plan.held_out["held_out_samples"] == 10 and plan.held_out["search_samples"] == len(np.load(calib / "x.npy"))
 
 
-@pytest.mark.parametrize("target", [0.9, 0.999, 0.99999])
-def test_settled_judge_gives_the_full_verdict_with_fewer_realisations(chain: tuple[Path, Path], target: float) -> None:
-    """The search's judge stops a candidate at the first realisation whose bound misses the target: the verdict
-    is the one every realisation gives, a passing candidate is measured in full (same figures), and a
-    settled one's bound is the minimum over the realisations it measured, which the full bound lies under."""
+JUDGING_ORDER = (1, 2, 3, 0)
+"""The order the search's judge measures 4 realisations in, written out: perturbed first, quantscan's own last."""
+
+
+def test_judging_order_puts_realisation_0_last_and_covers_every_realisation() -> None:
+    from quantscan.bisect.robust import judging_order
+
+    assert judging_order(4) == JUDGING_ORDER
+    assert judging_order(1) == (0,) and judging_order(2) == (1, 0)
+    for n in range(1, 9):
+        assert sorted(judging_order(n)) == list(range(n)) and judging_order(n)[-1] == 0
+
+
+def _judges(chain: tuple[Path, Path], target: float) -> tuple[object, object, object]:
+    """(builder, full judge, settled judge) on the chain's searched samples, 4 realisations of spread 0.05."""
     from quantscan.bisect.realise import RealisedEvaluator, split_context
     from quantscan.scanning.gain import mixed_builder
     from quantscan.scanning.prepare import prepare_scan
@@ -210,23 +220,64 @@ def test_settled_judge_gives_the_full_verdict_with_fewer_realisations(chain: tup
     split = split_context(prepare_scan(model, calib, threads=1), rounding, False)
     builder = mixed_builder(split.search)
     aim = Target("cosine", target)
-    full = RealisedEvaluator(split.search, builder, aim, rounding)
-    settled = RealisedEvaluator(split.search, builder, aim, rounding, stop_early=True)
-    names = [s.node for s in builder.sites]
+    return (builder, RealisedEvaluator(split.search, builder, aim, rounding),
+            RealisedEvaluator(split.search, builder, aim, rounding, stop_early=True))
+
+
+@pytest.mark.parametrize("target", [0.9, 0.999, 0.99999])
+def test_settled_judge_gives_the_full_verdict_with_fewer_realisations(chain: tuple[Path, Path], target: float) -> None:
+    """The search's judge measures the realisations in JUDGING_ORDER and stops a candidate at the first whose
+    bound misses the target: the verdict is the one every realisation gives, a passing candidate is measured in
+    full (same figures), and a settled one's bound is the minimum over the realisations it measured, which the
+    full bound lies under; its figures are realisation 0's if measured, else the failing realisation's."""
+    builder, full, settled = _judges(chain, target)
+    aim = Target("cosine", target)
+    names = [s.node for s in builder.sites]  # type: ignore[attr-defined]
     for sites in ([], names[:1], names[1:], names):
-        a, b = full.judge(builder.precisions(sites)), settled.judge(builder.precisions(sites))
+        prec = builder.precisions(sites)  # type: ignore[attr-defined]
+        a, b = full.judge(prec), settled.judge(prec)  # type: ignore[attr-defined]
         assert aim.met(a.value) == aim.met(b.value)
         assert len(a.realisations) == 4 and not a.settled and "realisations_measured" not in a.metrics()
+        bounds = [c - s for c, s in _bounds(a)]
         if aim.met(b.value):
-            assert len(b.realisations) == 4 and b.value == a.value
-        else:
-            measured = len(b.realisations)
-            assert b.settled == (measured < 4)
-            assert b.value == pytest.approx(min(c - s for c, s in _bounds(a)[:measured]), abs=1e-12)
-            assert b.value >= a.value - 1e-12
-            assert not aim.met(min(c - s for c, s in _bounds(a)[:measured]))
-            if measured > 1:  # it stopped at the first realisation that put the bound under the target
-                assert aim.met(min(c - s for c, s in _bounds(a)[: measured - 1]))
+            assert len(b.realisations) == 4 and b.value == a.value and b.metrics() == a.metrics()
+            continue
+        measured = len(b.realisations)
+        taken = JUDGING_ORDER[:measured]
+        assert b.settled == (measured < 4)
+        assert b.value == pytest.approx(min(bounds[r] for r in taken), abs=1e-12)
+        assert b.value >= a.value - 1e-12
+        if measured > 1:  # it stopped at the first realisation that put the bound under the target
+            assert aim.met(min(bounds[r] for r in taken[:-1]))
+        shown = 0 if 0 in taken else taken[-1]
+        assert b.nominal.worst["cosine"] == a.realisations[shown].worst["cosine"]
+        assert b.metrics().get("figures_realisation", 0.0) == shown
+
+
+def test_a_candidate_a_perturbed_realisation_fails_is_settled_by_one_sweep(chain: tuple[Path, Path]) -> None:
+    """All-int8 at a target just above realisation 1's bound (so it fails, whatever realisation 0 gives): the
+    search's judge runs one sweep, realisation 1's, and records its figures as realisation 1's."""
+    builder, full, _ = _judges(chain, 0.9)
+    prec = builder.precisions([])  # type: ignore[attr-defined]
+    a = full.judge(prec)  # type: ignore[attr-defined]
+    cos1, se1 = _bounds(a)[1]
+    _, _, settled = _judges(chain, min(1.0, cos1 - se1 + 1e-9))
+    swept: list[int] = []
+    for r, evaluator in enumerate(settled.evaluators):  # type: ignore[attr-defined]
+        evaluator.evaluate = _counted(evaluator.evaluate, r, swept)
+    b = settled.judge(prec)  # type: ignore[attr-defined]
+    assert swept == [1]
+    assert b.metrics()["realisations_measured"] == 1 and b.metrics()["figures_realisation"] == 1
+    assert b.nominal.worst["cosine"] == a.realisations[1].worst["cosine"]
+    assert b.value == pytest.approx(cos1 - se1, abs=1e-12)
+
+
+def _counted(evaluate: Callable[[object], object], realisation: int, swept: list[int]) -> Callable[[object], object]:
+    """`evaluate`, noting `realisation` in `swept` at each call (one sweep of the searched samples)."""
+    def counted(prec: object) -> object:
+        swept.append(realisation)
+        return evaluate(prec)
+    return counted
 
 
 def _bounds(judged: object) -> list[tuple[float, float]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from quantscan.bisect.robust import Rounding, Spread, scale_factors, spread_of, spread_of_values
+from quantscan.bisect.robust import Rounding, Spread, judging_order, scale_factors, spread_of, spread_of_values
 from quantscan.bisect.state import Target
 from quantscan.bisect.switched import SwitchedSession
 from quantscan.bisect.targets import make_evaluator
@@ -29,25 +29,31 @@ ROUNDING_MODEL = "activation scale x exp(spread * N(0,1)) per tensor, realisatio
 
 @dataclass(frozen=True)
 class Judged:
-    """One candidate over the realisations: realisation 0's figures, the spread, and the value the
+    """One candidate over the realisations: realisation 0's figures (or, for a candidate settled before
+    realisation 0 was measured, those of the realisation that failed it), the spread, and the value the
     search compares with the target (the spread's lower bound; the nominal figure with one realisation)."""
 
     nominal: Measured
     spread: Spread
     value: float
     realisations: tuple[Measured, ...] = ()
-    """Every realisation's figures, realisation 0 first (benchmarks/plan_holdout.py compares their
-    per-sample spread with a chip's)."""
+    """The figures of every realisation measured, in realisation order, realisation 0 first when it was measured
+    (benchmarks/plan_holdout.py compares their per-sample spread with a chip's)."""
     of: int = 0
     """How many realisations the rounding has (0: as many as measured); more than measured when the search's
     judge settled the candidate early (`RealisedEvaluator.stop_early`)."""
+    shown: int = 0
+    """Which realisation `nominal` is: 0, or the one that settled the candidate when realisation 0 was not
+    measured (robust.judging_order measures it last)."""
 
     def metrics(self) -> Metrics:
-        """The step's stored metrics: realisation 0's, plus the interval (and, when the candidate was settled
-        before its last realisation, how many were measured: its bound is theirs)."""
+        """The step's stored metrics: the nominal figures, plus the interval (and, when the candidate was settled
+        before its last realisation, how many were measured: its bound is theirs; when the figures are not
+        realisation 0's, `figures_realisation` says whose they are)."""
         figures = {k: v for k, v in self.nominal.worst.items() if isinstance(v, float)}
         settled = {"realisations_measured": float(len(self.realisations))} if self.settled else {}
-        return {**figures, "lower_bound": self.spread.low, "upper_bound": self.spread.high, **settled}
+        whose = {"figures_realisation": float(self.shown)} if self.shown else {}
+        return {**figures, "lower_bound": self.spread.low, "upper_bound": self.spread.high, **settled, **whose}
 
     @property
     def settled(self) -> bool:
@@ -118,7 +124,8 @@ class RealisedEvaluator:
         realisations, so once it misses, the others cannot make it pass; the verdict is the full one's,
         the recorded bound that of the realisations measured (`Judged.metrics` says how many). Most of a
         search's candidates fail (the prefix search's lower half, nearly every prune try): 1 to 3 of 4
-        evaluations each instead of 4."""
+        evaluations each instead of 4, measured in robust.judging_order (the perturbed realisations first,
+        the ones that fail a candidate most often)."""
         base, self.reference = make_evaluator(ctx, builder, target, strategy)
         self.key = base.key
         tensors = list(builder.base_plan.activations)
@@ -179,21 +186,30 @@ class RealisedEvaluator:
         return switch.timings.summary() if switch is not None else {}
 
     def judge(self, prec: Sequence[str]) -> Judged:
-        measured: list[Measured] = []
-        for evaluator in self.evaluators:
-            measured.append(evaluator.evaluate(prec))
+        order = judging_order(len(self.evaluators)) if self.stop_early else range(len(self.evaluators))
+        measured: dict[int, Measured] = {}
+        for r in order:
+            measured[r] = self.evaluators[r].evaluate(prec)
             more = len(measured) < len(self.evaluators)
-            if self.stop_early and more and not self.target.met(self._spread(measured).low):
+            if self.stop_early and more and not self.target.met(self._spread(_in_order(measured)).low):
                 break  # the bound only falls with more realisations (`stop_early`)
-        spread = self._spread(measured)
-        value = spread.low if self.rounding.realisations > 1 else float(measured[0].worst[self.key])
-        return Judged(measured[0], spread, value, tuple(measured), len(self.evaluators))
+        shown = 0 if 0 in measured else r  # realisation 0's figures, or those of the realisation that failed
+        spread = self._spread(_in_order(measured))
+        spread = replace(spread, nominal=spread.values[sorted(measured).index(shown)])
+        value = spread.low if self.rounding.realisations > 1 else float(measured[shown].worst[self.key])
+        return Judged(measured[shown], spread, value, _in_order(measured), len(self.evaluators), shown)
 
     def _spread(self, measured: Sequence[Measured]) -> Spread:
         """The figure over the realisations measured: pooled cosines and their standard errors, or the range."""
         if self.key == "cosine" and all(m.output in m.sums and m.sums[m.output][0].size for m in measured):
             return spread_of([m.sums[m.output] for m in measured], self.rounding.z)
         return spread_of_values([float(m.worst[self.key]) for m in measured])
+
+
+def _in_order(measured: Mapping[int, Measured]) -> tuple[Measured, ...]:
+    """The realisations measured, in realisation order whatever order they were measured in: the spread of a
+    candidate measured in full is the one the natural order gives, bit for bit."""
+    return tuple(measured[r] for r in sorted(measured))
 
 
 @dataclass(frozen=True)

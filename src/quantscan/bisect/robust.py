@@ -88,6 +88,21 @@ def scale_factors(tensors: Iterable[str], realisation: int, seed: int, spread: f
     return {t: float(f) for t, f in zip(names, np.exp(spread * rng.standard_normal(len(names))), strict=True)}
 
 
+def judging_order(realisations: int) -> tuple[int, ...]:
+    """The order the search's judge measures a candidate's realisations in: the perturbed ones (1, 2, ...)
+    first, realisation 0 (quantscan's own rounding) last.
+
+    Why (issue 41 part 8): the judge stops a candidate at the first realisation that puts its lower bound
+    under the target (bisect/realise.py `stop_early`), and most candidates fail. Realisation 0 is the one
+    that fails a candidate least often (the strictest of the 4 on 4 of 27 failing PP-OCRv4 rec candidates
+    measured under all of them): measured first it mostly passed and cost a sweep that settled nothing, and
+    measured last that search's 184 failing candidates took 300 sweeps instead of 370 (RESULTS.md). A
+    passing candidate is still measured under every realisation and a failing one fails whichever comes
+    first, so no verdict depends on the order; it is fixed (not learned at run time) so that a resumed
+    search and `--workers` shards measure the same realisations of a candidate as one process would."""
+    return (*range(1, realisations), 0)
+
+
 def pooled_cosine(sums: SampleSums) -> float:
     """Σxy / sqrt(Σx² Σy²) over all samples (the headline cosine)."""
     sxy, sxx, syy = (float(np.sum(a, dtype=np.float64)) for a in sums)
