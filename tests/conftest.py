@@ -7,6 +7,7 @@ user's clone still runs the tiny-model tests.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+FILE_COSTS = Path(__file__).with_name("file_costs.json")
 
 
 def _assets_dir() -> Path:
@@ -67,3 +69,65 @@ def ray_cluster() -> Iterator[Any]:
              log_to_driver=False)  # its own, not a `ray start`
     yield ray
     ray.shutdown()
+
+
+def _file_costs() -> dict[str, float]:
+    """Measured seconds per test file (tests/file_costs.json, written by benchmarks/ci_file_costs.py)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(FILE_COSTS.read_text())["seconds"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # no table: xdist's own order
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with the costliest files handed out first (longest-processing-time order).
+
+    xdist hands out whole files in order of their test count, so a file of a few real-model scans (the
+    executor byte tests, the impact oracle, the worker comparison) could start last and keep one worker busy
+    while the other sat idle. The files tests/file_costs.json lists start first, costliest first; the rest
+    (the many small files, and any file added since the table was written) follow in xdist's order."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    costs = _file_costs()
+
+    class CostliestFilesFirst(LoadFileScheduling):
+        ordered = False
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the queue is complete once the first unit is handed out
+                queue = sorted(self.workqueue.items(), key=lambda unit: -costs.get(unit[0], 0.0))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(queue)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return CostliestFilesFirst(config, log)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-costs", metavar="PREFIX", default=None,
+                     help="append each test's CPU seconds to PREFIX.<worker>.jsonl (benchmarks/ci_file_costs.py "
+                          "turns them into tests/file_costs.json)")
+
+
+def _cpu_seconds() -> float:
+    """CPU of this process (all its threads) and of the children it waited for (CLI subprocesses): the
+    test's own work whatever else the shared machine runs, unlike wall time (POSIX only: imported here)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    prefix = item.config.getoption("--record-costs")
+    start = _cpu_seconds() if prefix else 0.0
+    yield
+    if prefix:  # setup, call and teardown: a module fixture counts in the test that first asked for it
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(f"{prefix}.{worker}.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu_seconds() - start, 3)}) + "\n")
