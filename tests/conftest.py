@@ -7,9 +7,12 @@ user's clone still runs the tiny-model tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,78 @@ def ray_cluster() -> Iterator[Any]:
              log_to_driver=False)  # its own, not a `ray start`
     yield ray
     ray.shutdown()
+
+
+@dataclass(frozen=True)
+class SharedScan:
+    """A scan's result (a private copy per test: a test may change its tables) and the run folder and QDQ
+    model the scan wrote (shared: read them, do not write into them)."""
+
+    result: Any  # quantscan.ScanResult; typed loosely so conftest imports no quantscan at collection
+    out: Path
+    qdq: Path
+
+
+class ScanCache:
+    """One scan per (model, calibration set, options) for the whole test session, whichever test file and
+    xdist worker asks first; the others read what it wrote.
+
+    Why: several files scan the same real model with the same options to check different things (the
+    scan's tables, its ranking against an oracle, its task figures), each taking tens of CPU seconds. A
+    file lock per entry makes the second worker wait for the first scan instead of repeating it. The
+    folder lives under this run's base temp (shared by its workers, never by two runs), so a cached scan
+    is always this checkout's code on this session's assets."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pickled: dict[str, bytes] = {}
+
+    def scan(self, model: Path, calib: Path, **options: Any) -> SharedScan:
+        """`quantscan.scan(model, calib, out=..., save_qdq=..., **options)`, computed once per session."""
+        from filelock import FileLock
+
+        import quantscan
+
+        key = hashlib.sha256(repr((str(Path(model).resolve()), str(Path(calib).resolve()), sorted(options.items())))
+                             .encode()).hexdigest()[:16]
+        entry = self.root / key
+        out, qdq, pickled = entry / "run", entry / "model.qdq.onnx", entry / "result.pickle"
+        if key not in self.pickled:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(self.root / f"{key}.lock")):
+                if not pickled.is_file():
+                    result = quantscan.scan(model, calib, out=out, save_qdq=qdq, **options)
+                    pickled.write_bytes(pickle.dumps(result))  # written last: its presence means complete
+            self.pickled[key] = pickled.read_bytes()
+        return SharedScan(pickle.loads(self.pickled[key]), out, qdq)
+
+
+REAL_SCAN_LIMIT = 4
+ASSET_CONSTS: dict[str, dict[str, float]] = {"silero_vad_openvino_16k": {"state": 0.0}}
+"""The --const an asset model needs (silero's recurrent state input has no calibration data)."""
+
+
+def real_scan_options(name: str) -> dict[str, Any]:
+    """The options of the real-model scan several files check (test_scan_real's tables, test_scan_impact_real's
+    ranking against its oracle), so they share one scan per model: its first samples, one ORT thread."""
+    options: dict[str, Any] = {"limit": REAL_SCAN_LIMIT, "threads": 1}
+    if name in ASSET_CONSTS:
+        options["const"] = ASSET_CONSTS[name]
+    return options
+
+
+def real_scan(cache: ScanCache, assets: Path, name: str) -> SharedScan:
+    """The session's one scan of asset model `name` with `real_scan_options(name)`."""
+    return cache.scan(asset_model(assets, name), asset_calib(assets, name), **real_scan_options(name))
+
+
+@pytest.fixture(scope="session")
+def scan_cache(tmp_path_factory: pytest.TempPathFactory) -> ScanCache:
+    """The session's ScanCache; a test asks for `assets` itself (this session fixture cannot: `assets`
+    checks each test's real marker)."""
+    base = tmp_path_factory.getbasetemp()
+    run_root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: pytest-N/popen-gwK
+    return ScanCache(run_root / "shared-scans")
 
 
 def _file_costs() -> dict[str, float]:
