@@ -52,6 +52,15 @@ def evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
     return ReferenceEvaluator(model, new_ops=[BatchNormalization])
 
 
+def tensor_range(model_path: Path, x: np.ndarray, tensor: str) -> tuple[float, float]:
+    """min/max of one tensor over the samples `x` (fed as the graph input "x"), by onnx's reference kernels:
+    the independent figure a calibrated range is checked against."""
+    model = onnx.load(str(model_path))
+    model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    values = evaluator(model).run([tensor], {"x": x})[0]
+    return float(values.min()), float(values.max())
+
+
 def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(o) for o in evaluator(model).run(None, feeds)]
 

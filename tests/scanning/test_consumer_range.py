@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from builders import build, evaluator
+from builders import build, tensor_range
 from quantscan import quant
 from quantscan.records import ActivationScheme
 from quantscan.scanning.prepare import prepare_scan
@@ -62,18 +62,10 @@ def _write(tmp_path: Path, text: str) -> tuple[Path, Path, np.ndarray]:
     return path, calib, x
 
 
-def _range(model_path: Path, x: np.ndarray, tensor: str) -> tuple[float, float]:
-    """min/max of one tensor over the samples, by onnx's reference kernels."""
-    model = onnx.load(str(model_path))
-    model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
-    values = evaluator(model).run([tensor], {"x": x})[0]
-    return float(values.min()), float(values.max())
-
-
 def test_kernel_before_maxpool_takes_the_pools_output_range(tmp_path: Path) -> None:
     path, calib, x = _write(tmp_path, CONV_PRELU_POOL)
     ctx = prepare_scan(path, calib, profile="rk3588", gain_candidates=0)
-    pooled, own = _range(path, x, "m"), _range(path, x, "p")
+    pooled, own = tensor_range(path, x, "m"), tensor_range(path, x, "p")
     assert pooled[0] > own[0] + 0.1  # the pool drops the most negative PReLU outputs: a real clip
     want = quant.activation_qparams(*pooled, ActivationScheme.UINT8)
     for tensor in ("p", "m"):  # the kernel's output and the pool's share one grid, the pool's
@@ -86,7 +78,7 @@ def test_kernel_before_maxpool_takes_the_pools_output_range(tmp_path: Path) -> N
 def test_without_the_profile_fact_the_kernel_keeps_its_own_range(tmp_path: Path) -> None:
     path, calib, x = _write(tmp_path, CONV_PRELU_POOL)
     ctx = prepare_scan(path, calib, activations="uint8", gain_candidates=0)
-    want = quant.activation_qparams(*_range(path, x, "p"), ActivationScheme.UINT8)
+    want = quant.activation_qparams(*tensor_range(path, x, "p"), ActivationScheme.UINT8)
     assert float(ctx.quant.plan.activations["m"].scale) == pytest.approx(float(want.scale), rel=1e-5)
     assert ctx.graph.origins["m"] == "p"
 
@@ -95,6 +87,6 @@ def test_a_kernel_output_read_beside_the_maxpool_keeps_its_own_range(tmp_path: P
     """No recorded run says which reader's range would win, so none is guessed."""
     path, calib, x = _write(tmp_path, SHARED_READER)
     ctx = prepare_scan(path, calib, profile="rk3588", gain_candidates=0)
-    want = quant.activation_qparams(*_range(path, x, "p"), ActivationScheme.UINT8)
+    want = quant.activation_qparams(*tensor_range(path, x, "p"), ActivationScheme.UINT8)
     assert float(ctx.quant.plan.activations["p"].scale) == pytest.approx(float(want.scale), rel=1e-5)
     assert ctx.graph.origins["p"] == "p"

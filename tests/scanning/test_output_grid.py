@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
-from builders import build, evaluator
+from builders import build, tensor_range
 from quantscan import quant
 from quantscan.records import ActivationScheme
 from quantscan.scanning.calibrate import make_plan
@@ -46,19 +46,11 @@ def _write(tmp_path: Path, bias: float) -> tuple[Path, Path, np.ndarray]:
     return path, calib, x
 
 
-def _range(model_path: Path, x: np.ndarray, tensor: str) -> tuple[float, float]:
-    """min/max of one tensor over the samples, by onnx's reference kernels."""
-    model = onnx.load(str(model_path))
-    model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
-    values = evaluator(model).run([tensor], {"x": x})[0]
-    return float(values.min()), float(values.max())
-
-
 def test_a_low_sigmoid_output_runs_on_the_grid_up_to_one_half(tmp_path: Path) -> None:
     """Class scores that stay near 0 (bias -6: max below 0.25): rk3588 quantizes them on [0, 0.5], a step of
     1/510, not on the range calibration saw."""
     path, calib, x = _write(tmp_path, bias=-6.0)
-    seen = _range(path, x, "s")
+    seen = tensor_range(path, x, "s")
     assert seen[1] < 0.25
     ctx = prepare_scan(path, calib, profile="rk3588", gain_candidates=0)
     got = ctx.quant.plan.activations["s"]
@@ -71,7 +63,7 @@ def test_a_low_sigmoid_output_runs_on_the_grid_up_to_one_half(tmp_path: Path) ->
 
 def test_a_sigmoid_output_past_one_half_keeps_its_range(tmp_path: Path) -> None:
     path, calib, x = _write(tmp_path, bias=1.0)
-    seen = _range(path, x, "s")
+    seen = tensor_range(path, x, "s")
     assert seen[1] > 0.6
     ctx = prepare_scan(path, calib, profile="rk3588", gain_candidates=0)
     want = quant.activation_qparams(min(seen[0], 0.0), seen[1], ActivationScheme.UINT8)
