@@ -122,6 +122,20 @@ def _reported(stdout: str) -> dict[str, Any] | None:
     return json.loads(lines[-1][len(MARKER):]) if lines else None
 
 
+def run_own_child(script: str, payload: Any, marker: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run `script --child JSON(payload)` in a fresh interpreter and return the JSON of its last `marker` line,
+    or {"error": stderr's last line}. Why a child per measurement: each gets its own onnxruntime arenas, its
+    own peak RSS and its own PYTHONPATH (a checkout of main for a BEFORE figure), and the bisect benchmarks
+    (bisect_cost, bisect_eval_cost, bisect_gain, bisect_switch) each answer with their own marker."""
+    proc = subprocess.run([sys.executable, script, "--child", json.dumps(payload)], capture_output=True, text=True,
+                          env=None if env is None else dict(env), check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(marker)]
+    if not lines:
+        tail = proc.stderr.strip().splitlines()
+        return {"error": tail[-1] if tail else f"exit {proc.returncode}"}
+    return dict(json.loads(lines[-1][len(marker):]))
+
+
 def _why_failed(returncode: int, stderr: str) -> str:
     """One line: out-of-memory when the child says so or was killed, else its last stderr line."""
     tail = [ln for ln in stderr.strip().splitlines() if ln.strip()]

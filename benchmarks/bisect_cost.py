@@ -23,7 +23,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table  # noqa: E402  (benchmarks/ is not a package)
+from _common import markdown_table, run_own_child  # noqa: E402  (benchmarks/ is not a package)
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO.parent / "shared" / "assets"
@@ -123,14 +122,8 @@ def run(argv: list[str], pythonpath: str | None) -> dict[str, Any]:
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(argv)], capture_output=True, text=True,
-                          env=env, check=False)
-    wall = time.perf_counter() - t0
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
-    if not lines:
-        tail = proc.stderr.strip().splitlines()
-        return {"error": tail[-1] if tail else f"exit {proc.returncode}", "process_wall": wall}
-    return {**json.loads(lines[-1][len(MARKER):]), "process_wall": wall}
+    answer = run_own_child(__file__, argv, MARKER, env)
+    return {**answer, "process_wall": time.perf_counter() - t0}
 
 
 def halfway(scan_out: Path) -> float:

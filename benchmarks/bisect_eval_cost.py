@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table  # noqa: E402  (benchmarks/ is not a package)
+from _common import markdown_table, run_own_child  # noqa: E402  (benchmarks/ is not a package)
 
 ASSETS = Path(__file__).resolve().parents[2] / "shared" / "assets"
 MARKER = "@@eval-cost "
@@ -59,12 +58,10 @@ def child(spec: dict[str, Any]) -> None:
 
 def run(tree: str, spec: dict[str, Any]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": tree, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                          env=env, check=False)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
-    if not lines:
-        raise SystemExit(f"child on {tree} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return dict(json.loads(lines[-1][len(MARKER):]))
+    answer = run_own_child(__file__, spec, MARKER, env)
+    if "error" in answer:
+        raise SystemExit(f"child on {tree} failed: {answer['error']}")
+    return answer
 
 
 def _agreement(got: dict[str, list[dict[str, Any]]], target: float) -> tuple[str, str]:

@@ -20,14 +20,13 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, peak_rss_mb  # noqa: E402  (benchmarks/ is not a package)
+from _common import markdown_table, peak_rss_mb, run_own_child  # noqa: E402  (benchmarks/ is not a package)
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO.parent / "shared" / "assets"
@@ -83,14 +82,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, check=False
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
-    if not lines:
-        tail = proc.stderr.strip().splitlines()
-        return {"error": tail[-1] if tail else f"exit {proc.returncode}"}
-    return dict(json.loads(lines[-1][len(MARKER) :]))
+    return run_own_child(__file__, spec, MARKER)
 
 
 def row(name: str, r: dict[str, Any]) -> list[str]:
