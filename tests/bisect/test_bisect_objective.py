@@ -243,7 +243,9 @@ def test_the_objective_and_the_plan_judge_each_set_held_out_once(
     assert judged and len(judged) == len(set(judged)), judged  # no set measured twice on the held-out samples
     # the plan (the chosen set) claims the figure the re-choice judged it by
     assert fast.plan.achieved is not None
-    assert fast.plan.achieved["sqnr_db"] == record["chosen"]["held_out_value"]
+    # (plan.json spells an exact output's SQNR "inf": with every reader of the input float on rk3588 the input is
+    # not rounded either, so a plan keeping the whole chain float reproduces FP32)
+    assert fast.plan.achieved["sqnr_db"] == float(record["chosen"]["held_out_value"])
 
 
 def conv_chain(heavy_kernel: int = 5, channels: int = 64, size: int = 32) -> onnx.ModelProto:

@@ -104,6 +104,7 @@ def _all_int8_meets(search: Search, measured: dict[tuple[str, ...], tuple[Judged
 def new_session(search: Search, gains: GainResult | None) -> BisectSession:
     """A session for a new search: identities, the request and scan options, the sites, the order, the gains."""
     ctx, request = search.ctx, search.request
+    derived = set(search.builder.derived_sites)  # not a choice (a model input following its readers)
     sites = [
         {
             Col.NODE: s.node,
@@ -113,6 +114,7 @@ def new_session(search: Search, gains: GainResult | None) -> BisectSession:
             Col.KERNEL: s.kernel,
         }
         for k, s in enumerate(ctx.graph.sites)
+        if s.node not in derived
     ]
     rounding = request.rounding
     order = (
@@ -120,6 +122,7 @@ def new_session(search: Search, gains: GainResult | None) -> BisectSession:
         if gains is not None
         else [str(s[Col.NODE]) for s in sorted(sites, key=lambda s: int(str(s[Col.ORDER])))]
     )
+    order = [n for n in order if n not in derived]
     opts = request.session_options(ctx.headline_outputs(), ctx.opts)
     gain_rows = gains.table.to_dict("records") if gains is not None else []
     session = BisectSession(str(search.loaded.path.resolve()), search.loaded.sha256, search.identity, opts, sites,

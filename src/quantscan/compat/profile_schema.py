@@ -110,6 +110,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "consumer_range": {"ops": OP_LIST, **SOURCED},
     "output_grid": {"ops": OP_LIST, **SOURCED},
     "requantize": {"ops": OP_LIST, **SOURCED},
+    "input": {"follows_readers": BOOL, **SOURCED},
     "dtypes": {"npu": STR_LIST, **SOURCED},
     "cost": {**{k: NUM for k in (*COST_FIGURES, *OPTIONAL_COST_FIGURES)}, "sources": STR_TABLE, "fitted": STR_LIST,
              **SOURCED},

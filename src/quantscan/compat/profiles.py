@@ -117,6 +117,11 @@ class Profile:
     """Non-site ops the toolkit runs int8 on its own after a float region unless named (graph/requantize.py):
     a plan's exports name them with the float site before them."""
     requantize: Sourced | None = None
+    input_follows_readers: bool = False
+    """A model input is rounded to int8 only for an int8 reader: with every reader in float16 the toolkit feeds
+    it unrounded (rknn-toolkit2's `fuse_two_dataconvert`), so keeping the input float is not a choice of its
+    own (graph/mixed.MixedBuilder)."""
+    input_rounding: Sourced | None = None
     schemes: Mapping[str, Any] | None = None
     """The `[schemes]` table: `names` the chip runs (shorthands, quantscan.schemes) and what its `a16`
     means (int16 or float); None: w8a8 only."""
@@ -369,6 +374,8 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         output_grid=_sourced(d.get("output_grid", {})),
         requantize_ops=_ops(d.get("requantize", {}).get("ops")),
         requantize=_sourced(d.get("requantize", {})),
+        input_follows_readers=bool(d.get("input", {}).get("follows_readers", False)),
+        input_rounding=_sourced(d.get("input", {})),
         schemes=d.get("schemes"),
         cost=d.get("cost"),
     )

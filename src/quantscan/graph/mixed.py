@@ -8,7 +8,10 @@ output is quantized on its way in). So a tensor stays quantized when *any* quant
 writes it, at the lowest precision among them (int8 < int16): keeping one site float removes its
 weight quantization and the quantization of the tensors only it touches. A model input's site (no node:
 quantscan.sites.input_sites) owns its tensor and the tensors carrying it (`shares`): their precision is
-that site's alone, so "keep the input float" is measurable and the first kernel's gain is its own.
+that site's alone, so "keep the input float" is measurable and the first kernel's gain is its own. On a
+chip whose converter rounds an input only for an int8 reader (`input_follows_readers`: RKNN removes the
+float32 -> int8 -> float16 pair before a float16 first layer), the input site is derived instead: it takes
+the lowest precision among the sites reading it (MixedBuilder.effective), and choosing it alone changes nothing.
 Int16 sites use symmetric int16 activations (quant.activation_qparams(..., "int16"); under the
 onnxruntime recipe quantize_static's 16-bit counterpart of the call's activation type, asymmetric uint16 beside uint8:
 see scanning/ort_recipe.INT16_ACTIVATIONS) and per-channel int16 weights; their
@@ -79,6 +82,24 @@ class MixedSite(QuantSite, Protocol):
     def shares(self) -> list[str]: ...
 
 
+def _input_readers(sites: Sequence[MixedSite]) -> dict[int, list[int]]:
+    """Each model input's site -> the node sites reading the input or a tensor carrying it (`shares`)."""
+    out = {}
+    for k, site in enumerate(sites):
+        if not site.nodes:
+            held = {site.output, *site.shares}
+            out[k] = [j for j, r in enumerate(sites) if r.nodes and held & set(r.inputs)]
+    return {k: readers for k, readers in out.items() if readers}
+
+
+def _lowest(precisions: Sequence[str]) -> str:
+    """The lowest activation precision among `precisions` (W8/W4 carry the scheme's 8-bit activations):
+    the one a tensor read by all of them is held at."""
+    if any(p in ("int8", W8, W4) for p in precisions):
+        return "int8"
+    return "int16" if "int16" in precisions else "float"
+
+
 class MixedBuilder:
     """Builds the QDQ model of any per-site precision assignment (see the module docstring)."""
 
@@ -93,13 +114,15 @@ class MixedBuilder:
         int16_scheme: str = "int16",
         quantize_static_rules: bool = False,
         unset_ranges: Mapping[str, tuple[str, quant.QParams]] | None = None,
+        input_follows_readers: bool = False,
     ) -> None:
         """`plan` is the all-int8 plan; `int16_range(tensor)` the calibrated range an int16 activation
         gets; `quantize_static_rules` builds int16 as onnxruntime's quantize_static does (per-tensor
         initializers quantized too, int32 biases) rather than as a chip's int16 kernel.
         `unset_ranges`: site node -> (tensor, int8 parameters of the tensor's own calibrated range) for the
         sites whose quantization sets another tensor's range (the onnxruntime recipe's Relu/Clip/Softmax:
-        scanning/ort_recipe.RANGE_SETTING_OPS); while such a site is float the tensor takes those."""
+        scanning/ort_recipe.RANGE_SETTING_OPS); while such a site is float the tensor takes those.
+        `input_follows_readers`: a model input's site takes its readers' precision (module docstring)."""
         if fallback not in {p.value for p in Precision}:
             raise UsageError(f"--fallback: expected float, int16 or int8, found {fallback!r}")
         self.fallback = fallback
@@ -129,6 +152,8 @@ class MixedBuilder:
         self._quantize_static_rules = quantize_static_rules
         self.unset_ranges = dict(unset_ranges or {})
         self._producer = {s.output: k for k, s in enumerate(self.sites) if s.nodes}
+        self.input_readers: dict[int, list[int]] = _input_readers(self.sites) if input_follows_readers else {}
+        """Under `input_follows_readers`: input site -> the sites reading its tensors (its precision's source)."""
         self.int4_group: int | None = None
         """The group size of a W4 site's weights (bisect/menu.py sets it from the chip's int4 scheme)."""
 
@@ -161,10 +186,22 @@ class MixedBuilder:
                 out[t] = "int8" if "int8" in used else "int16"
         return out
 
+    @property
+    def derived_sites(self) -> list[str]:
+        """Sites whose precision is not a choice: an input site under `input_follows_readers`."""
+        return [self.sites[k].node for k in self.input_readers]
+
     def effective(self, prec: Sequence[str]) -> list[str]:
-        """`prec` with every conditional site (`Site.quantized_if`, the onnxruntime recipe) whose
-        tensor no earlier quantized site touches made float, as quantize_static decides in graph order
-        (sites are in graph order): a Reshape after an excluded Conv is not quantized there either."""
+        """`prec` as the chip applies it: every conditional site (`Site.quantized_if`, the onnxruntime
+        recipe) whose tensor no earlier quantized site touches made float, as quantize_static decides in graph
+        order (sites are in graph order: a Reshape after an excluded Conv is not quantized there either); and
+        each derived input site at its readers' lowest precision (`input_follows_readers`)."""
+        out = self._quantize_static_order(prec)
+        for k, readers in self.input_readers.items():
+            out[k] = _lowest([out[j] for j in readers])
+        return out
+
+    def _quantize_static_order(self, prec: Sequence[str]) -> list[str]:
         if not any(s.quantized_if for s in self.sites):
             return list(prec)
         out = list(prec)
@@ -424,8 +461,13 @@ class FloatSiteBranches:
         """A quantized site reads `w__dq` where the float model reads `w`; a float site reads `w` again."""
 
     def lost_activations(self, k: int) -> list[str]:
-        """Tensors quantized in the all-int8 model that only site k reads or writes."""
-        return [t for t, ks in self.builder.touch.items() if all(j == k for j in ks)]
+        """Tensors quantized in the all-int8 model that only site k reads or writes, and those of a derived
+        input site k alone reads (`MixedBuilder.effective`); none for a derived input site itself."""
+        derived = self.builder.input_readers
+        if k in derived:
+            return []
+        follow = {j for j, readers in derived.items() if readers == [k]}
+        return [t for t, ks in self.builder.touch.items() if all(j == k or j in follow for j in ks)]
 
     def branch(self, k: int) -> Branch:
         site = self.builder.sites[k]

@@ -92,6 +92,7 @@ def chip_recipe(
         float16_nodes=float16_nodes(compat.findings, profile.name),
         consumer_range_ops=profile.consumer_range_ops,
         output_grid_ops=profile.output_grid_ops,
+        input_follows_readers=profile.input_follows_readers,
         recipe=profile.recipe,
         per_channel_weights=profile.per_channel_weights,
         scheme=scheme,

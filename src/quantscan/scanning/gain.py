@@ -97,6 +97,7 @@ def mixed_builder(ctx: ScanContext, fallback: str = "float") -> MixedBuilder:
         int16_scheme=_int16_scheme(ctx),
         quantize_static_rules=ctx.chip.recipe == RECIPE,
         unset_ranges=_unset_ranges(ctx, proto) if ctx.chip.recipe == RECIPE else None,
+        input_follows_readers=ctx.chip.input_follows_readers,
     )
 
 

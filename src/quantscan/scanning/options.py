@@ -254,6 +254,9 @@ class ChipRecipe:
     output_grid_ops: frozenset[str] = frozenset()
     """`[output_grid] ops`: activations whose output grid reaches their value at 0 (Sigmoid: 0.5), as the
     toolkit derives it from the input grid (scanning/prepare.py output_grid_points)."""
+    input_follows_readers: bool = False
+    """`[input] follows_readers`: a model input is rounded only for an int8 reader, so its site takes its
+    readers' precision in a plan (graph/mixed.MixedBuilder)."""
     recipe: str = "kernels"
     """"kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     per_channel_weights: bool = True
@@ -268,6 +271,6 @@ class ChipRecipe:
             "activations_source": self.activations_source, "recipe": self.recipe,
             "fused_activations": sorted(self.fused_activations), "cpu_nodes": sorted(self.cpu_nodes),
             "float16_nodes": sorted(self.float16_nodes), "consumer_range_ops": sorted(self.consumer_range_ops),
-            "output_grid_ops": sorted(self.output_grid_ops),
+            "output_grid_ops": sorted(self.output_grid_ops), "input_follows_readers": self.input_follows_readers,
             "per_channel_weights": self.per_channel_weights, "scheme": self.scheme.to_json(),
         }
