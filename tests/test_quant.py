@@ -284,6 +284,23 @@ def test_percentile_matches_onnxruntime(symmetric: bool, percentile: float) -> N
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
+def test_percentile_after_a_near_zero_first_batch_rebins(symmetric: bool) -> None:
+    """A text detector's probability map of a photo is ~0 (max 1e-7) and the next sample's reaches 0.9.
+    onnxruntime's HistogramCollector grows its histogram by first-batch-width bins: 145 million signed bins (which
+    np.histogram refuses over float32 bounds) or 18 billion absolute ones (68.7 GiB), so quantize_static fails
+    there (not called here: it may take the machine's memory). quantscan re-bins past MAX_HISTOGRAM_BINS.
+    Oracle: numpy's percentile of every value (of |x| when symmetric), to two of the final bins."""
+    rng = np.random.default_rng(5)
+    batches = [(rng.random((1, 1, 40, 40)) * 1e-7).astype(np.float32),
+               np.clip(rng.normal(0.3, 0.3, (1, 1, 40, 40)), 0, 0.9).astype(np.float32)]
+    low, high = _observer_range(batches, "percentile", symmetric=symmetric, percentile=99.9)
+    values = np.abs(np.concatenate([b.ravel() for b in batches]))
+    bin_width = (1 if symmetric else 2) * float(values.max()) / 2048
+    want = float(np.percentile(values, 99.9 if symmetric else 100 - (100 - 99.9) / 2))
+    assert high == pytest.approx(want, abs=2 * bin_width) and -2 * bin_width <= low <= 2 * bin_width
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
 def test_entropy_matches_onnxruntime(symmetric: bool) -> None:
     batches = _batches(1)[:3]
     expected = _ort_collector_range(batches, "entropy", symmetric, 256)

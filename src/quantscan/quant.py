@@ -421,6 +421,36 @@ def _symmetric_histogram(data: F32, bins: int, threshold: np.ndarray) -> tuple[N
     return np.histogram(data, bins, range=bounds)
 
 
+MAX_HISTOGRAM_BINS = 1 << 22
+"""Above this many bins a growing signed histogram is re-binned (`_rebinned`) instead of grown by whole old-width
+bins. onnxruntime grows it without a cap: after a first batch near zero (a text detector's probability map of a
+photo, max 1e-7) a later batch asks for 145 million bins, which np.histogram refuses over float32 bounds, so
+quantize_static itself fails there; below the cap quantscan stays ORT's bin for bin."""
+
+
+def _rebinned(data: F32, old_hist: NDArray[np.int64], old_threshold: np.ndarray,
+              threshold: np.ndarray) -> tuple[NDArray[np.int64], np.ndarray]:
+    """`data` and the old counts over [-threshold, threshold] in as many bins as before: each old bin's count
+    lands in the new bin holding its centre (the old bins are far narrower than the new ones)."""
+    bins = len(old_hist)
+    hist, edges = _symmetric_histogram(data, bins, threshold)
+    old_edges = np.linspace(-float(old_threshold), float(old_threshold), bins + 1)
+    centres = (old_edges[:-1] + old_edges[1:]) / 2
+    moved, _ = np.histogram(centres, bins, range=(-float(threshold), float(threshold)), weights=old_hist)
+    return hist + np.rint(moved).astype(np.int64), edges
+
+
+def _rebinned_abs(absolute: F32, old_hist: NDArray[np.int64], old_edges: np.ndarray,
+                  amax: np.floating[Any]) -> tuple[NDArray[np.int64], np.ndarray]:
+    """|x| and the old counts over [first edge, amax] in as many bins as before (each old bin's count in the new bin
+    holding its centre): the capped counterpart of `_AbsHistogram`'s growth by whole old-width bins."""
+    edges = np.linspace(float(old_edges[0]), float(amax), len(old_hist) + 1)
+    hist, _ = np.histogram(absolute, bins=edges)
+    centres = (old_edges[:-1].astype(np.float64) + old_edges[1:]) / 2
+    moved, _ = np.histogram(centres, bins=edges, weights=old_hist)
+    return hist + np.rint(moved).astype(np.int64), edges
+
+
 class _SignedHistogram:
     """onnxruntime's ``HistogramCollector.collect_value``/``merge_histogram``, for one tensor.
 
@@ -457,9 +487,12 @@ class _SignedHistogram:
             old_stride: np.ndarray = 2 * old_threshold / old_num_bins  # float32 arithmetic, as in ORT
             half_increased_bins = int((threshold - old_threshold) // old_stride + 1)
             new_num_bins = old_num_bins + 2 * half_increased_bins
-            threshold = half_increased_bins * old_stride + old_threshold
-            hist, self.edges = _symmetric_histogram(data, new_num_bins, threshold)
-            hist[half_increased_bins : new_num_bins - half_increased_bins] += old_hist
+            if new_num_bins > MAX_HISTOGRAM_BINS:
+                hist, self.edges = _rebinned(data, old_hist, old_threshold, threshold)
+            else:
+                threshold = half_increased_bins * old_stride + old_threshold
+                hist, self.edges = _symmetric_histogram(data, new_num_bins, threshold)
+                hist[half_increased_bins : new_num_bins - half_increased_bins] += old_hist
         self.hist, self.threshold = hist, threshold
 
 
@@ -489,11 +522,14 @@ class _AbsHistogram:
             return
         edges = self.edges
         amax = absolute.max()
-        if amax > edges[-1]:
-            width = edges[1] - edges[0]
-            edges = np.hstack((edges, np.arange(edges[-1] + width, amax + width, width)))
-        hist, new_edges = np.histogram(absolute, bins=edges)
-        hist[: len(self.hist)] += self.hist
+        width = edges[1] - edges[0]
+        if amax > edges[-1] and (amax - edges[-1]) / width > MAX_HISTOGRAM_BINS:  # ORT would ask for billions of bins
+            hist, new_edges = _rebinned_abs(absolute, self.hist, edges, amax)
+        else:
+            if amax > edges[-1]:
+                edges = np.hstack((edges, np.arange(edges[-1] + width, amax + width, width)))
+            hist, new_edges = np.histogram(absolute, bins=edges)
+            hist[: len(self.hist)] += self.hist
         self.hist, self.edges = hist, new_edges.astype(absolute.dtype)
         self.min, self.max = min(self.min, min_value), max(self.max, max_value)
 
