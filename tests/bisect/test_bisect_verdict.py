@@ -86,6 +86,8 @@ def test_a_plan_missing_the_target_held_out_is_not_reached_and_exits_1(small: tu
     assert plan["status"] == HELD_OUT_MISS and plan["reached"] is False and plan["verdict"]["kind"] == HELD_OUT_MISS
     assert proc.returncode == 1, proc.stderr
     assert not proc.stdout.startswith("reached") and "not reached on unseen samples" in proc.stdout
+    holds = plan["interval"]["low"] < 42.0 < plan["interval"]["high"]  # undecided exactly when the interval says so
+    assert bool(plan["verdict"]["undecided"]) == holds and ("  undecided: its interval" in proc.stdout) == holds
     summary_block = "\n".join(plan_lines(plan))
     assert "not reached" in summary_block and "Held out" in summary_block
 
@@ -146,10 +148,14 @@ def test_an_interval_holding_the_target_says_how_many_samples_would_decide_it() 
     text = undecided_text(0.99013, 0.995, interval, 8)
     want = math.ceil(8 * ((0.99826 - 0.99013) / (0.995 - 0.99013)) ** 2)
     assert want == 23
-    assert "8 held-out samples cannot decide it" in text and "about 23 would (--limit 46" in text
+    assert text.startswith("its interval [0.98211, 0.99826] holds the target, so 8 held-out samples cannot decide it")
+    assert "about 23 would (--limit 46" in text
     # a target below the claim: the reach is the low side's
     below = undecided_text(0.99013, 0.985, interval, 8)
     assert f"about {math.ceil(8 * ((0.99013 - 0.98211) / (0.99013 - 0.985)) ** 2)} would" in below
+    # README's run: 0.98972 [0.98499, 0.99548] on 14 samples for 0.99 would need 5,852: no count is named
+    near = undecided_text(0.98972, 0.99, {"low": 0.98499, "high": 0.99548}, 14)
+    assert "the claim is 0.00028 from the target, nearer than more samples can resolve" in near and "would" not in near
     assert undecided_text(0.99013, 0.9999, interval, 8) == ""  # the interval is below the target: decided
     assert undecided_text(0.99013, 0.98, interval, 8) == ""
     assert undecided_text(0.99013, 0.995, None, 8) == "" and undecided_text(0.99013, 0.995, interval, None) == ""

@@ -144,7 +144,7 @@ def with_int8_verdict(plan: Plan, search: Search, claims: Claims | None, gains: 
     return replace(plan, verdict=verdict.to_json())
 
 
-_VERDICT_KEYS = ("kind", "reached", "text", "search_status", "float_sites", "site_count")
+_VERDICT_KEYS = ("kind", "reached", "text", "search_status", "float_sites", "site_count", "undecided")
 
 
 def _calibrated_range(ctx: ScanContext, tensor: str) -> tuple[float, float] | None:

@@ -194,10 +194,9 @@ def with_held_out_verdict(plan: Plan) -> Plan:
         verdict = Verdict(plan.status, plan.reached, text, plan.status, len(plan.sites), plan.site_count)
         return replace(plan, verdict=verdict.to_json())
     text = reach_text(kind, plan.target.metric, plan.target.value, claimed, all_int8, held)
-    text += undecided_text(claimed, plan.target.value, plan.interval, held)
     reached = kind == "reached"
     verdict = Verdict(kind if not reached else plan.status, reached, text, plan.status, len(plan.sites),
-                      plan.site_count)
+                      plan.site_count, undecided=undecided_text(claimed, plan.target.value, plan.interval, held))
     return replace(plan, status=plan.status if reached else kind, reached=reached, verdict=verdict.to_json())
 
 

@@ -262,6 +262,8 @@ def _print_verdict(verdict: Any) -> None:
         return
     if verdict.get("kind") in ("held_out_miss", "no_plan_helps"):
         print(f"  {verdict['text']}")
+    if verdict.get("undecided"):
+        print(f"  undecided: {verdict['undecided']}")
     if verdict.get("cannot_be_int8"):
         print(f"  this output cannot be int8 in this scheme: {verdict['float_sites']} of {verdict['site_count']} "
               f"sites kept above int8; cause: {verdict['why']}")

@@ -453,6 +453,8 @@ def _held_out_lines(plan: Mapping[str, Any]) -> list[str]:
     lines = []
     if verdict.get("kind") in ("held_out_miss", "no_plan_helps"):
         lines.append(f"  **Held out**: {text(verdict.get('text'))}.")
+    if verdict.get("undecided"):
+        lines.append(f"  **Undecided**: {text(verdict.get('undecided'))}.")
     if verdict.get("cannot_be_int8"):
         alternatives = [f"{text(a.get('how'))}: {text(a.get('metric'))} "
                         + (f"{_g(a.get('baseline'), 5)} -> " if math.isfinite(_num(a.get('baseline'))) else "")
