@@ -31,9 +31,10 @@ from quantscan.bisect.verdict import (
     cause_text,
     held_out_kind,
     looser_target,
+    order_hint,
     undecided_text,
 )
-from quantscan.records import ParetoPoint
+from quantscan.records import ParetoPoint, PlanStep
 from quantscan.report.verdict import plan_lines
 from quantscan.scanning.gain import Evaluator, mixed_builder
 from quantscan.scanning.prepare import prepare_scan
@@ -159,6 +160,27 @@ def test_an_interval_holding_the_target_says_how_many_samples_would_decide_it() 
     assert undecided_text(0.99013, 0.9999, interval, 8) == ""  # the interval is below the target: decided
     assert undecided_text(0.99013, 0.98, interval, 8) == ""
     assert undecided_text(0.99013, 0.995, None, 8) == "" and undecided_text(0.99013, 0.995, interval, None) == ""
+
+
+def _log(phases: list[tuple[str, int, bool]]) -> list[PlanStep]:
+    return [PlanStep(tuple(f"s{k}" for k in range(n)), phase, 0.0, passed, 0.0) for phase, n, passed in phases]
+
+
+def test_a_gain_order_that_walked_far_past_the_plan_suggests_the_loss_order() -> None:
+    """PicoDet layout's halfway search (issue 38): the gain-ordered prefix search met the target first at 103 of 114
+    sites and the plan kept 4; with --loss-if-only the prefix met it at 6 and no hint is due."""
+    by_gain = _log([("all_float", 114, True), ("all_int8", 0, False), ("search", 57, False), ("search", 85, False),
+                    ("search", 99, False), ("search", 106, True), ("search", 102, False), ("search", 104, True),
+                    ("search", 103, True), ("reduce", 51, False), ("reduce", 4, True)])
+    hint = order_hint(by_gain, 4, loss_ordered=False)
+    assert hint is not None and "prefix of 103 sites, where the plan keeps 4" in hint and "--loss-if-only" in hint
+    assert order_hint(by_gain, 4, loss_ordered=True) is None
+    by_loss = _log([("all_float", 114, True), ("all_int8", 0, False), ("search", 57, True), ("search", 28, True),
+                    ("search", 14, True), ("search", 7, True), ("search", 3, False), ("search", 5, False),
+                    ("search", 6, True), ("prune", 4, True)])
+    assert order_hint(by_loss, 4, loss_ordered=False) is None
+    assert order_hint(by_gain, 30, loss_ordered=False) is None  # 103 < 4 x 30: the plan needs most of the prefix
+    assert order_hint(_log([("search", 12, True)]), 2, loss_ordered=False) is None  # 6x, but only 10 sites apart
 
 
 def test_cannot_be_int8_threshold_and_looser_target() -> None:

@@ -126,6 +126,26 @@ def reach_text(kind: str, metric: str, target: float, claimed: float, all_int8: 
     return f"{kind}: no plan meets {metric} >= {target:g}"
 
 
+ORDER_HINT_RATIO = 4
+"""`order_hint` speaks when the gain-ordered prefix that first met the target holds this many times the plan's sites."""
+
+
+def order_hint(steps: Sequence[Any], plan_sites: int, loss_ordered: bool) -> str | None:
+    """A line when the gain order misled the search: the shortest passing prefix holds ORDER_HINT_RATIO times
+    the plan's sites (and 16 more), so the sites the plan needs each win back little alone, and QuickXplain
+    spent its evaluations trimming the prefix down. Ordering by each site's loss when it alone is int8 too
+    (`--loss-if-only`) finds such sets first: PicoDet layout at its halfway target, prefix 103 of 114 sites and
+    59 evaluations by gain, 16 evaluations and the same 4-site plan with the loss order (issue 38)."""
+    if loss_ordered or plan_sites <= 0:
+        return None
+    prefix = min((len(s.sites) for s in steps if s.phase == "search" and s.passed), default=0)
+    if prefix < ORDER_HINT_RATIO * plan_sites or prefix - plan_sites < 16:
+        return None
+    return (f"the gain order met the target only at a prefix of {prefix} sites, where the plan keeps {plan_sites}: "
+            "its sites matter together, not alone; --loss-if-only also orders by each site's loss when it alone "
+            "is int8, which finds such sets in fewer evaluations")
+
+
 PRACTICAL_SAMPLES = 20
 """`undecided_text` names a sample count up to this many times the held-out samples; beyond, the claim is at the
 target for any calibration set a user has."""

@@ -10,6 +10,7 @@ from typing import Any
 
 from quantscan.bisect.judges import SIMULATION, judge_names, judge_spec, verify_names
 from quantscan.bisect.robust import DEFAULT_REALISATIONS, DEFAULT_SPREAD, DEFAULT_Z, HOLDOUTS
+from quantscan.bisect.verdict import order_hint
 from quantscan.cli.args import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -29,6 +30,7 @@ from quantscan.cli.args import (
     task_options,
 )
 from quantscan.cli.notes import print_warnings
+from quantscan.columns import Col
 from quantscan.errors import InternalError, UsageError
 from quantscan.heldout import same_samples_text
 
@@ -154,6 +156,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     print_warnings(result.warnings, None)
     _print_plan(result.plan, args, out)
+    hint = order_hint(result.plan.steps, len(result.plan.sites), Col.LOSS_IF_ONLY in result.gains.columns)
+    if hint:
+        print(f"  hint: {hint}")
     print(f"wrote {out}/ (" + ", ".join(sorted(p.name for p in result.files.values())) + ")")
     return EXIT_OK if result.reached else EXIT_THRESHOLD
 
