@@ -20,6 +20,7 @@ import pytest
 
 import quantscan
 from builders import build
+from quantscan.errors import UsageError
 from quantscan.graph.mixed import FloatSiteBranches, MixedBuilder, diff_branch
 from quantscan.runner import Runner
 from quantscan.scanning.gain import mixed_builder
@@ -143,6 +144,16 @@ def test_bisect_never_plans_the_input_on_rk3588(two_readers: tuple, tmp_path: Pa
     assert x not in session["order"] and all(s["node"] != x for s in session["sites"])
     assert all(x not in step.sites for step in found.steps) and all(s.node != x for s in found.plan.sites)
     assert x not in set(found.gains["node"]) or found.gains.set_index("node").loc[x, "gain_if_float"] == 0
+
+
+def test_keeping_the_input_float_by_name_is_refused_with_its_readers(two_readers: tuple, tmp_path: Path) -> None:  # type: ignore[type-arg]
+    ctx, _ = two_readers
+    model = Path(ctx.loaded.path)
+    n = _nodes(ctx)
+    want = rf"--force-quant {n['x']}: .*keep its readers \({n['c1']}, {n['c2']}\) float"
+    with pytest.raises(UsageError, match=want):
+        quantscan.run_bisect(model, model.parent / "calib", profile="rk3588", target_cosine=0.99999, quiet=True,
+                             out=tmp_path / "out", holdout="none", realisations=1, keep_float=[n["x"]])
 
 
 @pytest.mark.real

@@ -29,6 +29,7 @@ from quantscan.calib import CalibSet, load_calibration
 from quantscan.calib.recurrent import state_consts
 from quantscan.errors import UsageError
 from quantscan.executors import Executor
+from quantscan.graph.mixed import MixedBuilder
 from quantscan.model import LoadedModel, load_model
 from quantscan.scanning.gain import mixed_builder
 from quantscan.scanning.options import ScanOptions
@@ -76,6 +77,7 @@ def bisect_model(
         pool = BuildPool(chain, executor) if chain is not None else None
         split = split_context(ctx, request.rounding, bool(scan.eval))
         builder = mixed_builder(ctx, request.fallback)
+        _refuse_derived_marks(request, builder)
         assert request.target is not None
         judge = spec.make(JudgeSetup(split, builder, request.target, request.rounding, request.fallback,
                                      request.graph, pool, executor, scan.workers))
@@ -88,6 +90,19 @@ def bisect_model(
     finally:
         if executor is not None:
             executor.close()
+
+
+def _refuse_derived_marks(request: BisectRequest, builder: MixedBuilder) -> None:
+    """`--keep-float`/`--force-quant` naming a site that is not a choice on this chip (the model input under
+    `[input] follows_readers`): one line naming the sites that decide it, exit 2."""
+    named = [n for n in (*request.keep_float, *request.force_quant) if n in builder.derived_sites]
+    if not named:
+        return
+    k = builder.index[named[0]]
+    readers = ", ".join(builder.sites[j].node for j in builder.input_readers[k])
+    raise UsageError(f"--keep-float/--force-quant {named[0]}: expected a site the plan can choose, found the model "
+                     f"input, which this profile rounds only for an int8 reader ([input] follows_readers): "
+                     f"keep its readers ({readers}) float instead")
 
 
 def _search_executor(ctx: ScanContext, scan: ScanOptions, spec: JudgeSpec, tool: str | None) -> Executor | None:
