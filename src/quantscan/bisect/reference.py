@@ -27,7 +27,7 @@ from onnx import helper
 from quantscan import graph as qgraph
 from quantscan.bisect.switched import SwitchedSession
 from quantscan.graph.mixed import MixedBuilder, MixedSite
-from quantscan.graph.qdq import activation_tag
+from quantscan.graph.qdq import activation_scale
 from quantscan.runner import FP32_LEVEL, Runner, Session
 from quantscan.scanning.gain import Evaluator, Measured, OutputPairs, worst_output
 from quantscan.scanning.prepare import ScanContext
@@ -153,10 +153,6 @@ class CachedReferenceEvaluator(Evaluator):
         return self._reference
 
 
-SCALE_INPUT = "__scale"
-"""An activation's scale initializer, `qdq.activation_tag(t) + SCALE_INPUT` (`qdq.qdq_nodes`'s naming)."""
-
-
 class CandidateSession:
     """The per-evaluation session of the candidate measured last, which its rounding realisations share.
 
@@ -194,7 +190,7 @@ class CandidateSession:
 
 def scale_feeds(plan: qgraph.QuantPlan) -> dict[str, np.ndarray]:
     """Each quantized activation's scale, by its initializer's name."""
-    return {activation_tag(t) + SCALE_INPUT: np.asarray(qp.scale, np.float32)
+    return {activation_scale(t): np.asarray(qp.scale, np.float32)
             for t, qp in plan.activations.items()}
 
 

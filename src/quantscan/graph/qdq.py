@@ -77,6 +77,16 @@ def activation_qdq_names(tensor: str) -> tuple[str, str]:
     return f"{tag}__Q", f"{tag}__DQ"
 
 
+def activation_scale(tensor: str) -> str:
+    """The scale initializer of an activation's QuantizeLinear/DequantizeLinear pair (see `qdq_nodes`)."""
+    return scale_of(activation_tag(tensor))
+
+
+def scale_of(tag: str) -> str:
+    """The scale initializer of the QDQ pair named `tag` (`qdq_nodes`)."""
+    return f"{tag}__scale"
+
+
 def activation_codes(tensor: str) -> str:
     """The QuantizeLinear output (the integer codes) of an activation (see `qdq_nodes`)."""
     return f"{activation_tag(tensor)}__q"
@@ -129,7 +139,7 @@ def _const(name: str, value: np.ndarray) -> onnx.TensorProto:
 
 def qdq_nodes(src: str, dst: str, qp: QParams, tag: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """QuantizeLinear(src) -> DequantizeLinear -> dst, with per-tensor or per-channel parameters."""
-    scale_name, zp_name = f"{tag}__scale", f"{tag}__zp"
+    scale_name, zp_name = scale_of(tag), f"{tag}__zp"
     inits = [_const(scale_name, qp.scale.astype(np.float32)), _const(zp_name, qp.zero_point)]
     kwargs: dict[str, Any] = {"axis": qp.axis} if qp.axis is not None else {}
     q = helper.make_node("QuantizeLinear", [src, scale_name, zp_name], [f"{tag}__q"], name=f"{tag}__Q", **kwargs)
