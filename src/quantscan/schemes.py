@@ -55,9 +55,9 @@ class Scheme:
 
     @property
     def is_default(self) -> bool:
-        """The scheme quantscan simulated before schemes existed: int8 per channel, 8-bit activations."""
-        return self.weights == "int8" and self.group_size is None and not self.weight_zero_point \
-            and self.activations in EIGHT_BIT
+        """The scheme quantscan simulated before schemes existed: int8 per channel, 8-bit activations; on a
+        chip whose 8-bit weights carry zero points (RKNN) its w8a8 is that chip's plain scheme too."""
+        return self.weights == "int8" and self.group_size is None and self.activations in EIGHT_BIT
 
     def name(self, a16: str = "int16") -> str:
         """The shorthand: `w4a16-g128`; float activations are `a16` where the chip's a16 is float,
@@ -82,9 +82,11 @@ class Scheme:
                 "weight_zero_point": self.weight_zero_point, "activations": self.activations}
 
 
-def parse_scheme(name: str, *, a16: str = "int16", eight_bit: str = "uint8") -> Scheme:
+def parse_scheme(name: str, *, a16: str = "int16", eight_bit: str = "uint8", weight_zero_point: bool = False) -> Scheme:
     """A shorthand as a `Scheme`: `w{4,8}a{8,16,f}[-gG][-zp]`. `a8` takes `eight_bit` (the profile's
-    8-bit activation type), `a16` takes `a16` (int16, or float on an LLM NPU); `af`/`a16f`: float."""
+    8-bit activation type), `a16` takes `a16` (int16, or float on an LLM NPU); `af`/`a16f`: float.
+    `weight_zero_point`: the chip's 8-bit weights carry zero points (a profile's `[quantization]
+    weight_zero_point`), so its `w8a8` is `w8a8-zp`, as its toolkit calls it w8a8."""
     m = _SHORTHAND.match(name.strip().lower().replace("_", "-"))
     if m is None:
         raise UsageError(f"--scheme: expected a shorthand like w8a8, w8a16, w4a16-g128 or w8a8-g128-zp "
@@ -92,7 +94,9 @@ def parse_scheme(name: str, *, a16: str = "int16", eight_bit: str = "uint8") -> 
     act = m["a"]
     activations = eight_bit if act == "8" else a16 if act == "16" else "float"
     group = int(m["g"]) if m["g"] else None
-    return Scheme("int4" if m["w"] == "4" else "int8", group, bool(m["zp"]), activations)
+    weights = "int4" if m["w"] == "4" else "int8"
+    zero_point = bool(m["zp"]) or (weight_zero_point and weights == "int8")
+    return Scheme(weights, group, zero_point, activations)
 
 
 @dataclass(frozen=True)
@@ -102,20 +106,27 @@ class ChipSchemes:
     names: tuple[str, ...]
     a16: str = "int16"
     eight_bit: str = "uint8"
+    weight_zero_point: bool = False
+    """The chip's 8-bit weights carry zero points (its `w8` shorthands mean `w8...-zp`)."""
+
+    def parse(self, name: str) -> Scheme:
+        """A shorthand as this chip means it."""
+        return parse_scheme(name, a16=self.a16, eight_bit=self.eight_bit, weight_zero_point=self.weight_zero_point)
 
     def schemes(self) -> list[Scheme]:
-        return [parse_scheme(n, a16=self.a16, eight_bit=self.eight_bit) for n in self.names]
+        return [self.parse(n) for n in self.names]
 
     def runs(self, scheme: Scheme) -> bool:
         return any(scheme.runs_as(s) for s in self.schemes())
 
 
-def chip_schemes(table: dict[str, Any] | None, eight_bit: str) -> ChipSchemes:
+def chip_schemes(table: dict[str, Any] | None, eight_bit: str, weight_zero_point: bool = False) -> ChipSchemes:
     """A profile's `[schemes]` table as `ChipSchemes`; a profile without one runs w8a8 only (the one
-    scheme every shipped profile described before schemes were data)."""
+    scheme every shipped profile described before schemes were data). `weight_zero_point`: the profile's
+    `[quantization] weight_zero_point`."""
     if not table:
-        return ChipSchemes(("w8a8",), eight_bit=eight_bit)
-    return ChipSchemes(tuple(table.get("names", ("w8a8",))), table.get("a16", "int16"), eight_bit)
+        return ChipSchemes(("w8a8",), eight_bit=eight_bit, weight_zero_point=weight_zero_point)
+    return ChipSchemes(tuple(table.get("names", ("w8a8",))), table.get("a16", "int16"), eight_bit, weight_zero_point)
 
 
 def resolve_scheme(
@@ -133,7 +144,11 @@ def resolve_scheme(
     A scheme the profile's chip does not run is bad input, naming the ones it does."""
     eight_bit = profile_activations if profile_activations in EIGHT_BIT else "uint8"
     a16 = chip.a16 if chip else "int16"
-    base = parse_scheme(scheme, a16=a16, eight_bit=eight_bit) if scheme else Scheme(activations=eight_bit)
+    zero_point = chip.weight_zero_point if chip else False
+    if scheme:
+        base = parse_scheme(scheme, a16=a16, eight_bit=eight_bit, weight_zero_point=zero_point)
+    else:
+        base = Scheme(weight_zero_point=zero_point, activations=eight_bit)
     check_values(weights, group_size, activations)
     chosen = replace(
         base,

@@ -23,7 +23,7 @@ Pure graph logic: no onnxruntime, no numpy arithmetic beyond reading constant sh
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -122,6 +122,9 @@ class Site:
     quantized_if: str | None = None
     """A recipe where this kernel quantizes only when an earlier quantized kernel already quantized
     this tensor (onnxruntime's Reshape/MaxPool/Relu...: `is_tensor_quantized(input)`); None: always."""
+    inner: list[str] = field(default_factory=list)
+    """Tensors inside the kernel the chip also rounds to int8 when the kernel runs int8 (a profile's
+    `[kernel_points]`: RKNN's depthwise Conv+HardSwish pre-activation, `depthwise_hardswish_inputs`)."""
 
     @property
     def fused(self) -> bool:
@@ -165,6 +168,52 @@ def input_sites(model: onnx.ModelProto, sites: Iterable[Site], fixed: Iterable[s
             found.append(Site(node=node, op_type=INPUT_OP, kernel=INPUT_OP, nodes=[], inputs=[], output=name,
                               shares=[t for t in reached if t != name]))
     return found
+
+
+HARDSWISH_FLOOR = -3.0
+"""HardSwish is 0 from here down: a grid for its input need not reach below it."""
+
+
+def with_depthwise_hardswish_points(model: onnx.ModelProto, sites: Iterable[Site]) -> list[Site]:
+    """`sites` with each depthwise Conv+HardSwish kernel's pre-activation (the HardSwish's input) in its
+    `inner` tensors: the chip rounds it to int8 on its own grid before the HardSwish.
+
+    Why: rknn-toolkit2 2.5.0 runs such a kernel as one ConvHardSwish layer, yet its simulator requantizes the
+    Conv result on the pre-activation's calibrated grid (floored at -3) and looks the HardSwish up from those
+    codes; dense Conv+HardSwish kernels have no such point. On PP-OCRv4 rec that second rounding is 2-5x the
+    kernel's error, and plans that kept the dense kernels around int8 depthwise ones float were claimed
+    0.005-0.012 of output cosine above what RKNN gives them (issue 38)."""
+    nodes = {n.name: n for n in model.graph.node}
+    inits = {t.name: t for t in model.graph.initializer}
+    out = []
+    for site in sites:
+        pre = _depthwise_hardswish_input(site, nodes, inits)
+        out.append(replace(site, inner=[*site.inner, pre]) if pre and pre not in site.inner else site)
+    return out
+
+
+def _depthwise_hardswish_input(site: Site, nodes: Mapping[str, onnx.NodeProto],
+                               inits: Mapping[str, onnx.TensorProto]) -> str | None:
+    """The HardSwish input of a depthwise Conv kernel that ends in one (the op, x*HardSigmoid(x), or
+    x*Clip(x+3, 0, 6)/6), when it is a tensor inside the kernel; else None."""
+    if not site.nodes or site.op_type != "Conv":
+        return None
+    conv = nodes[site.nodes[0]]
+    weight = inits.get(conv.input[1]) if len(conv.input) > 1 else None
+    if weight is None or len(weight.dims) < 2 or weight.dims[1] != 1 or attr_int(conv, "group", 1) <= 1:
+        return None
+    kernel = [nodes[n] for n in site.nodes]
+    made = {o for n in kernel for o in n.output}
+    for node in kernel:
+        if node.op_type in ("HardSwish", "HardSigmoid"):
+            pre = node.input[0]
+        elif node.op_type == "Clip":
+            shift = next((n for n in kernel if node.input[0] in n.output and n.op_type == "Add"), None)
+            pre = next((i for i in shift.input if i in made), "") if shift is not None else ""
+        else:
+            continue
+        return pre if pre in made and pre != site.output else None
+    return None
 
 
 def carried(graph: onnx.GraphProto, tensor: str) -> list[str]:

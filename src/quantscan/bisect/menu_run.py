@@ -36,7 +36,7 @@ from quantscan.graph.mixed import MixedBuilder
 from quantscan.runfolder import atomic_write_text, csv_text, save_model, write_json
 from quantscan.scanning.gain import mixed_builder
 from quantscan.scanning.prepare import ScanContext
-from quantscan.schemes import ChipSchemes, chip_schemes
+from quantscan.schemes import ChipSchemes
 
 MENU_EXPORTS = {"qdq-blocked": "menu_weights_qdq.onnx", "matmulnbits": "menu_matmulnbits.onnx"}
 
@@ -88,7 +88,7 @@ def menu_of(ctx: ScanContext) -> Menu:
     profile = load_profile(ctx.chip.profile) if ctx.chip.profile else None
     chip: ChipSchemes | None = None
     if profile is not None:
-        chip = chip_schemes(dict(profile.schemes) if profile.schemes else None, profile.activations)
+        chip = profile.chip_schemes()
     return site_menu(ctx.chip.scheme, chip, int16_ok=int16_allowed(ctx))
 
 

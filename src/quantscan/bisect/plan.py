@@ -79,7 +79,7 @@ def plan_sites(
                 weights=tuple(w for w in [s.weight, *(n for n, _ in s.extra_weights)] if w),
                 weight_axis=s.weight_axis if s.weight_axis is not None else 0,
                 int16_tensors=tuple(
-                    t for t in dict.fromkeys([*s.inputs, s.output]) if tensor_prec.get(t) == "int16"
+                    t for t in dict.fromkeys([*s.inputs, s.output, *s.inner]) if tensor_prec.get(t) == "int16"
                 ),
             )
         )

@@ -19,6 +19,7 @@ import tomllib
 from quantscan.compat import profile_schema as schema
 from quantscan.errors import FileError, ProfileError
 from quantscan.readers.text import read_text
+from quantscan.schemes import ChipSchemes, chip_schemes
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
 DEFAULT_PROFILE = "generic-npu"
@@ -74,6 +75,8 @@ class Profile:
     activations: str
     weights: str
     per_channel_weights: bool
+    weight_zero_point: bool
+    """The chip's 8-bit weights carry a zero point per channel (asymmetric): its schemes' `w8` means that."""
     power_of_two_scales: bool
     fallback_precision: str
     quantization: Sourced
@@ -122,6 +125,10 @@ class Profile:
     it unrounded (rknn-toolkit2's `fuse_two_dataconvert`), so keeping the input float is not a choice of its
     own (graph/mixed.MixedBuilder)."""
     input_rounding: Sourced | None = None
+    depthwise_hardswish_point: bool = False
+    """A depthwise Conv+HardSwish kernel rounds its pre-activation to int8 on its own grid (floored at -3,
+    where HardSwish turns 0) before the HardSwish: a second int8 point inside the kernel (sites.Site.inner)."""
+    kernel_points: Sourced | None = None
     schemes: Mapping[str, Any] | None = None
     """The `[schemes]` table: `names` the chip runs (shorthands, quantscan.schemes) and what its `a16`
     means (int16 or float); None: w8a8 only."""
@@ -131,6 +138,11 @@ class Profile:
 
     def supports(self, op_type: str) -> bool:
         return op_type in self.npu_ops or op_type in self.cpu_ops or op_type in self.folded_ops
+
+    def chip_schemes(self) -> ChipSchemes:
+        """The schemes this chip runs, as its shorthands mean them here (`[schemes]` and the weights'
+        zero point)."""
+        return chip_schemes(dict(self.schemes) if self.schemes else None, self.activations, self.weight_zero_point)
 
 
 @dataclass(frozen=True)
@@ -341,6 +353,7 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         activations=q.get("activations", "int8"),
         weights=q.get("weights", "int8"),
         per_channel_weights=q.get("per_channel_weights", True),
+        weight_zero_point=q.get("weight_zero_point", False),
         power_of_two_scales=q.get("power_of_two_scales", False),
         fallback_precision=q.get("fallback_precision", "float"),
         quantization=_sourced(q),
@@ -376,6 +389,8 @@ def _build(path: Path, d: Mapping[str, Any]) -> Profile:
         requantize=_sourced(d.get("requantize", {})),
         input_follows_readers=bool(d.get("input", {}).get("follows_readers", False)),
         input_rounding=_sourced(d.get("input", {})),
+        depthwise_hardswish_point=bool(d.get("kernel_points", {}).get("depthwise_hardswish", False)),
+        kernel_points=_sourced(d.get("kernel_points", {})),
         schemes=d.get("schemes"),
         cost=d.get("cost"),
     )

@@ -136,7 +136,7 @@ class MixedBuilder:
         self.touch: dict[str, list[int]] = {}
         """tensor -> the sites whose precision decides it (its lowest one among them)."""
         for k, s in enumerate(self.sites):
-            for t in dict.fromkeys([*s.inputs, s.output]):
+            for t in dict.fromkeys([*s.inputs, s.output, *s.inner]):
                 if t in plan.activations:
                     self.touch.setdefault(t, []).append(k)
         for k, s in enumerate(self.sites):

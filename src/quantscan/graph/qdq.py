@@ -49,6 +49,8 @@ class QuantSite(Protocol):
     def bias(self) -> str | None: ...
     @property
     def extra_weights(self) -> list[tuple[str, int]]: ...
+    @property
+    def inner(self) -> list[str]: ...
 
 
 CUMULATIVE_SUFFIX = "@q"
@@ -442,14 +444,22 @@ def isolated_twin(
                 node.input[pos] = rename[name]
             elif name in inner:
                 node.input[pos] = name + suffix
+        inner_pairs: list[onnx.NodeProto] = []
         for pos, name in enumerate(node.output):
             if not name:
                 continue
             if name == site.output and out_qp is not None:
                 node.output[pos] = name + suffix + F32_SUFFIX
+            elif acts and name in site.inner and name in plan.activations:  # a point inside the kernel
+                node.output[pos] = name + suffix + F32_SUFFIX
+                pair_nodes, pair_inits = qdq_nodes(name + suffix + F32_SUFFIX, name + suffix,
+                                                   plan.activations[name], f"{name}{suffix}__inner")
+                inner_pairs.extend(pair_nodes)
+                inits.extend(pair_inits)
             else:
                 node.output[pos] = name + suffix
         nodes.append(node)
+        nodes.extend(inner_pairs)
     if out_qp is not None:
         pair_nodes, pair_inits = qdq_nodes(
             site.output + suffix + F32_SUFFIX, iso_name(site.output, k, part), out_qp, f"{site.output}{suffix}__out"

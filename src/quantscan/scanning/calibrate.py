@@ -192,6 +192,7 @@ def make_plan(
     per_channel_weights: bool = True,
     weight_scheme: Scheme | None = None,
     grid_points: Mapping[str, float] | None = None,
+    floors: Mapping[str, float] | None = None,
 ) -> tuple[qgraph.QuantPlan, list[str]]:
     """Ranges -> QuantPlan; warnings for zero ranges and clamped biases. `per_channel_weights=False`:
     one weight scale per tensor (the chip's profile says it has no per-channel scales). `weight_scheme`
@@ -200,7 +201,9 @@ def make_plan(
     Biases stay float when activations are float (a weight-only kernel adds its bias in fp16) and when
     weights are grouped (no single s_in*s_w per output channel to put an int32 bias on: group-wise
     kernels dequantize weights and accumulate in float). `grid_points`: origin tensor -> a value its grid
-    must reach beyond what calibration saw (a profile's `[output_grid]`: prepare.output_grid_points)."""
+    must reach beyond what calibration saw (a profile's `[output_grid]`: prepare.output_grid_points).
+    `floors`: tensor -> the lowest value its grid holds (a HardSwish input inside a kernel: -3, below
+    which the HardSwish is 0; RKNN's cfg clips such a range there)."""
     ws = weight_scheme or Scheme()
     plan = qgraph.QuantPlan()
     warnings: list[str] = []
@@ -213,6 +216,8 @@ def make_plan(
             rmin, rmax = 0.0, 0.0
         if origin in points:
             rmin, rmax = min(rmin, points[origin]), max(rmax, points[origin])
+        if floors and tensor in floors:
+            rmin = max(rmin, floors[tensor])
         if rmin == rmax == 0.0:
             warnings.append(f"tensor '{tensor}' is zero on every calibration sample (zero range): scale 1 used")
         plan.activations[tensor] = quant.activation_qparams(rmin, rmax, scheme)

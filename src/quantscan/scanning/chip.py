@@ -15,7 +15,7 @@ from quantscan.model import LoadedModel
 from quantscan.records import ActivationScheme
 from quantscan.scanning.options import ChipRecipe, ScanOptions
 from quantscan.scanning.ort_recipe import RECIPE
-from quantscan.schemes import Scheme, chip_schemes, resolve_scheme
+from quantscan.schemes import Scheme, resolve_scheme
 from quantscan.specs import Dim
 
 
@@ -33,8 +33,7 @@ def _scheme(opts: ScanOptions, profile: Any | None) -> Scheme:
     """The scheme the scan simulates (quantscan.schemes.resolve_scheme): flags over `--scheme` over the
     profile's default; exit 2 for one the profile's chip does not run, or for `--calib-advice` on a
     weight-only scheme (no activation ranges to advise on)."""
-    chip = None if profile is None else chip_schemes(
-        dict(profile.schemes) if profile.schemes else None, profile.activations)
+    chip = None if profile is None else profile.chip_schemes()
     scheme = resolve_scheme(
         scheme=opts.scheme, weights=opts.weights, group_size=opts.group_size,
         activations=None if opts.activations is None else str(opts.activations),
@@ -93,6 +92,7 @@ def chip_recipe(
         consumer_range_ops=profile.consumer_range_ops,
         output_grid_ops=profile.output_grid_ops,
         input_follows_readers=profile.input_follows_readers,
+        depthwise_hardswish_point=profile.depthwise_hardswish_point,
         recipe=profile.recipe,
         per_channel_weights=profile.per_channel_weights,
         scheme=scheme,

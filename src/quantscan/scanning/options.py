@@ -257,6 +257,9 @@ class ChipRecipe:
     input_follows_readers: bool = False
     """`[input] follows_readers`: a model input is rounded only for an int8 reader, so its site takes its
     readers' precision in a plan (graph/mixed.MixedBuilder)."""
+    depthwise_hardswish_point: bool = False
+    """`[kernel_points] depthwise_hardswish`: a depthwise Conv+HardSwish kernel also rounds its pre-activation
+    (sites.Site.inner; scanning/prepare.py)."""
     recipe: str = "kernels"
     """"kernels" or "onnxruntime" (quantize_static's placement, scanning/ort_recipe.py)."""
     per_channel_weights: bool = True
@@ -272,5 +275,6 @@ class ChipRecipe:
             "fused_activations": sorted(self.fused_activations), "cpu_nodes": sorted(self.cpu_nodes),
             "float16_nodes": sorted(self.float16_nodes), "consumer_range_ops": sorted(self.consumer_range_ops),
             "output_grid_ops": sorted(self.output_grid_ops), "input_follows_readers": self.input_follows_readers,
+            "depthwise_hardswish_point": self.depthwise_hardswish_point,
             "per_channel_weights": self.per_channel_weights, "scheme": self.scheme.to_json(),
         }

@@ -55,7 +55,14 @@ from quantscan.scanning.samples import (
 )
 from quantscan.scanning.settings import fold_setting_consts, unfed
 from quantscan.scanning.tasks import check_task_specs, task_hint
-from quantscan.sites import PASS_THROUGH_OPS, Site, find_sites, input_sites
+from quantscan.sites import (
+    HARDSWISH_FLOOR,
+    PASS_THROUGH_OPS,
+    Site,
+    find_sites,
+    input_sites,
+    with_depthwise_hardswish_points,
+)
 
 
 def _origin(tensor: str, producers: Mapping[str, onnx.NodeProto], site_outputs: set[str]) -> str:
@@ -382,8 +389,10 @@ def _calibration_phase(
         plan = placed.recipe.plan
     else:
         grid_points = output_grid_points(inputs.prepared.proto, placed.sites, inputs.chip.output_grid_ops)
+        floors = {t: HARDSWISH_FLOOR for s in placed.sites for t in s.inner}  # the only kernel point so far
         plan, plan_warnings = make_plan(inputs.prepared.proto, placed.sites, placed.origins, calib_stats.observers,
-                                        scheme, inputs.chip.per_channel_weights, inputs.chip.scheme, grid_points)
+                                        scheme, inputs.chip.per_channel_weights, inputs.chip.scheme, grid_points,
+                                        floors)
     inputs.warnings.extend(plan_warnings)
     inputs.warnings.extend(calib_stats.warnings)
     return calib_stats, plan
@@ -439,9 +448,11 @@ def _sites(
     if not sites:
         raise UsageError(_no_site_message(loaded.path.name, prepared.proto))
     sites = [*input_sites(prepared.proto, sites, fixed), *sites]
+    if chip.depthwise_hardswish_point:
+        sites = with_depthwise_hardswish_points(prepared.proto, sites)
     producers = {o: n for n in prepared.proto.graph.node for o in n.output}
     site_outputs = {s.output for s in sites}
-    quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output)]))
+    quantized = list(dict.fromkeys([t for s in sites for t in (*s.inputs, s.output, *s.inner)]))
     origins = {t: _origin(t, producers, site_outputs) for t in quantized}
     return sites, consumer_range_origins(prepared.proto, sites, origins, chip.consumer_range_ops)
 
