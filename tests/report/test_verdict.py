@@ -165,7 +165,7 @@ def test_plan_block_shows_the_toolchains_figure_beside_each_claim() -> None:
     """bisect --verify: summary.md says what the real toolchain got for the plan and every Pareto point."""
     from quantscan.report.verdict import plan_lines
 
-    warning = ("1 planned site(s) have no name rknn-toolkit2's step 1 knows, so the cfg cannot name them (RKNN folded "
+    warning = ("1 site(s) have no name rknn-toolkit2's step 1 knows, so the cfg cannot name them (RKNN folded "
                "them into another layer or took them as input): Mul.4")
     verified = {"tool": "rknn", "version": "2.5.0", "value": 0.99004, "claimed": 0.99631, "warning": warning}
     plan = {"target": {"metric": "cosine", "value": 0.995}, "reached": True, "status": "reached",

@@ -306,9 +306,9 @@ def _print_verified(plan: Any) -> None:
               f"{got.get('tool')} {got.get('version')} applied {shown} on all samples")
         if isinstance(got.get("held_out"), dict):
             print(f"    {same_samples_text(got['held_out'], str(got.get('tool')))}")
-    warnings = {got.get("warning") for _, _, got in points if got.get("warning")}
-    for warning in sorted(warnings):
-        print(f"quantscan: warning: {warning}", file=sys.stderr)
+    for kind, n, got in points:  # which point's names the cfg lacks: the plan's, or a Pareto point's only
+        if got.get("warning"):
+            print(f"quantscan: warning: {kind} ({n} float sites): {got['warning']}", file=sys.stderr)
 
 
 def _toolchain(args: argparse.Namespace, out: Path) -> Any:

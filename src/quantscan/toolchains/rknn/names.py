@@ -167,7 +167,7 @@ def vanished_warning(resolved: Sequence[SiteNames]) -> str | None:
     gone = [s.node for s in resolved if s.vanished]
     if not gone:
         return None
-    return (f"{len(gone)} planned site(s) have no name rknn-toolkit2's step 1 knows, so the cfg cannot name them "
+    return (f"{len(gone)} site(s) have no name rknn-toolkit2's step 1 knows, so the cfg cannot name them "
             "(RKNN folded them into another layer or took them as input): " + ", ".join(gone))
 
 
