@@ -76,7 +76,7 @@ def quantize_static_cosine(model: Path, calib: Path, out: Path, exclude: list[st
 
 def measured_gains(model: Path, calib: Path, activations: str | None = None) -> dict[str, float]:
     """quantscan's gain_if_float_cosine of every site under --profile onnxruntime (one pass)."""
-    ctx = prepare_scan(model, calib, profile="onnxruntime", threads=2, activations=activations)
+    ctx = prepare_scan(model, calib, profile="onnxruntime", threads=1, activations=activations)
     table = compute_gain(ctx, mixed_builder(ctx)).table
     return dict(zip(table["node"], table["gain_if_float_cosine"], strict=True))
 
