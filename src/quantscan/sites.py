@@ -124,7 +124,7 @@ class Site:
     this tensor (onnxruntime's Reshape/MaxPool/Relu...: `is_tensor_quantized(input)`); None: always."""
     inner: list[str] = field(default_factory=list)
     """Tensors inside the kernel the chip also rounds to int8 when the kernel runs int8 (a profile's
-    `[kernel_points]`: RKNN's depthwise Conv+HardSwish pre-activation, `depthwise_hardswish_inputs`)."""
+    `[kernel_points]`: RKNN's depthwise Conv+HardSwish pre-activation, `with_depthwise_hardswish_points`)."""
 
     @property
     def fused(self) -> bool:
@@ -181,8 +181,8 @@ def with_depthwise_hardswish_points(model: onnx.ModelProto, sites: Iterable[Site
     Why: rknn-toolkit2 2.5.0 runs such a kernel as one ConvHardSwish layer, yet its simulator requantizes the
     Conv result on the pre-activation's calibrated grid (floored at -3) and looks the HardSwish up from those
     codes; dense Conv+HardSwish kernels have no such point. On PP-OCRv4 rec that second rounding is 2-5x the
-    kernel's error, and plans that kept the dense kernels around int8 depthwise ones float were claimed
-    0.005-0.012 of output cosine above what RKNN gives them (issue 38)."""
+    kernel's error: mixed plans (float sites around int8 depthwise kernels) were claimed 0.005-0.012 of output
+    cosine above what RKNN gave them (issue 38)."""
     nodes = {n.name: n for n in model.graph.node}
     inits = {t.name: t for t in model.graph.initializer}
     out = []
@@ -205,15 +205,24 @@ def _depthwise_hardswish_input(site: Site, nodes: Mapping[str, onnx.NodeProto],
     kernel = [nodes[n] for n in site.nodes]
     made = {o for n in kernel for o in n.output}
     for node in kernel:
-        if node.op_type in ("HardSwish", "HardSigmoid"):
+        if node.op_type == "HardSwish":
             pre = node.input[0]
-        elif node.op_type == "Clip":
+        elif node.op_type == "HardSigmoid":  # x * HardSigmoid(x)
+            pre = node.input[0] if _multiplied(kernel, node.input[0], made) else ""
+        elif node.op_type == "Clip":  # x * Clip(x + 3, 0, 6) / 6 (a Relu6 alone has no x to multiply)
             shift = next((n for n in kernel if node.input[0] in n.output and n.op_type == "Add"), None)
             pre = next((i for i in shift.input if i in made), "") if shift is not None else ""
+            pre = pre if _multiplied(kernel, pre, made) else ""
         else:
             continue
         return pre if pre in made and pre != site.output else None
     return None
+
+
+def _multiplied(kernel: Iterable[onnx.NodeProto], x: str, made: set[str]) -> bool:
+    """A Mul in the kernel multiplies `x` by another tensor the kernel computed (HardSwish's x times its gate,
+    before or after the /6)."""
+    return any(n.op_type == "Mul" and x in n.input and any(i != x and i in made for i in n.input) for n in kernel)
 
 
 def carried(graph: onnx.GraphProto, tensor: str) -> list[str]:

@@ -153,6 +153,28 @@ def test_a_dense_conv_hardswish_has_no_inner_point(tmp_path: Path) -> None:
     assert "c" not in ctx.quant.plan.activations
 
 
+DEPTHWISE_RELU6 = """
+<ir_version: 8, opset_import: ["" : 14]>
+g (float[N, 3, 8, 8] x) => (float[N, 3, 8, 8] y) {
+    c = Conv <group = 3, pads = [1, 1, 1, 1]> (x, w, b)
+    shift = Constant <value = float[1, 3, 1, 1] {0.5, -0.5, 1.0}> ()
+    six = Constant <value = float {6.0}> ()
+    zero = Constant <value = float {0.0}> ()
+    s = Add (c, shift)
+    y = Clip (s, zero, six)
+}
+"""
+
+
+def test_a_depthwise_conv_relu6_has_no_inner_point(tmp_path: Path) -> None:
+    """The point is HardSwish's: a depthwise Conv + per-channel shift + Relu6 (an Add and a Clip, as in
+    HardSwish's x + 3, but no x times a gate) keeps one int8 point."""
+    path, calib, _ = _write(tmp_path, DEPTHWISE_RELU6, (3, 1, 3, 3))
+    ctx = prepare_scan(path, calib, profile="rk3588", gain_candidates=0)
+    assert all(not s.inner for s in ctx.graph.sites)
+    assert "c" not in ctx.quant.plan.activations
+
+
 def test_without_the_profile_rule_the_depthwise_kernel_keeps_one_point(tmp_path: Path) -> None:
     path, calib, _ = _write(tmp_path, DEPTHWISE_HARDSWISH, (3, 1, 3, 3))
     ctx = prepare_scan(path, calib, activations="uint8", gain_candidates=0)
