@@ -48,6 +48,16 @@ class BatchNormalization(OpRun):
         return ((y + bias.reshape(shape)).astype(x.dtype),)
 
 
+def write_model_and_samples(tmp_path: Path, model: onnx.ModelProto, x: np.ndarray) -> tuple[Path, Path]:
+    """`model.onnx` and a calibration folder holding `x` as the graph input "x" (one .npy: N samples)."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    np.save(calib / "x.npy", x)
+    return path, calib
+
+
 def evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
     return ReferenceEvaluator(model, new_ops=[BatchNormalization])
 

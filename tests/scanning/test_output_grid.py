@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
-from builders import build, tensor_range
+from builders import build, tensor_range, write_model_and_samples
 from quantscan import quant
 from quantscan.records import ActivationScheme
 from quantscan.scanning.calibrate import make_plan
@@ -37,13 +37,8 @@ g (float[N, 2, 8, 8] x) => (float[N, 8, 8, 3] y) {
 def _write(tmp_path: Path, bias: float) -> tuple[Path, Path, np.ndarray]:
     rng = np.random.default_rng(4)
     weights = {"w1": rng.normal(0, 0.3, (3, 2, 3, 3)).astype(np.float32), "b1": np.full(3, bias, np.float32)}
-    path = tmp_path / "model.onnx"
-    onnx.save(build(CONV_SIGMOID, weights), str(path))
-    calib = tmp_path / "calib"
-    calib.mkdir()
     x = rng.normal(0, 1, (8, 2, 8, 8)).astype(np.float32)
-    np.save(calib / "x.npy", x)
-    return path, calib, x
+    return (*write_model_and_samples(tmp_path, build(CONV_SIGMOID, weights), x), x)
 
 
 def test_a_low_sigmoid_output_runs_on_the_grid_up_to_one_half(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import onnx
 import pytest
 from onnx import utils
 
-from builders import build, tensor_range
+from builders import build, tensor_range, write_model_and_samples
 from quantscan import quant
 from quantscan.compat.profiles import load_profile
 from quantscan.graph import qdq
@@ -106,13 +106,8 @@ g (float[N, 3, 8, 8] x) => (float[N, 3, 8, 8] y) {
 def _write(tmp_path: Path, text: str, weight_shape: tuple[int, ...]) -> tuple[Path, Path, np.ndarray]:
     rng = np.random.default_rng(7)
     weights = {"w": rng.normal(0, 1.5, weight_shape).astype(np.float32), "b": rng.normal(0, 1, 3).astype(np.float32)}
-    path = tmp_path / "model.onnx"
-    onnx.save(build(text, weights), str(path))
-    calib = tmp_path / "calib"
-    calib.mkdir()
     x = rng.normal(0, 1, (6, 3, 8, 8)).astype(np.float32)
-    np.save(calib / "x.npy", x)
-    return path, calib, x
+    return (*write_model_and_samples(tmp_path, build(text, weights), x), x)
 
 
 def test_a_depthwise_conv_hardswish_rounds_its_conv_result_on_a_grid_floored_at_minus_three(tmp_path: Path) -> None:
